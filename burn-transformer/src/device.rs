@@ -1,0 +1,144 @@
+//! Picking a backend at run time: the same model code runs on every `Device`.
+
+use burn::tensor::Device;
+use thiserror::Error;
+
+/// The backends this build of the library can run on.
+pub const COMPILED_BACKENDS: &[&str] = &[
+    #[cfg(feature = "flex")]
+    "flex",
+    #[cfg(feature = "ndarray")]
+    "ndarray",
+    #[cfg(feature = "wgpu")]
+    "wgpu",
+    #[cfg(feature = "cuda")]
+    "cuda",
+];
+
+/// A device name that this build cannot run on.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum DeviceError {
+    /// The name is not a backend this library knows.
+    #[error("unknown device `{name}`: expected one of flex, ndarray, wgpu, cuda")]
+    Unknown {
+        /// The name as given.
+        name: String,
+    },
+    /// The backend exists but this build was compiled without its feature.
+    #[error(
+        "device `{name}` needs the `{name}` feature of burn-transformer; this build has: {}",
+        COMPILED_BACKENDS.join(", ")
+    )]
+    NotCompiled {
+        /// The name as given.
+        name: String,
+    },
+}
+
+/// Parses a device name (`flex`, `ndarray`, `wgpu`, `cuda`, `cuda:1`).
+///
+/// This is what the example programs' `--device` flag and `BURN_DEVICE` accept.
+pub fn parse_device(name: &str) -> Result<Device, DeviceError> {
+    let lower = name.trim().to_ascii_lowercase();
+    let (backend, index) = match lower.split_once(':') {
+        Some((backend, index)) => (backend, Some(index)),
+        None => (lower.as_str(), None),
+    };
+    let index: usize = match index {
+        None => 0,
+        Some(text) => text.parse().map_err(|_| DeviceError::Unknown {
+            name: name.to_string(),
+        })?,
+    };
+    let not_compiled = || DeviceError::NotCompiled {
+        name: backend.to_string(),
+    };
+    match backend {
+        "flex" | "cpu" => {
+            #[cfg(feature = "flex")]
+            return Ok(Device::flex());
+            #[allow(unreachable_code)]
+            Err(not_compiled())
+        }
+        "ndarray" => {
+            #[cfg(feature = "ndarray")]
+            #[allow(deprecated)]
+            // ndarray is deprecated upstream; we keep supporting it.
+            return Ok(Device::ndarray());
+            #[allow(unreachable_code)]
+            Err(not_compiled())
+        }
+        "wgpu" | "vulkan" => {
+            #[cfg(feature = "wgpu")]
+            return Ok(Device::wgpu(burn::tensor::DeviceKind::DefaultDevice));
+            #[allow(unreachable_code)]
+            Err(not_compiled())
+        }
+        "cuda" => {
+            #[cfg(feature = "cuda")]
+            return Ok(Device::cuda(index));
+            #[allow(unreachable_code)]
+            {
+                let _ = index;
+                Err(not_compiled())
+            }
+        }
+        _ => Err(DeviceError::Unknown {
+            name: name.to_string(),
+        }),
+    }
+}
+
+/// The device named by `BURN_DEVICE`, or flex when it is unset.
+pub fn device_from_env() -> Result<Device, DeviceError> {
+    match std::env::var("BURN_DEVICE") {
+        Ok(name) if !name.trim().is_empty() => parse_device(&name),
+        _ => parse_device(COMPILED_BACKENDS.first().copied().unwrap_or("flex")),
+    }
+}
+
+/// A short name for the backend a device runs on: `flex`, `ndarray`, `wgpu`, `cuda`.
+pub fn backend_name(device: &Device) -> &'static str {
+    use burn::backend::DispatchDevice;
+    match device.clone().inner().as_dispatch() {
+        #[cfg(feature = "flex")]
+        DispatchDevice::Flex(_) => "flex",
+        #[cfg(feature = "ndarray")]
+        DispatchDevice::NdArray(_) => "ndarray",
+        #[cfg(feature = "cube")]
+        DispatchDevice::Cube(cube) => {
+            // One CubeCL backend covers every runtime; its device says which.
+            if format!("{cube:?}").to_ascii_lowercase().contains("cuda") {
+                "cuda"
+            } else {
+                "wgpu"
+            }
+        }
+        #[allow(unreachable_patterns)]
+        _ => "other",
+    }
+}
+
+/// Whether a device runs on a CubeCL runtime (wgpu, cuda), where the fused
+/// attention kernel is available.
+pub fn is_cube_device(device: &Device) -> bool {
+    matches!(backend_name(device), "wgpu" | "cuda")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_device_names_the_choices() {
+        let error = parse_device("tpu").unwrap_err();
+        assert_eq!(error, DeviceError::Unknown { name: "tpu".into() });
+        assert!(error.to_string().contains("flex, ndarray, wgpu, cuda"));
+    }
+
+    #[test]
+    fn flex_parses_in_any_case() {
+        let device = parse_device(" FLEX ").unwrap();
+        assert_eq!(backend_name(&device), "flex");
+    }
+}
