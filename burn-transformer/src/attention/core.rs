@@ -17,16 +17,16 @@
 //!
 //! A query row that sees no key at all returns zeros (never NaN).
 
+use burn::config::Config;
 use burn::tensor::{Bool, Device, Distribution, Tensor, TensorData};
 
 /// Which implementation computes the attention core.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Config, Debug, Copy, PartialEq, Eq, Hash)]
 pub enum AttentionImpl {
     /// The fused flash-attention kernel where it supports the call (CubeCL devices:
     /// wgpu, cuda), the reference path elsewhere. The environment variable
     /// `BURN_TRANSFORMER_ATTENTION=reference|fused|auto` overrides `Auto` for a whole
     /// process, which is how tests and benchmarks force one path.
-    #[default]
     Auto,
     /// Always the reference tensor-op path (materializes `seq_q × seq_k` scores).
     Reference,
@@ -35,6 +35,12 @@ pub enum AttentionImpl {
     /// log-sum-exp; backward recomputes). Unsupported calls still fall back to the
     /// reference path, with a log message.
     Fused,
+}
+
+impl Default for AttentionImpl {
+    fn default() -> Self {
+        Self::Auto
+    }
 }
 
 impl AttentionImpl {

@@ -1,8 +1,12 @@
 //! Attention: the one core function, and the modules built on it.
 
+mod cache;
 mod core;
+mod multi_head;
 
+pub use self::cache::{CrossKvCache, KvCache};
 pub use self::core::{
     AttentionImpl, AttentionOptions, attention, is_hidden, padding_mask_from_lengths,
     reference_attention, structural_mask,
 };
+pub use self::multi_head::{MultiHeadAttention, MultiHeadAttentionConfig};

@@ -1,0 +1,513 @@
+//! Multi-head attention with grouped key/value heads: MHA, GQA and MQA in one module.
+//!
+//! `n_kv_heads == n_heads` is classic multi-head attention (Vaswani et al., 2017),
+//! `1 < n_kv_heads < n_heads` grouped-query attention (Ainslie et al., 2023) and
+//! `n_kv_heads == 1` multi-query attention (Shazeer, 2019). The same module serves
+//! self-attention (optionally with RoPE, causal and sliding-window masks and a KV
+//! cache) and cross-attention over an encoder's output.
+
+use burn::config::Config;
+use burn::module::{Initializer, Module};
+use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
+use burn::tensor::{Bool, Device, Tensor};
+
+use super::cache::{CrossKvCache, KvCache};
+use super::core::{AttentionImpl, AttentionOptions, attention};
+use crate::error::ConfigError;
+use crate::position::{Rope, RopeConfig};
+
+/// Configuration of [`MultiHeadAttention`].
+#[derive(Config, Debug)]
+pub struct MultiHeadAttentionConfig {
+    /// Width of the input (and output) hidden states.
+    pub d_model: usize,
+    /// Number of query heads.
+    pub n_heads: usize,
+    /// Number of key/value heads. Default: `n_heads` (MHA); 1 gives MQA.
+    #[config(default = "None")]
+    pub n_kv_heads: Option<usize>,
+    /// Width of one head, independent of `d_model`. Default: `d_model / n_heads`.
+    #[config(default = "None")]
+    pub head_dim: Option<usize>,
+    /// Width of the states keys and values are computed from, for cross-attention
+    /// over an encoder of another width. Default: `d_model`.
+    #[config(default = "None")]
+    pub d_kv_input: Option<usize>,
+    /// Bias on the q, k and v projections (Qwen2 has them). Default: false.
+    #[config(default = false)]
+    pub qkv_bias: bool,
+    /// Bias on the output projection. Default: false.
+    #[config(default = false)]
+    pub o_bias: bool,
+    /// Dropout on the attention probabilities during training. Default: 0.
+    #[config(default = 0.0)]
+    pub dropout: f64,
+    /// Causal masking for self-attention. Default: false.
+    #[config(default = false)]
+    pub causal: bool,
+    /// Sliding window size (Mistral). Default: none. Must be > 0.
+    #[config(default = "None")]
+    pub window: Option<usize>,
+    /// Attention logit softcap. Default: none.
+    #[config(default = "None")]
+    pub softcap: Option<f64>,
+    /// Scale of `q·kᵀ`. Default: `1/sqrt(head_dim)`.
+    #[config(default = "None")]
+    pub scale: Option<f64>,
+    /// Rotary position embedding applied to q and k. Its `head_dim` must equal the
+    /// attention's. Default: none.
+    #[config(default = "None")]
+    pub rope: Option<RopeConfig>,
+    /// Which attention implementation to use. Default: automatic.
+    #[config(default = "AttentionImpl::Auto")]
+    pub implementation: AttentionImpl,
+    /// Initializer of the projection weights. Default: normal, std 0.02 (GPT-2/LLaMA).
+    #[config(default = "Initializer::Normal { mean: 0.0, std: 0.02 }")]
+    pub initializer: Initializer,
+}
+
+/// Multi-head attention with `n_kv_heads` shared key/value heads.
+///
+/// Field names match Hugging Face checkpoints (`q_proj`, `k_proj`, `v_proj`, `o_proj`).
+#[derive(Module, Debug)]
+pub struct MultiHeadAttention {
+    /// `[d_model] -> [n_heads * head_dim]`
+    pub q_proj: Linear,
+    /// `[d_kv_input] -> [n_kv_heads * head_dim]`
+    pub k_proj: Linear,
+    /// `[d_kv_input] -> [n_kv_heads * head_dim]`
+    pub v_proj: Linear,
+    /// `[n_heads * head_dim] -> [d_model]`
+    pub o_proj: Linear,
+    /// Rotary embedding of q and k, if any.
+    pub rope: Option<Rope>,
+    /// Dropout on attention probabilities (inactive in eval / without autodiff).
+    pub dropout: Dropout,
+    #[module(skip)]
+    n_heads: usize,
+    #[module(skip)]
+    n_kv_heads: usize,
+    #[module(skip)]
+    head_dim: usize,
+    #[module(skip)]
+    causal: bool,
+    #[module(skip)]
+    window: Option<usize>,
+    #[module(skip)]
+    softcap: Option<f64>,
+    #[module(skip)]
+    scale: Option<f64>,
+    #[module(skip)]
+    implementation: AttentionImpl,
+}
+
+impl MultiHeadAttentionConfig {
+    /// Number of key/value heads after defaults.
+    pub fn kv_heads(&self) -> usize {
+        self.n_kv_heads.unwrap_or(self.n_heads)
+    }
+
+    /// Head width after defaults.
+    pub fn head_width(&self) -> usize {
+        self.head_dim.unwrap_or(if self.n_heads == 0 {
+            0
+        } else {
+            self.d_model / self.n_heads
+        })
+    }
+
+    /// Checks the configuration without allocating anything.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        const MODULE: &str = "MultiHeadAttentionConfig";
+        ConfigError::check_positive(MODULE, "d_model", self.d_model)?;
+        ConfigError::check_positive(MODULE, "n_heads", self.n_heads)?;
+        ConfigError::check_divisible(
+            MODULE,
+            "n_heads",
+            self.n_heads,
+            "n_kv_heads",
+            self.kv_heads(),
+        )?;
+        if self.head_dim.is_none() {
+            ConfigError::check_divisible(MODULE, "d_model", self.d_model, "n_heads", self.n_heads)?;
+        }
+        ConfigError::check_positive(MODULE, "head_dim", self.head_width())?;
+        if let Some(d) = self.d_kv_input {
+            ConfigError::check_positive(MODULE, "d_kv_input", d)?;
+        }
+        if let Some(window) = self.window {
+            ConfigError::check_positive(MODULE, "window", window)?;
+        }
+        ConfigError::check_probability(MODULE, "dropout", self.dropout)?;
+        if let Some(cap) = self.softcap
+            && !(cap.is_finite() && cap > 0.0)
+        {
+            return Err(ConfigError::Invalid {
+                module: MODULE,
+                field: "softcap",
+                reason: format!("must be finite and > 0, got {cap}"),
+            });
+        }
+        if let Some(scale) = self.scale
+            && !scale.is_finite()
+        {
+            return Err(ConfigError::Invalid {
+                module: MODULE,
+                field: "scale",
+                reason: format!("must be finite, got {scale}"),
+            });
+        }
+        if let Some(rope) = &self.rope {
+            rope.validate()?;
+            if rope.head_dim != self.head_width() {
+                return Err(ConfigError::Invalid {
+                    module: MODULE,
+                    field: "rope.head_dim",
+                    reason: format!(
+                        "must equal the attention head_dim {}, got {}",
+                        self.head_width(),
+                        rope.head_dim
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Builds the module, or returns why the configuration is invalid.
+    pub fn try_init(&self, device: &Device) -> Result<MultiHeadAttention, ConfigError> {
+        self.validate()?;
+        let head_dim = self.head_width();
+        let n_kv_heads = self.kv_heads();
+        let d_kv_input = self.d_kv_input.unwrap_or(self.d_model);
+        let linear = |d_in: usize, d_out: usize, bias: bool| {
+            LinearConfig::new(d_in, d_out)
+                .with_bias(bias)
+                .with_initializer(self.initializer.clone())
+                .init(device)
+        };
+        Ok(MultiHeadAttention {
+            q_proj: linear(self.d_model, self.n_heads * head_dim, self.qkv_bias),
+            k_proj: linear(d_kv_input, n_kv_heads * head_dim, self.qkv_bias),
+            v_proj: linear(d_kv_input, n_kv_heads * head_dim, self.qkv_bias),
+            o_proj: linear(self.n_heads * head_dim, self.d_model, self.o_bias),
+            rope: self
+                .rope
+                .as_ref()
+                .map(|rope| rope.try_init(device))
+                .transpose()?,
+            dropout: DropoutConfig::new(self.dropout).init(),
+            n_heads: self.n_heads,
+            n_kv_heads,
+            head_dim,
+            causal: self.causal,
+            window: self.window,
+            softcap: self.softcap,
+            scale: self.scale,
+            implementation: self.implementation,
+        })
+    }
+
+    /// Builds the module.
+    ///
+    /// # Panics
+    /// If the configuration is invalid, with the message of [`validate`](Self::validate).
+    pub fn init(&self, device: &Device) -> MultiHeadAttention {
+        self.try_init(device)
+            .unwrap_or_else(|error| panic!("{error}"))
+    }
+}
+
+impl MultiHeadAttention {
+    /// Number of query heads.
+    pub fn n_heads(&self) -> usize {
+        self.n_heads
+    }
+
+    /// Number of key/value heads.
+    pub fn n_kv_heads(&self) -> usize {
+        self.n_kv_heads
+    }
+
+    /// Width of one head.
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
+    /// The sliding window, if any.
+    pub fn window(&self) -> Option<usize> {
+        self.window
+    }
+
+    /// Self-attention over `x`.
+    ///
+    /// # Shapes
+    /// - x: `[batch, seq, d_model]`
+    /// - key_padding: `[batch, seq]`, `true` for padded positions
+    /// - output: `[batch, seq, d_model]`
+    pub fn forward(&self, x: Tensor<3>, key_padding: Option<Tensor<2, Bool>>) -> Tensor<3> {
+        let q = self.project_queries(x.clone(), 0);
+        let (k, v) = self.project_keys_values(x, Some(0));
+        let output = attention(q, k, v, &self.options(self.causal, key_padding));
+        self.merge_heads(output)
+    }
+
+    /// Self-attention over the new positions `x`, attending also to everything in
+    /// `cache`, which is then extended with them. Equals [`forward`](Self::forward)
+    /// on the whole sequence, one chunk at a time.
+    ///
+    /// # Shapes
+    /// - x: `[batch, new, d_model]`
+    /// - key_padding: `[batch, new]` for the new positions, `true` = padded
+    /// - output: `[batch, new, d_model]`
+    pub fn forward_cached(
+        &self,
+        x: Tensor<3>,
+        cache: &mut KvCache,
+        key_padding: Option<Tensor<2, Bool>>,
+    ) -> Tensor<3> {
+        let offset = cache.position();
+        let q = self.project_queries(x.clone(), offset);
+        let (k, v) = self.project_keys_values(x, Some(offset));
+        let (k, v, padding) = cache.append(k, v, key_padding);
+        let output = attention(q, k, v, &self.options(self.causal, padding));
+        self.merge_heads(output)
+    }
+
+    /// Cross-attention: queries from `x`, keys and values from `memory` (an encoder's
+    /// output). No RoPE and no causal mask are applied to memory positions.
+    ///
+    /// # Shapes
+    /// - x: `[batch, seq, d_model]`
+    /// - memory: `[batch, seq_memory, d_kv_input]`
+    /// - memory_padding: `[batch, seq_memory]`, `true` = padded
+    /// - output: `[batch, seq, d_model]`
+    pub fn forward_cross(
+        &self,
+        x: Tensor<3>,
+        memory: Tensor<3>,
+        memory_padding: Option<Tensor<2, Bool>>,
+    ) -> Tensor<3> {
+        let q = self.project_queries_unrotated(x);
+        let (k, v) = self.project_keys_values(memory, None);
+        let output = attention(q, k, v, &self.options(false, memory_padding));
+        self.merge_heads(output)
+    }
+
+    /// Cross-attention that projects `memory` once into `cache` and reuses it in
+    /// later decoding steps (`memory` is read only when the cache is empty).
+    ///
+    /// # Shapes
+    /// As [`forward_cross`](Self::forward_cross).
+    pub fn forward_cross_cached(
+        &self,
+        x: Tensor<3>,
+        memory: Tensor<3>,
+        memory_padding: Option<Tensor<2, Bool>>,
+        cache: &mut CrossKvCache,
+    ) -> Tensor<3> {
+        let q = self.project_queries_unrotated(x);
+        let (k, v) = match &cache.entries {
+            Some(entries) => entries.clone(),
+            None => {
+                let entries = self.project_keys_values(memory, None);
+                cache.entries = Some(entries.clone());
+                entries
+            }
+        };
+        let output = attention(q, k, v, &self.options(false, memory_padding));
+        self.merge_heads(output)
+    }
+
+    /// The options of one call of the attention core.
+    fn options(&self, causal: bool, key_padding: Option<Tensor<2, Bool>>) -> AttentionOptions {
+        // Burn's dropout convention: active only while the layer is in training mode
+        // and the computation is differentiated.
+        let dropout = if self.dropout.training.is_enabled() {
+            self.dropout.prob
+        } else {
+            0.0
+        };
+        AttentionOptions::new()
+            .with_scale(self.scale)
+            .with_causal(causal)
+            .with_window(self.window)
+            .with_key_padding(key_padding)
+            .with_softcap(self.softcap)
+            .with_dropout(dropout)
+            .with_implementation(self.implementation)
+    }
+
+    /// `[batch, seq, d_model] -> [batch, n_heads, seq, head_dim]`, rotated from `offset`.
+    fn project_queries(&self, x: Tensor<3>, offset: usize) -> Tensor<4> {
+        let q = self.project_queries_unrotated(x);
+        match &self.rope {
+            Some(rope) => rope.forward(q, offset),
+            None => q,
+        }
+    }
+
+    fn project_queries_unrotated(&self, x: Tensor<3>) -> Tensor<4> {
+        split_heads(self.q_proj.forward(x), self.n_heads, self.head_dim)
+    }
+
+    /// Keys and values `[batch, n_kv_heads, seq, head_dim]`; keys rotated from
+    /// `rope_offset` when it is given and the module has RoPE.
+    fn project_keys_values(
+        &self,
+        x: Tensor<3>,
+        rope_offset: Option<usize>,
+    ) -> (Tensor<4>, Tensor<4>) {
+        let k = split_heads(
+            self.k_proj.forward(x.clone()),
+            self.n_kv_heads,
+            self.head_dim,
+        );
+        let v = split_heads(self.v_proj.forward(x), self.n_kv_heads, self.head_dim);
+        let k = match (&self.rope, rope_offset) {
+            (Some(rope), Some(offset)) => rope.forward(k, offset),
+            _ => k,
+        };
+        (k, v)
+    }
+
+    /// `[batch, n_heads, seq, head_dim] -> [batch, seq, d_model]`.
+    fn merge_heads(&self, x: Tensor<4>) -> Tensor<3> {
+        let [batch, n_heads, seq, head_dim] = x.dims();
+        let x = x.swap_dims(1, 2).reshape([batch, seq, n_heads * head_dim]); // [batch, seq, n_heads * head_dim]
+        self.o_proj.forward(x)
+    }
+}
+
+/// `[batch, seq, heads * head_dim] -> [batch, heads, seq, head_dim]`.
+fn split_heads(x: Tensor<3>, heads: usize, head_dim: usize) -> Tensor<4> {
+    let [batch, seq, _] = x.dims();
+    x.reshape([batch, seq, heads, head_dim]).swap_dims(1, 2) // [batch, heads, seq, head_dim]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::padding_mask_from_lengths;
+    use crate::test_utils::{assert_close, test_devices};
+    use burn::tensor::Distribution;
+
+    fn config() -> MultiHeadAttentionConfig {
+        MultiHeadAttentionConfig::new(32, 4)
+            .with_n_kv_heads(Some(2))
+            .with_head_dim(Some(12))
+            .with_qkv_bias(true)
+            .with_causal(true)
+    }
+
+    #[test]
+    fn cached_decoding_equals_full_forward_with_gqa_and_sliding_window() {
+        for device in test_devices() {
+            device.seed(3);
+            let attention = config().with_window(Some(4)).init(&device);
+            let x = Tensor::<3>::random([2, 11, 32], Distribution::Normal(0.0, 1.0), &device);
+            let full = attention.forward(x.clone(), None);
+
+            // Prefill 5 positions, then decode one by one, then a chunk of 2.
+            let mut cache = KvCache::with_window(Some(4));
+            let mut outputs =
+                vec![attention.forward_cached(x.clone().narrow(1, 0, 5), &mut cache, None)];
+            for position in 5..9 {
+                outputs.push(attention.forward_cached(
+                    x.clone().narrow(1, position, 1),
+                    &mut cache,
+                    None,
+                ));
+            }
+            outputs.push(attention.forward_cached(x.clone().narrow(1, 9, 2), &mut cache, None));
+            assert_eq!(cache.position(), 11);
+            assert!(
+                cache.len() <= 3,
+                "a window-4 cache keeps 3 past positions, has {}",
+                cache.len()
+            );
+            assert_close(Tensor::cat(outputs, 1), full, 1e-5, "cached vs full");
+        }
+    }
+
+    #[test]
+    fn gqa_cache_stores_only_kv_heads() {
+        let device = Device::flex();
+        let attention = config().init(&device);
+        let mut cache = KvCache::new();
+        let x = Tensor::<3>::random([1, 6, 32], Distribution::Normal(0.0, 1.0), &device);
+        attention.forward_cached(x, &mut cache, None);
+        // 2 kv heads × 6 positions × 12 dims × (k + v) × 4 bytes.
+        assert_eq!(cache.bytes(), 2 * 6 * 12 * 2 * 4);
+    }
+
+    #[test]
+    fn padding_leaves_unpadded_outputs_unchanged() {
+        for device in test_devices() {
+            device.seed(5);
+            let attention = config().with_causal(false).init(&device);
+            let short = Tensor::<3>::random([1, 5, 32], Distribution::Normal(0.0, 1.0), &device);
+            let alone = attention.forward(short.clone(), None);
+            // Pad to 8 positions with garbage; mask the padding.
+            let garbage = Tensor::<3>::random([1, 3, 32], Distribution::Normal(0.0, 9.0), &device);
+            let padded = Tensor::cat(vec![short, garbage], 1);
+            let mask = padding_mask_from_lengths(&[5], 8, &device);
+            let batched = attention.forward(padded, Some(mask)).narrow(1, 0, 5);
+            assert_close(batched, alone, 1e-5, "padded vs alone");
+        }
+    }
+
+    #[test]
+    fn cross_attention_cache_reuses_memory() {
+        for device in test_devices() {
+            device.seed(9);
+            let attention = MultiHeadAttentionConfig::new(16, 4)
+                .with_d_kv_input(Some(24))
+                .init(&device);
+            let x = Tensor::<3>::random([2, 3, 16], Distribution::Normal(0.0, 1.0), &device);
+            let memory = Tensor::<3>::random([2, 7, 24], Distribution::Normal(0.0, 1.0), &device);
+            let padding = padding_mask_from_lengths(&[7, 4], 7, &device);
+            let full = attention.forward_cross(x.clone(), memory.clone(), Some(padding.clone()));
+            let mut cache = CrossKvCache::new();
+            let mut steps = Vec::new();
+            for position in 0..3 {
+                steps.push(attention.forward_cross_cached(
+                    x.clone().narrow(1, position, 1),
+                    memory.clone(),
+                    Some(padding.clone()),
+                    &mut cache,
+                ));
+            }
+            assert!(cache.is_filled());
+            assert_close(Tensor::cat(steps, 1), full, 1e-5, "cross cached vs full");
+        }
+    }
+
+    #[test]
+    fn invalid_configs_return_typed_errors() {
+        let device = Device::flex();
+        let error = MultiHeadAttentionConfig::new(32, 6)
+            .with_n_kv_heads(Some(4))
+            .try_init(&device)
+            .unwrap_err();
+        assert!(matches!(error, ConfigError::NotDivisible { .. }), "{error}");
+        let error = config().with_window(Some(0)).validate().unwrap_err();
+        assert_eq!(
+            error,
+            ConfigError::Zero {
+                module: "MultiHeadAttentionConfig",
+                field: "window"
+            }
+        );
+        let error = config().with_dropout(-0.1).validate().unwrap_err();
+        assert!(matches!(error, ConfigError::Probability { .. }), "{error}");
+    }
+
+    #[test]
+    #[should_panic(expected = "`n_heads` (6) must be divisible by `n_kv_heads` (4)")]
+    fn init_panics_with_the_validation_message() {
+        MultiHeadAttentionConfig::new(32, 6)
+            .with_n_kv_heads(Some(4))
+            .init(&Device::flex());
+    }
+}
