@@ -13,7 +13,12 @@
 pub mod attention;
 pub mod device;
 pub mod error;
+pub mod ffn;
+pub mod generate;
+pub mod hf;
 pub mod kernel;
+pub mod model;
+pub mod norm;
 pub mod position;
 
 pub use error::ConfigError;
