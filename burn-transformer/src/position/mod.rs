@@ -1,8 +1,12 @@
 //! Positions: rotary embedding (with its scaling variants), sinusoidal and learned
 //! absolute encodings.
 
+mod learned;
 mod rope;
 mod rope_scaling;
+mod sinusoidal;
 
+pub use learned::{LearnedPosition, LearnedPositionConfig};
 pub use rope::{MAX_TABLE_POSITIONS, Rope, RopeConfig, RopeLayout};
 pub use rope_scaling::RopeScaling;
+pub use sinusoidal::{SinusoidalLayout, SinusoidalPosition, SinusoidalPositionConfig};
