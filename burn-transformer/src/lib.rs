@@ -14,6 +14,7 @@ pub mod attention;
 pub mod device;
 pub mod error;
 pub mod kernel;
+pub mod norm;
 pub mod position;
 
 pub use error::ConfigError;
