@@ -13,6 +13,7 @@
 pub mod attention;
 pub mod device;
 pub mod error;
+pub mod ffn;
 pub mod kernel;
 pub mod norm;
 pub mod position;
