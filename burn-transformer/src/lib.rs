@@ -11,9 +11,12 @@
 //! see [`device::parse_device`].
 
 pub mod attention;
+pub mod block;
 pub mod device;
 pub mod error;
+pub mod ffn;
 pub mod kernel;
+pub mod norm;
 pub mod position;
 
 pub use error::ConfigError;
