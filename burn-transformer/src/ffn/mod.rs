@@ -7,3 +7,5 @@ mod swiglu;
 pub use activation::Activation;
 pub use dense::{DenseFfn, DenseFfnConfig};
 pub use swiglu::{SwiGlu, SwiGluConfig};
+mod feed_forward;
+pub use feed_forward::{FeedForward, FeedForwardConfig};
