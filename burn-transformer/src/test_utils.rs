@@ -180,6 +180,24 @@ impl Fixture {
         Tensor::from_data(data, device)
     }
 
+    /// A burn `Linear` holding a PyTorch `nn.Linear`'s `<prefix>.weight` (`[out, in]`,
+    /// transposed to burn's `[in, out]`) and `<prefix>.bias`, if present.
+    pub fn linear(&self, prefix: &str, device: &Device) -> burn::nn::Linear {
+        let weight = self.tensor::<2>(&format!("{prefix}.weight"), device);
+        let [d_output, d_input] = weight.dims();
+        let bias_key = format!("{prefix}.bias");
+        let mut linear = burn::nn::LinearConfig::new(d_input, d_output)
+            .with_bias(self.contains(&bias_key))
+            .init(device);
+        linear.weight = burn::module::Param::from_tensor(weight.transpose());
+        if self.contains(&bias_key) {
+            linear.bias = Some(burn::module::Param::from_tensor(
+                self.tensor(&bias_key, device),
+            ));
+        }
+        linear
+    }
+
     /// A scalar stored as a 0-d or 1-element tensor.
     pub fn scalar(&self, key: &str) -> f32 {
         self.data(key).convert::<f32>().try_to_vec::<f32>().unwrap()[0]
