@@ -21,6 +21,8 @@ pub mod kernel;
 pub mod model;
 pub mod norm;
 pub mod position;
+#[cfg(feature = "train")]
+pub mod train;
 
 pub use error::ConfigError;
 
