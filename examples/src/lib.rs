@@ -1,1 +1,5 @@
-//! examples
+//! Helpers shared by the example programs.
+
+pub mod device;
+pub mod hf_tokenizer;
+pub mod plot;

@@ -23,7 +23,7 @@ use super::progress::History;
 use super::run::{RunOptions, Schedule, configure, finish, prepare};
 use super::{
     TokenSplit, TrainError, WarmupCosineConfig, WindowLoader, clip_grad_norm, cross_entropy,
-    host_init, step_seed,
+    host_init, step_seed, to_training_device,
 };
 use crate::generate::{Sampler, SamplingConfig};
 use crate::model::{CausalLm, CausalLmConfig};
@@ -294,7 +294,10 @@ pub fn train_language_model(
     let prepared = prepare(options, schedule)?;
 
     let autodiff = device.clone().autodiff();
-    let model = host_init(training.seed, |host| model_config.try_init(host))?.to_device(&autodiff);
+    let model = to_training_device(
+        host_init(training.seed, |host| model_config.try_init(host))?,
+        device,
+    );
     let task = LmTask::new(
         model,
         StepSettings {
@@ -500,9 +503,8 @@ mod tests {
         let (_, split) = split(&text);
         let device = Device::flex().autodiff();
         let config = tiny_model(split.train.iter().max().map_or(1, |&m| m as usize + 1));
-        let model = host_init(3, |host| config.try_init(host))
-            .unwrap()
-            .to_device(&device);
+        let model =
+            to_training_device(host_init(3, |host| config.try_init(host)).unwrap(), &device);
         let mut task = LmTask::new(
             model,
             StepSettings {
@@ -589,10 +591,29 @@ mod tests {
             losses(&full.history),
             "training losses"
         );
+        // Losses are f32 values and survive history.json exactly; perplexities are
+        // f64 and serde_json's default float parser may be off by one ulp.
+        let validation = |history: &History| {
+            history
+                .validation
+                .iter()
+                .map(|p| (p.step, p.loss))
+                .collect::<Vec<_>>()
+        };
         assert_eq!(
-            resumed.history.validation, full.history.validation,
+            validation(&resumed.history),
+            validation(&full.history),
             "validation losses"
         );
+        for (a, b) in resumed
+            .history
+            .validation
+            .iter()
+            .zip(&full.history.validation)
+        {
+            let (a, b) = (a.perplexity.unwrap(), b.perplexity.unwrap());
+            assert!((a - b).abs() <= 1e-12 * b, "perplexity {a} vs {b}");
+        }
         assert_eq!(
             parameters(&resumed.model),
             parameters(&full.model),
@@ -671,7 +692,7 @@ mod tests {
         assert!(zero.contains("`steps`"), "{zero}");
         let small = train_language_model(
             &tiny_model(2),
-            &tiny_training(4, 2).with_context(4),
+            &tiny_training(4, 2).with_context(2),
             &split,
             &device,
             &options,

@@ -70,7 +70,7 @@ pub fn host_device() -> Option<Device> {
 
 /// Builds a module with `init` on the host CPU seeded with `seed` (or on the
 /// default device when no CPU backend is compiled in). Move it to the training
-/// device with `to_device` afterwards.
+/// device with [`to_training_device`] (or `to_device` for inference) afterwards.
 ///
 /// # Errors
 /// The error of `init`.
@@ -87,6 +87,21 @@ where
     // Draw lazily initialized parameters now, in a fixed order, while the seed is ours.
     module.visit(&mut Materialize);
     Ok(module)
+}
+
+/// Moves a module built by [`host_init`] to the autodiff version of `device`, ready
+/// to train.
+///
+/// Parameters drawn on a plain (non-autodiff) device only remember that they are
+/// trainable; `train()` turns that into tracked tensors once they are on an autodiff
+/// device. Without it the loss would have no graph to differentiate.
+pub fn to_training_device<M: burn::module::Module>(module: M, device: &Device) -> M {
+    let autodiff = if device.is_autodiff() {
+        device.clone()
+    } else {
+        device.clone().autodiff()
+    };
+    module.to_device(&autodiff).train()
 }
 
 /// Reads every parameter once, which initializes lazy ones.

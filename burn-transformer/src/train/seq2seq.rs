@@ -28,7 +28,10 @@ use burn::train::{
 use super::lm::{StepSettings, adamw};
 use super::progress::History;
 use super::run::{RunOptions, Schedule, configure, finish, prepare};
-use super::{SplitMix64, TrainError, clip_grad_norm, cross_entropy, host_init, noam, step_seed};
+use super::{
+    SplitMix64, TrainError, clip_grad_norm, cross_entropy, host_init, noam, step_seed,
+    to_training_device,
+};
 use crate::generate::{BeamSearchConfig, GenerationConfig, Seq2SeqDecoding, beam_search, generate};
 use crate::model::{Transformer, TransformerConfig};
 
@@ -616,7 +619,10 @@ pub fn train_seq2seq(
     let prepared = prepare(options, schedule)?;
 
     let autodiff = device.clone().autodiff();
-    let model = host_init(training.seed, |host| model_config.try_init(host))?.to_device(&autodiff);
+    let model = to_training_device(
+        host_init(training.seed, |host| model_config.try_init(host))?,
+        device,
+    );
     let task = Seq2SeqTask::new(
         model,
         StepSettings {
