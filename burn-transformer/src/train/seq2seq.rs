@@ -734,10 +734,15 @@ pub fn evaluate_exact_match(
             if output.tokens == expected(example) {
                 greedy_hits += 1;
             } else if mistakes.len() < 5 {
+                // The decoded text up to its EOS; a missing EOS is a mistake too.
+                let decoded = match output.tokens.split_last() {
+                    Some((&EOS, body)) => DigitTask::render(body),
+                    _ => format!("{} (no end token)", DigitTask::render(&output.tokens)),
+                };
                 mistakes.push((
                     DigitTask::render(&example.source),
                     DigitTask::render(&example.target),
-                    DigitTask::render(&output.tokens),
+                    decoded,
                 ));
             }
         }

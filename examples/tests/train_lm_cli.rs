@@ -1,0 +1,265 @@
+//! The `train-lm` program as a user runs it: bad input gives one `error:` line (no
+//! panic trace), a `tokenizer.json` works end to end, and `--resume` after an
+//! interrupted run writes the same history as the run that was not interrupted.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// A temporary folder removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("train-lm-cli-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        Self(path)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn train_lm(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_train-lm"))
+        .args(args)
+        .env("XDG_RUNTIME_DIR", std::env::temp_dir())
+        .output()
+        .unwrap()
+}
+
+/// Asserts that the program failed with a one-line message containing `expected`.
+fn assert_clear_error(output: &Output, expected: &str) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "exit status; stderr: {stderr}"
+    );
+    assert!(
+        stderr.starts_with("error: ") && stderr.contains(expected),
+        "expected an error naming `{expected}`, got: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "a panic trace: {stderr}");
+}
+
+/// A tiny model, a few steps: fast on any backend.
+const TINY: &[&str] = &[
+    "--layers",
+    "1",
+    "--heads",
+    "2",
+    "--d-model",
+    "16",
+    "--d-ff",
+    "32",
+    "--context",
+    "8",
+    "--batch-size",
+    "2",
+    "--eval-batches",
+    "1",
+    "--warmup",
+    "1",
+    "--log-every",
+    "0",
+];
+
+fn corpus(dir: &Path) -> PathBuf {
+    let path = dir.join("corpus.txt");
+    std::fs::write(&path, "ab cab abc ba\n".repeat(40)).unwrap();
+    path
+}
+
+#[test]
+fn bad_input_is_a_clear_message() {
+    let dir = TempDir::new("bad");
+    let out = dir.path().join("run");
+    let out = out.to_str().unwrap();
+
+    let missing = dir.path().join("missing.txt");
+    let output = train_lm(&["--data", missing.to_str().unwrap(), "--out", out]);
+    assert_clear_error(&output, "missing.txt: no such file or directory");
+
+    let empty = dir.path().join("empty.txt");
+    std::fs::write(&empty, "").unwrap();
+    let output = train_lm(&["--data", empty.to_str().unwrap(), "--out", out]);
+    assert_clear_error(&output, "empty.txt: the corpus is empty");
+
+    let short = dir.path().join("short.txt");
+    std::fs::write(&short, "hello world, hello world\n").unwrap();
+    let output = train_lm(&["--data", short.to_str().unwrap(), "--out", out]);
+    assert_clear_error(&output, "too few for a context of 64");
+
+    let output = train_lm(&["--device", "tpu", "--out", out]);
+    assert_clear_error(&output, "unknown device `tpu`");
+
+    let output = train_lm(&["--resume", "--out", out]);
+    assert_clear_error(&output, "run.json");
+
+    let not_a_tokenizer = dir.path().join("tokenizer.json");
+    std::fs::write(&not_a_tokenizer, "{}").unwrap();
+    let text = corpus(dir.path());
+    let output = train_lm(&[
+        "--data",
+        text.to_str().unwrap(),
+        "--tokenizer",
+        not_a_tokenizer.to_str().unwrap(),
+        "--out",
+        out,
+    ]);
+    assert_clear_error(&output, "not a tokenizer.json");
+}
+
+/// A byte-pair-encoding `tokenizer.json` over the corpus' characters, with two
+/// merges.
+const BPE_TOKENIZER: &str = r#"{
+  "version": "1.0",
+  "truncation": null,
+  "padding": null,
+  "added_tokens": [],
+  "normalizer": null,
+  "pre_tokenizer": null,
+  "post_processor": null,
+  "decoder": null,
+  "model": {
+    "type": "BPE",
+    "dropout": null,
+    "unk_token": null,
+    "continuing_subword_prefix": null,
+    "end_of_word_suffix": null,
+    "fuse_unk": false,
+    "byte_fallback": false,
+    "vocab": {"a": 0, "b": 1, "c": 2, " ": 3, "\n": 4, "ab": 5, "abc": 6},
+    "merges": ["a b", "ab c"]
+  }
+}"#;
+
+#[test]
+fn trains_with_a_tokenizer_json() {
+    let dir = TempDir::new("bpe");
+    let text = corpus(dir.path());
+    let tokenizer = dir.path().join("tokenizer.json");
+    std::fs::write(&tokenizer, BPE_TOKENIZER).unwrap();
+    let out = dir.path().join("run");
+    let mut args = vec![
+        "--data",
+        text.to_str().unwrap(),
+        "--tokenizer",
+        tokenizer.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--steps",
+        "4",
+        "--eval-interval",
+        "2",
+        "--sample-tokens",
+        "6",
+        "--prompt",
+        "ab",
+    ];
+    args.extend_from_slice(TINY);
+    let output = train_lm(&args);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "stdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains("(7 tokens)"),
+        "the BPE vocabulary: {stdout}"
+    );
+    assert!(stdout.contains("validation loss"), "{stdout}");
+    // The run keeps its tokenizer (for --resume), its plot and its sample.
+    assert_eq!(
+        std::fs::read_to_string(out.join("tokenizer.json")).unwrap(),
+        BPE_TOKENIZER
+    );
+    assert!(out.join("loss.png").is_file());
+    assert!(out.join("sample.txt").is_file());
+}
+
+/// The training and validation losses of a run's `history.json`.
+fn losses(run: &Path) -> (Vec<(u64, f64)>, Vec<(u64, f64)>) {
+    let text = std::fs::read_to_string(run.join("history.json")).unwrap();
+    let history: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let points = |key: &str| {
+        history[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| (p["step"].as_u64().unwrap(), p["loss"].as_f64().unwrap()))
+            .collect::<Vec<_>>()
+    };
+    (points("train"), points("validation"))
+}
+
+#[test]
+fn resume_continues_exactly() {
+    let dir = TempDir::new("resume");
+    let text = corpus(dir.path());
+    let straight = dir.path().join("straight");
+    let mut args = vec![
+        "--data",
+        text.to_str().unwrap(),
+        "--steps",
+        "6",
+        "--eval-interval",
+        "2",
+        "--sample-tokens",
+        "0",
+        "--label-smoothing",
+        "0.1",
+        "--out",
+        straight.to_str().unwrap(),
+    ];
+    args.extend_from_slice(TINY);
+    let output = train_lm(&args);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    // An interrupted run: the same folder without its last round's checkpoint.
+    let crashed = dir.path().join("crashed");
+    std::fs::create_dir_all(crashed.join("checkpoint")).unwrap();
+    for name in ["run.json", "vocab.json", "history.json"] {
+        std::fs::copy(straight.join(name), crashed.join(name)).unwrap();
+    }
+    for name in ["model", "optim", "scheduler"] {
+        let file = format!("{name}-2.bpk");
+        std::fs::copy(
+            straight.join("checkpoint").join(&file),
+            crashed.join("checkpoint").join(&file),
+        )
+        .unwrap();
+    }
+    let output = train_lm(&[
+        "--resume",
+        "--out",
+        crashed.to_str().unwrap(),
+        "--sample-tokens",
+        "0",
+        "--log-every",
+        "0",
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("starting with round 3"), "{stdout}");
+    let (train, validation) = losses(&straight);
+    assert_eq!(train.len(), 6);
+    assert_eq!(losses(&crashed), (train, validation));
+}
