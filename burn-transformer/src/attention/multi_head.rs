@@ -109,11 +109,8 @@ impl MultiHeadAttentionConfig {
 
     /// Head width after defaults.
     pub fn head_width(&self) -> usize {
-        self.head_dim.unwrap_or(if self.n_heads == 0 {
-            0
-        } else {
-            self.d_model / self.n_heads
-        })
+        self.head_dim
+            .unwrap_or_else(|| self.d_model.checked_div(self.n_heads).unwrap_or(0))
     }
 
     /// Checks the configuration without allocating anything.
