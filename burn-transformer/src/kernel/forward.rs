@@ -122,7 +122,7 @@ pub fn plan_tiling(
     let vector_size = [4, 2, 1]
         .into_iter()
         .find(|&n| {
-            n <= hardware.max_vector_size.max(1) as usize
+            n <= hardware.max_vector_size.max(1)
                 && problem.d_qk.is_multiple_of(n)
                 && problem.d_v.is_multiple_of(n)
         })

@@ -537,8 +537,7 @@ pub fn flash_backward_kv<F: Float, N: Size>(
                 // dS = P ∘ (dP − D) ∘ softcap'.
                 #[unroll]
                 for r in 0..rows {
-                    dps[r * block + t] =
-                        scores[r * block + t] * (dp[r] - row_delta[t]) * dps[r * block + t];
+                    dps[r * block + t] *= scores[r * block + t] * (dp[r] - row_delta[t]);
                 }
             }
             // dK += dS·q (scaled at the end).

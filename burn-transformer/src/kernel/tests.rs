@@ -291,14 +291,16 @@ pub(super) fn assert_rule(
     }
 }
 
+/// (seq_q, seq_k, causal, window, padding, softcap) of one mask configuration.
+type MaskCase = (usize, usize, bool, Option<usize>, bool, Option<f64>);
+
 /// The f32 parity grid: at least 100 configurations covering MHA/GQA/MQA, causal or
 /// not, windows, padding (with fully padded entries), seq lengths 1, 17, 64, 129
 /// and 1000 with seq_q ≠ seq_k, head dims 32, 64, 80, 128 and 192/128.
 pub(super) fn parity_grid() -> Vec<Case> {
     let dims = [(32, 32), (64, 64), (80, 80), (128, 128), (192, 128)];
     let heads = [(2, 2), (4, 2), (3, 1)];
-    // (seq_q, seq_k, causal, window, padding, softcap)
-    let masks: [(usize, usize, bool, Option<usize>, bool, Option<f64>); 8] = [
+    let masks: [MaskCase; 8] = [
         (17, 17, false, None, false, None),
         (1, 17, true, None, false, None),
         (17, 64, true, None, true, None),
