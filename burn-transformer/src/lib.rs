@@ -15,9 +15,14 @@ pub mod block;
 pub mod device;
 pub mod error;
 pub mod ffn;
+pub mod generate;
+pub mod hf;
 pub mod kernel;
+pub mod model;
 pub mod norm;
 pub mod position;
+#[cfg(feature = "train")]
+pub mod train;
 
 pub use error::ConfigError;
 

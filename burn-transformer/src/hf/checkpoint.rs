@@ -1,0 +1,381 @@
+//! Reading Hugging Face safetensors weights (one file or sharded) into a module.
+//!
+//! Our modules carry Hugging Face's names, so loading is: list the file's tensors,
+//! rename the few keys whose layout differs ([`KeyMap`]), check every key and shape
+//! against the module's parameters, then hand the tensors to burn-store, whose
+//! PyTorch adapter transposes linear weights (`[out, in]` on disk, `[in, out]` in Burn)
+//! and whose float-cast adapter converts bf16/f16/f32 to the chosen float type. Tensor
+//! bytes are read from the memory-mapped files only when a parameter takes them.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::store::burn_pack::Tensor as PackTensor;
+use burn::store::{
+    FloatCastAdapter, ModuleAdapter, ModuleSnapshot, ModuleStore, PyTorchToBurnAdapter,
+    SafetensorsStore,
+};
+use burn::tensor::{DType, Device, Tensor};
+use serde_json::Value;
+
+use super::config::{Fields, HfConfig};
+use super::error::HfError;
+use crate::model::CausalLm;
+
+/// The single-file checkpoint name.
+pub const WEIGHTS_FILE: &str = "model.safetensors";
+/// The index of a sharded checkpoint (`weight_map`: key → shard file).
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+/// The configuration file.
+pub const CONFIG_FILE: &str = "config.json";
+
+/// How to load a checkpoint.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// The float type of the loaded parameters, whatever the file stores
+    /// (bf16, f16 or f32). Default: f32.
+    pub dtype: DType,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self { dtype: DType::F32 }
+    }
+}
+
+impl LoadOptions {
+    /// Sets the float type of the loaded parameters.
+    pub fn with_dtype(mut self, dtype: DType) -> Self {
+        self.dtype = dtype;
+        self
+    }
+}
+
+/// What to do with one checkpoint key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyAction {
+    /// Load it into the parameter at this path.
+    Load(String),
+    /// Not a parameter of ours, by design (RoPE's `inv_freq` buffers, a tied
+    /// `lm_head.weight`, DeepSeek-V3's multi-token-prediction layers).
+    Ignore,
+}
+
+/// The rename table from Hugging Face keys to our parameter paths.
+pub trait KeyMap {
+    /// The action for one checkpoint key.
+    fn action(&self, key: &str) -> KeyAction;
+}
+
+impl<F: Fn(&str) -> KeyAction> KeyMap for F {
+    fn action(&self, key: &str) -> KeyAction {
+        self(key)
+    }
+}
+
+/// Loads `config.json` and the weights of a Hugging Face model directory into a
+/// [`CausalLm`] on `device`, in f32.
+///
+/// # Errors
+/// See [`HfError`]: unreadable files, bad JSON or fields, an unsupported
+/// `model_type`, missing or unexpected tensors, shape or dtype mismatches.
+pub fn load_causal_lm(
+    dir: impl AsRef<Path>,
+    device: &Device,
+) -> Result<(CausalLm, HfConfig), HfError> {
+    load_causal_lm_with(dir, device, &LoadOptions::default())
+}
+
+/// [`load_causal_lm`] with options (the float type of the parameters).
+///
+/// # Errors
+/// As [`load_causal_lm`].
+pub fn load_causal_lm_with(
+    dir: impl AsRef<Path>,
+    device: &Device,
+    options: &LoadOptions,
+) -> Result<(CausalLm, HfConfig), HfError> {
+    let dir = dir.as_ref();
+    let config = HfConfig::from_file(dir.join(CONFIG_FILE))?;
+    let mut model = config
+        .model
+        .try_init(device)
+        .map_err(|source| HfError::Config {
+            path: dir.join(CONFIG_FILE),
+            source,
+        })?;
+    let key_map = causal_lm_key_map(&config);
+    load_weights(&mut model, dir, &key_map, &config.model_type, options)?;
+    Ok((model, config))
+}
+
+/// The rename table of the decoder-only families.
+pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
+    let tied = config.model.tie_word_embeddings;
+    move |key: &str| {
+        if key.ends_with(".rotary_emb.inv_freq") || (tied && key == "lm_head.weight") {
+            KeyAction::Ignore
+        } else {
+            KeyAction::Load(key.to_string())
+        }
+    }
+}
+
+/// One tensor of the checkpoint, with the file it is in.
+struct FileTensor {
+    file: PathBuf,
+    tensor: PackTensor,
+}
+
+/// Lists the tensors of `dir`'s `model.safetensors`, or of every shard named by
+/// `model.safetensors.index.json`, keyed by checkpoint key. Nothing is read but headers.
+fn checkpoint_tensors(dir: &Path) -> Result<BTreeMap<String, FileTensor>, HfError> {
+    let index = dir.join(INDEX_FILE);
+    let single = dir.join(WEIGHTS_FILE);
+    if index.is_file() {
+        let text = std::fs::read_to_string(&index).map_err(|source| HfError::Io {
+            path: index.clone(),
+            source,
+        })?;
+        let value: Value = serde_json::from_str(&text).map_err(|source| HfError::Json {
+            path: index.clone(),
+            source,
+        })?;
+        let fields = Fields::new(&value, &index)?;
+        let weight_map = match value.get("weight_map") {
+            Some(Value::Object(map)) => map,
+            Some(other) => {
+                return Err(fields.error("weight_map", format!("expected an object, got {other}")));
+            }
+            None => return Err(fields.error("weight_map", "missing")),
+        };
+        let mut shards: Vec<String> = Vec::new();
+        for (key, file) in weight_map {
+            let file = file.as_str().ok_or_else(|| {
+                fields.error(
+                    &format!("weight_map.{key}"),
+                    format!("expected a file name, got {file}"),
+                )
+            })?;
+            if file.contains('/') || file.contains('\\') || file == ".." {
+                return Err(fields.error(
+                    &format!("weight_map.{key}"),
+                    format!("\"{file}\" is not a file name in the model directory"),
+                ));
+            }
+            if !shards.iter().any(|shard| shard == file) {
+                shards.push(file.to_string());
+            }
+        }
+        let mut tensors = BTreeMap::new();
+        for shard in &shards {
+            tensors.extend(file_tensors(&dir.join(shard))?);
+        }
+        for (key, file) in weight_map {
+            if !tensors.contains_key(key) {
+                return Err(fields.error(
+                    &format!("weight_map.{key}"),
+                    format!("{} has no tensor `{key}`", file.as_str().unwrap_or("?")),
+                ));
+            }
+        }
+        Ok(tensors)
+    } else if single.is_file() {
+        file_tensors(&single)
+    } else {
+        Err(HfError::NoWeights {
+            dir: dir.to_path_buf(),
+        })
+    }
+}
+
+/// The tensors of one safetensors file (headers only).
+fn file_tensors(path: &Path) -> Result<BTreeMap<String, FileTensor>, HfError> {
+    if !path.is_file() {
+        return Err(HfError::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
+        });
+    }
+    let mut store = SafetensorsStore::from_file(path);
+    let tensors = store
+        .get_all_tensors()
+        .map_err(|error| HfError::Safetensors {
+            path: path.to_path_buf(),
+            message: error.to_string(),
+        })?;
+    Ok(tensors
+        .iter()
+        .map(|(key, tensor)| {
+            (
+                key.clone(),
+                FileTensor {
+                    file: path.to_path_buf(),
+                    tensor: tensor.clone(),
+                },
+            )
+        })
+        .collect())
+}
+
+/// A parameter the module expects: its shape in the checkpoint's layout.
+#[derive(Debug, Clone)]
+struct Expected {
+    shape: Vec<usize>,
+}
+
+/// Walks a module and lists its float parameters by path, with the shape a Hugging
+/// Face checkpoint stores them in, without materializing lazily initialized ones.
+#[derive(Default)]
+struct ExpectedParams {
+    path: Vec<String>,
+    containers: Vec<String>,
+    params: BTreeMap<String, Expected>,
+}
+
+impl ModuleVisitor for ExpectedParams {
+    fn enter_module(&mut self, name: &str, container_type: &str) {
+        self.containers.push(container_type.to_string());
+        // Enum variants are not part of checkpoint keys.
+        if !container_type.starts_with("Enum:") {
+            self.path.push(name.to_string());
+        }
+    }
+
+    fn exit_module(&mut self, _name: &str, container_type: &str) {
+        self.containers.pop();
+        if !container_type.starts_with("Enum:") {
+            self.path.pop();
+        }
+    }
+
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let mut shape = param.lazy_shape().as_slice().to_vec();
+        let in_linear = self
+            .containers
+            .iter()
+            .rev()
+            .find(|c| c.starts_with("Struct:") || c.starts_with("Enum:"))
+            .is_some_and(|c| c == "Struct:Linear");
+        // Burn stores a linear weight [in, out]; PyTorch [out, in].
+        if in_linear && self.path.last().is_some_and(|p| p == "weight") && D == 2 {
+            shape.reverse();
+        }
+        self.params.insert(self.path.join("."), Expected { shape });
+    }
+}
+
+/// Loads the safetensors weights of `dir` into `module`, renaming keys with
+/// `key_map`, after checking that every parameter has a tensor of the right shape and
+/// every tensor a parameter.
+///
+/// # Errors
+/// [`HfError::NoWeights`], [`HfError::Io`], [`HfError::Safetensors`],
+/// [`HfError::MissingTensor`], [`HfError::UnexpectedTensor`],
+/// [`HfError::ShapeMismatch`], [`HfError::UnsupportedDtype`], [`HfError::Apply`].
+/// `model_type` only names the model in messages.
+pub fn load_weights<M: Module>(
+    module: &mut M,
+    dir: impl AsRef<Path>,
+    key_map: &impl KeyMap,
+    model_type: &str,
+    options: &LoadOptions,
+) -> Result<(), HfError> {
+    let dir = dir.as_ref();
+    let mut expected = ExpectedParams::default();
+    module.visit(&mut expected);
+    let expected = expected.params;
+
+    let mut renamed: BTreeMap<String, (String, FileTensor)> = BTreeMap::new();
+    let mut unexpected: Vec<(String, FileTensor)> = Vec::new();
+    for (key, entry) in checkpoint_tensors(dir)? {
+        match key_map.action(&key) {
+            KeyAction::Ignore => log::debug!("{key}: ignored"),
+            KeyAction::Load(path) if expected.contains_key(&path) => {
+                renamed.insert(path, (key, entry));
+            }
+            KeyAction::Load(_) => unexpected.push((key, entry)),
+        }
+    }
+
+    if let Some((key, entry)) = unexpected.first() {
+        return Err(HfError::UnexpectedTensor {
+            file: entry.file.clone(),
+            key: key.clone(),
+            found: entry.tensor.shape.as_slice().to_vec(),
+            model_type: model_type.to_string(),
+            others: unexpected.len() - 1,
+        });
+    }
+    let missing: Vec<(&String, &Expected)> = expected
+        .iter()
+        .filter(|(path, _)| !renamed.contains_key(*path))
+        .collect();
+    if let Some((path, want)) = missing.first() {
+        return Err(HfError::MissingTensor {
+            dir: dir.to_path_buf(),
+            key: (*path).clone(),
+            expected: want.shape.clone(),
+            others: missing.len() - 1,
+        });
+    }
+    let mismatched: Vec<_> = renamed
+        .iter()
+        .filter(|(path, (_, entry))| {
+            entry.tensor.shape.as_slice() != expected[*path].shape.as_slice()
+        })
+        .collect();
+    if let Some((path, (key, entry))) = mismatched.first() {
+        return Err(HfError::ShapeMismatch {
+            file: entry.file.clone(),
+            key: key.clone(),
+            expected: expected[*path].shape.clone(),
+            found: entry.tensor.shape.as_slice().to_vec(),
+            others: mismatched.len() - 1,
+        });
+    }
+    for (key, entry) in renamed.values() {
+        if !entry.tensor.dtype.is_float() {
+            return Err(HfError::UnsupportedDtype {
+                file: entry.file.clone(),
+                key: key.clone(),
+                dtype: format!("{:?}", entry.tensor.dtype),
+            });
+        }
+    }
+
+    let tensors: Vec<PackTensor> = renamed
+        .into_iter()
+        .map(|(path, (_, entry))| {
+            let mut tensor = entry.tensor;
+            tensor.name = path;
+            tensor
+        })
+        .collect();
+    let adapter: Box<dyn ModuleAdapter> =
+        Box::new(PyTorchToBurnAdapter.chain(FloatCastAdapter::to(options.dtype)));
+    let result = module.apply(tensors, None, Some(adapter), true);
+    if let Some(error) = result.errors.first() {
+        let (key, message) = match error {
+            burn::store::ApplyError::ShapeMismatch { path, .. }
+            | burn::store::ApplyError::DTypeMismatch { path, .. }
+            | burn::store::ApplyError::AdapterError { path, .. }
+            | burn::store::ApplyError::LoadError { path, .. } => (path.clone(), error.to_string()),
+        };
+        return Err(HfError::Apply {
+            dir: dir.to_path_buf(),
+            key,
+            message,
+        });
+    }
+    let applied: HashSet<&String> = result.applied.iter().collect();
+    if let Some((path, _)) = result.missing.iter().find(|(p, _)| !applied.contains(p)) {
+        return Err(HfError::Apply {
+            dir: dir.to_path_buf(),
+            key: path.clone(),
+            message: "the parameter was not loaded".into(),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,486 @@
+//! Whole-model tests against tiny random Hugging Face checkpoints written by
+//! `tools/make_hf_models.py`: logits and greedy continuations equal transformers',
+//! cached decoding equals the full forward, batched prompts equal one-by-one, and a
+//! broken checkpoint gives an error that names the problem.
+
+use std::path::PathBuf;
+
+use burn::tensor::{Device, Int, Tensor, TensorData};
+
+use super::*;
+use crate::generate::{
+    BeamSearchConfig, EarlyStopping, GenerationConfig, beam_search, generate, log_softmax,
+};
+use crate::model::CausalLm;
+use crate::test_utils::{Fixture, assert_close, fixture_dir, max_abs_diff, model_test_devices};
+
+/// f32 logits must match transformers to this (the bound).
+const LOGIT_TOLERANCE: f32 = 1e-4;
+
+fn model_dir(name: &str) -> PathBuf {
+    fixture_dir().join("hf").join(name)
+}
+
+fn reference(name: &str) -> Fixture {
+    Fixture::load(&format!("hf/{name}/reference"))
+}
+
+/// The rows of an i64 `[batch, seq]` tensor as token ids.
+fn rows(data: &TensorData) -> Vec<Vec<u32>> {
+    let [_, seq] = [data.shape()[0], data.shape()[1]];
+    let values = data.clone().convert::<i64>().try_into_vec::<i64>().unwrap();
+    values
+        .chunks(seq)
+        .map(|row| row.iter().map(|&t| t as u32).collect())
+        .collect()
+}
+
+fn int_tensor(rows: &[Vec<u32>], device: &Device) -> Tensor<2, Int> {
+    let seq = rows[0].len();
+    let values: Vec<i64> = rows.iter().flatten().map(|&t| t as i64).collect();
+    Tensor::from_data(TensorData::new(values, [rows.len(), seq]), device)
+}
+
+/// Loads a fixture model and checks its logits and greedy continuation against
+/// transformers on every model test device.
+fn matches_transformers(name: &str) {
+    let reference = reference(name);
+    let prompts = rows(&reference.data("tokens"));
+    let expected_greedy = rows(&reference.data("greedy"));
+    for device in model_test_devices() {
+        let (model, _) = load_causal_lm(model_dir(name), &device)
+            .unwrap_or_else(|error| panic!("{name}: {error}"));
+        let logits = model.forward(int_tensor(&prompts, &device), None);
+        assert_close(
+            logits,
+            reference.tensor::<3>("logits", &device),
+            LOGIT_TOLERANCE,
+            &format!("{name} logits"),
+        );
+        let config = GenerationConfig::greedy(expected_greedy[0].len());
+        let greedy: Vec<Vec<u32>> = generate(&model, &prompts, &config, |_| {})
+            .unwrap()
+            .into_iter()
+            .map(|g| g.tokens)
+            .collect();
+        assert_eq!(
+            greedy, expected_greedy,
+            "{name} greedy tokens on {device:?}"
+        );
+    }
+}
+
+#[test]
+fn llama_matches_transformers() {
+    matches_transformers("llama");
+}
+
+#[test]
+fn sharded_llama_with_biases_yarn_and_tied_embeddings_matches_transformers() {
+    matches_transformers("llama_sharded");
+}
+
+#[test]
+fn mistral_with_sliding_window_matches_transformers() {
+    matches_transformers("mistral");
+}
+
+#[test]
+fn qwen2_with_biases_and_per_layer_window_matches_transformers() {
+    matches_transformers("qwen2");
+}
+
+#[test]
+fn bf16_checkpoint_loads_as_f32_and_matches_transformers() {
+    matches_transformers("qwen2_bf16");
+}
+
+/// Prefill, single steps and a chunk through the cache equal one full forward pass;
+/// the sliding-window fixture also exercises the rolling cache.
+#[test]
+fn cached_decoding_equals_the_full_forward() {
+    for name in ["llama", "mistral", "qwen2"] {
+        let reference = reference(name);
+        let prompts = rows(&reference.data("tokens"));
+        let greedy = rows(&reference.data("greedy"));
+        let sequences: Vec<Vec<u32>> = prompts
+            .iter()
+            .zip(&greedy)
+            .map(|(p, g)| p.iter().chain(g).copied().collect())
+            .collect();
+        let total = sequences[0].len();
+        for device in model_test_devices() {
+            let (model, _) = load_causal_lm(model_dir(name), &device).unwrap();
+            let tokens = int_tensor(&sequences, &device);
+            let full = model.forward(tokens.clone(), None);
+            let mut cache = model.new_cache();
+            let mut pieces =
+                vec![model.forward_cached(tokens.clone().narrow(1, 0, 5), &mut cache, None)];
+            for position in 5..total - 3 {
+                pieces.push(model.forward_cached(
+                    tokens.clone().narrow(1, position, 1),
+                    &mut cache,
+                    None,
+                ));
+            }
+            pieces.push(model.forward_cached(tokens.narrow(1, total - 3, 3), &mut cache, None));
+            assert_eq!(cache.position(), total);
+            assert_close(
+                Tensor::cat(pieces, 1),
+                full,
+                1e-5,
+                &format!("{name} cached"),
+            );
+        }
+    }
+}
+
+/// Prompts of different lengths in one left-padded batch give the logits and
+/// greedy tokens each gives alone.
+#[test]
+fn batched_left_padded_prompts_equal_one_by_one() {
+    for name in ["mistral", "qwen2"] {
+        let reference = reference(name);
+        let full = rows(&reference.data("tokens"));
+        let prompts = vec![
+            full[0].clone(),
+            full[1][..5].to_vec(),
+            full[0][2..5].to_vec(),
+        ];
+        for device in model_test_devices() {
+            let (model, _) = load_causal_lm(model_dir(name), &device).unwrap();
+            let config = GenerationConfig::greedy(6);
+            let batched = generate(&model, &prompts, &config, |_| {}).unwrap();
+            for (row, prompt) in prompts.iter().enumerate() {
+                let alone = generate(&model, std::slice::from_ref(prompt), &config, |_| {})
+                    .unwrap()
+                    .remove(0);
+                assert_eq!(batched[row], alone, "{name} row {row} on {device:?}");
+            }
+
+            let (tokens, padding) = crate::generate::left_pad(&prompts, 0, &device);
+            let padded_logits = model.forward(tokens, padding);
+            for (row, prompt) in prompts.iter().enumerate() {
+                let alone = model.forward(int_tensor(std::slice::from_ref(prompt), &device), None);
+                let len = prompt.len();
+                let padded = padded_logits
+                    .clone()
+                    .narrow(0, row, 1)
+                    .narrow(1, 9 - len, len);
+                let diff = max_abs_diff(padded, alone);
+                assert!(
+                    diff <= LOGIT_TOLERANCE,
+                    "{name} row {row}: padded logits differ by {diff:e}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn streaming_callback_sees_every_token_in_order() {
+    let device = Device::flex();
+    let (model, _) = load_causal_lm(model_dir("llama"), &device).unwrap();
+    let prompts = rows(&reference("llama").data("tokens"));
+    let mut events = Vec::new();
+    let outputs = generate(&model, &prompts, &GenerationConfig::greedy(4), |event| {
+        events.push(event)
+    })
+    .unwrap();
+    assert_eq!(events.len(), 8);
+    for (row, output) in outputs.iter().enumerate() {
+        let streamed: Vec<u32> = events
+            .iter()
+            .filter(|e| e.row == row)
+            .map(|e| e.token)
+            .collect();
+        assert_eq!(streamed, output.tokens);
+    }
+}
+
+#[test]
+fn stop_tokens_end_a_row_and_max_new_tokens_the_rest() {
+    let device = Device::flex();
+    let (model, _) = load_causal_lm(model_dir("llama"), &device).unwrap();
+    let reference = reference("llama");
+    let prompts = rows(&reference.data("tokens"));
+    let greedy = rows(&reference.data("greedy"));
+    // Row 0's third greedy token becomes a stop token (if row 1 does not produce it).
+    let stop = greedy[0][2];
+    let config = GenerationConfig::greedy(6).with_stop_tokens(vec![stop]);
+    let outputs = generate(&model, &prompts, &config, |_| {}).unwrap();
+    let first_stop = greedy[0].iter().position(|&t| t == stop).unwrap();
+    assert_eq!(outputs[0].tokens, greedy[0][..=first_stop].to_vec());
+    assert_eq!(outputs[0].stop, crate::generate::StopReason::StopToken);
+    if !greedy[1].contains(&stop) {
+        assert_eq!(outputs[1].tokens, greedy[1]);
+        assert_eq!(outputs[1].stop, crate::generate::StopReason::MaxNewTokens);
+    }
+}
+
+#[test]
+fn beam_search_with_one_beam_is_greedy() {
+    for device in model_test_devices() {
+        let (model, _) = load_causal_lm(model_dir("mistral"), &device).unwrap();
+        let reference = reference("mistral");
+        let prompts = rows(&reference.data("tokens"));
+        let greedy = rows(&reference.data("greedy"));
+        let beams = beam_search(&model, &prompts, &BeamSearchConfig::new(1, 6)).unwrap();
+        for (row, hypotheses) in beams.iter().enumerate() {
+            assert_eq!(hypotheses[0].tokens, greedy[row], "row {row} on {device:?}");
+        }
+    }
+}
+
+/// The summed log probability of a continuation, from one full forward pass.
+fn sequence_logprob(model: &CausalLm, prompt: &[u32], continuation: &[u32]) -> f32 {
+    let device = crate::generate::LanguageModel::device(model);
+    let sequence: Vec<u32> = prompt.iter().chain(continuation).copied().collect();
+    let logits = model.forward(int_tensor(&[sequence.clone()], &device), None);
+    let [_, seq, vocab] = logits.dims();
+    let values = logits
+        .into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .unwrap();
+    continuation
+        .iter()
+        .enumerate()
+        .map(|(i, &token)| {
+            let position = prompt.len() + i - 1;
+            debug_assert!(position < seq);
+            log_softmax(&values[position * vocab..(position + 1) * vocab])[token as usize]
+        })
+        .sum()
+}
+
+#[test]
+fn beam_search_scores_are_length_normalized_log_probabilities_and_batching_is_transparent() {
+    let device = Device::flex();
+    let (model, _) = load_causal_lm(model_dir("qwen2"), &device).unwrap();
+    let full = rows(&reference("qwen2").data("tokens"));
+    let prompts = vec![full[0].clone(), full[1][..4].to_vec()];
+    // Stop on a frequent token so that hypotheses of different lengths compete.
+    let config = BeamSearchConfig::new(3, 5)
+        .with_length_penalty(0.7)
+        .with_early_stopping(EarlyStopping::Never)
+        .with_stop_tokens(vec![full[0][3], full[1][1]]);
+    let batched = beam_search(&model, &prompts, &config).unwrap();
+    for (row, prompt) in prompts.iter().enumerate() {
+        let alone = beam_search(&model, std::slice::from_ref(prompt), &config)
+            .unwrap()
+            .remove(0);
+        let tokens = |hs: &[crate::generate::Hypothesis]| {
+            hs.iter().map(|h| h.tokens.clone()).collect::<Vec<_>>()
+        };
+        assert_eq!(tokens(&batched[row]), tokens(&alone), "row {row}");
+        assert_eq!(batched[row].len(), 3);
+        for hypothesis in &batched[row] {
+            let logprob = sequence_logprob(&model, prompt, &hypothesis.tokens);
+            let expected = logprob / (hypothesis.tokens.len() as f32).powf(0.7);
+            assert!(
+                (hypothesis.score - expected).abs() < 1e-4,
+                "score {} vs recomputed {expected}",
+                hypothesis.score
+            );
+        }
+        let scores: Vec<f32> = batched[row].iter().map(|h| h.score).collect();
+        assert!(
+            scores.windows(2).all(|w| w[0] >= w[1]),
+            "sorted best first: {scores:?}"
+        );
+    }
+}
+
+/// A scratch copy of a fixture model whose weights `edit` rewrites.
+struct BrokenCheckpoint {
+    dir: PathBuf,
+}
+
+impl BrokenCheckpoint {
+    fn new(
+        label: &str,
+        edit: impl FnOnce(&mut Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)>),
+    ) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "burn-transformer-hf-{label}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let source = model_dir("llama");
+        std::fs::copy(source.join(CONFIG_FILE), dir.join(CONFIG_FILE)).unwrap();
+        let bytes = std::fs::read(source.join(WEIGHTS_FILE)).unwrap();
+        let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = file
+            .tensors()
+            .into_iter()
+            .map(|(name, view)| {
+                (
+                    name,
+                    view.dtype(),
+                    view.shape().to_vec(),
+                    view.data().to_vec(),
+                )
+            })
+            .collect();
+        edit(&mut tensors);
+        let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+            .iter()
+            .map(|(name, dtype, shape, data)| {
+                (
+                    name.clone(),
+                    safetensors::tensor::TensorView::new(*dtype, shape.clone(), data).unwrap(),
+                )
+            })
+            .collect();
+        safetensors::serialize_to_file(views, None, &dir.join(WEIGHTS_FILE)).unwrap();
+        Self { dir }
+    }
+
+    fn load(&self) -> HfError {
+        load_causal_lm(&self.dir, &Device::flex()).unwrap_err()
+    }
+}
+
+impl Drop for BrokenCheckpoint {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn missing_extra_and_misshapen_tensors_are_named() {
+    let missing = BrokenCheckpoint::new("missing", |tensors| {
+        tensors.retain(|(name, ..)| name != "model.norm.weight")
+    });
+    let error = missing.load();
+    assert!(
+        matches!(&error, HfError::MissingTensor { key, expected, others: 0, .. }
+            if key == "model.norm.weight" && expected == &vec![32]),
+        "{error}"
+    );
+    assert!(error.to_string().contains("model.norm.weight"), "{error}");
+
+    let extra = BrokenCheckpoint::new("extra", |tensors| {
+        tensors.push((
+            "model.layers.0.mlp.extra_proj.weight".into(),
+            safetensors::Dtype::F32,
+            vec![2],
+            vec![0; 8],
+        ))
+    });
+    let error = extra.load();
+    assert!(
+        matches!(&error, HfError::UnexpectedTensor { key, .. } if key == "model.layers.0.mlp.extra_proj.weight"),
+        "{error}"
+    );
+    assert!(error.to_string().contains("model.safetensors"), "{error}");
+
+    let misshapen = BrokenCheckpoint::new("shape", |tensors| {
+        let entry = tensors
+            .iter_mut()
+            .find(|(name, ..)| name == "model.layers.1.self_attn.k_proj.weight")
+            .unwrap();
+        entry.2 = vec![17, 32];
+        entry.3 = vec![0; 17 * 32 * 4];
+    });
+    let error = misshapen.load();
+    assert!(
+        matches!(&error, HfError::ShapeMismatch { key, expected, found, .. }
+            if key == "model.layers.1.self_attn.k_proj.weight"
+                && expected == &vec![16, 32] && found == &vec![17, 32]),
+        "{error}"
+    );
+    let message = error.to_string();
+    assert!(
+        message.contains("[16, 32]") && message.contains("[17, 32]"),
+        "{message}"
+    );
+
+    let integer = BrokenCheckpoint::new("dtype", |tensors| {
+        let entry = tensors
+            .iter_mut()
+            .find(|(name, ..)| name == "model.norm.weight")
+            .unwrap();
+        entry.1 = safetensors::Dtype::I32;
+    });
+    let error = integer.load();
+    assert!(
+        matches!(&error, HfError::UnsupportedDtype { key, .. } if key == "model.norm.weight"),
+        "{error}"
+    );
+}
+
+#[test]
+fn config_and_directory_errors_name_the_file() {
+    let dir =
+        std::env::temp_dir().join(format!("burn-transformer-hf-config-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let check = |error: HfError, needle: &str| {
+        let message = error.to_string();
+        assert!(
+            message.contains(needle),
+            "`{message}` should mention `{needle}`"
+        );
+        message
+    };
+
+    let error = load_causal_lm(&dir, &Device::flex()).unwrap_err();
+    assert!(matches!(error, HfError::Io { .. }), "{error}");
+    check(error, "config.json");
+
+    std::fs::write(dir.join(CONFIG_FILE), "{\"model_type\": \"llama\",").unwrap();
+    let error = load_causal_lm(&dir, &Device::flex()).unwrap_err();
+    assert!(matches!(error, HfError::Json { .. }), "{error}");
+
+    let config = std::fs::read_to_string(model_dir("llama").join(CONFIG_FILE)).unwrap();
+    std::fs::write(
+        dir.join(CONFIG_FILE),
+        config.replace("\"llama\"", "\"bert\""),
+    )
+    .unwrap();
+    let message = check(
+        load_causal_lm(&dir, &Device::flex()).unwrap_err(),
+        "\"bert\"",
+    );
+    assert!(message.contains("supported: llama"), "{message}");
+
+    std::fs::write(dir.join(CONFIG_FILE), &config).unwrap();
+    let error = load_causal_lm(&dir, &Device::flex()).unwrap_err();
+    assert!(matches!(error, HfError::NoWeights { .. }), "{error}");
+
+    std::fs::write(
+        dir.join(INDEX_FILE),
+        "{\"weight_map\": {\"lm_head.weight\": \"../x\"}}",
+    )
+    .unwrap();
+    let error = load_causal_lm(&dir, &Device::flex()).unwrap_err();
+    assert!(
+        matches!(&error, HfError::Field { field, .. } if field == "weight_map.lm_head.weight"),
+        "{error}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn loading_in_f16_converts_every_parameter() {
+    let device = Device::flex();
+    let options = LoadOptions::default().with_dtype(burn::tensor::DType::F16);
+    let (model, _) = load_causal_lm_with(model_dir("qwen2_bf16"), &device, &options).unwrap();
+    assert_eq!(
+        model.model.embed_tokens.weight.val().dtype(),
+        burn::tensor::DType::F16
+    );
+    let reference = reference("qwen2_bf16");
+    let prompts = rows(&reference.data("tokens"));
+    let logits = model.forward(int_tensor(&prompts, &device), None);
+    assert_eq!(logits.dtype(), burn::tensor::DType::F16);
+    // Half precision: agreement to f16 accuracy only.
+    let diff = max_abs_diff(
+        logits.cast(burn::tensor::DType::F32),
+        reference.tensor("logits", &device),
+    );
+    assert!(diff < 0.1, "f16 logits differ by {diff}");
+}

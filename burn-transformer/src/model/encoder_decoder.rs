@@ -1,0 +1,766 @@
+//! The encoder-decoder Transformer of "Attention Is All You Need"
+//! ([Vaswani et al. 2017](https://arxiv.org/abs/1706.03762)).
+//!
+//! ```text
+//! source ─► embed·√d + sinusoid ─► encoder layers ─────────────────┐ memory
+//! target ─► embed·√d + sinusoid ─► decoder layers (self-attn, cross-attn ◄┘, FFN) ─► lm_head
+//! ```
+//!
+//! Each sub-layer (attention, cross-attention, feed-forward) sits in a residual
+//! connection, normalized after the sum as in the paper (Post-LN) or before the
+//! sub-layer (Pre-LN, [Xiong et al. 2020](https://arxiv.org/abs/2002.04745), with a final
+//! norm on each stack). Padding masks apply on both sides: the source padding hides
+//! padded source positions from the encoder and from cross-attention, the target
+//! padding hides padded target positions from the decoder's self-attention.
+//!
+//! During decoding, the decoder's self-attention grows a [`KvCache`] and each
+//! cross-attention projects the encoder's memory once into a [`CrossKvCache`].
+//! Layer names follow BART/Marian in transformers (`self_attn`,
+//! `self_attn_layer_norm`, `encoder_attn`, `final_layer_norm`, `fc1`/`fc2` inside
+//! `mlp`).
+
+use burn::config::Config;
+use burn::module::{Initializer, Module};
+use burn::nn::{Dropout, DropoutConfig, Embedding, EmbeddingConfig, Linear, LinearConfig};
+use burn::tensor::{Bool, Device, Int, Tensor};
+
+use crate::attention::{
+    AttentionImpl, CrossKvCache, KvCache, MultiHeadAttention, MultiHeadAttentionConfig,
+};
+use crate::error::ConfigError;
+use crate::ffn::{Activation, DenseFfn, DenseFfnConfig};
+use crate::norm::{LayerNorm, LayerNormConfig};
+use crate::position::{SinusoidalPosition, SinusoidalPositionConfig};
+
+const MODULE: &str = "TransformerConfig";
+
+/// Where the layer norms sit relative to the residual connections.
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum NormPlacement {
+    /// `x = norm(x + sublayer(x))`: the paper's arrangement.
+    PostNorm,
+    /// `x = x + sublayer(norm(x))`, plus a final norm on each stack: trains without
+    /// learning-rate warm-up at depth.
+    PreNorm,
+}
+
+/// Configuration of a [`Transformer`].
+#[derive(Config, Debug)]
+pub struct TransformerConfig {
+    /// Number of source token ids.
+    pub src_vocab_size: usize,
+    /// Number of target token ids.
+    pub tgt_vocab_size: usize,
+    /// Model width. Default: 512 (the paper's base model).
+    #[config(default = 512)]
+    pub d_model: usize,
+    /// Number of attention heads. Default: 8.
+    #[config(default = 8)]
+    pub n_heads: usize,
+    /// Hidden width of the feed-forward networks. Default: 2048.
+    #[config(default = 2048)]
+    pub d_ff: usize,
+    /// Number of encoder layers. Default: 6.
+    #[config(default = 6)]
+    pub n_encoder_layers: usize,
+    /// Number of decoder layers. Default: 6.
+    #[config(default = 6)]
+    pub n_decoder_layers: usize,
+    /// Dropout on embeddings, sub-layer outputs and attention probabilities during
+    /// training. Default: 0.1.
+    #[config(default = 0.1)]
+    pub dropout: f64,
+    /// Post-LN (the paper) or Pre-LN. Default: Post-LN.
+    #[config(default = "NormPlacement::PostNorm")]
+    pub norm: NormPlacement,
+    /// Feed-forward activation. Default: ReLU (the paper).
+    #[config(default = "Activation::Relu")]
+    pub activation: Activation,
+    /// Epsilon of the layer norms. Default: 1e-5.
+    #[config(default = 1e-5)]
+    pub norm_eps: f64,
+    /// Source and target share one embedding (needs equal vocabularies, as the
+    /// paper's shared BPE vocabulary). Default: false.
+    #[config(default = false)]
+    pub share_embeddings: bool,
+    /// The output projection reuses the target embedding's weight (the paper).
+    /// Default: true.
+    #[config(default = true)]
+    pub tie_output: bool,
+    /// Positions whose sinusoids are precomputed (longer inputs still work).
+    /// Default: 1024.
+    #[config(default = 1024)]
+    pub max_positions: usize,
+    /// Which attention implementation to use. Default: automatic.
+    #[config(default = "AttentionImpl::Auto")]
+    pub implementation: AttentionImpl,
+    /// Initializer of the projection weights. Default: Xavier-uniform (gain 1), as
+    /// the reference implementations.
+    #[config(default = "Initializer::XavierUniform { gain: 1.0 }")]
+    pub initializer: Initializer,
+}
+
+impl TransformerConfig {
+    /// The paper's base model (65M parameters with a 37k shared vocabulary).
+    pub fn base(src_vocab_size: usize, tgt_vocab_size: usize) -> Self {
+        Self::new(src_vocab_size, tgt_vocab_size)
+    }
+
+    /// The paper's big model: width 1024, 16 heads, d_ff 4096, dropout 0.3.
+    pub fn big(src_vocab_size: usize, tgt_vocab_size: usize) -> Self {
+        Self::new(src_vocab_size, tgt_vocab_size)
+            .with_d_model(1024)
+            .with_n_heads(16)
+            .with_d_ff(4096)
+            .with_dropout(0.3)
+    }
+
+    /// A tiny model for tests: width 32, 4 heads, 2 + 2 layers.
+    pub fn tiny(src_vocab_size: usize, tgt_vocab_size: usize) -> Self {
+        Self::new(src_vocab_size, tgt_vocab_size)
+            .with_d_model(32)
+            .with_n_heads(4)
+            .with_d_ff(64)
+            .with_n_encoder_layers(2)
+            .with_n_decoder_layers(2)
+            .with_dropout(0.0)
+            .with_max_positions(64)
+    }
+
+    fn attention(&self, causal: bool) -> MultiHeadAttentionConfig {
+        MultiHeadAttentionConfig::new(self.d_model, self.n_heads)
+            .with_qkv_bias(true)
+            .with_o_bias(true)
+            .with_causal(causal)
+            .with_dropout(self.dropout)
+            .with_implementation(self.implementation)
+            .with_initializer(self.initializer.clone())
+    }
+
+    /// Checks the configuration.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        ConfigError::check_positive(MODULE, "src_vocab_size", self.src_vocab_size)?;
+        ConfigError::check_positive(MODULE, "tgt_vocab_size", self.tgt_vocab_size)?;
+        ConfigError::check_positive(MODULE, "n_encoder_layers", self.n_encoder_layers)?;
+        ConfigError::check_positive(MODULE, "n_decoder_layers", self.n_decoder_layers)?;
+        ConfigError::check_probability(MODULE, "dropout", self.dropout)?;
+        self.attention(false).validate()?;
+        self.ffn().validate()?;
+        if self.share_embeddings && self.src_vocab_size != self.tgt_vocab_size {
+            return Err(ConfigError::Invalid {
+                module: MODULE,
+                field: "share_embeddings",
+                reason: format!(
+                    "needs equal vocabularies, got {} (source) and {} (target)",
+                    self.src_vocab_size, self.tgt_vocab_size
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn ffn(&self) -> DenseFfnConfig {
+        DenseFfnConfig::new(self.d_model, self.d_ff)
+            .with_activation(self.activation)
+            .with_dropout(self.dropout)
+    }
+
+    /// Builds the model.
+    ///
+    /// # Errors
+    /// See [`TransformerConfig::validate`].
+    pub fn try_init(&self, device: &Device) -> Result<Transformer, ConfigError> {
+        self.validate()?;
+        let norm = LayerNormConfig::new(self.d_model).with_eps(self.norm_eps);
+        let pre_norm = self.norm == NormPlacement::PreNorm;
+        let dropout = DropoutConfig::new(self.dropout);
+        let encoder_layers = (0..self.n_encoder_layers)
+            .map(|_| {
+                Ok(EncoderLayer {
+                    self_attn: self.attention(false).try_init(device)?,
+                    self_attn_layer_norm: norm.try_init(device)?,
+                    mlp: self.ffn().try_init(device)?,
+                    final_layer_norm: norm.try_init(device)?,
+                    dropout: dropout.init(),
+                    norm: self.norm,
+                })
+            })
+            .collect::<Result<Vec<_>, ConfigError>>()?;
+        let decoder_layers = (0..self.n_decoder_layers)
+            .map(|_| {
+                Ok(TransformerDecoderLayer {
+                    self_attn: self.attention(true).try_init(device)?,
+                    self_attn_layer_norm: norm.try_init(device)?,
+                    encoder_attn: self.attention(false).try_init(device)?,
+                    encoder_attn_layer_norm: norm.try_init(device)?,
+                    mlp: self.ffn().try_init(device)?,
+                    final_layer_norm: norm.try_init(device)?,
+                    dropout: dropout.init(),
+                    norm: self.norm,
+                })
+            })
+            .collect::<Result<Vec<_>, ConfigError>>()?;
+        // The paper's N(0, d^-1/2) embedding: with the √d scale, unit-variance inputs.
+        let embedding = |vocab: usize| {
+            EmbeddingConfig::new(vocab, self.d_model)
+                .with_initializer(Initializer::Normal {
+                    mean: 0.0,
+                    std: (self.d_model as f64).powf(-0.5),
+                })
+                .init(device)
+        };
+        Ok(Transformer {
+            embed_tokens: embedding(self.src_vocab_size),
+            decoder_embed_tokens: (!self.share_embeddings).then(|| embedding(self.tgt_vocab_size)),
+            embed_positions: SinusoidalPositionConfig::new(self.d_model)
+                .with_max_position_embeddings(self.max_positions)
+                .try_init(device)?,
+            encoder: TransformerEncoder {
+                layers: encoder_layers,
+                layer_norm: pre_norm.then(|| norm.try_init(device)).transpose()?,
+            },
+            decoder: TransformerDecoder {
+                layers: decoder_layers,
+                layer_norm: pre_norm.then(|| norm.try_init(device)).transpose()?,
+            },
+            lm_head: (!self.tie_output).then(|| {
+                LinearConfig::new(self.d_model, self.tgt_vocab_size)
+                    .with_bias(false)
+                    .with_initializer(self.initializer.clone())
+                    .init(device)
+            }),
+            dropout: dropout.init(),
+            d_model: self.d_model,
+            tgt_vocab_size: self.tgt_vocab_size,
+        })
+    }
+
+    /// Builds the model.
+    ///
+    /// # Panics
+    /// If the configuration is invalid, with the message of
+    /// [`TransformerConfig::validate`].
+    pub fn init(&self, device: &Device) -> Transformer {
+        self.try_init(device)
+            .unwrap_or_else(|error| panic!("{error}"))
+    }
+}
+
+/// `x + dropout(f(x))` with the norm before `f` (Pre-LN) or after the sum (Post-LN).
+fn residual(
+    x: Tensor<3>,
+    norm: &LayerNorm,
+    placement: NormPlacement,
+    dropout: &Dropout,
+    sublayer: impl FnOnce(Tensor<3>) -> Tensor<3>,
+) -> Tensor<3> {
+    match placement {
+        NormPlacement::PostNorm => norm.forward(x.clone() + dropout.forward(sublayer(x))),
+        NormPlacement::PreNorm => x.clone() + dropout.forward(sublayer(norm.forward(x))),
+    }
+}
+
+/// An encoder layer: self-attention, then a feed-forward network.
+#[derive(Module, Debug)]
+pub struct EncoderLayer {
+    /// Bidirectional self-attention.
+    pub self_attn: MultiHeadAttention,
+    /// Norm of the attention sub-layer.
+    pub self_attn_layer_norm: LayerNorm,
+    /// Feed-forward network (`fc1`, `fc2`).
+    pub mlp: DenseFfn,
+    /// Norm of the feed-forward sub-layer.
+    pub final_layer_norm: LayerNorm,
+    /// On each sub-layer's output.
+    pub dropout: Dropout,
+    #[module(skip)]
+    norm: NormPlacement,
+}
+
+impl EncoderLayer {
+    /// # Shapes
+    /// - x: `[batch, seq_src, d_model]`
+    /// - padding: `[batch, seq_src]`, `true` = padded
+    /// - output: `[batch, seq_src, d_model]`
+    pub fn forward(&self, x: Tensor<3>, padding: Option<Tensor<2, Bool>>) -> Tensor<3> {
+        let x = residual(
+            x,
+            &self.self_attn_layer_norm,
+            self.norm,
+            &self.dropout,
+            |h| self.self_attn.forward(h, padding),
+        );
+        residual(x, &self.final_layer_norm, self.norm, &self.dropout, |h| {
+            self.mlp.forward(h)
+        })
+    }
+}
+
+/// A decoder layer: causal self-attention, cross-attention over the encoder's
+/// memory, then a feed-forward network.
+#[derive(Module, Debug)]
+pub struct TransformerDecoderLayer {
+    /// Causal self-attention.
+    pub self_attn: MultiHeadAttention,
+    /// Norm of the self-attention sub-layer.
+    pub self_attn_layer_norm: LayerNorm,
+    /// Cross-attention: queries from the decoder, keys and values from the memory.
+    pub encoder_attn: MultiHeadAttention,
+    /// Norm of the cross-attention sub-layer.
+    pub encoder_attn_layer_norm: LayerNorm,
+    /// Feed-forward network (`fc1`, `fc2`).
+    pub mlp: DenseFfn,
+    /// Norm of the feed-forward sub-layer.
+    pub final_layer_norm: LayerNorm,
+    /// On each sub-layer's output.
+    pub dropout: Dropout,
+    #[module(skip)]
+    norm: NormPlacement,
+}
+
+/// The decoding state of one [`TransformerDecoderLayer`].
+#[derive(Clone, Debug, Default)]
+pub struct CrossLayerCache {
+    /// Keys and values of the decoder's own past positions.
+    pub self_attn: KvCache,
+    /// The memory's keys and values, projected once.
+    pub cross_attn: CrossKvCache,
+}
+
+impl TransformerDecoderLayer {
+    /// The layer over the whole target (no cache), or over new target positions with
+    /// a cache.
+    ///
+    /// # Shapes
+    /// - x: `[batch, seq_tgt, d_model]`
+    /// - memory: `[batch, seq_src, d_model]`
+    /// - memory_padding: `[batch, seq_src]`, target_padding: `[batch, seq_tgt]`
+    /// - output: `[batch, seq_tgt, d_model]`
+    pub fn forward(
+        &self,
+        x: Tensor<3>,
+        memory: Tensor<3>,
+        memory_padding: Option<Tensor<2, Bool>>,
+        target_padding: Option<Tensor<2, Bool>>,
+        cache: Option<&mut CrossLayerCache>,
+    ) -> Tensor<3> {
+        match cache {
+            None => {
+                let x = residual(
+                    x,
+                    &self.self_attn_layer_norm,
+                    self.norm,
+                    &self.dropout,
+                    |h| self.self_attn.forward(h, target_padding),
+                );
+                let x = residual(
+                    x,
+                    &self.encoder_attn_layer_norm,
+                    self.norm,
+                    &self.dropout,
+                    |h| self.encoder_attn.forward_cross(h, memory, memory_padding),
+                );
+                residual(x, &self.final_layer_norm, self.norm, &self.dropout, |h| {
+                    self.mlp.forward(h)
+                })
+            }
+            Some(cache) => {
+                let x = residual(
+                    x,
+                    &self.self_attn_layer_norm,
+                    self.norm,
+                    &self.dropout,
+                    |h| {
+                        self.self_attn
+                            .forward_cached(h, &mut cache.self_attn, target_padding)
+                    },
+                );
+                let x = residual(
+                    x,
+                    &self.encoder_attn_layer_norm,
+                    self.norm,
+                    &self.dropout,
+                    |h| {
+                        self.encoder_attn.forward_cross_cached(
+                            h,
+                            memory,
+                            memory_padding,
+                            &mut cache.cross_attn,
+                        )
+                    },
+                );
+                residual(x, &self.final_layer_norm, self.norm, &self.dropout, |h| {
+                    self.mlp.forward(h)
+                })
+            }
+        }
+    }
+}
+
+/// The encoder stack.
+#[derive(Module, Debug)]
+pub struct TransformerEncoder {
+    /// The layers.
+    pub layers: Vec<EncoderLayer>,
+    /// Final norm (Pre-LN only).
+    pub layer_norm: Option<LayerNorm>,
+}
+
+/// The decoder stack.
+#[derive(Module, Debug)]
+pub struct TransformerDecoder {
+    /// The layers.
+    pub layers: Vec<TransformerDecoderLayer>,
+    /// Final norm (Pre-LN only).
+    pub layer_norm: Option<LayerNorm>,
+}
+
+/// The encoder-decoder Transformer.
+#[derive(Module, Debug)]
+pub struct Transformer {
+    /// Source embedding (and target embedding when shared), `[src_vocab, d_model]`.
+    pub embed_tokens: Embedding,
+    /// Target embedding; `None` when shared with `embed_tokens`.
+    pub decoder_embed_tokens: Option<Embedding>,
+    /// Sinusoidal positions, added to both sides (no parameters).
+    pub embed_positions: SinusoidalPosition,
+    /// The encoder.
+    pub encoder: TransformerEncoder,
+    /// The decoder.
+    pub decoder: TransformerDecoder,
+    /// Output projection; `None` when tied to the target embedding.
+    pub lm_head: Option<Linear>,
+    /// On the embeddings.
+    pub dropout: Dropout,
+    #[module(skip)]
+    d_model: usize,
+    #[module(skip)]
+    tgt_vocab_size: usize,
+}
+
+/// The decoding state of a [`Transformer`]: the encoder's memory and one cache per
+/// decoder layer.
+#[derive(Clone, Debug)]
+pub struct Seq2SeqCache {
+    /// `[batch, seq_src, d_model]`
+    pub memory: Tensor<3>,
+    /// `[batch, seq_src]`, `true` = padded source position.
+    pub memory_padding: Option<Tensor<2, Bool>>,
+    /// One per decoder layer.
+    pub layers: Vec<CrossLayerCache>,
+}
+
+impl Seq2SeqCache {
+    /// The number of target positions decoded so far.
+    pub fn position(&self) -> usize {
+        self.layers.first().map_or(0, |l| l.self_attn.position())
+    }
+
+    /// Keeps the batch rows `indices`, in that order (beam search).
+    pub fn select_batch(&mut self, indices: Tensor<1, Int>) {
+        self.memory = self.memory.clone().select(0, indices.clone());
+        self.memory_padding = self
+            .memory_padding
+            .take()
+            .map(|p| p.int().select(0, indices.clone()).bool());
+        for layer in &mut self.layers {
+            layer.self_attn.select_batch(indices.clone());
+            layer.cross_attn.select_batch(indices.clone());
+        }
+    }
+}
+
+impl Transformer {
+    /// Number of target token ids.
+    pub fn tgt_vocab_size(&self) -> usize {
+        self.tgt_vocab_size
+    }
+
+    fn target_embedding(&self) -> &Embedding {
+        self.decoder_embed_tokens
+            .as_ref()
+            .unwrap_or(&self.embed_tokens)
+    }
+
+    /// `embedding(tokens)·√d_model + sinusoid(offset..)`, then dropout.
+    fn embed(&self, embedding: &Embedding, tokens: Tensor<2, Int>, offset: usize) -> Tensor<3> {
+        let x = embedding.forward(tokens) * (self.d_model as f64).sqrt();
+        self.dropout
+            .forward(self.embed_positions.forward(x, offset))
+    }
+
+    /// Encodes the source.
+    ///
+    /// # Shapes
+    /// - source: `[batch, seq_src]`
+    /// - source_padding: `[batch, seq_src]`, `true` = padded
+    /// - output (the memory): `[batch, seq_src, d_model]`
+    pub fn encode(
+        &self,
+        source: Tensor<2, Int>,
+        source_padding: Option<Tensor<2, Bool>>,
+    ) -> Tensor<3> {
+        let mut x = self.embed(&self.embed_tokens, source, 0);
+        for layer in &self.encoder.layers {
+            x = layer.forward(x, source_padding.clone());
+        }
+        match &self.encoder.layer_norm {
+            Some(norm) => norm.forward(x),
+            None => x,
+        }
+    }
+
+    /// Teacher-forced decoding of whole targets over an encoded source.
+    ///
+    /// # Shapes
+    /// - target: `[batch, seq_tgt]`
+    /// - memory: `[batch, seq_src, d_model]`
+    /// - memory_padding: `[batch, seq_src]`, target_padding: `[batch, seq_tgt]`
+    /// - output: `[batch, seq_tgt, tgt_vocab_size]`
+    pub fn decode(
+        &self,
+        target: Tensor<2, Int>,
+        memory: Tensor<3>,
+        memory_padding: Option<Tensor<2, Bool>>,
+        target_padding: Option<Tensor<2, Bool>>,
+    ) -> Tensor<3> {
+        let mut x = self.embed(self.target_embedding(), target, 0);
+        for layer in &self.decoder.layers {
+            x = layer.forward(
+                x,
+                memory.clone(),
+                memory_padding.clone(),
+                target_padding.clone(),
+                None,
+            );
+        }
+        self.project(x)
+    }
+
+    /// Encodes the source and decodes the target (teacher forcing): the training
+    /// forward pass.
+    ///
+    /// # Shapes
+    /// - source: `[batch, seq_src]`, target: `[batch, seq_tgt]`
+    /// - source_padding: `[batch, seq_src]`, target_padding: `[batch, seq_tgt]`
+    /// - output: `[batch, seq_tgt, tgt_vocab_size]`
+    pub fn forward(
+        &self,
+        source: Tensor<2, Int>,
+        target: Tensor<2, Int>,
+        source_padding: Option<Tensor<2, Bool>>,
+        target_padding: Option<Tensor<2, Bool>>,
+    ) -> Tensor<3> {
+        let memory = self.encode(source, source_padding.clone());
+        self.decode(target, memory, source_padding, target_padding)
+    }
+
+    /// An empty decoding cache over an encoded source.
+    ///
+    /// # Shapes
+    /// - memory: `[batch, seq_src, d_model]`, memory_padding: `[batch, seq_src]`
+    pub fn new_cache(
+        &self,
+        memory: Tensor<3>,
+        memory_padding: Option<Tensor<2, Bool>>,
+    ) -> Seq2SeqCache {
+        Seq2SeqCache {
+            memory,
+            memory_padding,
+            layers: vec![CrossLayerCache::default(); self.decoder.layers.len()],
+        }
+    }
+
+    /// Logits of new target positions, attending to the cached ones and the memory.
+    /// Equals [`decode`](Self::decode) over the whole target, one chunk at a time.
+    ///
+    /// # Shapes
+    /// - target: `[batch, new]`
+    /// - target_padding: `[batch, new]`, `true` = padded
+    /// - output: `[batch, new, tgt_vocab_size]`
+    pub fn decode_cached(
+        &self,
+        target: Tensor<2, Int>,
+        cache: &mut Seq2SeqCache,
+        target_padding: Option<Tensor<2, Bool>>,
+    ) -> Tensor<3> {
+        let mut x = self.embed(self.target_embedding(), target, cache.position());
+        for (layer, layer_cache) in self.decoder.layers.iter().zip(cache.layers.iter_mut()) {
+            x = layer.forward(
+                x,
+                cache.memory.clone(),
+                cache.memory_padding.clone(),
+                target_padding.clone(),
+                Some(layer_cache),
+            );
+        }
+        self.project(x)
+    }
+
+    /// Final norm (Pre-LN) and output projection.
+    fn project(&self, x: Tensor<3>) -> Tensor<3> {
+        let x = match &self.decoder.layer_norm {
+            Some(norm) => norm.forward(x),
+            None => x,
+        };
+        match &self.lm_head {
+            Some(head) => head.forward(x),
+            None => {
+                let [batch, seq, d_model] = x.dims();
+                let weight = self.target_embedding().weight.val(); // [vocab, d_model]
+                x.reshape([batch * seq, d_model]) // [batch * seq, d_model]
+                    .matmul(weight.transpose())
+                    .reshape([batch, seq, self.tgt_vocab_size]) // [batch, seq, vocab]
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::padding_mask_from_lengths;
+    use crate::generate::{
+        BeamSearchConfig, GenerationConfig, Seq2SeqDecoding, beam_search, generate,
+    };
+    use crate::test_utils::{assert_close, max_abs_diff, model_test_devices};
+    use burn::tensor::TensorData;
+
+    fn tokens(rows: &[&[i64]], device: &Device) -> Tensor<2, Int> {
+        let seq = rows[0].len();
+        let values: Vec<i64> = rows.iter().flat_map(|r| r.iter().copied()).collect();
+        Tensor::from_data(TensorData::new(values, [rows.len(), seq]), device)
+    }
+
+    /// Random weights with some spread, so that outputs depend on every parameter.
+    fn model(norm: NormPlacement, device: &Device) -> Transformer {
+        device.seed(17);
+        TransformerConfig::tiny(40, 30)
+            .with_norm(norm)
+            .with_initializer(Initializer::Normal {
+                mean: 0.0,
+                std: 0.3,
+            })
+            .init(device)
+    }
+
+    #[test]
+    fn cached_decoding_equals_teacher_forcing_for_both_norm_placements() {
+        for device in model_test_devices() {
+            for norm in [NormPlacement::PostNorm, NormPlacement::PreNorm] {
+                let model = model(norm, &device);
+                let source = tokens(&[&[5, 6, 7, 8, 9, 1], &[3, 4, 5, 1, 0, 0]], &device);
+                let source_padding = padding_mask_from_lengths(&[6, 4], 6, &device);
+                let target = tokens(&[&[1, 11, 12, 13, 14], &[1, 21, 22, 23, 24]], &device);
+                let memory = model.encode(source, Some(source_padding.clone()));
+                let full = model.decode(
+                    target.clone(),
+                    memory.clone(),
+                    Some(source_padding.clone()),
+                    None,
+                );
+                let mut cache = model.new_cache(memory, Some(source_padding));
+                let mut steps =
+                    vec![model.decode_cached(target.clone().narrow(1, 0, 2), &mut cache, None)];
+                for position in 2..5 {
+                    steps.push(model.decode_cached(
+                        target.clone().narrow(1, position, 1),
+                        &mut cache,
+                        None,
+                    ));
+                }
+                assert!(cache.layers.iter().all(|l| l.cross_attn.is_filled()));
+                assert_close(
+                    Tensor::cat(steps, 1),
+                    full,
+                    1e-5,
+                    &format!("{norm:?} cached vs full"),
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn padding_on_either_side_does_not_change_real_positions() {
+        for device in model_test_devices() {
+            let model = model(NormPlacement::PostNorm, &device);
+            let alone = model.forward(
+                tokens(&[&[5, 6, 7]], &device),
+                tokens(&[&[1, 11, 12]], &device),
+                None,
+                None,
+            );
+            // The same pair padded to 5 source and 4 target positions with other ids.
+            let padded = model.forward(
+                tokens(&[&[5, 6, 7, 33, 34]], &device),
+                tokens(&[&[1, 11, 12, 29]], &device),
+                Some(padding_mask_from_lengths(&[3], 5, &device)),
+                Some(padding_mask_from_lengths(&[3], 4, &device)),
+            );
+            let diff = max_abs_diff(padded.narrow(1, 0, 3), alone);
+            assert!(
+                diff < 1e-5,
+                "padding changed real outputs by {diff:e} on {device:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn shared_and_tied_embeddings_are_one_parameter() {
+        let device = Device::flex();
+        let model = TransformerConfig::tiny(30, 30)
+            .with_share_embeddings(true)
+            .init(&device);
+        assert!(model.decoder_embed_tokens.is_none() && model.lm_head.is_none());
+        let untied = TransformerConfig::tiny(30, 20)
+            .with_tie_output(false)
+            .init(&device);
+        let target = untied.decoder_embed_tokens.as_ref().unwrap();
+        assert_eq!(target.weight.dims(), [20, 32]);
+        assert_eq!(untied.lm_head.as_ref().unwrap().weight.dims(), [32, 20]);
+        let error = TransformerConfig::tiny(30, 20)
+            .with_share_embeddings(true)
+            .validate()
+            .unwrap_err();
+        assert!(error.to_string().contains("share_embeddings"), "{error}");
+    }
+
+    #[test]
+    fn generation_and_beam_search_run_through_the_caches() {
+        for device in model_test_devices() {
+            let model = model(NormPlacement::PreNorm, &device);
+            let source = tokens(&[&[5, 6, 7, 8], &[9, 10, 0, 0]], &device);
+            let padding = padding_mask_from_lengths(&[4, 2], 4, &device);
+            let memory = model.encode(source, Some(padding.clone()));
+            let decoding = Seq2SeqDecoding::new(&model, memory.clone(), Some(padding.clone()));
+            let starts = vec![vec![1], vec![1]];
+            let greedy =
+                generate(&decoding, &starts, &GenerationConfig::greedy(5), |_| {}).unwrap();
+            let beams = beam_search(&decoding, &starts, &BeamSearchConfig::new(1, 5)).unwrap();
+            for row in 0..2 {
+                assert_eq!(beams[row][0].tokens, greedy[row].tokens);
+                // Teacher forcing on the generated tokens gives argmaxes that match.
+                let mut target = vec![1i64];
+                target.extend(greedy[row].tokens.iter().map(|&t| t as i64));
+                let logits = model.decode(
+                    tokens(&[&target[..5]], &device),
+                    memory.clone().narrow(0, row, 1),
+                    Some(padding.clone().narrow(0, row, 1)),
+                    None,
+                );
+                let argmax: Vec<i64> = logits
+                    .argmax(2)
+                    .into_data()
+                    .convert::<i64>()
+                    .try_into_vec::<i64>()
+                    .unwrap();
+                assert_eq!(argmax, target[1..].to_vec(), "row {row}");
+            }
+            let beams = beam_search(&decoding, &starts, &BeamSearchConfig::new(3, 4)).unwrap();
+            assert!(beams.iter().all(|b| b.len() == 3));
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! Named configurations: a tiny debug model and the published sizes of the model
+//! families we load, copied from their `config.json` files on the Hugging Face Hub, so
+//! that a model can be built (for training, or to check a checkpoint against) without
+//! a file.
+
+use super::causal_lm::CausalLmConfig;
+use crate::position::{RopeConfig, RopeScaling};
+
+impl CausalLmConfig {
+    /// A tiny LLaMA-style model for tests and debugging: 2 layers, width 64, 4 query
+    /// heads sharing 2 key/value heads, vocabulary 256.
+    pub fn tiny() -> Self {
+        Self::new(
+            256,
+            64,
+            2,
+            4,
+            128,
+            RopeConfig::new(16).with_max_position_embeddings(512),
+        )
+        .with_n_kv_heads(Some(2))
+        .with_head_dim(Some(16))
+        .with_norm_eps(1e-5)
+    }
+
+    /// `meta-llama/Llama-3.2-1B`: 16 layers, width 2048, GQA 32/8, Llama 3 RoPE
+    /// scaling, tied embeddings.
+    pub fn llama_3_2_1b() -> Self {
+        let rope = RopeConfig::new(64)
+            .with_theta(500_000.0)
+            .with_max_position_embeddings(131_072)
+            .with_scaling(RopeScaling::Llama3 {
+                factor: 32.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: Some(8192),
+            });
+        Self::new(128_256, 2048, 16, 32, 8192, rope)
+            .with_n_kv_heads(Some(8))
+            .with_head_dim(Some(64))
+            .with_norm_eps(1e-5)
+            .with_tie_word_embeddings(true)
+    }
+
+    /// `meta-llama/Llama-3.1-8B`: 32 layers, width 4096, GQA 32/8, Llama 3 RoPE scaling.
+    pub fn llama_3_1_8b() -> Self {
+        let rope = RopeConfig::new(128)
+            .with_theta(500_000.0)
+            .with_max_position_embeddings(131_072)
+            .with_scaling(RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: Some(8192),
+            });
+        Self::new(128_256, 4096, 32, 32, 14_336, rope)
+            .with_n_kv_heads(Some(8))
+            .with_norm_eps(1e-5)
+    }
+
+    /// `mistralai/Mistral-7B-v0.1`: 32 layers, width 4096, GQA 32/8, sliding window 4096.
+    pub fn mistral_7b() -> Self {
+        let rope = RopeConfig::new(128).with_max_position_embeddings(32_768);
+        Self::new(32_000, 4096, 32, 32, 14_336, rope)
+            .with_n_kv_heads(Some(8))
+            .with_norm_eps(1e-5)
+            .with_sliding_window(Some(4096))
+    }
+
+    /// `Qwen/Qwen2-0.5B`: 24 layers, width 896, GQA 14/2, q/k/v biases, tied embeddings.
+    pub fn qwen2_0_5b() -> Self {
+        let rope = RopeConfig::new(64)
+            .with_theta(1_000_000.0)
+            .with_max_position_embeddings(131_072);
+        Self::new(151_936, 896, 24, 14, 4864, rope)
+            .with_n_kv_heads(Some(2))
+            .with_norm_eps(1e-6)
+            .with_qkv_bias(true)
+            .with_tie_word_embeddings(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_validate_and_have_their_published_sizes() {
+        for (config, head_dim) in [
+            (CausalLmConfig::tiny(), 16),
+            (CausalLmConfig::llama_3_2_1b(), 64),
+            (CausalLmConfig::llama_3_1_8b(), 128),
+            (CausalLmConfig::mistral_7b(), 128),
+            (CausalLmConfig::qwen2_0_5b(), 64),
+        ] {
+            config.validate().unwrap();
+            assert_eq!(config.head_width(), head_dim);
+        }
+        assert_eq!(CausalLmConfig::mistral_7b().window_of(31), Some(4096));
+    }
+}

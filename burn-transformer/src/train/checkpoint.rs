@@ -1,0 +1,135 @@
+//! Checkpoints of a training run.
+//!
+//! burn-train saves three records after every epoch: the model, the optimizer
+//! state (AdamW's moments and step count) and the learning-rate scheduler's step.
+//! [`AtomicFileCheckpointer`] writes each as a burnpack file through a temporary
+//! name and a rename, so a run killed mid-write keeps its previous checkpoint
+//! intact; [`latest_checkpoint`] finds the newest epoch whose three files all
+//! exist, which is where `--resume` continues.
+
+use std::path::{Path, PathBuf};
+
+use burn::module::Module;
+use burn::store::ModuleRecord;
+use burn::train::checkpoint::{Checkpoint, Checkpointer, CheckpointerError};
+
+use super::TrainError;
+use super::io::{read_bytes, write_atomically};
+
+/// The records burn-train checkpoints, by file-name prefix.
+pub const CHECKPOINT_RECORDS: [&str; 3] = ["model", "optim", "scheduler"];
+
+/// Saves each epoch's record as `<directory>/<name>-<epoch>.bpk`, atomically.
+#[derive(Debug, Clone)]
+pub struct AtomicFileCheckpointer {
+    directory: PathBuf,
+    name: String,
+}
+
+impl AtomicFileCheckpointer {
+    /// A checkpointer of records named `name` in `directory` (created if missing).
+    pub fn new(directory: impl AsRef<Path>, name: &str) -> Self {
+        Self {
+            directory: directory.as_ref().to_path_buf(),
+            name: name.to_string(),
+        }
+    }
+
+    /// The file of `epoch`.
+    pub fn path_for(&self, epoch: usize) -> PathBuf {
+        checkpoint_path(&self.directory, &self.name, epoch)
+    }
+}
+
+/// `<directory>/<name>-<epoch>.bpk`.
+pub fn checkpoint_path(directory: &Path, name: &str, epoch: usize) -> PathBuf {
+    directory.join(format!("{name}-{epoch}.bpk"))
+}
+
+fn io_error(error: TrainError) -> CheckpointerError {
+    match error {
+        TrainError::Io { source, .. } => CheckpointerError::IOError(source),
+        other => CheckpointerError::Unknown(other.to_string()),
+    }
+}
+
+impl<R: Checkpoint> Checkpointer<R> for AtomicFileCheckpointer {
+    fn save(&self, epoch: usize, record: R) -> Result<(), CheckpointerError> {
+        let bytes = record
+            .checkpoint_into_bytes()
+            .map_err(CheckpointerError::Record)?;
+        write_atomically(&self.path_for(epoch), &bytes).map_err(io_error)
+    }
+
+    fn delete(&self, epoch: usize) -> Result<(), CheckpointerError> {
+        let path = self.path_for(epoch);
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(error) => Err(CheckpointerError::IOError(error)),
+        }
+    }
+
+    fn restore(&self, epoch: usize) -> Result<R, CheckpointerError> {
+        let bytes = read_bytes(&self.path_for(epoch)).map_err(io_error)?;
+        R::checkpoint_from_bytes(burn::tensor::Bytes::from_bytes_vec(bytes))
+            .map_err(CheckpointerError::Record)
+    }
+}
+
+/// The newest epoch of `directory` with a model, an optimizer and a scheduler
+/// checkpoint; `None` when there is none.
+pub fn latest_checkpoint(directory: &Path) -> Option<usize> {
+    let entries = std::fs::read_dir(directory).ok()?;
+    let epochs = entries.filter_map(|entry| {
+        let name = entry.ok()?.file_name().to_string_lossy().into_owned();
+        let epoch = name.strip_prefix("model-")?.strip_suffix(".bpk")?;
+        epoch.parse::<usize>().ok()
+    });
+    epochs
+        .filter(|&epoch| {
+            CHECKPOINT_RECORDS
+                .iter()
+                .all(|name| checkpoint_path(directory, name, epoch).is_file())
+        })
+        .max()
+}
+
+/// Saves a module's parameters as a burnpack file, atomically.
+///
+/// # Errors
+/// [`TrainError::Checkpoint`] naming the file.
+pub fn save_module<M: Module>(module: M, path: &Path) -> Result<(), TrainError> {
+    let failed = |reason: String| TrainError::Checkpoint {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let bytes = module
+        .into_record()
+        .into_bytes()
+        .map_err(|error| failed(error.to_string()))?;
+    write_atomically(path, &bytes)
+}
+
+/// Loads parameters saved by [`save_module`] (or a checkpoint) into `module`, which
+/// must have the same structure.
+///
+/// # Errors
+/// [`TrainError::NotFound`] or [`TrainError::Checkpoint`] naming the file and what
+/// did not match.
+pub fn load_module<M: Module>(module: M, path: &Path) -> Result<M, TrainError> {
+    let bytes = read_bytes(path)?;
+    let record =
+        ModuleRecord::from_bytes(burn::tensor::Bytes::from_bytes_vec(bytes)).map_err(|error| {
+            TrainError::Checkpoint {
+                path: path.to_path_buf(),
+                reason: format!("not a burnpack module record: {error}"),
+            }
+        })?;
+    module
+        .try_load_record(record)
+        .map_err(|error| TrainError::Checkpoint {
+            path: path.to_path_buf(),
+            reason: format!("does not fit the model: {error}"),
+        })
+}

@@ -1,0 +1,273 @@
+//! Text corpora for language modelling: one UTF-8 file, or every UTF-8 file under a
+//! folder, tokenized once and split into a training and a validation part.
+//!
+//! The split is the one nanoGPT uses: the first `1 - validation_fraction` of the
+//! tokens train, the rest validates. It involves no randomness, so the same corpus
+//! always splits the same way, and the validation text never overlaps a training
+//! window.
+
+use std::path::{Path, PathBuf};
+
+use super::io::{read_bytes, read_text};
+use super::{Tokenizer, TrainError};
+
+/// The text of a corpus and where it came from.
+#[derive(Debug, Clone)]
+pub struct Corpus {
+    /// All files' text, in path order, separated by a newline where a file does not
+    /// end with one.
+    pub text: String,
+    /// The files read, in order.
+    pub files: Vec<PathBuf>,
+    /// Files of a folder skipped because they are not UTF-8 text.
+    pub skipped: usize,
+}
+
+impl Corpus {
+    /// Reads a file, or every UTF-8 file under a folder (recursively, in path order,
+    /// skipping hidden entries such as `.git` and files that are not UTF-8 text).
+    ///
+    /// # Errors
+    /// - [`TrainError::NotFound`] if `path` does not exist;
+    /// - [`TrainError::NotUtf8`] if a file given by name is not UTF-8;
+    /// - [`TrainError::EmptyCorpus`] if no text was found (only whitespace counts
+    ///   as empty too);
+    /// - [`TrainError::Io`] for unreadable files.
+    pub fn load(path: &Path) -> Result<Self, TrainError> {
+        let metadata = std::fs::metadata(path).map_err(|source| {
+            if source.kind() == std::io::ErrorKind::NotFound {
+                TrainError::NotFound {
+                    path: path.to_path_buf(),
+                }
+            } else {
+                TrainError::Io {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            }
+        })?;
+        let corpus = if metadata.is_dir() {
+            let mut files = Vec::new();
+            collect_files(path, &mut files)?;
+            let mut corpus = Self {
+                text: String::new(),
+                files: Vec::new(),
+                skipped: 0,
+            };
+            for file in files {
+                match String::from_utf8(read_bytes(&file)?) {
+                    Ok(text) => corpus.push(file, &text),
+                    Err(_) => corpus.skipped += 1,
+                }
+            }
+            corpus
+        } else {
+            let text = read_text(path)?;
+            let mut corpus = Self {
+                text: String::new(),
+                files: Vec::new(),
+                skipped: 0,
+            };
+            corpus.push(path.to_path_buf(), &text);
+            corpus
+        };
+        if corpus.text.trim().is_empty() {
+            return Err(TrainError::EmptyCorpus {
+                path: path.to_path_buf(),
+                skipped: corpus.skipped,
+            });
+        }
+        Ok(corpus)
+    }
+
+    /// A corpus of the given files' text, concatenated in the given order.
+    ///
+    /// # Errors
+    /// As [`Corpus::load`] for each file; [`TrainError::EmptyCorpus`] naming the
+    /// first file when there is no text.
+    pub fn from_files(files: &[PathBuf]) -> Result<Self, TrainError> {
+        let mut corpus = Self {
+            text: String::new(),
+            files: Vec::new(),
+            skipped: 0,
+        };
+        for file in files {
+            corpus.push(file.clone(), &read_text(file)?);
+        }
+        if corpus.text.trim().is_empty() {
+            return Err(TrainError::EmptyCorpus {
+                path: files.first().cloned().unwrap_or_default(),
+                skipped: 0,
+            });
+        }
+        Ok(corpus)
+    }
+
+    fn push(&mut self, file: PathBuf, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        if !self.text.is_empty() && !self.text.ends_with('\n') {
+            self.text.push('\n');
+        }
+        self.text.push_str(text);
+        self.files.push(file);
+    }
+}
+
+/// Every regular file under `dir`, sorted by path, without hidden entries and
+/// without following symbolic links to folders (no cycles).
+fn collect_files(dir: &Path, files: &mut Vec<PathBuf>) -> Result<(), TrainError> {
+    let io = |source| TrainError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let mut entries = std::fs::read_dir(dir)
+        .map_err(io)?
+        .map(|entry| entry.map(|entry| entry.path()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(io)?;
+    entries.sort();
+    for entry in entries {
+        let hidden = entry
+            .file_name()
+            .is_some_and(|name| name.to_string_lossy().starts_with('.'));
+        if hidden {
+            continue;
+        }
+        let metadata = std::fs::symlink_metadata(&entry).map_err(|source| TrainError::Io {
+            path: entry.clone(),
+            source,
+        })?;
+        if metadata.is_dir() {
+            collect_files(&entry, files)?;
+        } else if metadata.is_file() || (metadata.is_symlink() && entry.is_file()) {
+            files.push(entry);
+        }
+    }
+    Ok(())
+}
+
+/// A tokenized corpus split into training and validation tokens.
+#[derive(Debug, Clone)]
+pub struct TokenSplit {
+    /// The first part of the corpus.
+    pub train: Vec<u32>,
+    /// The last part of the corpus.
+    pub validation: Vec<u32>,
+}
+
+impl TokenSplit {
+    /// Tokenizes `text` and splits it: the first `1 - validation_fraction` of the
+    /// tokens train, the rest validates (contiguous, no shuffling: deterministic).
+    ///
+    /// # Errors
+    /// [`TrainError::InvalidSetting`] for a fraction outside `(0, 1)`, and the
+    /// tokenizer's errors.
+    pub fn new(
+        text: &str,
+        tokenizer: &dyn Tokenizer,
+        validation_fraction: f64,
+    ) -> Result<Self, TrainError> {
+        Self::from_tokens(tokenizer.encode(text)?, validation_fraction)
+    }
+
+    /// Splits already tokenized text; see [`TokenSplit::new`].
+    ///
+    /// # Errors
+    /// [`TrainError::InvalidSetting`] for a fraction outside `(0, 1)`.
+    pub fn from_tokens(mut tokens: Vec<u32>, validation_fraction: f64) -> Result<Self, TrainError> {
+        if !(validation_fraction > 0.0 && validation_fraction < 1.0) {
+            return Err(TrainError::setting(
+                "validation-fraction",
+                format!("must be in (0, 1), got {validation_fraction}"),
+            ));
+        }
+        let train_len = (tokens.len() as f64 * (1.0 - validation_fraction)) as usize;
+        let validation = tokens.split_off(train_len);
+        Ok(Self {
+            train: tokens,
+            validation,
+        })
+    }
+
+    /// Checks that both parts hold at least one window of `context + 1` tokens.
+    ///
+    /// # Errors
+    /// [`TrainError::ContextTooLong`] naming the part that is too short.
+    pub fn check_context(&self, context: usize) -> Result<(), TrainError> {
+        for (split, tokens) in [("train", &self.train), ("validation", &self.validation)] {
+            if tokens.len() < context + 1 {
+                return Err(TrainError::ContextTooLong {
+                    split,
+                    tokens: tokens.len(),
+                    context,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::CharTokenizer;
+    use crate::train::tests::TempDir;
+
+    #[test]
+    fn split_is_deterministic_and_contiguous() {
+        let text = "the quick brown fox jumps over the lazy dog. ".repeat(20);
+        let tokenizer = CharTokenizer::from_text(&text).unwrap();
+        let a = TokenSplit::new(&text, &tokenizer, 0.1).unwrap();
+        let b = TokenSplit::new(&text, &tokenizer, 0.1).unwrap();
+        assert_eq!(a.train, b.train);
+        assert_eq!(a.validation, b.validation);
+        let n = text.chars().count();
+        assert_eq!(a.train.len(), n * 9 / 10);
+        assert_eq!(a.train.len() + a.validation.len(), n);
+        // Training text is the head of the corpus, validation its tail.
+        let all = tokenizer.encode(&text).unwrap();
+        assert_eq!([a.train.clone(), a.validation.clone()].concat(), all);
+        assert!(TokenSplit::new(&text, &tokenizer, 1.0).is_err());
+    }
+
+    #[test]
+    fn folders_are_read_in_path_order_skipping_binary_and_hidden_files() {
+        let dir = TempDir::new("corpus");
+        std::fs::create_dir_all(dir.path().join("b")).unwrap();
+        std::fs::create_dir_all(dir.path().join(".git")).unwrap();
+        std::fs::write(dir.path().join("b/two.txt"), "two").unwrap();
+        std::fs::write(dir.path().join("a.txt"), "one\n").unwrap();
+        std::fs::write(dir.path().join("c.bin"), [0xff, 0xfe, 0x00]).unwrap();
+        std::fs::write(dir.path().join(".git/HEAD"), "hidden").unwrap();
+        let corpus = Corpus::load(dir.path()).unwrap();
+        assert_eq!(corpus.text, "one\ntwo");
+        assert_eq!(corpus.files.len(), 2);
+        assert_eq!(corpus.skipped, 1);
+    }
+
+    #[test]
+    fn bad_corpora_get_clear_messages() {
+        let dir = TempDir::new("corpus-errors");
+        let missing = Corpus::load(&dir.path().join("missing.txt")).unwrap_err();
+        assert!(missing.to_string().contains("no such file"), "{missing}");
+
+        std::fs::write(dir.path().join("empty.txt"), "").unwrap();
+        let empty = Corpus::load(&dir.path().join("empty.txt")).unwrap_err();
+        assert!(empty.to_string().contains("the corpus is empty"), "{empty}");
+
+        std::fs::write(dir.path().join("binary.dat"), [0x66, 0xff]).unwrap();
+        let binary = Corpus::load(&dir.path().join("binary.dat")).unwrap_err();
+        assert!(binary.to_string().contains("not UTF-8"), "{binary}");
+
+        let tokenizer = CharTokenizer::from_text("abcdefghij").unwrap();
+        let split = TokenSplit::new("abcdefghij", &tokenizer, 0.5).unwrap();
+        let long = split.check_context(8).unwrap_err().to_string();
+        assert!(
+            long.contains("too few for a context of 8") && long.contains("train split"),
+            "{long}"
+        );
+        assert!(split.check_context(4).is_ok());
+    }
+}

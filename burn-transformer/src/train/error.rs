@@ -1,0 +1,98 @@
+//! What can go wrong before or around training: unreadable corpora, settings that do
+//! not fit the data, checkpoints that are missing or broken. Every message names the
+//! file or the setting and says what was expected, so the example programs print it
+//! as it is instead of a panic trace.
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+use crate::error::ConfigError;
+
+/// An error of the training programs' data, settings or files.
+#[derive(Debug, Error)]
+pub enum TrainError {
+    /// The corpus path does not exist.
+    #[error("{}: no such file or directory", path.display())]
+    NotFound {
+        /// The path as given.
+        path: PathBuf,
+    },
+    /// A file could not be read.
+    #[error("{}: cannot read: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The operating system's reason.
+        source: std::io::Error,
+    },
+    /// A corpus file given by name is not UTF-8 text.
+    #[error("{}: not UTF-8 text (byte {valid_up_to} is not valid UTF-8)", path.display())]
+    NotUtf8 {
+        /// The file.
+        path: PathBuf,
+        /// Bytes before the first invalid one.
+        valid_up_to: usize,
+    },
+    /// The corpus holds no text (an empty file, or a folder without UTF-8 files).
+    #[error("{}: the corpus is empty{}", path.display(), if *skipped > 0 {
+        format!(" ({skipped} files skipped as not UTF-8 text)")
+    } else {
+        String::new()
+    })]
+    EmptyCorpus {
+        /// The file or folder.
+        path: PathBuf,
+        /// Files of a folder that were skipped as binary.
+        skipped: usize,
+    },
+    /// A split has too few tokens for one training window.
+    #[error(
+        "the {split} split has {tokens} tokens, too few for a context of {context} \
+         (a window needs context + 1 = {} tokens): use a larger corpus or a smaller --context",
+        context + 1
+    )]
+    ContextTooLong {
+        /// `train` or `validation`.
+        split: &'static str,
+        /// Tokens in that split.
+        tokens: usize,
+        /// The requested context length.
+        context: usize,
+    },
+    /// A training setting is out of range.
+    #[error("invalid setting `{setting}`: {reason}")]
+    InvalidSetting {
+        /// The setting (as the command-line flag names it).
+        setting: &'static str,
+        /// What was expected.
+        reason: String,
+    },
+    /// A model configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A tokenizer could not be built, read or used.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    /// A checkpoint or run file is missing or unreadable.
+    #[error("{}: {reason}", path.display())]
+    Checkpoint {
+        /// The file or folder.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Training stopped on an error reported by burn-train.
+    #[error("training failed: {0}")]
+    Training(String),
+}
+
+impl TrainError {
+    /// An [`TrainError::InvalidSetting`].
+    pub fn setting(setting: &'static str, reason: impl Into<String>) -> Self {
+        Self::InvalidSetting {
+            setting,
+            reason: reason.into(),
+        }
+    }
+}

@@ -1,0 +1,704 @@
+//! Language modelling with burn-train: a [`CausalLm`] learns to predict the next
+//! token of random windows of a corpus.
+//!
+//! [`train_language_model`] wires the pieces into burn-train's `Learner`:
+//! [`WindowLoader`]s for the batches, AdamW (weight decay on matrices only, as
+//! nanoGPT and LLaMA), the [`WarmupCosine`] schedule, global-norm gradient
+//! clipping, optional label smoothing, the MoE auxiliary loss when the model has
+//! one, a validation (loss and perplexity) every `eval_interval` steps, atomic
+//! checkpoints after each validation, and exact resumption from the newest one.
+
+use std::sync::Arc;
+
+use burn::config::Config;
+use burn::module::{Module, ParamGroup};
+use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::train::metric::{LearningRateMetric, LossMetric, PerplexityMetric};
+use burn::train::{
+    InferenceStep, Learner, SequenceOutput, SupervisedTraining, TrainOutput, TrainStep,
+};
+
+use super::progress::History;
+use super::run::{RunOptions, Schedule, configure, finish, prepare};
+use super::{
+    TokenSplit, TrainError, WarmupCosineConfig, WindowLoader, clip_grad_norm, cross_entropy,
+    host_init, step_seed,
+};
+use crate::generate::{Sampler, SamplingConfig};
+use crate::model::{CausalLm, CausalLmConfig};
+use crate::train::windows::LmBatch;
+
+/// Hyperparameters of a language-modelling run. The defaults are nanoGPT's CPU
+/// recipe for character-level Shakespeare (`train_shakespeare_char.py` with
+/// `--block_size=64 --batch_size=12 --max_iters=2000 --dropout=0.0`).
+#[derive(Config, Debug)]
+pub struct LmTrainingConfig {
+    /// Windows per batch. Default: 12.
+    #[config(default = 12)]
+    pub batch_size: usize,
+    /// Tokens per window (the context length). Default: 64.
+    #[config(default = 64)]
+    pub context: usize,
+    /// Optimizer steps of the whole run. Default: 2000.
+    #[config(default = 2000)]
+    pub steps: usize,
+    /// Validate (and checkpoint) every this many steps. Default: 250.
+    #[config(default = 250)]
+    pub eval_interval: usize,
+    /// Batches per validation (fixed windows of the validation split). Default: 20.
+    #[config(default = 20)]
+    pub eval_batches: usize,
+    /// Peak learning rate. Default: 1e-3.
+    #[config(default = 1e-3)]
+    pub lr: f64,
+    /// Learning rate after the cosine decay. Default: `lr / 10`.
+    #[config(default = "None")]
+    pub min_lr: Option<f64>,
+    /// Linear warm-up steps. Default: 100.
+    #[config(default = 100)]
+    pub warmup_steps: usize,
+    /// AdamW's decoupled weight decay, on matrices and embeddings only (not on norm
+    /// weights or biases). Default: 0.1.
+    #[config(default = 0.1)]
+    pub weight_decay: f64,
+    /// AdamW's β₁. Default: 0.9.
+    #[config(default = 0.9)]
+    pub beta1: f32,
+    /// AdamW's β₂. Default: 0.99 (nanoGPT's choice for small data).
+    #[config(default = 0.99)]
+    pub beta2: f32,
+    /// AdamW's ε. Default: 1e-8 (PyTorch's).
+    #[config(default = 1e-8)]
+    pub epsilon: f32,
+    /// Clip the gradient's global L2 norm to this; `None` disables. Default: 1.0.
+    #[config(default = "Some(1.0)")]
+    pub grad_clip: Option<f64>,
+    /// Label smoothing of the training loss, in `[0, 1)`. Default: 0.
+    #[config(default = 0.0)]
+    pub label_smoothing: f64,
+    /// Seed of the initialization, the batches and any dropout. Default: 1337.
+    #[config(default = 1337)]
+    pub seed: u64,
+}
+
+impl LmTrainingConfig {
+    /// Number of train-then-validate rounds (burn-train epochs).
+    pub fn rounds(&self) -> usize {
+        self.steps.div_ceil(self.eval_interval.max(1))
+    }
+
+    /// Tokens seen per step.
+    pub fn tokens_per_step(&self) -> usize {
+        self.batch_size * self.context
+    }
+
+    /// Checks the settings.
+    ///
+    /// # Errors
+    /// [`TrainError::InvalidSetting`] naming the flag.
+    pub fn validate(&self) -> Result<(), TrainError> {
+        for (setting, value) in [
+            ("batch-size", self.batch_size),
+            ("context", self.context),
+            ("steps", self.steps),
+            ("eval-interval", self.eval_interval),
+            ("eval-batches", self.eval_batches),
+        ] {
+            if value == 0 {
+                return Err(TrainError::setting(setting, "must be greater than 0"));
+            }
+        }
+        if !(0.0..1.0).contains(&self.label_smoothing) {
+            return Err(TrainError::setting(
+                "label-smoothing",
+                format!("must be in [0, 1), got {}", self.label_smoothing),
+            ));
+        }
+        if let Some(clip) = self.grad_clip
+            && !(clip.is_finite() && clip > 0.0)
+        {
+            return Err(TrainError::setting(
+                "grad-clip",
+                format!("must be positive, got {clip}"),
+            ));
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return Err(TrainError::setting(
+                "weight-decay",
+                format!("must be non-negative, got {}", self.weight_decay),
+            ));
+        }
+        self.schedule().init().map(|_| ())
+    }
+
+    fn schedule(&self) -> WarmupCosineConfig {
+        WarmupCosineConfig::new(self.lr, self.steps)
+            .with_warmup_steps(self.warmup_steps)
+            .with_min_lr(self.min_lr)
+    }
+
+    /// AdamW with decoupled weight decay on every parameter except norm weights and
+    /// biases (their paths contain `norm`, or end in `bias`), as nanoGPT and LLaMA.
+    /// Gradient clipping is not the optimizer's: [`clip_grad_norm`] clips the global
+    /// norm in the training step.
+    pub fn optimizer(&self) -> ModuleOptimizer {
+        adamw(
+            self.beta1,
+            self.beta2,
+            self.epsilon,
+            self.weight_decay as f32,
+        )
+    }
+}
+
+/// AdamW with weight decay on every parameter but norms and biases.
+pub fn adamw(beta1: f32, beta2: f32, epsilon: f32, weight_decay: f32) -> ModuleOptimizer {
+    let decayed = AdamWConfig::new()
+        .with_beta_1(beta1)
+        .with_beta_2(beta2)
+        .with_epsilon(epsilon)
+        .with_weight_decay(weight_decay);
+    let optimizer = decayed.init();
+    if weight_decay == 0.0 {
+        return optimizer;
+    }
+    // Groups match by path, not by parameter id: ids are restored from a checkpoint,
+    // paths are stable, so a resumed run puts each parameter in the same group.
+    match ParamGroup::from_any_regexes(vec![r"norm", r"(^|\.)bias$"]) {
+        Ok(undecayed) => {
+            optimizer.with_group(undecayed, decayed.with_weight_decay(0.0).build(), None)
+        }
+        Err(_) => optimizer,
+    }
+}
+
+/// What a training step needs besides the model.
+#[derive(Debug, Clone, Copy)]
+pub struct StepSettings {
+    /// Label smoothing of the training loss.
+    pub label_smoothing: f64,
+    /// Global gradient-norm clip.
+    pub grad_clip: Option<f64>,
+    /// Seed of the per-step random state (dropout).
+    pub seed: u64,
+}
+
+/// A [`CausalLm`] as a burn-train model: next-token cross entropy, plus the MoE
+/// auxiliary loss when the model has MoE layers.
+#[derive(Module, Debug)]
+pub struct LmTask {
+    /// The language model.
+    pub model: CausalLm,
+    #[module(skip)]
+    settings: StepSettings,
+}
+
+impl LmTask {
+    /// Wraps `model` for training.
+    pub fn new(model: CausalLm, settings: StepSettings) -> Self {
+        Self { model, settings }
+    }
+
+    /// The training loss of a batch: cross entropy (smoothed) plus the auxiliary
+    /// loss, and the logits.
+    ///
+    /// # Shapes
+    /// - output: (`[1]`, `[batch, context, vocab]`)
+    pub fn training_loss(&self, batch: &LmBatch) -> (Tensor<1>, Tensor<3>) {
+        let output = self.model.forward_full(batch.inputs.clone(), None);
+        let loss = cross_entropy(
+            output.logits.clone(),
+            batch.targets.clone(),
+            self.settings.label_smoothing,
+            None,
+        );
+        let loss = match output.aux_loss {
+            Some(aux) => loss + aux,
+            None => loss,
+        };
+        (loss, output.logits)
+    }
+}
+
+impl TrainStep for LmTask {
+    type Input = LmBatch;
+    type Output = SequenceOutput;
+
+    fn step(&self, batch: LmBatch) -> TrainOutput<SequenceOutput> {
+        // Dropout masks of step s depend on (seed, s) only: resuming replays them.
+        batch
+            .inputs
+            .device()
+            .seed(step_seed(self.settings.seed, batch.step));
+        let (loss, logits) = self.training_loss(&batch);
+        let mut grads = GradientsParams::from_grads(loss.backward(), self);
+        if let Some(max_norm) = self.settings.grad_clip {
+            clip_grad_norm(self, &mut grads, max_norm);
+        }
+        TrainOutput {
+            grads,
+            item: SequenceOutput::new(loss, logits, None, batch.targets),
+        }
+    }
+}
+
+impl InferenceStep for LmTask {
+    type Input = LmBatch;
+    type Output = SequenceOutput;
+
+    fn step(&self, batch: LmBatch) -> SequenceOutput {
+        let logits = self.model.forward(batch.inputs, None);
+        // Validation reports the plain cross entropy: no smoothing, no auxiliary loss.
+        let loss = cross_entropy(logits.clone(), batch.targets.clone(), 0.0, None);
+        SequenceOutput::new(loss, logits, None, batch.targets)
+    }
+}
+
+/// The outcome of [`train_language_model`].
+#[derive(Debug)]
+pub struct LmRunResult {
+    /// The trained model, on the (non-autodiff) training device, in eval mode.
+    pub model: CausalLm,
+    /// Every loss of the run (a resumed run's history includes the earlier part).
+    pub history: History,
+    /// The step the run started from (0, or the resumed checkpoint's).
+    pub start_step: usize,
+}
+
+/// Trains a [`CausalLm`] of `model_config` on `split` with burn-train.
+///
+/// The initial parameters are drawn on the host CPU from `training.seed` and then
+/// moved to `device`, so the same seed starts from the same model on every backend.
+///
+/// # Errors
+/// [`TrainError`] for invalid settings, a split too short for the context, token ids
+/// outside the model's vocabulary, a missing checkpoint when resuming, or a failure
+/// reported by burn-train.
+pub fn train_language_model(
+    model_config: &CausalLmConfig,
+    training: &LmTrainingConfig,
+    split: &TokenSplit,
+    device: &Device,
+    options: &RunOptions,
+) -> Result<LmRunResult, TrainError> {
+    training.validate()?;
+    model_config.validate()?;
+    split.check_context(training.context)?;
+    check_vocabulary(split, model_config.vocab_size)?;
+    let schedule = Schedule {
+        steps: training.steps,
+        eval_interval: training.eval_interval,
+        tokens_per_step: training.tokens_per_step(),
+    };
+    let prepared = prepare(options, schedule)?;
+
+    let autodiff = device.clone().autodiff();
+    let model = host_init(training.seed, |host| model_config.try_init(host))?.to_device(&autodiff);
+    let task = LmTask::new(
+        model,
+        StepSettings {
+            label_smoothing: training.label_smoothing,
+            grad_clip: training.grad_clip,
+            seed: training.seed,
+        },
+    );
+    let learner = Learner::new(task, training.optimizer(), training.schedule().init()?);
+
+    let train_loader = WindowLoader::training(
+        Arc::new(split.train.clone()),
+        training.batch_size,
+        training.context,
+        training.eval_interval,
+        training.seed,
+        prepared.resumed_epoch.unwrap_or(0),
+        &autodiff,
+    )
+    .with_total_steps(training.steps);
+    let valid_loader = WindowLoader::validation(
+        Arc::new(split.validation.clone()),
+        training.batch_size,
+        training.context,
+        training.eval_batches,
+        training.seed,
+        device,
+    );
+    let builder = SupervisedTraining::new(
+        &options.directory,
+        Arc::new(train_loader),
+        Arc::new(valid_loader),
+    )
+    .metric_train_numeric(LossMetric::new())
+    .metric_train_numeric(LearningRateMetric::new())
+    .metric_valid_numeric(LossMetric::new())
+    .metric_valid_numeric(PerplexityMetric::new());
+    let result = configure(builder, options, schedule, &prepared).launch(learner);
+    let (task, history) = finish(result, &prepared)?;
+    Ok(LmRunResult {
+        model: task.model,
+        history,
+        start_step: prepared.start_step,
+    })
+}
+
+/// Checks that every token id is below the model's vocabulary size.
+fn check_vocabulary(split: &TokenSplit, vocab_size: usize) -> Result<(), TrainError> {
+    let max = split
+        .train
+        .iter()
+        .chain(&split.validation)
+        .copied()
+        .max()
+        .unwrap_or(0);
+    if max as usize >= vocab_size {
+        return Err(TrainError::setting(
+            "vocab-size",
+            format!("the corpus has token id {max}, the model only {vocab_size} ids"),
+        ));
+    }
+    Ok(())
+}
+
+/// Samples `length` tokens after `prompt` from `model`, feeding it at most the last
+/// `context` tokens (the window it was trained on), with temperature and top-k.
+///
+/// # Errors
+/// [`TrainError::InvalidSetting`] for an empty prompt, a token outside the
+/// vocabulary, or invalid sampling settings.
+pub fn sample_tokens(
+    model: &CausalLm,
+    prompt: &[u32],
+    length: usize,
+    context: usize,
+    sampling: SamplingConfig,
+) -> Result<Vec<u32>, TrainError> {
+    if prompt.is_empty() {
+        return Err(TrainError::setting("prompt", "is empty"));
+    }
+    if let Some(&token) = prompt.iter().find(|&&t| t as usize >= model.vocab_size()) {
+        return Err(TrainError::setting(
+            "prompt",
+            format!(
+                "token {token} is outside the vocabulary of {}",
+                model.vocab_size()
+            ),
+        ));
+    }
+    let mut sampler = Sampler::new(sampling)
+        .map_err(|error| TrainError::setting("sampling", error.to_string()))?;
+    let device = model.model.embed_tokens.weight.device();
+    let vocab = model.vocab_size();
+    let mut tokens = prompt.to_vec();
+    for _ in 0..length {
+        let window = &tokens[tokens.len().saturating_sub(context)..];
+        let ids: Vec<i64> = window.iter().map(|&t| t as i64).collect();
+        let input = Tensor::<2, Int>::from_data(TensorData::new(ids, [1, window.len()]), &device);
+        let last = window.len() - 1;
+        let logits = model
+            .forward(input, None)
+            .slice([0..1, last..last + 1, 0..vocab]); // [1, 1, vocab]
+        let mut logits: Vec<f32> = logits
+            .try_to_vec_as()
+            .map_err(|error| TrainError::Training(error.to_string()))?;
+        tokens.push(sampler.choose(&mut logits, &tokens));
+    }
+    Ok(tokens.split_off(prompt.len()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_utils::model_test_devices;
+    use crate::train::tests::TempDir;
+    use crate::train::{
+        CharTokenizer, Tokenizer, checkpoint_dir, checkpoint_path, history_file, latest_checkpoint,
+        load_module, save_module,
+    };
+    use burn::module::{ModuleVisitor, Param};
+    use burn::optim::lr_scheduler::LrScheduler;
+
+    /// A small corpus with structure to learn.
+    fn corpus() -> String {
+        (0..400)
+            .map(|i| format!("{} little pigs, {} bags of wool.\n", i % 7, (i * 3) % 5))
+            .collect()
+    }
+
+    fn tiny_model(vocab: usize) -> CausalLmConfig {
+        CausalLmConfig::new(vocab, 32, 2, 4, 64, crate::position::RopeConfig::new(8))
+            .with_n_kv_heads(Some(2))
+            .with_norm_eps(1e-5)
+            .with_tie_word_embeddings(true)
+    }
+
+    fn tiny_training(steps: usize, eval_interval: usize) -> LmTrainingConfig {
+        LmTrainingConfig::new()
+            .with_batch_size(4)
+            .with_context(16)
+            .with_steps(steps)
+            .with_eval_interval(eval_interval)
+            .with_eval_batches(2)
+            .with_warmup_steps(2)
+            .with_lr(3e-3)
+            .with_label_smoothing(0.05)
+    }
+
+    fn split(text: &str) -> (CharTokenizer, TokenSplit) {
+        let tokenizer = CharTokenizer::from_text(text).unwrap();
+        let split = TokenSplit::new(text, &tokenizer, 0.1).unwrap();
+        (tokenizer, split)
+    }
+
+    /// Every parameter's values, in visiting order.
+    fn parameters<M: Module>(module: &M) -> Vec<Vec<f32>> {
+        struct Collect(Vec<Vec<f32>>);
+        impl ModuleVisitor for Collect {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+                self.0.push(param.val().try_to_vec_as().unwrap());
+            }
+        }
+        let mut collect = Collect(Vec::new());
+        module.visit(&mut collect);
+        collect.0
+    }
+
+    #[test]
+    fn checkpoint_round_trip_is_bit_identical() {
+        let dir = TempDir::new("lm-checkpoint");
+        let device = Device::flex();
+        let config = tiny_model(20);
+        let model = host_init(1, |host| config.try_init(host))
+            .unwrap()
+            .to_device(&device);
+        let path = dir.path().join("model.bpk");
+        save_module(model.clone(), &path).unwrap();
+        let other = host_init(2, |host| config.try_init(host)).unwrap();
+        assert_ne!(
+            parameters(&model),
+            parameters(&other),
+            "different seeds differ"
+        );
+        let loaded = load_module(other, &path).unwrap();
+        let (a, b) = (parameters(&model), parameters(&loaded));
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(&b) {
+            let bits = |v: &Vec<f32>| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(x), bits(y));
+        }
+        // A file that is not a record, or does not fit, is a clear error.
+        std::fs::write(dir.path().join("junk.bpk"), b"junk").unwrap();
+        let junk = load_module(model.clone(), &dir.path().join("junk.bpk")).unwrap_err();
+        assert!(junk.to_string().contains("junk.bpk"), "{junk}");
+        let wider = tiny_model(21).init(&device);
+        let mismatch = load_module(wider, &path).unwrap_err();
+        assert!(mismatch.to_string().contains("does not fit"), "{mismatch}");
+    }
+
+    #[test]
+    fn tiny_model_loss_falls_on_a_repeated_batch() {
+        let text = corpus();
+        let (_, split) = split(&text);
+        let device = Device::flex().autodiff();
+        let config = tiny_model(split.train.iter().max().map_or(1, |&m| m as usize + 1));
+        let model = host_init(3, |host| config.try_init(host))
+            .unwrap()
+            .to_device(&device);
+        let mut task = LmTask::new(
+            model,
+            StepSettings {
+                label_smoothing: 0.0,
+                grad_clip: Some(1.0),
+                seed: 3,
+            },
+        );
+        let batch = WindowLoader::training(Arc::new(split.train), 4, 16, 1, 3, 0, &device).batch(0);
+        let mut optimizer = adamw(0.9, 0.99, 1e-8, 0.0);
+        let mut losses = Vec::new();
+        for step in 0..40 {
+            let output = TrainStep::step(
+                &task,
+                LmBatch {
+                    step,
+                    ..batch.clone()
+                },
+            );
+            losses.push(output.item.loss.into_scalar::<f32>());
+            task = optimizer.step(3e-3, task, output.grads);
+        }
+        let (first, last) = (losses[0], losses[39]);
+        assert!(
+            last < 0.3 * first,
+            "the loss should fall on a repeated batch: {first} -> {last} ({losses:?})"
+        );
+    }
+
+    #[test]
+    fn resume_equals_the_uninterrupted_run() {
+        let text = corpus();
+        let (tokenizer, split) = split(&text);
+        let device = Device::flex();
+        let model = tiny_model(tokenizer.vocab_size());
+        let training = tiny_training(12, 4);
+
+        let straight = TempDir::new("lm-straight");
+        let full = train_language_model(
+            &model,
+            &training,
+            &split,
+            &device,
+            &RunOptions::quiet(straight.path()),
+        )
+        .unwrap();
+        assert_eq!(full.history.train.len(), 12);
+        assert_eq!(full.history.validation.len(), 3);
+
+        // A run killed during round 3: its folder holds rounds 1 and 2's checkpoints
+        // (the straight run kept the last two, 2 and 3; drop 3) and a history that
+        // went further than the checkpoint.
+        let crashed = TempDir::new("lm-crashed");
+        let (from, to) = (
+            checkpoint_dir(straight.path()),
+            checkpoint_dir(crashed.path()),
+        );
+        std::fs::create_dir_all(&to).unwrap();
+        for name in crate::train::CHECKPOINT_RECORDS {
+            std::fs::copy(
+                checkpoint_path(&from, name, 2),
+                checkpoint_path(&to, name, 2),
+            )
+            .unwrap();
+        }
+        std::fs::copy(history_file(straight.path()), history_file(crashed.path())).unwrap();
+        assert_eq!(latest_checkpoint(&to), Some(2));
+
+        let options = RunOptions {
+            resume: true,
+            ..RunOptions::quiet(crashed.path())
+        };
+        let resumed = train_language_model(&model, &training, &split, &device, &options).unwrap();
+        assert_eq!(resumed.start_step, 8);
+        let losses = |history: &History| {
+            history
+                .train
+                .iter()
+                .map(|p| (p.step, p.loss, p.lr))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            losses(&resumed.history),
+            losses(&full.history),
+            "training losses"
+        );
+        assert_eq!(
+            resumed.history.validation, full.history.validation,
+            "validation losses"
+        );
+        assert_eq!(
+            parameters(&resumed.model),
+            parameters(&full.model),
+            "final parameters"
+        );
+
+        // Resuming a folder without checkpoints is a clear error.
+        let empty = TempDir::new("lm-empty");
+        let options = RunOptions {
+            resume: true,
+            ..RunOptions::quiet(empty.path())
+        };
+        let error = train_language_model(&model, &training, &split, &device, &options).unwrap_err();
+        assert!(
+            error.to_string().contains("no complete checkpoint"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn same_seed_gives_the_same_losses_on_every_backend() {
+        let text = corpus();
+        let (tokenizer, split) = split(&text);
+        let model = tiny_model(tokenizer.vocab_size());
+        let training = tiny_training(20, 20).with_eval_batches(1);
+        let mut runs = Vec::new();
+        for device in model_test_devices() {
+            let dir = TempDir::new("lm-backends");
+            let result = train_language_model(
+                &model,
+                &training,
+                &split,
+                &device,
+                &RunOptions::quiet(dir.path()),
+            )
+            .unwrap();
+            let losses: Vec<f64> = result.history.train.iter().map(|p| p.loss).collect();
+            assert_eq!(losses.len(), 20);
+            runs.push((format!("{device:?}"), losses));
+        }
+        let (reference_name, reference) = &runs[0];
+        for (name, losses) in &runs[1..] {
+            for (step, (a, b)) in reference.iter().zip(losses).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-3 * a.abs(),
+                    "step {}: {reference_name} {a} vs {name} {b}",
+                    step + 1
+                );
+            }
+        }
+        // And the loss fell.
+        assert!(reference[19] < reference[0], "{reference:?}");
+    }
+
+    #[test]
+    fn bad_settings_are_clear_errors() {
+        let text = "tiny corpus\n".repeat(3);
+        let (tokenizer, split) = split(&text);
+        let dir = TempDir::new("lm-bad");
+        let options = RunOptions::quiet(dir.path());
+        let device = Device::flex();
+        let model = tiny_model(tokenizer.vocab_size());
+        let long = train_language_model(
+            &model,
+            &tiny_training(4, 2).with_context(64),
+            &split,
+            &device,
+            &options,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(long.contains("too few for a context of 64"), "{long}");
+        let zero = train_language_model(&model, &tiny_training(0, 2), &split, &device, &options)
+            .unwrap_err()
+            .to_string();
+        assert!(zero.contains("`steps`"), "{zero}");
+        let small = train_language_model(
+            &tiny_model(2),
+            &tiny_training(4, 2).with_context(4),
+            &split,
+            &device,
+            &options,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(small.contains("vocab-size"), "{small}");
+        let device_error = crate::device::parse_device("tpu").unwrap_err().to_string();
+        assert!(
+            device_error.contains("unknown device `tpu`"),
+            "{device_error}"
+        );
+    }
+
+    #[test]
+    fn samples_continue_the_prompt_within_the_vocabulary() {
+        let device = Device::flex();
+        let model = tiny_model(11).init(&device);
+        let tokens =
+            sample_tokens(&model, &[1, 2, 3], 20, 8, SamplingConfig::sample(1.0, 5)).unwrap();
+        assert_eq!(tokens.len(), 20);
+        assert!(tokens.iter().all(|&t| t < 11));
+        let again =
+            sample_tokens(&model, &[1, 2, 3], 20, 8, SamplingConfig::sample(1.0, 5)).unwrap();
+        assert_eq!(tokens, again, "seeded sampling is reproducible");
+        assert!(sample_tokens(&model, &[], 5, 8, SamplingConfig::greedy()).is_err());
+        assert!(sample_tokens(&model, &[11], 5, 8, SamplingConfig::greedy()).is_err());
+        let _ = LrScheduler::to_record(&LmTrainingConfig::new().schedule().init().unwrap());
+    }
+}

@@ -1,0 +1,135 @@
+//! Training on burn-train: language modelling on any text, and sequence-to-sequence
+//! tasks, with the same code on every backend.
+//!
+//! ```text
+//! corpus ─► Tokenizer ─► TokenSplit (train | validation) ─► WindowLoader (seeded windows)
+//!   ─► LmTask (CausalLm + cross entropy [+ MoE aux loss]) ─► burn-train Learner
+//!        AdamW · WarmupCosine / Noam · global-norm clipping · label smoothing
+//!   ─► ProgressRenderer (progress lines, History) · AtomicFileCheckpointer (resume)
+//! ```
+//!
+//! Everything random about a run (initial parameters, windows, dropout) is derived
+//! from one seed and the step number, never from a generator that keeps state, so a
+//! run resumed from its checkpoint takes the same steps as one that never stopped.
+
+mod checkpoint;
+mod clip;
+mod corpus;
+mod error;
+mod io;
+mod lm;
+mod loss;
+mod progress;
+mod run;
+mod schedule;
+pub mod seq2seq;
+mod tokenizer;
+mod windows;
+
+pub use checkpoint::{
+    AtomicFileCheckpointer, CHECKPOINT_RECORDS, checkpoint_path, latest_checkpoint, load_module,
+    save_module,
+};
+pub use clip::clip_grad_norm;
+pub use corpus::{Corpus, TokenSplit};
+pub use error::TrainError;
+pub use io::{read_text, replace_atomically, temporary_path, write_atomically};
+pub use lm::{
+    LmRunResult, LmTask, LmTrainingConfig, StepSettings, adamw, sample_tokens, train_language_model,
+};
+pub use loss::cross_entropy;
+pub use progress::{History, ProgressRenderer, ProgressSettings, TrainPoint, ValidationPoint};
+pub use run::{RunOptions, checkpoint_dir, history_file};
+pub use schedule::{WarmupCosine, WarmupCosineConfig, noam};
+pub use seq2seq::{
+    DigitTask, Example, Seq2SeqBatch, Seq2SeqEvaluation, Seq2SeqLoader, Seq2SeqRunResult,
+    Seq2SeqTask, Seq2SeqTrainingConfig, evaluate_exact_match, test_examples, train_seq2seq,
+};
+pub use tokenizer::{CharTokenizer, Tokenizer};
+pub use windows::{LmBatch, SplitMix64, WindowLoader, gather_windows, window_starts};
+
+use burn::tensor::Device;
+
+/// The seed of step `step`'s random state: a hash of the run's seed and the step,
+/// so consecutive steps get unrelated streams.
+pub fn step_seed(seed: u64, step: usize) -> u64 {
+    SplitMix64::new(seed, step as u64).next_u64()
+}
+
+/// The CPU device parameters are drawn on: the same seed gives the same initial
+/// model whatever device trains it.
+pub fn host_device() -> Option<Device> {
+    #[cfg(feature = "flex")]
+    return Some(Device::flex());
+    #[cfg(all(not(feature = "flex"), feature = "ndarray"))]
+    #[allow(deprecated)] // ndarray is deprecated upstream; we keep supporting it.
+    return Some(Device::ndarray());
+    #[allow(unreachable_code)]
+    None
+}
+
+/// Builds a module with `init` on the host CPU seeded with `seed` (or on the
+/// default device when no CPU backend is compiled in). Move it to the training
+/// device with `to_device` afterwards.
+///
+/// # Errors
+/// The error of `init`.
+pub fn host_init<M: burn::module::Module, E>(
+    seed: u64,
+    init: impl FnOnce(&Device) -> Result<M, E>,
+) -> Result<M, TrainError>
+where
+    TrainError: From<E>,
+{
+    let host = host_device().unwrap_or_default();
+    host.seed(seed);
+    let module = init(&host)?;
+    // Draw lazily initialized parameters now, in a fixed order, while the seed is ours.
+    module.visit(&mut Materialize);
+    Ok(module)
+}
+
+/// Reads every parameter once, which initializes lazy ones.
+struct Materialize;
+
+impl burn::module::ModuleVisitor for Materialize {
+    fn visit_float<const D: usize>(
+        &mut self,
+        param: &burn::module::Param<burn::tensor::Tensor<D>>,
+    ) {
+        let _ = param.val();
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::path::{Path, PathBuf};
+
+    /// A temporary folder removed when dropped.
+    pub struct TempDir(PathBuf);
+
+    impl TempDir {
+        pub fn new(name: &str) -> Self {
+            use std::sync::atomic::{AtomicUsize, Ordering};
+            static NEXT: AtomicUsize = AtomicUsize::new(0);
+            let path = std::env::temp_dir().join(format!(
+                "burn-transformer-{name}-{}-{}",
+                std::process::id(),
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            ));
+            let _ = std::fs::remove_dir_all(&path);
+            std::fs::create_dir_all(&path).unwrap();
+            Self(path)
+        }
+
+        pub fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! Turning text into token ids and back.
+//!
+//! The library ships the character-level tokenizer that nanoGPT's Shakespeare recipe
+//! uses: one id per distinct character of the corpus, in code-point order. Subword
+//! tokenizers (a Hugging Face `tokenizer.json`) plug in through the same
+//! [`Tokenizer`] trait; the example programs hold that adapter, so the library does
+//! not depend on the `tokenizers` crate.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::TrainError;
+
+/// Text to token ids and back.
+pub trait Tokenizer: Send + Sync {
+    /// The ids of `text`.
+    ///
+    /// # Errors
+    /// [`TrainError::Tokenizer`] when `text` holds something the vocabulary cannot
+    /// express.
+    fn encode(&self, text: &str) -> Result<Vec<u32>, TrainError>;
+
+    /// The text of `tokens`; ids outside the vocabulary are skipped.
+    fn decode(&self, tokens: &[u32]) -> String;
+
+    /// Number of ids (the model's vocabulary size).
+    fn vocab_size(&self) -> usize;
+
+    /// A short description for logs (`char-level, 65 symbols`).
+    fn describe(&self) -> String;
+}
+
+/// One token per distinct character of a corpus.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CharTokenizer {
+    /// The vocabulary, in id order (sorted by code point).
+    chars: Vec<char>,
+}
+
+impl CharTokenizer {
+    /// The vocabulary of `text`: its distinct characters, sorted, so the same corpus
+    /// always gives the same ids.
+    ///
+    /// # Errors
+    /// [`TrainError::Tokenizer`] if `text` is empty.
+    pub fn from_text(text: &str) -> Result<Self, TrainError> {
+        let chars: Vec<char> = text.chars().collect::<BTreeSet<_>>().into_iter().collect();
+        if chars.is_empty() {
+            return Err(TrainError::Tokenizer(
+                "cannot build a character vocabulary from empty text".into(),
+            ));
+        }
+        Ok(Self { chars })
+    }
+
+    /// The characters, in id order.
+    pub fn chars(&self) -> &[char] {
+        &self.chars
+    }
+
+    /// Writes the vocabulary as JSON (atomically: see [`super::write_atomically`]).
+    ///
+    /// # Errors
+    /// [`TrainError::Io`] naming the file.
+    pub fn save(&self, path: &Path) -> Result<(), TrainError> {
+        let json = serde_json::to_string(self).map_err(|error| TrainError::Checkpoint {
+            path: path.to_path_buf(),
+            reason: error.to_string(),
+        })?;
+        super::write_atomically(path, json.as_bytes())
+    }
+
+    /// Reads a vocabulary written by [`CharTokenizer::save`].
+    ///
+    /// # Errors
+    /// [`TrainError::NotFound`], [`TrainError::Io`], or [`TrainError::Checkpoint`]
+    /// when the file is not such a vocabulary.
+    pub fn load(path: &Path) -> Result<Self, TrainError> {
+        let text = super::read_text(path)?;
+        let tokenizer: Self =
+            serde_json::from_str(&text).map_err(|error| TrainError::Checkpoint {
+                path: path.to_path_buf(),
+                reason: format!("not a character vocabulary: {error}"),
+            })?;
+        if tokenizer.chars.is_empty() {
+            return Err(TrainError::Checkpoint {
+                path: path.to_path_buf(),
+                reason: "the character vocabulary is empty".into(),
+            });
+        }
+        Ok(tokenizer)
+    }
+}
+
+impl Tokenizer for CharTokenizer {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, TrainError> {
+        text.chars()
+            .map(|c| {
+                self.chars
+                    .binary_search(&c)
+                    .map(|id| id as u32)
+                    .map_err(|_| {
+                        TrainError::Tokenizer(format!(
+                            "character {c:?} is not in the vocabulary of {} characters",
+                            self.chars.len()
+                        ))
+                    })
+            })
+            .collect()
+    }
+
+    fn decode(&self, tokens: &[u32]) -> String {
+        tokens
+            .iter()
+            .filter_map(|&id| self.chars.get(id as usize))
+            .collect()
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.chars.len()
+    }
+
+    fn describe(&self) -> String {
+        format!("char-level, {} symbols", self.chars.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn char_vocabulary_is_sorted_and_round_trips() {
+        let tokenizer = CharTokenizer::from_text("hello, world").unwrap();
+        assert_eq!(
+            tokenizer.chars(),
+            &[' ', ',', 'd', 'e', 'h', 'l', 'o', 'r', 'w']
+        );
+        let ids = tokenizer.encode("world, hello").unwrap();
+        assert_eq!(ids[0], 8);
+        assert_eq!(tokenizer.decode(&ids), "world, hello");
+        assert_eq!(tokenizer.vocab_size(), 9);
+    }
+
+    #[test]
+    fn unknown_characters_and_empty_text_are_errors() {
+        let tokenizer = CharTokenizer::from_text("abc").unwrap();
+        let error = tokenizer.encode("abz").unwrap_err().to_string();
+        assert!(error.contains("'z'"), "{error}");
+        assert!(CharTokenizer::from_text("").is_err());
+    }
+}

@@ -1,0 +1,353 @@
+//! Batches of random context windows for language modelling, as burn-train data
+//! loaders.
+//!
+//! A training batch is `batch_size` windows of `context + 1` consecutive tokens at
+//! random offsets (inputs are the first `context` tokens, targets the last
+//! `context`), as nanoGPT's `get_batch`. The offsets of global step `s` depend only
+//! on `(seed, s)`, never on a generator that advances, so a run resumed at step `s`
+//! sees exactly the batches an uninterrupted run would have seen.
+//!
+//! burn-train calls a loader's `iter` once per epoch; here an "epoch" is the
+//! stretch of `steps_per_epoch` steps between two validations. The validation loader
+//! yields the same fixed windows at every validation, so the validation curve
+//! compares like with like.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use burn::data::dataloader::{DataLoader, DataLoaderIterator, Progress};
+use burn::data::dataset::DatasetError;
+use burn::tensor::{Device, Int, Tensor, TensorData};
+
+/// Salt of the validation windows' seed, so they differ from any training step's.
+const VALIDATION_SALT: u64 = 0x7661_6c69_6461_7465; // "validate"
+
+/// One batch of language-modelling windows.
+#[derive(Debug, Clone)]
+pub struct LmBatch {
+    /// `[batch, context]` token ids.
+    pub inputs: Tensor<2, Int>,
+    /// `[batch, context]` the next token of each input position.
+    pub targets: Tensor<2, Int>,
+    /// The global training step this batch is for (0-based); for validation
+    /// batches, their index in the fixed validation set.
+    pub step: usize,
+}
+
+/// SplitMix64 (Steele, Lea and Flood 2014): a tiny generator with good mixing, used
+/// so the windows of a step depend on nothing but the seed and the step, with no
+/// dependence on a crate's generator algorithm across versions.
+#[derive(Debug, Clone)]
+pub struct SplitMix64 {
+    state: u64,
+}
+
+impl SplitMix64 {
+    /// A generator for `(seed, stream)`.
+    pub fn new(seed: u64, stream: u64) -> Self {
+        let mut mixer = Self { state: seed };
+        let base = mixer.next_u64();
+        Self {
+            state: base ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        }
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..bound` (Lemire's multiply-shift; the bias is below 2⁻³² for
+    /// any corpus that fits in memory).
+    pub fn below(&mut self, bound: usize) -> usize {
+        ((self.next_u64() as u128 * bound as u128) >> 64) as usize
+    }
+}
+
+/// The window offsets of one batch: `batch_size` starts in `0..=len - context - 1`.
+pub fn window_starts(
+    len: usize,
+    context: usize,
+    batch_size: usize,
+    seed: u64,
+    stream: u64,
+) -> Vec<usize> {
+    let mut rng = SplitMix64::new(seed, stream);
+    let choices = len - context; // starts 0..len-context leave room for the target
+    (0..batch_size).map(|_| rng.below(choices)).collect()
+}
+
+/// The inputs and targets of the windows at `starts`, as `i64` rows.
+pub fn gather_windows(tokens: &[u32], starts: &[usize], context: usize) -> (Vec<i64>, Vec<i64>) {
+    let mut inputs = Vec::with_capacity(starts.len() * context);
+    let mut targets = Vec::with_capacity(starts.len() * context);
+    for &start in starts {
+        let window = &tokens[start..start + context + 1];
+        inputs.extend(window[..context].iter().map(|&t| t as i64));
+        targets.extend(window[1..].iter().map(|&t| t as i64));
+    }
+    (inputs, targets)
+}
+
+#[derive(Debug, Clone)]
+enum Sampling {
+    /// Fresh windows per step; `next_epoch` counts the epochs already handed out
+    /// (shared by every copy of the loader, so `to_device` copies agree).
+    Training { next_epoch: Arc<AtomicUsize> },
+    /// The same windows at every pass.
+    Validation,
+}
+
+/// A burn-train [`DataLoader`] of [`LmBatch`]es over one split's tokens.
+#[derive(Debug, Clone)]
+pub struct WindowLoader {
+    tokens: Arc<Vec<u32>>,
+    batch_size: usize,
+    context: usize,
+    /// Batches per pass (per epoch).
+    batches: usize,
+    /// The first batch of a pass, for `slice`.
+    first_batch: usize,
+    /// The run's last step: the last pass stops there.
+    total_steps: Option<usize>,
+    seed: u64,
+    sampling: Sampling,
+    device: Device,
+}
+
+impl WindowLoader {
+    /// The training loader: `steps_per_epoch` batches per pass, starting at epoch
+    /// `start_epoch` (the number of epochs already trained, when resuming).
+    ///
+    /// # Panics
+    /// If the tokens hold no window of `context + 1` (check with
+    /// [`super::TokenSplit::check_context`] first) or a size is zero.
+    pub fn training(
+        tokens: Arc<Vec<u32>>,
+        batch_size: usize,
+        context: usize,
+        steps_per_epoch: usize,
+        seed: u64,
+        start_epoch: usize,
+        device: &Device,
+    ) -> Self {
+        Self::new(
+            tokens,
+            batch_size,
+            context,
+            steps_per_epoch,
+            seed,
+            Sampling::Training {
+                next_epoch: Arc::new(AtomicUsize::new(start_epoch)),
+            },
+            device,
+        )
+    }
+
+    /// The validation loader: the same `batches` batches at every pass.
+    ///
+    /// # Panics
+    /// As [`WindowLoader::training`].
+    pub fn validation(
+        tokens: Arc<Vec<u32>>,
+        batch_size: usize,
+        context: usize,
+        batches: usize,
+        seed: u64,
+        device: &Device,
+    ) -> Self {
+        Self::new(
+            tokens,
+            batch_size,
+            context,
+            batches,
+            seed ^ VALIDATION_SALT,
+            Sampling::Validation,
+            device,
+        )
+    }
+
+    fn new(
+        tokens: Arc<Vec<u32>>,
+        batch_size: usize,
+        context: usize,
+        batches: usize,
+        seed: u64,
+        sampling: Sampling,
+        device: &Device,
+    ) -> Self {
+        assert!(
+            batch_size > 0 && context > 0 && batches > 0,
+            "WindowLoader: batch_size, context and batches must be positive"
+        );
+        assert!(
+            tokens.len() > context,
+            "WindowLoader: {} tokens hold no window of context {context} + 1",
+            tokens.len()
+        );
+        Self {
+            tokens,
+            batch_size,
+            context,
+            batches,
+            first_batch: 0,
+            total_steps: None,
+            seed,
+            sampling,
+            device: device.clone(),
+        }
+    }
+
+    /// Ends the run at `steps` steps: the pass that reaches it is shortened, and
+    /// later passes are empty.
+    pub fn with_total_steps(mut self, steps: usize) -> Self {
+        self.total_steps = Some(steps);
+        self
+    }
+
+    /// The batch of global step `step` (training) or of index `step` (validation),
+    /// without touching the epoch counter.
+    pub fn batch(&self, step: usize) -> LmBatch {
+        let starts = window_starts(
+            self.tokens.len(),
+            self.context,
+            self.batch_size,
+            self.seed,
+            step as u64,
+        );
+        let (inputs, targets) = gather_windows(&self.tokens, &starts, self.context);
+        let shape = [self.batch_size, self.context];
+        LmBatch {
+            inputs: Tensor::from_data(TensorData::new(inputs, shape), &self.device),
+            targets: Tensor::from_data(TensorData::new(targets, shape), &self.device),
+            step,
+        }
+    }
+}
+
+struct WindowIterator<'a> {
+    loader: &'a WindowLoader,
+    /// Global step (or validation index) of batch 0 of this pass.
+    base: usize,
+    /// Batches of this pass.
+    count: usize,
+    next: usize,
+}
+
+impl Iterator for WindowIterator<'_> {
+    type Item = Result<LmBatch, DatasetError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.next >= self.count {
+            return None;
+        }
+        let batch = self
+            .loader
+            .batch(self.base + self.loader.first_batch + self.next);
+        self.next += 1;
+        Some(Ok(batch))
+    }
+}
+
+impl DataLoaderIterator<LmBatch> for WindowIterator<'_> {
+    fn progress(&self) -> Progress {
+        Progress::new(
+            self.next * self.loader.batch_size,
+            self.count * self.loader.batch_size,
+            Some("windows".into()),
+        )
+    }
+}
+
+impl DataLoader<LmBatch> for WindowLoader {
+    fn iter<'a>(&'a self) -> Box<dyn DataLoaderIterator<LmBatch> + 'a> {
+        let base = match &self.sampling {
+            Sampling::Training { next_epoch } => {
+                let epoch = next_epoch.fetch_add(1, Ordering::SeqCst);
+                epoch * self.batches
+            }
+            Sampling::Validation => 0,
+        };
+        let start = base + self.first_batch;
+        let count = match (&self.sampling, self.total_steps) {
+            (Sampling::Training { .. }, Some(total)) => {
+                self.batches.min(total.saturating_sub(start))
+            }
+            _ => self.batches,
+        };
+        Box::new(WindowIterator {
+            loader: self,
+            base,
+            count,
+            next: 0,
+        })
+    }
+
+    fn num_items(&self) -> usize {
+        self.batches * self.batch_size
+    }
+
+    fn to_device(&self, device: &Device) -> Arc<dyn DataLoader<LmBatch>> {
+        let mut loader = self.clone();
+        loader.device = device.clone();
+        Arc::new(loader)
+    }
+
+    fn slice(&self, start: usize, end: usize) -> Arc<dyn DataLoader<LmBatch>> {
+        let mut loader = self.clone();
+        let first = start / self.batch_size;
+        let last = end.div_ceil(self.batch_size).min(self.batches);
+        loader.first_batch = self.first_batch + first;
+        loader.batches = last.saturating_sub(first).max(1);
+        Arc::new(loader)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_are_next_token_pairs_and_depend_only_on_seed_and_step() {
+        let tokens: Arc<Vec<u32>> = Arc::new((0..100).collect());
+        let device = Device::flex();
+        let loader = WindowLoader::training(tokens.clone(), 4, 8, 3, 7, 0, &device);
+        let batch = loader.batch(5);
+        let inputs = batch.inputs.try_to_vec_as::<i64>().unwrap();
+        let targets = batch.targets.try_to_vec_as::<i64>().unwrap();
+        for (i, t) in inputs.iter().zip(&targets) {
+            assert_eq!(i + 1, *t, "targets are the inputs shifted by one");
+        }
+        // A loader resumed at epoch 1 produces step 3 first, as the original does.
+        let resumed = WindowLoader::training(tokens, 4, 8, 3, 7, 1, &device);
+        let mut original = loader.iter();
+        let _ = original.next();
+        drop(original);
+        let second_pass: Vec<usize> = loader.iter().map(|b| b.unwrap().step).collect();
+        let resumed_pass: Vec<usize> = resumed.iter().map(|b| b.unwrap().step).collect();
+        assert_eq!(second_pass, vec![3, 4, 5]);
+        assert_eq!(resumed_pass, second_pass);
+        assert_eq!(
+            window_starts(100, 8, 4, 7, 4),
+            window_starts(100, 8, 4, 7, 4)
+        );
+        assert_ne!(
+            window_starts(100, 8, 4, 7, 4),
+            window_starts(100, 8, 4, 7, 5)
+        );
+    }
+
+    #[test]
+    fn every_start_leaves_room_for_the_target() {
+        for stream in 0..200 {
+            for start in window_starts(10, 9, 4, 1, stream) {
+                assert_eq!(start, 0, "a 10-token split holds one window of 9 + 1");
+            }
+            assert!(window_starts(20, 9, 8, 1, stream).iter().all(|&s| s <= 10));
+        }
+    }
+}

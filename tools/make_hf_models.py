@@ -1,0 +1,416 @@
+#!/usr/bin/env python3
+"""Write tiny random Hugging Face models of every family burn-transformer loads, with
+their reference logits and greedy continuations, for the model and `hf-logits` tests.
+
+Each model lands in burn-transformer/tests/fixtures/hf/<name>/ as transformers saves it
+(`config.json`, `model.safetensors` or shards with `model.safetensors.index.json`),
+plus:
+- `input.json`: `{"tokens": [[...], ...], "max_new_tokens": n}` (the `hf-logits` input);
+- `reference.safetensors`: `tokens` i64 [batch, seq], `logits` f32 [batch, seq, vocab]
+  (one full forward pass) and `greedy` i64 [batch, n] (argmax decoding through
+  transformers' KV cache, no stop token).
+
+Every weight, norm weight, bias and MoE routing bias is drawn at random (no 1s and 0s
+left from initialization), with scales that keep activations O(1). Seeds are fixed per
+model. A model is rejected and redrawn with the next seed when a greedy step's top-2
+logits or a router's top-k scores are nearly tied, so that float32 rounding in another
+implementation cannot flip a token or an expert choice.
+
+The `tokenizer` fixture is a small byte-level BPE `tokenizer.json` trained with the
+`tokenizers` library, with the ids it gives for a few texts.
+
+Usage:
+    /work/venv/bin/python tools/make_hf_models.py            # everything
+    /work/venv/bin/python tools/make_hf_models.py llama mixtral   # just these
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import sys
+import zlib
+from pathlib import Path
+
+import torch
+import transformers
+from safetensors.torch import save_file
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT_DIR = ROOT / "burn-transformer" / "tests" / "fixtures" / "hf"
+
+BATCH, SEQ, NEW_TOKENS = 2, 9, 6
+# Smallest accepted gap between the best and second-best greedy logit, and between
+# the last chosen and first rejected router score.
+MIN_LOGIT_GAP = 2e-3
+MIN_ROUTER_GAP = 2e-3
+
+# Shared by every family: 2 layers, width 32, 4 query heads, tiny vocabulary.
+COMMON = dict(
+    vocab_size=96,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    max_position_embeddings=64,
+    rms_norm_eps=1e-5,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
+
+
+def llama():
+    return transformers.LlamaConfig(
+        **COMMON,
+        num_key_value_heads=2,
+        rope_parameters=dict(
+            rope_type="llama3",
+            rope_theta=10000.0,
+            factor=4.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=16,
+        ),
+        tie_word_embeddings=False,
+    )
+
+
+def llama_sharded():
+    # Biases everywhere, YaRN, tied embeddings; saved in several shards.
+    return transformers.LlamaConfig(
+        **COMMON,
+        num_key_value_heads=1,
+        attention_bias=True,
+        mlp_bias=True,
+        rope_parameters=dict(
+            rope_type="yarn",
+            rope_theta=10000.0,
+            factor=2.0,
+            original_max_position_embeddings=32,
+        ),
+        tie_word_embeddings=True,
+    )
+
+
+def mistral():
+    return transformers.MistralConfig(
+        **COMMON, num_key_value_heads=2, sliding_window=4, tie_word_embeddings=False
+    )
+
+
+def qwen2():
+    # q/k/v biases, tied embeddings, a sliding window on the second layer only.
+    return transformers.Qwen2Config(
+        **COMMON,
+        num_key_value_heads=2,
+        use_sliding_window=True,
+        sliding_window=3,
+        max_window_layers=1,
+        tie_word_embeddings=True,
+    )
+
+
+def qwen2_bf16():
+    return transformers.Qwen2Config(**COMMON, num_key_value_heads=4, tie_word_embeddings=False)
+
+
+def mixtral():
+    return transformers.MixtralConfig(
+        **COMMON,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        router_aux_loss_coef=0.02,
+        tie_word_embeddings=False,
+    )
+
+
+def deepseek_v3():
+    common = {k: v for k, v in COMMON.items() if k != "intermediate_size"}
+    return transformers.DeepseekV3Config(
+        **common,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_key_value_heads=4,
+        n_shared_experts=1,
+        n_routed_experts=8,
+        routed_scaling_factor=2.5,
+        kv_lora_rank=16,
+        q_lora_rank=24,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=12,
+        n_group=4,
+        topk_group=2,
+        num_experts_per_tok=2,
+        first_k_dense_replace=1,
+        norm_topk_prob=True,
+        rope_interleave=True,
+        rope_parameters=dict(
+            rope_type="yarn",
+            rope_theta=10000.0,
+            factor=4.0,
+            original_max_position_embeddings=16,
+            beta_fast=32.0,
+            beta_slow=1.0,
+            mscale=1.0,
+            mscale_all_dim=1.0,
+        ),
+        tie_word_embeddings=False,
+    )
+
+
+def deepseek_v2():
+    common = {k: v for k, v in COMMON.items() if k != "intermediate_size"}
+    return transformers.DeepseekV2Config(
+        **common,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_key_value_heads=4,
+        n_shared_experts=2,
+        n_routed_experts=4,
+        routed_scaling_factor=1.0,
+        kv_lora_rank=16,
+        q_lora_rank=None,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=12,
+        topk_method="greedy",
+        n_group=1,
+        topk_group=1,
+        num_experts_per_tok=2,
+        first_k_dense_replace=1,
+        norm_topk_prob=False,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0),
+        tie_word_embeddings=False,
+    )
+
+
+# name -> (config builder, save options)
+MODELS = {
+    "llama": (llama, {}),
+    "llama_sharded": (llama_sharded, {"max_shard_size": "20KB"}),
+    "mistral": (mistral, {}),
+    "qwen2": (qwen2, {}),
+    "qwen2_bf16": (qwen2_bf16, {"dtype": torch.bfloat16}),
+    "mixtral": (mixtral, {}),
+    "deepseek_v3": (deepseek_v3, {}),
+    "deepseek_v2": (deepseek_v2, {}),
+}
+
+
+def seed_of(name: str, attempt: int) -> int:
+    return zlib.crc32(f"{name}/{attempt}".encode())
+
+
+def perturb(model: torch.nn.Module, generator: torch.Generator) -> None:
+    """Redraws every parameter and floating-point buffer (but RoPE's inv_freq)."""
+
+    def normal(shape, std):
+        return torch.randn(shape, generator=generator, dtype=torch.float32) * std
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            leaf = name.rsplit(".", 1)[-1]
+            if "norm" in name and param.dim() == 1:
+                param.copy_(1.0 + normal(param.shape, 0.2))
+            elif leaf == "bias" or param.dim() == 1:
+                param.copy_(normal(param.shape, 0.1))
+            elif "embed_tokens" in name:
+                param.copy_(normal(param.shape, 1.0))
+            else:
+                fan_in = param.shape[-1]
+                param.copy_(normal(param.shape, 1.0 / math.sqrt(fan_in)))
+        for name, buffer in model.named_buffers():
+            if "inv_freq" in name or not buffer.is_floating_point():
+                continue
+            # MoE balancing biases (DeepSeek-V3's e_score_correction_bias).
+            buffer.copy_(normal(buffer.shape, 0.1))
+
+
+class RouterGaps:
+    """Records the smallest margin of every top-k routing decision."""
+
+    def __init__(self, model, config):
+        self.config = config
+        self.smallest = math.inf
+        self.handles = []
+        for name, module in model.named_modules():
+            if name.endswith("mlp.gate") or name.endswith("block_sparse_moe.gate"):
+                self.handles.append(module.register_forward_hook(self.hook(module)))
+
+    def hook(self, module):
+        def record(_module, inputs, _output):
+            hidden = inputs[0].reshape(-1, inputs[0].shape[-1]).float()
+            logits = hidden @ module.weight.float().t()
+            self.smallest = min(self.smallest, self.margin(module, logits))
+
+        return record
+
+    def margin(self, module, logits):
+        config = self.config
+        k = config.num_experts_per_tok
+        if config.model_type == "deepseek_v3":
+            scores = logits.sigmoid() + module.e_score_correction_bias.float()
+            groups = scores.view(scores.shape[0], config.n_group, -1)
+            group_scores = groups.topk(2, dim=-1)[0].sum(-1)
+            gaps = [gap(group_scores, config.topk_group)]
+            chosen = group_scores.topk(config.topk_group, dim=-1)[1]
+            mask = torch.zeros_like(group_scores).scatter_(1, chosen, 1).bool()
+            mask = mask.unsqueeze(-1).expand_as(groups).reshape(scores.shape)
+            gaps.append(gap(scores.masked_fill(~mask, -1e9), k))
+            return min(gaps)
+        return gap(logits.softmax(-1), k)
+
+    def close(self):
+        for handle in self.handles:
+            handle.remove()
+
+
+def greedy_with_cache(model, tokens, new_tokens):
+    """Greedy continuation through transformers' KV cache (no stop token).
+
+    Returns the tokens `[batch, new_tokens]` and each step's logits
+    `[batch, new_tokens, vocab]`."""
+    output = model(tokens, use_cache=True)
+    cache, step_logits, chosen = output.past_key_values, [], []
+    logits = output.logits[:, -1].float()
+    for _ in range(new_tokens):
+        step_logits.append(logits)
+        token = logits.argmax(-1, keepdim=True)
+        chosen.append(token)
+        output = model(token, past_key_values=cache, use_cache=True)
+        cache, logits = output.past_key_values, output.logits[:, -1].float()
+    return torch.cat(chosen, 1), torch.stack(step_logits, 1)
+
+
+def gap(scores: torch.Tensor, k: int) -> float:
+    """Smallest difference between the k-th and (k+1)-th largest score of a row."""
+    top = scores.topk(min(k + 1, scores.shape[-1]), dim=-1)[0]
+    if top.shape[-1] <= k:
+        return math.inf
+    return float((top[:, k - 1] - top[:, k]).min())
+
+
+def build(name: str) -> None:
+    make_config, save_options = MODELS[name]
+    for attempt in range(50):
+        seed = seed_of(name, attempt)
+        torch.manual_seed(seed)
+        generator = torch.Generator().manual_seed(seed)
+        config = make_config()
+        config._attn_implementation = "eager"
+        model = transformers.AutoModelForCausalLM.from_config(config).eval()
+        perturb(model, generator)
+        dtype = save_options.get("dtype")
+        if dtype is not None:
+            # The reference is the f32 model whose weights went through the file's
+            # dtype (parameters only: RoPE's inv_freq buffer stays exact).
+            with torch.no_grad():
+                for param in model.parameters():
+                    param.copy_(param.to(dtype).to(torch.float32))
+
+        tokens = torch.randint(3, config.vocab_size, (BATCH, SEQ), generator=generator)
+        gaps = RouterGaps(model, config)
+        with torch.no_grad():
+            logits = model(tokens).logits.float()
+            greedy, steps = greedy_with_cache(model, tokens, NEW_TOKENS)
+        gaps.close()
+        logit_gap = gap(steps.reshape(-1, steps.shape[-1]), 1)
+        full_gap = gap(logits.reshape(-1, logits.shape[-1]), 1)
+        if min(logit_gap, full_gap) < MIN_LOGIT_GAP or gaps.smallest < MIN_ROUTER_GAP:
+            print(
+                f"{name}: seed {seed} has near ties (logits {min(logit_gap, full_gap):.2e}, "
+                f"router {gaps.smallest:.2e}); redrawing"
+            )
+            continue
+        break
+    else:
+        raise SystemExit(f"{name}: no seed without near ties")
+
+    out = OUT_DIR / name
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    to_save = model.to(dtype) if dtype is not None else model
+    to_save.save_pretrained(out, max_shard_size=save_options.get("max_shard_size", "50MB"))
+    # transformers writes a generation_config.json we do not read.
+    (out / "generation_config.json").unlink(missing_ok=True)
+    save_file(
+        {
+            "tokens": tokens.to(torch.int64).contiguous(),
+            "logits": logits.contiguous(),
+            "greedy": greedy.to(torch.int64).contiguous(),
+        },
+        out / "reference.safetensors",
+        metadata={
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+            "seed": str(seed),
+        },
+    )
+    (out / "input.json").write_text(
+        json.dumps({"tokens": tokens.tolist(), "max_new_tokens": NEW_TOKENS}) + "\n"
+    )
+    size = sum(f.stat().st_size for f in out.iterdir())
+    print(
+        f"{name}: seed {seed}, logit gap {min(logit_gap, full_gap):.2e}, router gap "
+        f"{gaps.smallest:.2e}, {size / 1024:.0f} KiB, files {sorted(f.name for f in out.iterdir())}"
+    )
+
+
+TOKENIZER_TEXTS = [
+    "Hello, world! Transformers generate text one token at a time.",
+    "Burn runs the same model on flex, ndarray and wgpu.",
+    "Ünïcödé and emoji 🦀 survive a byte-level round trip.",
+]
+
+
+def build_tokenizer() -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    corpus = TOKENIZER_TEXTS * 20 + [
+        "the quick brown fox jumps over the lazy dog " * 5,
+        "a model, a cache, a token; the attention sees the past.",
+    ]
+    tokenizer.train_from_iterator(corpus, trainer)
+    out = OUT_DIR / "tokenizer"
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(out / "tokenizer.json"))
+    cases = [
+        {"text": text, "ids": tokenizer.encode(text).ids}
+        for text in TOKENIZER_TEXTS + ["an unseen sentence, zebra-quartz!"]
+    ]
+    for case in cases:
+        assert tokenizer.decode(case["ids"]) == case["text"], case
+    (out / "cases.json").write_text(json.dumps(cases, ensure_ascii=False, indent=1) + "\n")
+    print(f"tokenizer: vocab {tokenizer.get_vocab_size()}, {len(cases)} cases")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help=f"any of {', '.join(MODELS)}, tokenizer")
+    args = parser.parse_args()
+    names = args.names or [*MODELS, "tokenizer"]
+    for name in names:
+        if name == "tokenizer":
+            build_tokenizer()
+        elif name in MODELS:
+            build(name)
+        else:
+            sys.exit(f"unknown fixture {name}; choose from {', '.join(MODELS)}, tokenizer")
+
+
+if __name__ == "__main__":
+    main()
