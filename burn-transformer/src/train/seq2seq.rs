@@ -616,7 +616,11 @@ pub fn train_seq2seq(
     let prepared = prepare(options, schedule)?;
 
     let autodiff = device.clone().autodiff();
-    let model = host_init(training.seed, |host| model_config.try_init(host))?.to_device(&autodiff);
+    // Parameters made on the plain host device do not track gradients yet: `train()`
+    // applies their trainable state on the autodiff device.
+    let model = host_init(training.seed, |host| model_config.try_init(host))?
+        .to_device(&autodiff)
+        .train();
     let task = Seq2SeqTask::new(
         model,
         StepSettings {
