@@ -13,7 +13,9 @@
 pub mod attention;
 pub mod device;
 pub mod error;
+pub mod ffn;
 pub mod kernel;
+pub mod norm;
 pub mod position;
 
 pub use error::ConfigError;

@@ -1,3 +1,12 @@
-//! TEMPORARY placeholder for compile checks (helper-2 writes the real one).
+//! Positions: rotary embedding (with its scaling variants), sinusoidal and learned
+//! absolute encodings.
+
+mod learned;
 mod rope;
-pub use rope::*;
+mod rope_scaling;
+mod sinusoidal;
+
+pub use learned::{LearnedPosition, LearnedPositionConfig};
+pub use rope::{MAX_TABLE_POSITIONS, Rope, RopeConfig, RopeLayout};
+pub use rope_scaling::RopeScaling;
+pub use sinusoidal::{SinusoidalLayout, SinusoidalPosition, SinusoidalPositionConfig};

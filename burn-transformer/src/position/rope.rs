@@ -1,34 +1,919 @@
-use burn::prelude::*;
+//! Rotary position embedding (RoPE, [RoFormer](https://arxiv.org/abs/2104.09864)),
+//! equal to Hugging Face transformers' rotary embedding and `apply_rotary_pos_emb`.
+//!
+//! Each pair of features `(a, b)` of a query or key at position `p` is rotated by the
+//! angle `p · inv_freq[i]`: `(a·cos − b·sin, b·cos + a·sin)`. Since a rotation by `p`
+//! then the inverse rotation by `q` depends only on `p − q`, q·k sees relative
+//! positions. The scaling variants ([`RopeScaling`]) change `inv_freq` and may fold an
+//! attention factor into cos and sin.
+//!
+//! Which features form a pair is the [`RopeLayout`]:
+//! - [`RopeLayout::HalfSplit`] (LLaMA, GPT-NeoX, Mistral, Qwen): feature `i` pairs with
+//!   `i + rotary_dim/2` (`rotate_half`).
+//! - [`RopeLayout::Interleaved`] (GPT-J, GLM, DeepSeek, Meta's original LLaMA code):
+//!   features `2i` and `2i+1` form a pair, rotated in place. transformers' DeepSeek-V3
+//!   `apply_rotary_pos_emb_interleave` returns the same values de-interleaved (evens,
+//!   then odds): a fixed permutation applied to q and k alike, so attention scores are
+//!   identical.
+//!
+//! With `partial_rotary_factor < 1` only the first `rotary_dim` features rotate; the rest
+//! pass through (GPT-NeoX, Phi, GLM).
+
+use burn::config::Config;
+use burn::module::Module;
+use burn::tensor::{Device, Tensor, TensorData};
+use serde_json::{Map, Value};
+
+use super::rope_scaling::{RopeFrequencies, RopeScaling};
+use crate::error::ConfigError;
+
+const MODULE: &str = "RopeConfig";
+
+/// Positions whose cos/sin rows are computed at init, at most. Beyond them (and for
+/// dynamic or long-context frequencies) rows are computed per call. The cap keeps one
+/// table at `8192 × rotary_dim/2 × 2` floats (4 MiB for rotary_dim 128) even for
+/// checkpoints that declare 128k positions.
+pub const MAX_TABLE_POSITIONS: usize = 8192;
+
+/// Which features of a head form the rotated pairs.
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum RopeLayout {
+    /// Feature `i` pairs with `i + rotary_dim/2` (LLaMA's `rotate_half`).
+    HalfSplit,
+    /// Features `2i` and `2i+1` form a pair (GPT-J's `rotate_every_two`, DeepSeek).
+    Interleaved,
+}
+
+/// Configuration of a [`Rope`].
 #[derive(Config, Debug)]
 pub struct RopeConfig {
+    /// Size of one attention head; the last axis of the rotated tensors.
     pub head_dim: usize,
+    /// Base wavelength (`rope_theta`). Default: 10000.
+    #[config(default = 10000.0)]
+    pub theta: f64,
+    /// Context length the model was configured for: cos/sin are precomputed up to it
+    /// (at most [`MAX_TABLE_POSITIONS`]); dynamic NTK scaling starts beyond it, and it
+    /// stands in for a missing `original_max_position_embeddings`. Default: 2048.
+    #[config(default = 2048)]
+    pub max_position_embeddings: usize,
+    /// Frequency scaling (`rope_type`). Default: none.
+    #[config(default = "RopeScaling::Default")]
+    pub scaling: RopeScaling,
+    /// Fraction of `head_dim` that rotates, in (0, 1]; `rotary_dim =
+    /// floor(head_dim · factor)` must be even. Default: 1.
+    #[config(default = 1.0)]
+    pub partial_rotary_factor: f64,
+    /// Pairing of the rotated features. Default: half-split (LLaMA).
+    #[config(default = "RopeLayout::HalfSplit")]
+    pub layout: RopeLayout,
 }
+
 impl RopeConfig {
-    pub fn validate(&self) -> Result<(), crate::ConfigError> {
-        Ok(())
+    /// The number of rotated features, `floor(head_dim · partial_rotary_factor)` (as
+    /// transformers' `int(head_dim * partial_rotary_factor)`).
+    pub fn rotary_dim(&self) -> usize {
+        (self.head_dim as f64 * self.partial_rotary_factor) as usize
     }
-    pub fn try_init(&self, _device: &Device) -> Result<Rope, crate::ConfigError> {
+
+    /// Checks the configuration.
+    ///
+    /// # Errors
+    /// - [`ConfigError::Zero`]: `head_dim` or `max_position_embeddings` is 0.
+    /// - [`ConfigError::Invalid`]: `theta` not positive, `partial_rotary_factor` outside
+    ///   (0, 1], or a scaling factor out of range (see [`RopeScaling`]).
+    /// - [`ConfigError::Odd`]: the rotary dimension is odd (`field` is `rotary_dim`).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        ConfigError::check_positive(MODULE, "head_dim", self.head_dim)?;
+        ConfigError::check_positive(
+            MODULE,
+            "max_position_embeddings",
+            self.max_position_embeddings,
+        )?;
+        if !(self.theta.is_finite() && self.theta > 0.0) {
+            return Err(ConfigError::Invalid {
+                module: MODULE,
+                field: "theta",
+                reason: format!("must be positive, got {}", self.theta),
+            });
+        }
+        let factor = self.partial_rotary_factor;
+        if !(factor.is_finite() && factor > 0.0 && factor <= 1.0) {
+            return Err(ConfigError::Invalid {
+                module: MODULE,
+                field: "partial_rotary_factor",
+                reason: format!("must be in (0, 1], got {factor}"),
+            });
+        }
+        let rotary_dim = self.rotary_dim();
+        ConfigError::check_positive(MODULE, "rotary_dim", rotary_dim)?;
+        if !rotary_dim.is_multiple_of(2) {
+            return Err(ConfigError::Odd {
+                module: MODULE,
+                field: "rotary_dim",
+                value: rotary_dim,
+            });
+        }
+        self.scaling.validate(rotary_dim)
+    }
+
+    /// Validates the configuration and builds the module, precomputing cos/sin.
+    ///
+    /// # Errors
+    /// See [`RopeConfig::validate`].
+    pub fn try_init(&self, device: &Device) -> Result<Rope, ConfigError> {
+        self.validate()?;
+        let rotary_dim = self.rotary_dim();
+        let frequencies = RopeFrequencies::new(
+            &self.scaling,
+            self.theta,
+            rotary_dim,
+            self.max_position_embeddings,
+        );
+        let positions = self.max_position_embeddings.min(MAX_TABLE_POSITIONS);
+        let (cos, sin) = cos_sin_data(
+            frequencies.base(),
+            0,
+            positions,
+            frequencies.attention_scaling(),
+        );
         Ok(Rope {
+            cos: Tensor::from_data(cos, device),
+            sin: Tensor::from_data(sin, device),
             head_dim: self.head_dim,
+            rotary_dim,
+            layout: self.layout,
+            frequencies,
         })
     }
+
+    /// Builds the module.
+    ///
+    /// # Panics
+    /// If the configuration is invalid, with the message of [`RopeConfig::validate`]'s
+    /// error.
     pub fn init(&self, device: &Device) -> Rope {
-        self.try_init(device).unwrap()
+        self.try_init(device)
+            .unwrap_or_else(|error| panic!("{error}"))
+    }
+
+    /// Reads the rotary embedding of a Hugging Face `config.json`.
+    ///
+    /// - `head_dim`, else `hidden_size / num_attention_heads`;
+    /// - `max_position_embeddings` (default 2048);
+    /// - the scaling from `rope_parameters` (transformers ≥ 5) or `rope_scaling`, through
+    ///   [`RopeScaling::from_hf_json`];
+    /// - `rope_theta` and `partial_rotary_factor` from inside that object or from the top
+    ///   level (defaults 10000 and 1);
+    /// - a top-level `original_max_position_embeddings` (Phi-3) overrides the one in the
+    ///   scaling, as in transformers.
+    ///
+    /// The layout is not part of `config.json` (it is a property of the model family):
+    /// it stays half-split; set it with [`RopeConfig::with_layout`].
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the key when a value is missing or malformed, or
+    /// when `rope_parameters` is nested per layer type (pass the inner object of the
+    /// layer type to [`RopeScaling::from_hf_json`] instead).
+    pub fn from_hf_config(config: &Value) -> Result<Self, ConfigError> {
+        let object = config.as_object().ok_or_else(|| ConfigError::Invalid {
+            module: MODULE,
+            field: "config",
+            reason: "expected a JSON object".into(),
+        })?;
+        let head_dim = match usize_key(object, "head_dim")? {
+            Some(head_dim) => head_dim,
+            None => {
+                let hidden = usize_key(object, "hidden_size")?;
+                let heads = usize_key(object, "num_attention_heads")?;
+                match (hidden, heads) {
+                    (Some(hidden), Some(heads)) if heads > 0 => hidden / heads,
+                    _ => {
+                        return Err(ConfigError::Invalid {
+                            module: MODULE,
+                            field: "head_dim",
+                            reason: "missing, and hidden_size / num_attention_heads is not \
+                                     available either"
+                                .into(),
+                        });
+                    }
+                }
+            }
+        };
+        let parameters = match object.get("rope_parameters") {
+            Some(value) if !value.is_null() => value,
+            _ => object.get("rope_scaling").unwrap_or(&Value::Null),
+        };
+        let inner = parameters.as_object();
+        if let Some(inner) = inner {
+            let nested = !inner.is_empty()
+                && !inner.contains_key("rope_type")
+                && !inner.contains_key("type")
+                && inner.values().all(|v| v.is_object() || v.is_null());
+            if nested {
+                return Err(ConfigError::Invalid {
+                    module: MODULE,
+                    field: "rope_parameters",
+                    reason: format!(
+                        "nested per layer type ({}): read one with RopeScaling::from_hf_json",
+                        inner.keys().cloned().collect::<Vec<_>>().join(", ")
+                    ),
+                });
+            }
+        }
+        let from_either = |key: &'static str| -> Result<Option<f64>, ConfigError> {
+            match inner
+                .map(|inner| f64_key(inner, key))
+                .transpose()?
+                .flatten()
+            {
+                Some(value) => Ok(Some(value)),
+                None => f64_key(object, key),
+            }
+        };
+        let theta = from_either("rope_theta")?.unwrap_or(10000.0);
+        let partial_rotary_factor = from_either("partial_rotary_factor")?.unwrap_or(1.0);
+        let max_position_embeddings = usize_key(object, "max_position_embeddings")?.unwrap_or(2048);
+        let mut scaling = RopeScaling::from_hf_json(parameters)?;
+        if let Some(top_level) = usize_key(object, "original_max_position_embeddings")? {
+            match &mut scaling {
+                RopeScaling::Yarn {
+                    original_max_position_embeddings,
+                    ..
+                }
+                | RopeScaling::Llama3 {
+                    original_max_position_embeddings,
+                    ..
+                }
+                | RopeScaling::LongRope {
+                    original_max_position_embeddings,
+                    ..
+                } => *original_max_position_embeddings = Some(top_level),
+                _ => {}
+            }
+        }
+        Ok(Self::new(head_dim)
+            .with_theta(theta)
+            .with_max_position_embeddings(max_position_embeddings)
+            .with_scaling(scaling)
+            .with_partial_rotary_factor(partial_rotary_factor))
     }
 }
+
+fn f64_key(object: &Map<String, Value>, key: &'static str) -> Result<Option<f64>, ConfigError> {
+    match object.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(value) => value
+            .as_f64()
+            .map(Some)
+            .ok_or_else(|| ConfigError::Invalid {
+                module: MODULE,
+                field: key,
+                reason: format!("expected a number, got {value}"),
+            }),
+    }
+}
+
+fn usize_key(object: &Map<String, Value>, key: &'static str) -> Result<Option<usize>, ConfigError> {
+    match object.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(value) => {
+            value
+                .as_u64()
+                .map(|v| Some(v as usize))
+                .ok_or_else(|| ConfigError::Invalid {
+                    module: MODULE,
+                    field: key,
+                    reason: format!("expected a non-negative integer, got {value}"),
+                })
+        }
+    }
+}
+
+/// cos and sin rows for `positions start..end`, `[end - start, inv_freq.len()]`, times
+/// the attention scaling. Like transformers: the angle is the float32 product
+/// `float(p) · inv_freq`; cos/sin are evaluated in f64 and rounded to float32.
+fn cos_sin_data(
+    inv_freq: &[f32],
+    start: usize,
+    end: usize,
+    attention_scaling: f64,
+) -> (TensorData, TensorData) {
+    let rows = end - start;
+    let scale = attention_scaling as f32;
+    let mut cos = Vec::with_capacity(rows * inv_freq.len());
+    let mut sin = Vec::with_capacity(rows * inv_freq.len());
+    for position in start..end {
+        for &frequency in inv_freq {
+            let angle = (position as f32 * frequency) as f64;
+            cos.push(angle.cos() as f32 * scale);
+            sin.push(angle.sin() as f32 * scale);
+        }
+    }
+    let shape = [rows, inv_freq.len()];
+    (TensorData::new(cos, shape), TensorData::new(sin, shape))
+}
+
+/// Rotary position embedding: rotates queries and keys by their positions.
+///
+/// Build it with [`RopeConfig`]. It has no parameters: the cos/sin tables are constants,
+/// neither trained nor saved in checkpoints (they move with the module's device).
+/// Cloning shares the tables, so layers of one model can share one `Rope`.
 #[derive(Module, Debug)]
 pub struct Rope {
-    #[module(skip)]
+    /// `cos(p · inv_freq) · attention_scaling`: `[table_positions, rotary_dim / 2]`.
+    cos: Tensor<2>,
+    /// `sin(p · inv_freq) · attention_scaling`: `[table_positions, rotary_dim / 2]`.
+    sin: Tensor<2>,
     head_dim: usize,
+    rotary_dim: usize,
+    #[module(skip)]
+    layout: RopeLayout,
+    #[module(skip)]
+    frequencies: RopeFrequencies,
 }
+
 impl Rope {
-    pub fn forward(&self, x: Tensor<4>, _offset: usize) -> Tensor<4> {
-        x
+    /// Rotates `x` as positions `offset .. offset + seq` (the offset is the number of
+    /// positions already in a KV cache).
+    ///
+    /// The cos/sin rows come from the table precomputed at init when the positions
+    /// fall inside it; otherwise (beyond the table, dynamic NTK beyond
+    /// `max_position_embeddings`, LongRoPE's long factors) they are computed for this
+    /// call. Dynamic NTK and LongRoPE choose their frequencies from `offset + seq`,
+    /// like transformers on a fresh module: a call reaching further uses frequencies
+    /// of its own length for all its positions. (transformers keeps the largest length
+    /// seen in module state; this module is stateless.)
+    ///
+    /// The output has the input's dtype; cos/sin are cast to it, as transformers does.
+    ///
+    /// # Shapes
+    /// - x: `[batch, heads, seq, head_dim]`
+    /// - output: `[batch, heads, seq, head_dim]`
+    ///
+    /// # Panics
+    /// If the last axis of `x` is not `head_dim`.
+    pub fn forward(&self, x: Tensor<4>, offset: usize) -> Tensor<4> {
+        let [batch, heads, seq, head_dim] = x.dims();
+        assert_eq!(
+            head_dim, self.head_dim,
+            "Rope: input head_dim {head_dim} differs from the configured {}",
+            self.head_dim
+        );
+        if seq == 0 {
+            return x;
+        }
+        let dtype = x.dtype();
+        let (cos, sin) = self.cos_sin(offset, seq, &x.device());
+        let (cos, sin) = (cos.cast(dtype), sin.cast(dtype));
+        let rotary_dim = self.rotary_dim;
+        let half = rotary_dim / 2;
+
+        let (rotated, passed) = if rotary_dim < head_dim {
+            let passed = x.clone().narrow(3, rotary_dim, head_dim - rotary_dim);
+            (x.narrow(3, 0, rotary_dim), Some(passed))
+        } else {
+            (x, None)
+        };
+
+        let rotated = match self.layout {
+            RopeLayout::HalfSplit => {
+                // [1, 1, seq, rotary_dim / 2]: one angle per pair, broadcast over heads.
+                let cos = cos.reshape([1, 1, seq, half]);
+                let sin = sin.reshape([1, 1, seq, half]);
+                let first = rotated.clone().narrow(3, 0, half);
+                let second = rotated.narrow(3, half, half);
+                let new_first = first.clone() * cos.clone() - second.clone() * sin.clone();
+                let new_second = second * cos + first * sin;
+                Tensor::cat(vec![new_first, new_second], 3)
+            }
+            RopeLayout::Interleaved => {
+                // [batch, heads, seq, rotary_dim / 2, 2]: the last axis is one pair.
+                let pairs: Tensor<5> = rotated.reshape([batch, heads, seq, half, 2]);
+                let even = pairs.clone().narrow(4, 0, 1);
+                let odd = pairs.narrow(4, 1, 1);
+                // [1, 1, seq, rotary_dim / 2, 1]
+                let cos: Tensor<5> = cos.reshape([1, 1, seq, half, 1]);
+                let sin: Tensor<5> = sin.reshape([1, 1, seq, half, 1]);
+                let new_even = even.clone() * cos.clone() - odd.clone() * sin.clone();
+                let new_odd = odd * cos + even * sin;
+                // [batch, heads, seq, rotary_dim]: pairs back in place.
+                Tensor::cat(vec![new_even, new_odd], 4).reshape([batch, heads, seq, rotary_dim])
+            }
+        };
+        match passed {
+            Some(passed) => Tensor::cat(vec![rotated, passed], 3),
+            None => rotated,
+        }
     }
+
+    /// The factor transformers folds into cos and sin (YaRN's and LongRoPE's attention
+    /// factor); 1 for the other scalings. q·k is scaled by its square.
     pub fn attention_scaling(&self) -> f64 {
-        1.0
+        self.frequencies.attention_scaling()
     }
+
+    /// The number of rotated features per head (`head_dim` unless partial).
     pub fn rotary_dim(&self) -> usize {
+        self.rotary_dim
+    }
+
+    /// The configured head size.
+    pub fn head_dim(&self) -> usize {
         self.head_dim
+    }
+
+    /// The pairing of the rotated features.
+    pub fn layout(&self) -> RopeLayout {
+        self.layout
+    }
+
+    /// The inverse frequencies (one per pair) a call uses when its positions end at
+    /// `seq_len` (exclusive): they vary with it only for dynamic NTK and LongRoPE.
+    pub fn inverse_frequencies(&self, seq_len: usize) -> Vec<f32> {
+        self.frequencies.for_length(seq_len).into_owned()
+    }
+
+    /// cos and sin for positions `offset .. offset + seq`, `[seq, rotary_dim / 2]`, on
+    /// `device`.
+    fn cos_sin(&self, offset: usize, seq: usize, device: &Device) -> (Tensor<2>, Tensor<2>) {
+        let end = offset + seq;
+        let [table_positions, _] = self.cos.dims();
+        if end <= table_positions && self.frequencies.is_base(end) {
+            let cos = self.cos.clone().narrow(0, offset, seq);
+            let sin = self.sin.clone().narrow(0, offset, seq);
+            if cos.device() == *device {
+                (cos, sin)
+            } else {
+                (cos.to_device(device), sin.to_device(device))
+            }
+        } else {
+            let (cos, sin) = cos_sin_data(
+                &self.frequencies.for_length(end),
+                offset,
+                end,
+                self.frequencies.attention_scaling(),
+            );
+            (
+                Tensor::from_data(cos, device),
+                Tensor::from_data(sin, device),
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_utils::{Fixture, assert_close, fixture_dir, test_devices};
+
+    const FIXTURES: &[&str] = &[
+        "rope_default",
+        "rope_linear",
+        "rope_dynamic",
+        "rope_yarn",
+        "rope_yarn_deepseek",
+        "rope_yarn_attention_factor",
+        "rope_llama3",
+        "rope_longrope",
+        "rope_partial",
+        "rope_partial_yarn",
+    ];
+
+    /// The HF config.json written next to a fixture.
+    fn hf_config(name: &str) -> Value {
+        let path = fixture_dir().join(format!("{name}.json"));
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (run tools/make_fixtures.py)", path.display()));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    fn cases(fixture: &Fixture) -> Vec<String> {
+        fixture
+            .keys_with_prefix("case")
+            .into_iter()
+            .filter_map(|key| key.strip_suffix(".x").map(str::to_string))
+            .collect()
+    }
+
+    #[test]
+    fn matches_hugging_face_for_every_scaling_and_layout() {
+        for name in FIXTURES {
+            let fixture = Fixture::load(name);
+            let config = RopeConfig::from_hf_config(&hf_config(name)).unwrap();
+            for device in test_devices() {
+                for (layout, key) in [
+                    (RopeLayout::HalfSplit, "half_split"),
+                    (RopeLayout::Interleaved, "interleaved"),
+                ] {
+                    let rope = config.clone().with_layout(layout).init(&device);
+                    for case in cases(&fixture) {
+                        let x = fixture.tensor::<4>(&format!("{case}.x"), &device);
+                        let offset = fixture.scalar(&format!("{case}.offset")) as usize;
+                        let expected = fixture.tensor::<4>(&format!("{case}.{key}"), &device);
+                        assert_close(
+                            rope.forward(x, offset),
+                            expected,
+                            1e-5,
+                            &format!("{name} {case} {key}"),
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn inverse_frequencies_and_attention_scaling_match_hugging_face() {
+        let device = Device::flex();
+        for name in FIXTURES {
+            let fixture = Fixture::load(name);
+            let rope = RopeConfig::from_hf_config(&hf_config(name))
+                .unwrap()
+                .init(&device);
+            let expected_scaling = fixture.scalar("attention_scaling") as f64;
+            assert!(
+                (rope.attention_scaling() - expected_scaling).abs() <= 1e-6 * expected_scaling,
+                "{name}: attention scaling {} vs {expected_scaling}",
+                rope.attention_scaling()
+            );
+            for case in cases(&fixture) {
+                let offset = fixture.scalar(&format!("{case}.offset")) as usize;
+                let seq = fixture.data(&format!("{case}.x")).shape()[2];
+                let expected = fixture
+                    .data(&format!("{case}.inv_freq"))
+                    .try_to_vec::<f32>()
+                    .unwrap();
+                let actual = rope.inverse_frequencies(offset + seq);
+                assert_eq!(actual.len(), expected.len(), "{name} {case}");
+                for (i, (a, e)) in actual.iter().zip(&expected).enumerate() {
+                    // One float32 ulp or so: pow is rounded differently than PyTorch's.
+                    assert!(
+                        (a - e).abs() <= 2.5e-7 * e.abs(),
+                        "{name} {case}: inv_freq[{i}] {a:e} vs {e:e}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn interleaved_equals_deepseek_up_to_its_de_interleaving() {
+        for name in ["rope_default", "rope_yarn_deepseek"] {
+            let fixture = Fixture::load(name);
+            let config = RopeConfig::from_hf_config(&hf_config(name))
+                .unwrap()
+                .with_layout(RopeLayout::Interleaved);
+            for device in test_devices() {
+                let rope = config.init(&device);
+                for case in cases(&fixture) {
+                    let x = fixture.tensor::<4>(&format!("{case}.x"), &device);
+                    let offset = fixture.scalar(&format!("{case}.offset")) as usize;
+                    let [batch, heads, seq, head_dim] = x.dims();
+                    // [batch, heads, seq, head_dim / 2, 2] -> evens then odds.
+                    let pairs: Tensor<5> =
+                        rope.forward(x, offset)
+                            .reshape([batch, heads, seq, head_dim / 2, 2]);
+                    let permuted = Tensor::cat(
+                        vec![
+                            pairs.clone().narrow(4, 0, 1).reshape([
+                                batch,
+                                heads,
+                                seq,
+                                head_dim / 2,
+                            ]),
+                            pairs
+                                .narrow(4, 1, 1)
+                                .reshape([batch, heads, seq, head_dim / 2]),
+                        ],
+                        3,
+                    );
+                    let expected =
+                        fixture.tensor::<4>(&format!("{case}.interleaved_deepseek"), &device);
+                    assert_close(permuted, expected, 1e-5, &format!("{name} {case} deepseek"));
+                }
+            }
+        }
+    }
+
+    fn random_input(seq: usize, head_dim: usize, device: &Device) -> Tensor<4> {
+        Tensor::random(
+            [2, 3, seq, head_dim],
+            burn::tensor::Distribution::Default,
+            device,
+        )
+    }
+
+    #[test]
+    fn offset_equals_rows_of_the_full_application() {
+        let configs = [
+            RopeConfig::new(16).with_max_position_embeddings(64),
+            RopeConfig::new(16)
+                .with_max_position_embeddings(64)
+                .with_scaling(RopeScaling::yarn(4.0, 16)),
+            RopeConfig::new(16)
+                .with_max_position_embeddings(64)
+                .with_scaling(RopeScaling::Llama3 {
+                    factor: 8.0,
+                    low_freq_factor: 1.0,
+                    high_freq_factor: 4.0,
+                    original_max_position_embeddings: Some(16),
+                }),
+            RopeConfig::new(20).with_partial_rotary_factor(0.4),
+        ];
+        for device in test_devices() {
+            for config in &configs {
+                for layout in [RopeLayout::HalfSplit, RopeLayout::Interleaved] {
+                    let rope = config.clone().with_layout(layout).init(&device);
+                    let x = random_input(11, config.head_dim, &device);
+                    let full = rope.forward(x.clone(), 0);
+                    for (offset, seq) in [(0, 4), (4, 1), (5, 6), (10, 1)] {
+                        let part = rope.forward(x.clone().narrow(2, offset, seq), offset);
+                        assert_close(
+                            part,
+                            full.clone().narrow(2, offset, seq),
+                            1e-6,
+                            &format!("{:?} {layout:?} offset {offset}", config.scaling),
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn positions_beyond_the_table_are_computed_on_the_fly() {
+        for device in test_devices() {
+            // Same frequencies; one table holds 8 positions, the other 64.
+            let short = RopeConfig::new(16)
+                .with_max_position_embeddings(8)
+                .init(&device);
+            let long = RopeConfig::new(16)
+                .with_max_position_embeddings(64)
+                .init(&device);
+            let x = random_input(7, 16, &device);
+            for offset in [5, 30] {
+                assert_close(
+                    short.forward(x.clone(), offset),
+                    long.forward(x.clone(), offset),
+                    1e-6,
+                    &format!("offset {offset}"),
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn position_zero_is_the_identity_and_the_tail_passes_through() {
+        let device = Device::flex();
+        let rope = RopeConfig::new(20)
+            .with_partial_rotary_factor(0.4)
+            .with_layout(RopeLayout::Interleaved)
+            .init(&device);
+        let x = random_input(5, 20, &device);
+        let y = rope.forward(x.clone(), 0);
+        assert_close(
+            y.clone().narrow(2, 0, 1),
+            x.clone().narrow(2, 0, 1),
+            0.0,
+            "position 0",
+        );
+        assert_close(y.narrow(3, 8, 12), x.narrow(3, 8, 12), 0.0, "pass-through");
+    }
+
+    #[test]
+    fn gradients_flow_through_the_rotation() {
+        // A rotation is orthogonal: the gradient of |R x|²/2 is Rᵀ R x = x. The module is
+        // built without autodiff; its tables act as constants for the tracked input.
+        for device in test_devices() {
+            for layout in [RopeLayout::HalfSplit, RopeLayout::Interleaved] {
+                let rope = RopeConfig::new(16).with_layout(layout).init(&device);
+                let x = random_input(6, 16, &device.clone().autodiff()).require_grad();
+                let y = rope.forward(x.clone(), 3);
+                let grads = (y.clone() * y).sum().div_scalar(2.0).backward();
+                let grad = x.grad(&grads).expect("x has a gradient");
+                assert_close(grad, x.inner(), 1e-5, &format!("{layout:?} gradient"));
+            }
+        }
+    }
+
+    #[test]
+    fn tables_are_not_parameters() {
+        let rope = RopeConfig::new(64).init(&Device::flex());
+        assert_eq!(rope.num_params(), 0);
+        let [positions, pairs] = rope.cos.dims();
+        assert_eq!((positions, pairs), (2048, 32));
+        let capped = RopeConfig::new(64)
+            .with_max_position_embeddings(131072)
+            .init(&Device::flex());
+        assert_eq!(capped.cos.dims()[0], MAX_TABLE_POSITIONS);
+    }
+
+    #[test]
+    fn invalid_configs_return_typed_errors() {
+        let odd = RopeConfig::new(6).with_partial_rotary_factor(0.5);
+        assert_eq!(
+            odd.validate(),
+            Err(ConfigError::Odd {
+                module: "RopeConfig",
+                field: "rotary_dim",
+                value: 3
+            })
+        );
+        assert_eq!(
+            RopeConfig::new(0).validate(),
+            Err(ConfigError::Zero {
+                module: "RopeConfig",
+                field: "head_dim"
+            })
+        );
+        assert_eq!(
+            RopeConfig::new(7).validate(),
+            Err(ConfigError::Odd {
+                module: "RopeConfig",
+                field: "rotary_dim",
+                value: 7
+            })
+        );
+        let field = |config: RopeConfig| match config.validate() {
+            Err(ConfigError::Invalid { field, .. }) => field,
+            other => panic!("expected an Invalid error, got {other:?}"),
+        };
+        assert_eq!(field(RopeConfig::new(8).with_theta(0.0)), "theta");
+        assert_eq!(field(RopeConfig::new(8).with_theta(-1.0)), "theta");
+        for factor in [0.0, -0.5, 1.5, f64::NAN] {
+            assert_eq!(
+                field(RopeConfig::new(8).with_partial_rotary_factor(factor)),
+                "partial_rotary_factor"
+            );
+        }
+        let scaled = |scaling| RopeConfig::new(8).with_scaling(scaling);
+        assert_eq!(field(scaled(RopeScaling::Linear { factor: 0.0 })), "factor");
+        assert_eq!(
+            field(scaled(RopeScaling::Dynamic { factor: -2.0 })),
+            "factor"
+        );
+        assert_eq!(
+            field(scaled(RopeScaling::yarn(f64::INFINITY, 16))),
+            "factor"
+        );
+        assert_eq!(
+            field(scaled(RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 4.0,
+                high_freq_factor: 1.0,
+                original_max_position_embeddings: None,
+            })),
+            "high_freq_factor"
+        );
+        assert_eq!(
+            field(scaled(RopeScaling::longrope(
+                vec![1.0; 3],
+                vec![1.0; 4],
+                16
+            ))),
+            "short_factor"
+        );
+        assert_eq!(
+            field(scaled(RopeScaling::longrope(
+                vec![1.0; 4],
+                vec![1.0, 0.0, 1.0, 1.0],
+                16
+            ))),
+            "long_factor"
+        );
+        assert!(
+            RopeConfig::new(8)
+                .with_scaling(RopeScaling::yarn(4.0, 0))
+                .validate()
+                .is_err()
+        );
+        assert!(
+            scaled(RopeScaling::longrope(vec![1.0; 4], vec![2.0; 4], 16))
+                .validate()
+                .is_ok()
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "RopeConfig: `rotary_dim` must be even, got 3")]
+    fn init_panics_on_an_odd_rotary_dim() {
+        RopeConfig::new(6)
+            .with_partial_rotary_factor(0.5)
+            .init(&Device::flex());
+    }
+
+    #[test]
+    #[should_panic(expected = "RopeConfig: `head_dim` must be greater than 0")]
+    fn init_panics_on_a_zero_head_dim() {
+        RopeConfig::new(0).init(&Device::flex());
+    }
+
+    #[test]
+    fn reads_hugging_face_rope_scaling() {
+        let json = |text: &str| serde_json::from_str::<Value>(text).unwrap();
+        assert_eq!(
+            RopeScaling::from_hf_json(&Value::Null),
+            Ok(RopeScaling::Default)
+        );
+        assert_eq!(
+            RopeScaling::from_hf_json(&json(r#"{"type": "linear", "factor": 2}"#)),
+            Ok(RopeScaling::Linear { factor: 2.0 })
+        );
+        assert_eq!(
+            RopeScaling::from_hf_json(&json(
+                r#"{"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}"#
+            )),
+            Ok(RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: Some(8192),
+            })
+        );
+        let yarn = RopeScaling::from_hf_json(&json(
+            r#"{"rope_type": "yarn", "factor": 40, "beta_fast": 32, "beta_slow": 1,
+                "mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096}"#,
+        ))
+        .unwrap();
+        assert!(matches!(
+            yarn,
+            RopeScaling::Yarn {
+                factor: 40.0,
+                mscale: Some(1.0),
+                truncate: None,
+                ..
+            }
+        ));
+        let su = RopeScaling::from_hf_json(&json(
+            r#"{"type": "su", "short_factor": [1, 2], "long_factor": [3, 4]}"#,
+        ))
+        .unwrap();
+        assert_eq!(su.rope_type(), "longrope");
+
+        let error_field = |text: &str| match RopeScaling::from_hf_json(&json(text)) {
+            Err(ConfigError::Invalid { field, .. }) => field,
+            other => panic!("expected an error for {text}, got {other:?}"),
+        };
+        assert_eq!(error_field(r#"{"rope_type": "mrope"}"#), "rope_type");
+        assert_eq!(error_field(r#"{"rope_type": "linear"}"#), "factor");
+        assert_eq!(
+            error_field(r#"{"rope_type": "dynamic", "factor": "2"}"#),
+            "factor"
+        );
+        assert_eq!(
+            error_field(r#"{"rope_type": "longrope", "long_factor": [1]}"#),
+            "short_factor"
+        );
+        assert_eq!(error_field("[1, 2]"), "rope_scaling");
+    }
+
+    #[test]
+    fn reads_a_hugging_face_config() {
+        // Phi-3.5-mini's shape, with partial rotary: 24 rotated pairs.
+        let config = serde_json::json!({
+            "hidden_size": 3072, "num_attention_heads": 32, "max_position_embeddings": 131072,
+            "original_max_position_embeddings": 4096, "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,
+            "rope_scaling": {"type": "longrope", "short_factor": (vec![1.0; 24]),
+                             "long_factor": (vec![2.0; 24])}
+        });
+        let rope = RopeConfig::from_hf_config(&config).unwrap();
+        assert_eq!(rope.head_dim, 96);
+        assert_eq!(rope.rotary_dim(), 48);
+        assert_eq!(rope.max_position_embeddings, 131072);
+        assert!(matches!(
+            rope.scaling,
+            RopeScaling::LongRope {
+                original_max_position_embeddings: Some(4096),
+                ..
+            }
+        ));
+        let module = rope.init(&Device::flex());
+        // factor = 131072 / 4096 = 32: sqrt(1 + ln 32 / ln 4096).
+        let expected = (1.0 + 32f64.ln() / 4096f64.ln()).sqrt();
+        assert!((module.attention_scaling() - expected).abs() < 1e-12);
+
+        let inner_theta = serde_json::json!({
+            "head_dim": 64, "rope_theta": 10000.0,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}
+        });
+        let inner_theta = RopeConfig::from_hf_config(&inner_theta).unwrap();
+        assert_eq!(inner_theta.theta, 500000.0);
+        assert_eq!(inner_theta.scaling, RopeScaling::Default);
+
+        let nested: Value = serde_json::from_str(
+            r#"{"head_dim": 8, "rope_parameters": {"full_attention": {"rope_type": "default"},
+                "sliding_attention": {"rope_type": "default"}}}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            RopeConfig::from_hf_config(&nested),
+            Err(ConfigError::Invalid {
+                field: "rope_parameters",
+                ..
+            })
+        ));
     }
 }

@@ -1,0 +1,185 @@
+//! The classic position-wise feed-forward network ("Attention Is All You Need"):
+//! `fc2(dropout(act(fc1(x))))`, applied to every position independently.
+//!
+//! Field names follow the Hugging Face encoder-decoder checkpoints (BART, Marian, OPT,
+//! Whisper, M2M-100: `fc1`, `fc2`), so their weights load by name.
+
+use burn::config::Config;
+use burn::module::Module;
+use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
+use burn::tensor::{Device, Tensor};
+
+use super::Activation;
+use crate::error::ConfigError;
+
+const MODULE: &str = "DenseFfnConfig";
+
+/// Configuration of a [`DenseFfn`].
+#[derive(Config, Debug)]
+pub struct DenseFfnConfig {
+    /// Model width (input and output size).
+    pub d_model: usize,
+    /// Hidden width (HF `ffn_dim`, `intermediate_size`, `d_ff`).
+    pub d_ff: usize,
+    /// Activation between the two projections. Default: exact GELU.
+    #[config(default = "Activation::Gelu")]
+    pub activation: Activation,
+    /// Dropout on the hidden activations during training (HF `activation_dropout`), in
+    /// [0, 1). Default: 0.
+    #[config(default = 0.0)]
+    pub dropout: f64,
+    /// Whether both projections have a bias. Default: true.
+    #[config(default = true)]
+    pub bias: bool,
+}
+
+impl DenseFfnConfig {
+    /// Checks the configuration.
+    ///
+    /// # Errors
+    /// [`ConfigError::Zero`] for a zero size; [`ConfigError::Probability`] for a dropout
+    /// outside [0, 1).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        ConfigError::check_positive(MODULE, "d_model", self.d_model)?;
+        ConfigError::check_positive(MODULE, "d_ff", self.d_ff)?;
+        ConfigError::check_probability(MODULE, "dropout", self.dropout)
+    }
+
+    /// Validates the configuration and initializes the projections (Burn's default
+    /// Kaiming-uniform).
+    ///
+    /// # Errors
+    /// See [`DenseFfnConfig::validate`].
+    pub fn try_init(&self, device: &Device) -> Result<DenseFfn, ConfigError> {
+        self.validate()?;
+        Ok(DenseFfn {
+            fc1: LinearConfig::new(self.d_model, self.d_ff)
+                .with_bias(self.bias)
+                .init(device),
+            fc2: LinearConfig::new(self.d_ff, self.d_model)
+                .with_bias(self.bias)
+                .init(device),
+            dropout: DropoutConfig::new(self.dropout).init(),
+            activation: self.activation,
+        })
+    }
+
+    /// Initializes the module.
+    ///
+    /// # Panics
+    /// If the configuration is invalid, with the message of
+    /// [`DenseFfnConfig::validate`]'s error.
+    pub fn init(&self, device: &Device) -> DenseFfn {
+        self.try_init(device)
+            .unwrap_or_else(|error| panic!("{error}"))
+    }
+}
+
+/// Two-layer feed-forward network with an activation and dropout between.
+#[derive(Module, Debug)]
+pub struct DenseFfn {
+    /// `d_model → d_ff`.
+    pub fc1: Linear,
+    /// `d_ff → d_model`.
+    pub fc2: Linear,
+    /// On the hidden activations; active only on autodiff devices in training.
+    pub dropout: Dropout,
+    /// Between `fc1` and `fc2`.
+    #[module(skip)]
+    pub activation: Activation,
+}
+
+impl DenseFfn {
+    /// `fc2(dropout(act(fc1(x))))`.
+    ///
+    /// # Shapes
+    /// - x: `[..., d_model]`
+    /// - output: `[..., d_model]`
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        let hidden = self.activation.forward(self.fc1.forward(x));
+        self.fc2.forward(self.dropout.forward(hidden))
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::test_utils::{Fixture, assert_close, test_devices};
+    use burn::module::Param;
+
+    /// A burn Linear holding an HF `nn.Linear`'s `<prefix>.weight` (`[out, in]`,
+    /// transposed here) and `<prefix>.bias`, if present.
+    pub(crate) fn load_linear(fixture: &Fixture, prefix: &str, device: &Device) -> Linear {
+        let weight = fixture.tensor::<2>(&format!("{prefix}.weight"), device);
+        let [d_output, d_input] = weight.dims();
+        let bias_key = format!("{prefix}.bias");
+        let mut linear = LinearConfig::new(d_input, d_output)
+            .with_bias(fixture.contains(&bias_key))
+            .init(device);
+        linear.weight = Param::from_tensor(weight.transpose());
+        if fixture.contains(&bias_key) {
+            linear.bias = Some(Param::from_tensor(fixture.tensor(&bias_key, device)));
+        }
+        linear
+    }
+
+    #[test]
+    fn matches_pytorch_for_each_activation() {
+        for (name, activation, bias) in [
+            ("ffn_gelu", Activation::Gelu, true),
+            ("ffn_gelu_tanh", Activation::GeluTanh, true),
+            ("ffn_relu", Activation::Relu, false),
+            ("ffn_silu", Activation::Silu, true),
+        ] {
+            let fixture = Fixture::load(name);
+            for device in test_devices() {
+                let mut ffn = DenseFfnConfig::new(16, 32)
+                    .with_activation(activation)
+                    .with_bias(bias)
+                    .with_dropout(0.1)
+                    .init(&device);
+                ffn.fc1 = load_linear(&fixture, "fc1", &device);
+                ffn.fc2 = load_linear(&fixture, "fc2", &device);
+                // Not an autodiff device: dropout is the identity.
+                let y = ffn.forward(fixture.tensor::<3>("x", &device));
+                assert_close(y, fixture.tensor("y", &device), 1e-5, name);
+            }
+        }
+    }
+
+    #[test]
+    fn bias_flag_controls_both_projections() {
+        let device = Device::flex();
+        let with = DenseFfnConfig::new(4, 8).init(&device);
+        assert!(with.fc1.bias.is_some() && with.fc2.bias.is_some());
+        let without = DenseFfnConfig::new(4, 8).with_bias(false).init(&device);
+        assert!(without.fc1.bias.is_none() && without.fc2.bias.is_none());
+        assert_eq!(without.num_params(), 2 * 4 * 8);
+    }
+
+    #[test]
+    fn invalid_configs_return_typed_errors() {
+        assert_eq!(
+            DenseFfnConfig::new(4, 0).validate(),
+            Err(ConfigError::Zero {
+                module: MODULE,
+                field: "d_ff"
+            })
+        );
+        assert!(matches!(
+            DenseFfnConfig::new(4, 8).with_dropout(-0.1).validate(),
+            Err(ConfigError::Probability {
+                field: "dropout",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    #[should_panic(expected = "DenseFfnConfig: `dropout` must be a probability in [0, 1), got 1")]
+    fn init_panics_with_the_validation_message() {
+        DenseFfnConfig::new(4, 8)
+            .with_dropout(1.0)
+            .init(&Device::flex());
+    }
+}

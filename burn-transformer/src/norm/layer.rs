@@ -1,0 +1,190 @@
+//! LayerNorm ([Ba et al. 2016](https://arxiv.org/abs/1607.06450)): normalize each vector
+//! to zero mean and unit variance, then scale and (optionally) shift. Equal to
+//! `torch.nn.LayerNorm` over the last axis, with its parameter names (`weight`, `bias`),
+//! so Hugging Face checkpoints load by name.
+//!
+//! The statistics are computed in float32 for half-precision inputs, like [`RmsNorm`]'s.
+//!
+//! [`RmsNorm`]: super::RmsNorm
+
+use burn::config::Config;
+use burn::module::{Module, Param};
+use burn::nn::Initializer;
+use burn::tensor::module::layer_norm;
+use burn::tensor::{DType, Device, Tensor};
+
+use crate::error::ConfigError;
+
+const MODULE: &str = "LayerNormConfig";
+
+/// Configuration of a [`LayerNorm`].
+#[derive(Config, Debug)]
+pub struct LayerNormConfig {
+    /// Size of the normalized (last) axis.
+    pub d_model: usize,
+    /// Added to the variance before the square root. Default: 1e-5 (PyTorch).
+    #[config(default = 1e-5)]
+    pub eps: f64,
+    /// Whether to add a learned shift. Default: true.
+    #[config(default = true)]
+    pub bias: bool,
+}
+
+impl LayerNormConfig {
+    /// Checks the configuration.
+    ///
+    /// # Errors
+    /// [`ConfigError::Zero`] for a zero `d_model`; [`ConfigError::Invalid`] for an `eps`
+    /// that is negative or not finite.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        ConfigError::check_positive(MODULE, "d_model", self.d_model)?;
+        if !(self.eps.is_finite() && self.eps >= 0.0) {
+            return Err(ConfigError::Invalid {
+                module: MODULE,
+                field: "eps",
+                reason: format!("must be finite and non-negative, got {}", self.eps),
+            });
+        }
+        Ok(())
+    }
+
+    /// Validates the configuration and initializes weight (ones) and bias (zeros).
+    ///
+    /// # Errors
+    /// See [`LayerNormConfig::validate`].
+    pub fn try_init(&self, device: &Device) -> Result<LayerNorm, ConfigError> {
+        self.validate()?;
+        Ok(LayerNorm {
+            weight: Initializer::Ones.init([self.d_model], device),
+            bias: self
+                .bias
+                .then(|| Initializer::Zeros.init([self.d_model], device)),
+            eps: self.eps,
+        })
+    }
+
+    /// Initializes the module.
+    ///
+    /// # Panics
+    /// If the configuration is invalid, with the message of
+    /// [`LayerNormConfig::validate`]'s error.
+    pub fn init(&self, device: &Device) -> LayerNorm {
+        self.try_init(device)
+            .unwrap_or_else(|error| panic!("{error}"))
+    }
+}
+
+/// Layer normalization over the last axis.
+#[derive(Module, Debug)]
+pub struct LayerNorm {
+    /// The learned scale, `[d_model]` (HF `weight`).
+    pub weight: Param<Tensor<1>>,
+    /// The learned shift, `[d_model]` (HF `bias`), if any.
+    pub bias: Option<Param<Tensor<1>>>,
+    /// Added to the variance.
+    pub eps: f64,
+}
+
+impl LayerNorm {
+    /// `(x − mean) / sqrt(var + eps) · weight + bias`, with the biased variance over the
+    /// last axis. The output has the input's dtype.
+    ///
+    /// # Shapes
+    /// - x: `[..., d_model]`
+    /// - output: `[..., d_model]`
+    ///
+    /// # Panics
+    /// If the last axis of `x` is not `d_model`.
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        let [d_model] = self.weight.dims();
+        assert_eq!(
+            x.dims()[D - 1],
+            d_model,
+            "LayerNorm: input last axis {} differs from d_model {d_model}",
+            x.dims()[D - 1]
+        );
+        let dtype = x.dtype();
+        let weight = self.weight.val();
+        let bias = self.bias.as_ref().map(|bias| bias.val());
+        if matches!(dtype, DType::F16 | DType::BF16) {
+            // Burn's layer_norm op takes one dtype: widen everything, narrow the result.
+            layer_norm(
+                x.cast(DType::F32),
+                weight.cast(DType::F32),
+                bias.map(|bias| bias.cast(DType::F32)),
+                self.eps,
+            )
+            .cast(dtype)
+        } else {
+            layer_norm(x, weight, bias, self.eps)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_utils::{Fixture, assert_close, test_devices};
+
+    #[test]
+    fn matches_torch_layer_norm_with_and_without_bias() {
+        let fixture = Fixture::load("layer_norm");
+        for device in test_devices() {
+            for (bias, prefix) in [(true, "bias"), (false, "no_bias")] {
+                let mut norm = LayerNormConfig::new(24).with_bias(bias).init(&device);
+                norm.weight =
+                    Param::from_tensor(fixture.tensor(&format!("{prefix}.weight"), &device));
+                if bias {
+                    norm.bias = Some(Param::from_tensor(
+                        fixture.tensor(&format!("{prefix}.bias"), &device),
+                    ));
+                }
+                assert_eq!(norm.bias.is_some(), bias);
+                let y = norm.forward(fixture.tensor::<3>("x", &device));
+                assert_close(
+                    y,
+                    fixture.tensor(&format!("{prefix}.y"), &device),
+                    1e-5,
+                    &format!("layer_norm {prefix}"),
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn f16_input_returns_f16() {
+        let fixture = Fixture::load("layer_norm");
+        for device in test_devices() {
+            let mut norm = LayerNormConfig::new(24).init(&device);
+            norm.weight = Param::from_tensor(fixture.tensor("bias.weight", &device));
+            norm.bias = Some(Param::from_tensor(fixture.tensor("bias.bias", &device)));
+            let x = fixture.tensor::<3>("x", &device);
+            let y = norm.forward(x.cast(DType::F16));
+            assert_eq!(y.dtype(), DType::F16);
+            // f16 rounding of the input and output: a few 2^-11 relative steps of |y| < 8.
+            assert_close(
+                y.cast(DType::F32),
+                fixture.tensor("bias.y", &device),
+                1e-2,
+                "f16",
+            );
+        }
+    }
+
+    #[test]
+    fn invalid_configs_return_typed_errors() {
+        assert_eq!(
+            LayerNormConfig::new(0).validate(),
+            Err(ConfigError::Zero {
+                module: MODULE,
+                field: "d_model"
+            })
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "LayerNormConfig: `d_model` must be greater than 0")]
+    fn init_panics_with_the_validation_message() {
+        LayerNormConfig::new(0).init(&Device::flex());
+    }
+}

@@ -1,0 +1,7 @@
+//! Normalization layers: RMSNorm and LayerNorm.
+
+mod layer;
+mod rms;
+
+pub use layer::{LayerNorm, LayerNormConfig};
+pub use rms::{RmsNorm, RmsNormConfig};

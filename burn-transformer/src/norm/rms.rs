@@ -1,0 +1,235 @@
+//! RMSNorm ([Zhang & Sennrich 2019](https://arxiv.org/abs/1910.07467)): scale each
+//! vector by the inverse of its root mean square, then by a learned weight. No mean
+//! subtraction, no bias. Equal to Hugging Face's `LlamaRMSNorm` (and, with
+//! `unit_offset`, `GemmaRMSNorm`).
+//!
+//! The statistics are always computed in float32: for f16/bf16 inputs the sum of
+//! squares would overflow or lose precision (f16 tops out at 65504, so a 4096-wide
+//! vector of values around 4 already overflows).
+
+use burn::config::Config;
+use burn::module::{Module, Param};
+use burn::nn::Initializer;
+use burn::tensor::{DType, Device, Tensor};
+
+use crate::error::ConfigError;
+
+const MODULE: &str = "RmsNormConfig";
+
+/// Configuration of an [`RmsNorm`].
+#[derive(Config, Debug)]
+pub struct RmsNormConfig {
+    /// Size of the normalized (last) axis.
+    pub d_model: usize,
+    /// Added to the mean square before the square root. Default: 1e-6 (LLaMA's
+    /// `rms_norm_eps`).
+    #[config(default = 1e-6)]
+    pub eps: f64,
+    /// Scale by `1 + weight` instead of `weight`, with the weight initialized to zeros
+    /// (Gemma). Default: false.
+    #[config(default = false)]
+    pub unit_offset: bool,
+}
+
+impl RmsNormConfig {
+    /// Checks the configuration.
+    ///
+    /// # Errors
+    /// [`ConfigError::Zero`] for a zero `d_model`; [`ConfigError::Invalid`] for an `eps`
+    /// that is negative or not finite.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        ConfigError::check_positive(MODULE, "d_model", self.d_model)?;
+        if !(self.eps.is_finite() && self.eps >= 0.0) {
+            return Err(ConfigError::Invalid {
+                module: MODULE,
+                field: "eps",
+                reason: format!("must be finite and non-negative, got {}", self.eps),
+            });
+        }
+        Ok(())
+    }
+
+    /// Validates the configuration and initializes the weight (ones, or zeros with
+    /// `unit_offset`: the identity scale either way).
+    ///
+    /// # Errors
+    /// See [`RmsNormConfig::validate`].
+    pub fn try_init(&self, device: &Device) -> Result<RmsNorm, ConfigError> {
+        self.validate()?;
+        let initializer = if self.unit_offset {
+            Initializer::Zeros
+        } else {
+            Initializer::Ones
+        };
+        Ok(RmsNorm {
+            weight: initializer.init([self.d_model], device),
+            eps: self.eps,
+            unit_offset: self.unit_offset,
+        })
+    }
+
+    /// Initializes the module.
+    ///
+    /// # Panics
+    /// If the configuration is invalid, with the message of [`RmsNormConfig::validate`]'s
+    /// error.
+    pub fn init(&self, device: &Device) -> RmsNorm {
+        self.try_init(device)
+            .unwrap_or_else(|error| panic!("{error}"))
+    }
+}
+
+/// Root-mean-square normalization over the last axis.
+#[derive(Module, Debug)]
+pub struct RmsNorm {
+    /// The learned scale, `[d_model]` (HF `weight`).
+    pub weight: Param<Tensor<1>>,
+    /// Added to the mean square.
+    pub eps: f64,
+    /// Whether the scale is `1 + weight` (Gemma).
+    pub unit_offset: bool,
+}
+
+impl RmsNorm {
+    /// Normalizes the last axis.
+    ///
+    /// - default: `weight · (x_f32 / sqrt(mean(x_f32²) + eps)).to(dtype)`, as
+    ///   `LlamaRMSNorm` (the product happens in the input's dtype);
+    /// - `unit_offset`: `(x_f32 / sqrt(mean(x_f32²) + eps) · (1 + weight_f32)).to(dtype)`,
+    ///   as `GemmaRMSNorm` (the product happens in float32).
+    ///
+    /// The output has the input's dtype.
+    ///
+    /// # Shapes
+    /// - x: `[..., d_model]`
+    /// - output: `[..., d_model]`
+    ///
+    /// # Panics
+    /// If the last axis of `x` is not `d_model`.
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        let [d_model] = self.weight.dims();
+        assert_eq!(
+            x.dims()[D - 1],
+            d_model,
+            "RmsNorm: input last axis {} differs from d_model {d_model}",
+            x.dims()[D - 1]
+        );
+        let dtype = x.dtype();
+        let x = x.cast(DType::F32);
+        // [..., 1]: one statistic per vector.
+        let mean_square = x.clone().square().mean_dim(D - 1);
+        let normed = x * (mean_square + self.eps).sqrt().recip();
+        // [1, ..., 1, d_model]: the weight broadcast over the leading axes.
+        let weight = self.weight.val().unsqueeze::<D>();
+        if self.unit_offset {
+            (normed * (weight.cast(DType::F32) + 1.0)).cast(dtype)
+        } else {
+            normed.cast(dtype) * weight.cast(dtype)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_utils::{Fixture, assert_close, max_abs_diff, test_devices};
+    use burn::tensor::TensorData;
+
+    fn with_weight(config: RmsNormConfig, weight: Tensor<1>) -> RmsNorm {
+        let mut norm = config.init(&weight.device());
+        norm.weight = Param::from_tensor(weight);
+        norm
+    }
+
+    #[test]
+    fn matches_llama_rms_norm() {
+        let fixture = Fixture::load("rms_norm");
+        for device in test_devices() {
+            let norm = with_weight(
+                RmsNormConfig::new(32).with_eps(fixture.scalar("eps") as f64),
+                fixture.tensor("weight", &device),
+            );
+            let y = norm.forward(fixture.tensor::<3>("x", &device));
+            assert_close(y, fixture.tensor("y", &device), 1e-5, "rms_norm f32");
+        }
+    }
+
+    #[test]
+    fn matches_gemma_rms_norm() {
+        let fixture = Fixture::load("rms_norm_gemma");
+        for device in test_devices() {
+            let norm = with_weight(
+                RmsNormConfig::new(32)
+                    .with_eps(fixture.scalar("eps") as f64)
+                    .with_unit_offset(true),
+                fixture.tensor("weight", &device),
+            );
+            let y = norm.forward(fixture.tensor::<3>("x", &device));
+            assert_close(y, fixture.tensor("y", &device), 1e-5, "rms_norm gemma");
+        }
+    }
+
+    #[test]
+    fn f16_input_returns_f16_with_f32_statistics() {
+        let fixture = Fixture::load("rms_norm");
+        for device in test_devices() {
+            let norm = with_weight(
+                RmsNormConfig::new(32).with_eps(fixture.scalar("eps") as f64),
+                fixture.tensor::<1>("f16.weight", &device).cast(DType::F16),
+            );
+            let x = fixture.tensor::<3>("f16.x", &device).cast(DType::F16);
+            let y = norm.forward(x);
+            assert_eq!(y.dtype(), DType::F16, "output dtype on {device:?}");
+            // HF rounds the normalized value to f16, then multiplies in f16: one or two
+            // f16 ulps (2^-10 relative) of |y| ≤ 8.
+            assert_close(
+                y.cast(DType::F32),
+                fixture.tensor("f16.y", &device),
+                8.0 * 2.0 * 2f32.powi(-10),
+                "rms_norm f16",
+            );
+        }
+    }
+
+    #[test]
+    fn statistics_do_not_overflow_in_f16() {
+        for device in test_devices() {
+            // Mean square 90000 overflows f16 (max 65504); in f32 it is exact.
+            let values: Vec<f32> = (0..64usize)
+                .map(|i| if i.is_multiple_of(2) { 300.0 } else { -300.0 })
+                .collect();
+            let x = Tensor::<2>::from_data(TensorData::new(values, [1, 64]), &device);
+            let norm = RmsNormConfig::new(64).init(&device);
+            let y = norm.forward(x.clone().cast(DType::F16)).cast(DType::F32);
+            let expected = x / 300.0;
+            let diff = max_abs_diff(y, expected);
+            assert!(
+                diff < 1e-3,
+                "f16 statistics overflowed on {device:?}: {diff}"
+            );
+        }
+    }
+
+    #[test]
+    fn invalid_configs_return_typed_errors() {
+        assert_eq!(
+            RmsNormConfig::new(0).validate(),
+            Err(ConfigError::Zero {
+                module: MODULE,
+                field: "d_model"
+            })
+        );
+        assert!(matches!(
+            RmsNormConfig::new(4).with_eps(-1.0).validate(),
+            Err(ConfigError::Invalid { field: "eps", .. })
+        ));
+    }
+
+    #[test]
+    #[should_panic(expected = "RmsNormConfig: `eps` is invalid: must be finite and non-negative")]
+    fn init_panics_with_the_validation_message() {
+        RmsNormConfig::new(4)
+            .with_eps(f64::NAN)
+            .init(&Device::flex());
+    }
+}

@@ -1,0 +1,679 @@
+//! RoPE frequency scaling: the `rope_type` variants of Hugging Face transformers'
+//! `modeling_rope_utils`, and the inverse frequencies each one gives.
+//!
+//! Every variant changes only two things: the inverse frequencies `inv_freq[i]`
+//! (one per rotated pair) and an attention scaling folded into `cos`/`sin`.
+//! - `default`: `inv_freq[i] = theta^(-2i/d)` ([RoFormer](https://arxiv.org/abs/2104.09864)).
+//! - `linear`: positions interpolated by `factor` (`inv_freq / factor`,
+//!   [Chen et al. 2023](https://arxiv.org/abs/2306.15595)).
+//! - `dynamic`: NTK-aware base growth once a sequence exceeds `max_position_embeddings`.
+//! - `yarn`: per-frequency blend of interpolation and extrapolation plus an attention
+//!   factor ([YaRN](https://arxiv.org/abs/2309.00071)).
+//! - `llama3`: low frequencies divided by `factor`, high ones kept, a smooth ramp between
+//!   (Llama 3.1).
+//! - `longrope`: per-frequency rescale factors, short and long sets
+//!   ([LongRoPE](https://arxiv.org/abs/2402.13753), Phi-3).
+//!
+//! # Precision
+//! The frequencies are computed on the host, reproducing transformers' float32
+//! arithmetic step by step (its `torch` ops run in float32; its scalar bookkeeping in
+//! Python floats, i.e. f64). Transcendentals (`pow`, `cos`, `sin`) are evaluated in f64
+//! and rounded, so an inverse frequency may differ from PyTorch's by one float32 ulp.
+
+use std::borrow::Cow;
+use std::f64::consts::PI;
+
+use burn::config::Config;
+use serde_json::Value;
+
+use crate::error::ConfigError;
+
+const MODULE: &str = "RopeScaling";
+
+/// How RoPE frequencies are scaled for longer contexts, named and parameterised like
+/// Hugging Face's `rope_scaling` / `rope_parameters` (`rope_type` and its keys).
+///
+/// `original_max_position_embeddings` is the pre-training context length; where it is
+/// `None` the [`RopeConfig`](super::RopeConfig)'s `max_position_embeddings` stands in
+/// (as transformers' config standardisation does).
+///
+/// Build the variants with many optional keys through [`RopeScaling::yarn`] and
+/// [`RopeScaling::longrope`], or read them from a checkpoint's `config.json` with
+/// [`RopeScaling::from_hf_json`].
+#[derive(Config, Debug, PartialEq)]
+pub enum RopeScaling {
+    /// No scaling (`rope_type: "default"`).
+    Default,
+    /// Position interpolation: every inverse frequency divided by `factor`.
+    Linear {
+        /// Context extension factor (> 0).
+        factor: f64,
+    },
+    /// Dynamic NTK scaling: for a call whose positions reach `seq_len >
+    /// max_position_embeddings`, the base becomes
+    /// `theta · (factor·seq_len/max_position_embeddings − (factor − 1))^(d/(d−2))`.
+    Dynamic {
+        /// Scaling factor (> 0).
+        factor: f64,
+    },
+    /// YaRN: extrapolate high frequencies, interpolate low ones (by `factor`), with a
+    /// linear ramp between `beta_fast` and `beta_slow` rotations, and scale attention by
+    /// the attention factor.
+    Yarn {
+        /// Context extension factor (> 0).
+        factor: f64,
+        /// Pre-training context length. Default: `max_position_embeddings`.
+        original_max_position_embeddings: Option<usize>,
+        /// Multiplies cos/sin (so q·k by its square). Default: derived from `factor`,
+        /// `mscale`, `mscale_all_dim` as in the paper (`0.1·ln(factor) + 1`).
+        attention_factor: Option<f64>,
+        /// Rotations bounding the extrapolated band. Default: 32.
+        beta_fast: Option<f64>,
+        /// Rotations bounding the interpolated band. Default: 1.
+        beta_slow: Option<f64>,
+        /// DeepSeek's numerator scale of the attention factor. Default: none.
+        mscale: Option<f64>,
+        /// DeepSeek's denominator scale of the attention factor. Default: none.
+        mscale_all_dim: Option<f64>,
+        /// Round the correction range outwards to whole dimensions. Default: true.
+        truncate: Option<bool>,
+    },
+    /// Llama 3.1: wavelengths longer than `original / low_freq_factor` are divided by
+    /// `factor`, those shorter than `original / high_freq_factor` kept, a smooth blend
+    /// between.
+    Llama3 {
+        /// Scaling factor for low frequencies (> 0).
+        factor: f64,
+        /// Lower wavelength bound factor (> 0).
+        low_freq_factor: f64,
+        /// Upper wavelength bound factor (> `low_freq_factor`).
+        high_freq_factor: f64,
+        /// Pre-training context length. Default: `max_position_embeddings`.
+        original_max_position_embeddings: Option<usize>,
+    },
+    /// LongRoPE: per-pair rescale factors; `long_factor` once a call's positions exceed
+    /// `original_max_position_embeddings`, `short_factor` otherwise.
+    LongRope {
+        /// One factor per rotated pair (`rotary_dim / 2`), for short contexts.
+        short_factor: Vec<f64>,
+        /// One factor per rotated pair (`rotary_dim / 2`), for long contexts.
+        long_factor: Vec<f64>,
+        /// Extension factor, used only to derive the attention factor.
+        /// Default: `max_position_embeddings / original_max_position_embeddings`.
+        factor: Option<f64>,
+        /// Multiplies cos/sin. Default: `sqrt(1 + ln(factor)/ln(original))`, 1 if
+        /// `factor <= 1`.
+        attention_factor: Option<f64>,
+        /// Pre-training context length. Default: `max_position_embeddings`.
+        original_max_position_embeddings: Option<usize>,
+    },
+}
+
+impl RopeScaling {
+    /// YaRN with the paper's defaults for every optional key.
+    pub fn yarn(factor: f64, original_max_position_embeddings: usize) -> Self {
+        Self::Yarn {
+            factor,
+            original_max_position_embeddings: Some(original_max_position_embeddings),
+            attention_factor: None,
+            beta_fast: None,
+            beta_slow: None,
+            mscale: None,
+            mscale_all_dim: None,
+            truncate: None,
+        }
+    }
+
+    /// LongRoPE with the default factor and attention factor.
+    pub fn longrope(
+        short_factor: Vec<f64>,
+        long_factor: Vec<f64>,
+        original_max_position_embeddings: usize,
+    ) -> Self {
+        Self::LongRope {
+            short_factor,
+            long_factor,
+            factor: None,
+            attention_factor: None,
+            original_max_position_embeddings: Some(original_max_position_embeddings),
+        }
+    }
+
+    /// The Hugging Face `rope_type` name of this variant.
+    pub fn rope_type(&self) -> &'static str {
+        match self {
+            Self::Default => "default",
+            Self::Linear { .. } => "linear",
+            Self::Dynamic { .. } => "dynamic",
+            Self::Yarn { .. } => "yarn",
+            Self::Llama3 { .. } => "llama3",
+            Self::LongRope { .. } => "longrope",
+        }
+    }
+
+    /// Reads a Hugging Face `rope_scaling` / `rope_parameters` object from a
+    /// `config.json`.
+    ///
+    /// `null` (no scaling) gives [`RopeScaling::Default`]. The type is taken from
+    /// `rope_type`, or the older `type` key (`"su"` is LongRoPE's old name). Keys that
+    /// belong to the whole rotary embedding (`rope_theta`, `partial_rotary_factor`) are
+    /// ignored here: see [`RopeConfig::from_hf_config`](super::RopeConfig::from_hf_config).
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the key when the type is unknown, a required key
+    /// is missing or a value has the wrong JSON type.
+    pub fn from_hf_json(value: &Value) -> Result<Self, ConfigError> {
+        let object = match value {
+            Value::Null => return Ok(Self::Default),
+            Value::Object(object) => object,
+            other => {
+                return Err(invalid(
+                    "rope_scaling",
+                    format!("expected a JSON object or null, got {other}"),
+                ));
+            }
+        };
+        let rope_type = match object.get("rope_type").or_else(|| object.get("type")) {
+            None | Some(Value::Null) => "default",
+            Some(Value::String(name)) => name.as_str(),
+            Some(other) => {
+                return Err(invalid(
+                    "rope_type",
+                    format!("expected a string, got {other}"),
+                ));
+            }
+        };
+        let f64_key = |key: &'static str| -> Result<Option<f64>, ConfigError> {
+            match object.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::Number(n)) => n
+                    .as_f64()
+                    .map(Some)
+                    .ok_or_else(|| invalid(key, format!("{n} is not representable as f64"))),
+                Some(other) => Err(invalid(key, format!("expected a number, got {other}"))),
+            }
+        };
+        let required = |key: &'static str| -> Result<f64, ConfigError> {
+            f64_key(key)?.ok_or_else(|| {
+                invalid(
+                    key,
+                    format!("required by rope_type \"{rope_type}\" but missing"),
+                )
+            })
+        };
+        let usize_key = |key: &'static str| -> Result<Option<usize>, ConfigError> {
+            match f64_key(key)? {
+                None => Ok(None),
+                Some(v) if v >= 0.0 && v.fract() == 0.0 && v <= usize::MAX as f64 => {
+                    Ok(Some(v as usize))
+                }
+                Some(v) => Err(invalid(
+                    key,
+                    format!("expected a non-negative integer, got {v}"),
+                )),
+            }
+        };
+        let bool_key = |key: &'static str| -> Result<Option<bool>, ConfigError> {
+            match object.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::Bool(b)) => Ok(Some(*b)),
+                Some(other) => Err(invalid(key, format!("expected a boolean, got {other}"))),
+            }
+        };
+        let list_key = |key: &'static str| -> Result<Vec<f64>, ConfigError> {
+            match object.get(key) {
+                Some(Value::Array(items)) => items
+                    .iter()
+                    .map(|item| {
+                        item.as_f64()
+                            .ok_or_else(|| invalid(key, format!("expected numbers, got {item}")))
+                    })
+                    .collect(),
+                None | Some(Value::Null) => Err(invalid(
+                    key,
+                    format!("required by rope_type \"{rope_type}\" but missing"),
+                )),
+                Some(other) => Err(invalid(
+                    key,
+                    format!("expected a list of numbers, got {other}"),
+                )),
+            }
+        };
+        Ok(match rope_type {
+            "default" => Self::Default,
+            "linear" => Self::Linear {
+                factor: required("factor")?,
+            },
+            "dynamic" => Self::Dynamic {
+                factor: required("factor")?,
+            },
+            "yarn" => Self::Yarn {
+                factor: required("factor")?,
+                original_max_position_embeddings: usize_key("original_max_position_embeddings")?,
+                attention_factor: f64_key("attention_factor")?,
+                beta_fast: f64_key("beta_fast")?,
+                beta_slow: f64_key("beta_slow")?,
+                mscale: f64_key("mscale")?,
+                mscale_all_dim: f64_key("mscale_all_dim")?,
+                truncate: bool_key("truncate")?,
+            },
+            "llama3" => Self::Llama3 {
+                factor: required("factor")?,
+                low_freq_factor: required("low_freq_factor")?,
+                high_freq_factor: required("high_freq_factor")?,
+                original_max_position_embeddings: usize_key("original_max_position_embeddings")?,
+            },
+            "longrope" | "su" => Self::LongRope {
+                short_factor: list_key("short_factor")?,
+                long_factor: list_key("long_factor")?,
+                factor: f64_key("factor")?,
+                attention_factor: f64_key("attention_factor")?,
+                original_max_position_embeddings: usize_key("original_max_position_embeddings")?,
+            },
+            other => {
+                return Err(invalid(
+                    "rope_type",
+                    format!(
+                        "unsupported rope_type \"{other}\" (expected default, linear, dynamic, \
+                         yarn, llama3 or longrope)"
+                    ),
+                ));
+            }
+        })
+    }
+
+    /// Checks the factors for a rotary dimension `rotary_dim`.
+    pub(crate) fn validate(&self, rotary_dim: usize) -> Result<(), ConfigError> {
+        match self {
+            Self::Default => Ok(()),
+            Self::Linear { factor } => check_positive("factor", *factor),
+            Self::Dynamic { factor } => {
+                check_positive("factor", *factor)?;
+                // The NTK exponent is d / (d - 2).
+                if rotary_dim <= 2 {
+                    return Err(invalid(
+                        "factor",
+                        format!(
+                            "dynamic NTK scaling needs a rotary dimension > 2, got {rotary_dim}"
+                        ),
+                    ));
+                }
+                Ok(())
+            }
+            Self::Yarn {
+                factor,
+                original_max_position_embeddings,
+                attention_factor,
+                beta_fast,
+                beta_slow,
+                mscale,
+                mscale_all_dim,
+                truncate: _,
+            } => {
+                check_positive("factor", *factor)?;
+                check_original(*original_max_position_embeddings)?;
+                if let Some(value) = attention_factor {
+                    check_positive("attention_factor", *value)?;
+                }
+                for (field, value) in [
+                    ("beta_fast", beta_fast),
+                    ("beta_slow", beta_slow),
+                    ("mscale", mscale),
+                    ("mscale_all_dim", mscale_all_dim),
+                ] {
+                    if let Some(value) = value
+                        && !value.is_finite()
+                    {
+                        return Err(invalid(field, format!("must be finite, got {value}")));
+                    }
+                }
+                Ok(())
+            }
+            Self::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                check_positive("factor", *factor)?;
+                check_positive("low_freq_factor", *low_freq_factor)?;
+                check_positive("high_freq_factor", *high_freq_factor)?;
+                check_original(*original_max_position_embeddings)?;
+                if high_freq_factor <= low_freq_factor {
+                    return Err(invalid(
+                        "high_freq_factor",
+                        format!(
+                            "must be greater than low_freq_factor ({low_freq_factor}), got \
+                             {high_freq_factor}"
+                        ),
+                    ));
+                }
+                Ok(())
+            }
+            Self::LongRope {
+                short_factor,
+                long_factor,
+                factor,
+                attention_factor,
+                original_max_position_embeddings,
+            } => {
+                for (field, factors) in
+                    [("short_factor", short_factor), ("long_factor", long_factor)]
+                {
+                    if factors.len() != rotary_dim / 2 {
+                        return Err(invalid(
+                            field,
+                            format!(
+                                "needs one factor per rotated pair ({}), got {}",
+                                rotary_dim / 2,
+                                factors.len()
+                            ),
+                        ));
+                    }
+                    if let Some(bad) = factors.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
+                        return Err(invalid(
+                            field,
+                            format!("factors must be positive, got {bad}"),
+                        ));
+                    }
+                }
+                if let Some(value) = factor {
+                    check_positive("factor", *value)?;
+                }
+                if let Some(value) = attention_factor {
+                    check_positive("attention_factor", *value)?;
+                }
+                check_original(*original_max_position_embeddings)
+            }
+        }
+    }
+}
+
+fn invalid(field: &'static str, reason: String) -> ConfigError {
+    ConfigError::Invalid {
+        module: MODULE,
+        field,
+        reason,
+    }
+}
+
+fn check_positive(field: &'static str, value: f64) -> Result<(), ConfigError> {
+    if value.is_finite() && value > 0.0 {
+        Ok(())
+    } else {
+        Err(invalid(field, format!("must be positive, got {value}")))
+    }
+}
+
+fn check_original(original: Option<usize>) -> Result<(), ConfigError> {
+    match original {
+        Some(0) => Err(ConfigError::Zero {
+            module: MODULE,
+            field: "original_max_position_embeddings",
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// `x^y` of two float32 values, evaluated in f64 and rounded (PyTorch's float32 `pow`
+/// is accurate to about one ulp).
+fn powf32(x: f32, y: f32) -> f32 {
+    (x as f64).powf(y as f64) as f32
+}
+
+/// `theta^(i/dim)` for `i = 0, 2, 4, …` in float32, as `base ** (arange(0, dim, 2) / dim)`.
+fn pos_freqs(theta: f32, dim: usize) -> impl Iterator<Item = f32> {
+    (0..dim)
+        .step_by(2)
+        .map(move |i| powf32(theta, i as f32 / dim as f32))
+}
+
+/// The default inverse frequencies `1 / theta^(2i/dim)`, in float32.
+fn default_inv_freq(theta: f32, dim: usize) -> Vec<f32> {
+    pos_freqs(theta, dim).map(|p| 1.0 / p).collect()
+}
+
+/// YaRN's `get_mscale`.
+fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
+    if scale <= 1.0 {
+        1.0
+    } else {
+        0.1 * mscale * scale.ln() + 1.0
+    }
+}
+
+/// A resolved frequency plan: the scaling with every default filled in for one rotary
+/// dimension and context length, and the inverse frequencies of the common case.
+#[derive(Clone, Debug)]
+pub(crate) struct RopeFrequencies {
+    scaling: RopeScaling,
+    theta: f64,
+    rotary_dim: usize,
+    max_position_embeddings: usize,
+    /// The inverse frequencies used while a call stays within the "base" regime.
+    base: Vec<f32>,
+    attention_scaling: f64,
+}
+
+impl RopeFrequencies {
+    /// Resolves a validated scaling.
+    pub(crate) fn new(
+        scaling: &RopeScaling,
+        theta: f64,
+        rotary_dim: usize,
+        max_position_embeddings: usize,
+    ) -> Self {
+        let mut plan = Self {
+            scaling: scaling.clone(),
+            theta,
+            rotary_dim,
+            max_position_embeddings,
+            base: Vec::new(),
+            attention_scaling: 1.0,
+        };
+        plan.attention_scaling = plan.compute_attention_scaling();
+        plan.base = plan.compute(None);
+        plan
+    }
+
+    /// The inverse frequencies of the common case: within `max_position_embeddings` for
+    /// dynamic NTK, within `original_max_position_embeddings` for LongRoPE (short
+    /// factors), always for the other scalings.
+    pub(crate) fn base(&self) -> &[f32] {
+        &self.base
+    }
+
+    /// The factor folded into cos and sin.
+    pub(crate) fn attention_scaling(&self) -> f64 {
+        self.attention_scaling
+    }
+
+    fn original(&self, original: Option<usize>) -> usize {
+        original.unwrap_or(self.max_position_embeddings)
+    }
+
+    fn compute_attention_scaling(&self) -> f64 {
+        match &self.scaling {
+            RopeScaling::Yarn {
+                factor,
+                attention_factor,
+                mscale,
+                mscale_all_dim,
+                ..
+            } => match (attention_factor, mscale, mscale_all_dim) {
+                (Some(value), _, _) => *value,
+                // transformers tests truthiness: a zero mscale counts as absent.
+                (None, Some(m), Some(m_all)) if *m != 0.0 && *m_all != 0.0 => {
+                    yarn_mscale(*factor, *m) / yarn_mscale(*factor, *m_all)
+                }
+                _ => yarn_mscale(*factor, 1.0),
+            },
+            RopeScaling::LongRope {
+                factor,
+                attention_factor,
+                original_max_position_embeddings,
+                ..
+            } => {
+                let original = self.original(*original_max_position_embeddings) as f64;
+                let factor = factor.unwrap_or(self.max_position_embeddings as f64 / original);
+                match attention_factor {
+                    Some(value) => *value,
+                    None if factor <= 1.0 => 1.0,
+                    None => (1.0 + factor.ln() / original.ln()).sqrt(),
+                }
+            }
+            _ => 1.0,
+        }
+    }
+
+    /// The inverse frequencies for a call whose positions end (exclusive) at `seq_len`
+    /// (borrowed when they are the base ones).
+    pub(crate) fn for_length(&self, seq_len: usize) -> Cow<'_, [f32]> {
+        match &self.scaling {
+            RopeScaling::Dynamic { .. } if seq_len > self.max_position_embeddings => {
+                Cow::Owned(self.compute(Some(seq_len)))
+            }
+            RopeScaling::LongRope {
+                original_max_position_embeddings,
+                ..
+            } if seq_len > self.original(*original_max_position_embeddings) => {
+                Cow::Owned(self.compute(Some(seq_len)))
+            }
+            _ => Cow::Borrowed(&self.base),
+        }
+    }
+
+    /// Whether a call ending at `seq_len` uses the base inverse frequencies (so a table
+    /// built from them applies).
+    pub(crate) fn is_base(&self, seq_len: usize) -> bool {
+        matches!(self.for_length(seq_len), Cow::Borrowed(_))
+    }
+
+    /// transformers' `rope_init_fn(config, seq_len=seq_len)` for this scaling.
+    fn compute(&self, seq_len: Option<usize>) -> Vec<f32> {
+        let dim = self.rotary_dim;
+        let theta = self.theta as f32;
+        match &self.scaling {
+            RopeScaling::Default => default_inv_freq(theta, dim),
+            RopeScaling::Linear { factor } => {
+                let factor = *factor as f32;
+                default_inv_freq(theta, dim)
+                    .into_iter()
+                    .map(|f| f / factor)
+                    .collect()
+            }
+            RopeScaling::Dynamic { factor } => match seq_len {
+                Some(seq_len) if seq_len > self.max_position_embeddings => {
+                    // transformers computes the grown base with float32 tensor ops
+                    // (`seq_len` is a tensor there).
+                    let growth = (*factor as f32 * seq_len as f32)
+                        / self.max_position_embeddings as f32
+                        - (*factor - 1.0) as f32;
+                    let exponent = (dim as f64 / (dim as f64 - 2.0)) as f32;
+                    let base = theta * powf32(growth, exponent);
+                    default_inv_freq(base, dim)
+                }
+                _ => {
+                    // At or below max_position_embeddings the growth term is 1: Python
+                    // floats give exactly `theta` for it.
+                    let max = self.max_position_embeddings as f64;
+                    let growth = (*factor * max / max) - (*factor - 1.0);
+                    let base = self.theta * growth.powf(dim as f64 / (dim as f64 - 2.0));
+                    default_inv_freq(base as f32, dim)
+                }
+            },
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                truncate,
+                ..
+            } => {
+                let original = self.original(*original_max_position_embeddings) as f64;
+                // `x or default` in Python: zero counts as unset.
+                let beta_fast = beta_fast.filter(|b| *b != 0.0).unwrap_or(32.0);
+                let beta_slow = beta_slow.filter(|b| *b != 0.0).unwrap_or(1.0);
+                let truncate = truncate.unwrap_or(true);
+                let correction_dim = |rotations: f64| {
+                    (dim as f64 * (original / (rotations * 2.0 * PI)).ln())
+                        / (2.0 * self.theta.ln())
+                };
+                let (mut low, mut high) = (correction_dim(beta_fast), correction_dim(beta_slow));
+                if truncate {
+                    low = low.floor();
+                    high = high.ceil();
+                }
+                let low = low.max(0.0);
+                let mut high = high.min(dim as f64 - 1.0);
+                if low == high {
+                    // transformers' guard against a zero-width ramp.
+                    high += 0.001;
+                }
+                let factor = *factor as f32;
+                let (low32, span32) = (low as f32, (high - low) as f32);
+                pos_freqs(theta, dim)
+                    .enumerate()
+                    .map(|(i, pos_freq)| {
+                        let extrapolation = 1.0 / pos_freq;
+                        let interpolation = 1.0 / (factor * pos_freq);
+                        let ramp = ((i as f32 - low32) / span32).clamp(0.0, 1.0);
+                        let extrapolation_factor = 1.0 - ramp;
+                        interpolation * (1.0 - extrapolation_factor)
+                            + extrapolation * extrapolation_factor
+                    })
+                    .collect()
+            }
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                let original = self.original(*original_max_position_embeddings) as f64;
+                let low_wavelen = (original / low_freq_factor) as f32;
+                let high_wavelen = (original / high_freq_factor) as f32;
+                let factor32 = *factor as f32;
+                let (low32, span32) = (
+                    *low_freq_factor as f32,
+                    (high_freq_factor - low_freq_factor) as f32,
+                );
+                default_inv_freq(theta, dim)
+                    .into_iter()
+                    .map(|inv_freq| {
+                        let wavelen = (2.0 * PI) as f32 / inv_freq;
+                        let scaled = if wavelen > low_wavelen {
+                            inv_freq / factor32
+                        } else {
+                            inv_freq
+                        };
+                        // `~(w < high) * ~(w > low)` in transformers; wavelengths are never NaN.
+                        let medium = wavelen >= high_wavelen && wavelen <= low_wavelen;
+                        if medium {
+                            let smooth = (original as f32 / wavelen - low32) / span32;
+                            (1.0 - smooth) * scaled / factor32 + smooth * scaled
+                        } else {
+                            scaled
+                        }
+                    })
+                    .collect()
+            }
+            RopeScaling::LongRope {
+                short_factor,
+                long_factor,
+                original_max_position_embeddings,
+                ..
+            } => {
+                let original = self.original(*original_max_position_embeddings);
+                let factors = match seq_len {
+                    Some(seq_len) if seq_len > original => long_factor,
+                    _ => short_factor,
+                };
+                pos_freqs(theta, dim)
+                    .zip(factors)
+                    .map(|(pos_freq, ext)| 1.0 / (*ext as f32 * pos_freq))
+                    .collect()
+            }
+        }
+    }
+}

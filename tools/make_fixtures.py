@@ -1,0 +1,542 @@
+#!/usr/bin/env python3
+"""Write the PyTorch / Hugging Face fixtures that pin the semantics of burn-transformer.
+
+Every fixture is a small float32 safetensors file in burn-transformer/tests/fixtures/
+(`<name>.safetensors`), optionally with a `<name>.json` sidecar holding the Hugging Face
+style configuration that produced it. The values come from transformers' own code
+wherever it exists (rope init functions, `apply_rotary_pos_emb`, `LlamaRMSNorm`,
+`LlamaMLP`, ...), so the Rust tests compare against the reference implementation, not
+against a re-derivation.
+
+Usage:
+    python tools/make_fixtures.py            # every fixture
+    python tools/make_fixtures.py rope_yarn rms_norm   # just these
+    python tools/make_fixtures.py --list     # names and one-line descriptions
+
+Adding a fixture: write a function that returns `Fixture(tensors, config)` and decorate
+it with `@fixture("name")`. Seeds are fixed per fixture (`seeded(name)`), so adding one
+never changes another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from safetensors.torch import save_file
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT_DIR = ROOT / "burn-transformer" / "tests" / "fixtures"
+MAX_BYTES = 200 * 1024
+
+
+@dataclass
+class Fixture:
+    """What a fixture function returns."""
+
+    # Tensor name -> tensor; stored as float32 (integer tensors as int64).
+    tensors: dict[str, torch.Tensor]
+    # Written to `<name>.json` when not None (e.g. the HF config the values came from).
+    config: dict | None = None
+    # Stored in the safetensors header (strings only).
+    notes: dict[str, str] = field(default_factory=dict)
+
+
+REGISTRY: dict[str, tuple[Callable[[], Fixture], str]] = {}
+
+
+def fixture(name: str):
+    """Registers a fixture function under `name`; its docstring's first line describes it."""
+
+    def register(function: Callable[[], Fixture]):
+        if name in REGISTRY:
+            raise ValueError(f"fixture {name} registered twice")
+        doc = (function.__doc__ or "").strip().splitlines()
+        REGISTRY[name] = (function, doc[0] if doc else "")
+        return function
+
+    return register
+
+
+def seeded(name: str) -> torch.Generator:
+    """A generator seeded from the fixture name: deterministic and independent per fixture."""
+    generator = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+    torch.manual_seed(zlib.crc32(name.encode()))
+    return generator
+
+
+def randn(generator: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:
+    return torch.randn(*shape, generator=generator, dtype=torch.float32) * scale
+
+
+def scalar(value: float) -> torch.Tensor:
+    return torch.tensor([value], dtype=torch.float32)
+
+
+def write(name: str, result: Fixture) -> Path:
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for key, tensor in result.tensors.items():
+        tensor = tensor.detach().cpu().contiguous()
+        if tensor.dtype.is_floating_point:
+            tensor = tensor.to(torch.float32)
+        elif tensor.dtype != torch.bool:
+            tensor = tensor.to(torch.int64)
+        tensors[key] = tensor
+    path = OUT_DIR / f"{name}.safetensors"
+    # One metadata key: safetensors writes its header map in arbitrary order, and a
+    # single key keeps the files byte-for-byte reproducible.
+    info = {"generator": "tools/make_fixtures.py", **result.notes}
+    metadata = {"info": json.dumps(info, sort_keys=True)}
+    save_file(tensors, str(path), metadata=metadata)
+    size = path.stat().st_size
+    if size > MAX_BYTES:
+        raise RuntimeError(f"fixture {name} is {size} bytes; keep fixtures under {MAX_BYTES}")
+    if result.config is not None:
+        (OUT_DIR / f"{name}.json").write_text(json.dumps(result.config, indent=2) + "\n")
+    return path
+
+
+# --------------------------------------------------------------------------------------
+# Rotary position embedding
+# --------------------------------------------------------------------------------------
+#
+# cos/sin come from a fresh GPTNeoXRotaryEmbedding per case: it computes the default
+# frequencies with `partial_rotary_factor` (LlamaRotaryEmbedding's default ignores it) and
+# every scaling type through `ROPE_INIT_FUNCTIONS`, including the dynamic / longrope
+# updates in its forward. A fresh module per case keeps transformers' stateful dynamic
+# cache out of the picture: each case is "the first call reaching these positions".
+#
+# Layouts:
+# - half_split: gpt_neox `apply_rotary_pos_emb` (LLaMA's rotate_half, with a pass-through
+#   tail for partial rotary); checked equal to llama's for full rotary.
+# - interleaved: glm `apply_rotary_pos_emb` (GPT-J's rotate_every_two on pairs (x0,x1),
+#   (x2,x3)..., output kept in place, pass-through tail); checked equal to GPT-J's.
+# - interleaved_deepseek (full rotary only): deepseek_v3 `apply_rotary_pos_emb_interleave`,
+#   which returns the rotated pairs de-interleaved (evens then odds): a fixed permutation
+#   of `interleaved`, identical attention scores.
+
+ROPE_BATCH, ROPE_HEADS = 2, 3
+
+
+def rope_hf_config(head_dim: int, max_pos: int, rope_parameters: dict) -> dict:
+    """A minimal HF config.json holding everything the RoPE needs."""
+    return {
+        "hidden_size": head_dim * ROPE_HEADS,
+        "num_attention_heads": ROPE_HEADS,
+        "head_dim": head_dim,
+        "max_position_embeddings": max_pos,
+        "rope_parameters": rope_parameters,
+    }
+
+
+def rope_cos_sin(config: dict, x: torch.Tensor, offset: int):
+    from transformers import GPTNeoXConfig
+    from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXRotaryEmbedding
+
+    rope_parameters = copy.deepcopy(config["rope_parameters"])
+    # GPTNeoXConfig defaults to partial_rotary_factor 0.25; the HF default elsewhere is 1.
+    partial = rope_parameters.setdefault("partial_rotary_factor", 1.0)
+    hf = GPTNeoXConfig(
+        hidden_size=config["hidden_size"],
+        num_attention_heads=config["num_attention_heads"],
+        max_position_embeddings=config["max_position_embeddings"],
+        partial_rotary_factor=partial,
+        rope_parameters=rope_parameters,
+    )
+    rotary = GPTNeoXRotaryEmbedding(hf)
+    rotary_dim = int(config["head_dim"] * partial)
+    assert rotary.inv_freq.shape == (rotary_dim // 2,), (rotary.inv_freq.shape, rotary_dim)
+    seq = x.shape[2]
+    position_ids = torch.arange(offset, offset + seq)[None].expand(x.shape[0], seq)
+    cos, sin = rotary(x, position_ids)
+    return cos, sin, rotary.inv_freq.clone(), float(rotary.attention_scaling)
+
+
+def rope_apply_all(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> dict[str, torch.Tensor]:
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as deepseek
+    from transformers.models.glm import modeling_glm as glm
+    from transformers.models.gpt_neox import modeling_gpt_neox as neox
+    from transformers.models.gptj import modeling_gptj as gptj
+    from transformers.models.llama import modeling_llama as llama
+
+    half_split, _ = neox.apply_rotary_pos_emb(x, x, cos, sin)
+    interleaved, _ = glm.apply_rotary_pos_emb(x, x, cos, sin)
+    out = {"half_split": half_split, "interleaved": interleaved}
+    if cos.shape[-1] == x.shape[-1]:
+        # Cross-checks: the other HF implementations of the same layouts agree.
+        llama_out, _ = llama.apply_rotary_pos_emb(x, x, cos, sin)
+        assert torch.equal(llama_out, half_split), "llama and gpt-neox RoPE differ"
+        half = cos.shape[-1] // 2
+        # GPT-J takes [batch, seq, heads, dim] and sin/cos of the pair angles only.
+        gptj_out = gptj.apply_rotary_pos_emb(
+            x.transpose(1, 2), sin[..., :half], cos[..., :half]
+        ).transpose(1, 2)
+        torch.testing.assert_close(gptj_out, interleaved, rtol=0, atol=1e-6)
+        deepseek_out, _ = deepseek.apply_rotary_pos_emb_interleave(x, x, cos, sin)
+        permuted = torch.cat([interleaved[..., 0::2], interleaved[..., 1::2]], dim=-1)
+        torch.testing.assert_close(deepseek_out, permuted, rtol=0, atol=1e-6)
+        out["interleaved_deepseek"] = deepseek_out
+    return out
+
+
+def rope_fixture(
+    name: str,
+    head_dim: int,
+    max_pos: int,
+    rope_parameters: dict,
+    cases: list[tuple[int, int]],
+) -> Fixture:
+    """`cases`: (offset, seq) pairs; each gets its own input."""
+    generator = seeded(name)
+    config = rope_hf_config(head_dim, max_pos, rope_parameters)
+    tensors: dict[str, torch.Tensor] = {}
+    scaling = None
+    for index, (offset, seq) in enumerate(cases):
+        x = randn(generator, ROPE_BATCH, ROPE_HEADS, seq, head_dim)
+        cos, sin, inv_freq, attention_scaling = rope_cos_sin(config, x, offset)
+        if scaling is not None:
+            assert scaling == attention_scaling
+        scaling = attention_scaling
+        prefix = f"case{index}"
+        tensors[f"{prefix}.x"] = x
+        tensors[f"{prefix}.offset"] = scalar(offset)
+        tensors[f"{prefix}.inv_freq"] = inv_freq
+        for layout, value in rope_apply_all(x, cos, sin).items():
+            tensors[f"{prefix}.{layout}"] = value
+    tensors["attention_scaling"] = scalar(scaling)
+    config["cases"] = [{"offset": o, "seq": s} for o, s in cases]
+    return Fixture(tensors, config, {"attention_scaling": repr(scaling)})
+
+
+@fixture("rope_default")
+def rope_default() -> Fixture:
+    """RoPE, no scaling, theta 10000, both layouts, offsets 0 and 5."""
+    return rope_fixture(
+        "rope_default", 16, 64, {"rope_type": "default", "rope_theta": 10000.0},
+        [(0, 12), (5, 3), (40, 7)],
+    )
+
+
+@fixture("rope_linear")
+def rope_linear() -> Fixture:
+    """RoPE with linear position interpolation (factor 2.5), theta 500000."""
+    return rope_fixture(
+        "rope_linear", 16, 64, {"rope_type": "linear", "factor": 2.5, "rope_theta": 500000.0},
+        [(0, 12), (9, 4)],
+    )
+
+
+@fixture("rope_dynamic")
+def rope_dynamic() -> Fixture:
+    """Dynamic NTK RoPE (factor 2, max 16): within max, beyond it, and an offset beyond it."""
+    return rope_fixture(
+        "rope_dynamic", 16, 16, {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},
+        [(0, 10), (0, 24), (20, 4), (13, 3)],
+    )
+
+
+@fixture("rope_yarn")
+def rope_yarn() -> Fixture:
+    """YaRN (factor 4, original 16): default betas, derived attention factor 0.1 ln 4 + 1."""
+    return rope_fixture(
+        "rope_yarn", 16, 64,
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+         "rope_theta": 10000.0},
+        [(0, 12), (30, 6)],
+    )
+
+
+@fixture("rope_yarn_deepseek")
+def rope_yarn_deepseek() -> Fixture:
+    """YaRN as DeepSeek uses it: mscale / mscale_all_dim, custom betas, no truncation."""
+    return rope_fixture(
+        "rope_yarn_deepseek", 32, 128,
+        {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 16,
+         "beta_fast": 16, "beta_slow": 2, "mscale": 0.707, "mscale_all_dim": 1.0,
+         "truncate": False, "rope_theta": 10000.0},
+        [(0, 12), (50, 5)],
+    )
+
+
+@fixture("rope_yarn_attention_factor")
+def rope_yarn_attention_factor() -> Fixture:
+    """YaRN with an explicit attention_factor (0.8) overriding the derived one."""
+    return rope_fixture(
+        "rope_yarn_attention_factor", 16, 64,
+        {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32,
+         "attention_factor": 0.8, "rope_theta": 10000.0},
+        [(0, 12), (20, 4)],
+    )
+
+
+@fixture("rope_llama3")
+def rope_llama3() -> Fixture:
+    """Llama 3.1 RoPE (factor 8, low 1, high 4, original 64): kept, smoothed and scaled bands."""
+    return rope_fixture(
+        "rope_llama3", 16, 256,
+        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+         "original_max_position_embeddings": 64, "rope_theta": 10000.0},
+        [(0, 12), (37, 5)],
+    )
+
+
+@fixture("rope_longrope")
+def rope_longrope() -> Fixture:
+    """LongRoPE (original 16, max 64): short factors within 16 positions, long beyond."""
+    short = [1.0, 1.05, 1.1, 1.3, 1.6, 2.0, 2.5, 3.0]
+    long = [1.0, 1.2, 1.8, 2.9, 4.4, 6.5, 8.8, 12.0]
+    return rope_fixture(
+        "rope_longrope", 16, 64,
+        {"rope_type": "longrope", "short_factor": short, "long_factor": long,
+         "original_max_position_embeddings": 16, "rope_theta": 10000.0},
+        [(0, 12), (0, 20), (14, 4), (10, 3)],
+    )
+
+
+@fixture("rope_partial")
+def rope_partial() -> Fixture:
+    """RoPE on the first 40% of a 20-dim head (rotary dim 8), the rest passed through."""
+    return rope_fixture(
+        "rope_partial", 20, 64,
+        {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.4},
+        [(0, 12), (7, 5)],
+    )
+
+
+@fixture("rope_partial_yarn")
+def rope_partial_yarn() -> Fixture:
+    """YaRN with partial_rotary_factor 0.5 on a 32-dim head (ramp over 8 pairs)."""
+    return rope_fixture(
+        "rope_partial_yarn", 32, 64,
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+         "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        [(0, 12), (25, 4)],
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Absolute positions
+# --------------------------------------------------------------------------------------
+
+
+@fixture("sinusoidal")
+def sinusoidal() -> Fixture:
+    """Sinusoidal positions: XLM's interleaved (paper) and Marian's concatenated layouts."""
+    from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
+    from transformers.models.xlm.modeling_xlm import create_sinusoidal_embeddings
+
+    tensors = {}
+    for d_model in (16, 15):
+        interleaved = torch.empty(40, d_model)
+        create_sinusoidal_embeddings(40, d_model, interleaved)
+        marian = MarianSinusoidalPositionalEmbedding(40, d_model)
+        concatenated = marian.create_weight()
+        # The paper's formula written out, as a check of XLM's table.
+        position = torch.arange(40, dtype=torch.float64)[:, None]
+        j = torch.arange(d_model, dtype=torch.float64)
+        angle = position / torch.pow(10000.0, 2 * torch.div(j, 2, rounding_mode="floor") / d_model)
+        paper = torch.where(j.long() % 2 == 0, torch.sin(angle), torch.cos(angle)).float()
+        torch.testing.assert_close(paper, interleaved, rtol=0, atol=1e-6)
+        tensors[f"d{d_model}.interleaved"] = interleaved
+        tensors[f"d{d_model}.concatenated"] = concatenated
+    return Fixture(tensors, notes={"positions": "0..40, computed in float64 by numpy"})
+
+
+# --------------------------------------------------------------------------------------
+# Normalisation
+# --------------------------------------------------------------------------------------
+
+
+@fixture("rms_norm")
+def rms_norm() -> Fixture:
+    """LlamaRMSNorm (eps 1e-6) in float32, plus a float16 input with float16 weight."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    generator = seeded("rms_norm")
+    x = randn(generator, 2, 5, 32, scale=3.0)
+    norm = LlamaRMSNorm(32, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(1.0 + randn(generator, 32, scale=0.2))
+        y = norm(x)
+    tensors = {"x": x, "weight": norm.weight, "y": y, "eps": scalar(1e-6)}
+    # float16: statistics in float32, the result cast back; x and weight are exactly
+    # representable in f16, y is upcast exactly.
+    x16 = randn(generator, 2, 5, 32, scale=3.0).half()
+    norm16 = copy.deepcopy(norm).half()
+    with torch.no_grad():
+        y16 = norm16(x16)
+    assert y16.dtype == torch.float16
+    tensors.update({"f16.x": x16.float(), "f16.weight": norm16.weight.float(), "f16.y": y16.float()})
+    return Fixture(tensors)
+
+
+@fixture("rms_norm_gemma")
+def rms_norm_gemma() -> Fixture:
+    """GemmaRMSNorm: scale by (1 + weight), computed in float32."""
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+
+    generator = seeded("rms_norm_gemma")
+    x = randn(generator, 2, 5, 32, scale=2.0)
+    norm = GemmaRMSNorm(32, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(randn(generator, 32, scale=0.3))
+        y = norm(x)
+    return Fixture({"x": x, "weight": norm.weight, "y": y, "eps": scalar(1e-6)})
+
+
+@fixture("layer_norm")
+def layer_norm() -> Fixture:
+    """torch.nn.LayerNorm (eps 1e-5) with and without bias."""
+    generator = seeded("layer_norm")
+    x = randn(generator, 2, 5, 24, scale=2.0) + 0.5
+    tensors = {"x": x}
+    for bias in (True, False):
+        norm = torch.nn.LayerNorm(24, eps=1e-5, bias=bias)
+        with torch.no_grad():
+            norm.weight.copy_(1.0 + randn(generator, 24, scale=0.2))
+            if bias:
+                norm.bias.copy_(randn(generator, 24, scale=0.2))
+            y = norm(x)
+        prefix = "bias" if bias else "no_bias"
+        tensors[f"{prefix}.weight"] = norm.weight
+        if bias:
+            tensors[f"{prefix}.bias"] = norm.bias
+        tensors[f"{prefix}.y"] = y
+    return Fixture(tensors)
+
+
+# --------------------------------------------------------------------------------------
+# Feed-forward
+# --------------------------------------------------------------------------------------
+#
+# Weights are stored under the HF checkpoint names and layout: `<proj>.weight` is
+# [out, in] (torch.nn.Linear); burn's Linear stores [in, out], so the tests transpose.
+
+
+def linear_tensors(prefix: str, linear: torch.nn.Linear) -> dict[str, torch.Tensor]:
+    out = {f"{prefix}.weight": linear.weight}
+    if linear.bias is not None:
+        out[f"{prefix}.bias"] = linear.bias
+    return out
+
+
+def swiglu_fixture(name: str, bias: bool, act: str) -> Fixture:
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    generator = seeded(name)
+    config = LlamaConfig(
+        hidden_size=16, intermediate_size=40, num_attention_heads=4, num_key_value_heads=4,
+        mlp_bias=bias, hidden_act=act,
+    )
+    mlp = LlamaMLP(config)
+    with torch.no_grad():
+        for linear in (mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+            linear.weight.copy_(randn(generator, *linear.weight.shape, scale=0.3))
+            if linear.bias is not None:
+                linear.bias.copy_(randn(generator, *linear.bias.shape, scale=0.1))
+        x = randn(generator, 2, 5, 16)
+        y = mlp(x)
+    tensors = {"x": x, "y": y}
+    for proj in ("gate_proj", "up_proj", "down_proj"):
+        tensors.update(linear_tensors(proj, getattr(mlp, proj)))
+    return Fixture(tensors, {"hidden_size": 16, "intermediate_size": 40, "mlp_bias": bias,
+                             "hidden_act": act})
+
+
+@fixture("swiglu")
+def swiglu() -> Fixture:
+    """LlamaMLP: down(silu(gate(x)) * up(x)), no bias."""
+    return swiglu_fixture("swiglu", bias=False, act="silu")
+
+
+@fixture("swiglu_bias")
+def swiglu_bias() -> Fixture:
+    """LlamaMLP with mlp_bias=True."""
+    return swiglu_fixture("swiglu_bias", bias=True, act="silu")
+
+
+@fixture("geglu")
+def geglu() -> Fixture:
+    """LlamaMLP with hidden_act gelu_pytorch_tanh (Gemma's GeGLU)."""
+    return swiglu_fixture("geglu", bias=False, act="gelu_pytorch_tanh")
+
+
+def dense_ffn_fixture(name: str, act: str, bias: bool) -> Fixture:
+    """fc1 -> ACT2FN[act] -> fc2, as in BART / Marian / OPT / Whisper layers."""
+    from transformers.activations import ACT2FN
+
+    generator = seeded(name)
+    fc1 = torch.nn.Linear(16, 32, bias=bias)
+    fc2 = torch.nn.Linear(32, 16, bias=bias)
+    with torch.no_grad():
+        for linear in (fc1, fc2):
+            linear.weight.copy_(randn(generator, *linear.weight.shape, scale=0.4))
+            if bias:
+                linear.bias.copy_(randn(generator, *linear.bias.shape, scale=0.2))
+        x = randn(generator, 2, 5, 16)
+        y = fc2(ACT2FN[act](fc1(x)))
+    tensors = {"x": x, "y": y, **linear_tensors("fc1", fc1), **linear_tensors("fc2", fc2)}
+    return Fixture(tensors, {"d_model": 16, "ffn_dim": 32, "activation_function": act,
+                             "bias": bias})
+
+
+@fixture("ffn_gelu")
+def ffn_gelu() -> Fixture:
+    """Dense FFN with exact (erf) GELU and bias."""
+    return dense_ffn_fixture("ffn_gelu", "gelu", bias=True)
+
+
+@fixture("ffn_gelu_tanh")
+def ffn_gelu_tanh() -> Fixture:
+    """Dense FFN with tanh-approximated GELU (gelu_new / gelu_pytorch_tanh) and bias."""
+    return dense_ffn_fixture("ffn_gelu_tanh", "gelu_pytorch_tanh", bias=True)
+
+
+@fixture("ffn_relu")
+def ffn_relu() -> Fixture:
+    """Dense FFN with ReLU and no bias (T5's DenseReluDense shape)."""
+    return dense_ffn_fixture("ffn_relu", "relu", bias=False)
+
+
+@fixture("ffn_silu")
+def ffn_silu() -> Fixture:
+    """Dense FFN with SiLU and bias."""
+    return dense_ffn_fixture("ffn_silu", "silu", bias=True)
+
+
+# --------------------------------------------------------------------------------------
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help="fixtures to write (default: all)")
+    parser.add_argument("--list", action="store_true", help="list the fixtures and exit")
+    args = parser.parse_args(argv)
+    if args.list:
+        width = max(map(len, REGISTRY))
+        for name, (_, description) in sorted(REGISTRY.items()):
+            print(f"{name:<{width}}  {description}")
+        return 0
+    unknown = [name for name in args.names if name not in REGISTRY]
+    if unknown:
+        parser.error(f"unknown fixture(s): {', '.join(unknown)} (see --list)")
+    torch.set_default_dtype(torch.float32)
+    torch.use_deterministic_algorithms(True)
+    for name in args.names or sorted(REGISTRY):
+        function, _ = REGISTRY[name]
+        path = write(name, function())
+        print(f"{path.relative_to(ROOT)}  {path.stat().st_size} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
