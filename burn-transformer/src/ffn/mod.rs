@@ -2,8 +2,10 @@
 
 mod activation;
 mod dense;
+pub mod moe;
 mod swiglu;
 
 pub use activation::Activation;
 pub use dense::{DenseFfn, DenseFfnConfig};
+pub use moe::{FeedForward, FeedForwardConfig, FeedForwardOutput, Moe, MoeConfig, MoeOutput};
 pub use swiglu::{SwiGlu, SwiGluConfig};
