@@ -16,9 +16,9 @@
 //! |---|---|
 //! | `gate.weight` `[n_experts, d_model]` | `gate.weight` (same layout, no transpose) |
 //! | `gate.e_score_correction_bias` | `gate.e_score_correction_bias` |
-//! | `experts.N.gate_proj/up_proj/down_proj.weight` (DeepSeek) | `experts[N].gate_proj/up_proj/down_proj` (Linear: transpose) |
-//! | `experts.N.w1/w3/w2.weight` (Mixtral) | `experts[N].gate_proj/up_proj/down_proj` (Linear: transpose) |
-//! | `experts.gate_up_proj`, `experts.down_proj` (transformers 5, fused) | all experts, via [`experts_from_fused`](super::experts_from_fused) |
+//! | `experts.gate_up_proj` `[n_experts, 2·d_ff, d_model]`, `experts.down_proj` `[n_experts, d_model, d_ff]` (transformers 5) | `experts.gate_up_proj`, `experts.down_proj` (same layout) |
+//! | `experts.N.gate_proj.weight`, `experts.N.up_proj.weight` (DeepSeek; Mixtral `w1`, `w3`), each `[d_ff, d_model]` | `experts.gate_up_proj[N, ..d_ff]`, `[N, d_ff..]` (stack, no transpose; [`Experts::from_per_expert`]) |
+//! | `experts.N.down_proj.weight` (Mixtral `w2`) `[d_model, d_ff]` | `experts.down_proj[N]` |
 //! | `shared_experts.gate_proj/up_proj/down_proj.weight` | `shared_experts` (one SwiGLU of width `n_shared_experts · d_ff`) |
 
 use burn::config::Config;
@@ -26,7 +26,7 @@ use burn::module::Module;
 use burn::tensor::{Device, Int, Tensor};
 use serde_json::{Map, Value};
 
-use super::experts::{DispatchPlan, dispatch};
+use super::experts::{DispatchPlan, ExpertDispatch, Experts, ExpertsConfig};
 use super::router::{
     GroupScoring, Router, RouterConfig, RouterScoring, load_balancing_loss, router_z_loss,
 };
@@ -56,6 +56,9 @@ pub struct MoeConfig {
     /// Activation of the experts' gates (HF `hidden_act`). Default: SiLU.
     #[config(default = "Activation::Silu")]
     pub activation: Activation,
+    /// How the routed experts are evaluated. Default: one expert at a time.
+    #[config(default = "ExpertDispatch::PerExpert")]
+    pub dispatch: ExpertDispatch,
 }
 
 impl MoeConfig {
@@ -201,19 +204,18 @@ impl MoeConfig {
     pub fn try_init(&self, device: &Device) -> Result<Moe, ConfigError> {
         self.validate()?;
         let d_model = self.router.d_model;
-        let expert = |d_ff: usize| {
-            SwiGluConfig::new(d_model, d_ff)
-                .with_activation(self.activation)
-                .init(device)
-        };
         Ok(Moe {
             gate: self.router.try_init(device)?,
-            experts: (0..self.router.n_experts)
-                .map(|_| expert(self.d_ff))
-                .collect(),
-            shared_experts: (self.n_shared_experts > 0)
-                .then(|| expert(self.n_shared_experts * self.d_ff)),
+            experts: ExpertsConfig::new(d_model, self.d_ff, self.router.n_experts)
+                .with_activation(self.activation)
+                .try_init(device)?,
+            shared_experts: (self.n_shared_experts > 0).then(|| {
+                SwiGluConfig::new(d_model, self.n_shared_experts * self.d_ff)
+                    .with_activation(self.activation)
+                    .init(device)
+            }),
             capacity_factor: self.capacity_factor,
+            dispatch: self.dispatch,
         })
     }
 
@@ -254,12 +256,15 @@ fn json_usize(
 pub struct Moe {
     /// The router (HF `gate`).
     pub gate: Router,
-    /// The routed experts.
-    pub experts: Vec<SwiGlu>,
+    /// The routed experts, stacked (transformers 5's `experts.gate_up_proj`,
+    /// `experts.down_proj`).
+    pub experts: Experts,
     /// The shared experts, fused into one SwiGLU, if any.
     pub shared_experts: Option<SwiGlu>,
     #[module(skip)]
     capacity_factor: Option<f64>,
+    #[module(skip)]
+    dispatch: ExpertDispatch,
 }
 
 /// What a [`Moe`] layer returns: its output and, for training, the routing losses and
@@ -282,9 +287,17 @@ pub struct MoeOutput {
     pub tokens_per_expert: Vec<usize>,
     /// Assignments dropped by the capacity limit.
     pub dropped: usize,
+    /// Expert rows computed only as padding of uneven expert loads (0 when the experts
+    /// ran one by one; see [`ExpertDispatch`]).
+    pub padded_rows: usize,
 }
 
 impl Moe {
+    /// Changes how the routed experts are evaluated (the outputs do not change).
+    pub fn set_dispatch(&mut self, dispatch: ExpertDispatch) {
+        self.dispatch = dispatch;
+    }
+
     /// The routed experts' outputs, weighted, plus the shared experts'.
     ///
     /// # Shapes
@@ -296,13 +309,15 @@ impl Moe {
         let flat = x.clone().reshape([tokens, d_model]); // [tokens, d_model]
         let routing = self.gate.forward(flat.clone());
         let top_k = self.gate.top_k();
-        let n_experts = self.experts.len();
+        let n_experts = self.experts.n_experts();
         let indices = routing_indices(routing.indices.clone());
         let capacity = self
             .capacity_factor
             .map(|factor| (factor * (tokens * top_k) as f64 / n_experts as f64).ceil() as usize);
         let plan = DispatchPlan::new(&indices, top_k, n_experts, capacity);
-        let routed = dispatch(&self.experts, flat, routing.weights.clone(), &plan);
+        let routed = self
+            .experts
+            .dispatch(flat, routing.weights.clone(), &plan, self.dispatch);
         let mut output = routed.reshape([batch, seq, d_model]);
         if let Some(shared) = &self.shared_experts {
             output = output + shared.forward(x);
@@ -314,6 +329,10 @@ impl Moe {
             z_loss: router_z_loss(routing.logits.clone()),
             router_logits: routing.logits,
             dropped: plan.dropped(),
+            padded_rows: match self.dispatch {
+                ExpertDispatch::PerExpert => 0,
+                ExpertDispatch::Batched => plan.padded_rows(),
+            },
             tokens_per_expert: plan.routed,
         }
     }
@@ -328,7 +347,7 @@ impl Moe {
     pub fn forward_dense_reference(&self, x: Tensor<3>) -> Tensor<3> {
         let [batch, seq, d_model] = x.dims();
         let tokens = batch * seq;
-        let n_experts = self.experts.len();
+        let n_experts = self.experts.n_experts();
         let flat = x.clone().reshape([tokens, d_model]);
         let routing = self.gate.forward(flat.clone());
         // [tokens, n_experts]: each token's weight for every expert, zero if unchosen.
@@ -339,9 +358,9 @@ impl Moe {
             burn::tensor::IndexingUpdateOp::Add,
         );
         let mut output = Tensor::<2>::zeros([tokens, d_model], &flat.device()).cast(x.dtype());
-        for (e, expert) in self.experts.iter().enumerate() {
+        for e in 0..n_experts {
             let weight = dense_weights.clone().narrow(1, e, 1).cast(x.dtype()); // [tokens, 1]
-            output = output + expert.forward(flat.clone()) * weight;
+            output = output + self.experts.forward_expert(e, flat.clone()) * weight;
         }
         let mut output = output.reshape([batch, seq, d_model]);
         if let Some(shared) = &self.shared_experts {
@@ -365,7 +384,6 @@ fn routing_indices(indices: Tensor<2, Int>) -> Vec<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffn::moe::experts_from_fused;
     use crate::test_utils::{Fixture, assert_close, fixture_dir, test_devices};
     use burn::module::Param;
     use burn::nn::{Linear, LinearConfig};
@@ -401,7 +419,7 @@ mod tests {
                 fixture.tensor("gate.e_score_correction_bias", device),
             ));
         }
-        moe.experts = experts_from_fused(
+        moe.experts = Experts::from_fused(
             fixture.tensor("experts.gate_up_proj", device),
             fixture.tensor("experts.down_proj", device),
             config.activation,
@@ -434,7 +452,7 @@ mod tests {
             ("moe_mixtral", "mixtral"),
         ] {
             for device in test_devices() {
-                let (fixture, moe) = load(name, model_type, &device);
+                let (fixture, mut moe) = load(name, model_type, &device);
                 let x = fixture.tensor::<3>("x", &device);
                 let out = moe.forward(x.clone());
                 assert_close(
@@ -450,6 +468,12 @@ mod tests {
                     "{name} choices on {device:?}"
                 );
                 assert_close(out.output, fixture.tensor("y", &device), 1e-5, name);
+                for strategy in [ExpertDispatch::PerExpert, ExpertDispatch::Batched] {
+                    moe.set_dispatch(strategy);
+                    let y = moe.forward(x.clone()).output;
+                    let what = format!("{name} {strategy:?}");
+                    assert_close(y, fixture.tensor("y", &device), 1e-5, &what);
+                }
                 assert_close(
                     moe.forward_dense_reference(x),
                     fixture.tensor("y", &device),
@@ -476,7 +500,12 @@ mod tests {
             let moe = MoeConfig::mixtral(12, 20, 1, 1).init(&device);
             let x = Tensor::<3>::random([2, 5, 12], Distribution::Normal(0.0, 1.0), &device);
             let out = moe.forward(x.clone());
-            assert_close(out.output, moe.experts[0].forward(x), 1e-5, "one expert");
+            assert_close(
+                out.output,
+                moe.experts.expert(0).forward(x),
+                1e-5,
+                "one expert",
+            );
             assert_eq!(out.tokens_per_expert, vec![10]);
             // Everything on the one expert: f = 1, P = 1, loss = 1 · 1 · 1.
             assert_close(
@@ -502,18 +531,22 @@ mod tests {
                     mean: 0.0,
                     std: 0.5,
                 });
-            let moe = MoeConfig::new(router, 10)
+            let mut moe = MoeConfig::new(router, 10)
                 .with_n_shared_experts(2)
                 .init(&device);
             let x = Tensor::<3>::random([3, 7, 12], Distribution::Normal(0.0, 1.0), &device);
-            let out = moe.forward(x.clone());
-            assert_eq!(out.tokens_per_expert.iter().sum::<usize>(), 21 * 3);
-            assert_close(
-                out.output,
-                moe.forward_dense_reference(x),
-                1e-5,
-                "sparse vs dense",
-            );
+            let reference = moe.forward_dense_reference(x.clone());
+            for strategy in [ExpertDispatch::PerExpert, ExpertDispatch::Batched] {
+                moe.set_dispatch(strategy);
+                let out = moe.forward(x.clone());
+                assert_eq!(out.tokens_per_expert.iter().sum::<usize>(), 21 * 3);
+                assert_close(
+                    out.output,
+                    reference.clone(),
+                    1e-5,
+                    &format!("{strategy:?} vs dense"),
+                );
+            }
         }
     }
 
@@ -537,7 +570,7 @@ mod tests {
                 let expert = expert as usize;
                 let row = x.clone().narrow(1, token, 1).reshape([1, 6]);
                 rows.push(if seen[expert] < 2 {
-                    moe.experts[expert].forward(row) * weights[token]
+                    moe.experts.expert(expert).forward(row) * weights[token]
                 } else {
                     Tensor::zeros([1, 6], &device)
                 });
@@ -567,15 +600,8 @@ mod tests {
             "router gradient"
         );
         assert!(x.grad(&grads).is_some(), "input gradient");
-        let used = out.tokens_per_expert.iter().position(|&n| n > 0).unwrap();
-        assert!(
-            moe.experts[used]
-                .gate_proj
-                .weight
-                .val()
-                .grad(&grads)
-                .is_some()
-        );
+        assert!(moe.experts.gate_up_proj.val().grad(&grads).is_some());
+        assert!(moe.experts.down_proj.val().grad(&grads).is_some());
     }
 
     #[test]

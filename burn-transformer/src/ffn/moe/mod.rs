@@ -6,7 +6,7 @@ mod feed_forward;
 mod layer;
 mod router;
 
-pub use experts::{DispatchPlan, dispatch, experts_from_fused};
+pub use experts::{DispatchPlan, ExpertDispatch, Experts, ExpertsConfig, PaddedLayout};
 pub use feed_forward::{
     FeedForward, FeedForwardConfig, FeedForwardOutput, MoeLayerPlan, dense_config_from_hf,
 };
