@@ -514,6 +514,176 @@ def ffn_silu() -> Fixture:
 
 
 # --------------------------------------------------------------------------------------
+# Attention (GQA) with every mask type, and a Pre-LN decoder block
+# --------------------------------------------------------------------------------------
+#
+# Masks come from transformers.masking_utils' mask functions (causal, sliding window,
+# padding), expanded with torch.vmap-free loops; attention is PyTorch's
+# scaled_dot_product_attention with enable_gqa. Projections are nn.Linear layers stored
+# with HF's [out, in] weight layout.
+
+ATTN_D_MODEL, ATTN_HEADS, ATTN_KV_HEADS, ATTN_HEAD_DIM = 24, 6, 2, 8
+
+
+def hf_mask(kind: str, batch: int, seq: int, window: int | None, lengths: list[int] | None):
+    """`[batch, 1, seq, seq]` boolean mask (True = may attend) from HF's mask functions."""
+    from transformers import masking_utils as mu
+
+    if kind == "causal":
+        function = mu.causal_mask_function
+    elif kind == "sliding_window":
+        function = mu.sliding_window_causal_mask_function(window)
+    elif kind == "none":
+        function = mu.bidirectional_mask_function
+    else:
+        raise ValueError(kind)
+    if lengths is not None:
+        padding = torch.tensor([[j < length for j in range(seq)] for length in lengths])
+        function = mu.and_masks(function, mu.padding_mask_function(padding))
+    mask = torch.zeros(batch, 1, seq, seq, dtype=torch.bool)
+    for b in range(batch):
+        for i in range(seq):
+            for j in range(seq):
+                index = lambda value: torch.tensor(value)
+                mask[b, 0, i, j] = bool(function(index(b), index(0), index(i), index(j)))
+    return mask
+
+
+def attention_fixture(name: str, kind: str, window: int | None, lengths: list[int] | None,
+                      bias: bool) -> Fixture:
+    generator = seeded(name)
+    batch, seq = 2, 7
+    q_proj = torch.nn.Linear(ATTN_D_MODEL, ATTN_HEADS * ATTN_HEAD_DIM, bias=bias)
+    k_proj = torch.nn.Linear(ATTN_D_MODEL, ATTN_KV_HEADS * ATTN_HEAD_DIM, bias=bias)
+    v_proj = torch.nn.Linear(ATTN_D_MODEL, ATTN_KV_HEADS * ATTN_HEAD_DIM, bias=bias)
+    o_proj = torch.nn.Linear(ATTN_HEADS * ATTN_HEAD_DIM, ATTN_D_MODEL, bias=False)
+    with torch.no_grad():
+        for linear in (q_proj, k_proj, v_proj, o_proj):
+            linear.weight.copy_(randn(generator, *linear.weight.shape, scale=0.3))
+            if linear.bias is not None:
+                linear.bias.copy_(randn(generator, *linear.bias.shape, scale=0.2))
+        x = randn(generator, batch, seq, ATTN_D_MODEL)
+        split = lambda t, heads: t.view(batch, seq, heads, ATTN_HEAD_DIM).transpose(1, 2)
+        q = split(q_proj(x), ATTN_HEADS)
+        k = split(k_proj(x), ATTN_KV_HEADS)
+        v = split(v_proj(x), ATTN_KV_HEADS)
+        mask = hf_mask(kind, batch, seq, window, lengths)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, enable_gqa=True
+        )
+        y = o_proj(out.transpose(1, 2).reshape(batch, seq, ATTN_HEADS * ATTN_HEAD_DIM))
+    tensors = {
+        "x": x,
+        "y": y,
+        **linear_tensors("q_proj", q_proj),
+        **linear_tensors("k_proj", k_proj),
+        **linear_tensors("v_proj", v_proj),
+        **linear_tensors("o_proj", o_proj),
+    }
+    if lengths is not None:
+        tensors["lengths"] = torch.tensor(lengths, dtype=torch.int64)
+    config = {
+        "hidden_size": ATTN_D_MODEL,
+        "num_attention_heads": ATTN_HEADS,
+        "num_key_value_heads": ATTN_KV_HEADS,
+        "head_dim": ATTN_HEAD_DIM,
+        "mask": kind,
+        "sliding_window": window,
+        "attention_bias": bias,
+        "key_lengths": lengths,
+    }
+    return Fixture(tensors, config)
+
+
+@fixture("attention_gqa_full")
+def attention_gqa_full() -> Fixture:
+    """GQA attention (6 query / 2 kv heads), no mask, q/k/v bias."""
+    return attention_fixture("attention_gqa_full", "none", None, None, bias=True)
+
+
+@fixture("attention_gqa_causal")
+def attention_gqa_causal() -> Fixture:
+    """GQA attention with HF's causal mask."""
+    return attention_fixture("attention_gqa_causal", "causal", None, None, bias=False)
+
+
+@fixture("attention_gqa_sliding_window")
+def attention_gqa_sliding_window() -> Fixture:
+    """GQA attention with HF's sliding-window causal mask (window 3)."""
+    return attention_fixture("attention_gqa_sliding_window", "sliding_window", 3, None, bias=False)
+
+
+@fixture("attention_gqa_padding")
+def attention_gqa_padding() -> Fixture:
+    """GQA attention, bidirectional, with a key padding mask (lengths 7 and 4)."""
+    return attention_fixture("attention_gqa_padding", "none", None, [7, 4], bias=True)
+
+
+@fixture("attention_gqa_causal_window_padding")
+def attention_gqa_causal_window_padding() -> Fixture:
+    """GQA attention combining sliding window 4 (causal) and key padding (lengths 7, 5)."""
+    return attention_fixture(
+        "attention_gqa_causal_window_padding", "sliding_window", 4, [7, 5], bias=False
+    )
+
+
+@fixture("block_pre_ln")
+def block_pre_ln() -> Fixture:
+    """A Pre-LN decoder block: HF LlamaDecoderLayer (RMSNorm, GQA + RoPE, SwiGLU), causal."""
+    from transformers import LlamaConfig
+    from transformers.masking_utils import causal_mask_function
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+    name = "block_pre_ln"
+    generator = seeded(name)
+    config = LlamaConfig(
+        hidden_size=ATTN_D_MODEL,
+        intermediate_size=40,
+        num_attention_heads=ATTN_HEADS,
+        num_key_value_heads=ATTN_KV_HEADS,
+        head_dim=ATTN_HEAD_DIM,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=64,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        attention_bias=False,
+        mlp_bias=False,
+    )
+    config._attn_implementation = "eager"
+    layer = LlamaDecoderLayer(config, layer_idx=0).eval()
+    tensors: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for key, parameter in layer.named_parameters():
+            # Perturb every weight, norms included, so nothing is trivially 1 or 0.
+            if key.endswith("layernorm.weight"):
+                parameter.copy_(1.0 + randn(generator, *parameter.shape, scale=0.2))
+            else:
+                parameter.copy_(randn(generator, *parameter.shape, scale=0.2))
+            tensors[key] = parameter.clone()
+        batch, seq = 2, 6
+        x = randn(generator, batch, seq, ATTN_D_MODEL)
+        position_ids = torch.arange(seq)[None].expand(batch, seq)
+        cos, sin = LlamaRotaryEmbedding(config)(x, position_ids)
+        index = lambda value: torch.tensor(value)
+        allowed = torch.tensor(
+            [
+                [bool(causal_mask_function(index(0), index(0), index(i), index(j))) for j in range(seq)]
+                for i in range(seq)
+            ]
+        )
+        additive = torch.zeros(seq, seq).masked_fill(~allowed, torch.finfo(torch.float32).min)
+        y = layer(
+            x,
+            attention_mask=additive[None, None].expand(batch, 1, seq, seq),
+            position_ids=position_ids,
+            position_embeddings=(cos, sin),
+        )
+        y = y[0] if isinstance(y, tuple) else y
+    tensors["x"] = x
+    tensors["y"] = y
+    return Fixture(tensors, config.to_dict())
+
+
+# --------------------------------------------------------------------------------------
 # Multi-head latent attention (DeepSeek-V3) and mixture-of-experts (DeepSeek-V3, Mixtral)
 # --------------------------------------------------------------------------------------
 #

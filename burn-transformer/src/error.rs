@@ -103,7 +103,7 @@ impl ConfigError {
         denominator_value: usize,
     ) -> Result<(), Self> {
         Self::check_positive(module, denominator, denominator_value)?;
-        if numerator_value % denominator_value != 0 {
+        if !numerator_value.is_multiple_of(denominator_value) {
             Err(Self::NotDivisible {
                 module,
                 numerator,

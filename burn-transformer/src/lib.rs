@@ -11,6 +11,7 @@
 //! see [`device::parse_device`].
 
 pub mod attention;
+pub mod block;
 pub mod device;
 pub mod error;
 pub mod ffn;

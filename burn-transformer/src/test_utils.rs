@@ -22,6 +22,7 @@ pub fn test_devices() -> Vec<Device> {
 }
 
 /// [`test_devices`] plus ndarray: model-level and training tests run on all three.
+#[allow(dead_code)] // used by the model and training tests
 pub fn model_test_devices() -> Vec<Device> {
     #[allow(unused_mut)]
     let mut devices = test_devices();
@@ -178,6 +179,24 @@ impl Fixture {
             data.shape().len()
         );
         Tensor::from_data(data, device)
+    }
+
+    /// A burn `Linear` holding a PyTorch `nn.Linear`'s `<prefix>.weight` (`[out, in]`,
+    /// transposed to burn's `[in, out]`) and `<prefix>.bias`, if present.
+    pub fn linear(&self, prefix: &str, device: &Device) -> burn::nn::Linear {
+        let weight = self.tensor::<2>(&format!("{prefix}.weight"), device);
+        let [d_output, d_input] = weight.dims();
+        let bias_key = format!("{prefix}.bias");
+        let mut linear = burn::nn::LinearConfig::new(d_input, d_output)
+            .with_bias(self.contains(&bias_key))
+            .init(device);
+        linear.weight = burn::module::Param::from_tensor(weight.transpose());
+        if self.contains(&bias_key) {
+            linear.bias = Some(burn::module::Param::from_tensor(
+                self.tensor(&bias_key, device),
+            ));
+        }
+        linear
     }
 
     /// A scalar stored as a 0-d or 1-element tensor.

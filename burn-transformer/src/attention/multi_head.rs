@@ -109,11 +109,8 @@ impl MultiHeadAttentionConfig {
 
     /// Head width after defaults.
     pub fn head_width(&self) -> usize {
-        self.head_dim.unwrap_or(if self.n_heads == 0 {
-            0
-        } else {
-            self.d_model / self.n_heads
-        })
+        self.head_dim
+            .unwrap_or_else(|| self.d_model.checked_div(self.n_heads).unwrap_or(0))
     }
 
     /// Checks the configuration without allocating anything.
@@ -232,6 +229,12 @@ impl MultiHeadAttention {
     /// Width of one head.
     pub fn head_dim(&self) -> usize {
         self.head_dim
+    }
+
+    /// The module with another attention implementation, weights kept.
+    pub fn with_implementation(mut self, implementation: AttentionImpl) -> Self {
+        self.implementation = implementation;
+        self
     }
 
     /// The sliding window, if any.
@@ -389,7 +392,7 @@ fn split_heads(x: Tensor<3>, heads: usize, head_dim: usize) -> Tensor<4> {
 mod tests {
     use super::*;
     use crate::attention::padding_mask_from_lengths;
-    use crate::test_utils::{assert_close, test_devices};
+    use crate::test_utils::{Fixture, assert_close, test_devices};
     use burn::tensor::Distribution;
 
     fn config() -> MultiHeadAttentionConfig {
@@ -400,11 +403,53 @@ mod tests {
             .with_causal(true)
     }
 
+    /// GQA attention against PyTorch's `scaled_dot_product_attention` with the masks
+    /// of Hugging Face's `masking_utils` (tools/make_fixtures.py).
+    #[test]
+    fn matches_pytorch_for_every_mask_type() {
+        for (name, causal, window) in [
+            ("attention_gqa_full", false, None),
+            ("attention_gqa_causal", true, None),
+            ("attention_gqa_sliding_window", true, Some(3)),
+            ("attention_gqa_padding", false, None),
+            ("attention_gqa_causal_window_padding", true, Some(4)),
+        ] {
+            let fixture = Fixture::load(name);
+            for device in test_devices() {
+                let mut attention = MultiHeadAttentionConfig::new(24, 6)
+                    .with_n_kv_heads(Some(2))
+                    .with_head_dim(Some(8))
+                    .with_qkv_bias(fixture.contains("q_proj.bias"))
+                    .with_causal(causal)
+                    .with_window(window)
+                    .init(&device);
+                attention.q_proj = fixture.linear("q_proj", &device);
+                attention.k_proj = fixture.linear("k_proj", &device);
+                attention.v_proj = fixture.linear("v_proj", &device);
+                attention.o_proj = fixture.linear("o_proj", &device);
+                let padding = fixture.contains("lengths").then(|| {
+                    let lengths: Vec<usize> = fixture
+                        .data("lengths")
+                        .iter::<i64>()
+                        .map(|length| length as usize)
+                        .collect();
+                    padding_mask_from_lengths(&lengths, 7, &device)
+                });
+                let output = attention.forward(fixture.tensor("x", &device), padding);
+                assert_close(output, fixture.tensor("y", &device), 1e-5, name);
+            }
+        }
+    }
+
     #[test]
     fn cached_decoding_equals_full_forward_with_gqa_and_sliding_window() {
         for device in test_devices() {
             device.seed(3);
-            let attention = config().with_window(Some(4)).init(&device);
+            // RoPE rotates cached keys at their own positions: the offset must follow.
+            let attention = config()
+                .with_window(Some(4))
+                .with_rope(Some(RopeConfig::new(12)))
+                .init(&device);
             let x = Tensor::<3>::random([2, 11, 32], Distribution::Normal(0.0, 1.0), &device);
             let full = attention.forward(x.clone(), None);
 

@@ -102,26 +102,9 @@ impl DenseFfn {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
     use crate::test_utils::{Fixture, assert_close, test_devices};
-    use burn::module::Param;
-
-    /// A burn Linear holding an HF `nn.Linear`'s `<prefix>.weight` (`[out, in]`,
-    /// transposed here) and `<prefix>.bias`, if present.
-    pub(crate) fn load_linear(fixture: &Fixture, prefix: &str, device: &Device) -> Linear {
-        let weight = fixture.tensor::<2>(&format!("{prefix}.weight"), device);
-        let [d_output, d_input] = weight.dims();
-        let bias_key = format!("{prefix}.bias");
-        let mut linear = LinearConfig::new(d_input, d_output)
-            .with_bias(fixture.contains(&bias_key))
-            .init(device);
-        linear.weight = Param::from_tensor(weight.transpose());
-        if fixture.contains(&bias_key) {
-            linear.bias = Some(Param::from_tensor(fixture.tensor(&bias_key, device)));
-        }
-        linear
-    }
 
     #[test]
     fn matches_pytorch_for_each_activation() {
@@ -138,8 +121,8 @@ pub(crate) mod tests {
                     .with_bias(bias)
                     .with_dropout(0.1)
                     .init(&device);
-                ffn.fc1 = load_linear(&fixture, "fc1", &device);
-                ffn.fc2 = load_linear(&fixture, "fc2", &device);
+                ffn.fc1 = fixture.linear("fc1", &device);
+                ffn.fc2 = fixture.linear("fc2", &device);
                 // Not an autodiff device: dropout is the identity.
                 let y = ffn.forward(fixture.tensor::<3>("x", &device));
                 assert_close(y, fixture.tensor("y", &device), 1e-5, name);

@@ -7,5 +7,7 @@ mod swiglu;
 
 pub use activation::Activation;
 pub use dense::{DenseFfn, DenseFfnConfig};
-pub use moe::{FeedForward, FeedForwardConfig, FeedForwardOutput, Moe, MoeConfig, MoeOutput};
+pub use moe::{Moe, MoeConfig, MoeLayerPlan, MoeOutput};
 pub use swiglu::{SwiGlu, SwiGluConfig};
+mod feed_forward;
+pub use feed_forward::{FeedForward, FeedForwardConfig, FeedForwardOutput};

@@ -100,7 +100,6 @@ impl SwiGlu {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffn::dense::tests::load_linear;
     use crate::test_utils::{Fixture, assert_close, test_devices};
 
     #[test]
@@ -116,9 +115,9 @@ mod tests {
                     .with_bias(bias)
                     .with_activation(activation)
                     .init(&device);
-                mlp.gate_proj = load_linear(&fixture, "gate_proj", &device);
-                mlp.up_proj = load_linear(&fixture, "up_proj", &device);
-                mlp.down_proj = load_linear(&fixture, "down_proj", &device);
+                mlp.gate_proj = fixture.linear("gate_proj", &device);
+                mlp.up_proj = fixture.linear("up_proj", &device);
+                mlp.down_proj = fixture.linear("down_proj", &device);
                 let y = mlp.forward(fixture.tensor::<3>("x", &device));
                 assert_close(y, fixture.tensor("y", &device), 1e-5, name);
             }

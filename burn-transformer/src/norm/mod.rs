@@ -5,3 +5,5 @@ mod rms;
 
 pub use layer::{LayerNorm, LayerNormConfig};
 pub use rms::{RmsNorm, RmsNormConfig};
+mod kind;
+pub use kind::{Norm, NormConfig};

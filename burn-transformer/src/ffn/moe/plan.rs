@@ -1,118 +1,16 @@
-//! The feed-forward half of a decoder layer: a dense SwiGLU or a sparse MoE, and the
-//! plan that says which layers are which.
+//! Which decoder layers are sparse: Mixtral makes every layer a mixture of experts;
+//! DeepSeek-V2/V3 keep the first `first_k_dense_replace` layers dense (3 in V3), then
+//! use MoE every `moe_layer_freq` layers.
 //!
-//! - Mixtral: every layer is sparse ([`MoeLayerPlan::all_sparse`]).
-//! - DeepSeek-V2/V3: the first `first_k_dense_replace` layers are dense SwiGLU (3 in V3),
-//!   then MoE every `moe_layer_freq` layers ([`MoeLayerPlan::from_hf_config`]).
-//!
-//! Loading note: Burn names an enum module's parameters with the variant
-//! (`mlp.Moe.gate.weight`). Hugging Face keys have no such level, so load with
-//! burn-store's `skip_enum_variants(true)`, which makes the path `mlp.gate.weight`.
+//! A layer's feed-forward is then a [`FeedForwardConfig::SwiGlu`] or a
+//! [`FeedForwardConfig::Moe`] ([`MoeLayerPlan::layer_config`]).
 
 use burn::config::Config;
-use burn::module::Module;
-use burn::tensor::{Device, Tensor};
 use serde_json::Value;
 
-use super::layer::{Moe, MoeConfig};
+use super::layer::MoeConfig;
 use crate::error::ConfigError;
-use crate::ffn::{Activation, SwiGlu, SwiGluConfig};
-
-/// Configuration of a [`FeedForward`].
-#[derive(Config, Debug)]
-pub enum FeedForwardConfig {
-    /// A dense gated FFN (LLaMA's MLP; DeepSeek's dense layers).
-    SwiGlu(SwiGluConfig),
-    /// A sparse mixture of experts.
-    Moe(MoeConfig),
-}
-
-impl FeedForwardConfig {
-    /// Checks the configuration.
-    ///
-    /// # Errors
-    /// The errors of the variant's config.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        match self {
-            Self::SwiGlu(config) => config.validate(),
-            Self::Moe(config) => config.validate(),
-        }
-    }
-
-    /// Validates the configuration and builds the layer.
-    ///
-    /// # Errors
-    /// See [`validate`](Self::validate).
-    pub fn try_init(&self, device: &Device) -> Result<FeedForward, ConfigError> {
-        Ok(match self {
-            Self::SwiGlu(config) => FeedForward::SwiGlu(config.try_init(device)?),
-            Self::Moe(config) => FeedForward::Moe(config.try_init(device)?),
-        })
-    }
-
-    /// Builds the layer.
-    ///
-    /// # Panics
-    /// If the configuration is invalid, with the message of [`validate`](Self::validate).
-    pub fn init(&self, device: &Device) -> FeedForward {
-        self.try_init(device)
-            .unwrap_or_else(|error| panic!("{error}"))
-    }
-}
-
-/// A decoder layer's feed-forward network (HF `mlp`).
-// One per layer, built once and never moved in a loop: boxing the larger variant
-// would add an indirection to every checkpoint path for nothing.
-#[allow(clippy::large_enum_variant)]
-#[derive(Module, Debug)]
-pub enum FeedForward {
-    /// Dense: `gate_proj`, `up_proj`, `down_proj`.
-    SwiGlu(SwiGlu),
-    /// Sparse: `gate`, `experts`, `shared_experts`.
-    Moe(Moe),
-}
-
-/// The output of a [`FeedForward`]: the hidden states and, for MoE layers, the routing
-/// losses to add to the training loss.
-#[derive(Clone, Debug)]
-pub struct FeedForwardOutput {
-    /// `[batch, seq, d_model]`, without the residual.
-    pub output: Tensor<3>,
-    /// `[1]`: the load-balancing loss of an MoE layer.
-    pub aux_loss: Option<Tensor<1>>,
-    /// `[1]`: the router z-loss of an MoE layer.
-    pub z_loss: Option<Tensor<1>>,
-}
-
-impl FeedForward {
-    /// Applies the layer.
-    ///
-    /// # Shapes
-    /// - x: `[batch, seq, d_model]`
-    /// - output: see [`FeedForwardOutput`]
-    pub fn forward(&self, x: Tensor<3>) -> FeedForwardOutput {
-        match self {
-            Self::SwiGlu(mlp) => FeedForwardOutput {
-                output: mlp.forward(x),
-                aux_loss: None,
-                z_loss: None,
-            },
-            Self::Moe(moe) => {
-                let out = moe.forward(x);
-                FeedForwardOutput {
-                    output: out.output,
-                    aux_loss: Some(out.aux_loss),
-                    z_loss: Some(out.z_loss),
-                }
-            }
-        }
-    }
-
-    /// Whether this is a mixture of experts.
-    pub fn is_moe(&self) -> bool {
-        matches!(self, Self::Moe(_))
-    }
-}
+use crate::ffn::{Activation, FeedForwardConfig, SwiGluConfig};
 
 /// Which decoder layers are sparse.
 #[derive(Config, Debug, PartialEq, Eq)]
@@ -135,8 +33,8 @@ impl MoeLayerPlan {
     /// Reads `first_k_dense_replace` and `moe_layer_freq` (defaults 0 and 1).
     ///
     /// # Errors
-    /// [`ConfigError::Invalid`] for a value that is not a non-negative integer, or a zero
-    /// `moe_layer_freq`.
+    /// [`ConfigError::Invalid`] for a value that is not a non-negative integer;
+    /// [`ConfigError::Zero`] for a zero `moe_layer_freq`.
     pub fn from_hf_config(config: &Value) -> Result<Self, ConfigError> {
         let read = |key: &'static str, default: usize| match config.get(key) {
             None | Some(Value::Null) => Ok(default),
@@ -206,8 +104,9 @@ pub fn dense_config_from_hf(config: &Value) -> Result<SwiGluConfig, ConfigError>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ffn::FeedForward;
     use crate::test_utils::{assert_close, test_devices};
-    use burn::tensor::Distribution;
+    use burn::tensor::{Distribution, Tensor};
 
     #[test]
     fn deepseek_v3_has_three_dense_layers_then_moe() {
@@ -223,10 +122,15 @@ mod tests {
             .with_moe_layer_freq(2);
         let sparse: Vec<bool> = (0..5).map(|layer| every_other.is_moe(layer)).collect();
         assert_eq!(sparse, [false, false, true, false, true]);
+        let dense = dense_config_from_hf(&serde_json::json!({
+            "hidden_size": 16, "intermediate_size": 40, "hidden_act": "silu"
+        }))
+        .unwrap();
+        assert_eq!((dense.d_model, dense.d_ff), (16, 40));
     }
 
     #[test]
-    fn feed_forward_dispatches_to_its_variant() {
+    fn feed_forward_runs_dense_and_sparse_layers() {
         for device in test_devices() {
             device.seed(31);
             let dense = SwiGluConfig::new(8, 16);
@@ -236,14 +140,19 @@ mod tests {
             let second = plan.layer_config(1, &dense, &moe).init(&device);
             assert!(!first.is_moe() && second.is_moe());
             let x = Tensor::<3>::random([2, 3, 8], Distribution::Normal(0.0, 1.0), &device);
-            let out = first.forward(x.clone());
+            let out = first.forward_with_losses(x.clone());
             assert!(out.aux_loss.is_none());
             if let FeedForward::SwiGlu(mlp) = &first {
                 assert_close(out.output, mlp.forward(x.clone()), 1e-6, "dense");
             }
-            let out = second.forward(x);
+            let out = second.forward_with_losses(x.clone());
             assert!(out.aux_loss.is_some() && out.z_loss.is_some());
-            assert_eq!(out.output.dims(), [2, 3, 8]);
+            assert_close(
+                out.output,
+                second.forward(x),
+                1e-6,
+                "losses do not change the output",
+            );
         }
     }
 }

@@ -1,0 +1,678 @@
+//! One transformer block: attention and feed-forward sublayers with their norms and
+//! residual connections, arranged Pre-LN, Post-LN, parallel or ResiDual.
+//!
+//! - Pre-LN (GPT-2, LLaMA): `x + f(norm(x))` — stable deep training; needs a final norm.
+//! - Post-LN (Vaswani et al., 2017): `norm(x + f(x))`.
+//! - Parallel (GPT-J, PaLM): `x + attn(norm(x)) + ffn(norm(x))`, one norm read by both.
+//! - ResiDual (Xie et al., 2023): a Post-LN stream `a ← norm(a + f(a))` and a Pre-LN-like
+//!   dual stream `d ← d + f(a)`, combined at the end of the stack as `a + norm(d)`
+//!   (see [`TransformerStack`](super::TransformerStack)). Both streams start from the input.
+//!
+//! Field names follow Hugging Face's LLaMA layers (`self_attn`, `mlp`,
+//! `input_layernorm`, `post_attention_layernorm`), so decoder checkpoints load by name.
+
+use burn::config::Config;
+use burn::module::Module;
+use burn::nn::{Dropout, DropoutConfig};
+use burn::tensor::{Bool, Device, Tensor};
+
+use super::stochastic_depth::{StochasticDepth, StochasticDepthConfig};
+use crate::attention::{
+    AttentionImpl, CrossKvCache, KvCache, MultiHeadAttention, MultiHeadAttentionConfig,
+};
+use crate::error::ConfigError;
+use crate::ffn::{FeedForward, FeedForwardConfig};
+use crate::norm::{Norm, NormConfig};
+
+/// Where norms and residual connections sit in a block.
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum BlockKind {
+    /// `x + f(norm(x))` for each sublayer.
+    PreNorm,
+    /// `norm(x + f(x))` for each sublayer.
+    PostNorm,
+    /// `x + attn(norm(x)) + ffn(norm(x))`: both sublayers read one normed input.
+    Parallel,
+    /// Post-LN stream plus an un-normalized dual stream (ResiDual).
+    ResiDual,
+}
+
+/// Configuration of a [`TransformerBlock`].
+#[derive(Config, Debug)]
+pub struct TransformerBlockConfig {
+    /// The self-attention sublayer (set `causal` for decoders).
+    pub self_attention: MultiHeadAttentionConfig,
+    /// The feed-forward sublayer.
+    pub feed_forward: FeedForwardConfig,
+    /// The norm used at every norm position of the block.
+    pub norm: NormConfig,
+    /// Cross-attention over an encoder's output (decoder of an encoder-decoder).
+    /// Default: none.
+    #[config(default = "None")]
+    pub cross_attention: Option<MultiHeadAttentionConfig>,
+    /// Arrangement of norms and residuals. Default: Pre-LN.
+    #[config(default = "BlockKind::PreNorm")]
+    pub kind: BlockKind,
+    /// Dropout on each sublayer's output before the residual add. Default: 0.
+    #[config(default = 0.0)]
+    pub residual_dropout: f64,
+    /// Stochastic depth: probability of dropping a sublayer for a whole sample during
+    /// training. Default: 0.
+    #[config(default = 0.0)]
+    pub drop_path: f64,
+}
+
+impl TransformerBlockConfig {
+    /// Checks the configuration without allocating anything.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        const MODULE: &str = "TransformerBlockConfig";
+        self.self_attention.validate()?;
+        self.feed_forward.validate()?;
+        self.norm.validate()?;
+        let d_model = self.self_attention.d_model;
+        for (field, width) in [
+            ("feed_forward.d_model", self.feed_forward.d_model()),
+            ("norm.d_model", self.norm.d_model()),
+        ] {
+            if width != d_model {
+                return Err(ConfigError::Invalid {
+                    module: MODULE,
+                    field,
+                    reason: format!("must equal self_attention.d_model {d_model}, got {width}"),
+                });
+            }
+        }
+        if let Some(cross) = &self.cross_attention {
+            cross.validate()?;
+            if cross.d_model != d_model {
+                return Err(ConfigError::Invalid {
+                    module: MODULE,
+                    field: "cross_attention.d_model",
+                    reason: format!(
+                        "must equal self_attention.d_model {d_model}, got {}",
+                        cross.d_model
+                    ),
+                });
+            }
+            if self.kind == BlockKind::Parallel {
+                return Err(ConfigError::Invalid {
+                    module: MODULE,
+                    field: "kind",
+                    reason: "a parallel block has no place for cross-attention".into(),
+                });
+            }
+        }
+        ConfigError::check_probability(MODULE, "residual_dropout", self.residual_dropout)?;
+        ConfigError::check_probability(MODULE, "drop_path", self.drop_path)?;
+        Ok(())
+    }
+
+    /// Builds the block, or returns why the configuration is invalid.
+    pub fn try_init(&self, device: &Device) -> Result<TransformerBlock, ConfigError> {
+        self.validate()?;
+        let has_second_norm = self.kind != BlockKind::Parallel;
+        Ok(TransformerBlock {
+            self_attn: self.self_attention.try_init(device)?,
+            input_layernorm: self.norm.try_init(device)?,
+            cross_attn: self
+                .cross_attention
+                .as_ref()
+                .map(|config| config.try_init(device))
+                .transpose()?,
+            cross_attn_layernorm: self
+                .cross_attention
+                .as_ref()
+                .map(|_| self.norm.try_init(device))
+                .transpose()?,
+            mlp: self.feed_forward.try_init(device)?,
+            post_attention_layernorm: has_second_norm
+                .then(|| self.norm.try_init(device))
+                .transpose()?,
+            dropout: DropoutConfig::new(self.residual_dropout).init(),
+            drop_path: StochasticDepthConfig::new()
+                .with_prob(self.drop_path)
+                .try_init()?,
+            kind: self.kind,
+        })
+    }
+
+    /// Builds the block.
+    ///
+    /// # Panics
+    /// If the configuration is invalid, with the message of [`validate`](Self::validate).
+    pub fn init(&self, device: &Device) -> TransformerBlock {
+        self.try_init(device)
+            .unwrap_or_else(|error| panic!("{error}"))
+    }
+}
+
+/// A transformer block.
+#[derive(Module, Debug)]
+pub struct TransformerBlock {
+    /// Self-attention.
+    pub self_attn: MultiHeadAttention,
+    /// The norm of the self-attention sublayer (the shared norm of a parallel block).
+    pub input_layernorm: Norm,
+    /// Cross-attention over encoder states, in encoder-decoder decoders.
+    pub cross_attn: Option<MultiHeadAttention>,
+    /// The norm of the cross-attention sublayer.
+    pub cross_attn_layernorm: Option<Norm>,
+    /// The feed-forward sublayer.
+    pub mlp: FeedForward,
+    /// The norm of the feed-forward sublayer (none in a parallel block).
+    pub post_attention_layernorm: Option<Norm>,
+    /// Residual dropout.
+    pub dropout: Dropout,
+    /// Stochastic depth on every sublayer.
+    pub drop_path: StochasticDepth,
+    #[module(skip)]
+    kind: BlockKind,
+}
+
+/// The residual streams flowing through a stack of blocks.
+#[derive(Clone, Debug)]
+pub struct BlockState {
+    /// The main stream, `[batch, seq, d_model]`.
+    pub hidden: Tensor<3>,
+    /// ResiDual's dual stream, `[batch, seq, d_model]`; `None` for other kinds.
+    pub dual: Option<Tensor<3>>,
+}
+
+impl BlockState {
+    /// The state entering the first block of a stack of `kind` blocks.
+    pub fn new(hidden: Tensor<3>, kind: BlockKind) -> Self {
+        let dual = (kind == BlockKind::ResiDual).then(|| hidden.clone());
+        Self { hidden, dual }
+    }
+}
+
+/// Encoder output that cross-attention reads.
+#[derive(Clone, Debug)]
+pub struct Memory {
+    /// `[batch, seq_memory, d_memory]`
+    pub states: Tensor<3>,
+    /// `[batch, seq_memory]`, `true` = padded.
+    pub padding: Option<Tensor<2, Bool>>,
+}
+
+/// The caches of one block for incremental decoding.
+#[derive(Clone, Debug, Default)]
+pub struct BlockCache {
+    /// Self-attention keys and values.
+    pub self_attn: KvCache,
+    /// Cross-attention keys and values (computed once from the memory).
+    pub cross_attn: CrossKvCache,
+}
+
+impl BlockCache {
+    /// Empty caches for `block` (a rolling cache when it has a sliding window).
+    pub fn for_block(block: &TransformerBlock) -> Self {
+        Self {
+            self_attn: KvCache::with_window(block.self_attn.window()),
+            cross_attn: CrossKvCache::new(),
+        }
+    }
+}
+
+impl TransformerBlock {
+    /// The block's arrangement.
+    pub fn kind(&self) -> BlockKind {
+        self.kind
+    }
+
+    /// Runs the block over a whole sequence.
+    ///
+    /// # Shapes
+    /// - state: streams `[batch, seq, d_model]`
+    /// - key_padding: `[batch, seq]`, `true` = padded
+    /// - memory: encoder states for cross-attention, if the block has it
+    /// - output: streams `[batch, seq, d_model]`
+    ///
+    /// # Panics
+    /// If the block has cross-attention and no memory is given.
+    pub fn forward(
+        &self,
+        state: BlockState,
+        key_padding: Option<Tensor<2, Bool>>,
+        memory: Option<&Memory>,
+    ) -> BlockState {
+        self.run(
+            state,
+            |attention, x| attention.forward(x, key_padding),
+            |attention, x, memory| {
+                attention.forward_cross(x, memory.states.clone(), memory.padding.clone())
+            },
+            memory,
+        )
+    }
+
+    /// Runs the block over new positions, reading and extending `cache`.
+    ///
+    /// # Shapes
+    /// - state: streams `[batch, new, d_model]`
+    /// - key_padding: `[batch, new]` for the new positions
+    /// - output: streams `[batch, new, d_model]`
+    pub fn forward_cached(
+        &self,
+        state: BlockState,
+        cache: &mut BlockCache,
+        key_padding: Option<Tensor<2, Bool>>,
+        memory: Option<&Memory>,
+    ) -> BlockState {
+        let BlockCache {
+            self_attn: self_cache,
+            cross_attn: cross_cache,
+        } = cache;
+        self.run(
+            state,
+            |attention, x| attention.forward_cached(x, self_cache, key_padding),
+            |attention, x, memory| {
+                attention.forward_cross_cached(
+                    x,
+                    memory.states.clone(),
+                    memory.padding.clone(),
+                    cross_cache,
+                )
+            },
+            memory,
+        )
+    }
+
+    /// The block's data flow, with the self- and cross-attention calls supplied by
+    /// the caller (plain or cached).
+    fn run(
+        &self,
+        state: BlockState,
+        self_attention: impl FnOnce(&MultiHeadAttention, Tensor<3>) -> Tensor<3>,
+        cross_attention: impl FnOnce(&MultiHeadAttention, Tensor<3>, &Memory) -> Tensor<3>,
+        memory: Option<&Memory>,
+    ) -> BlockState {
+        let cross = self.cross_attn.as_ref().map(|attention| {
+            let memory = memory
+                .expect("TransformerBlock: a block with cross-attention needs the encoder memory");
+            let norm = self
+                .cross_attn_layernorm
+                .as_ref()
+                .expect("cross-attention has a norm");
+            (attention, norm, memory)
+        });
+        let second_norm = self.post_attention_layernorm.as_ref();
+        match self.kind {
+            BlockKind::PreNorm => {
+                let x = state.hidden;
+                let x = x.clone()
+                    + self.branch(self_attention(
+                        &self.self_attn,
+                        self.input_layernorm.forward(x),
+                    ));
+                let x = match cross {
+                    Some((attention, norm, memory)) => {
+                        x.clone() + self.branch(cross_attention(attention, norm.forward(x), memory))
+                    }
+                    None => x,
+                };
+                let norm = second_norm.expect("a pre-norm block has a feed-forward norm");
+                let x = x.clone() + self.branch(self.mlp.forward(norm.forward(x)));
+                BlockState {
+                    hidden: x,
+                    dual: None,
+                }
+            }
+            BlockKind::PostNorm => {
+                let x = state.hidden;
+                let x = self
+                    .input_layernorm
+                    .forward(x.clone() + self.branch(self_attention(&self.self_attn, x)));
+                let x = match cross {
+                    Some((attention, norm, memory)) => {
+                        norm.forward(x.clone() + self.branch(cross_attention(attention, x, memory)))
+                    }
+                    None => x,
+                };
+                let norm = second_norm.expect("a post-norm block has a feed-forward norm");
+                let x = norm.forward(x.clone() + self.branch(self.mlp.forward(x)));
+                BlockState {
+                    hidden: x,
+                    dual: None,
+                }
+            }
+            BlockKind::Parallel => {
+                let x = state.hidden;
+                let normed = self.input_layernorm.forward(x.clone());
+                let attention = self.branch(self_attention(&self.self_attn, normed.clone()));
+                let feed_forward = self.branch(self.mlp.forward(normed));
+                BlockState {
+                    hidden: x + attention + feed_forward,
+                    dual: None,
+                }
+            }
+            BlockKind::ResiDual => {
+                let a = state.hidden;
+                let d = state
+                    .dual
+                    .expect("a ResiDual block needs the dual stream: start from BlockState::new");
+                let out = self.branch(self_attention(&self.self_attn, a.clone()));
+                let (a, d) = (self.input_layernorm.forward(a + out.clone()), d + out);
+                let (a, d) = match cross {
+                    Some((attention, norm, memory)) => {
+                        let out = self.branch(cross_attention(attention, a.clone(), memory));
+                        (norm.forward(a + out.clone()), d + out)
+                    }
+                    None => (a, d),
+                };
+                let norm = second_norm.expect("a ResiDual block has a feed-forward norm");
+                let out = self.branch(self.mlp.forward(a.clone()));
+                BlockState {
+                    hidden: norm.forward(a + out.clone()),
+                    dual: Some(d + out),
+                }
+            }
+        }
+    }
+
+    /// The block with every attention sublayer switched to `implementation` (the
+    /// weights are kept): e.g. force the reference path on a loaded model.
+    pub fn with_attention_implementation(mut self, implementation: AttentionImpl) -> Self {
+        self.self_attn = self.self_attn.with_implementation(implementation);
+        self.cross_attn = self
+            .cross_attn
+            .map(|attention| attention.with_implementation(implementation));
+        self
+    }
+
+    /// Residual dropout and stochastic depth on a sublayer's output.
+    fn branch(&self, output: Tensor<3>) -> Tensor<3> {
+        self.drop_path.forward(self.dropout.forward(output))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::block::{TransformerStack, TransformerStackConfig};
+    use crate::ffn::SwiGluConfig;
+    use crate::position::RopeConfig;
+    use crate::test_utils::{Fixture, assert_close, test_devices};
+    use burn::module::Param;
+    use burn::tensor::Distribution;
+
+    const D_MODEL: usize = 16;
+
+    fn config(kind: BlockKind) -> TransformerBlockConfig {
+        TransformerBlockConfig::new(
+            MultiHeadAttentionConfig::new(D_MODEL, 4)
+                .with_n_kv_heads(Some(2))
+                .with_causal(true),
+            FeedForwardConfig::SwiGlu(SwiGluConfig::new(D_MODEL, 24)),
+            NormConfig::rms(D_MODEL),
+        )
+        .with_kind(kind)
+    }
+
+    fn input(device: &Device) -> Tensor<3> {
+        Tensor::random([2, 5, D_MODEL], Distribution::Normal(0.0, 1.0), device)
+    }
+
+    /// Each arrangement equals its formula written out with the block's own sublayers.
+    #[test]
+    fn every_kind_matches_its_formula() {
+        for device in test_devices() {
+            device.seed(21);
+            let x = input(&device);
+            for kind in [
+                BlockKind::PreNorm,
+                BlockKind::PostNorm,
+                BlockKind::Parallel,
+                BlockKind::ResiDual,
+            ] {
+                let block = config(kind).init(&device);
+                let attn = |h: Tensor<3>| block.self_attn.forward(h, None);
+                let mlp = |h: Tensor<3>| block.mlp.forward(h);
+                let n1 = |h: Tensor<3>| block.input_layernorm.forward(h);
+                let n2 = |h: Tensor<3>| block.post_attention_layernorm.as_ref().unwrap().forward(h);
+                let output = block.forward(BlockState::new(x.clone(), kind), None, None);
+                let (expected, expected_dual) = match kind {
+                    BlockKind::PreNorm => {
+                        let h = x.clone() + attn(n1(x.clone()));
+                        (h.clone() + mlp(n2(h)), None)
+                    }
+                    BlockKind::PostNorm => {
+                        let h = n1(x.clone() + attn(x.clone()));
+                        (n2(h.clone() + mlp(h)), None)
+                    }
+                    BlockKind::Parallel => {
+                        let h = n1(x.clone());
+                        (x.clone() + attn(h.clone()) + mlp(h), None)
+                    }
+                    BlockKind::ResiDual => {
+                        let out = attn(x.clone());
+                        let (a, d) = (n1(x.clone() + out.clone()), x.clone() + out);
+                        let out = mlp(a.clone());
+                        (n2(a + out.clone()), Some(d + out))
+                    }
+                };
+                assert_close(output.hidden, expected, 1e-5, &format!("{kind:?}"));
+                if let Some(dual) = expected_dual {
+                    assert_close(output.dual.unwrap(), dual, 1e-5, "ResiDual dual stream");
+                }
+            }
+        }
+    }
+
+    /// A Pre-LN block against Hugging Face's `LlamaDecoderLayer` (RMSNorm, GQA with
+    /// RoPE, SwiGLU), every weight perturbed (tools/make_fixtures.py).
+    #[test]
+    fn pre_ln_block_matches_llama_decoder_layer() {
+        let fixture = Fixture::load("block_pre_ln");
+        for device in test_devices() {
+            let config = TransformerBlockConfig::new(
+                MultiHeadAttentionConfig::new(24, 6)
+                    .with_n_kv_heads(Some(2))
+                    .with_head_dim(Some(8))
+                    .with_causal(true)
+                    .with_rope(Some(RopeConfig::new(8).with_max_position_embeddings(64))),
+                FeedForwardConfig::SwiGlu(SwiGluConfig::new(24, 40)),
+                NormConfig::rms(24),
+            );
+            let mut block = config.init(&device);
+            let attention = &mut block.self_attn;
+            attention.q_proj = fixture.linear("self_attn.q_proj", &device);
+            attention.k_proj = fixture.linear("self_attn.k_proj", &device);
+            attention.v_proj = fixture.linear("self_attn.v_proj", &device);
+            attention.o_proj = fixture.linear("self_attn.o_proj", &device);
+            let FeedForward::SwiGlu(mlp) = &mut block.mlp else {
+                unreachable!("configured as SwiGLU")
+            };
+            mlp.gate_proj = fixture.linear("mlp.gate_proj", &device);
+            mlp.up_proj = fixture.linear("mlp.up_proj", &device);
+            mlp.down_proj = fixture.linear("mlp.down_proj", &device);
+            let norm_weight = |key: &str| Param::from_tensor(fixture.tensor::<1>(key, &device));
+            let (Norm::Rms(input), Some(Norm::Rms(post))) = (
+                &mut block.input_layernorm,
+                &mut block.post_attention_layernorm,
+            ) else {
+                unreachable!("configured with RMSNorm")
+            };
+            input.weight = norm_weight("input_layernorm.weight");
+            post.weight = norm_weight("post_attention_layernorm.weight");
+
+            let x = fixture.tensor("x", &device);
+            let output = block.forward(BlockState::new(x, BlockKind::PreNorm), None, None);
+            assert_close(
+                output.hidden,
+                fixture.tensor("y", &device),
+                1e-5,
+                "block_pre_ln",
+            );
+        }
+    }
+
+    #[test]
+    fn residual_stack_combines_streams_through_the_final_norm() {
+        let device = Device::flex();
+        device.seed(4);
+        let stack = TransformerStackConfig::new(config(BlockKind::ResiDual), 2).init(&device);
+        let x = input(&device);
+        let mut state = BlockState::new(x.clone(), BlockKind::ResiDual);
+        for layer in &stack.layers {
+            state = layer.forward(state, None, None);
+        }
+        let expected = state.hidden + stack.norm.as_ref().unwrap().forward(state.dual.unwrap());
+        assert_close(
+            stack.forward(x, None, None),
+            expected,
+            1e-6,
+            "ResiDual stack",
+        );
+    }
+
+    #[test]
+    fn cached_stack_equals_full_forward_for_every_kind() {
+        for device in test_devices() {
+            device.seed(8);
+            for kind in [
+                BlockKind::PreNorm,
+                BlockKind::PostNorm,
+                BlockKind::Parallel,
+                BlockKind::ResiDual,
+            ] {
+                let mut block = config(kind);
+                block.self_attention = block.self_attention.with_window(Some(3));
+                let stack: TransformerStack = TransformerStackConfig::new(block, 2).init(&device);
+                let x = input(&device);
+                let full = stack.forward(x.clone(), None, None);
+                let mut caches = stack.new_cache();
+                let mut steps =
+                    vec![stack.forward_cached(x.clone().narrow(1, 0, 2), &mut caches, None, None)];
+                for position in 2..5 {
+                    steps.push(stack.forward_cached(
+                        x.clone().narrow(1, position, 1),
+                        &mut caches,
+                        None,
+                        None,
+                    ));
+                }
+                assert_close(
+                    Tensor::cat(steps, 1),
+                    full,
+                    1e-5,
+                    &format!("cached {kind:?}"),
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn encoder_decoder_block_uses_memory_and_its_cache() {
+        for device in test_devices() {
+            device.seed(13);
+            let block = config(BlockKind::PostNorm)
+                .with_cross_attention(Some(
+                    MultiHeadAttentionConfig::new(D_MODEL, 4).with_d_kv_input(Some(8)),
+                ))
+                .init(&device);
+            let memory = Memory {
+                states: Tensor::random([2, 6, 8], Distribution::Normal(0.0, 1.0), &device),
+                padding: Some(crate::attention::padding_mask_from_lengths(
+                    &[6, 3],
+                    6,
+                    &device,
+                )),
+            };
+            let x = input(&device);
+            let full = block.forward(
+                BlockState::new(x.clone(), BlockKind::PostNorm),
+                None,
+                Some(&memory),
+            );
+            let mut cache = BlockCache::for_block(&block);
+            let steps: Vec<Tensor<3>> = (0..5)
+                .map(|position| {
+                    let state =
+                        BlockState::new(x.clone().narrow(1, position, 1), BlockKind::PostNorm);
+                    block
+                        .forward_cached(state, &mut cache, None, Some(&memory))
+                        .hidden
+                })
+                .collect();
+            assert!(cache.cross_attn.is_filled());
+            assert_close(
+                Tensor::cat(steps, 1),
+                full.hidden,
+                1e-5,
+                "cross-attention block cached",
+            );
+        }
+    }
+
+    /// Issue #3's end-to-end check: the same decoder layer trained for 5 AdamW steps
+    /// through the fused kernel and through the reference path gives the same losses.
+    #[cfg(all(feature = "wgpu", feature = "train"))]
+    #[test]
+    fn decoder_layer_trains_identically_through_the_kernel() {
+        use burn::optim::{AdamWConfig, GradientsParams};
+
+        let device = crate::test_utils::wgpu_device().autodiff();
+        device.seed(17);
+        let config = |implementation| {
+            let mut config = config(BlockKind::PreNorm);
+            config.self_attention = config
+                .self_attention
+                .with_head_dim(Some(32))
+                .with_rope(Some(RopeConfig::new(32)))
+                .with_implementation(implementation);
+            config
+        };
+        let initial = config(AttentionImpl::Fused).init(&device);
+        // [batch, seq, d_model] with a sequence that is not a multiple of any tile.
+        let x = Tensor::<3>::random([2, 37, D_MODEL], Distribution::Normal(0.0, 1.0), &device);
+        let target = Tensor::<3>::random([2, 37, D_MODEL], Distribution::Normal(0.0, 1.0), &device);
+
+        let train = |implementation| {
+            // Same initial weights; only the attention path differs.
+            let mut block = initial
+                .clone()
+                .with_attention_implementation(implementation);
+            let mut optimizer = AdamWConfig::new().init();
+            let mut losses = Vec::new();
+            for _ in 0..5 {
+                let output =
+                    block.forward(BlockState::new(x.clone(), BlockKind::PreNorm), None, None);
+                let loss = (output.hidden - target.clone()).powi_scalar(2).mean();
+                losses.push(loss.clone().into_scalar::<f32>());
+                let grads = GradientsParams::from_grads(loss.backward(), &block);
+                block = optimizer.step(1e-2, block, grads);
+            }
+            losses
+        };
+        let launches = || crate::kernel::FORWARD_LAUNCHES.load(std::sync::atomic::Ordering::SeqCst);
+        let before = launches();
+        let fused = train(AttentionImpl::Fused);
+        assert!(
+            launches() >= before + 5,
+            "the fused run must launch the CubeCL kernel"
+        );
+        let reference = train(AttentionImpl::Reference);
+        assert!(fused[4] < fused[0], "the layer learns: {fused:?}");
+        for (step, (a, b)) in fused.iter().zip(&reference).enumerate() {
+            let relative = (a - b).abs() / b.abs();
+            assert!(
+                relative <= 1e-4,
+                "step {step}: fused loss {a} vs reference {b} (relative {relative:e})"
+            );
+        }
+    }
+
+    #[test]
+    fn mismatched_widths_are_rejected() {
+        let mut bad = config(BlockKind::PreNorm);
+        bad.norm = NormConfig::rms(D_MODEL + 1);
+        let error = bad.validate().unwrap_err();
+        assert!(error.to_string().contains("norm.d_model"), "{error}");
+        let error = config(BlockKind::Parallel)
+            .with_cross_attention(Some(MultiHeadAttentionConfig::new(D_MODEL, 4)))
+            .validate()
+            .unwrap_err();
+        assert!(error.to_string().contains("parallel"), "{error}");
+    }
+}
