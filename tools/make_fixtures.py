@@ -684,6 +684,172 @@ def block_pre_ln() -> Fixture:
 
 
 # --------------------------------------------------------------------------------------
+# Multi-head latent attention (DeepSeek-V3) and mixture-of-experts (DeepSeek-V3, Mixtral)
+# --------------------------------------------------------------------------------------
+#
+# Weights are stored under the keys of the transformers module's state_dict (the HF
+# checkpoint names relative to the module: `q_a_proj.weight`, `gate.weight`,
+# `gate.e_score_correction_bias`, ...). transformers 5 stores routed experts fused:
+# `experts.gate_up_proj` [n_experts, 2 * d_ff, d_model] (gate rows first, then up) and
+# `experts.down_proj` [n_experts, d_model, d_ff]; the Rust tests load them through the
+# fused-expert loader. Every weight is perturbed, norm weights around 1 and the
+# correction bias away from 0, so no term is trivially 1 or 0.
+
+
+def perturb_module(module: torch.nn.Module, generator: torch.Generator, scale: float = 0.3):
+    """Overwrites every parameter and buffer that is a weight: norms ~1 + noise, the rest noise."""
+    with torch.no_grad():
+        for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
+            if "inv_freq" in name:
+                continue
+            if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
+                tensor.copy_(1.0 + randn(generator, *tensor.shape, scale=0.2))
+            elif name.endswith("e_score_correction_bias"):
+                tensor.copy_(randn(generator, *tensor.shape, scale=0.3))
+            elif name.endswith("bias"):
+                tensor.copy_(randn(generator, *tensor.shape, scale=0.1))
+            else:
+                tensor.copy_(randn(generator, *tensor.shape, scale=scale))
+
+
+def module_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The module's weights under their state_dict keys (inv_freq buffers left out)."""
+    return {k: v for k, v in module.state_dict().items() if "inv_freq" not in k}
+
+
+def causal_additive_mask(batch: int, seq: int) -> torch.Tensor:
+    """[batch, 1, seq, seq]: 0 where visible, float32 min where hidden (as transformers' eager)."""
+    hidden = torch.triu(torch.ones(seq, seq, dtype=torch.bool), diagonal=1)
+    mask = torch.zeros(seq, seq).masked_fill(hidden, torch.finfo(torch.float32).min)
+    return mask[None, None].expand(batch, 1, seq, seq).contiguous()
+
+
+def mla_fixture(name: str, hf: dict) -> Fixture:
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as deepseek
+
+    generator = seeded(name)
+    config = DeepseekV3Config(**hf)
+    config._attn_implementation = "eager"
+    attention = deepseek.DeepseekV3Attention(config, layer_idx=0).eval()
+    perturb_module(attention, generator)
+    rotary = deepseek.DeepseekV3RotaryEmbedding(config)
+    batch, seq = 2, 7
+    x = randn(generator, batch, seq, config.hidden_size)
+    position_ids = torch.arange(seq)[None].expand(batch, seq)
+    with torch.no_grad():
+        position_embeddings = rotary(x, position_ids)
+        y, _ = attention(x, position_embeddings, causal_additive_mask(batch, seq))
+    tensors = {"x": x, "y": y, **module_tensors(attention)}
+    tensors["scaling"] = scalar(attention.scaling)
+    tensors["attention_scaling"] = scalar(float(rotary.attention_scaling))
+    return Fixture(tensors, hf, {"scaling": repr(attention.scaling)})
+
+
+MLA_BASE = {
+    "hidden_size": 32,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "kv_lora_rank": 16,
+    "qk_nope_head_dim": 8,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 6,
+    "max_position_embeddings": 64,
+    "rope_interleave": True,
+    "rms_norm_eps": 1e-6,
+}
+
+
+@fixture("mla_yarn")
+def mla_yarn() -> Fixture:
+    """DeepseekV3Attention: low-rank q (q_lora_rank 24), biases, YaRN with DeepSeek mscale."""
+    return mla_fixture("mla_yarn", {
+        **MLA_BASE,
+        "q_lora_rank": 24,
+        "attention_bias": True,
+        "rope_parameters": {
+            "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+            "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 1.0,
+            "rope_theta": 10000.0,
+        },
+    })
+
+
+@fixture("mla_q_proj")
+def mla_q_proj() -> Fixture:
+    """DeepseekV3Attention: direct q_proj (q_lora_rank None), no bias, default RoPE."""
+    return mla_fixture("mla_q_proj", {
+        **MLA_BASE,
+        "q_lora_rank": None,
+        "attention_bias": False,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+    })
+
+
+def moe_deepseek_fixture(name: str, norm_topk_prob: bool) -> Fixture:
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as deepseek
+
+    generator = seeded(name)
+    hf = {
+        "hidden_size": 16, "intermediate_size": 40, "moe_intermediate_size": 12,
+        "n_routed_experts": 8, "num_experts_per_tok": 3, "n_group": 4, "topk_group": 2,
+        "n_shared_experts": 2, "routed_scaling_factor": 2.5, "norm_topk_prob": norm_topk_prob,
+        "hidden_act": "silu", "num_attention_heads": 4,
+    }
+    config = DeepseekV3Config(**hf)
+    config._experts_implementation = "eager"
+    moe = deepseek.DeepseekV3MoE(config).eval()
+    perturb_module(moe, generator)
+    x = randn(generator, 2, 9, 16)
+    with torch.no_grad():
+        logits, weights, indices = moe.gate(x)
+        y = moe(x)
+    tensors = {"x": x, "y": y, "router_logits": logits, "topk_weights": weights,
+               "topk_indices": indices, **module_tensors(moe)}
+    return Fixture(tensors, hf)
+
+
+@fixture("moe_deepseek_v3")
+def moe_deepseek_v3() -> Fixture:
+    """DeepseekV3MoE: sigmoid router, 4 groups (top 2), correction bias, shared experts."""
+    return moe_deepseek_fixture("moe_deepseek_v3", norm_topk_prob=True)
+
+
+@fixture("moe_deepseek_v3_unnormalized")
+def moe_deepseek_v3_unnormalized() -> Fixture:
+    """DeepseekV3MoE with norm_topk_prob=False (raw sigmoid weights times the scaling factor)."""
+    return moe_deepseek_fixture("moe_deepseek_v3_unnormalized", norm_topk_prob=False)
+
+
+@fixture("moe_mixtral")
+def moe_mixtral() -> Fixture:
+    """MixtralSparseMoeBlock (6 experts, top-2) and its load-balancing loss; ST-MoE z-loss."""
+    from transformers import MixtralConfig
+    from transformers.models.mixtral import modeling_mixtral as mixtral
+
+    generator = seeded("moe_mixtral")
+    hf = {"hidden_size": 16, "intermediate_size": 20, "num_local_experts": 6,
+          "num_experts_per_tok": 2, "router_jitter_noise": 0.0, "hidden_act": "silu",
+          "num_attention_heads": 4}
+    config = MixtralConfig(**hf)
+    config._experts_implementation = "eager"
+    block = mixtral.MixtralSparseMoeBlock(config).eval()
+    perturb_module(block, generator)
+    x = randn(generator, 2, 9, 16)
+    with torch.no_grad():
+        logits, weights, indices = block.gate(x)
+        y = block(x)
+        aux = mixtral.load_balancing_loss_func((logits,), 6, 2)
+        # ST-MoE (Zoph et al. 2022), eq. 5: mean over tokens of logsumexp(logits)^2.
+        z = torch.logsumexp(logits.float(), dim=-1).square().mean()
+    tensors = {"x": x, "y": y, "router_logits": logits, "topk_weights": weights,
+               "topk_indices": indices, "aux_loss": aux.reshape(1), "z_loss": z.reshape(1),
+               **module_tensors(block)}
+    return Fixture(tensors, hf)
+
+
+# --------------------------------------------------------------------------------------
 
 
 def main(argv: list[str]) -> int:

@@ -17,7 +17,8 @@ logits or a router's top-k scores are nearly tied, so that float32 rounding in a
 implementation cannot flip a token or an expert choice.
 
 The `tokenizer` fixture is a small byte-level BPE `tokenizer.json` trained with the
-`tokenizers` library, with the ids it gives for a few texts.
+`tokenizers` library, with the ids it gives for a few texts (`cases.json`) and a tiny
+llama over its vocabulary (for the `generate` program).
 
 Usage:
     /work/venv/bin/python tools/make_hf_models.py            # everything
@@ -395,7 +396,18 @@ def build_tokenizer() -> None:
     for case in cases:
         assert tokenizer.decode(case["ids"]) == case["text"], case
     (out / "cases.json").write_text(json.dumps(cases, ensure_ascii=False, indent=1) + "\n")
-    print(f"tokenizer: vocab {tokenizer.get_vocab_size()}, {len(cases)} cases")
+    # A tiny llama over this vocabulary, so that the `generate` program can run on it.
+    torch.manual_seed(seed_of("tokenizer", 0))
+    generator = torch.Generator().manual_seed(seed_of("tokenizer", 0))
+    config = transformers.LlamaConfig(
+        **{**COMMON, "vocab_size": tokenizer.get_vocab_size()},
+        num_key_value_heads=2,
+    )
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    perturb(model, generator)
+    model.save_pretrained(out)
+    (out / "generation_config.json").unlink(missing_ok=True)
+    print(f"tokenizer: vocab {tokenizer.get_vocab_size()}, {len(cases)} cases, with a model")
 
 
 def main() -> None:

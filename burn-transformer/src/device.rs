@@ -50,43 +50,55 @@ pub fn parse_device(name: &str) -> Result<Device, DeviceError> {
             name: name.to_string(),
         })?,
     };
-    let not_compiled = || DeviceError::NotCompiled {
-        name: backend.to_string(),
+    let device = match backend {
+        "flex" | "cpu" => flex_device(),
+        "ndarray" => ndarray_device(),
+        "wgpu" | "vulkan" => wgpu_device(),
+        "cuda" => cuda_device(index),
+        _ => {
+            return Err(DeviceError::Unknown {
+                name: name.to_string(),
+            });
+        }
     };
-    match backend {
-        "flex" | "cpu" => {
-            #[cfg(feature = "flex")]
-            return Ok(Device::flex());
-            #[allow(unreachable_code)]
-            Err(not_compiled())
-        }
-        "ndarray" => {
-            #[cfg(feature = "ndarray")]
-            #[allow(deprecated)]
-            // ndarray is deprecated upstream; we keep supporting it.
-            return Ok(Device::ndarray());
-            #[allow(unreachable_code)]
-            Err(not_compiled())
-        }
-        "wgpu" | "vulkan" => {
-            #[cfg(feature = "wgpu")]
-            return Ok(Device::wgpu(burn::tensor::DeviceKind::DefaultDevice));
-            #[allow(unreachable_code)]
-            Err(not_compiled())
-        }
-        "cuda" => {
-            #[cfg(feature = "cuda")]
-            return Ok(Device::cuda(index));
-            #[allow(unreachable_code)]
-            {
-                let _ = index;
-                Err(not_compiled())
-            }
-        }
-        _ => Err(DeviceError::Unknown {
-            name: name.to_string(),
-        }),
-    }
+    device.ok_or_else(|| DeviceError::NotCompiled {
+        name: backend.to_string(),
+    })
+}
+
+// One constructor per backend: `None` where this build lacks the backend's feature.
+#[cfg(feature = "flex")]
+fn flex_device() -> Option<Device> {
+    Some(Device::flex())
+}
+#[cfg(not(feature = "flex"))]
+fn flex_device() -> Option<Device> {
+    None
+}
+#[cfg(feature = "ndarray")]
+#[allow(deprecated)] // ndarray is deprecated upstream; we keep supporting it.
+fn ndarray_device() -> Option<Device> {
+    Some(Device::ndarray())
+}
+#[cfg(not(feature = "ndarray"))]
+fn ndarray_device() -> Option<Device> {
+    None
+}
+#[cfg(feature = "wgpu")]
+fn wgpu_device() -> Option<Device> {
+    Some(Device::wgpu(burn::tensor::DeviceKind::DefaultDevice))
+}
+#[cfg(not(feature = "wgpu"))]
+fn wgpu_device() -> Option<Device> {
+    None
+}
+#[cfg(feature = "cuda")]
+fn cuda_device(index: usize) -> Option<Device> {
+    Some(Device::cuda(index))
+}
+#[cfg(not(feature = "cuda"))]
+fn cuda_device(_index: usize) -> Option<Device> {
+    None
 }
 
 /// The device named by `BURN_DEVICE`, or flex when it is unset.

@@ -22,6 +22,7 @@ pub fn test_devices() -> Vec<Device> {
 }
 
 /// [`test_devices`] plus ndarray: model-level and training tests run on all three.
+#[allow(dead_code)] // used by the model and training tests
 pub fn model_test_devices() -> Vec<Device> {
     #[allow(unused_mut)]
     let mut devices = test_devices();

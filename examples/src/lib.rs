@@ -3,3 +3,51 @@
 pub mod device;
 pub mod hf_tokenizer;
 pub mod plot;
+
+use std::path::{Path, PathBuf};
+
+/// Writes `path` through a temporary file in the same directory, renamed over `path`
+/// once `write` succeeded: an interrupted or failed run never leaves a truncated file
+/// where a good one was.
+///
+/// # Errors
+/// The message of `write`, or of the rename, naming the file.
+pub fn write_atomically(
+    path: &Path,
+    write: impl FnOnce(&Path) -> Result<(), String>,
+) -> Result<(), String> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| format!("{}: not a file path", path.display()))?
+        .to_string_lossy()
+        .into_owned();
+    let temporary: PathBuf = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    let result = write(&temporary).and_then(|()| {
+        std::fs::rename(&temporary, path).map_err(|error| {
+            format!(
+                "cannot move {} to {}: {error}",
+                temporary.display(),
+                path.display()
+            )
+        })
+    });
+    if result.is_err() {
+        let _ = std::fs::remove_file(&temporary);
+    }
+    result
+}
+
+/// Parses a `--dtype` value.
+///
+/// # Errors
+/// A message listing the accepted names.
+pub fn parse_dtype(name: &str) -> Result<burn::tensor::DType, String> {
+    match name.to_ascii_lowercase().as_str() {
+        "f32" | "float32" => Ok(burn::tensor::DType::F32),
+        "f16" | "float16" => Ok(burn::tensor::DType::F16),
+        "bf16" | "bfloat16" => Ok(burn::tensor::DType::BF16),
+        other => Err(format!(
+            "unknown dtype `{other}`: expected f32, f16 or bf16"
+        )),
+    }
+}

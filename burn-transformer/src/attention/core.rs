@@ -37,6 +37,9 @@ pub enum AttentionImpl {
     Fused,
 }
 
+// `#[derive(Default)]` with `#[default]` does not combine with `#[derive(Config)]`, which
+// copies variant attributes into generated code.
+#[allow(clippy::derivable_impls)]
 impl Default for AttentionImpl {
     fn default() -> Self {
         Self::Auto

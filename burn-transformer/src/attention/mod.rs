@@ -2,11 +2,16 @@
 
 mod cache;
 mod core;
+mod latent;
 mod multi_head;
 
 pub use self::cache::{CrossKvCache, KvCache};
 pub use self::core::{
     AttentionImpl, AttentionOptions, attention, is_hidden, padding_mask_from_lengths,
     reference_attention, structural_mask,
+};
+pub use self::latent::{
+    AbsorbedWeights, CacheFootprint, LatentAttention, LatentAttentionConfig, LatentKvCache,
+    LatentPath,
 };
 pub use self::multi_head::{MultiHeadAttention, MultiHeadAttentionConfig};

@@ -109,11 +109,8 @@ impl MultiHeadAttentionConfig {
 
     /// Head width after defaults.
     pub fn head_width(&self) -> usize {
-        self.head_dim.unwrap_or(if self.n_heads == 0 {
-            0
-        } else {
-            self.d_model / self.n_heads
-        })
+        self.head_dim
+            .unwrap_or_else(|| self.d_model.checked_div(self.n_heads).unwrap_or(0))
     }
 
     /// Checks the configuration without allocating anything.
@@ -232,6 +229,12 @@ impl MultiHeadAttention {
     /// Width of one head.
     pub fn head_dim(&self) -> usize {
         self.head_dim
+    }
+
+    /// The module with another attention implementation, weights kept.
+    pub fn with_implementation(mut self, implementation: AttentionImpl) -> Self {
+        self.implementation = implementation;
+        self
     }
 
     /// The sliding window, if any.

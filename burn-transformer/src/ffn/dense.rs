@@ -105,7 +105,6 @@ impl DenseFfn {
 mod tests {
     use super::*;
     use crate::test_utils::{Fixture, assert_close, test_devices};
-    use burn::module::Param;
 
     #[test]
     fn matches_pytorch_for_each_activation() {

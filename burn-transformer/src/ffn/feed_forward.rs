@@ -4,6 +4,7 @@ use burn::config::Config;
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};
 
+use super::moe::{Moe, MoeConfig};
 use super::{DenseFfn, DenseFfnConfig, SwiGlu, SwiGluConfig};
 use crate::error::ConfigError;
 
@@ -14,6 +15,9 @@ pub enum FeedForwardConfig {
     Dense(DenseFfnConfig),
     /// Gated linear unit with SiLU (LLaMA family).
     SwiGlu(SwiGluConfig),
+    /// Sparse mixture of SwiGLU experts (Mixtral, DeepSeek); see
+    /// [`MoeLayerPlan`](super::MoeLayerPlan) for which layers are sparse.
+    Moe(MoeConfig),
 }
 
 impl FeedForwardConfig {
@@ -22,6 +26,7 @@ impl FeedForwardConfig {
         match self {
             Self::Dense(config) => config.validate(),
             Self::SwiGlu(config) => config.validate(),
+            Self::Moe(config) => config.validate(),
         }
     }
 
@@ -30,6 +35,7 @@ impl FeedForwardConfig {
         match self {
             Self::Dense(config) => config.d_model,
             Self::SwiGlu(config) => config.d_model,
+            Self::Moe(config) => config.router.d_model,
         }
     }
 
@@ -38,6 +44,7 @@ impl FeedForwardConfig {
         Ok(match self {
             Self::Dense(config) => FeedForward::Dense(config.try_init(device)?),
             Self::SwiGlu(config) => FeedForward::SwiGlu(config.try_init(device)?),
+            Self::Moe(config) => FeedForward::Moe(config.try_init(device)?),
         })
     }
 
@@ -52,12 +59,36 @@ impl FeedForwardConfig {
 }
 
 /// A feed-forward layer chosen at run time.
+///
+/// Burn names an enum module's parameters with the variant (`mlp.Moe.gate.weight`);
+/// Hugging Face keys have no such level, so load checkpoints with burn-store's
+/// `skip_enum_variants(true)` (`mlp.gate.weight`).
+// One per layer, built once: boxing the larger variant would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Module, Debug)]
 pub enum FeedForward {
     /// Linear → activation → linear.
     Dense(DenseFfn),
     /// SwiGLU.
     SwiGlu(SwiGlu),
+    /// Sparse mixture of experts.
+    Moe(Moe),
+}
+
+/// The output of [`FeedForward::forward_with_losses`]: the hidden states and, for an
+/// MoE layer, its routing losses to add to the training loss.
+#[derive(Clone, Debug)]
+pub struct FeedForwardOutput {
+    /// `[batch, seq, d_model]`, without the residual.
+    pub output: Tensor<3>,
+    /// `[1]`: the load-balancing loss of an MoE layer ([`MoeOutput::aux_loss`]).
+    ///
+    /// [`MoeOutput::aux_loss`]: super::MoeOutput::aux_loss
+    pub aux_loss: Option<Tensor<1>>,
+    /// `[1]`: the router z-loss of an MoE layer ([`MoeOutput::z_loss`]).
+    ///
+    /// [`MoeOutput::z_loss`]: super::MoeOutput::z_loss
+    pub z_loss: Option<Tensor<1>>,
 }
 
 impl FeedForward {
@@ -70,6 +101,36 @@ impl FeedForward {
         match self {
             Self::Dense(ffn) => ffn.forward(x),
             Self::SwiGlu(ffn) => ffn.forward(x),
+            // The routing losses are dropped here: training uses forward_with_losses.
+            Self::Moe(moe) => moe.forward(x).output,
         }
+    }
+
+    /// Applies the layer and returns an MoE layer's routing losses with its output.
+    ///
+    /// # Shapes
+    /// - x: `[batch, seq, d_model]`
+    /// - output: see [`FeedForwardOutput`]
+    pub fn forward_with_losses(&self, x: Tensor<3>) -> FeedForwardOutput {
+        match self {
+            Self::Moe(moe) => {
+                let out = moe.forward(x);
+                FeedForwardOutput {
+                    output: out.output,
+                    aux_loss: Some(out.aux_loss),
+                    z_loss: Some(out.z_loss),
+                }
+            }
+            dense => FeedForwardOutput {
+                output: dense.forward(x),
+                aux_loss: None,
+                z_loss: None,
+            },
+        }
+    }
+
+    /// Whether this is a mixture of experts.
+    pub fn is_moe(&self) -> bool {
+        matches!(self, Self::Moe(_))
     }
 }

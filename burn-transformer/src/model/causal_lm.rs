@@ -17,7 +17,7 @@ use burn::module::{Initializer, Module};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
 use burn::tensor::{Bool, Device, Int, Tensor};
 
-use super::decoder_layer::{DecoderLayer, FeedForward, LayerCache, SelfAttention};
+use super::decoder_layer::{DecoderLayer, LayerCache, Mlp, SelfAttention};
 use crate::attention::{AttentionImpl, MultiHeadAttentionConfig};
 use crate::error::ConfigError;
 use crate::ffn::{Activation, SwiGluConfig};
@@ -188,7 +188,7 @@ impl CausalLmConfig {
                     .try_init(device)?;
                 Ok(DecoderLayer {
                     self_attn: SelfAttention::Grouped(attention),
-                    mlp: FeedForward::Dense(reinit_swiglu(mlp, &self.initializer, device)),
+                    mlp: Mlp::Dense(reinit_swiglu(mlp, &self.initializer, device)),
                     input_layernorm: norm.try_init(device)?,
                     post_attention_layernorm: norm.try_init(device)?,
                 })

@@ -24,9 +24,9 @@ pub enum SelfAttention {
     Grouped(MultiHeadAttention),
 }
 
-/// The feed-forward part of one layer.
+/// The feed-forward part (HF `mlp`) of one layer.
 #[derive(Module, Debug)]
-pub enum FeedForward {
+pub enum Mlp {
     /// A gated feed-forward network (SwiGLU).
     Dense(SwiGlu),
 }
@@ -74,7 +74,7 @@ pub struct DecoderLayer {
     /// Self-attention.
     pub self_attn: SelfAttention,
     /// Feed-forward (dense or mixture of experts).
-    pub mlp: FeedForward,
+    pub mlp: Mlp,
     /// Norm before the attention.
     pub input_layernorm: RmsNorm,
     /// Norm before the feed-forward.
@@ -105,7 +105,7 @@ impl DecoderLayer {
         let x = x + attended;
         let normed = self.post_attention_layernorm.forward(x.clone());
         let (fed, aux) = match &self.mlp {
-            FeedForward::Dense(ffn) => (ffn.forward(normed), LayerAux::default()),
+            Mlp::Dense(ffn) => (ffn.forward(normed), LayerAux::default()),
         };
         (x + fed, aux)
     }

@@ -2,34 +2,34 @@
 //! ([Vaswani et al. 2017](https://arxiv.org/abs/1706.03762)).
 //!
 //! ```text
-//! source ─► embed·√d + sinusoid ─► encoder layers ─────────────────┐ memory
-//! target ─► embed·√d + sinusoid ─► decoder layers (self-attn, cross-attn ◄┘, FFN) ─► lm_head
+//! source ─► embed·√d + sinusoid ─► encoder blocks ──────────────────────┐ memory
+//! target ─► embed·√d + sinusoid ─► decoder blocks (self-attn, cross-attn ◄┘, FFN) ─► lm_head
 //! ```
 //!
-//! Each sub-layer (attention, cross-attention, feed-forward) sits in a residual
-//! connection, normalized after the sum as in the paper (Post-LN) or before the
-//! sub-layer (Pre-LN, [Xiong et al. 2020](https://arxiv.org/abs/2002.04745), with a final
-//! norm on each stack). Padding masks apply on both sides: the source padding hides
-//! padded source positions from the encoder and from cross-attention, the target
-//! padding hides padded target positions from the decoder's self-attention.
+//! The stacks are [`TransformerStack`]s of [`crate::block`] blocks: Post-LN as in the
+//! paper (`x = norm(x + sublayer(x))`) or Pre-LN (`x = x + sublayer(norm(x))` with a
+//! final norm per stack, [Xiong et al. 2020](https://arxiv.org/abs/2002.04745)).
+//! Padding masks apply on both sides: the source padding hides padded source positions
+//! from the encoder and from cross-attention, the target padding hides padded target
+//! positions from the decoder's self-attention.
 //!
-//! During decoding, the decoder's self-attention grows a [`KvCache`] and each
-//! cross-attention projects the encoder's memory once into a [`CrossKvCache`].
-//! Layer names follow BART/Marian in transformers (`self_attn`,
-//! `self_attn_layer_norm`, `encoder_attn`, `final_layer_norm`, `fc1`/`fc2` inside
-//! `mlp`).
+//! During decoding each decoder block's self-attention grows a
+//! [`KvCache`](crate::attention::KvCache) and its cross-attention projects the
+//! encoder's memory once into a [`CrossKvCache`](crate::attention::CrossKvCache)
+//! (together a [`BlockCache`]).
 
 use burn::config::Config;
 use burn::module::{Initializer, Module};
 use burn::nn::{Dropout, DropoutConfig, Embedding, EmbeddingConfig, Linear, LinearConfig};
 use burn::tensor::{Bool, Device, Int, Tensor};
 
-use crate::attention::{
-    AttentionImpl, CrossKvCache, KvCache, MultiHeadAttention, MultiHeadAttentionConfig,
+use crate::attention::{AttentionImpl, MultiHeadAttentionConfig};
+use crate::block::{
+    BlockCache, BlockKind, Memory, TransformerBlockConfig, TransformerStack, TransformerStackConfig,
 };
 use crate::error::ConfigError;
-use crate::ffn::{Activation, DenseFfn, DenseFfnConfig};
-use crate::norm::{LayerNorm, LayerNormConfig};
+use crate::ffn::{Activation, DenseFfnConfig, FeedForwardConfig};
+use crate::norm::{LayerNormConfig, NormConfig};
 use crate::position::{SinusoidalPosition, SinusoidalPositionConfig};
 
 const MODULE: &str = "TransformerConfig";
@@ -42,6 +42,15 @@ pub enum NormPlacement {
     /// `x = x + sublayer(norm(x))`, plus a final norm on each stack: trains without
     /// learning-rate warm-up at depth.
     PreNorm,
+}
+
+impl NormPlacement {
+    fn block_kind(self) -> BlockKind {
+        match self {
+            Self::PostNorm => BlockKind::PostNorm,
+            Self::PreNorm => BlockKind::PreNorm,
+        }
+    }
 }
 
 /// Configuration of a [`Transformer`].
@@ -66,8 +75,8 @@ pub struct TransformerConfig {
     /// Number of decoder layers. Default: 6.
     #[config(default = 6)]
     pub n_decoder_layers: usize,
-    /// Dropout on embeddings, sub-layer outputs and attention probabilities during
-    /// training. Default: 0.1.
+    /// Dropout on embeddings, sub-layer outputs, attention probabilities and FFN
+    /// activations during training. Default: 0.1.
     #[config(default = 0.1)]
     pub dropout: f64,
     /// Post-LN (the paper) or Pre-LN. Default: Post-LN.
@@ -94,8 +103,8 @@ pub struct TransformerConfig {
     /// Which attention implementation to use. Default: automatic.
     #[config(default = "AttentionImpl::Auto")]
     pub implementation: AttentionImpl,
-    /// Initializer of the projection weights. Default: Xavier-uniform (gain 1), as
-    /// the reference implementations.
+    /// Initializer of the attention projections. Default: Xavier-uniform, as the
+    /// reference implementations.
     #[config(default = "Initializer::XavierUniform { gain: 1.0 }")]
     pub initializer: Initializer,
 }
@@ -115,7 +124,7 @@ impl TransformerConfig {
             .with_dropout(0.3)
     }
 
-    /// A tiny model for tests: width 32, 4 heads, 2 + 2 layers.
+    /// A tiny model for tests: width 32, 4 heads, 2 + 2 layers, no dropout.
     pub fn tiny(src_vocab_size: usize, tgt_vocab_size: usize) -> Self {
         Self::new(src_vocab_size, tgt_vocab_size)
             .with_d_model(32)
@@ -137,6 +146,28 @@ impl TransformerConfig {
             .with_initializer(self.initializer.clone())
     }
 
+    /// The configuration of the encoder's or the decoder's stack.
+    pub fn stack(&self, decoder: bool) -> TransformerStackConfig {
+        let block = TransformerBlockConfig::new(
+            self.attention(decoder),
+            FeedForwardConfig::Dense(
+                DenseFfnConfig::new(self.d_model, self.d_ff)
+                    .with_activation(self.activation)
+                    .with_dropout(self.dropout),
+            ),
+            NormConfig::Layer(LayerNormConfig::new(self.d_model).with_eps(self.norm_eps)),
+        )
+        .with_cross_attention(decoder.then(|| self.attention(false)))
+        .with_kind(self.norm.block_kind())
+        .with_residual_dropout(self.dropout);
+        let layers = if decoder {
+            self.n_decoder_layers
+        } else {
+            self.n_encoder_layers
+        };
+        TransformerStackConfig::new(block, layers)
+    }
+
     /// Checks the configuration.
     ///
     /// # Errors
@@ -144,11 +175,9 @@ impl TransformerConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         ConfigError::check_positive(MODULE, "src_vocab_size", self.src_vocab_size)?;
         ConfigError::check_positive(MODULE, "tgt_vocab_size", self.tgt_vocab_size)?;
-        ConfigError::check_positive(MODULE, "n_encoder_layers", self.n_encoder_layers)?;
-        ConfigError::check_positive(MODULE, "n_decoder_layers", self.n_decoder_layers)?;
         ConfigError::check_probability(MODULE, "dropout", self.dropout)?;
-        self.attention(false).validate()?;
-        self.ffn().validate()?;
+        self.stack(false).validate()?;
+        self.stack(true).validate()?;
         if self.share_embeddings && self.src_vocab_size != self.tgt_vocab_size {
             return Err(ConfigError::Invalid {
                 module: MODULE,
@@ -162,47 +191,12 @@ impl TransformerConfig {
         Ok(())
     }
 
-    fn ffn(&self) -> DenseFfnConfig {
-        DenseFfnConfig::new(self.d_model, self.d_ff)
-            .with_activation(self.activation)
-            .with_dropout(self.dropout)
-    }
-
     /// Builds the model.
     ///
     /// # Errors
     /// See [`TransformerConfig::validate`].
     pub fn try_init(&self, device: &Device) -> Result<Transformer, ConfigError> {
         self.validate()?;
-        let norm = LayerNormConfig::new(self.d_model).with_eps(self.norm_eps);
-        let pre_norm = self.norm == NormPlacement::PreNorm;
-        let dropout = DropoutConfig::new(self.dropout);
-        let encoder_layers = (0..self.n_encoder_layers)
-            .map(|_| {
-                Ok(EncoderLayer {
-                    self_attn: self.attention(false).try_init(device)?,
-                    self_attn_layer_norm: norm.try_init(device)?,
-                    mlp: self.ffn().try_init(device)?,
-                    final_layer_norm: norm.try_init(device)?,
-                    dropout: dropout.init(),
-                    norm: self.norm,
-                })
-            })
-            .collect::<Result<Vec<_>, ConfigError>>()?;
-        let decoder_layers = (0..self.n_decoder_layers)
-            .map(|_| {
-                Ok(TransformerDecoderLayer {
-                    self_attn: self.attention(true).try_init(device)?,
-                    self_attn_layer_norm: norm.try_init(device)?,
-                    encoder_attn: self.attention(false).try_init(device)?,
-                    encoder_attn_layer_norm: norm.try_init(device)?,
-                    mlp: self.ffn().try_init(device)?,
-                    final_layer_norm: norm.try_init(device)?,
-                    dropout: dropout.init(),
-                    norm: self.norm,
-                })
-            })
-            .collect::<Result<Vec<_>, ConfigError>>()?;
         // The paper's N(0, d^-1/2) embedding: with the √d scale, unit-variance inputs.
         let embedding = |vocab: usize| {
             EmbeddingConfig::new(vocab, self.d_model)
@@ -218,21 +212,15 @@ impl TransformerConfig {
             embed_positions: SinusoidalPositionConfig::new(self.d_model)
                 .with_max_position_embeddings(self.max_positions)
                 .try_init(device)?,
-            encoder: TransformerEncoder {
-                layers: encoder_layers,
-                layer_norm: pre_norm.then(|| norm.try_init(device)).transpose()?,
-            },
-            decoder: TransformerDecoder {
-                layers: decoder_layers,
-                layer_norm: pre_norm.then(|| norm.try_init(device)).transpose()?,
-            },
+            encoder: self.stack(false).try_init(device)?,
+            decoder: self.stack(true).try_init(device)?,
             lm_head: (!self.tie_output).then(|| {
                 LinearConfig::new(self.d_model, self.tgt_vocab_size)
                     .with_bias(false)
                     .with_initializer(self.initializer.clone())
                     .init(device)
             }),
-            dropout: dropout.init(),
+            dropout: DropoutConfig::new(self.dropout).init(),
             d_model: self.d_model,
             tgt_vocab_size: self.tgt_vocab_size,
         })
@@ -249,175 +237,6 @@ impl TransformerConfig {
     }
 }
 
-/// `x + dropout(f(x))` with the norm before `f` (Pre-LN) or after the sum (Post-LN).
-fn residual(
-    x: Tensor<3>,
-    norm: &LayerNorm,
-    placement: NormPlacement,
-    dropout: &Dropout,
-    sublayer: impl FnOnce(Tensor<3>) -> Tensor<3>,
-) -> Tensor<3> {
-    match placement {
-        NormPlacement::PostNorm => norm.forward(x.clone() + dropout.forward(sublayer(x))),
-        NormPlacement::PreNorm => x.clone() + dropout.forward(sublayer(norm.forward(x))),
-    }
-}
-
-/// An encoder layer: self-attention, then a feed-forward network.
-#[derive(Module, Debug)]
-pub struct EncoderLayer {
-    /// Bidirectional self-attention.
-    pub self_attn: MultiHeadAttention,
-    /// Norm of the attention sub-layer.
-    pub self_attn_layer_norm: LayerNorm,
-    /// Feed-forward network (`fc1`, `fc2`).
-    pub mlp: DenseFfn,
-    /// Norm of the feed-forward sub-layer.
-    pub final_layer_norm: LayerNorm,
-    /// On each sub-layer's output.
-    pub dropout: Dropout,
-    #[module(skip)]
-    norm: NormPlacement,
-}
-
-impl EncoderLayer {
-    /// # Shapes
-    /// - x: `[batch, seq_src, d_model]`
-    /// - padding: `[batch, seq_src]`, `true` = padded
-    /// - output: `[batch, seq_src, d_model]`
-    pub fn forward(&self, x: Tensor<3>, padding: Option<Tensor<2, Bool>>) -> Tensor<3> {
-        let x = residual(
-            x,
-            &self.self_attn_layer_norm,
-            self.norm,
-            &self.dropout,
-            |h| self.self_attn.forward(h, padding),
-        );
-        residual(x, &self.final_layer_norm, self.norm, &self.dropout, |h| {
-            self.mlp.forward(h)
-        })
-    }
-}
-
-/// A decoder layer: causal self-attention, cross-attention over the encoder's
-/// memory, then a feed-forward network.
-#[derive(Module, Debug)]
-pub struct TransformerDecoderLayer {
-    /// Causal self-attention.
-    pub self_attn: MultiHeadAttention,
-    /// Norm of the self-attention sub-layer.
-    pub self_attn_layer_norm: LayerNorm,
-    /// Cross-attention: queries from the decoder, keys and values from the memory.
-    pub encoder_attn: MultiHeadAttention,
-    /// Norm of the cross-attention sub-layer.
-    pub encoder_attn_layer_norm: LayerNorm,
-    /// Feed-forward network (`fc1`, `fc2`).
-    pub mlp: DenseFfn,
-    /// Norm of the feed-forward sub-layer.
-    pub final_layer_norm: LayerNorm,
-    /// On each sub-layer's output.
-    pub dropout: Dropout,
-    #[module(skip)]
-    norm: NormPlacement,
-}
-
-/// The decoding state of one [`TransformerDecoderLayer`].
-#[derive(Clone, Debug, Default)]
-pub struct CrossLayerCache {
-    /// Keys and values of the decoder's own past positions.
-    pub self_attn: KvCache,
-    /// The memory's keys and values, projected once.
-    pub cross_attn: CrossKvCache,
-}
-
-impl TransformerDecoderLayer {
-    /// The layer over the whole target (no cache), or over new target positions with
-    /// a cache.
-    ///
-    /// # Shapes
-    /// - x: `[batch, seq_tgt, d_model]`
-    /// - memory: `[batch, seq_src, d_model]`
-    /// - memory_padding: `[batch, seq_src]`, target_padding: `[batch, seq_tgt]`
-    /// - output: `[batch, seq_tgt, d_model]`
-    pub fn forward(
-        &self,
-        x: Tensor<3>,
-        memory: Tensor<3>,
-        memory_padding: Option<Tensor<2, Bool>>,
-        target_padding: Option<Tensor<2, Bool>>,
-        cache: Option<&mut CrossLayerCache>,
-    ) -> Tensor<3> {
-        match cache {
-            None => {
-                let x = residual(
-                    x,
-                    &self.self_attn_layer_norm,
-                    self.norm,
-                    &self.dropout,
-                    |h| self.self_attn.forward(h, target_padding),
-                );
-                let x = residual(
-                    x,
-                    &self.encoder_attn_layer_norm,
-                    self.norm,
-                    &self.dropout,
-                    |h| self.encoder_attn.forward_cross(h, memory, memory_padding),
-                );
-                residual(x, &self.final_layer_norm, self.norm, &self.dropout, |h| {
-                    self.mlp.forward(h)
-                })
-            }
-            Some(cache) => {
-                let x = residual(
-                    x,
-                    &self.self_attn_layer_norm,
-                    self.norm,
-                    &self.dropout,
-                    |h| {
-                        self.self_attn
-                            .forward_cached(h, &mut cache.self_attn, target_padding)
-                    },
-                );
-                let x = residual(
-                    x,
-                    &self.encoder_attn_layer_norm,
-                    self.norm,
-                    &self.dropout,
-                    |h| {
-                        self.encoder_attn.forward_cross_cached(
-                            h,
-                            memory,
-                            memory_padding,
-                            &mut cache.cross_attn,
-                        )
-                    },
-                );
-                residual(x, &self.final_layer_norm, self.norm, &self.dropout, |h| {
-                    self.mlp.forward(h)
-                })
-            }
-        }
-    }
-}
-
-/// The encoder stack.
-#[derive(Module, Debug)]
-pub struct TransformerEncoder {
-    /// The layers.
-    pub layers: Vec<EncoderLayer>,
-    /// Final norm (Pre-LN only).
-    pub layer_norm: Option<LayerNorm>,
-}
-
-/// The decoder stack.
-#[derive(Module, Debug)]
-pub struct TransformerDecoder {
-    /// The layers.
-    pub layers: Vec<TransformerDecoderLayer>,
-    /// Final norm (Pre-LN only).
-    pub layer_norm: Option<LayerNorm>,
-}
-
 /// The encoder-decoder Transformer.
 #[derive(Module, Debug)]
 pub struct Transformer {
@@ -425,12 +244,12 @@ pub struct Transformer {
     pub embed_tokens: Embedding,
     /// Target embedding; `None` when shared with `embed_tokens`.
     pub decoder_embed_tokens: Option<Embedding>,
-    /// Sinusoidal positions, added to both sides (no parameters).
+    /// Sinusoidal positions, added on both sides (no parameters).
     pub embed_positions: SinusoidalPosition,
-    /// The encoder.
-    pub encoder: TransformerEncoder,
-    /// The decoder.
-    pub decoder: TransformerDecoder,
+    /// The encoder: bidirectional self-attention blocks.
+    pub encoder: TransformerStack,
+    /// The decoder: causal self-attention, cross-attention and FFN blocks.
+    pub decoder: TransformerStack,
     /// Output projection; `None` when tied to the target embedding.
     pub lm_head: Option<Linear>,
     /// On the embeddings.
@@ -442,15 +261,13 @@ pub struct Transformer {
 }
 
 /// The decoding state of a [`Transformer`]: the encoder's memory and one cache per
-/// decoder layer.
+/// decoder block.
 #[derive(Clone, Debug)]
 pub struct Seq2SeqCache {
-    /// `[batch, seq_src, d_model]`
-    pub memory: Tensor<3>,
-    /// `[batch, seq_src]`, `true` = padded source position.
-    pub memory_padding: Option<Tensor<2, Bool>>,
-    /// One per decoder layer.
-    pub layers: Vec<CrossLayerCache>,
+    /// The encoded source and its padding.
+    pub memory: Memory,
+    /// One per decoder block.
+    pub layers: Vec<BlockCache>,
 }
 
 impl Seq2SeqCache {
@@ -460,10 +277,14 @@ impl Seq2SeqCache {
     }
 
     /// Keeps the batch rows `indices`, in that order (beam search).
+    ///
+    /// # Shapes
+    /// - indices: `[new_batch]`
     pub fn select_batch(&mut self, indices: Tensor<1, Int>) {
-        self.memory = self.memory.clone().select(0, indices.clone());
-        self.memory_padding = self
-            .memory_padding
+        self.memory.states = self.memory.states.clone().select(0, indices.clone());
+        self.memory.padding = self
+            .memory
+            .padding
             .take()
             .map(|p| p.int().select(0, indices.clone()).bool());
         for layer in &mut self.layers {
@@ -503,14 +324,8 @@ impl Transformer {
         source: Tensor<2, Int>,
         source_padding: Option<Tensor<2, Bool>>,
     ) -> Tensor<3> {
-        let mut x = self.embed(&self.embed_tokens, source, 0);
-        for layer in &self.encoder.layers {
-            x = layer.forward(x, source_padding.clone());
-        }
-        match &self.encoder.layer_norm {
-            Some(norm) => norm.forward(x),
-            None => x,
-        }
+        let x = self.embed(&self.embed_tokens, source, 0);
+        self.encoder.forward(x, source_padding, None)
     }
 
     /// Teacher-forced decoding of whole targets over an encoded source.
@@ -527,17 +342,12 @@ impl Transformer {
         memory_padding: Option<Tensor<2, Bool>>,
         target_padding: Option<Tensor<2, Bool>>,
     ) -> Tensor<3> {
-        let mut x = self.embed(self.target_embedding(), target, 0);
-        for layer in &self.decoder.layers {
-            x = layer.forward(
-                x,
-                memory.clone(),
-                memory_padding.clone(),
-                target_padding.clone(),
-                None,
-            );
-        }
-        self.project(x)
+        let x = self.embed(self.target_embedding(), target, 0);
+        let memory = Memory {
+            states: memory,
+            padding: memory_padding,
+        };
+        self.project(self.decoder.forward(x, target_padding, Some(&memory)))
     }
 
     /// Encodes the source and decodes the target (teacher forcing): the training
@@ -568,9 +378,11 @@ impl Transformer {
         memory_padding: Option<Tensor<2, Bool>>,
     ) -> Seq2SeqCache {
         Seq2SeqCache {
-            memory,
-            memory_padding,
-            layers: vec![CrossLayerCache::default(); self.decoder.layers.len()],
+            memory: Memory {
+                states: memory,
+                padding: memory_padding,
+            },
+            layers: self.decoder.new_cache(),
         }
     }
 
@@ -587,25 +399,15 @@ impl Transformer {
         cache: &mut Seq2SeqCache,
         target_padding: Option<Tensor<2, Bool>>,
     ) -> Tensor<3> {
-        let mut x = self.embed(self.target_embedding(), target, cache.position());
-        for (layer, layer_cache) in self.decoder.layers.iter().zip(cache.layers.iter_mut()) {
-            x = layer.forward(
-                x,
-                cache.memory.clone(),
-                cache.memory_padding.clone(),
-                target_padding.clone(),
-                Some(layer_cache),
-            );
-        }
-        self.project(x)
+        let x = self.embed(self.target_embedding(), target, cache.position());
+        let hidden =
+            self.decoder
+                .forward_cached(x, &mut cache.layers, target_padding, Some(&cache.memory));
+        self.project(hidden)
     }
 
-    /// Final norm (Pre-LN) and output projection.
+    /// Output projection (the stack already applied its final norm).
     fn project(&self, x: Tensor<3>) -> Tensor<3> {
-        let x = match &self.decoder.layer_norm {
-            Some(norm) => norm.forward(x),
-            None => x,
-        };
         match &self.lm_head {
             Some(head) => head.forward(x),
             None => {

@@ -7,8 +7,5 @@ mod encoder_decoder;
 mod presets;
 
 pub use causal_lm::{CausalLm, CausalLmConfig, CausalLmOutput, DecoderCache, DecoderStack};
-pub use decoder_layer::{DecoderLayer, FeedForward, LayerAux, LayerCache, SelfAttention};
-pub use encoder_decoder::{
-    CrossLayerCache, EncoderLayer, NormPlacement, Seq2SeqCache, Transformer, TransformerConfig,
-    TransformerDecoder, TransformerDecoderLayer, TransformerEncoder,
-};
+pub use decoder_layer::{DecoderLayer, LayerAux, LayerCache, Mlp, SelfAttention};
+pub use encoder_decoder::{NormPlacement, Seq2SeqCache, Transformer, TransformerConfig};

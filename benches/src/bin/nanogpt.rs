@@ -1,0 +1,137 @@
+//! nanoGPT's CPU recipe for character-level Shakespeare, trained with this
+//! library on each backend: prints time per iteration, tokens/s and the final
+//! validation loss, for the "Training" table of docs/benchmarks.md.
+//!
+//! ```text
+//! cargo run --release -p benches --bin nanogpt -- --data ../shared/data/tinyshakespeare.txt
+//! cargo run --release -p benches --bin nanogpt -- --devices flex,ndarray,wgpu --steps 200
+//! ```
+//!
+//! The recipe (`train-lm`'s defaults): 4 layers, 4 heads, width 128 (SwiGLU 352, tied
+//! embeddings), context 64, batch 12, AdamW lr 1e-3 with 100 warm-up steps and a
+//! cosine decay to 1e-4, betas (0.9, 0.99), weight decay 0.1, global gradient
+//! clipping 1.0, 90/10 split, validation every 250 steps on 20 batches. The PyTorch
+//! reference is `benches/nanogpt_torch.py`; run both in the same session.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use burn_transformer::device::parse_device;
+use burn_transformer::model::CausalLmConfig;
+use burn_transformer::position::RopeConfig;
+use burn_transformer::train::{
+    CharTokenizer, Corpus, LmTrainingConfig, RunOptions, TokenSplit, Tokenizer,
+    train_language_model,
+};
+
+struct Args {
+    data: PathBuf,
+    devices: Vec<String>,
+    steps: usize,
+    eval_interval: usize,
+    json: Option<PathBuf>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        data: PathBuf::from("../shared/data/tinyshakespeare.txt"),
+        devices: vec!["flex".into()],
+        steps: 2000,
+        eval_interval: 250,
+        json: None,
+    };
+    let mut iter = std::env::args().skip(1);
+    while let Some(flag) = iter.next() {
+        let mut value = || iter.next().ok_or_else(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--data" => args.data = PathBuf::from(value()?),
+            "--devices" => args.devices = value()?.split(',').map(str::to_string).collect(),
+            "--steps" => args.steps = value()?.parse().map_err(|e| format!("--steps: {e}"))?,
+            "--eval-interval" => {
+                args.eval_interval = value()?
+                    .parse()
+                    .map_err(|e| format!("--eval-interval: {e}"))?
+            }
+            "--json" => args.json = Some(PathBuf::from(value()?)),
+            "-h" | "--help" => {
+                println!(
+                    "nanogpt [--data FILE] [--devices flex,ndarray,wgpu] [--steps N] \
+                     [--eval-interval N] [--json FILE]"
+                );
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown flag `{other}`")),
+        }
+    }
+    Ok(args)
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), String> {
+    let args = parse_args()?;
+    let corpus = Corpus::load(&args.data).map_err(|e| e.to_string())?;
+    let tokenizer = CharTokenizer::from_text(&corpus.text).map_err(|e| e.to_string())?;
+    let split = TokenSplit::new(&corpus.text, &tokenizer, 0.1).map_err(|e| e.to_string())?;
+    let model = CausalLmConfig::new(
+        tokenizer.vocab_size(),
+        128,
+        4,
+        4,
+        352,
+        RopeConfig::new(32).with_max_position_embeddings(2048),
+    )
+    .with_norm_eps(1e-5)
+    .with_tie_word_embeddings(true);
+    let training = LmTrainingConfig::new()
+        .with_steps(args.steps)
+        .with_eval_interval(args.eval_interval.min(args.steps))
+        .with_warmup_steps(100.min(args.steps / 2));
+    let mut lines = Vec::new();
+    println!(
+        "| backend | steps | ms/iter | tokens/s | final val loss | wall s |\n|---|---|---|---|---|---|"
+    );
+    for name in &args.devices {
+        let device = parse_device(name).map_err(|e| e.to_string())?;
+        let directory =
+            std::env::temp_dir().join(format!("nanogpt-bench-{name}-{}", std::process::id()));
+        let started = std::time::Instant::now();
+        let result = train_language_model(
+            &model,
+            &training,
+            &split,
+            &device,
+            &RunOptions::quiet(&directory),
+        )
+        .map_err(|e| e.to_string())?;
+        let wall = started.elapsed().as_secs_f64();
+        let _ = std::fs::remove_dir_all(&directory);
+        let history = result.history;
+        let steps = history.train.len();
+        let ms = 1e3 * history.train_seconds / steps.max(1) as f64;
+        let tokens = training.tokens_per_step() as f64 / (ms / 1e3);
+        let val = history.last_validation_loss().unwrap_or(f64::NAN);
+        println!("| {name} | {steps} | {ms:.1} | {tokens:.0} | {val:.4} | {wall:.0} |");
+        lines.push(format!(
+            "{{\"bench\": \"nanogpt-shakespeare-char\", \"impl\": \"burn-transformer\", \
+             \"backend\": \"{name}\", \"iters\": {steps}, \"ms_per_iter\": {ms:.2}, \
+             \"tokens_per_s\": {tokens:.0}, \"val_loss\": {val:.4}, \"wall_s\": {wall:.1}}}"
+        ));
+    }
+    for line in &lines {
+        println!("{line}");
+    }
+    if let Some(path) = args.json {
+        std::fs::write(&path, lines.join("\n") + "\n")
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,534 @@
+//! Routed experts: SwiGLU networks stored stacked, and the dispatch that runs each one
+//! only on the tokens routed to it.
+//!
+//! Dispatch (per layer call):
+//! 1. The router's `[tokens, top_k]` expert indices are read on the host (expert batch
+//!    sizes decide tensor shapes, so they must be known there).
+//! 2. A [`DispatchPlan`] lists every (token, slot) assignment grouped by expert, in token
+//!    order, and drops the assignments beyond an expert's capacity.
+//! 3. One `select` gathers the tokens in that order; the experts run on them (see
+//!    below); the weighted outputs are added back to their tokens with one
+//!    `select_assign(.., Add)`, where a token's `top_k` contributions sum.
+//!
+//! Burn has no grouped (ragged) matmul, so the experts run in one of two ways
+//! ([`ExpertDispatch`]):
+//! - **per expert** (default): one matmul per projection per active expert on its
+//!   contiguous slice; no padding, launches grow with the active experts;
+//! - **batched**: every expert's tokens padded to the largest expert batch, one matmul
+//!   per projection over `[n_experts, rows, d_model]` against the stacked weights; a
+//!   fixed number of kernel launches, plus the padding rows.
+//!
+//! Either way the expert rows are `tokens · top_k` (+ padding), never
+//! `tokens · n_experts`: compute follows `top_k`, not the number of experts. (What still
+//! grows with the experts is the weight memory read by the active ones.)
+//!
+//! # Checkpoint layouts
+//! [`Experts`] keeps transformers 5's fused layout and names: `gate_up_proj`
+//! `[n_experts, 2·d_ff, d_model]` (per expert the gate rows, then the up rows) and
+//! `down_proj` `[n_experts, d_model, d_ff]`, so those keys load as they are. Published
+//! checkpoints hold one module per expert instead (DeepSeek: `experts.N.gate_proj`,
+//! `up_proj`, `down_proj`; Mixtral: `experts.N.w1`, `w3`, `w2` = gate, up, down, each an
+//! `nn.Linear` weight `[out, in]`); they stack as
+//! `gate_up_proj[N] = cat(gate_proj.weight, up_proj.weight)` and
+//! `down_proj[N] = down_proj.weight`, which [`Experts::from_per_expert`] does.
+
+use burn::config::Config;
+use burn::module::{Initializer, Module, Param};
+use burn::nn::LinearConfig;
+use burn::tensor::{Device, IndexingUpdateOp, Int, Tensor, TensorData};
+
+use crate::error::ConfigError;
+use crate::ffn::{Activation, SwiGlu};
+
+const MODULE: &str = "ExpertsConfig";
+
+/// Configuration of [`Experts`].
+#[derive(Config, Debug)]
+pub struct ExpertsConfig {
+    /// Input and output width.
+    pub d_model: usize,
+    /// Hidden width of each expert (HF `moe_intermediate_size`).
+    pub d_ff: usize,
+    /// Number of experts.
+    pub n_experts: usize,
+    /// The gate's activation. Default: SiLU (SwiGLU).
+    #[config(default = "Activation::Silu")]
+    pub activation: Activation,
+    /// Initializer of both weights. Default: Burn's Linear default (Kaiming uniform,
+    /// gain 1/√3, over each projection's fan-in).
+    #[config(
+        default = "Initializer::KaimingUniform { gain: 1.0 / 3.0f64.sqrt(), fan_out_only: false }"
+    )]
+    pub initializer: Initializer,
+}
+
+impl ExpertsConfig {
+    /// Checks the configuration.
+    ///
+    /// # Errors
+    /// [`ConfigError::Zero`] for a zero size.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        ConfigError::check_positive(MODULE, "d_model", self.d_model)?;
+        ConfigError::check_positive(MODULE, "d_ff", self.d_ff)?;
+        ConfigError::check_positive(MODULE, "n_experts", self.n_experts)
+    }
+
+    /// Validates the configuration and initializes the experts.
+    ///
+    /// # Errors
+    /// See [`validate`](Self::validate).
+    pub fn try_init(&self, device: &Device) -> Result<Experts, ConfigError> {
+        self.validate()?;
+        let (e, d, f) = (self.n_experts, self.d_model, self.d_ff);
+        Ok(Experts {
+            gate_up_proj: self
+                .initializer
+                .init_with([e, 2 * f, d], Some(d), Some(2 * f), device),
+            down_proj: self
+                .initializer
+                .init_with([e, d, f], Some(f), Some(d), device),
+            activation: self.activation,
+        })
+    }
+
+    /// Initializes the experts.
+    ///
+    /// # Panics
+    /// If the configuration is invalid, with the message of [`validate`](Self::validate).
+    pub fn init(&self, device: &Device) -> Experts {
+        self.try_init(device)
+            .unwrap_or_else(|error| panic!("{error}"))
+    }
+}
+
+/// `n_experts` SwiGLU experts without biases, stacked (transformers 5's
+/// `MixtralExperts` / `DeepseekV3Experts` layout and names).
+#[derive(Module, Debug)]
+pub struct Experts {
+    /// `[n_experts, 2·d_ff, d_model]`: per expert, `gate_proj.weight` then
+    /// `up_proj.weight` (torch `[out, in]`).
+    pub gate_up_proj: Param<Tensor<3>>,
+    /// `[n_experts, d_model, d_ff]`: per expert, `down_proj.weight` (torch `[out, in]`).
+    pub down_proj: Param<Tensor<3>>,
+    /// The gate's activation.
+    #[module(skip)]
+    pub activation: Activation,
+}
+
+impl Experts {
+    /// Number of experts.
+    pub fn n_experts(&self) -> usize {
+        self.gate_up_proj.dims()[0]
+    }
+
+    /// Hidden width of one expert.
+    pub fn d_ff(&self) -> usize {
+        self.down_proj.dims()[2]
+    }
+
+    /// The stacked experts of a transformers 5 checkpoint.
+    ///
+    /// # Shapes
+    /// - gate_up_proj: `[n_experts, 2·d_ff, d_model]`
+    /// - down_proj: `[n_experts, d_model, d_ff]`
+    ///
+    /// # Panics
+    /// If the shapes disagree.
+    pub fn from_fused(
+        gate_up_proj: Tensor<3>,
+        down_proj: Tensor<3>,
+        activation: Activation,
+    ) -> Self {
+        let [n_experts, two_d_ff, d_model] = gate_up_proj.dims();
+        assert_eq!(
+            down_proj.dims(),
+            [n_experts, d_model, two_d_ff / 2],
+            "Experts: gate_up_proj is {:?}, so down_proj must be [n_experts, d_model, d_ff]",
+            gate_up_proj.dims()
+        );
+        Self {
+            gate_up_proj: Param::from_tensor(gate_up_proj),
+            down_proj: Param::from_tensor(down_proj),
+            activation,
+        }
+    }
+
+    /// Stacks per-expert SwiGLUs (the layout of published checkpoints, see the module
+    /// docs). Biases are not supported.
+    ///
+    /// # Panics
+    /// If `experts` is empty, the experts differ in shape or activation, or one has a
+    /// bias.
+    pub fn from_per_expert(experts: &[SwiGlu]) -> Self {
+        let first = experts.first().expect("Experts: at least one expert");
+        let mut gate_up = Vec::with_capacity(experts.len());
+        let mut down = Vec::with_capacity(experts.len());
+        for expert in experts {
+            assert!(
+                expert.gate_proj.bias.is_none()
+                    && expert.up_proj.bias.is_none()
+                    && expert.down_proj.bias.is_none(),
+                "Experts: stacked experts have no biases"
+            );
+            assert_eq!(
+                expert.activation, first.activation,
+                "Experts: one activation for all experts"
+            );
+            // Burn's Linear stores [in, out]; the stacked layout is torch's [out, in].
+            let gate = expert.gate_proj.weight.val().transpose(); // [d_ff, d_model]
+            let up = expert.up_proj.weight.val().transpose(); // [d_ff, d_model]
+            gate_up.push(Tensor::cat(vec![gate, up], 0).unsqueeze_dim::<3>(0));
+            down.push(
+                expert
+                    .down_proj
+                    .weight
+                    .val()
+                    .transpose()
+                    .unsqueeze_dim::<3>(0),
+            );
+        }
+        Self::from_fused(
+            Tensor::cat(gate_up, 0),
+            Tensor::cat(down, 0),
+            first.activation,
+        )
+    }
+
+    /// Expert `index` as a standalone SwiGLU (for references and inspection).
+    ///
+    /// # Panics
+    /// If `index >= n_experts`.
+    pub fn expert(&self, index: usize) -> SwiGlu {
+        let [n_experts, two_d_ff, d_model] = self.gate_up_proj.dims();
+        assert!(
+            index < n_experts,
+            "Experts: no expert {index} of {n_experts}"
+        );
+        let d_ff = two_d_ff / 2;
+        let gate_up = self
+            .gate_up_proj
+            .val()
+            .narrow(0, index, 1)
+            .reshape([two_d_ff, d_model]); // [2·d_ff, d_model]
+        let down = self
+            .down_proj
+            .val()
+            .narrow(0, index, 1)
+            .reshape([d_model, d_ff]); // [d_model, d_ff]
+        let device = gate_up.device();
+        let linear = |weight: Tensor<2>| {
+            let [d_out, d_in] = weight.dims();
+            let mut linear = LinearConfig::new(d_in, d_out)
+                .with_bias(false)
+                .init(&device);
+            linear.weight = Param::from_tensor(weight.transpose());
+            linear
+        };
+        SwiGlu {
+            gate_proj: linear(gate_up.clone().narrow(0, 0, d_ff)),
+            up_proj: linear(gate_up.narrow(0, d_ff, d_ff)),
+            down_proj: linear(down),
+            activation: self.activation,
+        }
+    }
+
+    /// Expert `index` applied to `x`, straight from the stacked weights.
+    ///
+    /// # Shapes
+    /// - x: `[tokens, d_model]`
+    /// - output: `[tokens, d_model]`
+    pub fn forward_expert(&self, index: usize, x: Tensor<2>) -> Tensor<2> {
+        let [_, two_d_ff, d_model] = self.gate_up_proj.dims();
+        let d_ff = two_d_ff / 2;
+        let dtype = x.dtype();
+        let gate_up = self
+            .gate_up_proj
+            .val()
+            .narrow(0, index, 1)
+            .reshape([two_d_ff, d_model])
+            .cast(dtype); // [2·d_ff, d_model]
+        let down = self
+            .down_proj
+            .val()
+            .narrow(0, index, 1)
+            .reshape([d_model, d_ff])
+            .cast(dtype); // [d_model, d_ff]
+        let hidden = x.matmul(gate_up.transpose()); // [tokens, 2·d_ff]
+        let gate = self.activation.forward(hidden.clone().narrow(1, 0, d_ff));
+        (gate * hidden.narrow(1, d_ff, d_ff)).matmul(down.transpose())
+    }
+
+    /// Runs each expert on its tokens and sums the weighted outputs per token, with the
+    /// given strategy.
+    ///
+    /// A dropped assignment contributes nothing (the token passes through the residual
+    /// connection around the layer for that expert).
+    ///
+    /// # Shapes
+    /// - x: `[tokens, d_model]`
+    /// - weights: `[tokens, top_k]`, the routing weights (cast to `x`'s dtype)
+    /// - output: `[tokens, d_model]`
+    ///
+    /// # Panics
+    /// If `plan.kept` does not have one entry per expert.
+    pub fn dispatch(
+        &self,
+        x: Tensor<2>,
+        weights: Tensor<2>,
+        plan: &DispatchPlan,
+        strategy: ExpertDispatch,
+    ) -> Tensor<2> {
+        let n_experts = self.n_experts();
+        assert_eq!(
+            plan.kept.len(),
+            n_experts,
+            "dispatch: one batch size per expert"
+        );
+        let [tokens, d_model] = x.dims();
+        let [_, top_k] = weights.dims();
+        let device = x.device();
+        let dtype = x.dtype();
+        let output = Tensor::<2>::zeros([tokens, d_model], &device).cast(dtype);
+        if plan.slots.is_empty() {
+            return output;
+        }
+        let int = |values: Vec<i64>| {
+            let n = values.len();
+            Tensor::<1, Int>::from_data(TensorData::new(values, [n]), &device)
+        };
+        // A zero weight after the `tokens · top_k` real ones, for padding rows.
+        let weights = Tensor::cat(
+            vec![
+                weights.reshape([tokens * top_k]),
+                Tensor::zeros([1], &device),
+            ],
+            0,
+        ); // [tokens·top_k + 1]
+        let (token_order, slot_order, outputs) = match strategy {
+            ExpertDispatch::PerExpert => {
+                let token_index = int(plan.tokens.clone());
+                // [kept, d_model]: every kept assignment's token, grouped by expert.
+                let gathered = x.select(0, token_index.clone());
+                let mut outputs = Vec::new();
+                let mut start = 0;
+                for (expert, &count) in plan.kept.iter().enumerate() {
+                    if count > 0 {
+                        let batch = gathered.clone().narrow(0, start, count);
+                        outputs.push(self.forward_expert(expert, batch));
+                        start += count;
+                    }
+                }
+                (token_index, plan.slots.clone(), Tensor::cat(outputs, 0))
+            }
+            ExpertDispatch::Batched => {
+                let layout = plan.padded_layout();
+                let rows = layout.rows;
+                let token_index = int(layout.tokens);
+                let gathered = x
+                    .select(0, token_index.clone())
+                    .reshape([n_experts, rows, d_model]); // [n_experts, rows, d_model]
+                let d_ff = self.d_ff();
+                let gate_up = self.gate_up_proj.val().cast(dtype); // [n_experts, 2·d_ff, d_model]
+                let down = self.down_proj.val().cast(dtype); // [n_experts, d_model, d_ff]
+                let hidden = gathered.matmul(gate_up.swap_dims(1, 2)); // [n_experts, rows, 2·d_ff]
+                let gate = self.activation.forward(hidden.clone().narrow(2, 0, d_ff));
+                let hidden = gate * hidden.narrow(2, d_ff, d_ff); // [n_experts, rows, d_ff]
+                let outputs = hidden
+                    .matmul(down.swap_dims(1, 2)) // [n_experts, rows, d_model]
+                    .reshape([n_experts * rows, d_model]);
+                (token_index, layout.slots, outputs)
+            }
+        };
+        let [n_rows, _] = outputs.dims();
+        let row_weights = weights
+            .select(0, int(slot_order))
+            .cast(dtype)
+            .reshape([n_rows, 1]); // [rows, 1]
+        output.select_assign(0, token_order, outputs * row_weights, IndexingUpdateOp::Add)
+    }
+}
+
+/// How the experts of one call are evaluated. Burn has no grouped (ragged) matmul, so
+/// each choice trades something; both give the same values.
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum ExpertDispatch {
+    /// One matmul per projection per active expert, on views of the stacked weights: no
+    /// padding, kernel launches grow with the number of active experts. The default:
+    /// faster than [`Batched`](Self::Batched) in every case measured on flex and wgpu
+    /// (docs/benchmarks.md).
+    PerExpert,
+    /// One matmul per projection over every expert, each expert's tokens padded to the
+    /// largest batch (inactive experts compute padding only): a fixed number of kernel
+    /// launches, for devices where launch overhead dominates (many experts with few
+    /// tokens each on a GPU). Costs the padding rows ([`DispatchPlan::padded_rows`]).
+    Batched,
+}
+
+/// Which tokens each expert evaluates, grouped by expert.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DispatchPlan {
+    /// The kept assignments as flat slot indices `token · top_k + slot`, grouped by
+    /// expert (expert 0's first), in token order within an expert.
+    pub slots: Vec<i64>,
+    /// The token of each entry of `slots`.
+    pub tokens: Vec<i64>,
+    /// Number of kept assignments per expert (the expert batch sizes).
+    pub kept: Vec<usize>,
+    /// Number of assignments per expert before any capacity limit.
+    pub routed: Vec<usize>,
+}
+
+impl DispatchPlan {
+    /// Groups the assignments in `indices` (`[tokens, top_k]` row-major) by expert,
+    /// keeping at most `capacity` per expert (the earliest tokens win, as in GShard).
+    ///
+    /// # Panics
+    /// If an index is not an expert (`0..n_experts`): the router produced it.
+    pub fn new(indices: &[i64], top_k: usize, n_experts: usize, capacity: Option<usize>) -> Self {
+        let mut per_expert: Vec<Vec<i64>> = vec![Vec::new(); n_experts];
+        for (slot, &expert) in indices.iter().enumerate() {
+            let expert = usize::try_from(expert)
+                .ok()
+                .filter(|&e| e < n_experts)
+                .unwrap_or_else(|| panic!("dispatch: expert index {expert} out of 0..{n_experts}"));
+            per_expert[expert].push(slot as i64);
+        }
+        let routed: Vec<usize> = per_expert.iter().map(Vec::len).collect();
+        let mut slots = Vec::with_capacity(indices.len());
+        let mut kept = Vec::with_capacity(n_experts);
+        for assignments in per_expert {
+            let keep = capacity.map_or(assignments.len(), |c| c.min(assignments.len()));
+            slots.extend_from_slice(&assignments[..keep]);
+            kept.push(keep);
+        }
+        let tokens = slots.iter().map(|&slot| slot / top_k as i64).collect();
+        Self {
+            slots,
+            tokens,
+            kept,
+            routed,
+        }
+    }
+
+    /// Assignments dropped by the capacity limit.
+    pub fn dropped(&self) -> usize {
+        self.routed.iter().sum::<usize>() - self.kept.iter().sum::<usize>()
+    }
+
+    /// Rows computed only as padding by [`ExpertDispatch::Batched`]:
+    /// `n_experts · largest batch − kept`.
+    pub fn padded_rows(&self) -> usize {
+        let rows = self.kept.iter().copied().max().unwrap_or(0);
+        self.kept.len() * rows - self.kept.iter().sum::<usize>()
+    }
+
+    /// The rows of the batched expert matmul: every expert's assignments, padded to the
+    /// largest batch.
+    pub fn padded_layout(&self) -> PaddedLayout {
+        let rows = self.kept.iter().copied().max().unwrap_or(0);
+        let mut tokens = Vec::with_capacity(self.kept.len() * rows);
+        let mut slots = Vec::with_capacity(self.kept.len() * rows);
+        // The zero weight sits right after the `tokens · top_k` real slots.
+        let zero_slot = self.routed.iter().sum::<usize>() as i64;
+        let mut offset = 0;
+        for &count in &self.kept {
+            tokens.extend_from_slice(&self.tokens[offset..offset + count]);
+            slots.extend_from_slice(&self.slots[offset..offset + count]);
+            tokens.extend(std::iter::repeat_n(0, rows - count));
+            slots.extend(std::iter::repeat_n(zero_slot, rows - count));
+            offset += count;
+        }
+        PaddedLayout {
+            rows,
+            tokens,
+            slots,
+        }
+    }
+}
+
+/// A [`DispatchPlan`] laid out for the batched expert matmul.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PaddedLayout {
+    /// Rows per expert: the largest expert batch.
+    pub rows: usize,
+    /// `[n_experts · rows]`: the token of each row; padding rows read token 0.
+    pub tokens: Vec<i64>,
+    /// `[n_experts · rows]`: the flat slot of each row; padding rows point one past the
+    /// last slot (`tokens · top_k`), where the dispatch appends a zero weight.
+    pub slots: Vec<i64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffn::SwiGluConfig;
+    use crate::test_utils::{assert_close, test_devices};
+    use burn::tensor::Distribution;
+
+    #[test]
+    fn plan_groups_by_expert_in_token_order_and_drops_over_capacity() {
+        // 4 tokens, top-2, 3 experts.
+        let indices = [0, 2, 2, 0, 0, 1, 2, 0];
+        let plan = DispatchPlan::new(&indices, 2, 3, None);
+        assert_eq!(plan.routed, vec![4, 1, 3]);
+        assert_eq!(plan.slots, vec![0, 3, 4, 7, 5, 1, 2, 6]);
+        assert_eq!(plan.tokens, vec![0, 1, 2, 3, 2, 0, 1, 3]);
+        assert_eq!(plan.dropped(), 0);
+        assert_eq!(plan.padded_rows(), 3 * 4 - 8);
+
+        let layout = plan.padded_layout();
+        assert_eq!(layout.rows, 4);
+        assert_eq!(layout.tokens, vec![0, 1, 2, 3, 2, 0, 0, 0, 0, 1, 3, 0]);
+        assert_eq!(layout.slots, vec![0, 3, 4, 7, 5, 8, 8, 8, 1, 2, 6, 8]);
+
+        let plan = DispatchPlan::new(&indices, 2, 3, Some(2));
+        assert_eq!(plan.kept, vec![2, 1, 2]);
+        assert_eq!(plan.slots, vec![0, 3, 5, 1, 2]);
+        assert_eq!(plan.dropped(), 3);
+    }
+
+    #[test]
+    fn decoding_pads_inactive_experts() {
+        // One token, top-2 of 8 experts: batched, 6 experts would be padding only.
+        let plan = DispatchPlan::new(&[3, 6], 2, 8, None);
+        assert_eq!(plan.padded_rows(), 6);
+        assert_eq!(plan.padded_layout().slots, vec![2, 2, 2, 0, 2, 2, 1, 2]);
+    }
+
+    #[test]
+    fn both_strategies_agree() {
+        for device in test_devices() {
+            device.seed(42);
+            let experts = ExpertsConfig::new(6, 5, 4).init(&device);
+            let x = Tensor::<2>::random([5, 6], Distribution::Normal(0.0, 1.0), &device);
+            let weights = Tensor::<2>::random([5, 2], Distribution::Uniform(0.0, 1.0), &device);
+            // Expert 2 gets nothing; expert 0 gets three tokens.
+            let plan = DispatchPlan::new(&[0, 1, 0, 3, 1, 3, 0, 1, 3, 1], 2, 4, None);
+            let batched =
+                experts.dispatch(x.clone(), weights.clone(), &plan, ExpertDispatch::Batched);
+            let per_expert = experts.dispatch(x, weights, &plan, ExpertDispatch::PerExpert);
+            assert_close(batched, per_expert, 1e-5, "batched vs per expert");
+        }
+    }
+
+    #[test]
+    fn stacking_per_expert_swiglus_round_trips() {
+        for device in test_devices() {
+            device.seed(41);
+            let singles: Vec<SwiGlu> = (0..3)
+                .map(|_| SwiGluConfig::new(6, 5).init(&device))
+                .collect();
+            let experts = Experts::from_per_expert(&singles);
+            assert_eq!(experts.gate_up_proj.dims(), [3, 10, 6]);
+            let x = Tensor::<2>::random([4, 6], Distribution::Normal(0.0, 1.0), &device);
+            for (index, single) in singles.iter().enumerate() {
+                assert_close(
+                    experts.expert(index).forward(x.clone()),
+                    single.forward(x.clone()),
+                    1e-6,
+                    "expert round trip",
+                );
+            }
+        }
+    }
+}

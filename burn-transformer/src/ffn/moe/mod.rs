@@ -1,0 +1,15 @@
+//! Mixture of experts: the router, the routed experts and their dispatch, the sparse
+//! layer, and the plan of which decoder layers are sparse. A layer's feed-forward is a
+//! [`FeedForward`](crate::ffn::FeedForward), of which [`Moe`] is one variant.
+
+mod experts;
+mod layer;
+mod plan;
+mod router;
+
+pub use experts::{DispatchPlan, ExpertDispatch, Experts, ExpertsConfig, PaddedLayout};
+pub use layer::{Moe, MoeConfig, MoeOutput};
+pub use plan::{MoeLayerPlan, dense_config_from_hf};
+pub use router::{
+    GroupScoring, Router, RouterConfig, RouterScoring, Routing, load_balancing_loss, router_z_loss,
+};

@@ -1,0 +1,160 @@
+//! `hf-logits`: logits and a greedy continuation of a Hugging Face model, for
+//! comparison with transformers.
+//!
+//! ```text
+//! hf-logits --model DIR --input INPUT.json --out OUT.safetensors [--device flex|ndarray|wgpu|cuda]
+//! ```
+//!
+//! `INPUT.json` is `{"tokens": [[...], ...], "max_new_tokens": n}` with rows of equal
+//! length. `OUT.safetensors` receives `logits`, f32 `[batch, seq, vocab]`, from one full
+//! forward pass, and `greedy`, i64 `[batch, n]`, the greedy continuation decoded
+//! through the KV cache (no stop token). The file is written under a temporary name
+//! and renamed, so it is either complete or absent. Bad input exits with status 1
+//! and a message naming the problem.
+
+use std::path::{Path, PathBuf};
+
+use burn::tensor::{Int, Tensor, TensorData};
+use burn_transformer::device::parse_device;
+use burn_transformer::generate::{GenerationConfig, generate};
+use burn_transformer::hf::load_causal_lm;
+use clap::Parser;
+use serde::Deserialize;
+
+/// One forward pass and a greedy continuation of a Hugging Face model.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// Model directory: config.json and model.safetensors (or a sharded index).
+    #[arg(long)]
+    model: PathBuf,
+    /// JSON input: {"tokens": [[...], ...], "max_new_tokens": n}.
+    #[arg(long)]
+    input: PathBuf,
+    /// Output safetensors file (`logits` f32, `greedy` i64).
+    #[arg(long)]
+    out: PathBuf,
+    /// Backend: flex, ndarray, wgpu or cuda[:N].
+    #[arg(long, default_value = "flex")]
+    device: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Input {
+    tokens: Vec<Vec<i64>>,
+    max_new_tokens: usize,
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Err(message) = run(&args) {
+        eprintln!("hf-logits: {message}");
+        std::process::exit(1);
+    }
+}
+
+/// Reads and checks the input: a non-empty batch of equal, non-empty rows.
+fn read_input(path: &Path) -> Result<Input, String> {
+    let text =
+        std::fs::read_to_string(path).map_err(|error| format!("{}: {error}", path.display()))?;
+    let input: Input = serde_json::from_str(&text)
+        .map_err(|error| format!("{}: invalid input: {error}", path.display()))?;
+    let Some(first) = input.tokens.first() else {
+        return Err(format!("{}: `tokens` has no rows", path.display()));
+    };
+    if first.is_empty() {
+        return Err(format!("{}: `tokens` rows are empty", path.display()));
+    }
+    if let Some((row, tokens)) = input
+        .tokens
+        .iter()
+        .enumerate()
+        .find(|(_, row)| row.len() != first.len())
+    {
+        return Err(format!(
+            "{}: rows of `tokens` must have equal lengths: row 0 has {}, row {row} has {}",
+            path.display(),
+            first.len(),
+            tokens.len()
+        ));
+    }
+    Ok(input)
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    let input = read_input(&args.input)?;
+    let device = parse_device(&args.device).map_err(|error| error.to_string())?;
+    let (model, _) = load_causal_lm(&args.model, &device).map_err(|error| error.to_string())?;
+    let vocab = model.vocab_size();
+    let batch = input.tokens.len();
+    let seq = input.tokens[0].len();
+    for (row, tokens) in input.tokens.iter().enumerate() {
+        if let Some(&token) = tokens.iter().find(|&&t| t < 0 || t as usize >= vocab) {
+            return Err(format!(
+                "{}: token {token} in row {row} is outside the model's vocabulary (0..{vocab})",
+                args.input.display()
+            ));
+        }
+    }
+
+    let flat: Vec<i64> = input.tokens.iter().flatten().copied().collect();
+    let tokens = Tensor::<2, Int>::from_data(TensorData::new(flat, [batch, seq]), &device);
+    let logits = model
+        .forward(tokens, None)
+        .into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .map_err(|error| format!("cannot read the logits: {error:?}"))?;
+
+    let prompts: Vec<Vec<u32>> = input
+        .tokens
+        .iter()
+        .map(|row| row.iter().map(|&t| t as u32).collect())
+        .collect();
+    let config = GenerationConfig::greedy(input.max_new_tokens);
+    let greedy: Vec<i64> = generate(&model, &prompts, &config, |_| {})
+        .map_err(|error| error.to_string())?
+        .into_iter()
+        .flat_map(|generated| generated.tokens.into_iter().map(i64::from))
+        .collect();
+
+    let logits_bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let greedy_bytes: Vec<u8> = greedy.iter().flat_map(|v| v.to_le_bytes()).collect();
+    write_tensors(
+        &args.out,
+        &[
+            (
+                "logits",
+                safetensors::Dtype::F32,
+                vec![batch, seq, vocab],
+                &logits_bytes,
+            ),
+            (
+                "greedy",
+                safetensors::Dtype::I64,
+                vec![batch, input.max_new_tokens],
+                &greedy_bytes,
+            ),
+        ],
+    )
+}
+
+/// Writes the tensors to `path` atomically.
+fn write_tensors(
+    path: &Path,
+    tensors: &[(&str, safetensors::Dtype, Vec<usize>, &[u8])],
+) -> Result<(), String> {
+    let views = tensors
+        .iter()
+        .map(|(name, dtype, shape, bytes)| {
+            safetensors::tensor::TensorView::new(*dtype, shape.clone(), bytes)
+                .map(|view| (name.to_string(), view))
+                .map_err(|error| format!("tensor {name}: {error}"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    examples::write_atomically(path, |temporary| {
+        safetensors::serialize_to_file(views, None, temporary)
+            .map_err(|error| format!("{}: {error}", path.display()))
+    })
+}
