@@ -236,7 +236,7 @@ fn beam_search_with_one_beam_is_greedy() {
 fn sequence_logprob(model: &CausalLm, prompt: &[u32], continuation: &[u32]) -> f32 {
     let device = crate::generate::LanguageModel::device(model);
     let sequence: Vec<u32> = prompt.iter().chain(continuation).copied().collect();
-    let logits = model.forward(int_tensor(&[sequence.clone()], &device), None);
+    let logits = model.forward(int_tensor(std::slice::from_ref(&sequence), &device), None);
     let [_, seq, vocab] = logits.dims();
     let values = logits
         .into_data()
