@@ -17,6 +17,8 @@ use crate::ffn::{Moe, SwiGlu};
 use crate::norm::RmsNorm;
 
 /// The attention of one layer.
+// One value per layer, built once: boxing the larger variant would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Module, Debug)]
 pub enum SelfAttention {
     /// Multi-head attention with grouped key/value heads and RoPE (LLaMA, Mistral,
@@ -27,6 +29,8 @@ pub enum SelfAttention {
 }
 
 /// The feed-forward part (HF `mlp`) of one layer.
+// One value per layer, built once: boxing the larger variant would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Module, Debug)]
 pub enum Mlp {
     /// A gated feed-forward network (SwiGLU).
@@ -38,6 +42,8 @@ pub enum Mlp {
 }
 
 /// The per-layer decoding state matching a layer's [`SelfAttention`].
+// One value per layer, built once: boxing the larger variant would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum LayerCache {
     /// Keys and values (full, grouped or rolling over a sliding window).
