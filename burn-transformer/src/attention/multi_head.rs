@@ -231,6 +231,12 @@ impl MultiHeadAttention {
         self.head_dim
     }
 
+    /// The module with another attention implementation, weights kept.
+    pub fn with_implementation(mut self, implementation: AttentionImpl) -> Self {
+        self.implementation = implementation;
+        self
+    }
+
     /// The sliding window, if any.
     pub fn window(&self) -> Option<usize> {
         self.window

@@ -17,7 +17,9 @@ use burn::nn::{Dropout, DropoutConfig};
 use burn::tensor::{Bool, Device, Tensor};
 
 use super::stochastic_depth::{StochasticDepth, StochasticDepthConfig};
-use crate::attention::{CrossKvCache, KvCache, MultiHeadAttention, MultiHeadAttentionConfig};
+use crate::attention::{
+    AttentionImpl, CrossKvCache, KvCache, MultiHeadAttention, MultiHeadAttentionConfig,
+};
 use crate::error::ConfigError;
 use crate::ffn::{FeedForward, FeedForwardConfig};
 use crate::norm::{Norm, NormConfig};
@@ -421,6 +423,16 @@ impl TransformerBlock {
         }
     }
 
+    /// The block with every attention sublayer switched to `implementation` (the
+    /// weights are kept): e.g. force the reference path on a loaded model.
+    pub fn with_attention_implementation(mut self, implementation: AttentionImpl) -> Self {
+        self.self_attn = self.self_attn.with_implementation(implementation);
+        self.cross_attn = self
+            .cross_attn
+            .map(|attention| attention.with_implementation(implementation));
+        self
+    }
+
     /// Residual dropout and stochastic depth on a sublayer's output.
     fn branch(&self, output: Tensor<3>) -> Tensor<3> {
         self.drop_path.forward(self.dropout.forward(output))
@@ -689,6 +701,64 @@ mod tests {
                 let padded = cross.narrow(0, 1, 1).narrow(3, 3, 3);
                 assert_eq!(padded.abs().sum().into_scalar::<f32>(), 0.0);
             }
+        }
+    }
+
+    /// Issue #3's end-to-end check: the same decoder layer trained for 5 AdamW steps
+    /// through the fused kernel and through the reference path gives the same losses.
+    #[cfg(all(feature = "wgpu", feature = "train"))]
+    #[test]
+    fn decoder_layer_trains_identically_through_the_kernel() {
+        use burn::optim::{AdamWConfig, GradientsParams};
+
+        let device = crate::test_utils::wgpu_device().autodiff();
+        device.seed(17);
+        let config = |implementation| {
+            let mut config = config(BlockKind::PreNorm);
+            config.self_attention = config
+                .self_attention
+                .with_head_dim(Some(32))
+                .with_rope(Some(RopeConfig::new(32)))
+                .with_implementation(implementation);
+            config
+        };
+        let initial = config(AttentionImpl::Fused).init(&device);
+        // [batch, seq, d_model] with a sequence that is not a multiple of any tile.
+        let x = Tensor::<3>::random([2, 37, D_MODEL], Distribution::Normal(0.0, 1.0), &device);
+        let target = Tensor::<3>::random([2, 37, D_MODEL], Distribution::Normal(0.0, 1.0), &device);
+
+        let train = |implementation| {
+            // Same initial weights; only the attention path differs.
+            let mut block = initial
+                .clone()
+                .with_attention_implementation(implementation);
+            let mut optimizer = AdamWConfig::new().init();
+            let mut losses = Vec::new();
+            for _ in 0..5 {
+                let output =
+                    block.forward(BlockState::new(x.clone(), BlockKind::PreNorm), None, None);
+                let loss = (output.hidden - target.clone()).powi_scalar(2).mean();
+                losses.push(loss.clone().into_scalar::<f32>());
+                let grads = GradientsParams::from_grads(loss.backward(), &block);
+                block = optimizer.step(1e-2, block, grads);
+            }
+            losses
+        };
+        let launches = || crate::kernel::FORWARD_LAUNCHES.load(std::sync::atomic::Ordering::SeqCst);
+        let before = launches();
+        let fused = train(AttentionImpl::Fused);
+        assert!(
+            launches() >= before + 5,
+            "the fused run must launch the CubeCL kernel"
+        );
+        let reference = train(AttentionImpl::Reference);
+        assert!(fused[4] < fused[0], "the layer learns: {fused:?}");
+        for (step, (a, b)) in fused.iter().zip(&reference).enumerate() {
+            let relative = (a - b).abs() / b.abs();
+            assert!(
+                relative <= 1e-4,
+                "step {step}: fused loss {a} vs reference {b} (relative {relative:e})"
+            );
         }
     }
 

@@ -1,0 +1,730 @@
+//! The CubeCL kernels of flash attention (`#[cube]` code only; launches live in
+//! `forward.rs` and `backward.rs`).
+//!
+//! Layout: every tensor is contiguous and read as vectors of `N` elements along the
+//! head dimension, so a row of `d` elements is `d / N` vectors. All arithmetic is in
+//! f32 whatever the input type `F`.
+//!
+//! Work split (FlashAttention-2): a cube owns `units · rows` consecutive rows of one
+//! head and each unit owns `rows` of them, held in registers:
+//! - forward and dQ: the rows are query rows; the unit streams the keys (and values)
+//!   that any row of the cube may see, `block` keys per unrolled step, with an online
+//!   softmax;
+//! - dK/dV: the rows are keys of one key/value head; the unit streams the query rows
+//!   (with dO, LSE and D) of every query head of its group. Each key's gradient is
+//!   summed by the one unit that owns it, in a fixed order: no atomics, deterministic.
+//!
+//! Why register tiles and no shared memory: every streamed key (or query) vector a
+//! unit loads is used for all `rows` rows it owns, so the loads per flop drop by
+//! `rows`. On CPU runtimes (lavapipe/llvmpipe) a load whose address is not a
+//! compile-time constant costs a loop over the SIMD lanes, and shared memory reads
+//! cost the same as global ones, so reuse in registers is what makes the kernel
+//! fast there; on GPUs all units of a cube read the same key row at the same time,
+//! which the cache serves as one broadcast.
+//!
+//! Masking follows `crate::attention::is_hidden` (bottom-right aligned causal,
+//! window, key padding). Hidden scores use a large negative *finite* value: WGSL has
+//! no infinity literal.
+
+use cubecl::prelude::*;
+
+/// Score of a hidden entry: exp(HIDDEN - m) is 0 for every visible max `m`.
+const HIDDEN: f32 = -1.0e30;
+/// Visible scores are clamped above this, so that a row's max is above `HIDDEN`
+/// exactly when the row sees a key.
+const SCORE_FLOOR: f32 = -1.0e29;
+/// The log-sum-exp of a row that sees no key.
+const MASKED_ROW_LSE: f32 = super::MASKED_ROW_LSE;
+
+/// Compile-time shape of one launch; each distinct value compiles one kernel. The
+/// masking options are runtime flags ([`Sizes`]): one compiled kernel serves every
+/// combination, and a disabled option costs a uniform branch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttentionConfig {
+    /// Units per cube.
+    pub units: usize,
+    /// Rows each unit owns: query rows (forward, dQ) or keys (dK/dV).
+    pub rows: usize,
+    /// Streamed rows per unrolled step: keys (forward, dQ) or query rows (dK/dV).
+    pub block: usize,
+    /// `d_qk / N`.
+    pub qk_vectors: usize,
+    /// `d_v / N`.
+    pub v_vectors: usize,
+}
+
+/// The runtime sizes of one launch.
+#[derive(CubeLaunch, CubeType, Clone, Copy)]
+pub struct Sizes {
+    /// Query sequence length.
+    pub seq_q: u32,
+    /// Key sequence length.
+    pub seq_k: u32,
+    /// Query heads.
+    pub heads: u32,
+    /// Query heads per key/value head.
+    pub group: u32,
+    /// Sliding window size (unused without a window).
+    pub window: u32,
+    /// Multiplies `q·kᵀ`.
+    pub scale: f32,
+    /// Soft-cap `c` (unused without a softcap).
+    pub cap: f32,
+    /// 1 for causal masking.
+    pub causal: u32,
+    /// 1 with a sliding window.
+    pub windowed: u32,
+    /// 1 when a key padding mask is read.
+    pub key_mask: u32,
+    /// 1 with logit soft-capping.
+    pub softcap: u32,
+}
+
+/// Whether key `key` is visible from absolute query position `pos` by the causal
+/// and window structure (padding is checked apart).
+#[cube]
+fn structurally_visible(pos: i32, key: i32, sizes: &Sizes) -> bool {
+    let window = i32::cast_from(sizes.window);
+    let causal = sizes.causal != 0;
+    let in_window = pos - key < window && (causal || key - pos < window);
+    (!causal || key <= pos) && (sizes.windowed == 0 || in_window)
+}
+
+/// Soft-caps a scaled score: `c·tanh(s/c)`.
+#[cube]
+fn cap_score(score: f32, sizes: &Sizes) -> f32 {
+    let mut out = score;
+    if sizes.softcap != 0 {
+        out = sizes.cap * f32::tanh(score / sizes.cap);
+    }
+    out
+}
+
+/// Derivative of the soft-cap at a capped score `s = c·tanh(t/c)`: `1 − (s/c)²`.
+#[cube]
+fn cap_derivative(capped: f32, sizes: &Sizes) -> f32 {
+    let mut out = 1.0f32;
+    if sizes.softcap != 0 {
+        let ratio = capped / sizes.cap;
+        out = 1.0f32 - ratio * ratio;
+    }
+    out
+}
+
+/// Range `[start, end)` of keys that any of the query rows `[row_first, row_last]`
+/// may see; empty when `end <= start`.
+#[cube]
+fn key_range(row_first: u32, row_last: u32, sizes: &Sizes) -> (i32, i32) {
+    let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
+    let first_pos = i32::cast_from(row_first) + shift;
+    let last_pos = i32::cast_from(row_last) + shift;
+    let window = i32::cast_from(sizes.window);
+    let mut start = 0i32;
+    let mut end = i32::cast_from(sizes.seq_k);
+    if sizes.causal != 0 && last_pos + 1 < end {
+        end = last_pos + 1;
+    }
+    if sizes.windowed != 0 {
+        if first_pos - window + 1 > start {
+            start = first_pos - window + 1;
+        }
+        if sizes.causal == 0 && last_pos + window < end {
+            end = last_pos + window;
+        }
+    }
+    (start, end)
+}
+
+/// Range `[start, end)` of query rows that may see any of the keys
+/// `[key_first, key_last]`; empty when `end <= start`.
+#[cube]
+fn row_range(key_first: u32, key_last: u32, sizes: &Sizes) -> (i32, i32) {
+    let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
+    let first = i32::cast_from(key_first);
+    let last = i32::cast_from(key_last);
+    let window = i32::cast_from(sizes.window);
+    let mut start = 0i32;
+    let mut end = i32::cast_from(sizes.seq_q);
+    // A row at position p sees key j when j <= p (causal), p - j < w and, without
+    // causal, j - p < w; positions are rows shifted by `shift`.
+    if sizes.causal != 0 && first - shift > start {
+        start = first - shift;
+    }
+    if sizes.windowed != 0 {
+        if last + window - shift < end {
+            end = last + window - shift;
+        }
+        if sizes.causal == 0 && first - window + 1 - shift > start {
+            start = first - window + 1 - shift;
+        }
+    }
+    (start, end)
+}
+
+/// Whether the key at `key` is a real, unpadded key (`key < seq_k` and, with a
+/// padding mask, not padded); reads the clamped index `key_c`.
+#[cube]
+fn key_kept<F: Float>(
+    key_mask: &Tensor<F>,
+    key: usize,
+    key_c: usize,
+    batch: usize,
+    sizes: &Sizes,
+) -> bool {
+    let seq_k = sizes.seq_k as usize;
+    let mut kept = key < seq_k;
+    if sizes.key_mask != 0 {
+        kept = kept && f32::cast_from(key_mask[batch * seq_k + key_c]) < 0.5f32;
+    }
+    kept
+}
+
+/// Forward: `O = softmax(q·kᵀ·scale + mask)·v` and the per-row log-sum-exp.
+///
+/// Cube `(x, y)`: query rows `x·units·rows ..` of head `y` (flattened `batch·heads`).
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub fn flash_forward<F: Float, N: Size>(
+    q: &Tensor<Vector<F, N>>,
+    k: &Tensor<Vector<F, N>>,
+    v: &Tensor<Vector<F, N>>,
+    key_mask: &Tensor<F>,
+    out: &mut Tensor<Vector<F, N>>,
+    lse: &mut Tensor<f32>,
+    sizes: Sizes,
+    #[comptime] config: AttentionConfig,
+    #[define(F)] _dtype: ElemType,
+) {
+    let rows = config.rows;
+    let block = config.block;
+    let qk_vectors = config.qk_vectors;
+    let v_vectors = config.v_vectors;
+    let tile_rows = config.units * rows;
+
+    let seq_q = sizes.seq_q as usize;
+    let seq_k = sizes.seq_k as usize;
+    let heads = sizes.heads as usize;
+    let group = sizes.group as usize;
+    let unit = UNIT_POS_X as usize;
+    let tile = CUBE_POS_X as usize;
+    let head = CUBE_POS_Y as usize; // batch * heads + h
+    let batch = head / heads;
+    let kv_head = batch * (heads / group) + (head % heads) / group;
+    let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
+
+    let first_row = tile * tile_rows + unit * rows;
+    let mut last_row = tile * tile_rows + tile_rows - 1;
+    if last_row >= seq_q {
+        last_row = seq_q - 1;
+    }
+    let (kv_start, kv_end) = key_range((tile * tile_rows) as u32, last_row as u32, &sizes);
+
+    // This unit's query rows, pre-multiplied by the scale. Rows past the end
+    // compute on the last row and are not written.
+    let mut q_rows = Array::<Vector<f32, N>>::new(rows * qk_vectors);
+    let mut positions = Array::<i32>::new(rows);
+    let scale = Vector::<f32, N>::new(sizes.scale);
+    #[unroll]
+    for r in 0..rows {
+        let mut row = first_row + r;
+        if row >= seq_q {
+            row = seq_q - 1;
+        }
+        positions[r] = i32::cast_from(row) + shift;
+        let base = (head * seq_q + row) * qk_vectors;
+        #[unroll]
+        for c in 0..qk_vectors {
+            q_rows[r * qk_vectors + c] = Vector::<f32, N>::cast_from(q[base + c]) * scale;
+        }
+    }
+    let mut acc = Array::<Vector<f32, N>>::new(rows * v_vectors);
+    let mut running_max = Array::<f32>::new(rows);
+    let mut running_sum = Array::<f32>::new(rows);
+    #[unroll]
+    for r in 0..rows {
+        running_max[r] = f32::new(HIDDEN);
+        running_sum[r] = 0.0f32;
+        #[unroll]
+        for c in 0..v_vectors {
+            acc[r * v_vectors + c] = Vector::<f32, N>::new(0.0f32);
+        }
+    }
+    let mut scores = Array::<f32>::new(rows * block);
+    let mut kept = Array::<bool>::new(block);
+    let last_key = seq_k - 1;
+
+    let mut start = kv_start;
+    while start < kv_end {
+        let first = start as usize;
+        // Scores of this unit's rows against `block` keys.
+        #[unroll]
+        for t in 0..block {
+            let key = first + t;
+            let mut key_c = key;
+            if key > last_key {
+                key_c = last_key;
+            }
+            kept[t] = key_kept::<F>(key_mask, key, key_c, batch, &sizes);
+            #[unroll]
+            for r in 0..rows {
+                scores[r * block + t] = 0.0f32;
+            }
+            let k_base = (kv_head * seq_k + key_c) * qk_vectors;
+            #[unroll]
+            for c in 0..qk_vectors {
+                let key_vector = Vector::<f32, N>::cast_from(k[k_base + c]);
+                #[unroll]
+                for r in 0..rows {
+                    scores[r * block + t] += q_rows[r * qk_vectors + c].dot(key_vector);
+                }
+            }
+        }
+        // Online softmax: probabilities of the block, rescaled running sums.
+        #[unroll]
+        for r in 0..rows {
+            let mut block_max = f32::new(HIDDEN);
+            #[unroll]
+            for t in 0..block {
+                let mut score = cap_score(scores[r * block + t], &sizes);
+                score = f32::max(score, SCORE_FLOOR);
+                let visible =
+                    kept[t] && structurally_visible(positions[r], start + t as i32, &sizes);
+                score = select(visible, score, HIDDEN);
+                scores[r * block + t] = score;
+                block_max = f32::max(block_max, score);
+            }
+            let new_max = f32::max(running_max[r], block_max);
+            // A row that has seen no key yet keeps everything at zero.
+            let live = new_max > HIDDEN;
+            let correction = select(live, f32::exp(running_max[r] - new_max), 1.0f32);
+            let mut total = running_sum[r] * correction;
+            #[unroll]
+            for t in 0..block {
+                let p = select(live, f32::exp(scores[r * block + t] - new_max), 0.0f32);
+                scores[r * block + t] = p;
+                total += p;
+            }
+            running_sum[r] = total;
+            running_max[r] = new_max;
+            let correction = Vector::<f32, N>::new(correction);
+            #[unroll]
+            for c in 0..v_vectors {
+                acc[r * v_vectors + c] *= correction;
+            }
+        }
+        // acc += P · V for the block.
+        #[unroll]
+        for t in 0..block {
+            let mut key = first + t;
+            if key > last_key {
+                key = last_key;
+            }
+            let v_base = (kv_head * seq_k + key) * v_vectors;
+            #[unroll]
+            for c in 0..v_vectors {
+                let value = Vector::<f32, N>::cast_from(v[v_base + c]);
+                #[unroll]
+                for r in 0..rows {
+                    acc[r * v_vectors + c] += value * Vector::<f32, N>::new(scores[r * block + t]);
+                }
+            }
+        }
+        start += block as i32;
+    }
+
+    #[unroll]
+    for r in 0..rows {
+        let row = first_row + r;
+        if row < seq_q {
+            let out_row = head * seq_q + row;
+            let mut inverse = 0.0f32;
+            let mut row_lse = f32::new(MASKED_ROW_LSE);
+            if running_sum[r] > 0.0f32 {
+                inverse = 1.0f32 / running_sum[r];
+                row_lse = running_max[r] + f32::ln(running_sum[r]);
+            }
+            let inverse = Vector::<f32, N>::new(inverse);
+            #[unroll]
+            for c in 0..v_vectors {
+                out[out_row * v_vectors + c] =
+                    Vector::<F, N>::cast_from(acc[r * v_vectors + c] * inverse);
+            }
+            lse[out_row] = row_lse;
+        }
+    }
+}
+
+/// Backward pre-pass: per query row, `stats = (LSE, D)` with `D = rowsum(dO ∘ O)`
+/// in f32. Packing both in one `[rows, 2]` tensor keeps the backward kernels within
+/// 8 storage buffers (the WebGPU default limit).
+#[cube(launch_unchecked)]
+pub fn flash_backward_stats<F: Float, N: Size>(
+    out: &Tensor<Vector<F, N>>,
+    grad_out: &Tensor<Vector<F, N>>,
+    lse: &Tensor<f32>,
+    stats: &mut Tensor<f32>,
+    rows: u32,
+    #[comptime] v_vectors: usize,
+    #[define(F)] _dtype: ElemType,
+) {
+    let row = ABSOLUTE_POS;
+    if row < rows as usize {
+        let mut total = 0.0f32;
+        #[unroll]
+        for c in 0..v_vectors {
+            let o = Vector::<f32, N>::cast_from(out[row * v_vectors + c]);
+            let d = Vector::<f32, N>::cast_from(grad_out[row * v_vectors + c]);
+            total += o.dot(d);
+        }
+        stats[row * 2] = lse[row];
+        stats[row * 2 + 1] = total;
+    }
+}
+
+/// Backward for keys and values: `dV = Pᵀ·dO`, `dK = scale·dSᵀ·Q`.
+///
+/// Cube `(x, y)`: keys `x·units·rows ..` of key/value head `y` (flattened
+/// `batch·kv_heads`); it loops over every query head of the group.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub fn flash_backward_kv<F: Float, N: Size>(
+    q: &Tensor<Vector<F, N>>,
+    k: &Tensor<Vector<F, N>>,
+    v: &Tensor<Vector<F, N>>,
+    grad_out: &Tensor<Vector<F, N>>,
+    stats: &Tensor<f32>,
+    key_mask: &Tensor<F>,
+    grad_k: &mut Tensor<Vector<F, N>>,
+    grad_v: &mut Tensor<Vector<F, N>>,
+    sizes: Sizes,
+    #[comptime] config: AttentionConfig,
+    #[define(F)] _dtype: ElemType,
+) {
+    let rows = config.rows;
+    let block = config.block;
+    let qk_vectors = config.qk_vectors;
+    let v_vectors = config.v_vectors;
+    let tile_keys = config.units * rows;
+
+    let seq_q = sizes.seq_q as usize;
+    let seq_k = sizes.seq_k as usize;
+    let heads = sizes.heads as usize;
+    let group = sizes.group as usize;
+    let kv_heads = heads / group;
+    let unit = UNIT_POS_X as usize;
+    let tile = CUBE_POS_X as usize;
+    let kv_head = CUBE_POS_Y as usize; // batch * kv_heads + kv head
+    let batch = kv_head / kv_heads;
+    let first_head = batch * heads + (kv_head % kv_heads) * group;
+    let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
+
+    let first_key = tile * tile_keys + unit * rows;
+    let mut last_key = tile * tile_keys + tile_keys - 1;
+    if last_key >= seq_k {
+        last_key = seq_k - 1;
+    }
+    let (row_start, row_end) = row_range((tile * tile_keys) as u32, last_key as u32, &sizes);
+
+    // This unit's keys (pre-scaled for the scores) and values; padded keys and keys
+    // past the end get no gradient.
+    let mut k_rows = Array::<Vector<f32, N>>::new(rows * qk_vectors);
+    let mut v_rows = Array::<Vector<f32, N>>::new(rows * v_vectors);
+    let mut dk = Array::<Vector<f32, N>>::new(rows * qk_vectors);
+    let mut dv = Array::<Vector<f32, N>>::new(rows * v_vectors);
+    let mut kept = Array::<bool>::new(rows);
+    let mut key_pos = Array::<i32>::new(rows);
+    let scale = Vector::<f32, N>::new(sizes.scale);
+    #[unroll]
+    for r in 0..rows {
+        let key = first_key + r;
+        let mut key_c = key;
+        if key >= seq_k {
+            key_c = seq_k - 1;
+        }
+        kept[r] = key_kept::<F>(key_mask, key, key_c, batch, &sizes);
+        key_pos[r] = i32::cast_from(key);
+        let k_base = (kv_head * seq_k + key_c) * qk_vectors;
+        let v_base = (kv_head * seq_k + key_c) * v_vectors;
+        #[unroll]
+        for c in 0..qk_vectors {
+            k_rows[r * qk_vectors + c] = Vector::<f32, N>::cast_from(k[k_base + c]) * scale;
+            dk[r * qk_vectors + c] = Vector::<f32, N>::new(0.0f32);
+        }
+        #[unroll]
+        for c in 0..v_vectors {
+            v_rows[r * v_vectors + c] = Vector::<f32, N>::cast_from(v[v_base + c]);
+            dv[r * v_vectors + c] = Vector::<f32, N>::new(0.0f32);
+        }
+    }
+
+    let mut q_block = Array::<Vector<f32, N>>::new(block * qk_vectors);
+    let mut scores = Array::<f32>::new(rows * block);
+    let mut dps = Array::<f32>::new(rows * block);
+    let mut row_lse = Array::<f32>::new(block);
+    let mut row_delta = Array::<f32>::new(block);
+    let mut row_ok = Array::<bool>::new(block);
+    let last_row = seq_q - 1;
+
+    for g in 0..group {
+        let head = first_head + g;
+        let mut start = row_start;
+        while start < row_end {
+            let first = start as usize;
+            // Scores S = q·kᵀ·scale for `block` query rows.
+            #[unroll]
+            for t in 0..block {
+                let row = first + t;
+                let mut row_c = row;
+                if row > last_row {
+                    row_c = last_row;
+                }
+                row_ok[t] = row < seq_q;
+                let stat = (head * seq_q + row_c) * 2;
+                row_lse[t] = stats[stat];
+                row_delta[t] = stats[stat + 1];
+                #[unroll]
+                for r in 0..rows {
+                    scores[r * block + t] = 0.0f32;
+                    dps[r * block + t] = 0.0f32;
+                }
+                let q_base = (head * seq_q + row_c) * qk_vectors;
+                #[unroll]
+                for c in 0..qk_vectors {
+                    let query = Vector::<f32, N>::cast_from(q[q_base + c]);
+                    q_block[t * qk_vectors + c] = query;
+                    #[unroll]
+                    for r in 0..rows {
+                        scores[r * block + t] += k_rows[r * qk_vectors + c].dot(query);
+                    }
+                }
+            }
+            // P = exp(S − LSE) where visible; the capped score is kept for dS.
+            #[unroll]
+            for t in 0..block {
+                let pos = start + t as i32 + shift;
+                #[unroll]
+                for r in 0..rows {
+                    let capped = cap_score(scores[r * block + t], &sizes);
+                    let visible =
+                        row_ok[t] && kept[r] && structurally_visible(pos, key_pos[r], &sizes);
+                    scores[r * block + t] = select(visible, f32::exp(capped - row_lse[t]), 0.0f32);
+                    dps[r * block + t] = cap_derivative(capped, &sizes);
+                }
+            }
+            // dV += P·dO and dP = dO·vᵀ.
+            #[unroll]
+            for t in 0..block {
+                let mut row = first + t;
+                if row > last_row {
+                    row = last_row;
+                }
+                let do_base = (head * seq_q + row) * v_vectors;
+                let mut dp = Array::<f32>::new(rows);
+                #[unroll]
+                for r in 0..rows {
+                    dp[r] = 0.0f32;
+                }
+                #[unroll]
+                for c in 0..v_vectors {
+                    let grad = Vector::<f32, N>::cast_from(grad_out[do_base + c]);
+                    #[unroll]
+                    for r in 0..rows {
+                        dp[r] += v_rows[r * v_vectors + c].dot(grad);
+                        dv[r * v_vectors + c] +=
+                            grad * Vector::<f32, N>::new(scores[r * block + t]);
+                    }
+                }
+                // dS = P ∘ (dP − D) ∘ softcap'.
+                #[unroll]
+                for r in 0..rows {
+                    dps[r * block + t] =
+                        scores[r * block + t] * (dp[r] - row_delta[t]) * dps[r * block + t];
+                }
+            }
+            // dK += dS·q (scaled at the end).
+            #[unroll]
+            for t in 0..block {
+                #[unroll]
+                for c in 0..qk_vectors {
+                    let query = q_block[t * qk_vectors + c];
+                    #[unroll]
+                    for r in 0..rows {
+                        dk[r * qk_vectors + c] += query * Vector::<f32, N>::new(dps[r * block + t]);
+                    }
+                }
+            }
+            start += block as i32;
+        }
+    }
+
+    #[unroll]
+    for r in 0..rows {
+        let key = first_key + r;
+        if key < seq_k {
+            let k_base = (kv_head * seq_k + key) * qk_vectors;
+            let v_base = (kv_head * seq_k + key) * v_vectors;
+            #[unroll]
+            for c in 0..qk_vectors {
+                grad_k[k_base + c] = Vector::<F, N>::cast_from(dk[r * qk_vectors + c] * scale);
+            }
+            #[unroll]
+            for c in 0..v_vectors {
+                grad_v[v_base + c] = Vector::<F, N>::cast_from(dv[r * v_vectors + c]);
+            }
+        }
+    }
+}
+
+/// Backward for queries: `dQ = scale·dS·K`, streaming keys like the forward.
+///
+/// Cube `(x, y)`: query rows `x·units·rows ..` of head `y` (flattened `batch·heads`).
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub fn flash_backward_q<F: Float, N: Size>(
+    q: &Tensor<Vector<F, N>>,
+    k: &Tensor<Vector<F, N>>,
+    v: &Tensor<Vector<F, N>>,
+    grad_out: &Tensor<Vector<F, N>>,
+    stats: &Tensor<f32>,
+    key_mask: &Tensor<F>,
+    grad_q: &mut Tensor<Vector<F, N>>,
+    sizes: Sizes,
+    #[comptime] config: AttentionConfig,
+    #[define(F)] _dtype: ElemType,
+) {
+    let rows = config.rows;
+    let block = config.block;
+    let qk_vectors = config.qk_vectors;
+    let v_vectors = config.v_vectors;
+    let tile_rows = config.units * rows;
+
+    let seq_q = sizes.seq_q as usize;
+    let seq_k = sizes.seq_k as usize;
+    let heads = sizes.heads as usize;
+    let group = sizes.group as usize;
+    let unit = UNIT_POS_X as usize;
+    let tile = CUBE_POS_X as usize;
+    let head = CUBE_POS_Y as usize;
+    let batch = head / heads;
+    let kv_head = batch * (heads / group) + (head % heads) / group;
+    let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
+
+    let first_row = tile * tile_rows + unit * rows;
+    let mut last_row = tile * tile_rows + tile_rows - 1;
+    if last_row >= seq_q {
+        last_row = seq_q - 1;
+    }
+    let (kv_start, kv_end) = key_range((tile * tile_rows) as u32, last_row as u32, &sizes);
+
+    let scale = Vector::<f32, N>::new(sizes.scale);
+    let mut q_rows = Array::<Vector<f32, N>>::new(rows * qk_vectors);
+    let mut do_rows = Array::<Vector<f32, N>>::new(rows * v_vectors);
+    let mut dq = Array::<Vector<f32, N>>::new(rows * qk_vectors);
+    let mut positions = Array::<i32>::new(rows);
+    let mut row_lse = Array::<f32>::new(rows);
+    let mut row_delta = Array::<f32>::new(rows);
+    #[unroll]
+    for r in 0..rows {
+        let mut row = first_row + r;
+        if row >= seq_q {
+            row = seq_q - 1;
+        }
+        positions[r] = i32::cast_from(row) + shift;
+        row_lse[r] = stats[(head * seq_q + row) * 2];
+        row_delta[r] = stats[(head * seq_q + row) * 2 + 1];
+        let q_base = (head * seq_q + row) * qk_vectors;
+        let do_base = (head * seq_q + row) * v_vectors;
+        #[unroll]
+        for c in 0..qk_vectors {
+            q_rows[r * qk_vectors + c] = Vector::<f32, N>::cast_from(q[q_base + c]) * scale;
+            dq[r * qk_vectors + c] = Vector::<f32, N>::new(0.0f32);
+        }
+        #[unroll]
+        for c in 0..v_vectors {
+            do_rows[r * v_vectors + c] = Vector::<f32, N>::cast_from(grad_out[do_base + c]);
+        }
+    }
+
+    let mut k_block = Array::<Vector<f32, N>>::new(block * qk_vectors);
+    let mut scores = Array::<f32>::new(rows * block);
+    let mut dps = Array::<f32>::new(rows * block);
+    let mut kept = Array::<bool>::new(block);
+    let last_key = seq_k - 1;
+
+    let mut start = kv_start;
+    while start < kv_end {
+        let first = start as usize;
+        #[unroll]
+        for t in 0..block {
+            let key = first + t;
+            let mut key_c = key;
+            if key > last_key {
+                key_c = last_key;
+            }
+            kept[t] = key_kept::<F>(key_mask, key, key_c, batch, &sizes);
+            #[unroll]
+            for r in 0..rows {
+                scores[r * block + t] = 0.0f32;
+                dps[r * block + t] = 0.0f32;
+            }
+            let k_base = (kv_head * seq_k + key_c) * qk_vectors;
+            #[unroll]
+            for c in 0..qk_vectors {
+                let key_vector = Vector::<f32, N>::cast_from(k[k_base + c]);
+                k_block[t * qk_vectors + c] = key_vector;
+                #[unroll]
+                for r in 0..rows {
+                    scores[r * block + t] += q_rows[r * qk_vectors + c].dot(key_vector);
+                }
+            }
+            let v_base = (kv_head * seq_k + key_c) * v_vectors;
+            #[unroll]
+            for c in 0..v_vectors {
+                let value = Vector::<f32, N>::cast_from(v[v_base + c]);
+                #[unroll]
+                for r in 0..rows {
+                    dps[r * block + t] += do_rows[r * v_vectors + c].dot(value);
+                }
+            }
+        }
+        // dS = P ∘ (dP − D) ∘ softcap', P = exp(S − LSE) where visible.
+        #[unroll]
+        for t in 0..block {
+            #[unroll]
+            for r in 0..rows {
+                let capped = cap_score(scores[r * block + t], &sizes);
+                let visible =
+                    kept[t] && structurally_visible(positions[r], start + t as i32, &sizes);
+                let p = select(visible, f32::exp(capped - row_lse[r]), 0.0f32);
+                dps[r * block + t] =
+                    p * (dps[r * block + t] - row_delta[r]) * cap_derivative(capped, &sizes);
+            }
+        }
+        // dQ += dS·k (scaled at the end).
+        #[unroll]
+        for t in 0..block {
+            #[unroll]
+            for c in 0..qk_vectors {
+                let key_vector = k_block[t * qk_vectors + c];
+                #[unroll]
+                for r in 0..rows {
+                    dq[r * qk_vectors + c] +=
+                        key_vector * Vector::<f32, N>::new(dps[r * block + t]);
+                }
+            }
+        }
+        start += block as i32;
+    }
+
+    #[unroll]
+    for r in 0..rows {
+        let row = first_row + r;
+        if row < seq_q {
+            let q_base = (head * seq_q + row) * qk_vectors;
+            #[unroll]
+            for c in 0..qk_vectors {
+                grad_q[q_base + c] = Vector::<F, N>::cast_from(dq[r * qk_vectors + c] * scale);
+            }
+        }
+    }
+}

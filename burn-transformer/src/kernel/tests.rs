@@ -1,0 +1,547 @@
+//! Parity of the fused op with the reference path and a float64 host oracle.
+//!
+//! Tolerance rule (DESIGN.md, as flash-attention's own suite): the error of the fused
+//! path against the f64 oracle must not exceed twice the error of the naive
+//! reference path run at the same precision, plus a small floor so that exact
+//! agreement passes. Outputs and the gradients of q, k and v are all checked.
+
+use burn::tensor::{DType, Device, Distribution, Tensor, TensorData};
+
+use super::*;
+use crate::attention::{AttentionImpl, AttentionOptions, padding_mask_from_lengths};
+
+/// One attention call of the grid.
+#[derive(Clone, Debug)]
+pub(super) struct Case {
+    pub batch: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub seq_q: usize,
+    pub seq_k: usize,
+    pub d_qk: usize,
+    pub d_v: usize,
+    pub causal: bool,
+    pub window: Option<usize>,
+    /// Key lengths per batch entry (right padding).
+    pub lengths: Option<Vec<usize>>,
+    pub softcap: Option<f64>,
+    pub scale: Option<f64>,
+}
+
+impl Case {
+    pub fn new(
+        heads: usize,
+        kv_heads: usize,
+        seq_q: usize,
+        seq_k: usize,
+        dims: (usize, usize),
+    ) -> Self {
+        Self {
+            batch: 1,
+            heads,
+            kv_heads,
+            seq_q,
+            seq_k,
+            d_qk: dims.0,
+            d_v: dims.1,
+            causal: false,
+            window: None,
+            lengths: None,
+            softcap: None,
+            scale: None,
+        }
+    }
+
+    fn options(&self, device: &Device) -> AttentionOptions {
+        AttentionOptions::new()
+            .with_causal(self.causal)
+            .with_window(self.window)
+            .with_softcap(self.softcap)
+            .with_scale(self.scale)
+            .with_key_padding(
+                self.lengths
+                    .as_ref()
+                    .map(|lengths| padding_mask_from_lengths(lengths, self.seq_k, device)),
+            )
+    }
+
+    fn problem(&self) -> Problem {
+        Problem {
+            batch: self.batch,
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            seq_q: self.seq_q,
+            seq_k: self.seq_k,
+            d_qk: self.d_qk,
+            d_v: self.d_v,
+            causal: self.causal,
+            window: self.window,
+            has_key_mask: self.lengths.is_some(),
+        }
+    }
+
+    fn shapes(&self) -> [[usize; 4]; 4] {
+        [
+            [self.batch, self.heads, self.seq_q, self.d_qk],
+            [self.batch, self.kv_heads, self.seq_k, self.d_qk],
+            [self.batch, self.kv_heads, self.seq_k, self.d_v],
+            [self.batch, self.heads, self.seq_q, self.d_v],
+        ]
+    }
+}
+
+/// Host data of one case: q, k, v and the output gradient.
+pub(super) struct Inputs {
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+    pub grad: Vec<f32>,
+}
+
+impl Inputs {
+    /// Normal(0, 1) inputs drawn on flex with a fixed seed (same data on every device).
+    pub fn random(case: &Case, seed: u64, q_scale: f32) -> Self {
+        let device = Device::flex();
+        device.seed(seed);
+        let draw = |shape: [usize; 4]| {
+            Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), &device)
+                .into_data()
+                .convert::<f32>()
+                .try_to_vec::<f32>()
+                .unwrap()
+        };
+        let [sq, sk, sv, so] = case.shapes();
+        Self {
+            q: draw(sq).into_iter().map(|x| x * q_scale).collect(),
+            k: draw(sk),
+            v: draw(sv),
+            grad: draw(so),
+        }
+    }
+}
+
+/// Output and gradients `(out, dq, dk, dv)` as f64 host vectors.
+pub(super) type Results = [Vec<f64>; 4];
+
+/// The float64 oracle: direct loops over the masking rule of [`Problem::is_hidden`].
+pub(super) fn oracle(case: &Case, inputs: &Inputs) -> Results {
+    let problem = case.problem();
+    let group = case.heads / case.kv_heads;
+    let scale = case.scale.unwrap_or(1.0 / (case.d_qk as f64).sqrt());
+    let (d_qk, d_v, seq_q, seq_k) = (case.d_qk, case.d_v, case.seq_q, case.seq_k);
+    let f = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
+    let (q, k, v, grad) = (f(&inputs.q), f(&inputs.k), f(&inputs.v), f(&inputs.grad));
+    let mut out = vec![0.0; q.len() / d_qk * d_v];
+    let mut dq = vec![0.0; q.len()];
+    let mut dk = vec![0.0; k.len()];
+    let mut dv = vec![0.0; v.len()];
+    for b in 0..case.batch {
+        let length = case.lengths.as_ref().map_or(seq_k, |l| l[b]);
+        for h in 0..case.heads {
+            let kv = b * case.kv_heads + h / group;
+            for i in 0..seq_q {
+                let row = (b * case.heads + h) * seq_q + i;
+                let visible: Vec<usize> = (0..seq_k)
+                    .filter(|&j| j < length && !problem.is_hidden(i, j))
+                    .collect();
+                if visible.is_empty() {
+                    continue;
+                }
+                let q_row = &q[row * d_qk..(row + 1) * d_qk];
+                let scores: Vec<f64> = visible
+                    .iter()
+                    .map(|&j| {
+                        let k_row = &k[(kv * seq_k + j) * d_qk..][..d_qk];
+                        let t = q_row.iter().zip(k_row).map(|(a, b)| a * b).sum::<f64>() * scale;
+                        match case.softcap {
+                            Some(c) => c * (t / c).tanh(),
+                            None => t,
+                        }
+                    })
+                    .collect();
+                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let total: f64 = weights.iter().sum();
+                let probs: Vec<f64> = weights.iter().map(|w| w / total).collect();
+                let g_row = &grad[row * d_v..(row + 1) * d_v];
+                let mut dps = Vec::with_capacity(visible.len());
+                for (p, &j) in probs.iter().zip(&visible) {
+                    let v_row = &v[(kv * seq_k + j) * d_v..][..d_v];
+                    for d in 0..d_v {
+                        out[row * d_v + d] += p * v_row[d];
+                        dv[(kv * seq_k + j) * d_v + d] += p * g_row[d];
+                    }
+                    dps.push(g_row.iter().zip(v_row).map(|(a, b)| a * b).sum::<f64>());
+                }
+                let delta: f64 = probs.iter().zip(&dps).map(|(p, dp)| p * dp).sum();
+                for ((p, dp), (&j, s)) in probs.iter().zip(&dps).zip(visible.iter().zip(&scores)) {
+                    let cap = case.softcap.map_or(1.0, |c| 1.0 - (s / c) * (s / c));
+                    let ds = p * (dp - delta) * cap * scale;
+                    let k_row = (kv * seq_k + j) * d_qk;
+                    for d in 0..d_qk {
+                        dq[row * d_qk + d] += ds * k[k_row + d];
+                        dk[k_row + d] += ds * q_row[d];
+                    }
+                }
+            }
+        }
+    }
+    [out, dq, dk, dv]
+}
+
+/// Which implementation a run uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Path {
+    /// The fused op (must be supported).
+    Fused,
+    /// The naive reference path of the attention core.
+    Reference,
+}
+
+fn host(tensor: Tensor<4>) -> Vec<f64> {
+    tensor
+        .into_data()
+        .convert::<f64>()
+        .try_to_vec::<f64>()
+        .unwrap()
+}
+
+/// Runs forward and backward (loss = Σ out ∘ grad) on an autodiff version of `device`.
+pub(super) fn run(
+    case: &Case,
+    inputs: &Inputs,
+    device: &Device,
+    dtype: DType,
+    path: Path,
+) -> Results {
+    let device = device.clone().autodiff();
+    let [sq, sk, sv, so] = case.shapes();
+    let load = |data: &[f32], shape: [usize; 4]| {
+        Tensor::<4>::from_data(TensorData::new(data.to_vec(), shape), &device)
+            .cast(dtype)
+            .require_grad()
+    };
+    let q = load(&inputs.q, sq);
+    let k = load(&inputs.k, sk);
+    let v = load(&inputs.v, sv);
+    let grad =
+        Tensor::<4>::from_data(TensorData::new(inputs.grad.clone(), so), &device).cast(dtype);
+    let options = case.options(&device);
+    let output = match path {
+        Path::Fused => flash_attention(q.clone(), k.clone(), v.clone(), &options)
+            .unwrap_or_else(|reason| panic!("{case:?}: fused op unsupported: {reason}")),
+        Path::Reference => crate::attention::attention(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            &options.with_implementation(AttentionImpl::Reference),
+        ),
+    };
+    let grads = (output.clone() * grad).sum().backward();
+    let gradient = |t: &Tensor<4>| {
+        t.grad(&grads)
+            .map(host)
+            .unwrap_or_else(|| vec![0.0; t.shape().num_elements()])
+    };
+    [
+        host(output.inner()),
+        gradient(&q),
+        gradient(&k),
+        gradient(&v),
+    ]
+}
+
+/// Largest absolute difference (NaN counts as infinite).
+fn max_error(actual: &[f64], expected: &[f64]) -> f64 {
+    actual
+        .iter()
+        .zip(expected)
+        .map(|(a, e)| {
+            if a.is_finite() {
+                (a - e).abs()
+            } else {
+                f64::INFINITY
+            }
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Asserts the tolerance rule for the output and the three gradients.
+///
+/// `floor` is relative to the largest magnitude of the expected values.
+pub(super) fn assert_rule(
+    what: &str,
+    fused: &Results,
+    naive: &Results,
+    oracle: &Results,
+    floor: f64,
+) {
+    for (name, ((f, n), o)) in ["out", "dq", "dk", "dv"]
+        .iter()
+        .zip(fused.iter().zip(naive).zip(oracle))
+    {
+        let magnitude = o.iter().fold(1.0f64, |m, x| m.max(x.abs()));
+        let fused_error = max_error(f, o);
+        let naive_error = max_error(n, o);
+        let bound = 2.0 * naive_error + floor * magnitude;
+        assert!(
+            fused_error <= bound,
+            "{what}: {name} error {fused_error:e} > bound {bound:e} (naive error {naive_error:e}, magnitude {magnitude:e})"
+        );
+    }
+}
+
+/// The f32 parity grid: at least 100 configurations covering MHA/GQA/MQA, causal or
+/// not, windows, padding (with fully padded entries), seq lengths 1, 17, 64, 129
+/// and 1000 with seq_q ≠ seq_k, head dims 32, 64, 80, 128 and 192/128.
+pub(super) fn parity_grid() -> Vec<Case> {
+    let dims = [(32, 32), (64, 64), (80, 80), (128, 128), (192, 128)];
+    let heads = [(2, 2), (4, 2), (3, 1)];
+    // (seq_q, seq_k, causal, window, padding, softcap)
+    let masks: [(usize, usize, bool, Option<usize>, bool, Option<f64>); 8] = [
+        (17, 17, false, None, false, None),
+        (1, 17, true, None, false, None),
+        (17, 64, true, None, true, None),
+        (64, 17, true, Some(5), false, None),
+        (129, 64, false, Some(9), false, None),
+        (64, 129, true, Some(40), true, Some(5.0)),
+        (17, 129, false, None, true, Some(20.0)),
+        (129, 129, true, None, false, None),
+    ];
+    let mut cases = Vec::new();
+    for (d, &dim) in dims.iter().enumerate() {
+        for (h, &(heads, kv_heads)) in heads.iter().enumerate() {
+            for (m, &(seq_q, seq_k, causal, window, padding, softcap)) in masks.iter().enumerate() {
+                let mut case = Case::new(heads, kv_heads, seq_q, seq_k, dim);
+                case.causal = causal;
+                case.window = window;
+                case.softcap = softcap;
+                if padding {
+                    // Batch of two: one entry with keys cut short, one fully padded
+                    // (every row of it sees nothing).
+                    case.batch = 2;
+                    let cut = (seq_k * 2 / 3).max(1);
+                    case.lengths = Some(if (d + h + m) % 2 == 0 {
+                        vec![cut, 0]
+                    } else {
+                        vec![seq_k, cut]
+                    });
+                }
+                if (d + h + m) % 5 == 0 {
+                    case.scale = Some(0.3);
+                }
+                cases.push(case);
+            }
+        }
+    }
+    // Long sequences, a few shapes only.
+    let mut long = Case::new(2, 1, 1000, 1000, (64, 64));
+    long.causal = true;
+    cases.push(long);
+    let mut long = Case::new(2, 2, 1000, 999, (128, 128));
+    long.window = Some(100);
+    cases.push(long);
+    let mut long = Case::new(1, 1, 129, 1000, (192, 128));
+    long.lengths = Some(vec![700]);
+    cases.push(long);
+    cases
+}
+
+#[test]
+fn problem_masking_rule_equals_the_attention_core() {
+    for (seq_q, seq_k) in [(5, 9), (9, 5), (1, 4), (7, 7)] {
+        for causal in [false, true] {
+            for window in [None, Some(1), Some(3)] {
+                let problem = Problem {
+                    batch: 1,
+                    heads: 1,
+                    kv_heads: 1,
+                    seq_q,
+                    seq_k,
+                    d_qk: 4,
+                    d_v: 4,
+                    causal,
+                    window,
+                    has_key_mask: false,
+                };
+                for row in 0..seq_q {
+                    for key in 0..seq_k {
+                        assert_eq!(
+                            problem.is_hidden(row, key),
+                            crate::attention::is_hidden(row, key, seq_q, seq_k, causal, window)
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn portable_path_matches_the_oracle_on_flex() {
+    let device = Device::flex();
+    for (index, case) in parity_grid().iter().enumerate().filter(|(i, _)| i % 3 == 0) {
+        let inputs = Inputs::random(case, index as u64, 1.0);
+        let expected = oracle(case, &inputs);
+        let fused = run(case, &inputs, &device, DType::F32, Path::Fused);
+        let naive = run(case, &inputs, &device, DType::F32, Path::Reference);
+        assert_rule(
+            &format!("flex #{index} {case:?}"),
+            &fused,
+            &naive,
+            &expected,
+            1e-5,
+        );
+    }
+}
+
+#[test]
+fn portable_path_runs_on_ndarray() {
+    #[cfg(feature = "ndarray")]
+    {
+        #[allow(deprecated)] // ndarray is deprecated upstream; we keep supporting it.
+        let device = Device::ndarray();
+        let mut case = Case::new(4, 2, 17, 64, (32, 32));
+        case.causal = true;
+        case.batch = 2;
+        case.lengths = Some(vec![40, 0]);
+        let inputs = Inputs::random(&case, 3, 1.0);
+        let expected = oracle(&case, &inputs);
+        let fused = run(&case, &inputs, &device, DType::F32, Path::Fused);
+        let naive = run(&case, &inputs, &device, DType::F32, Path::Reference);
+        assert_rule("ndarray", &fused, &naive, &expected, 1e-5);
+    }
+}
+
+#[test]
+fn unsupported_dtype_is_reported() {
+    let device = Device::flex();
+    let problem = Case::new(1, 1, 2, 2, (4, 4)).problem();
+    assert_eq!(
+        check_support(&device, DType::I32, &problem),
+        Err(Unsupported::DType(DType::I32))
+    );
+    let mut empty = problem;
+    empty.seq_k = 0;
+    assert!(matches!(
+        check_support(&device, DType::F32, &empty),
+        Err(Unsupported::Empty(_))
+    ));
+}
+
+#[cfg(feature = "wgpu")]
+mod wgpu {
+    use super::*;
+    use crate::test_utils::wgpu_device;
+    use std::sync::atomic::Ordering;
+
+    #[test]
+    fn parity_grid_on_wgpu_f32() {
+        let device = wgpu_device();
+        let cases = parity_grid();
+        assert!(cases.len() >= 100, "{} configurations", cases.len());
+        let launches = super::super::FORWARD_LAUNCHES.load(Ordering::Relaxed);
+        for (index, case) in cases.iter().enumerate() {
+            let inputs = Inputs::random(case, index as u64, 1.0);
+            let expected = oracle(case, &inputs);
+            let fused = run(case, &inputs, &device, DType::F32, Path::Fused);
+            let naive = run(case, &inputs, &device, DType::F32, Path::Reference);
+            assert_rule(
+                &format!("wgpu #{index} {case:?}"),
+                &fused,
+                &naive,
+                &expected,
+                1e-5,
+            );
+        }
+        // The CubeCL kernel really ran for these calls (under Fusion, at execution).
+        assert!(super::super::FORWARD_LAUNCHES.load(Ordering::Relaxed) >= launches + cases.len());
+    }
+
+    #[test]
+    fn wgpu_tensors_go_through_fusion() {
+        // On wgpu with Burn's `fusion` feature the dispatch backend is
+        // `Fusion<CubeBackend>`: the op runs through the fusion implementation.
+        let device = wgpu_device();
+        let tensor = Tensor::<2>::zeros([1, 1], &device);
+        assert!(
+            tensor
+                .try_into_primitive::<burn::backend::fusion::Fusion<burn_cubecl::CubeBackend>>()
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn fully_masked_rows_and_large_logits_stay_finite() {
+        let device = wgpu_device();
+        // seq_q > seq_k with causal: the first rows see no key; one batch entry is
+        // fully padded; q is scaled by 1e3 so logits are in the thousands.
+        let mut case = Case::new(2, 1, 129, 64, (64, 64));
+        case.causal = true;
+        case.batch = 2;
+        case.lengths = Some(vec![64, 0]);
+        let inputs = Inputs::random(&case, 11, 1e3);
+        let expected = oracle(&case, &inputs);
+        let fused = run(&case, &inputs, &device, DType::F32, Path::Fused);
+        for values in &fused {
+            assert!(values.iter().all(|x| x.is_finite()));
+        }
+        let naive = run(&case, &inputs, &device, DType::F32, Path::Reference);
+        // Logits in the thousands carry f32 rounding of ~1e-4 (relative to the
+        // output) that depends on summation order, in both paths.
+        assert_rule("large logits", &fused, &naive, &expected, 1e-4);
+        // Rows 0..65 see nothing: zero output.
+        assert!(fused[0][..65 * 64].iter().all(|x| *x == 0.0));
+    }
+
+    #[test]
+    fn half_precision_subset() {
+        let device = wgpu_device();
+        for dtype in [DType::F16, DType::BF16] {
+            let mut case = Case::new(4, 2, 64, 129, (64, 64));
+            case.causal = true;
+            case.batch = 2;
+            case.lengths = Some(vec![129, 50]);
+            let inputs = Inputs::random(&case, 5, 1.0);
+            let problem = case.problem();
+            match check_support(&device, dtype, &problem) {
+                Ok(()) => {
+                    let expected = oracle(&case, &inputs);
+                    let fused = run(&case, &inputs, &device, dtype, Path::Fused);
+                    let naive = run(&case, &inputs, &device, dtype, Path::Reference);
+                    assert_rule(&format!("{dtype:?}"), &fused, &naive, &expected, 1e-3);
+                }
+                Err(reason) => {
+                    assert_eq!(reason, Unsupported::DeviceDType(dtype));
+                    assert!(!device.supports_dtype(dtype));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn attention_core_dispatches_to_the_kernel() {
+        let device = wgpu_device();
+        let case = Case::new(2, 2, 17, 17, (32, 32));
+        let inputs = Inputs::random(&case, 1, 1.0);
+        let [sq, sk, sv, _] = case.shapes();
+        let load = |data: &[f32], shape| {
+            Tensor::<4>::from_data(TensorData::new(data.to_vec(), shape), &device)
+        };
+        let before = super::super::FORWARD_LAUNCHES.load(Ordering::Relaxed);
+        let output = crate::attention::attention(
+            load(&inputs.q, sq),
+            load(&inputs.k, sk),
+            load(&inputs.v, sv),
+            &AttentionOptions::new().with_implementation(AttentionImpl::Auto),
+        );
+        let values = host(output);
+        let expected = oracle(&case, &inputs);
+        assert!(max_error(&values, &expected[0]) < 1e-5);
+        let forced = std::env::var("BURN_TRANSFORMER_ATTENTION").is_ok_and(|v| v == "reference");
+        assert_eq!(
+            super::super::FORWARD_LAUNCHES.load(Ordering::Relaxed) > before,
+            !forced
+        );
+    }
+}
