@@ -91,7 +91,16 @@ fn check_family(name: &str, device: &str) {
 
 #[test]
 fn matches_transformers_for_every_family_on_flex() {
-    for name in ["llama", "llama_sharded", "mistral", "qwen2", "qwen2_bf16"] {
+    for name in [
+        "llama",
+        "llama_sharded",
+        "mistral",
+        "qwen2",
+        "qwen2_bf16",
+        "mixtral",
+        "deepseek_v2",
+        "deepseek_v3",
+    ] {
         check_family(name, "flex");
     }
 }

@@ -260,7 +260,51 @@ pub fn reference_attention(
     v: Tensor<4>,
     options: &AttentionOptions,
 ) -> Tensor<4> {
-    let (batch, n_heads, n_kv_heads, seq_q, seq_k, d_qk, d_v) = check_shapes(&q, &k, &v, options);
+    let (batch, n_heads, n_kv_heads, seq_q, seq_k, _, d_v) = check_shapes(&q, &k, &v, options);
+    let group = n_heads / n_kv_heads;
+    let device = q.device();
+    let probs = grouped_probabilities(q, k, options);
+    let probs = if options.dropout > 0.0 && device.is_autodiff() {
+        let keep = 1.0 - options.dropout;
+        let bernoulli = probs.random_like(Distribution::Bernoulli(keep));
+        probs * bernoulli / keep
+    } else {
+        probs
+    };
+
+    let probs = probs.reshape([batch, n_kv_heads, group * seq_q, seq_k]);
+    probs.matmul(v).reshape([batch, n_heads, seq_q, d_v]) // [batch, n_heads, seq_q, d_v]
+}
+
+/// The attention probabilities `softmax(q·kᵀ·scale + mask)` of one call, as the
+/// reference path computes them (no dropout): what attention plots show.
+///
+/// Row `i` of head `h` says how much query `i` reads from each key; visible entries
+/// sum to 1, hidden ones are 0, and a fully-masked row is all zeros. The result
+/// materializes `seq_q × seq_k` per head, so it is meant for inspection, not for
+/// long sequences.
+///
+/// # Shapes
+/// - q: `[batch, n_heads, seq_q, d_qk]`
+/// - k: `[batch, n_kv_heads, seq_k, d_qk]`
+/// - output: `[batch, n_heads, seq_q, seq_k]`
+///
+/// # Panics
+/// If the shapes disagree (as [`attention`], with `k` standing in for `v`).
+pub fn attention_weights(q: Tensor<4>, k: Tensor<4>, options: &AttentionOptions) -> Tensor<4> {
+    let [batch, n_heads, seq_q, _] = q.dims();
+    let seq_k = k.dims()[2];
+    grouped_probabilities(q, k, options).reshape([batch, n_heads, seq_q, seq_k]) // [batch, n_heads, seq_q, seq_k]
+}
+
+/// Masked, scaled, soft-capped softmax of `q·kᵀ` with the query heads grouped by
+/// their shared key/value head.
+///
+/// # Shapes
+/// - q: `[batch, n_heads, seq_q, d_qk]`, k: `[batch, n_kv_heads, seq_k, d_qk]`
+/// - output: `[batch, n_kv_heads, n_heads / n_kv_heads, seq_q, seq_k]`
+fn grouped_probabilities(q: Tensor<4>, k: Tensor<4>, options: &AttentionOptions) -> Tensor<5> {
+    let (batch, n_heads, n_kv_heads, seq_q, seq_k, d_qk, _) = check_shapes(&q, &k, &k, options);
     let group = n_heads / n_kv_heads;
     let device = q.device();
 
@@ -285,18 +329,7 @@ pub fn reference_attention(
         Some(mask) => scores.mask_fill(mask.clone(), f64::NEG_INFINITY),
         None => scores,
     };
-
-    let probs = masked_softmax(scores);
-    let probs = if options.dropout > 0.0 && device.is_autodiff() {
-        let keep = 1.0 - options.dropout;
-        let bernoulli = probs.random_like(Distribution::Bernoulli(keep));
-        probs * bernoulli / keep
-    } else {
-        probs
-    };
-
-    let probs = probs.reshape([batch, n_kv_heads, group * seq_q, seq_k]);
-    probs.matmul(v).reshape([batch, n_heads, seq_q, d_v]) // [batch, n_heads, seq_q, d_v]
+    masked_softmax(scores)
 }
 
 /// Softmax over the last dimension that returns zeros for rows whose entries are

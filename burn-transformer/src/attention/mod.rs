@@ -7,8 +7,8 @@ mod multi_head;
 
 pub use self::cache::{CrossKvCache, KvCache};
 pub use self::core::{
-    AttentionImpl, AttentionOptions, attention, is_hidden, padding_mask_from_lengths,
-    reference_attention, structural_mask,
+    AttentionImpl, AttentionOptions, attention, attention_weights, is_hidden,
+    padding_mask_from_lengths, reference_attention, structural_mask,
 };
 pub use self::latent::{
     AbsorbedWeights, CacheFootprint, LatentAttention, LatentAttentionConfig, LatentKvCache,

@@ -12,7 +12,7 @@ use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
 use burn::tensor::{Bool, Device, Tensor};
 
 use super::cache::{CrossKvCache, KvCache};
-use super::core::{AttentionImpl, AttentionOptions, attention};
+use super::core::{AttentionImpl, AttentionOptions, attention, attention_weights};
 use crate::error::ConfigError;
 use crate::position::{Rope, RopeConfig};
 
@@ -322,6 +322,67 @@ impl MultiHeadAttention {
         self.merge_heads(output)
     }
 
+    /// [`forward`](Self::forward) that also returns the attention probabilities, for
+    /// inspection and plots. Both come from the reference path (the fused kernel never
+    /// forms the probabilities), without attention dropout.
+    ///
+    /// # Shapes
+    /// - x: `[batch, seq, d_model]`
+    /// - key_padding: `[batch, seq]`, `true` for padded positions
+    /// - output: `[batch, seq, d_model]` and the weights `[batch, n_heads, seq, seq]`
+    ///   (row = query, column = key; hidden keys get 0)
+    pub fn forward_with_weights(
+        &self,
+        x: Tensor<3>,
+        key_padding: Option<Tensor<2, Bool>>,
+    ) -> (Tensor<3>, Tensor<4>) {
+        let q = self.project_queries(x.clone(), 0);
+        let (k, v) = self.project_keys_values(x, Some(0));
+        let options = self.options(self.causal, key_padding).with_dropout(0.0);
+        self.attend_with_weights(q, k, v, &options)
+    }
+
+    /// [`forward_cross`](Self::forward_cross) that also returns the attention
+    /// probabilities over the memory positions (see
+    /// [`forward_with_weights`](Self::forward_with_weights)).
+    ///
+    /// # Shapes
+    /// - x: `[batch, seq, d_model]`
+    /// - memory: `[batch, seq_memory, d_kv_input]`
+    /// - memory_padding: `[batch, seq_memory]`, `true` = padded
+    /// - output: `[batch, seq, d_model]` and the weights `[batch, n_heads, seq, seq_memory]`
+    pub fn forward_cross_with_weights(
+        &self,
+        x: Tensor<3>,
+        memory: Tensor<3>,
+        memory_padding: Option<Tensor<2, Bool>>,
+    ) -> (Tensor<3>, Tensor<4>) {
+        let q = self.project_queries_unrotated(x);
+        let (k, v) = self.project_keys_values(memory, None);
+        let options = self.options(false, memory_padding).with_dropout(0.0);
+        self.attend_with_weights(q, k, v, &options)
+    }
+
+    /// `weights · v` per head, with the weights from the attention core.
+    fn attend_with_weights(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        options: &AttentionOptions,
+    ) -> (Tensor<3>, Tensor<4>) {
+        let weights = attention_weights(q, k, options); // [batch, n_heads, seq_q, seq_k]
+        let [batch, n_heads, seq_q, seq_k] = weights.dims();
+        let [_, n_kv_heads, _, head_dim] = v.dims();
+        let group = n_heads / n_kv_heads;
+        // Query heads of a group share their key/value head, as in the core.
+        let grouped = weights
+            .clone()
+            .reshape([batch, n_kv_heads, group * seq_q, seq_k]); // [batch, n_kv_heads, group * seq_q, seq_k]
+        let output = grouped.matmul(v).reshape([batch, n_heads, seq_q, head_dim]); // [batch, n_heads, seq_q, head_dim]
+        (self.merge_heads(output), weights)
+    }
+
     /// The options of one call of the attention core.
     fn options(&self, causal: bool, key_padding: Option<Tensor<2, Bool>>) -> AttentionOptions {
         // Burn's dropout convention: active only while the layer is in training mode
@@ -525,6 +586,69 @@ mod tests {
             }
             assert!(cache.is_filled());
             assert_close(Tensor::cat(steps, 1), full, 1e-5, "cross cached vs full");
+        }
+    }
+
+    /// The weights are the probabilities the output is made of: `forward_with_weights`
+    /// returns `forward`'s output (pinned against PyTorch above), each visible row sums
+    /// to 1, and future and padded keys get exactly 0.
+    #[test]
+    fn weights_are_the_probabilities_behind_the_output() {
+        for device in test_devices() {
+            device.seed(11);
+            let attention = config().with_rope(Some(RopeConfig::new(12))).init(&device);
+            let x = Tensor::<3>::random([2, 5, 32], Distribution::Normal(0.0, 1.0), &device);
+            let padding = padding_mask_from_lengths(&[5, 3], 5, &device);
+            let (output, weights) =
+                attention.forward_with_weights(x.clone(), Some(padding.clone()));
+            assert_close(
+                output,
+                attention.forward(x, Some(padding)),
+                1e-5,
+                "output with weights vs forward",
+            );
+            assert_eq!(weights.dims(), [2, 4, 5, 5]);
+            let values = weights.to_data().try_to_vec::<f32>().unwrap();
+            for (row, chunk) in values.chunks(5).enumerate() {
+                let (batch, query) = (row / 20, row % 5);
+                let length = [5, 3][batch];
+                for (key, weight) in chunk.iter().enumerate() {
+                    if key > query || key >= length {
+                        assert_eq!(*weight, 0.0, "hidden key {key} of query {query}");
+                    }
+                }
+                let total: f32 = chunk.iter().sum();
+                assert!((total - 1.0).abs() < 1e-5, "row {row} sums to {total}");
+            }
+        }
+    }
+
+    #[test]
+    fn cross_attention_weights_cover_the_unpadded_memory() {
+        for device in test_devices() {
+            device.seed(13);
+            let attention = MultiHeadAttentionConfig::new(16, 4)
+                .with_n_kv_heads(Some(2))
+                .with_d_kv_input(Some(24))
+                .init(&device);
+            let x = Tensor::<3>::random([2, 3, 16], Distribution::Normal(0.0, 1.0), &device);
+            let memory = Tensor::<3>::random([2, 7, 24], Distribution::Normal(0.0, 1.0), &device);
+            let padding = padding_mask_from_lengths(&[7, 4], 7, &device);
+            let (output, weights) = attention.forward_cross_with_weights(
+                x.clone(),
+                memory.clone(),
+                Some(padding.clone()),
+            );
+            assert_close(
+                output,
+                attention.forward_cross(x, memory, Some(padding)),
+                1e-5,
+                "cross output with weights vs forward_cross",
+            );
+            assert_eq!(weights.dims(), [2, 4, 3, 7]);
+            // Padded memory positions 4..7 of the second sequence get no weight.
+            let padded = weights.narrow(0, 1, 1).narrow(3, 4, 3);
+            assert_eq!(padded.abs().sum().into_scalar::<f32>(), 0.0);
         }
     }
 

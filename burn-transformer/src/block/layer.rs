@@ -186,6 +186,17 @@ impl BlockState {
     }
 }
 
+/// The attention probabilities of one block, from
+/// [`TransformerBlock::forward_with_weights`]: row = query, column = key.
+#[derive(Clone, Debug)]
+pub struct BlockWeights {
+    /// Self-attention, `[batch, n_heads, seq, seq]`.
+    pub self_attn: Tensor<4>,
+    /// Cross-attention over the memory, `[batch, n_heads, seq, seq_memory]`; `None` in
+    /// a block without cross-attention.
+    pub cross_attn: Option<Tensor<4>>,
+}
+
 /// Encoder output that cross-attention reads.
 #[derive(Clone, Debug)]
 pub struct Memory {
@@ -244,6 +255,48 @@ impl TransformerBlock {
             },
             memory,
         )
+    }
+
+    /// [`forward`](Self::forward) that also returns the block's attention
+    /// probabilities (computed on the reference path, for inspection and plots).
+    ///
+    /// # Shapes
+    /// - as [`forward`](Self::forward); the weights are `[batch, n_heads, seq, seq]` for
+    ///   self-attention and `[batch, n_heads, seq, seq_memory]` for cross-attention
+    ///
+    /// # Panics
+    /// If the block has cross-attention and no memory is given.
+    pub fn forward_with_weights(
+        &self,
+        state: BlockState,
+        key_padding: Option<Tensor<2, Bool>>,
+        memory: Option<&Memory>,
+    ) -> (BlockState, BlockWeights) {
+        let mut self_weights = None;
+        let mut cross_weights = None;
+        let state = self.run(
+            state,
+            |attention, x| {
+                let (output, weights) = attention.forward_with_weights(x, key_padding);
+                self_weights = Some(weights);
+                output
+            },
+            |attention, x, memory| {
+                let (output, weights) = attention.forward_cross_with_weights(
+                    x,
+                    memory.states.clone(),
+                    memory.padding.clone(),
+                );
+                cross_weights = Some(weights);
+                output
+            },
+            memory,
+        );
+        let weights = BlockWeights {
+            self_attn: self_weights.expect("every block kind runs its self-attention"),
+            cross_attn: cross_weights,
+        };
+        (state, weights)
     }
 
     /// Runs the block over new positions, reading and extending `cache`.
@@ -602,6 +655,52 @@ mod tests {
                 1e-5,
                 "cross-attention block cached",
             );
+        }
+    }
+
+    /// A stack's weights are its blocks' own: the output is `forward`'s, the first
+    /// block's self-attention weights are those of its attention on its normed input,
+    /// and cross-attention weights leave padded memory positions at 0.
+    #[test]
+    fn stack_returns_every_blocks_weights() {
+        for device in test_devices() {
+            device.seed(17);
+            let stack = TransformerStackConfig::new(
+                config(BlockKind::PreNorm).with_cross_attention(Some(
+                    MultiHeadAttentionConfig::new(D_MODEL, 2).with_d_kv_input(Some(8)),
+                )),
+                2,
+            )
+            .init(&device);
+            let memory = Memory {
+                states: Tensor::random([2, 6, 8], Distribution::Normal(0.0, 1.0), &device),
+                padding: Some(crate::attention::padding_mask_from_lengths(
+                    &[6, 3],
+                    6,
+                    &device,
+                )),
+            };
+            let x = input(&device);
+            let (output, weights) = stack.forward_with_weights(x.clone(), None, Some(&memory));
+            assert_close(
+                output,
+                stack.forward(x.clone(), None, Some(&memory)),
+                1e-5,
+                "stack output with weights vs forward",
+            );
+            assert_eq!(weights.len(), 2);
+            let first = &stack.layers[0];
+            let (_, expected) = first
+                .self_attn
+                .forward_with_weights(first.input_layernorm.forward(x), None);
+            assert_close(weights[0].self_attn.clone(), expected, 1e-6, "first block");
+            for block in &weights {
+                assert_eq!(block.self_attn.dims(), [2, 4, 5, 5]);
+                let cross = block.cross_attn.clone().expect("cross-attention weights");
+                assert_eq!(cross.dims(), [2, 2, 5, 6]);
+                let padded = cross.narrow(0, 1, 1).narrow(3, 3, 3);
+                assert_eq!(padded.abs().sum().into_scalar::<f32>(), 0.0);
+            }
         }
     }
 

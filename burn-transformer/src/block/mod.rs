@@ -5,7 +5,8 @@ mod stack;
 mod stochastic_depth;
 
 pub use layer::{
-    BlockCache, BlockKind, BlockState, Memory, TransformerBlock, TransformerBlockConfig,
+    BlockCache, BlockKind, BlockState, BlockWeights, Memory, TransformerBlock,
+    TransformerBlockConfig,
 };
 pub use stack::{TransformerStack, TransformerStackConfig};
 pub use stochastic_depth::{StochasticDepth, StochasticDepthConfig};

@@ -5,7 +5,8 @@ use burn::module::Module;
 use burn::tensor::{Bool, Device, Tensor};
 
 use super::layer::{
-    BlockCache, BlockKind, BlockState, Memory, TransformerBlock, TransformerBlockConfig,
+    BlockCache, BlockKind, BlockState, BlockWeights, Memory, TransformerBlock,
+    TransformerBlockConfig,
 };
 use crate::error::ConfigError;
 use crate::norm::Norm;
@@ -99,6 +100,28 @@ impl TransformerStack {
             state = layer.forward(state, key_padding.clone(), memory);
         }
         self.finish(state)
+    }
+
+    /// [`forward`](Self::forward) that also returns every block's attention
+    /// probabilities, first block first (see [`TransformerBlock::forward_with_weights`]).
+    ///
+    /// # Shapes
+    /// - as [`forward`](Self::forward); one [`BlockWeights`] per block
+    pub fn forward_with_weights(
+        &self,
+        x: Tensor<3>,
+        key_padding: Option<Tensor<2, Bool>>,
+        memory: Option<&Memory>,
+    ) -> (Tensor<3>, Vec<BlockWeights>) {
+        let mut state = BlockState::new(x, self.kind);
+        let mut weights = Vec::with_capacity(self.layers.len());
+        for layer in &self.layers {
+            let (next, block_weights) =
+                layer.forward_with_weights(state, key_padding.clone(), memory);
+            state = next;
+            weights.push(block_weights);
+        }
+        (self.finish(state), weights)
     }
 
     /// Runs every block over new positions with per-block caches (see [`Self::new_cache`]).

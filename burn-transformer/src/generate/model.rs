@@ -115,7 +115,7 @@ impl LanguageModel for Seq2SeqDecoding<'_> {
     fn new_cache(&self, batch: usize) -> Seq2SeqCache {
         let [sources, _, _] = self.memory.dims();
         assert!(
-            sources > 0 && batch % sources == 0,
+            sources > 0 && batch.is_multiple_of(sources),
             "Seq2SeqDecoding: {batch} rows cannot share {sources} encoded sources"
         );
         let repeat = batch / sources;

@@ -111,15 +111,171 @@ pub fn load_causal_lm_with(
 }
 
 /// The rename table of the decoder-only families.
+///
+/// Mixtral names its sparse block `block_sparse_moe` where our layer (like DeepSeek's)
+/// says `mlp`; DeepSeek-V3 checkpoints append multi-token-prediction layers after the
+/// last decoder layer, which inference does not use.
 pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
     let tied = config.model.tie_word_embeddings;
+    let n_layers = config.model.n_layers;
+    let mixtral = config.model_type == "mixtral";
     move |key: &str| {
         if key.ends_with(".rotary_emb.inv_freq") || (tied && key == "lm_head.weight") {
-            KeyAction::Ignore
+            return KeyAction::Ignore;
+        }
+        if let Some(layer) = layer_index(key)
+            && layer >= n_layers
+        {
+            return KeyAction::Ignore;
+        }
+        if mixtral {
+            KeyAction::Load(key.replacen(".block_sparse_moe.", ".mlp.", 1))
         } else {
             KeyAction::Load(key.to_string())
         }
     }
+}
+
+/// The decoder layer a `model.layers.N.…` key belongs to.
+fn layer_index(key: &str) -> Option<usize> {
+    key.strip_prefix("model.layers.")?
+        .split('.')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The per-expert projections of a checkpoint and the part of our stacked tensors
+/// they fill: `(gate or up, into gate_up_proj)` or `down_proj`.
+const EXPERT_PARTS: &[(&str, ExpertPart)] = &[
+    ("gate_proj", ExpertPart::Gate),
+    ("w1", ExpertPart::Gate),
+    ("up_proj", ExpertPart::Up),
+    ("w3", ExpertPart::Up),
+    ("down_proj", ExpertPart::Down),
+    ("w2", ExpertPart::Down),
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ExpertPart {
+    Gate,
+    Up,
+    Down,
+}
+
+/// Splits `prefix.experts.E.part.weight` into `(prefix, E, part)`.
+fn expert_key(key: &str) -> Option<(&str, usize, ExpertPart)> {
+    let rest = key.strip_suffix(".weight")?;
+    let (rest, name) = rest.rsplit_once('.')?;
+    let part = EXPERT_PARTS.iter().find(|(n, _)| *n == name)?.1;
+    let (rest, index) = rest.rsplit_once('.')?;
+    let prefix = rest.strip_suffix(".experts")?;
+    Some((prefix, index.parse().ok()?, part))
+}
+
+/// Stacks per-expert checkpoint tensors (`….experts.E.gate_proj.weight` /
+/// `w1`, `up_proj` / `w3`, `down_proj` / `w2`, as transformers saves them) into the
+/// two tensors our [`Experts`](crate::ffn::moe::Experts) hold:
+/// `….experts.gate_up_proj` `[E, 2·d_ff, d_model]` (each expert's gate rows, then
+/// its up rows) and `….experts.down_proj` `[E, d_model, d_ff]`. Both are already in
+/// torch's `[out, in]` per expert, so no transpose follows. A group with a missing
+/// expert or part, or uneven shapes or dtypes, is left unstacked: the loader then
+/// names its keys as unexpected and the stacked parameter as missing.
+fn stack_experts(
+    tensors: BTreeMap<String, FileTensor>,
+) -> Result<BTreeMap<String, FileTensor>, HfError> {
+    type Group = BTreeMap<(usize, u8), String>;
+    let mut groups: BTreeMap<String, Group> = BTreeMap::new();
+    for key in tensors.keys() {
+        if let Some((prefix, expert, part)) = expert_key(key) {
+            groups
+                .entry(prefix.to_string())
+                .or_default()
+                .insert((expert, part as u8), key.clone());
+        }
+    }
+    let mut tensors = tensors;
+    for (prefix, group) in groups {
+        let n_experts = group.keys().map(|(e, _)| e + 1).max().unwrap_or(0);
+        let part_key = |expert: usize, part: ExpertPart| group.get(&(expert, part as u8));
+        let complete = (0..n_experts).all(|e| {
+            [ExpertPart::Gate, ExpertPart::Up, ExpertPart::Down]
+                .iter()
+                .all(|&part| part_key(e, part).is_some())
+        }) && group.len() == 3 * n_experts;
+        if !complete {
+            continue;
+        }
+        let first = |part| &tensors[part_key(0, part).expect("complete group")];
+        let (gate, down) = (first(ExpertPart::Gate), first(ExpertPart::Down));
+        let dtype = gate.tensor.dtype;
+        let (gate_shape, down_shape) = (
+            gate.tensor.shape.as_slice().to_vec(),
+            down.tensor.shape.as_slice().to_vec(),
+        );
+        let file = gate.file.clone();
+        let uniform = group.iter().all(|(&(_, part), key)| {
+            let tensor = &tensors[key].tensor;
+            let want = if part == ExpertPart::Down as u8 {
+                &down_shape
+            } else {
+                &gate_shape
+            };
+            tensor.dtype == dtype && tensor.shape.as_slice() == want.as_slice()
+        });
+        if !uniform || gate_shape.len() != 2 || down_shape.len() != 2 {
+            continue;
+        }
+        let mut gate_up = Vec::new();
+        let mut down_bytes = Vec::new();
+        for expert in 0..n_experts {
+            for part in [ExpertPart::Gate, ExpertPart::Up, ExpertPart::Down] {
+                let key = part_key(expert, part).expect("complete group");
+                let entry = tensors.remove(key).expect("listed key");
+                let bytes = entry
+                    .tensor
+                    .to_bytes()
+                    .map_err(|error| HfError::Safetensors {
+                        path: entry.file.clone(),
+                        message: format!("{key}: {error}"),
+                    })?;
+                match part {
+                    ExpertPart::Down => down_bytes.extend_from_slice(&bytes),
+                    ExpertPart::Gate | ExpertPart::Up => gate_up.extend_from_slice(&bytes),
+                }
+            }
+        }
+        let stacked = [
+            (
+                "gate_up_proj",
+                vec![n_experts, 2 * gate_shape[0], gate_shape[1]],
+                gate_up,
+            ),
+            (
+                "down_proj",
+                vec![n_experts, down_shape[0], down_shape[1]],
+                down_bytes,
+            ),
+        ];
+        for (name, shape, bytes) in stacked {
+            let key = format!("{prefix}.experts.{name}");
+            let tensor = PackTensor::new(
+                key.clone(),
+                dtype,
+                shape,
+                None,
+                burn::store::burn_pack::Bytes::from_bytes_vec(bytes),
+            );
+            tensors.insert(
+                key,
+                FileTensor {
+                    file: file.clone(),
+                    tensor,
+                },
+            );
+        }
+    }
+    Ok(tensors)
 }
 
 /// One tensor of the checkpoint, with the file it is in.
@@ -289,7 +445,7 @@ pub fn load_weights<M: Module>(
 
     let mut renamed: BTreeMap<String, (String, FileTensor)> = BTreeMap::new();
     let mut unexpected: Vec<(String, FileTensor)> = Vec::new();
-    for (key, entry) in checkpoint_tensors(dir)? {
+    for (key, entry) in stack_experts(checkpoint_tensors(dir)?)? {
         match key_map.action(&key) {
             KeyAction::Ignore => log::debug!("{key}: ignored"),
             KeyAction::Load(path) if expected.contains_key(&path) => {

@@ -9,12 +9,20 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use super::error::HfError;
-use crate::ffn::Activation;
+use crate::attention::LatentAttentionConfig;
+use crate::ffn::{Activation, MoeConfig, MoeLayerPlan};
 use crate::model::CausalLmConfig;
 use crate::position::RopeConfig;
 
 /// The `model_type`s [`HfConfig`] reads.
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen2"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
+    "llama",
+    "mistral",
+    "qwen2",
+    "mixtral",
+    "deepseek_v2",
+    "deepseek_v3",
+];
 
 /// A model configuration read from a Hugging Face `config.json`.
 #[derive(Debug, Clone)]
@@ -69,6 +77,8 @@ impl HfConfig {
         let model_type = fields.string("model_type")?;
         let model = match model_type.as_str() {
             "llama" | "mistral" | "qwen2" => dense_config(&fields, &model_type)?,
+            "mixtral" => sparse_config(&fields, value, &model_type, false)?,
+            "deepseek_v2" | "deepseek_v3" => sparse_config(&fields, value, &model_type, true)?,
             _ => {
                 return Err(HfError::UnsupportedModelType {
                     path: fields.path.clone(),
@@ -135,6 +145,36 @@ fn dense_config(fields: &Fields, model_type: &str) -> Result<CausalLmConfig, HfE
         mean: 0.0,
         std: fields.opt_f64("initializer_range")?.unwrap_or(0.02),
     }))
+}
+
+/// Mixtral (grouped attention, every layer sparse) and DeepSeek-V2/V3 (latent
+/// attention, dense first layers then sparse): the dense family's fields plus the
+/// MoE router and experts, and MLA's ranks for DeepSeek.
+fn sparse_config(
+    fields: &Fields,
+    value: &Value,
+    model_type: &str,
+    latent: bool,
+) -> Result<CausalLmConfig, HfError> {
+    let config_error = |source| HfError::Config {
+        path: fields.path.clone(),
+        source,
+    };
+    let mut config = dense_config(fields, model_type)?
+        .with_moe(Some(
+            MoeConfig::from_hf_config(value).map_err(config_error)?,
+        ))
+        .with_moe_layers(MoeLayerPlan::from_hf_config(value).map_err(config_error)?);
+    if let Some(coef) = match fields.opt_f64("router_aux_loss_coef")? {
+        Some(coef) => Some(coef),
+        None => fields.opt_f64("aux_loss_alpha")?,
+    } {
+        config.aux_loss_coef = coef;
+    }
+    if latent {
+        config.latent = Some(LatentAttentionConfig::from_hf_config(value).map_err(config_error)?);
+    }
+    Ok(config)
 }
 
 /// Typed access to the keys of one JSON object, with errors naming the file and key.

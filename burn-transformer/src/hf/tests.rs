@@ -91,6 +91,21 @@ fn qwen2_with_biases_and_per_layer_window_matches_transformers() {
 }
 
 #[test]
+fn mixtral_sparse_moe_matches_transformers() {
+    matches_transformers("mixtral");
+}
+
+#[test]
+fn deepseek_v3_mla_yarn_and_grouped_sigmoid_routing_matches_transformers() {
+    matches_transformers("deepseek_v3");
+}
+
+#[test]
+fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
+    matches_transformers("deepseek_v2");
+}
+
+#[test]
 fn bf16_checkpoint_loads_as_f32_and_matches_transformers() {
     matches_transformers("qwen2_bf16");
 }
@@ -99,7 +114,7 @@ fn bf16_checkpoint_loads_as_f32_and_matches_transformers() {
 /// the sliding-window fixture also exercises the rolling cache.
 #[test]
 fn cached_decoding_equals_the_full_forward() {
-    for name in ["llama", "mistral", "qwen2"] {
+    for name in ["llama", "mistral", "qwen2", "mixtral", "deepseek_v3"] {
         let reference = reference(name);
         let prompts = rows(&reference.data("tokens"));
         let greedy = rows(&reference.data("greedy"));
@@ -236,7 +251,7 @@ fn beam_search_with_one_beam_is_greedy() {
 fn sequence_logprob(model: &CausalLm, prompt: &[u32], continuation: &[u32]) -> f32 {
     let device = crate::generate::LanguageModel::device(model);
     let sequence: Vec<u32> = prompt.iter().chain(continuation).copied().collect();
-    let logits = model.forward(int_tensor(&[sequence.clone()], &device), None);
+    let logits = model.forward(int_tensor(std::slice::from_ref(&sequence), &device), None);
     let [_, seq, vocab] = logits.dims();
     let values = logits
         .into_data()

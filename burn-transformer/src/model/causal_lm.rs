@@ -1,6 +1,8 @@
 //! Decoder-only causal language models of the LLaMA family: LLaMA 2/3
 //! ([Touvron et al. 2023](https://arxiv.org/abs/2307.09288)), Mistral (sliding window,
-//! [Jiang et al. 2023](https://arxiv.org/abs/2310.06825)), Qwen2 (q/k/v biases).
+//! [Jiang et al. 2023](https://arxiv.org/abs/2310.06825)), Qwen2 (q/k/v biases),
+//! Mixtral (sparse mixture of experts) and DeepSeek-V2/V3 (multi-head latent attention,
+//! dense first layers then mixture of experts with shared experts).
 //!
 //! ```text
 //! tokens ─► model.embed_tokens ─► model.layers × N ─► model.norm ─► lm_head ─► logits
@@ -18,9 +20,9 @@ use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
 use burn::tensor::{Bool, Device, Int, Tensor};
 
 use super::decoder_layer::{DecoderLayer, LayerCache, Mlp, SelfAttention};
-use crate::attention::{AttentionImpl, MultiHeadAttentionConfig};
+use crate::attention::{AttentionImpl, LatentAttentionConfig, MultiHeadAttentionConfig};
 use crate::error::ConfigError;
-use crate::ffn::{Activation, SwiGluConfig};
+use crate::ffn::{Activation, MoeConfig, MoeLayerPlan, SwiGluConfig};
 use crate::norm::{RmsNorm, RmsNormConfig};
 use crate::position::RopeConfig;
 
@@ -78,6 +80,23 @@ pub struct CausalLmConfig {
     /// Default: false.
     #[config(default = false)]
     pub tie_word_embeddings: bool,
+    /// Multi-head latent attention in every layer instead of grouped attention
+    /// (DeepSeek-V2/V3). Its `d_model` and `n_heads` must be the model's; `rope`,
+    /// `head_dim` and `n_kv_heads` above are then unused. Default: none.
+    #[config(default = "None")]
+    pub latent: Option<LatentAttentionConfig>,
+    /// Mixture-of-experts feed-forward for the layers `moe_layers` selects (Mixtral,
+    /// DeepSeek); the other layers keep the dense SwiGLU of width `d_ff`. Default: none.
+    #[config(default = "None")]
+    pub moe: Option<MoeConfig>,
+    /// Which layers are sparse when `moe` is set (HF `first_k_dense_replace`,
+    /// `moe_layer_freq`). Default: every layer.
+    #[config(default = "MoeLayerPlan::all_sparse()")]
+    pub moe_layers: MoeLayerPlan,
+    /// Weight of the MoE load-balancing loss in the training loss (HF
+    /// `router_aux_loss_coef`). Default: 0.001.
+    #[config(default = 0.001)]
+    pub aux_loss_coef: f64,
     /// Which attention implementation the layers use. Default: automatic.
     #[config(default = "AttentionImpl::Auto")]
     pub implementation: AttentionImpl,
@@ -136,18 +155,39 @@ impl CausalLmConfig {
         ConfigError::check_positive(MODULE, "vocab_size", self.vocab_size)?;
         ConfigError::check_positive(MODULE, "n_layers", self.n_layers)?;
         ConfigError::check_positive(MODULE, "d_ff", self.d_ff)?;
-        self.attention_config(0).validate()?;
-        self.rope.validate()?;
-        if self.rope.head_dim != self.head_width() {
+        if let Some(moe) = &self.moe {
+            moe.validate()?;
+            if moe.router.d_model != self.d_model {
+                return Err(self.mismatch("moe.router.d_model", moe.router.d_model));
+            }
+        }
+        if !(self.aux_loss_coef.is_finite() && self.aux_loss_coef >= 0.0) {
             return Err(ConfigError::Invalid {
                 module: MODULE,
-                field: "rope.head_dim",
+                field: "aux_loss_coef",
                 reason: format!(
-                    "must equal the attention head_dim {}, got {}",
-                    self.head_width(),
-                    self.rope.head_dim
+                    "must be finite and non-negative, got {}",
+                    self.aux_loss_coef
                 ),
             });
+        }
+        if let Some(latent) = &self.latent {
+            latent.validate()?;
+            if latent.d_model != self.d_model {
+                return Err(self.mismatch("latent.d_model", latent.d_model));
+            }
+            if latent.n_heads != self.n_heads {
+                return Err(ConfigError::Invalid {
+                    module: MODULE,
+                    field: "latent.n_heads",
+                    reason: format!(
+                        "must equal n_heads {}, got {}",
+                        self.n_heads, latent.n_heads
+                    ),
+                });
+            }
+        } else {
+            self.validate_grouped_attention()?;
         }
         if let Some(layers) = &self.sliding_layers
             && layers.len() != self.n_layers
@@ -168,6 +208,32 @@ impl CausalLmConfig {
         Ok(())
     }
 
+    fn mismatch(&self, field: &'static str, found: usize) -> ConfigError {
+        ConfigError::Invalid {
+            module: MODULE,
+            field,
+            reason: format!("must equal d_model {}, got {found}", self.d_model),
+        }
+    }
+
+    /// The grouped attention and its RoPE agree.
+    fn validate_grouped_attention(&self) -> Result<(), ConfigError> {
+        self.attention_config(0).validate()?;
+        self.rope.validate()?;
+        if self.rope.head_dim != self.head_width() {
+            return Err(ConfigError::Invalid {
+                module: MODULE,
+                field: "rope.head_dim",
+                reason: format!(
+                    "must equal the attention head_dim {}, got {}",
+                    self.head_width(),
+                    self.rope.head_dim
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// Builds the model (parameters are initialized lazily: loading a checkpoint right
     /// after never materializes the random ones).
     ///
@@ -175,22 +241,46 @@ impl CausalLmConfig {
     /// See [`CausalLmConfig::validate`].
     pub fn try_init(&self, device: &Device) -> Result<CausalLm, ConfigError> {
         self.validate()?;
-        // One RoPE for all layers: its cos/sin tables are shared by cloning.
-        let rope = self.rope.try_init(device)?;
+        // One RoPE for all grouped-attention layers: its cos/sin tables are shared by
+        // cloning. MLA layers carry their own (decoupled, rope part only).
+        let rope = match self.latent {
+            None => Some(self.rope.try_init(device)?),
+            Some(_) => None,
+        };
         let norm = RmsNormConfig::new(self.d_model).with_eps(self.norm_eps);
         let layers = (0..self.n_layers)
             .map(|layer| {
-                let mut attention = self.attention_config(layer).try_init(device)?;
-                attention.rope = Some(rope.clone());
-                let mlp = SwiGluConfig::new(self.d_model, self.d_ff)
-                    .with_bias(self.mlp_bias)
-                    .with_activation(self.activation)
-                    .try_init(device)?;
+                let self_attn = match &self.latent {
+                    Some(latent) => SelfAttention::Latent(
+                        latent
+                            .clone()
+                            .with_causal(true)
+                            .with_implementation(self.implementation)
+                            .with_initializer(self.initializer.clone())
+                            .try_init(device)?,
+                    ),
+                    None => {
+                        let mut attention = self.attention_config(layer).try_init(device)?;
+                        attention.rope = rope.clone();
+                        SelfAttention::Grouped(attention)
+                    }
+                };
+                let mlp = match &self.moe {
+                    Some(moe) if self.moe_layers.is_moe(layer) => Mlp::Moe(moe.try_init(device)?),
+                    _ => {
+                        let mlp = SwiGluConfig::new(self.d_model, self.d_ff)
+                            .with_bias(self.mlp_bias)
+                            .with_activation(self.activation)
+                            .try_init(device)?;
+                        Mlp::Dense(reinit_swiglu(mlp, &self.initializer, device))
+                    }
+                };
                 Ok(DecoderLayer {
-                    self_attn: SelfAttention::Grouped(attention),
-                    mlp: Mlp::Dense(reinit_swiglu(mlp, &self.initializer, device)),
+                    self_attn,
+                    mlp,
                     input_layernorm: norm.try_init(device)?,
                     post_attention_layernorm: norm.try_init(device)?,
+                    aux_loss_coef: self.aux_loss_coef,
                 })
             })
             .collect::<Result<Vec<_>, ConfigError>>()?;

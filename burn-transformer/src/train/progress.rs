@@ -216,7 +216,8 @@ impl ProgressRenderer {
             history.train_seconds = self.split_seconds_before + elapsed;
         }
         let every = self.settings.log_every;
-        if self.settings.verbose && every > 0 && (self.step % every == 0 || self.step == 1) {
+        if self.settings.verbose && every > 0 && (self.step.is_multiple_of(every) || self.step == 1)
+        {
             let speed = match self.last_log {
                 Some((time, step)) if self.step > step => {
                     let seconds =

@@ -168,7 +168,7 @@ pub fn is_held_out(example: &Example) -> bool {
     for &token in &example.source {
         h = SplitMix64::new(h, token as u64).next_u64();
     }
-    h % HOLD_OUT_ONE_IN == 0
+    h.is_multiple_of(HOLD_OUT_ONE_IN)
 }
 
 /// Draws an example from the training part (`held_out == false`) or the held-out
