@@ -7,10 +7,11 @@
 //! cargo run --release -p benches --bin nanogpt -- --devices flex,ndarray,wgpu --steps 200
 //! ```
 //!
-//! The recipe (`train-lm`'s defaults): 4 layers, 4 heads, width 128 (SwiGLU 352, tied
-//! embeddings), context 64, batch 12, AdamW lr 1e-3 with 100 warm-up steps and a
-//! cosine decay to 1e-4, betas (0.9, 0.99), weight decay 0.1, global gradient
-//! clipping 1.0, 90/10 split, validation every 250 steps on 20 batches. The PyTorch
+//! The recipe (`train-lm`'s defaults with `--kv-heads 4`: multi-head attention, as
+//! nanoGPT): 4 layers, 4 heads, width 128 (SwiGLU 352, tied embeddings), context 64,
+//! batch 12, AdamW lr 1e-3 with 100 warm-up steps and a cosine decay to 1e-4, betas
+//! (0.9, 0.99), weight decay 0.1, global gradient clipping 1.0, 90/10 split,
+//! validation every 250 steps on 20 batches. The PyTorch
 //! reference is `benches/nanogpt_torch.py`; run both in the same session.
 
 use std::path::PathBuf;

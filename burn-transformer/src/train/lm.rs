@@ -535,6 +535,68 @@ mod tests {
     }
 
     #[test]
+    fn moe_auxiliary_loss_reaches_the_router_gradients() {
+        use crate::ffn::MoeConfig;
+        use crate::model::Mlp;
+
+        let text = corpus();
+        let (_, split) = split(&text);
+        let vocab = split.train.iter().max().map_or(1, |&m| m as usize + 1);
+        let device = Device::flex().autodiff();
+        let batch = WindowLoader::training(Arc::new(split.train), 4, 16, 1, 5, 0, &device).batch(0);
+        // The same model and batch with the balancing loss weighted 0 and 1: only the
+        // auxiliary term differs, so a different router gradient is the aux loss's.
+        let router_gradient = |coef: f64| {
+            let config = tiny_model(vocab)
+                .with_moe(Some(MoeConfig::mixtral(32, 16, 4, 2)))
+                .with_aux_loss_coef(coef);
+            let model =
+                to_training_device(host_init(5, |host| config.try_init(host)).unwrap(), &device);
+            let task = LmTask::new(
+                model,
+                StepSettings {
+                    label_smoothing: 0.0,
+                    grad_clip: None,
+                    seed: 5,
+                },
+            );
+            let aux = task
+                .model
+                .forward_full(batch.inputs.clone(), None)
+                .aux_loss
+                .map(|aux| aux.into_scalar::<f32>());
+            let (loss, _) = task.training_loss(&batch);
+            let grads = loss.backward();
+            let Mlp::Moe(moe) = &task.model.model.layers[0].mlp else {
+                panic!("every layer is sparse by default");
+            };
+            let gradient: Vec<f32> = moe
+                .gate
+                .weight
+                .val()
+                .grad(&grads)
+                .expect("the router weight has a gradient")
+                .try_to_vec_as()
+                .unwrap();
+            (aux, gradient)
+        };
+        let (aux_off, without) = router_gradient(0.0);
+        let (aux_on, with) = router_gradient(1.0);
+        assert_eq!(aux_off, None, "a zero coefficient drops the aux loss");
+        let aux_on = aux_on.expect("an MoE model with a coefficient reports its aux loss");
+        assert!(aux_on > 0.0, "the balancing loss is positive: {aux_on}");
+        let difference = with
+            .iter()
+            .zip(&without)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            difference > 1e-6,
+            "the auxiliary loss must change the router's gradient (max difference {difference})"
+        );
+    }
+
+    #[test]
     fn resume_equals_the_uninterrupted_run() {
         let text = corpus();
         let (tokenizer, split) = split(&text);
