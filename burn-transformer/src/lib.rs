@@ -28,3 +28,29 @@ pub use error::ConfigError;
 
 #[cfg(test)]
 pub(crate) mod test_utils;
+
+/// The chapters of `docs/` and the README, compiled as doctests so that every Rust
+/// block in the documentation builds and runs (`cargo test --doc`). Not part of the API.
+#[cfg(doctest)]
+mod book {
+    #[doc = include_str!("../../README.md")]
+    mod readme {}
+    #[doc = include_str!("../../docs/attention.md")]
+    mod attention {}
+    #[doc = include_str!("../../docs/positions.md")]
+    mod positions {}
+    #[doc = include_str!("../../docs/norms-and-blocks.md")]
+    mod norms_and_blocks {}
+    #[doc = include_str!("../../docs/feed-forward.md")]
+    mod feed_forward {}
+    #[doc = include_str!("../../docs/flash-attention.md")]
+    mod flash_attention {}
+    #[doc = include_str!("../../docs/latent-attention.md")]
+    mod latent_attention {}
+    #[doc = include_str!("../../docs/mixture-of-experts.md")]
+    mod mixture_of_experts {}
+    #[doc = include_str!("../../docs/decoding.md")]
+    mod decoding {}
+    #[doc = include_str!("../../docs/training.md")]
+    mod training {}
+}

@@ -4,6 +4,8 @@
 //! a file.
 
 use super::causal_lm::CausalLmConfig;
+use crate::attention::LatentAttentionConfig;
+use crate::ffn::{MoeConfig, MoeLayerPlan};
 use crate::position::{RopeConfig, RopeScaling};
 
 impl CausalLmConfig {
@@ -78,6 +80,34 @@ impl CausalLmConfig {
             .with_qkv_bias(true)
             .with_tie_word_embeddings(true)
     }
+
+    /// `mistralai/Mixtral-8x7B-v0.1`: 32 layers, width 4096, GQA 32/8, every layer a
+    /// mixture of 8 SwiGLU experts of width 14336, top-2.
+    pub fn mixtral_8x7b() -> Self {
+        let rope = RopeConfig::new(128)
+            .with_theta(1_000_000.0)
+            .with_max_position_embeddings(32_768);
+        Self::new(32_000, 4096, 32, 32, 14_336, rope)
+            .with_n_kv_heads(Some(8))
+            .with_norm_eps(1e-5)
+            .with_moe(Some(MoeConfig::mixtral(4096, 14_336, 8, 2)))
+            .with_aux_loss_coef(0.02)
+    }
+
+    /// `deepseek-ai/DeepSeek-V3`: 61 layers, width 7168, multi-head latent attention
+    /// (128 heads, q rank 1536, kv rank 512), the first 3 layers dense (width 18432),
+    /// then 256 routed experts (top-8 in 4 of 8 groups) plus one shared expert. The
+    /// multi-token-prediction layer is not part of the model.
+    pub fn deepseek_v3() -> Self {
+        let latent = LatentAttentionConfig::deepseek_v3();
+        let rope = latent.rope_config();
+        Self::new(129_280, 7168, 61, 128, 18_432, rope)
+            .with_norm_eps(1e-6)
+            .with_latent(Some(latent))
+            .with_moe(Some(MoeConfig::deepseek_v3()))
+            .with_moe_layers(MoeLayerPlan::new().with_first_k_dense_replace(3))
+            .with_aux_loss_coef(0.0001)
+    }
 }
 
 #[cfg(test)]
@@ -97,5 +127,13 @@ mod tests {
             assert_eq!(config.head_width(), head_dim);
         }
         assert_eq!(CausalLmConfig::mistral_7b().window_of(31), Some(4096));
+        let mixtral = CausalLmConfig::mixtral_8x7b();
+        mixtral.validate().unwrap();
+        assert!(mixtral.moe_layers.is_moe(0) && mixtral.moe_layers.is_moe(31));
+        let deepseek = CausalLmConfig::deepseek_v3();
+        deepseek.validate().unwrap();
+        assert!(!deepseek.moe_layers.is_moe(2) && deepseek.moe_layers.is_moe(3));
+        let latent = deepseek.latent.as_ref().unwrap();
+        assert_eq!((latent.kv_lora_rank, latent.qk_head_dim()), (512, 192));
     }
 }

@@ -1,0 +1,377 @@
+//! The benchmark runner: every suite on every available backend, one child process
+//! per job, then the report in `docs/benchmarks/` and `docs/benchmarks.md`.
+//!
+//! ```text
+//! cargo run --release -p benches --bin bench -- --quick
+//! cargo run --release -p benches --bin bench -- --full --backends wgpu --suites attention
+//! cargo run --release -p benches --bin bench -- --report-only   # redraw from results.jsonl
+//! ```
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use benches::machine::{Machine, adapter_name};
+use benches::record::{Record, parse_lines};
+use benches::report;
+use benches::suites::{Job, Mode, SUITES, device_named};
+use clap::Parser;
+
+/// Runs burn-transformer's benchmarks on every available backend and writes the report.
+#[derive(Parser, Debug)]
+#[command(name = "bench")]
+struct Args {
+    /// The small grid: about five minutes on two cores (the default).
+    #[arg(long, conflicts_with = "full")]
+    quick: bool,
+    /// The whole grid: sequences up to 8192, both head sizes, more runs.
+    #[arg(long)]
+    full: bool,
+    /// Backends to run (default: every backend this build has and the machine runs).
+    #[arg(long, value_delimiter = ',')]
+    backends: Option<Vec<String>>,
+    /// Suites to run (default: all).
+    #[arg(long, value_delimiter = ',')]
+    suites: Option<Vec<String>>,
+    /// Where results.jsonl, the tables and the plots go.
+    #[arg(long, default_value = "docs/benchmarks")]
+    out: PathBuf,
+    /// The Markdown page whose generated section is replaced.
+    #[arg(long, default_value = "docs/benchmarks.md")]
+    docs: PathBuf,
+    /// Seconds one job may run before it is stopped and reported as timed out.
+    #[arg(long, default_value_t = 600)]
+    timeout: u64,
+    /// Memory the naive attention path may use for its scores, MiB; larger cells are
+    /// reported as skipped instead of run.
+    #[arg(long, default_value_t = 4096)]
+    memory_budget_mib: u64,
+    /// Do not run anything: redraw tables and plots from `<out>/results.jsonl`.
+    #[arg(long)]
+    report_only: bool,
+    /// Internal: run one job (JSON) in this process and print its records.
+    #[arg(long, hide = true)]
+    job: Option<String>,
+    /// Internal: check that a backend runs and print its adapter.
+    #[arg(long, hide = true)]
+    probe: Option<String>,
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Some(job) = &args.job {
+        std::process::exit(run_job(job));
+    }
+    if let Some(backend) = &args.probe {
+        std::process::exit(probe(backend));
+    }
+    if let Err(error) = run(&args) {
+        eprintln!("bench: {error}");
+        std::process::exit(1);
+    }
+}
+
+/// Child side of a job: prints `RESULT <json>` per record.
+fn run_job(text: &str) -> i32 {
+    let job: Job = match serde_json::from_str(text) {
+        Ok(job) => job,
+        Err(error) => {
+            eprintln!("bench: bad --job: {error}");
+            return 2;
+        }
+    };
+    match job.run() {
+        Ok(records) => {
+            for record in records {
+                match serde_json::to_string(&record) {
+                    Ok(line) => println!("RESULT {line}"),
+                    Err(error) => eprintln!("bench: cannot encode a record: {error}"),
+                }
+            }
+            0
+        }
+        Err(error) => {
+            eprintln!("bench: {error}");
+            1
+        }
+    }
+}
+
+/// Child side of a probe: runs a tiny computation, prints `ADAPTER <name>`.
+fn probe(backend: &str) -> i32 {
+    let device = match device_named(backend) {
+        Ok(device) => device,
+        Err(error) => {
+            eprintln!("{error}");
+            return 1;
+        }
+    };
+    let total: f32 = burn::tensor::Tensor::<1>::from_floats([1.0, 2.0], &device)
+        .sum()
+        .into_scalar();
+    if total != 3.0 {
+        eprintln!("{backend} computed 1 + 2 = {total}");
+        return 1;
+    }
+    println!(
+        "ADAPTER {}",
+        adapter_name(&device).unwrap_or_else(|| "cpu".into())
+    );
+    0
+}
+
+/// What a child process left behind.
+struct ChildOutput {
+    status: Option<i32>,
+    stdout: String,
+    stderr: String,
+    timed_out: bool,
+}
+
+/// Runs this binary with `arguments`, stopping it after `timeout`.
+fn run_child(arguments: &[&str], timeout: Duration) -> Result<ChildOutput, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
+    let mut child = Command::new(exe)
+        .args(arguments)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start a child process: {e}"))?;
+    // Readers on their own threads, so a chatty child never blocks on a full pipe.
+    let mut stdout = child.stdout.take().ok_or("no child stdout")?;
+    let mut stderr = child.stderr.take().ok_or("no child stderr")?;
+    let out = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stdout.read_to_string(&mut text);
+        text
+    });
+    let err = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let start = Instant::now();
+    let mut timed_out = false;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status.code(),
+            Ok(None) if start.elapsed() > timeout => {
+                timed_out = true;
+                let _ = child.kill();
+                break child.wait().ok().and_then(|s| s.code());
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            Err(error) => return Err(format!("waiting for a child: {error}")),
+        }
+    };
+    Ok(ChildOutput {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+        timed_out,
+    })
+}
+
+/// The last meaningful stderr lines of a failed child (Mesa's runtime-dir noise dropped).
+fn stderr_tail(stderr: &str) -> String {
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|line| !line.trim().is_empty() && !line.contains("XDG_RUNTIME_DIR"))
+        .collect();
+    lines[lines.len().saturating_sub(3)..].join(" | ")
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    let mode = if args.full { Mode::Full } else { Mode::Quick };
+    std::fs::create_dir_all(&args.out)
+        .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
+    let results = args.out.join("results.jsonl");
+    let machine_path = args.out.join("machine.json");
+
+    let (machine, records) = if args.report_only {
+        let text =
+            std::fs::read_to_string(&results).map_err(|e| format!("{}: {e}", results.display()))?;
+        let records = parse_lines(&text).map_err(|e| format!("{}: {e}", results.display()))?;
+        let machine: Machine = std::fs::read_to_string(&machine_path)
+            .ok()
+            .and_then(|text| serde_json::from_str(&text).ok())
+            .unwrap_or_else(|| Machine::detect(mode.name()));
+        (machine, records)
+    } else {
+        measure(args, mode)?
+    };
+
+    let json = serde_json::to_string_pretty(&machine).map_err(|e| e.to_string())?;
+    write_atomically(&machine_path, &format!("{json}\n"))?;
+    let lines: String = records
+        .iter()
+        .filter_map(|r| serde_json::to_string(r).ok())
+        .map(|line| line + "\n")
+        .collect();
+    write_atomically(&results, &lines)?;
+
+    let sections = report::sections(&records, &args.out)?;
+    for section in &sections {
+        let text = format!(
+            "# {}\n\nMeasured on:\n\n{}\n{}",
+            section.title,
+            machine.markdown(),
+            section.body
+        );
+        write_atomically(&args.out.join(format!("{}.md", section.stem)), &text)?;
+    }
+    let prefix = args
+        .out
+        .strip_prefix(args.docs.parent().unwrap_or(Path::new("")))
+        .unwrap_or(&args.out)
+        .to_string_lossy()
+        .into_owned();
+    let block = report::combined(&machine, &sections, &prefix);
+    let document = std::fs::read_to_string(&args.docs).unwrap_or_else(|_| {
+        "# Benchmarks\n\nNumbers produced by `cargo run --release -p benches --bin bench`.\n".into()
+    });
+    write_atomically(&args.docs, &report::splice(&document, &block))?;
+    eprintln!(
+        "bench: {} records; report in {} and {}",
+        records.len(),
+        args.out.display(),
+        args.docs.display()
+    );
+    Ok(())
+}
+
+fn measure(args: &Args, mode: Mode) -> Result<(Machine, Vec<Record>), String> {
+    let mut machine = Machine::detect(mode.name());
+    let wanted: Vec<String> = args.backends.clone().unwrap_or_else(|| {
+        burn_transformer::device::COMPILED_BACKENDS
+            .iter()
+            .map(|b| b.to_string())
+            .collect()
+    });
+    let mut backends = Vec::new();
+    for backend in wanted {
+        let output = run_child(&["--probe", &backend], Duration::from_secs(120))?;
+        let adapter = output
+            .stdout
+            .lines()
+            .find_map(|line| line.strip_prefix("ADAPTER "))
+            .map(str::to_string);
+        match (output.status, adapter) {
+            (Some(0), Some(adapter)) => {
+                if adapter != "cpu" {
+                    machine.adapters.push(format!("{backend}: {adapter}"));
+                }
+                backends.push(backend);
+            }
+            _ => {
+                let reason = stderr_tail(&output.stderr);
+                eprintln!("bench: backend {backend} unavailable, skipped: {reason}");
+                machine
+                    .adapters
+                    .push(format!("{backend}: unavailable, not measured ({reason})"));
+            }
+        }
+    }
+    let suites: Vec<String> = args
+        .suites
+        .clone()
+        .unwrap_or_else(|| SUITES.iter().map(|s| s.to_string()).collect());
+    for suite in &suites {
+        if !SUITES.contains(&suite.as_str()) {
+            return Err(format!(
+                "unknown suite `{suite}` (have: {})",
+                SUITES.join(", ")
+            ));
+        }
+    }
+    let jobs: Vec<Job> = suites
+        .iter()
+        .flat_map(|suite| {
+            backends
+                .iter()
+                .flat_map(move |backend| Job::all(suite, mode, backend))
+        })
+        .collect();
+    eprintln!(
+        "bench: {} mode, {} jobs on {}",
+        mode.name(),
+        jobs.len(),
+        backends.join(", ")
+    );
+    let start = Instant::now();
+    let mut records = Vec::new();
+    let budget = args.memory_budget_mib << 20;
+    for (index, job) in jobs.iter().enumerate() {
+        let job_start = Instant::now();
+        let produced = match job.skip_reason(budget) {
+            Some(reason) => job.failed(&reason),
+            None => run_one(job, Duration::from_secs(args.timeout)),
+        };
+        for record in &produced {
+            eprintln!(
+                "[{:>3}/{}] {:>5.0}s {} {} {}: {}{}",
+                index + 1,
+                jobs.len(),
+                start.elapsed().as_secs_f64(),
+                job.describe(),
+                record.implementation,
+                record.pass,
+                record
+                    .ms_median
+                    .map_or("–".into(), |ms| format!("{ms:.2} ms")),
+                record
+                    .failure
+                    .as_ref()
+                    .map(|f| format!(" ({f})"))
+                    .unwrap_or_default()
+            );
+        }
+        let _ = job_start;
+        records.extend(produced);
+    }
+    eprintln!("bench: measured in {:.0}s", start.elapsed().as_secs_f64());
+    Ok((machine, records))
+}
+
+/// Runs one job in a child process and collects its records.
+fn run_one(job: &Job, timeout: Duration) -> Vec<Record> {
+    let text = match serde_json::to_string(job) {
+        Ok(text) => text,
+        Err(error) => return job.failed(&format!("cannot encode the job: {error}")),
+    };
+    match run_child(&["--job", &text], timeout) {
+        Ok(output) if output.timed_out => {
+            job.failed(&format!("timed out after {} s", timeout.as_secs()))
+        }
+        Ok(output) => {
+            let records: Vec<Record> = output
+                .stdout
+                .lines()
+                .filter_map(|line| line.strip_prefix("RESULT "))
+                .filter_map(|line| serde_json::from_str(line).ok())
+                .collect();
+            if records.is_empty() {
+                job.failed(&format!(
+                    "exit {:?}: {}",
+                    output.status,
+                    stderr_tail(&output.stderr)
+                ))
+            } else {
+                records
+            }
+        }
+        Err(error) => job.failed(&error),
+    }
+}
+
+/// Writes `text` to a temporary name next to `path`, then renames it into place.
+fn write_atomically(path: &Path, text: &str) -> Result<(), String> {
+    let name = path
+        .file_name()
+        .map_or_else(|| "out".into(), |n| n.to_string_lossy().into_owned());
+    let temporary = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    std::fs::write(&temporary, text)
+        .and_then(|()| std::fs::rename(&temporary, path))
+        .map_err(|error| format!("cannot write {}: {error}", path.display()))
+}

@@ -1,0 +1,147 @@
+//! One measurement as a JSON line, in the format of DESIGN.md plus a few optional
+//! fields that some benchmarks need (throughput, cache sizes, why a cell did not run).
+
+use serde::{Deserialize, Serialize};
+
+/// One measured cell: one benchmark, implementation, backend, shape and pass.
+///
+/// The first twelve fields are DESIGN.md's format and always present; the rest are
+/// written only when set.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    /// Which benchmark: `attention`, `rms_norm`, `rope`, `swiglu`, `moe_dispatch`,
+    /// `train_step`, `prefill`, `decode`, `kv_cache`.
+    pub bench: String,
+    /// Which implementation or variant: `fused`, `reference`, `burn`, `ours`, a model
+    /// size, a cache kind.
+    #[serde(rename = "impl")]
+    pub implementation: String,
+    /// `flex`, `ndarray`, `wgpu` or `cuda`.
+    pub backend: String,
+    /// Batch size.
+    pub batch: usize,
+    /// Query heads (0 where the benchmark has none).
+    pub heads: usize,
+    /// Key/value heads (0 where the benchmark has none).
+    pub kv_heads: usize,
+    /// Sequence length (the context length for decoding).
+    pub seq: usize,
+    /// Head width, or the feature width of a building block.
+    pub head_dim: usize,
+    /// Causal masking.
+    pub causal: bool,
+    /// `fwd` or `fwd_bwd` (a training step counts as `fwd_bwd`).
+    pub pass: String,
+    /// Median wall time of the timed runs, in milliseconds.
+    pub ms_median: Option<f64>,
+    /// Fastest timed run, in milliseconds.
+    pub ms_min: Option<f64>,
+    /// Peak memory of the cell, in bytes (see `peak_method`).
+    pub peak_bytes: Option<u64>,
+    /// How `peak_bytes` was measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_method: Option<String>,
+    /// Tokens per second at the median time (training and generation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_s: Option<f64>,
+    /// Bytes of KV cache per token, over all layers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_per_token: Option<u64>,
+    /// Model width.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub d_model: Option<usize>,
+    /// Number of parameters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params: Option<usize>,
+    /// Number of timed runs behind the median.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runs: Option<usize>,
+    /// Max |output − peer output| on the first timed inputs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check_error: Option<f64>,
+    /// The peer the output was checked against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checked_against: Option<String>,
+    /// Why the cell did not run (out of memory, unsupported, skipped, timed out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
+}
+
+impl Record {
+    /// A record of `bench` / `implementation` on `backend` with every number unset.
+    pub fn new(bench: &str, implementation: &str, backend: &str) -> Self {
+        Self {
+            bench: bench.into(),
+            implementation: implementation.into(),
+            backend: backend.into(),
+            pass: "fwd".into(),
+            ..Self::default()
+        }
+    }
+
+    /// Stores the timing's median and minimum.
+    pub fn with_timing(mut self, timing: &crate::measure::Timing) -> Self {
+        self.ms_median = Some(timing.median_ms);
+        self.ms_min = Some(timing.min_ms);
+        self.runs = Some(timing.runs());
+        self
+    }
+
+    /// The same record, marked as not measured for `reason`.
+    pub fn failed(mut self, reason: impl Into<String>) -> Self {
+        self.failure = Some(reason.into());
+        self
+    }
+
+    /// Whether the cell produced a time.
+    pub fn measured(&self) -> bool {
+        self.failure.is_none() && self.ms_median.is_some()
+    }
+}
+
+/// Reads records from JSON lines, skipping blank lines.
+///
+/// # Errors
+/// The line number and serde's message for a malformed line.
+pub fn parse_lines(text: &str) -> Result<Vec<Record>, String> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(index, line)| {
+            serde_json::from_str(line).map_err(|error| format!("line {}: {error}", index + 1))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn design_fields_are_always_written_and_extras_only_when_set() {
+        let record = Record::new("attention", "fused", "wgpu");
+        let line = serde_json::to_string(&record).unwrap();
+        for key in [
+            "bench",
+            "impl",
+            "backend",
+            "batch",
+            "heads",
+            "kv_heads",
+            "seq",
+            "head_dim",
+            "causal",
+            "pass",
+            "ms_median",
+            "ms_min",
+            "peak_bytes",
+        ] {
+            assert!(
+                line.contains(&format!("\"{key}\":")),
+                "{key} missing in {line}"
+            );
+        }
+        assert!(!line.contains("tokens_per_s"), "{line}");
+        assert_eq!(parse_lines(&format!("{line}\n\n")).unwrap(), vec![record]);
+    }
+}

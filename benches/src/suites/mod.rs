@@ -1,0 +1,125 @@
+//! The benchmarks, one module per subject. Each suite turns a [`Mode`] and a backend
+//! into [`Job`]s; the runner executes every job in a child process of its own (so a
+//! crash or an out-of-memory failure costs one job, and peak memory is the job's own)
+//! and collects the [`Record`]s it prints.
+
+use serde::{Deserialize, Serialize};
+
+use crate::measure::Runs;
+use crate::record::Record;
+
+pub mod attention;
+pub mod blocks;
+pub mod kv_cache;
+
+/// How much to measure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Mode {
+    /// About five minutes on two cores: small grids, few runs.
+    Quick,
+    /// The whole grid (long sequences, both head sizes, more runs).
+    Full,
+}
+
+impl Mode {
+    /// Warm-up and timed runs per cell.
+    pub fn runs(self) -> Runs {
+        match self {
+            Mode::Quick => Runs {
+                warmup: 1,
+                iters: 3,
+            },
+            Mode::Full => Runs {
+                warmup: 2,
+                iters: 7,
+            },
+        }
+    }
+
+    /// `quick` or `full`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Quick => "quick",
+            Mode::Full => "full",
+        }
+    }
+}
+
+/// The suites, in the order the runner runs and reports them.
+pub const SUITES: &[&str] = &["attention", "blocks", "kv_cache"];
+
+/// One unit of work, run in its own process.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "suite", rename_all = "snake_case")]
+pub enum Job {
+    /// One attention cell.
+    Attention(attention::Cell),
+    /// One building block on one backend.
+    Blocks(blocks::Case),
+    /// One cache kind at one context length.
+    KvCache(kv_cache::Case),
+}
+
+impl Job {
+    /// Every job of `suite` on `backend`.
+    pub fn all(suite: &str, mode: Mode, backend: &str) -> Vec<Job> {
+        match suite {
+            "attention" => attention::jobs(mode, backend),
+            "blocks" => blocks::jobs(mode, backend),
+            "kv_cache" => kv_cache::jobs(mode, backend),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Runs the job in this process.
+    ///
+    /// # Errors
+    /// Why the job could not be measured.
+    pub fn run(&self) -> Result<Vec<Record>, String> {
+        match self {
+            Job::Attention(cell) => cell.run().map(|record| vec![record]),
+            Job::Blocks(case) => case.run(),
+            Job::KvCache(case) => case.run(),
+        }
+    }
+
+    /// Records with every number unset, marked with `reason`: what the report shows
+    /// for a job that failed or was skipped.
+    pub fn failed(&self, reason: &str) -> Vec<Record> {
+        let records = match self {
+            Job::Attention(cell) => vec![cell.record()],
+            Job::Blocks(case) => case.records(),
+            Job::KvCache(case) => vec![case.record()],
+        };
+        records
+            .into_iter()
+            .map(|record| record.failed(reason))
+            .collect()
+    }
+
+    /// A short description for progress lines.
+    pub fn describe(&self) -> String {
+        match self {
+            Job::Attention(cell) => cell.describe(),
+            Job::Blocks(case) => case.describe(),
+            Job::KvCache(case) => case.describe(),
+        }
+    }
+
+    /// Why the runner should not start this job, if it should not (a naive
+    /// attention cell that would need more memory than the budget).
+    pub fn skip_reason(&self, memory_budget: u64) -> Option<String> {
+        match self {
+            Job::Attention(cell) => cell.skip_reason(memory_budget),
+            _ => None,
+        }
+    }
+}
+
+/// The device of a backend name (`flex`, `ndarray`, `wgpu`, `cuda`).
+///
+/// # Errors
+/// When this build lacks the backend.
+pub fn device_named(name: &str) -> Result<burn::tensor::Device, String> {
+    burn_transformer::device::parse_device(name).map_err(|error| error.to_string())
+}
