@@ -81,6 +81,13 @@ pub fn host_init<M: burn::module::Module, E>(
 where
     TrainError: From<E>,
 {
+    // The device's generator is shared by every thread: hold it from seeding until
+    // the last parameter is drawn, so concurrent runs (parallel tests, programs that
+    // build several models) cannot interleave their draws.
+    static HOST_GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _drawing = HOST_GENERATOR
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let host = host_device().unwrap_or_default();
     host.seed(seed);
     let module = init(&host)?;
