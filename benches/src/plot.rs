@@ -4,7 +4,7 @@
 //! file: the first one found in the usual system folders is registered once. Without
 //! one, plots are drawn without text.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::OnceLock;
 
 use plotters::prelude::*;
@@ -78,25 +78,7 @@ impl LinePlot {
     /// # Errors
     /// A message naming the file, or saying there is nothing to draw.
     pub fn write(&self, path: &Path) -> Result<(), String> {
-        let name = path
-            .file_name()
-            .map_or_else(|| "plot.png".into(), |n| n.to_string_lossy().into_owned());
-        // The encoder picks the format from the extension: keep `.png` last.
-        let temporary: PathBuf =
-            path.with_file_name(format!(".{name}.tmp-{}.png", std::process::id()));
-        let result = self.draw(&temporary).and_then(|()| {
-            std::fs::rename(&temporary, path).map_err(|error| {
-                format!(
-                    "cannot move {} to {}: {error}",
-                    temporary.display(),
-                    path.display()
-                )
-            })
-        });
-        if result.is_err() {
-            let _ = std::fs::remove_file(&temporary);
-        }
-        result
+        examples::write_atomically(path, |temporary| self.draw(temporary))
     }
 
     fn draw(&self, path: &Path) -> Result<(), String> {

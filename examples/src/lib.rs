@@ -21,7 +21,15 @@ pub fn write_atomically(
         .ok_or_else(|| format!("{}: not a file path", path.display()))?
         .to_string_lossy()
         .into_owned();
-    let temporary: PathBuf = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    // Keep the extension last: encoders (PNG, …) pick the format from it.
+    let temporary: PathBuf = match path.extension() {
+        Some(extension) => path.with_file_name(format!(
+            ".{name}.tmp-{}.{}",
+            std::process::id(),
+            extension.to_string_lossy()
+        )),
+        None => path.with_file_name(format!(".{name}.tmp-{}", std::process::id())),
+    };
     let result = write(&temporary).and_then(|()| {
         std::fs::rename(&temporary, path).map_err(|error| {
             format!(

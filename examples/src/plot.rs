@@ -4,7 +4,7 @@
 //! fontconfig/freetype), so the first TrueType font found in the usual system
 //! folders is loaded at run time. Without one, the plot is drawn without labels.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::OnceLock;
 
 use burn_transformer::train::History;
@@ -44,25 +44,7 @@ fn fonts_available() -> bool {
 /// # Errors
 /// A message naming the file.
 pub fn plot_losses(history: &History, title: &str, path: &Path) -> Result<(), String> {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "plot.png".into());
-    // The image encoder picks the format from the extension: keep `.png` last.
-    let temporary: PathBuf = path.with_file_name(format!(".{name}.tmp-{}.png", std::process::id()));
-    let result = draw(history, title, &temporary).and_then(|()| {
-        std::fs::rename(&temporary, path).map_err(|error| {
-            format!(
-                "cannot move {} to {}: {error}",
-                temporary.display(),
-                path.display()
-            )
-        })
-    });
-    if result.is_err() {
-        let _ = std::fs::remove_file(&temporary);
-    }
-    result
+    crate::write_atomically(path, |temporary| draw(history, title, temporary))
 }
 
 fn draw(history: &History, title: &str, path: &Path) -> Result<(), String> {

@@ -187,8 +187,11 @@ fn trains_with_a_tokenizer_json() {
     assert!(out.join("sample.txt").is_file());
 }
 
+/// `(step, loss)` points of a loss curve.
+type Curve = Vec<(u64, f64)>;
+
 /// The training and validation losses of a run's `history.json`.
-fn losses(run: &Path) -> (Vec<(u64, f64)>, Vec<(u64, f64)>) {
+fn losses(run: &Path) -> (Curve, Curve) {
     let text = std::fs::read_to_string(run.join("history.json")).unwrap();
     let history: serde_json::Value = serde_json::from_str(&text).unwrap();
     let points = |key: &str| {

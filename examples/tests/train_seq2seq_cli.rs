@@ -88,3 +88,94 @@ fn a_short_run_reports_exact_match() {
     );
     assert!(stdout.contains("beam search (4 beams)"), "{stdout}");
 }
+
+/// `(step, loss)` points of a loss curve.
+type Curve = Vec<(u64, f64)>;
+
+/// The training and validation losses of a run's `history.json`.
+fn losses(run: &std::path::Path) -> (Curve, Curve) {
+    let text = std::fs::read_to_string(run.join("history.json")).unwrap();
+    let history: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let points = |key: &str| {
+        history[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| (p["step"].as_u64().unwrap(), p["loss"].as_f64().unwrap()))
+            .collect::<Vec<_>>()
+    };
+    (points("train"), points("validation"))
+}
+
+/// With dropout on, a resumed run replays the same dropout masks: its losses equal
+/// the uninterrupted run's. (In a process of its own: the device's random generator
+/// is shared by everything running in a process, so this cannot be a library unit
+/// test next to other tests drawing random numbers in parallel.)
+#[test]
+fn resume_with_dropout_continues_exactly() {
+    let root = out_dir("resume");
+    let straight = root.join("straight");
+    let settings = [
+        "--steps",
+        "6",
+        "--eval-interval",
+        "2",
+        "--batch-size",
+        "8",
+        "--d-model",
+        "16",
+        "--d-ff",
+        "32",
+        "--layers",
+        "1",
+        "--max-len",
+        "4",
+        "--dropout",
+        "0.1",
+        "--test-examples",
+        "4",
+        "--log-every",
+        "0",
+    ];
+    let mut args = vec!["--out", straight.to_str().unwrap()];
+    args.extend_from_slice(&settings);
+    let output = train_seq2seq(&args);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    // An interrupted run: the same folder without its last round's checkpoint.
+    let crashed = root.join("crashed");
+    std::fs::create_dir_all(crashed.join("checkpoint")).unwrap();
+    for name in ["run.json", "history.json"] {
+        std::fs::copy(straight.join(name), crashed.join(name)).unwrap();
+    }
+    for name in ["model", "optim", "scheduler"] {
+        let file = format!("{name}-2.bpk");
+        std::fs::copy(
+            straight.join("checkpoint").join(&file),
+            crashed.join("checkpoint").join(&file),
+        )
+        .unwrap();
+    }
+    let output = train_seq2seq(&[
+        "--resume",
+        "--out",
+        crashed.to_str().unwrap(),
+        "--log-every",
+        "0",
+    ]);
+    let expected = losses(&straight);
+    let resumed = losses(&crashed);
+    let _ = std::fs::remove_dir_all(&root);
+    assert!(
+        output.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(expected.0.len(), 6);
+    assert_eq!(resumed, expected);
+}
