@@ -2,6 +2,10 @@
 //! panic trace), a `tokenizer.json` works end to end, and `--resume` after an
 //! interrupted run writes the same history as the run that was not interrupted.
 
+mod common;
+
+use common::losses;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -185,24 +189,6 @@ fn trains_with_a_tokenizer_json() {
     );
     assert!(out.join("loss.png").is_file());
     assert!(out.join("sample.txt").is_file());
-}
-
-/// `(step, loss)` points of a loss curve.
-type Curve = Vec<(u64, f64)>;
-
-/// The training and validation losses of a run's `history.json`.
-fn losses(run: &Path) -> (Curve, Curve) {
-    let text = std::fs::read_to_string(run.join("history.json")).unwrap();
-    let history: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let points = |key: &str| {
-        history[key]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| (p["step"].as_u64().unwrap(), p["loss"].as_f64().unwrap()))
-            .collect::<Vec<_>>()
-    };
-    (points("train"), points("validation"))
 }
 
 #[test]

@@ -1,5 +1,10 @@
 //! The `train-seq2seq` program: bad settings give one `error:` line (no panic
-//! trace), and a short run trains, decodes and reports exact-match accuracy.
+//! trace), a short run trains, decodes and reports exact-match accuracy, and a resumed
+//! run with dropout continues with exactly the losses of an uninterrupted one.
+
+mod common;
+
+use common::losses;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -87,24 +92,6 @@ fn a_short_run_reports_exact_match() {
         "{stdout}"
     );
     assert!(stdout.contains("beam search (4 beams)"), "{stdout}");
-}
-
-/// `(step, loss)` points of a loss curve.
-type Curve = Vec<(u64, f64)>;
-
-/// The training and validation losses of a run's `history.json`.
-fn losses(run: &std::path::Path) -> (Curve, Curve) {
-    let text = std::fs::read_to_string(run.join("history.json")).unwrap();
-    let history: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let points = |key: &str| {
-        history[key]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| (p["step"].as_u64().unwrap(), p["loss"].as_f64().unwrap()))
-            .collect::<Vec<_>>()
-    };
-    (points("train"), points("validation"))
 }
 
 /// With dropout on, a resumed run replays the same dropout masks: its losses equal

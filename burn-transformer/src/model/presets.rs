@@ -5,6 +5,7 @@
 
 use super::causal_lm::CausalLmConfig;
 use crate::attention::LatentAttentionConfig;
+use crate::ffn::moe::RouterConfig;
 use crate::ffn::{MoeConfig, MoeLayerPlan};
 use crate::position::{RopeConfig, RopeScaling};
 
@@ -108,6 +109,22 @@ impl CausalLmConfig {
             .with_moe_layers(MoeLayerPlan::new().with_first_k_dense_replace(3))
             .with_aux_loss_coef(0.0001)
     }
+
+    /// `deepseek-ai/DeepSeek-V2-Lite`: 27 layers, width 2048, multi-head latent attention
+    /// (16 heads, a direct `q_proj`, kv rank 512), the first layer dense (width 10944),
+    /// then 64 routed experts of width 1408 (top-6, softmax, not renormalized) plus two
+    /// shared experts.
+    pub fn deepseek_v2_lite() -> Self {
+        let latent = LatentAttentionConfig::deepseek_v2_lite();
+        let rope = latent.rope_config();
+        let router = RouterConfig::new(2048, 64, 6).with_norm_topk_prob(false);
+        Self::new(102_400, 2048, 27, 16, 10_944, rope)
+            .with_norm_eps(1e-6)
+            .with_latent(Some(latent))
+            .with_moe(Some(MoeConfig::new(router, 1408).with_n_shared_experts(2)))
+            .with_moe_layers(MoeLayerPlan::new().with_first_k_dense_replace(1))
+            .with_aux_loss_coef(0.001)
+    }
 }
 
 #[cfg(test)]
@@ -135,5 +152,9 @@ mod tests {
         assert!(!deepseek.moe_layers.is_moe(2) && deepseek.moe_layers.is_moe(3));
         let latent = deepseek.latent.as_ref().unwrap();
         assert_eq!((latent.kv_lora_rank, latent.qk_head_dim()), (512, 192));
+        let lite = CausalLmConfig::deepseek_v2_lite();
+        lite.validate().unwrap();
+        assert!(!lite.moe_layers.is_moe(0) && lite.moe_layers.is_moe(1));
+        assert_eq!(lite.latent.as_ref().unwrap().q_lora_rank, None);
     }
 }
