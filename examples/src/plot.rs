@@ -145,3 +145,101 @@ fn draw(history: &History, title: &str, path: &Path) -> Result<(), String> {
     }
     root.present().map_err(|e| failed(&e))
 }
+
+/// One attention matrix to draw: `values` is `rows × cols`, row-major, each row a
+/// query's probabilities over the keys.
+pub struct Heatmap<'a> {
+    /// The probabilities.
+    pub values: &'a [f32],
+    /// One label per query (row).
+    pub row_labels: &'a [String],
+    /// One label per key (column).
+    pub col_labels: &'a [String],
+    /// The caption.
+    pub title: &'a str,
+}
+
+impl Heatmap<'_> {
+    /// The matrix as text: one character per cell, darker for more attention.
+    pub fn to_terminal(&self) -> String {
+        const SHADES: [char; 10] = [' ', '.', ':', '-', '=', '+', '*', '#', '%', '@'];
+        let cols = self.col_labels.len();
+        let width = self.row_labels.iter().map(|l| l.len()).max().unwrap_or(0);
+        let mut text = format!(
+            "{}\n{:width$}  {}\n",
+            self.title,
+            "",
+            self.col_labels.concat()
+        );
+        for (row, label) in self.row_labels.iter().enumerate() {
+            let cells: String = self.values[row * cols..(row + 1) * cols]
+                .iter()
+                .map(|&p| SHADES[((p.clamp(0.0, 1.0) * 9.0).round()) as usize])
+                .collect();
+            text.push_str(&format!("{label:>width$} |{cells}|\n"));
+        }
+        text
+    }
+
+    /// Draws the matrix into a PNG at `path` (white = 0, dark blue = 1), written to a
+    /// temporary file and renamed.
+    ///
+    /// # Errors
+    /// A message naming the file.
+    pub fn write_png(&self, path: &Path) -> Result<(), String> {
+        crate::write_atomically(path, |temporary| self.draw(temporary))
+    }
+
+    fn draw(&self, path: &Path) -> Result<(), String> {
+        let failed = |error: &dyn std::fmt::Display| format!("{}: {error}", path.display());
+        let (rows, cols) = (self.row_labels.len(), self.col_labels.len());
+        if rows == 0 || cols == 0 || self.values.len() != rows * cols {
+            return Err(failed(&"the attention matrix is empty or misshapen"));
+        }
+        const CELL: u32 = 36;
+        let (margin, title) = (40u32, 30u32);
+        // Wide enough for the caption too (about 9 pixels a character at size 16).
+        let width = (margin + CELL * cols as u32 + 10).max(9 * self.title.len() as u32 + 10);
+        let size = (width, title + margin + CELL * rows as u32 + 10);
+        let root = BitMapBackend::new(path, size).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| failed(&e))?;
+        let text = fonts_available();
+        if text {
+            let style = ("sans-serif", 16).into_font();
+            root.draw_text(self.title, &style.color(&BLACK), (5, 5))
+                .map_err(|e| failed(&e))?;
+        }
+        let (x0, y0) = (margin as i32, (title + margin) as i32);
+        for row in 0..rows {
+            for col in 0..cols {
+                let p = self.values[row * cols + col].clamp(0.0, 1.0) as f64;
+                // From white to a dark blue.
+                let shade = |full: f64| (255.0 - p * (255.0 - full)).round() as u8;
+                let color = RGBColor(shade(20.0), shade(60.0), shade(140.0));
+                let (x, y) = (
+                    x0 + (col as i32) * CELL as i32,
+                    y0 + (row as i32) * CELL as i32,
+                );
+                root.draw(&Rectangle::new(
+                    [(x, y), (x + CELL as i32 - 1, y + CELL as i32 - 1)],
+                    color.filled(),
+                ))
+                .map_err(|e| failed(&e))?;
+            }
+        }
+        if text {
+            let style = ("sans-serif", 14).into_font().color(&BLACK);
+            for (col, label) in self.col_labels.iter().enumerate() {
+                let x = x0 + (col as i32) * CELL as i32 + CELL as i32 / 3;
+                root.draw_text(label, &style, (x, y0 - 20))
+                    .map_err(|e| failed(&e))?;
+            }
+            for (row, label) in self.row_labels.iter().enumerate() {
+                let y = y0 + (row as i32) * CELL as i32 + CELL as i32 / 3;
+                root.draw_text(label, &style, (8, y))
+                    .map_err(|e| failed(&e))?;
+            }
+        }
+        root.present().map_err(|e| failed(&e))
+    }
+}

@@ -25,7 +25,8 @@ use burn::tensor::{Bool, Device, Int, Tensor};
 
 use crate::attention::{AttentionImpl, MultiHeadAttentionConfig};
 use crate::block::{
-    BlockCache, BlockKind, Memory, TransformerBlockConfig, TransformerStack, TransformerStackConfig,
+    BlockCache, BlockKind, BlockWeights, Memory, TransformerBlockConfig, TransformerStack,
+    TransformerStackConfig,
 };
 use crate::error::ConfigError;
 use crate::ffn::{Activation, DenseFfnConfig, FeedForwardConfig};
@@ -368,6 +369,38 @@ impl Transformer {
         self.decode(target, memory, source_padding, target_padding)
     }
 
+    /// [`forward`](Self::forward) that also returns every block's attention
+    /// probabilities, for inspection: the encoder's self-attention and the decoder's
+    /// self- and cross-attention. Computed on the reference path (the fused kernel
+    /// never forms the probabilities).
+    ///
+    /// # Shapes
+    /// - as [`forward`](Self::forward)
+    /// - encoder weights: per block, `self_attn` `[batch, heads, seq_src, seq_src]`
+    /// - decoder weights: per block, `self_attn` `[batch, heads, seq_tgt, seq_tgt]` and
+    ///   `cross_attn` `[batch, heads, seq_tgt, seq_src]`
+    pub fn forward_with_weights(
+        &self,
+        source: Tensor<2, Int>,
+        target: Tensor<2, Int>,
+        source_padding: Option<Tensor<2, Bool>>,
+        target_padding: Option<Tensor<2, Bool>>,
+    ) -> (Tensor<3>, Vec<BlockWeights>, Vec<BlockWeights>) {
+        let x = self.embed(&self.embed_tokens, source, 0);
+        let (memory, encoder_weights) =
+            self.encoder
+                .forward_with_weights(x, source_padding.clone(), None);
+        let memory = Memory {
+            states: memory,
+            padding: source_padding,
+        };
+        let y = self.embed(self.target_embedding(), target, 0);
+        let (hidden, decoder_weights) =
+            self.decoder
+                .forward_with_weights(y, target_padding, Some(&memory));
+        (self.project(hidden), encoder_weights, decoder_weights)
+    }
+
     /// An empty decoding cache over an encoded source.
     ///
     /// # Shapes
@@ -447,6 +480,45 @@ mod tests {
                 std: 0.3,
             })
             .init(device)
+    }
+
+    #[test]
+    fn attention_weights_come_with_the_same_logits_and_are_distributions() {
+        for device in model_test_devices() {
+            let model = model(NormPlacement::PreNorm, &device);
+            let source = tokens(&[&[5, 6, 7, 8, 9, 1], &[3, 4, 5, 1, 0, 0]], &device);
+            let source_padding = padding_mask_from_lengths(&[6, 4], 6, &device);
+            let target = tokens(&[&[1, 11, 12, 13], &[1, 21, 22, 23]], &device);
+            let logits = model.forward(
+                source.clone(),
+                target.clone(),
+                Some(source_padding.clone()),
+                None,
+            );
+            let (with_weights, encoder, decoder) =
+                model.forward_with_weights(source, target, Some(source_padding), None);
+            assert_close(with_weights, logits, 1e-5, "logits");
+            assert_eq!((encoder.len(), decoder.len()), (2, 2));
+            assert_eq!(encoder[0].self_attn.dims(), [2, 4, 6, 6]);
+            let cross = decoder[1]
+                .cross_attn
+                .clone()
+                .expect("decoder cross-attention");
+            assert_eq!(cross.dims(), [2, 4, 4, 6]);
+            // Rows are probability distributions; padded source keys get none.
+            let sums = cross.clone().sum_dim(3);
+            assert_close(sums, Tensor::ones([2, 4, 4, 1], &device), 1e-5, "row sums");
+            let padded = cross
+                .narrow(0, 1, 1)
+                .narrow(3, 4, 2)
+                .abs()
+                .max()
+                .into_scalar::<f32>();
+            assert_eq!(padded, 0.0, "attention to padded source positions");
+            // Causal decoder self-attention: nothing above the diagonal.
+            let future = decoder[0].self_attn.clone().narrow(2, 0, 1).narrow(3, 1, 3);
+            assert_eq!(future.abs().max().into_scalar::<f32>(), 0.0);
+        }
     }
 
     #[test]

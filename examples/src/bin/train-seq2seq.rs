@@ -189,6 +189,11 @@ fn run(args: Args) -> Result<(), String> {
     };
     let result = train_seq2seq(&model, &training, &device, &options).map_err(|e| e.to_string())?;
     save_module(result.model.clone(), &out.join("model.bpk")).map_err(|e| e.to_string())?;
+    // The architecture beside the weights, so that other programs (attention-plot) can
+    // rebuild the model without this program's flags.
+    let architecture = serde_json::to_string_pretty(&model).map_err(|e| e.to_string())?;
+    write_atomically(&out.join("model.json"), architecture.as_bytes())
+        .map_err(|e| e.to_string())?;
     let plot = out.join("loss.png");
     match plot_losses(&result.history, "train-seq2seq: cross entropy", &plot) {
         Ok(()) => println!("loss curves: {}", plot.display()),
