@@ -587,21 +587,23 @@ mod tests {
 
     #[test]
     fn gradients_reach_router_and_experts() {
-        let device = Device::flex().autodiff();
-        device.seed(24);
-        let moe = MoeConfig::mixtral(6, 8, 4, 2).init(&device);
-        let x =
-            Tensor::<3>::random([2, 3, 6], Distribution::Normal(0.0, 1.0), &device).require_grad();
-        let out = moe.forward(x.clone());
-        let loss = out.output.sum() + out.aux_loss * 0.01 + out.z_loss * 0.001;
-        let grads = loss.backward();
-        assert!(
-            moe.gate.weight.val().grad(&grads).is_some(),
-            "router gradient"
-        );
-        assert!(x.grad(&grads).is_some(), "input gradient");
-        assert!(moe.experts.gate_up_proj.val().grad(&grads).is_some());
-        assert!(moe.experts.down_proj.val().grad(&grads).is_some());
+        for device in test_devices() {
+            let device = device.autodiff();
+            device.seed(24);
+            let moe = MoeConfig::mixtral(6, 8, 4, 2).init(&device);
+            let x = Tensor::<3>::random([2, 3, 6], Distribution::Normal(0.0, 1.0), &device)
+                .require_grad();
+            let out = moe.forward(x.clone());
+            let loss = out.output.sum() + out.aux_loss * 0.01 + out.z_loss * 0.001;
+            let grads = loss.backward();
+            assert!(
+                moe.gate.weight.val().grad(&grads).is_some(),
+                "router gradient on {device:?}"
+            );
+            assert!(x.grad(&grads).is_some(), "input gradient");
+            assert!(moe.experts.gate_up_proj.val().grad(&grads).is_some());
+            assert!(moe.experts.down_proj.val().grad(&grads).is_some());
+        }
     }
 
     #[test]

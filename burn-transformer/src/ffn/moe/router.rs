@@ -425,10 +425,11 @@ mod tests {
 
     #[test]
     fn uniform_routing_gives_top_k() {
-        let device = Device::flex();
-        let probabilities = Tensor::<2>::ones([8, 4], &device) / 4.0;
-        let loss = load_balancing_loss(probabilities, &[4, 4, 4, 4]);
-        assert_close(loss, Tensor::from_floats([2.0], &device), 1e-6, "uniform");
+        for device in test_devices() {
+            let probabilities = Tensor::<2>::ones([8, 4], &device) / 4.0;
+            let loss = load_balancing_loss(probabilities, &[4, 4, 4, 4]);
+            assert_close(loss, Tensor::from_floats([2.0], &device), 1e-6, "uniform");
+        }
     }
 
     #[test]
@@ -527,20 +528,21 @@ mod tests {
 
     #[test]
     fn bias_update_moves_towards_balance() {
-        let device = Device::flex();
-        let router = RouterConfig::new(4, 5, 1)
-            .with_score_correction_bias(true)
-            .init(&device)
-            .update_correction_bias(&[10, 2, 4, 4, 5], 0.01);
-        let bias = router.e_score_correction_bias.unwrap().val();
-        // Mean load 5: the overloaded expert's bias drops, the underloaded ones' rise,
-        // the expert exactly at the mean keeps its bias.
-        assert_close(
-            bias,
-            Tensor::from_floats([-0.01, 0.01, 0.01, 0.01, 0.0], &device),
-            1e-7,
-            "bias step",
-        );
+        for device in test_devices() {
+            let router = RouterConfig::new(4, 5, 1)
+                .with_score_correction_bias(true)
+                .init(&device)
+                .update_correction_bias(&[10, 2, 4, 4, 5], 0.01);
+            let bias = router.e_score_correction_bias.unwrap().val();
+            // Mean load 5: the overloaded expert's bias drops, the underloaded ones'
+            // rise, the expert exactly at the mean keeps its bias.
+            assert_close(
+                bias,
+                Tensor::from_floats([-0.01, 0.01, 0.01, 0.01, 0.0], &device),
+                1e-7,
+                "bias step",
+            );
+        }
     }
 
     #[test]
