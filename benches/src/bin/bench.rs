@@ -132,7 +132,65 @@ struct ChildOutput {
 /// Runs this binary with `arguments`, stopping it after `timeout`.
 fn run_child(arguments: &[&str], timeout: Duration) -> Result<ChildOutput, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
-    let mut child = Command::new(exe)
+    run_program(&exe, arguments, timeout)
+}
+
+/// Benchmarks that are programs of their own, built beside this runner (`benches/src/bin`).
+/// The runner runs each in quick or full mode on the measured backends and keeps its
+/// output next to its own: `<out>/<name>.jsonl` (JSON lines) and `<out>/<name>.md` (the
+/// program's tables). To add one, give it `--quick`, `--backends a,b` and `--json PATH`,
+/// and list it here.
+const COMPANIONS: &[&str] = &["moe_mla"];
+
+/// Runs the companion benchmark `name` and writes its results into `out`.
+fn run_companion(
+    name: &str,
+    mode: Mode,
+    backends: &[String],
+    out: &Path,
+    timeout: Duration,
+) -> Result<(), String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
+    let program = exe.with_file_name(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    if !program.is_file() {
+        return Err(format!(
+            "{} not built: run `cargo build --release -p benches` first",
+            program.display()
+        ));
+    }
+    let json = out.join(format!("{name}.jsonl"));
+    let json_arg = json.to_string_lossy().into_owned();
+    let backend_list = backends.join(",");
+    let mut arguments = vec!["--backends", &backend_list, "--json", &json_arg];
+    if mode == Mode::Quick {
+        arguments.push("--quick");
+    }
+    eprintln!("bench: running {name} on {backend_list}");
+    let output = run_program(&program, &arguments, timeout)?;
+    if output.status != Some(0) || output.timed_out {
+        return Err(format!(
+            "{name} failed{}: {}",
+            if output.timed_out { " (timed out)" } else { "" },
+            stderr_tail(&output.stderr)
+        ));
+    }
+    // Its tables, without the JSON lines it also prints.
+    let tables: String = output
+        .stdout
+        .lines()
+        .filter(|line| !line.starts_with('{'))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    write_atomically(&out.join(format!("{name}.md")), &tables)
+}
+
+/// Runs `program` with `arguments`, stopping it after `timeout`.
+fn run_program(
+    program: &Path,
+    arguments: &[&str],
+    timeout: Duration,
+) -> Result<ChildOutput, String> {
+    let mut child = Command::new(program)
         .args(arguments)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -199,7 +257,23 @@ fn run(args: &Args) -> Result<(), String> {
             .unwrap_or_else(|| Machine::detect(mode.name()));
         (machine, records)
     } else {
-        measure(args, mode)?
+        let (machine, records, backends) = measure(args, mode)?;
+        let wanted = args.suites.clone();
+        for name in COMPANIONS {
+            let requested = wanted.as_ref().is_none_or(|s| s.iter().any(|s| s == name));
+            if requested
+                && let Err(error) = run_companion(
+                    name,
+                    mode,
+                    &backends,
+                    &args.out,
+                    Duration::from_secs(args.timeout),
+                )
+            {
+                eprintln!("bench: {error}");
+            }
+        }
+        (machine, records)
     };
 
     let json = serde_json::to_string_pretty(&machine).map_err(|e| e.to_string())?;
@@ -241,7 +315,7 @@ fn run(args: &Args) -> Result<(), String> {
     Ok(())
 }
 
-fn measure(args: &Args, mode: Mode) -> Result<(Machine, Vec<Record>), String> {
+fn measure(args: &Args, mode: Mode) -> Result<(Machine, Vec<Record>, Vec<String>), String> {
     let mut machine = Machine::detect(mode.name());
     let wanted: Vec<String> = args.backends.clone().unwrap_or_else(|| {
         burn_transformer::device::COMPILED_BACKENDS
@@ -278,15 +352,17 @@ fn measure(args: &Args, mode: Mode) -> Result<(Machine, Vec<Record>), String> {
         .clone()
         .unwrap_or_else(|| SUITES.iter().map(|s| s.to_string()).collect());
     for suite in &suites {
-        if !SUITES.contains(&suite.as_str()) {
+        if !SUITES.contains(&suite.as_str()) && !COMPANIONS.contains(&suite.as_str()) {
             return Err(format!(
-                "unknown suite `{suite}` (have: {})",
-                SUITES.join(", ")
+                "unknown suite `{suite}` (have: {}, {})",
+                SUITES.join(", "),
+                COMPANIONS.join(", ")
             ));
         }
     }
     let jobs: Vec<Job> = suites
         .iter()
+        .filter(|suite| SUITES.contains(&suite.as_str()))
         .flat_map(|suite| {
             backends
                 .iter()
@@ -331,7 +407,7 @@ fn measure(args: &Args, mode: Mode) -> Result<(Machine, Vec<Record>), String> {
         records.extend(produced);
     }
     eprintln!("bench: measured in {:.0}s", start.elapsed().as_secs_f64());
-    Ok((machine, records))
+    Ok((machine, records, backends))
 }
 
 /// Runs one job in a child process and collects its records.
@@ -367,11 +443,8 @@ fn run_one(job: &Job, timeout: Duration) -> Vec<Record> {
 
 /// Writes `text` to a temporary name next to `path`, then renames it into place.
 fn write_atomically(path: &Path, text: &str) -> Result<(), String> {
-    let name = path
-        .file_name()
-        .map_or_else(|| "out".into(), |n| n.to_string_lossy().into_owned());
-    let temporary = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
-    std::fs::write(&temporary, text)
-        .and_then(|()| std::fs::rename(&temporary, path))
-        .map_err(|error| format!("cannot write {}: {error}", path.display()))
+    examples::write_atomically(path, |temporary| {
+        std::fs::write(temporary, text)
+            .map_err(|error| format!("cannot write {}: {error}", temporary.display()))
+    })
 }
