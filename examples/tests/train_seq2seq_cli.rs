@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::losses;
+use common::{interrupted_copy, losses};
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -135,18 +135,7 @@ fn resume_with_dropout_continues_exactly() {
 
     // An interrupted run: the same folder without its last round's checkpoint.
     let crashed = root.join("crashed");
-    std::fs::create_dir_all(crashed.join("checkpoint")).unwrap();
-    for name in ["run.json", "history.json"] {
-        std::fs::copy(straight.join(name), crashed.join(name)).unwrap();
-    }
-    for name in ["model", "optim", "scheduler"] {
-        let file = format!("{name}-2.bpk");
-        std::fs::copy(
-            straight.join("checkpoint").join(&file),
-            crashed.join("checkpoint").join(&file),
-        )
-        .unwrap();
-    }
+    interrupted_copy(&straight, &crashed, &["run.json", "history.json"]);
     let output = train_seq2seq(&[
         "--resume",
         "--out",

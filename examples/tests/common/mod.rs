@@ -19,3 +19,20 @@ pub fn losses(run: &Path) -> (Curve, Curve) {
     };
     (points("train"), points("validation"))
 }
+
+/// Makes `crashed` look like `straight` interrupted during its third round: the run's
+/// `files` and only round 2's checkpoint records.
+pub fn interrupted_copy(straight: &Path, crashed: &Path, files: &[&str]) {
+    std::fs::create_dir_all(crashed.join("checkpoint")).unwrap();
+    for name in files {
+        std::fs::copy(straight.join(name), crashed.join(name)).unwrap();
+    }
+    for name in ["model", "optim", "scheduler"] {
+        let file = format!("{name}-2.bpk");
+        std::fs::copy(
+            straight.join("checkpoint").join(&file),
+            crashed.join("checkpoint").join(&file),
+        )
+        .unwrap();
+    }
+}
