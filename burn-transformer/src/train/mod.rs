@@ -35,7 +35,8 @@ pub use corpus::{Corpus, TokenSplit};
 pub use error::TrainError;
 pub use io::{read_text, replace_atomically, temporary_path, write_atomically};
 pub use lm::{
-    LmRunResult, LmTask, LmTrainingConfig, StepSettings, adamw, sample_tokens, train_language_model,
+    LmRunResult, LmTask, LmTrainingConfig, StepSettings, adamw, sample_tokens,
+    train_language_model, train_language_model_from,
 };
 pub use loss::cross_entropy;
 pub use progress::{History, ProgressRenderer, ProgressSettings, TrainPoint, ValidationPoint};
