@@ -120,6 +120,12 @@ pub fn sections(records: &[Record], out_dir: &Path) -> Result<Vec<Section>, Stri
     if let Some(section) = kv_cache_section(records, out_dir)? {
         sections.push(section);
     }
+    if let Some(section) = generation_section(records, out_dir)? {
+        sections.push(section);
+    }
+    if let Some(section) = train_step_section(records) {
+        sections.push(section);
+    }
     if let Some(section) = failures_section(records) {
         sections.push(section);
     }
@@ -534,6 +540,169 @@ fn kv_cache_section(records: &[Record], out_dir: &Path) -> Result<Option<Section
         title: "KV caches",
         body,
     }))
+}
+
+fn generation_section(records: &[Record], out_dir: &Path) -> Result<Option<Section>, String> {
+    let prefill = of(records, "prefill");
+    let decode = of(records, "decode");
+    if prefill.is_empty() && decode.is_empty() {
+        return Ok(None);
+    }
+    let mut table = Table::new(&[
+        "backend",
+        "context",
+        "cache",
+        "cache bytes / token",
+        "prefill ms",
+        "prefill tokens/s",
+        "decode ms",
+        "decode tokens/s",
+    ]);
+    let order = backends(&prefill);
+    let mut series = Vec::new();
+    for (b, backend) in order.iter().enumerate() {
+        let mine: Vec<&&Record> = prefill.iter().filter(|r| r.backend == *backend).collect();
+        let mut contexts: Vec<usize> = mine.iter().map(|r| r.seq).collect();
+        contexts.sort_unstable();
+        contexts.dedup();
+        let mut kinds: Vec<String> = Vec::new();
+        for r in &mine {
+            if !kinds.contains(&r.implementation) {
+                kinds.push(r.implementation.clone());
+            }
+        }
+        for context in &contexts {
+            for kind in &kinds {
+                let find = |cells: &[&Record]| {
+                    cells
+                        .iter()
+                        .find(|r| {
+                            r.backend == *backend && r.seq == *context && r.implementation == *kind
+                        })
+                        .copied()
+                        .cloned()
+                };
+                let (Some(p), d) = (find(&prefill), find(&decode)) else {
+                    continue;
+                };
+                table.rows.push(vec![
+                    backend.clone(),
+                    context.to_string(),
+                    kind.clone(),
+                    p.bytes_per_token.map_or("–".into(), |b| b.to_string()),
+                    ms(p.ms_median),
+                    rate(p.tokens_per_s),
+                    ms(d.as_ref().and_then(|r| r.ms_median)),
+                    rate(d.as_ref().and_then(|r| r.tokens_per_s)),
+                ]);
+            }
+        }
+        for (k, kind) in kinds.iter().enumerate() {
+            let mut points: Vec<(f64, f64)> = decode
+                .iter()
+                .filter(|r| r.backend == *backend && r.implementation == *kind)
+                .filter_map(|r| Some((r.seq as f64, r.tokens_per_s?)))
+                .collect();
+            points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            series.push(Series {
+                name: format!("{kind} {backend}"),
+                points,
+                dashed: b % 2 == 1,
+                colour: k + b * kinds.len(),
+            });
+        }
+    }
+    let file = "generation_decode.png";
+    LinePlot {
+        title: "CausalLm decoding with a KV cache: tokens/s vs context".into(),
+        x_label: "context (prompt tokens in the cache)".into(),
+        y_label: "decode tokens/s".into(),
+        log_log: true,
+        series,
+    }
+    .write(&out_dir.join(file))?;
+    let body = format!(
+        "A decoder-only model (width 256, 4 layers, 8 query heads of 32, SwiGLU 1024, \
+         vocabulary 512, batch 1) generating with its cache: prefill runs the whole \
+         prompt through `forward_cached` into an empty cache; decode runs one new token \
+         over a copy of the prefilled cache. MHA caches 8 key/value heads per layer, GQA \
+         2, MLA one 128-wide latent plus a 16-wide rotary key (decoded with absorbed \
+         projections). Bytes per token count every layer, in f32.\n\n{}\n\
+         ![decode tokens/s]({file})\n",
+        table.markdown()
+    );
+    Ok(Some(Section {
+        stem: "generation",
+        title: "Generation (prefill and decode)",
+        body,
+    }))
+}
+
+fn train_step_section(records: &[Record]) -> Option<Section> {
+    let cells = of(records, "train_step");
+    if cells.is_empty() {
+        return None;
+    }
+    let mut table = Table::new(&[
+        "backend",
+        "model",
+        "params",
+        "tokens / step",
+        "attention",
+        "ms / step",
+        "tokens/s",
+        "reference / auto",
+    ]);
+    for backend in backends(&cells) {
+        let mut widths: Vec<usize> = cells
+            .iter()
+            .filter(|r| r.backend == backend)
+            .filter_map(|r| r.d_model)
+            .collect();
+        widths.sort_unstable();
+        widths.dedup();
+        for width in widths {
+            let find = |name: &str| {
+                cells.iter().find(|r| {
+                    r.backend == backend && r.d_model == Some(width) && r.implementation == name
+                })
+            };
+            let auto = find("auto");
+            let reference = find("reference");
+            for r in [auto, reference].into_iter().flatten() {
+                table.rows.push(vec![
+                    backend.clone(),
+                    format!("d{} h{}/{} ctx {}", width, r.heads, r.kv_heads, r.seq),
+                    r.params
+                        .map_or("–".into(), |p| format!("{:.2}M", p as f64 / 1e6)),
+                    (r.batch * r.seq).to_string(),
+                    r.implementation.clone(),
+                    ms(r.ms_median),
+                    rate(r.tokens_per_s),
+                    if r.implementation == "reference" {
+                        ratio(r.ms_median, auto.and_then(|f| f.ms_median))
+                    } else {
+                        "".into()
+                    },
+                ]);
+            }
+        }
+    }
+    let body = format!(
+        "One whole training step of the LLaMA-style `CausalLm` (RMSNorm, RoPE, GQA, \
+         SwiGLU, tied embeddings): forward, cross entropy, backward, global gradient \
+         clipping and the AdamW update, the step `train-lm` runs. Small: width 128, 4 \
+         layers; medium: width 256, 6 layers; batch 8. `auto` is the automatic attention \
+         (the fused CubeCL kernel on wgpu and cuda, the reference tensor ops on flex and \
+         ndarray); on kernel backends `reference` forces the tensor-op path in the same \
+         run, its peer.\n\n{}",
+        table.markdown()
+    );
+    Some(Section {
+        stem: "train_step",
+        title: "Training step",
+        body,
+    })
 }
 
 fn failures_section(records: &[Record]) -> Option<Section> {

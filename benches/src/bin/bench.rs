@@ -31,7 +31,8 @@ struct Args {
     /// Backends to run (default: every backend this build has and the machine runs).
     #[arg(long, value_delimiter = ',')]
     backends: Option<Vec<String>>,
-    /// Suites to run (default: all).
+    /// Suites to run (default: all). A partial run keeps the earlier records of the
+    /// benchmarks it does not measure in results.jsonl and the report.
     #[arg(long, value_delimiter = ',')]
     suites: Option<Vec<String>>,
     /// Where results.jsonl, the tables and the plots go.
@@ -273,7 +274,10 @@ fn run(args: &Args) -> Result<(), String> {
                 eprintln!("bench: {error}");
             }
         }
-        (machine, records)
+        (
+            machine,
+            keep_unmeasured(&results, records, args.suites.is_some()),
+        )
     };
 
     let json = serde_json::to_string_pretty(&machine).map_err(|e| e.to_string())?;
@@ -408,6 +412,28 @@ fn measure(args: &Args, mode: Mode) -> Result<(Machine, Vec<Record>, Vec<String>
     }
     eprintln!("bench: measured in {:.0}s", start.elapsed().as_secs_f64());
     Ok((machine, records, backends))
+}
+
+/// With `--suites` (a partial run), the earlier records of `results` for benchmarks
+/// and backends this run did not measure stay in the report beside the new ones.
+fn keep_unmeasured(results: &Path, measured: Vec<Record>, partial: bool) -> Vec<Record> {
+    if !partial {
+        return measured;
+    }
+    let Some(earlier) = std::fs::read_to_string(results)
+        .ok()
+        .and_then(|text| parse_lines(&text).ok())
+    else {
+        return measured;
+    };
+    let remeasured = |r: &Record| {
+        measured
+            .iter()
+            .any(|m| m.bench == r.bench && m.backend == r.backend)
+    };
+    let mut records: Vec<Record> = earlier.into_iter().filter(|r| !remeasured(r)).collect();
+    records.extend(measured);
+    records
 }
 
 /// Runs one job in a child process and collects its records.

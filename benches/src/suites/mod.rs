@@ -10,7 +10,9 @@ use crate::record::Record;
 
 pub mod attention;
 pub mod blocks;
+pub mod generation;
 pub mod kv_cache;
+pub mod train_step;
 
 /// How much to measure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,7 +48,13 @@ impl Mode {
 }
 
 /// The suites, in the order the runner runs and reports them.
-pub const SUITES: &[&str] = &["attention", "blocks", "kv_cache"];
+pub const SUITES: &[&str] = &[
+    "attention",
+    "blocks",
+    "kv_cache",
+    "generation",
+    "train_step",
+];
 
 /// One unit of work, run in its own process.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -58,6 +66,10 @@ pub enum Job {
     Blocks(blocks::Case),
     /// One cache kind at one context length.
     KvCache(kv_cache::Case),
+    /// One model cache kind at one context length: prefill and decode.
+    Generation(generation::Case),
+    /// One model size and attention path: a whole training step.
+    TrainStep(train_step::Case),
 }
 
 impl Job {
@@ -67,6 +79,8 @@ impl Job {
             "attention" => attention::jobs(mode, backend),
             "blocks" => blocks::jobs(mode, backend),
             "kv_cache" => kv_cache::jobs(mode, backend),
+            "generation" => generation::jobs(mode, backend),
+            "train_step" => train_step::jobs(mode, backend),
             _ => Vec::new(),
         }
     }
@@ -80,6 +94,8 @@ impl Job {
             Job::Attention(cell) => cell.run().map(|record| vec![record]),
             Job::Blocks(case) => case.run(),
             Job::KvCache(case) => case.run(),
+            Job::Generation(case) => case.run(),
+            Job::TrainStep(case) => case.run(),
         }
     }
 
@@ -90,6 +106,8 @@ impl Job {
             Job::Attention(cell) => vec![cell.record()],
             Job::Blocks(case) => case.records(),
             Job::KvCache(case) => vec![case.record()],
+            Job::Generation(case) => case.records(),
+            Job::TrainStep(case) => vec![case.record()],
         };
         records
             .into_iter()
@@ -103,6 +121,8 @@ impl Job {
             Job::Attention(cell) => cell.describe(),
             Job::Blocks(case) => case.describe(),
             Job::KvCache(case) => case.describe(),
+            Job::Generation(case) => case.describe(),
+            Job::TrainStep(case) => case.describe(),
         }
     }
 

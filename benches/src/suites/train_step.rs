@@ -1,0 +1,197 @@
+//! Training steps of the LLaMA-style [`CausalLm`] at two sizes: forward, loss,
+//! backward, global gradient clipping and the AdamW update, exactly the step
+//! `train-lm` runs (the library's own [`LmTask`]), as tokens per second.
+//!
+//! On backends with the fused kernel (wgpu, cuda) each size is also measured with the
+//! attention forced onto the reference path, its peer in the same run.
+
+use std::sync::Arc;
+
+use burn::module::Module;
+use burn::train::TrainStep;
+use burn_transformer::attention::AttentionImpl;
+use burn_transformer::model::CausalLmConfig;
+use burn_transformer::position::RopeConfig;
+use burn_transformer::train::{
+    LmTask, StepSettings, WindowLoader, adamw, host_init, to_training_device,
+};
+use serde::{Deserialize, Serialize};
+
+use super::{Job, Mode, device_named};
+use crate::measure::{Runs, finish, time_runs};
+use crate::record::Record;
+
+/// A model size of the suite.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Size {
+    /// nanoGPT's CPU size: width 128, 4 layers, 4 heads (2 key/value), context 128.
+    Small,
+    /// Width 256, 6 layers, 8 heads of 32 (2 key/value), context 256.
+    Medium,
+}
+
+impl Size {
+    /// Both sizes, in report order.
+    pub const ALL: [Size; 2] = [Size::Small, Size::Medium];
+
+    /// The name in records and tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Size::Small => "small",
+            Size::Medium => "medium",
+        }
+    }
+
+    /// `(vocab, d_model, layers, heads, kv_heads, d_ff, batch, context)`.
+    fn shape(self) -> (usize, usize, usize, usize, usize, usize, usize, usize) {
+        match self {
+            Size::Small => (256, 128, 4, 4, 2, 352, 8, 128),
+            Size::Medium => (1024, 256, 6, 8, 2, 688, 8, 256),
+        }
+    }
+
+    fn config(self, implementation: AttentionImpl) -> CausalLmConfig {
+        let (vocab, d_model, layers, heads, kv_heads, d_ff, _, context) = self.shape();
+        CausalLmConfig::new(
+            vocab,
+            d_model,
+            layers,
+            heads,
+            d_ff,
+            RopeConfig::new(d_model / heads).with_max_position_embeddings(context),
+        )
+        .with_n_kv_heads(Some(kv_heads))
+        .with_norm_eps(1e-5)
+        .with_tie_word_embeddings(true)
+        .with_implementation(implementation)
+    }
+}
+
+/// One model size with one attention path on one backend.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Case {
+    /// The model size.
+    pub size: Size,
+    /// `auto` (the automatic choice: the fused kernel where the backend has it) or
+    /// `reference` (the tensor-op attention, its peer).
+    pub attention: String,
+    /// The backend name.
+    pub backend: String,
+    /// Warm-up and timed runs.
+    pub runs: Runs,
+}
+
+/// The cases of `mode` on `backend`: both sizes, and on kernel backends both paths.
+pub fn jobs(mode: Mode, backend: &str) -> Vec<Job> {
+    let kernel = matches!(backend, "wgpu" | "cuda" | "vulkan");
+    let paths: &[&str] = if kernel {
+        &["auto", "reference"]
+    } else {
+        &["auto"]
+    };
+    let runs = match mode {
+        Mode::Quick => Runs {
+            warmup: 1,
+            iters: 3,
+        },
+        Mode::Full => Runs {
+            warmup: 3,
+            iters: 10,
+        },
+    };
+    Size::ALL
+        .iter()
+        .flat_map(|&size| {
+            paths.iter().map(move |path| {
+                Job::TrainStep(Case {
+                    size,
+                    attention: path.to_string(),
+                    backend: backend.to_string(),
+                    runs,
+                })
+            })
+        })
+        .collect()
+}
+
+impl Case {
+    /// A progress line.
+    pub fn describe(&self) -> String {
+        format!(
+            "train_step {} {} {}",
+            self.size.name(),
+            self.attention,
+            self.backend
+        )
+    }
+
+    /// The record of this case with no numbers yet.
+    pub fn record(&self) -> Record {
+        let (_, d_model, _, heads, kv_heads, _, batch, context) = self.size.shape();
+        Record {
+            batch,
+            heads,
+            kv_heads,
+            seq: context,
+            head_dim: d_model / heads,
+            causal: true,
+            pass: "fwd_bwd".into(),
+            d_model: Some(d_model),
+            ..Record::new("train_step", &self.attention, &self.backend)
+        }
+    }
+
+    /// Times whole training steps (loss, backward, clipping, AdamW update) on fresh
+    /// windows of random tokens; the clock stops after an updated weight is read back.
+    ///
+    /// # Errors
+    /// Why the case could not be measured.
+    pub fn run(&self) -> Result<Vec<Record>, String> {
+        let device = device_named(&self.backend)?.autodiff();
+        let implementation = match self.attention.as_str() {
+            "reference" => AttentionImpl::Reference,
+            _ => AttentionImpl::Auto,
+        };
+        let config = self.size.config(implementation);
+        let (vocab, _, _, _, _, _, batch, context) = self.size.shape();
+        let model = host_init(0, |host| config.try_init(host)).map_err(|e| e.to_string())?;
+        let params = model.num_params();
+        let mut task = Some(LmTask::new(
+            to_training_device(model, &device),
+            StepSettings {
+                label_smoothing: 0.0,
+                grad_clip: Some(1.0),
+                seed: 0,
+            },
+        ));
+        let mut optimizer = adamw(0.9, 0.99, 1e-8, 0.1);
+        // A token stream long enough for every window of every run.
+        let stream: Vec<u32> = (0..(batch * context * 4) as u64)
+            .map(|i| ((i.wrapping_mul(2_654_435_761) >> 7) % vocab as u64) as u32)
+            .collect();
+        let loader = WindowLoader::training(Arc::new(stream), batch, context, 1, 0, 0, &device);
+        let mut step = 0;
+        let timing = time_runs(
+            &device,
+            self.runs,
+            || {
+                step += 1;
+                Ok(loader.batch(step))
+            },
+            |batch| {
+                let current = task.take().ok_or("the model was lost in a failed step")?;
+                let output = TrainStep::step(&current, batch);
+                let updated = optimizer.step(1e-3, current, output.grads);
+                let weight = updated.model.model.embed_tokens.weight.val();
+                task = Some(updated);
+                finish(weight)?;
+                Ok(())
+            },
+        )?;
+        let mut record = self.record().with_timing(&timing);
+        record.tokens_per_s = Some((batch * context) as f64 / (timing.median_ms / 1e3));
+        record.params = Some(params);
+        Ok(vec![record])
+    }
+}
