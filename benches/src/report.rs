@@ -498,26 +498,7 @@ fn kv_cache_section(records: &[Record], out_dir: &Path) -> Result<Option<Section
                 ]);
             }
         }
-        let mut kinds: Vec<String> = Vec::new();
-        for r in cells.iter().filter(|r| r.backend == *backend) {
-            if !kinds.contains(&r.implementation) {
-                kinds.push(r.implementation.clone());
-            }
-        }
-        for (k, kind) in kinds.iter().enumerate() {
-            let mut points: Vec<(f64, f64)> = cells
-                .iter()
-                .filter(|r| r.backend == *backend && r.implementation == *kind)
-                .filter_map(|r| Some((r.seq as f64, r.ms_median?)))
-                .collect();
-            points.sort_by(|a, b| a.0.total_cmp(&b.0));
-            series.push(Series {
-                name: format!("{kind} {backend}"),
-                points,
-                dashed: b % 2 == 1,
-                colour: k + b * kinds.len(),
-            });
-        }
+        series.extend(series_by_kind(&cells, backend, b, |r| r.ms_median));
     }
     let file = "kv_cache_decode.png";
     LinePlot {
@@ -597,20 +578,7 @@ fn generation_section(records: &[Record], out_dir: &Path) -> Result<Option<Secti
                 ]);
             }
         }
-        for (k, kind) in kinds.iter().enumerate() {
-            let mut points: Vec<(f64, f64)> = decode
-                .iter()
-                .filter(|r| r.backend == *backend && r.implementation == *kind)
-                .filter_map(|r| Some((r.seq as f64, r.tokens_per_s?)))
-                .collect();
-            points.sort_by(|a, b| a.0.total_cmp(&b.0));
-            series.push(Series {
-                name: format!("{kind} {backend}"),
-                points,
-                dashed: b % 2 == 1,
-                colour: k + b * kinds.len(),
-            });
-        }
+        series.extend(series_by_kind(&decode, backend, b, |r| r.tokens_per_s));
     }
     let file = "generation_decode.png";
     LinePlot {
@@ -703,6 +671,40 @@ fn train_step_section(records: &[Record]) -> Option<Section> {
         title: "Training step",
         body,
     })
+}
+
+/// One plot line per implementation (cache kind) of `backend` (the `b`-th backend,
+/// drawn dashed when odd): `value` against the sequence length.
+fn series_by_kind(
+    cells: &[&Record],
+    backend: &str,
+    b: usize,
+    value: fn(&Record) -> Option<f64>,
+) -> Vec<Series> {
+    let mut kinds: Vec<&str> = Vec::new();
+    for r in cells.iter().filter(|r| r.backend == backend) {
+        if !kinds.contains(&r.implementation.as_str()) {
+            kinds.push(&r.implementation);
+        }
+    }
+    kinds
+        .iter()
+        .enumerate()
+        .map(|(k, kind)| {
+            let mut points: Vec<(f64, f64)> = cells
+                .iter()
+                .filter(|r| r.backend == backend && r.implementation == *kind)
+                .filter_map(|r| Some((r.seq as f64, value(r)?)))
+                .collect();
+            points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            Series {
+                name: format!("{kind} {backend}"),
+                points,
+                dashed: b % 2 == 1,
+                colour: k + b * kinds.len(),
+            }
+        })
+        .collect()
 }
 
 fn failures_section(records: &[Record]) -> Option<Section> {

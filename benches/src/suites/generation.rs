@@ -98,16 +98,7 @@ pub struct Case {
 
 /// The cases of `mode` on `backend`: every kind at context 128 and 2048.
 pub fn jobs(mode: Mode, backend: &str) -> Vec<Job> {
-    let runs = match mode {
-        Mode::Quick => Runs {
-            warmup: 1,
-            iters: 3,
-        },
-        Mode::Full => Runs {
-            warmup: 3,
-            iters: 10,
-        },
-    };
+    let runs = mode.model_runs();
     let mut jobs = Vec::new();
     for context in [128, 2048] {
         for kind in CacheKind::ALL {

@@ -38,6 +38,21 @@ impl Mode {
         }
     }
 
+    /// Warm-up and timed runs of a whole-model cell (a training step, a prefill):
+    /// fewer, as each run is long.
+    pub fn model_runs(self) -> Runs {
+        match self {
+            Mode::Quick => Runs {
+                warmup: 1,
+                iters: 3,
+            },
+            Mode::Full => Runs {
+                warmup: 3,
+                iters: 10,
+            },
+        }
+    }
+
     /// `quick` or `full`.
     pub fn name(self) -> &'static str {
         match self {

@@ -90,16 +90,7 @@ pub fn jobs(mode: Mode, backend: &str) -> Vec<Job> {
     } else {
         &["auto"]
     };
-    let runs = match mode {
-        Mode::Quick => Runs {
-            warmup: 1,
-            iters: 3,
-        },
-        Mode::Full => Runs {
-            warmup: 3,
-            iters: 10,
-        },
-    };
+    let runs = mode.model_runs();
     Size::ALL
         .iter()
         .flat_map(|&size| {

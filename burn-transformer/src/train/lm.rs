@@ -282,10 +282,9 @@ pub fn train_language_model(
     device: &Device,
     options: &RunOptions,
 ) -> Result<LmRunResult, TrainError> {
+    // Settings are checked before the (possibly long) initialization.
     training.validate()?;
     model_config.validate()?;
-    split.check_context(training.context)?;
-    check_vocabulary(split, model_config.vocab_size)?;
     let model = host_init(training.seed, |host| model_config.try_init(host))?;
     train_language_model_from(model, training, split, device, options)
 }
