@@ -546,35 +546,22 @@ fn generation_section(records: &[Record], out_dir: &Path) -> Result<Option<Secti
         let mut contexts: Vec<usize> = mine.iter().map(|r| r.seq).collect();
         contexts.sort_unstable();
         contexts.dedup();
-        let mut kinds: Vec<String> = Vec::new();
-        for r in &mine {
-            if !kinds.contains(&r.implementation) {
-                kinds.push(r.implementation.clone());
-            }
-        }
+        let kinds = kinds_of(&prefill, backend);
         for context in &contexts {
             for kind in &kinds {
-                let find = |cells: &[&Record]| {
-                    cells
-                        .iter()
-                        .find(|r| {
-                            r.backend == *backend && r.seq == *context && r.implementation == *kind
-                        })
-                        .copied()
-                        .cloned()
-                };
+                let find = |cells| cell_of(cells, backend, *context, kind);
                 let (Some(p), d) = (find(&prefill), find(&decode)) else {
                     continue;
                 };
                 table.rows.push(vec![
                     backend.clone(),
                     context.to_string(),
-                    kind.clone(),
+                    kind.to_string(),
                     p.bytes_per_token.map_or("–".into(), |b| b.to_string()),
                     ms(p.ms_median),
                     rate(p.tokens_per_s),
-                    ms(d.as_ref().and_then(|r| r.ms_median)),
-                    rate(d.as_ref().and_then(|r| r.tokens_per_s)),
+                    ms(d.and_then(|r| r.ms_median)),
+                    rate(d.and_then(|r| r.tokens_per_s)),
                 ]);
             }
         }
@@ -673,6 +660,25 @@ fn train_step_section(records: &[Record]) -> Option<Section> {
     })
 }
 
+/// The record of `kind` at sequence length `seq` on `backend`.
+fn cell_of<'a>(cells: &[&'a Record], backend: &str, seq: usize, kind: &str) -> Option<&'a Record> {
+    cells
+        .iter()
+        .find(|r| r.backend == backend && r.seq == seq && r.implementation == kind)
+        .copied()
+}
+
+/// The implementations (cache kinds) measured on `backend`, in record order.
+fn kinds_of<'a>(cells: &[&'a Record], backend: &str) -> Vec<&'a str> {
+    let mut kinds: Vec<&str> = Vec::new();
+    for r in cells.iter().filter(|r| r.backend == backend) {
+        if !kinds.contains(&r.implementation.as_str()) {
+            kinds.push(&r.implementation);
+        }
+    }
+    kinds
+}
+
 /// One plot line per implementation (cache kind) of `backend` (the `b`-th backend,
 /// drawn dashed when odd): `value` against the sequence length.
 fn series_by_kind(
@@ -681,12 +687,7 @@ fn series_by_kind(
     b: usize,
     value: fn(&Record) -> Option<f64>,
 ) -> Vec<Series> {
-    let mut kinds: Vec<&str> = Vec::new();
-    for r in cells.iter().filter(|r| r.backend == backend) {
-        if !kinds.contains(&r.implementation.as_str()) {
-            kinds.push(&r.implementation);
-        }
-    }
+    let kinds = kinds_of(cells, backend);
     kinds
         .iter()
         .enumerate()

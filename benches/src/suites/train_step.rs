@@ -43,29 +43,59 @@ impl Size {
         }
     }
 
-    /// `(vocab, d_model, layers, heads, kv_heads, d_ff, batch, context)`.
-    fn shape(self) -> (usize, usize, usize, usize, usize, usize, usize, usize) {
+    fn shape(self) -> Shape {
         match self {
-            Size::Small => (256, 128, 4, 4, 2, 352, 8, 128),
-            Size::Medium => (1024, 256, 6, 8, 2, 688, 8, 256),
+            Size::Small => Shape {
+                vocab: 256,
+                d_model: 128,
+                layers: 4,
+                heads: 4,
+                kv_heads: 2,
+                d_ff: 352,
+                batch: 8,
+                context: 128,
+            },
+            Size::Medium => Shape {
+                vocab: 1024,
+                d_model: 256,
+                layers: 6,
+                heads: 8,
+                kv_heads: 2,
+                d_ff: 688,
+                batch: 8,
+                context: 256,
+            },
         }
     }
 
     fn config(self, implementation: AttentionImpl) -> CausalLmConfig {
-        let (vocab, d_model, layers, heads, kv_heads, d_ff, _, context) = self.shape();
+        let s = self.shape();
         CausalLmConfig::new(
-            vocab,
-            d_model,
-            layers,
-            heads,
-            d_ff,
-            RopeConfig::new(d_model / heads).with_max_position_embeddings(context),
+            s.vocab,
+            s.d_model,
+            s.layers,
+            s.heads,
+            s.d_ff,
+            RopeConfig::new(s.d_model / s.heads).with_max_position_embeddings(s.context),
         )
-        .with_n_kv_heads(Some(kv_heads))
+        .with_n_kv_heads(Some(s.kv_heads))
         .with_norm_eps(1e-5)
         .with_tie_word_embeddings(true)
         .with_implementation(implementation)
     }
+}
+
+/// The model and batch of a [`Size`].
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    vocab: usize,
+    d_model: usize,
+    layers: usize,
+    heads: usize,
+    kv_heads: usize,
+    d_ff: usize,
+    batch: usize,
+    context: usize,
 }
 
 /// One model size with one attention path on one backend.
@@ -119,16 +149,16 @@ impl Case {
 
     /// The record of this case with no numbers yet.
     pub fn record(&self) -> Record {
-        let (_, d_model, _, heads, kv_heads, _, batch, context) = self.size.shape();
+        let s = self.size.shape();
         Record {
-            batch,
-            heads,
-            kv_heads,
-            seq: context,
-            head_dim: d_model / heads,
+            batch: s.batch,
+            heads: s.heads,
+            kv_heads: s.kv_heads,
+            seq: s.context,
+            head_dim: s.d_model / s.heads,
             causal: true,
             pass: "fwd_bwd".into(),
-            d_model: Some(d_model),
+            d_model: Some(s.d_model),
             ..Record::new("train_step", &self.attention, &self.backend)
         }
     }
@@ -145,7 +175,12 @@ impl Case {
             _ => AttentionImpl::Auto,
         };
         let config = self.size.config(implementation);
-        let (vocab, _, _, _, _, _, batch, context) = self.size.shape();
+        let Shape {
+            vocab,
+            batch,
+            context,
+            ..
+        } = self.size.shape();
         let model = host_init(0, |host| config.try_init(host)).map_err(|e| e.to_string())?;
         let params = model.num_params();
         let mut task = Some(LmTask::new(
