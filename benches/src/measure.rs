@@ -55,8 +55,9 @@ impl Timing {
 }
 
 /// Times `run` on fresh inputs from `setup`: `runs.warmup` untimed runs, then
-/// `runs.iters` timed ones. The device is synced after `setup`, outside the clock;
-/// `run` must end by reading a result back (see [`finish`]).
+/// `runs.iters` timed ones (fewer for very long runs: see [`TIMED_BUDGET_MS`]). The
+/// device is synced after `setup`, outside the clock; `run` must end by reading a
+/// result back (see [`finish`]).
 ///
 /// # Errors
 /// The first error of `setup`, `run` or the device sync.
@@ -67,7 +68,8 @@ pub fn time_runs<I>(
     mut run: impl FnMut(I) -> Result<(), String>,
 ) -> Result<Timing, String> {
     let mut samples = Vec::with_capacity(runs.iters);
-    for index in 0..runs.warmup + runs.iters.max(1) {
+    let mut warmups_left = runs.warmup;
+    while samples.len() < runs.iters.max(1) {
         let inputs = setup()?;
         device
             .sync()
@@ -75,12 +77,31 @@ pub fn time_runs<I>(
         let start = Instant::now();
         run(inputs)?;
         let elapsed = start.elapsed().as_secs_f64() * 1e3;
-        if index >= runs.warmup {
-            samples.push(elapsed);
+        if warmups_left > 0 {
+            // One warm-up compiles kernels and fills pools; after a long one, more
+            // would only cost minutes.
+            warmups_left = if elapsed > LONG_RUN_MS {
+                0
+            } else {
+                warmups_left - 1
+            };
+            continue;
+        }
+        samples.push(elapsed);
+        if samples.iter().sum::<f64>() > TIMED_BUDGET_MS {
+            break;
         }
     }
     Ok(Timing::from_samples(samples))
 }
+
+/// A run this long (ms) needs no second warm-up.
+const LONG_RUN_MS: f64 = 10_000.0;
+
+/// Timed runs stop once they add up to this much (ms), however many were asked for:
+/// the long cells of the full grid (seq 8192 on a CPU-emulated GPU) take minutes a run.
+/// The record keeps every sample, so the report shows how many runs a median has.
+const TIMED_BUDGET_MS: f64 = 60_000.0;
 
 /// Reads one element of `tensor` back to the host and syncs its device: the end of
 /// every timed run. Returns the element (callers may check it is finite).

@@ -12,6 +12,7 @@
 
 pub mod attention;
 pub mod block;
+pub mod cpu;
 pub mod device;
 pub mod error;
 pub mod ffn;

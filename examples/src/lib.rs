@@ -1,6 +1,11 @@
 //! Helpers shared by the example programs.
 
 pub mod device;
+
+/// The global allocator of the example and benchmark programs (mimalloc; see the
+/// comment in `examples/Cargo.toml`). Each program opts in with
+/// `#[global_allocator] static ALLOCATOR: examples::Allocator = examples::Allocator;`.
+pub use mimalloc::MiMalloc as Allocator;
 pub mod hf_tokenizer;
 pub mod plot;
 

@@ -18,6 +18,9 @@ use benches::report;
 use benches::suites::{Job, Mode, SUITES, device_named};
 use clap::Parser;
 
+#[global_allocator]
+static ALLOCATOR: examples::Allocator = examples::Allocator;
+
 /// Runs burn-transformer's benchmarks on every available backend and writes the report.
 #[derive(Parser, Debug)]
 #[command(name = "bench")]

@@ -31,6 +31,9 @@ use burn_transformer::ffn::moe::ExpertDispatch;
 use burn_transformer::position::{RopeConfig, RopeLayout};
 use serde_json::{Value, json};
 
+#[global_allocator]
+static ALLOCATOR: examples::Allocator = examples::Allocator;
+
 struct Args {
     quick: bool,
     json: Option<String>,

@@ -25,6 +25,9 @@ use burn_transformer::train::{
     train_language_model,
 };
 
+#[global_allocator]
+static ALLOCATOR: examples::Allocator = examples::Allocator;
+
 struct Args {
     data: PathBuf,
     devices: Vec<String>,

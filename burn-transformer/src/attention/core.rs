@@ -20,6 +20,8 @@
 use burn::config::Config;
 use burn::tensor::{Bool, Device, Distribution, Tensor, TensorData};
 
+use crate::cpu::{SoftmaxMask, attention_softmax};
+
 /// Which implementation computes the attention core.
 #[derive(Config, Debug, Copy, PartialEq, Eq, Hash)]
 pub enum AttentionImpl {
@@ -306,27 +308,57 @@ pub fn attention_weights(q: Tensor<4>, k: Tensor<4>, options: &AttentionOptions)
 fn grouped_probabilities(q: Tensor<4>, k: Tensor<4>, options: &AttentionOptions) -> Tensor<5> {
     let (batch, n_heads, n_kv_heads, seq_q, seq_k, d_qk, _) = check_shapes(&q, &k, &k, options);
     let group = n_heads / n_kv_heads;
-    let device = q.device();
 
     // Query heads of one group are contiguous, so grouping them turns GQA into a
     // batched matmul against the shared K/V head: no repeated K/V.
     let q = q.reshape([batch, n_kv_heads, group * seq_q, d_qk]);
-    let scores = q.matmul(k.swap_dims(2, 3)) * options.scale_for(d_qk); // [batch, n_kv_heads, group*seq_q, seq_k]
-    let scores = match options.softcap {
+    let scores = q.matmul(k.swap_dims(2, 3)); // [batch, n_kv_heads, group*seq_q, seq_k]
+    // The same memory read as one head per query head: row `h·seq_q + i`.
+    let scores = scores.reshape([batch, n_heads, seq_q, seq_k]);
+    let mask = SoftmaxMask {
+        scale: options.scale_for(d_qk),
+        causal: options.causal,
+        window: options.window,
+        has_key_mask: options.key_padding.is_some(),
+    };
+    let fused = match options.softcap {
+        // One pass forward and backward on flex (see `crate::cpu`).
+        None => attention_softmax(scores.clone(), options.key_padding.clone(), mask),
+        Some(_) => None,
+    };
+    let probs = fused.unwrap_or_else(|| {
+        composed_softmax(scores, options.key_padding.clone(), mask, options.softcap)
+    });
+    probs.reshape([batch, n_kv_heads, group, seq_q, seq_k])
+}
+
+/// `softmax(softcap(scores·scale) + mask)` from tensor ops: the reference of the
+/// fused CPU softmax, and the path on every other backend.
+///
+/// # Shapes
+/// - scores: `[batch, heads, seq_q, seq_k]`
+/// - key_padding: `[batch, seq_k]`, `true` for padded keys
+/// - output: `[batch, heads, seq_q, seq_k]`
+pub(crate) fn composed_softmax(
+    scores: Tensor<4>,
+    key_padding: Option<Tensor<2, Bool>>,
+    mask: SoftmaxMask,
+    softcap: Option<f64>,
+) -> Tensor<4> {
+    let scores = scores * mask.scale;
+    let scores = match softcap {
         Some(cap) => (scores / cap).tanh() * cap,
         None => scores,
     };
-    let scores = scores.reshape([batch, n_kv_heads, group, seq_q, seq_k]);
-
-    let mask = build_mask(
-        &device,
-        [batch, n_kv_heads, group, seq_q, seq_k],
-        options.causal,
-        options.window,
-        options.key_padding.clone(),
+    let hidden = build_mask(
+        &scores.device(),
+        scores.dims(),
+        mask.causal,
+        mask.window,
+        key_padding,
     );
-    let scores = match &mask {
-        Some(mask) => scores.mask_fill(mask.clone(), f64::NEG_INFINITY),
+    let scores = match hidden {
+        Some(hidden) => scores.mask_fill(hidden, f64::NEG_INFINITY),
         None => scores,
     };
     masked_softmax(scores)
@@ -334,7 +366,7 @@ fn grouped_probabilities(q: Tensor<4>, k: Tensor<4>, options: &AttentionOptions)
 
 /// Softmax over the last dimension that returns zeros for rows whose entries are
 /// all `-inf` (fully masked), where a plain softmax returns NaN.
-fn masked_softmax(scores: Tensor<5>) -> Tensor<5> {
+fn masked_softmax(scores: Tensor<4>) -> Tensor<4> {
     // Shifting by the row max does not change the softmax, so the shift is detached:
     // its gradient would be zero anyway. Clamping it to a finite value keeps
     // `-inf - max` from becoming NaN on fully-masked rows.
@@ -342,31 +374,31 @@ fn masked_softmax(scores: Tensor<5>) -> Tensor<5> {
         burn::tensor::DType::F16 | burn::tensor::DType::BF16 => F16_LOWEST,
         _ => f32::MIN as f64,
     };
-    let max = scores.clone().max_dim(4).detach().clamp_min(lowest);
+    let max = scores.clone().max_dim(3).detach().clamp_min(lowest);
     let numerator = (scores - max).exp();
     // A row that sees any key sums to at least 1 (its max contributes exp(0)), so
     // this clamp touches only fully-masked rows, whose sum is 0. The value is f16's
     // smallest positive normal, representable in every float type.
-    let denominator = numerator.clone().sum_dim(4).clamp_min(6.1e-5);
+    let denominator = numerator.clone().sum_dim(3).clamp_min(6.1e-5);
     numerator / denominator
 }
 
 /// The boolean mask (`true` = hidden) for the causal/window structure and key padding,
-/// expanded to the 5-D grouped score shape; `None` when nothing is masked.
+/// expanded to the score shape; `None` when nothing is masked.
 fn build_mask(
     device: &Device,
-    shape: [usize; 5],
+    shape: [usize; 4],
     causal: bool,
     window: Option<usize>,
     key_padding: Option<Tensor<2, Bool>>,
-) -> Option<Tensor<5, Bool>> {
-    let [batch, _, _, seq_q, seq_k] = shape;
+) -> Option<Tensor<4, Bool>> {
+    let [batch, _, seq_q, seq_k] = shape;
     let structural = structural_mask(seq_q, seq_k, causal, window).map(|hidden| {
         Tensor::<2, Bool>::from_data(TensorData::new(hidden, [seq_q, seq_k]), device)
-            .reshape([1, 1, 1, seq_q, seq_k])
+            .reshape([1, 1, seq_q, seq_k])
             .expand(shape)
     });
-    let padding = key_padding.map(|padding| padding.reshape([batch, 1, 1, 1, seq_k]).expand(shape));
+    let padding = key_padding.map(|padding| padding.reshape([batch, 1, 1, seq_k]).expand(shape));
     match (structural, padding) {
         (Some(a), Some(b)) => Some(a.bool_or(b)),
         (a, b) => a.or(b),

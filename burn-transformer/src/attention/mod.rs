@@ -15,3 +15,6 @@ pub use self::latent::{
     LatentPath,
 };
 pub use self::multi_head::{MultiHeadAttention, MultiHeadAttentionConfig};
+
+#[cfg(test)]
+pub(crate) use self::core::composed_softmax;

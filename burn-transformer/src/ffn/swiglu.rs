@@ -11,6 +11,7 @@ use burn::nn::{Linear, LinearConfig};
 use burn::tensor::{Device, Tensor};
 
 use super::Activation;
+use crate::cpu::gated_silu;
 use crate::error::ConfigError;
 
 const MODULE: &str = "SwiGluConfig";
@@ -92,8 +93,14 @@ impl SwiGlu {
     /// - x: `[..., d_model]`
     /// - output: `[..., d_model]`
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        let gate = self.activation.forward(self.gate_proj.forward(x.clone()));
-        self.down_proj.forward(gate * self.up_proj.forward(x))
+        let gate = self.gate_proj.forward(x.clone());
+        let up = self.up_proj.forward(x);
+        let hidden = match self.activation {
+            // One fused pass forward and backward on flex (see `crate::cpu`).
+            Activation::Silu => gated_silu(gate, up),
+            activation => activation.forward(gate) * up,
+        };
+        self.down_proj.forward(hidden)
     }
 }
 

@@ -24,6 +24,9 @@ use clap::Parser;
 use examples::device::open_device;
 use examples::plot::Heatmap;
 
+#[global_allocator]
+static ALLOCATOR: examples::Allocator = examples::Allocator;
+
 #[derive(Parser, Debug)]
 #[command(about = "Render the attention weights of a model trained by train-seq2seq")]
 struct Args {

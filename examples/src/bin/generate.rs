@@ -22,6 +22,9 @@ use burn_transformer::hf::{LoadOptions, load_causal_lm_with};
 use clap::Parser;
 use tokenizers::Tokenizer;
 
+#[global_allocator]
+static ALLOCATOR: examples::Allocator = examples::Allocator;
+
 /// Generates text with a Hugging Face model.
 #[derive(Parser, Debug)]
 #[command(version)]

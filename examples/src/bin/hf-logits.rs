@@ -21,6 +21,9 @@ use burn_transformer::hf::load_causal_lm;
 use clap::Parser;
 use serde::Deserialize;
 
+#[global_allocator]
+static ALLOCATOR: examples::Allocator = examples::Allocator;
+
 /// One forward pass and a greedy continuation of a Hugging Face model.
 #[derive(Parser, Debug)]
 #[command(version)]

@@ -27,6 +27,9 @@ use examples::hf_tokenizer::HfTokenizer;
 use examples::plot::plot_losses;
 use serde::{Deserialize, Serialize};
 
+#[global_allocator]
+static ALLOCATOR: examples::Allocator = examples::Allocator;
+
 #[derive(Parser, Debug, Clone, Serialize, Deserialize)]
 #[command(
     version,

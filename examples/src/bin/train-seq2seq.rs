@@ -23,6 +23,9 @@ use examples::device::open_device;
 use examples::plot::plot_losses;
 use serde::{Deserialize, Serialize};
 
+#[global_allocator]
+static ALLOCATOR: examples::Allocator = examples::Allocator;
+
 #[derive(Parser, Debug, Clone, Serialize, Deserialize)]
 #[command(
     version,

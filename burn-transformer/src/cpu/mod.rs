@@ -1,0 +1,170 @@
+//! Fused CPU kernels for the flex backend.
+//!
+//! Burn composes activations such as `silu(gate)·up` from primitive ops: each is a
+//! pass over memory and an allocation, and under autodiff each adds a backward node
+//! with passes of its own. On the training step of a small model on two cores these
+//! elementwise passes cost as much as the matrix products. The ops here do the same
+//! math in one pass forward and one pass backward, in plain Rust loops that the
+//! compiler vectorizes (AVX-512, AVX2 or SSE2, picked at run time).
+//!
+//! Each op is a Burn backend extension, like the flash-attention op of
+//! [`crate::kernel`]: implemented for `Flex` (the native loops) and `Autodiff<B, C>`
+//! (a hand-written backward that calls the fused backward). Other backends never reach
+//! it: the public function checks the device and dtype and otherwise runs the same
+//! math with tensor ops (on CubeCL devices Burn's fusion already merges elementwise
+//! chains).
+
+pub mod attention_softmax;
+pub(crate) mod exp;
+pub mod gated_silu;
+
+pub use attention_softmax::{SoftmaxMask, attention_softmax};
+pub use gated_silu::{gated_silu, gated_silu_reference};
+
+use burn::tensor::{DType, Device};
+
+/// Whether the fused CPU kernels take tensors of `dtype` on `device`: f32 on flex.
+pub fn fused_cpu_supported(device: &Device, dtype: DType) -> bool {
+    #[cfg(feature = "flex")]
+    {
+        use burn::backend::DispatchDevice;
+        dtype == DType::F32
+            && matches!(
+                device.clone().inner().as_dispatch(),
+                DispatchDevice::Flex(_)
+            )
+    }
+    #[cfg(not(feature = "flex"))]
+    {
+        let _ = (device, dtype);
+        false
+    }
+}
+
+/// Elements per parallel task: large enough that a task outweighs its hand-off.
+#[cfg(feature = "flex")]
+pub(crate) const PARALLEL_CHUNK: usize = 1 << 15;
+
+/// Runs `kernel` over matching chunks of the inputs and outputs (all of one length),
+/// in parallel when there are several chunks. Each task writes only its own chunk of
+/// each output, so the result does not depend on scheduling.
+#[cfg(feature = "flex")]
+pub(crate) fn for_chunks<const N: usize, const M: usize>(
+    inputs: [&[f32]; N],
+    outputs: [&mut [f32]; M],
+    kernel: impl Fn([&[f32]; N], [&mut [f32]; M]) + Sync,
+) {
+    use rayon::prelude::*;
+    let len = outputs.first().map_or(0, |output| output.len());
+    debug_assert!(inputs.iter().all(|input| input.len() == len));
+    if len <= PARALLEL_CHUNK {
+        kernel(inputs, outputs);
+        return;
+    }
+    let chunks = len.div_ceil(PARALLEL_CHUNK);
+    let mut per_output = outputs.map(|output| output.chunks_mut(PARALLEL_CHUNK));
+    // Transposed: one task per chunk, holding that chunk of every output.
+    let tasks: Vec<[&mut [f32]; M]> = (0..chunks)
+        .map(|_| {
+            std::array::from_fn(|output| {
+                per_output[output]
+                    .next()
+                    .expect("every output has the same number of chunks")
+            })
+        })
+        .collect();
+    tasks
+        .into_par_iter()
+        .enumerate()
+        .for_each(|(index, chunk)| {
+            let start = index * PARALLEL_CHUNK;
+            let range = start..(start + PARALLEL_CHUNK).min(len);
+            kernel(inputs.map(|input| &input[range.clone()]), chunk);
+        });
+}
+
+/// Runs `kernel` on groups of whole rows (`row_len` elements each) of the inputs and
+/// outputs, in parallel when there are several groups; `kernel` gets the index of its
+/// first row. As [`for_chunks`], each task writes only its own rows.
+#[cfg(feature = "flex")]
+pub(crate) fn for_rows<const N: usize, const M: usize>(
+    row_len: usize,
+    inputs: [&[f32]; N],
+    outputs: [&mut [f32]; M],
+    kernel: impl Fn(usize, [&[f32]; N], [&mut [f32]; M]) + Sync,
+) {
+    use rayon::prelude::*;
+    let len = outputs.first().map_or(0, |output| output.len());
+    if row_len == 0 || len <= PARALLEL_CHUNK {
+        kernel(0, inputs, outputs);
+        return;
+    }
+    let rows_per_task = (PARALLEL_CHUNK / row_len).max(1);
+    let task_len = rows_per_task * row_len;
+    let tasks = len.div_ceil(task_len);
+    let mut per_output = outputs.map(|output| output.chunks_mut(task_len));
+    let tasks: Vec<[&mut [f32]; M]> = (0..tasks)
+        .map(|_| {
+            std::array::from_fn(|output| {
+                per_output[output]
+                    .next()
+                    .expect("every output has the same number of rows")
+            })
+        })
+        .collect();
+    tasks
+        .into_par_iter()
+        .enumerate()
+        .for_each(|(index, chunk)| {
+            let start = index * task_len;
+            let range = start..(start + task_len).min(len);
+            kernel(
+                index * rows_per_task,
+                inputs.map(|input| &input[range.clone()]),
+                chunk,
+            );
+        });
+}
+
+/// Defines `fn $name(args)` that runs `$body` compiled for AVX-512, for AVX2 + FMA or
+/// for the baseline, whichever the CPU has (checked at run time, cached by std). The
+/// body is written once as plain loops; each copy is vectorized for its instruction set.
+#[cfg(feature = "flex")]
+macro_rules! simd_kernel {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+        $(#[$meta])*
+        $vis fn $name($($arg: $ty),*) {
+            #[inline(always)]
+            fn generic($($arg: $ty),*) $body
+
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx512f")]
+            fn avx512($($arg: $ty),*) {
+                generic($($arg),*)
+            }
+
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2,fma")]
+            fn avx2($($arg: $ty),*) {
+                generic($($arg),*)
+            }
+
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU has the instructions `avx512` was compiled for.
+                    return unsafe { avx512($($arg),*) };
+                }
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    // SAFETY: the CPU has the instructions `avx2` was compiled for.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            generic($($arg),*)
+        }
+    };
+}
+#[cfg(feature = "flex")]
+pub(crate) use simd_kernel;
