@@ -198,23 +198,26 @@ impl Case {
             .collect();
         let loader = WindowLoader::training(Arc::new(stream), batch, context, 1, 0, 0, &device);
         let mut step = 0;
-        let timing = time_runs(
-            &device,
-            self.runs,
-            || {
-                step += 1;
-                Ok(loader.batch(step))
-            },
-            |batch| {
-                let current = task.take().ok_or("the model was lost in a failed step")?;
-                let output = TrainStep::step(&current, batch);
-                let updated = optimizer.step(1e-3, current, output.grads);
-                let weight = updated.model.model.embed_tokens.weight.val();
-                task = Some(updated);
-                finish(weight)?;
-                Ok(())
-            },
-        )?;
+        // As `train-lm` runs its steps: on flex's own pool (no-op elsewhere).
+        let timing = burn_transformer::cpu::on_compute_pool(&device, || {
+            time_runs(
+                &device,
+                self.runs,
+                || {
+                    step += 1;
+                    Ok(loader.batch(step))
+                },
+                |batch| {
+                    let current = task.take().ok_or("the model was lost in a failed step")?;
+                    let output = TrainStep::step(&current, batch);
+                    let updated = optimizer.step(1e-3, current, output.grads);
+                    let weight = updated.model.model.embed_tokens.weight.val();
+                    task = Some(updated);
+                    finish(weight)?;
+                    Ok(())
+                },
+            )
+        })?;
         let mut record = self.record().with_timing(&timing);
         record.tokens_per_s = Some((batch * context) as f64 / (timing.median_ms / 1e3));
         record.params = Some(params);

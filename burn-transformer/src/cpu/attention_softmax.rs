@@ -106,7 +106,10 @@ pub fn attention_softmax(
     mask: SoftmaxMask,
 ) -> Option<Tensor<4>> {
     let device = scores.device();
-    if !fused_cpu_supported(&device, scores.dtype()) {
+    // The row max is taken before scaling, which needs a positive scale.
+    if !(mask.scale.is_finite() && mask.scale > 0.0)
+        || !fused_cpu_supported(&device, scores.dtype())
+    {
         return None;
     }
     let [batch, _, _, seq_k] = scores.dims();
@@ -142,7 +145,7 @@ mod flex {
 
     use super::{AttentionSoftmaxOps, SoftmaxMask};
     use crate::cpu::exp::exp;
-    use crate::cpu::{for_rows, simd_kernel};
+    use crate::cpu::{for_rows, lanes, simd_kernel};
 
     fn values(tensor: &FlexTensor) -> &[f32] {
         assert_eq!(
@@ -223,16 +226,16 @@ mod flex {
 
     simd_kernel! {
         fn row_forward_dense(scores: &[f32], scale: f32, out: &mut [f32]) {
-            let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s * scale));
-            if max == f32::NEG_INFINITY || scores.is_empty() {
+            // The max of the scaled scores: `scale` is positive.
+            let max = lanes::max(scores) * scale;
+            if max == f32::NEG_INFINITY {
+                // No visible key: the row stays zero.
                 return;
             }
-            let mut sum = 0.0f32;
             for (o, &s) in out.iter_mut().zip(scores) {
                 *o = exp(s * scale - max);
-                sum += *o;
             }
-            let inverse = 1.0 / sum;
+            let inverse = 1.0 / lanes::sum(out);
             for o in out.iter_mut() {
                 *o *= inverse;
             }
@@ -241,22 +244,19 @@ mod flex {
 
     simd_kernel! {
         fn row_forward_padded(scores: &[f32], pad: &[f32], scale: f32, out: &mut [f32]) {
-            let max = scores
-                .iter()
-                .zip(pad)
-                .fold(f32::NEG_INFINITY, |m, (&s, &padded)| {
-                    if padded != 0.0 { m } else { m.max(s * scale) }
-                });
+            // Padded keys read as -inf for the max and contribute exp(-inf) = 0.
+            for ((o, &s), &padded) in out.iter_mut().zip(scores).zip(pad) {
+                *o = if padded != 0.0 { f32::NEG_INFINITY } else { s * scale };
+            }
+            let max = lanes::max(out);
             if max == f32::NEG_INFINITY {
-                // Every visible key is padded: the row stays zero.
+                out.fill(0.0);
                 return;
             }
-            let mut sum = 0.0f32;
-            for ((o, &s), &padded) in out.iter_mut().zip(scores).zip(pad) {
-                *o = if padded != 0.0 { 0.0 } else { exp(s * scale - max) };
-                sum += *o;
+            for o in out.iter_mut() {
+                *o = if *o == f32::NEG_INFINITY { 0.0 } else { exp(*o - max) };
             }
-            let inverse = 1.0 / sum;
+            let inverse = 1.0 / lanes::sum(out);
             for o in out.iter_mut() {
                 *o *= inverse;
             }
@@ -265,7 +265,7 @@ mod flex {
 
     simd_kernel! {
         fn row_backward(p: &[f32], dp: &[f32], scale: f32, ds: &mut [f32]) {
-            let dot: f32 = p.iter().zip(dp).map(|(&p, &dp)| p * dp).sum();
+            let dot = lanes::dot(p, dp);
             for ((d, &p), &dp) in ds.iter_mut().zip(p).zip(dp) {
                 *d = scale * p * (dp - dot);
             }

@@ -17,6 +17,7 @@
 pub mod attention_softmax;
 pub(crate) mod exp;
 pub mod gated_silu;
+pub(crate) mod lanes;
 
 pub use attention_softmax::{SoftmaxMask, attention_softmax};
 pub use gated_silu::{gated_silu, gated_silu_reference};
@@ -39,6 +40,29 @@ pub fn fused_cpu_supported(device: &Device, dtype: DType) -> bool {
         let _ = (device, dtype);
         false
     }
+}
+
+/// Runs `work` on a thread of the rayon pool that flex computes on, when `device` is
+/// flex; elsewhere on the calling thread.
+///
+/// Flex splits large matrix products and elementwise ops over that pool. Called from
+/// an outside thread, each split wakes the pool's threads and puts the caller to sleep
+/// until they finish: two context switches per op, thousands per training step. From a
+/// pool thread the caller takes a share of the work itself and the split costs little.
+pub fn on_compute_pool<R: Send>(device: &Device, work: impl FnOnce() -> R + Send) -> R {
+    #[cfg(feature = "flex")]
+    {
+        use burn::backend::DispatchDevice;
+        if matches!(
+            device.clone().inner().as_dispatch(),
+            DispatchDevice::Flex(_)
+        ) && rayon::current_thread_index().is_none()
+        {
+            return rayon::join(work, || ()).0;
+        }
+    }
+    let _ = device;
+    work()
 }
 
 /// Elements per parallel task: large enough that a task outweighs its hand-off.

@@ -344,16 +344,20 @@ pub fn train_language_model_from(
         training.seed,
         device,
     );
-    let builder = SupervisedTraining::new(
-        &options.directory,
-        Arc::new(train_loader),
-        Arc::new(valid_loader),
-    )
-    .metric_train_numeric(LossMetric::new())
-    .metric_train_numeric(LearningRateMetric::new())
-    .metric_valid_numeric(LossMetric::new())
-    .metric_valid_numeric(PerplexityMetric::new());
-    let result = configure(builder, options, schedule, &prepared).launch(learner);
+    // The whole run on flex's own pool (see `on_compute_pool`); the builder holds
+    // boxed strategies that cannot cross threads, so it is made there.
+    let result = crate::cpu::on_compute_pool(device, || {
+        let builder = SupervisedTraining::new(
+            &options.directory,
+            Arc::new(train_loader),
+            Arc::new(valid_loader),
+        )
+        .metric_train_numeric(LossMetric::new())
+        .metric_train_numeric(LearningRateMetric::new())
+        .metric_valid_numeric(LossMetric::new())
+        .metric_valid_numeric(PerplexityMetric::new());
+        configure(builder, options, schedule, &prepared).launch(learner)
+    });
     let (task, history) = finish(result, &prepared)?;
     Ok(LmRunResult {
         model: task.model,

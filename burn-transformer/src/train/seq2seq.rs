@@ -660,16 +660,19 @@ pub fn train_seq2seq(
         training.seed,
         device,
     );
-    let builder = SupervisedTraining::new(
-        &options.directory,
-        Arc::new(train_loader),
-        Arc::new(valid_loader),
-    )
-    .metric_train_numeric(LossMetric::new())
-    .metric_train_numeric(LearningRateMetric::new())
-    .metric_valid_numeric(LossMetric::new())
-    .metric_valid_numeric(AccuracyMetric::new().with_pad_token(PAD as usize));
-    let result = configure(builder, options, schedule, &prepared).launch(learner);
+    // The whole run on flex's own pool (see `crate::cpu::on_compute_pool`).
+    let result = crate::cpu::on_compute_pool(device, || {
+        let builder = SupervisedTraining::new(
+            &options.directory,
+            Arc::new(train_loader),
+            Arc::new(valid_loader),
+        )
+        .metric_train_numeric(LossMetric::new())
+        .metric_train_numeric(LearningRateMetric::new())
+        .metric_valid_numeric(LossMetric::new())
+        .metric_valid_numeric(AccuracyMetric::new().with_pad_token(PAD as usize));
+        configure(builder, options, schedule, &prepared).launch(learner)
+    });
     let (task, history) = finish(result, &prepared)?;
     Ok(Seq2SeqRunResult {
         model: task.model,
