@@ -144,7 +144,7 @@ fn run_child(arguments: &[&str], timeout: Duration) -> Result<ChildOutput, Strin
 /// output next to its own: `<out>/<name>.jsonl` (JSON lines) and `<out>/<name>.md` (the
 /// program's tables). To add one, give it `--quick`, `--backends a,b` and `--json PATH`,
 /// and list it here.
-const COMPANIONS: &[&str] = &["moe_mla"];
+const COMPANIONS: &[&str] = &["moe_mla", "nanogpt"];
 
 /// Runs the companion benchmark `name` and writes its results into `out`.
 fn run_companion(

@@ -5,7 +5,12 @@
 //! ```text
 //! cargo run --release -p benches --bin nanogpt -- --data ../shared/data/tinyshakespeare.txt
 //! cargo run --release -p benches --bin nanogpt -- --devices flex,ndarray,wgpu --steps 200
+//! cargo run --release -p benches --bin nanogpt -- --quick   # 100 steps (the runner's quick mode)
 //! ```
+//!
+//! The bench runner runs it as a companion program (`bench --suites nanogpt`). Without
+//! `--steps`, a wgpu adapter that emulates Vulkan on the CPU (lavapipe, llvmpipe) runs
+//! 1/20 of the steps: the whole recipe would take an hour there.
 //!
 //! The recipe (`train-lm`'s defaults with `--kv-heads 4`: multi-head attention, as
 //! nanoGPT): 4 layers, 4 heads, width 128 (SwiGLU 352, tied embeddings), context 64,
@@ -17,6 +22,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use benches::machine::adapter_name;
 use burn_transformer::device::parse_device;
 use burn_transformer::model::CausalLmConfig;
 use burn_transformer::position::RopeConfig;
@@ -31,7 +37,9 @@ static ALLOCATOR: examples::Allocator = examples::Allocator;
 struct Args {
     data: PathBuf,
     devices: Vec<String>,
-    steps: usize,
+    /// `None`: the recipe's 2000 (100 with `--quick`).
+    steps: Option<usize>,
+    quick: bool,
     eval_interval: usize,
     json: Option<PathBuf>,
 }
@@ -40,7 +48,8 @@ fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         data: PathBuf::from("../shared/data/tinyshakespeare.txt"),
         devices: vec!["flex".into()],
-        steps: 2000,
+        steps: None,
+        quick: false,
         eval_interval: 250,
         json: None,
     };
@@ -49,8 +58,12 @@ fn parse_args() -> Result<Args, String> {
         let mut value = || iter.next().ok_or_else(|| format!("{flag} needs a value"));
         match flag.as_str() {
             "--data" => args.data = PathBuf::from(value()?),
-            "--devices" => args.devices = value()?.split(',').map(str::to_string).collect(),
-            "--steps" => args.steps = value()?.parse().map_err(|e| format!("--steps: {e}"))?,
+            // `--backends` is the bench runner's name for the same list.
+            "--devices" | "--backends" => {
+                args.devices = value()?.split(',').map(str::to_string).collect()
+            }
+            "--steps" => args.steps = Some(value()?.parse().map_err(|e| format!("--steps: {e}"))?),
+            "--quick" => args.quick = true,
             "--eval-interval" => {
                 args.eval_interval = value()?
                     .parse()
@@ -59,7 +72,7 @@ fn parse_args() -> Result<Args, String> {
             "--json" => args.json = Some(PathBuf::from(value()?)),
             "-h" | "--help" => {
                 println!(
-                    "nanogpt [--data FILE] [--devices flex,ndarray,wgpu] [--steps N] \
+                    "nanogpt [--data FILE] [--devices flex,ndarray,wgpu] [--steps N] [--quick] \
                      [--eval-interval N] [--json FILE]"
                 );
                 std::process::exit(0);
@@ -95,16 +108,26 @@ fn run() -> Result<(), String> {
     )
     .with_norm_eps(1e-5)
     .with_tie_word_embeddings(true);
-    let training = LmTrainingConfig::new()
-        .with_steps(args.steps)
-        .with_eval_interval(args.eval_interval.min(args.steps))
-        .with_warmup_steps(100.min(args.steps / 2));
     let mut lines = Vec::new();
     println!(
         "| backend | steps | ms/iter | tokens/s | final val loss | wall s |\n|---|---|---|---|---|---|"
     );
     for name in &args.devices {
         let device = parse_device(name).map_err(|e| e.to_string())?;
+        let recipe_steps = if args.quick { 100 } else { 2000 };
+        let emulated = adapter_name(&device).is_some_and(|adapter| {
+            let adapter = adapter.to_ascii_lowercase();
+            adapter.contains("llvmpipe") || adapter.contains("lavapipe")
+        });
+        let steps = args.steps.unwrap_or(if emulated {
+            recipe_steps / 20
+        } else {
+            recipe_steps
+        });
+        let training = LmTrainingConfig::new()
+            .with_steps(steps)
+            .with_eval_interval(args.eval_interval.min(steps))
+            .with_warmup_steps(100.min(steps / 2));
         let directory =
             std::env::temp_dir().join(format!("nanogpt-bench-{name}-{}", std::process::id()));
         let started = std::time::Instant::now();

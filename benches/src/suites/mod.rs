@@ -42,9 +42,11 @@ impl Mode {
     /// fewer, as each run is long.
     pub fn model_runs(self) -> Runs {
         match self {
+            // Two timed runs: the whole-model cells of the emulated GPU take seconds
+            // a run, and the quick mode has about five minutes in all.
             Mode::Quick => Runs {
                 warmup: 1,
-                iters: 3,
+                iters: 2,
             },
             Mode::Full => Runs {
                 warmup: 3,

@@ -107,9 +107,8 @@ pub fn attention_softmax(
 ) -> Option<Tensor<4>> {
     let device = scores.device();
     // The row max is taken before scaling, which needs a positive scale.
-    if !(mask.scale.is_finite() && mask.scale > 0.0)
-        || !fused_cpu_supported(&device, scores.dtype())
-    {
+    let positive_scale = mask.scale.is_finite() && mask.scale > 0.0;
+    if !positive_scale || !fused_cpu_supported(&device, scores.dtype()) {
         return None;
     }
     let [batch, _, _, seq_k] = scores.dims();

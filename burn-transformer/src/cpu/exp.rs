@@ -23,7 +23,7 @@ pub(crate) fn exp(x: f32) -> f32 {
         * r
         + 1.666_666_5e-1)
         * r
-        + 5.000_000_1e-1;
+        + 0.5;
     let exp_r = poly * r * r + r + 1.0;
     // `shifted`'s low bits hold n (two's complement); 2ⁿ has exponent field n + 127.
     let n_bits = shifted.to_bits().wrapping_sub(ROUNDER.to_bits());
