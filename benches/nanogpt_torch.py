@@ -15,7 +15,7 @@ on 20 batches.
 --arch llama the model train-lm builds (RMSNorm, RoPE, SwiGLU of width 352, tied
              embeddings) -- the same computation as ours, for a like-for-like time.
 
-Usage: /work/venv/bin/python benches/nanogpt_torch.py --data ../shared/data/tinyshakespeare.txt
+Usage (a venv with `pip install torch`): python benches/nanogpt_torch.py --data ../shared/data/tinyshakespeare.txt
 Prints one line per validation and a final JSON line.
 """
 

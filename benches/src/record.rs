@@ -65,6 +65,10 @@ pub struct Record {
     /// Why the cell did not run (out of memory, unsupported, skipped, timed out).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,
+    /// Start of the run that measured the cell (UTC, `YYYY-MM-DD HH:MM`): partial runs
+    /// keep earlier records, so one report can join several runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
 }
 
 impl Record {
@@ -91,6 +95,17 @@ impl Record {
     pub fn failed(mut self, reason: impl Into<String>) -> Self {
         self.failure = Some(reason.into());
         self
+    }
+
+    /// Whether `other` measures the same cell: everything but the numbers agrees.
+    pub fn same_cell(&self, other: &Record) -> bool {
+        self.bench == other.bench
+            && self.implementation == other.implementation
+            && self.backend == other.backend
+            && (self.batch, self.heads, self.kv_heads) == (other.batch, other.heads, other.kv_heads)
+            && (self.seq, self.head_dim, self.causal) == (other.seq, other.head_dim, other.causal)
+            && self.pass == other.pass
+            && self.d_model == other.d_model
     }
 
     /// Whether the cell produced a time.

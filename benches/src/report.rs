@@ -158,6 +158,7 @@ fn attention_section(records: &[Record], out_dir: &Path) -> Result<Option<Sectio
         .filter(|name| cells.iter().any(|r| r.implementation == *name))
         .collect();
     let base = impls[0];
+    let mixed_runs = runs(cells.iter().copied()).len() > 1;
     let mut header = vec!["backend", "pass", "batch×heads", "seq", "d", "causal"];
     let time_headers: Vec<String> = impls.iter().map(|i| format!("{i} ms")).collect();
     let ratio_headers: Vec<String> = impls[1..].iter().map(|i| format!("{i} / {base}")).collect();
@@ -165,9 +166,12 @@ fn attention_section(records: &[Record], out_dir: &Path) -> Result<Option<Sectio
     header.extend(time_headers.iter().map(String::as_str));
     header.extend(ratio_headers.iter().map(String::as_str));
     header.extend(memory_headers.iter().map(String::as_str));
+    if mixed_runs {
+        header.push("run (UTC)");
+    }
     let mut table = Table::new(&header);
     let keys: BTreeSet<AttentionKey> = cells.iter().map(|r| attention_key(r)).collect();
-    // Order: backend as run, pass, d, causal, then seq.
+    // Order: backend as run, pass, d, causal, batch×heads, then seq.
     let order = backends(&cells);
     let mut keys: Vec<AttentionKey> = keys.into_iter().collect();
     keys.sort_by_key(|k| {
@@ -176,6 +180,7 @@ fn attention_section(records: &[Record], out_dir: &Path) -> Result<Option<Sectio
             k.1.clone(),
             k.2,
             k.6,
+            k.3 * k.4,
             k.5,
         )
     });
@@ -201,6 +206,13 @@ fn attention_section(records: &[Record], out_dir: &Path) -> Result<Option<Sectio
                 .iter()
                 .map(|i| mib(find(i).and_then(|r| r.peak_bytes))),
         );
+        if mixed_runs {
+            let row_runs: BTreeSet<String> = impls
+                .iter()
+                .filter_map(|i| find(i).map(|r| run_label(r)))
+                .collect();
+            row.push(row_runs.into_iter().collect::<Vec<_>>().join(" / "));
+        }
         table.rows.push(row);
     }
 
@@ -708,22 +720,30 @@ fn series_by_kind(
         .collect()
 }
 
+/// One line per (benchmark, backend, reason): a grid of cells failing alike (the naive
+/// peers past an adapter's buffer limit, say) reads as its ranges, not dozens of lines.
 fn failures_section(records: &[Record]) -> Option<Section> {
-    let failed: Vec<&Record> = records.iter().filter(|r| r.failure.is_some()).collect();
-    if failed.is_empty() {
+    /// (benchmark, backend, reason) of a failed cell.
+    type FailureKey<'a> = (&'a str, &'a str, &'a str);
+    let mut groups: Vec<(FailureKey, Vec<&Record>)> = Vec::new();
+    for r in records {
+        let Some(reason) = r.failure.as_deref() else {
+            continue;
+        };
+        let key = (r.bench.as_str(), r.backend.as_str(), reason);
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, cells)) => cells.push(r),
+            None => groups.push((key, vec![r])),
+        }
+    }
+    if groups.is_empty() {
         return None;
     }
     let mut body = String::from("Cells that did not produce a number, and why:\n\n");
-    for r in failed {
+    for ((bench, backend, reason), cells) in groups {
         body.push_str(&format!(
-            "- {} `{}` on {} ({}, seq {}, width {}): {}\n",
-            r.bench,
-            r.implementation,
-            r.backend,
-            r.pass,
-            r.seq,
-            r.head_dim,
-            r.failure.as_deref().unwrap_or("")
+            "- {bench} on {backend}, {}: {reason}\n",
+            describe_cells(&cells)
         ));
     }
     Some(Section {
@@ -733,9 +753,61 @@ fn failures_section(records: &[Record]) -> Option<Section> {
     })
 }
 
+/// `cells` as the product of their implementations, passes, lengths, widths and masks
+/// when they form one, else one by one.
+fn describe_cells(cells: &[&Record]) -> String {
+    fn distinct<T: Ord + Clone>(cells: &[&Record], field: impl Fn(&Record) -> T) -> Vec<T> {
+        let set: BTreeSet<T> = cells.iter().map(|r| field(r)).collect();
+        set.into_iter().collect()
+    }
+    fn join<T: ToString>(values: &[T]) -> String {
+        values
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("/")
+    }
+    let mask = |causal: &bool| if *causal { "causal" } else { "non-causal" };
+    let one = |r: &Record| {
+        format!(
+            "`{}` {} seq {} width {} {}",
+            r.implementation,
+            r.pass,
+            r.seq,
+            r.head_dim,
+            mask(&r.causal)
+        )
+    };
+    let unique: BTreeSet<String> = cells.iter().map(|r| one(r)).collect();
+    let impls = distinct(cells, |r| format!("`{}`", r.implementation));
+    let passes = distinct(cells, |r| r.pass.clone());
+    let seqs = distinct(cells, |r| r.seq);
+    let widths = distinct(cells, |r| r.head_dim);
+    let masks: Vec<&str> = distinct(cells, |r| r.causal).iter().map(mask).collect();
+    let product = impls.len() * passes.len() * seqs.len() * widths.len() * masks.len();
+    if product == unique.len() && unique.len() > 1 {
+        format!(
+            "{} × {} × seq {} × width {} × {} ({} cells)",
+            join(&impls),
+            join(&passes),
+            join(&seqs),
+            join(&widths),
+            join(&masks),
+            unique.len()
+        )
+    } else {
+        unique.into_iter().collect::<Vec<_>>().join("; ")
+    }
+}
+
 /// The generated block of `docs/benchmarks.md`: machine, then every section, with
 /// image paths under `image_prefix`.
-pub fn combined(machine: &Machine, sections: &[Section], image_prefix: &str) -> String {
+pub fn combined(
+    machine: &Machine,
+    records: &[Record],
+    sections: &[Section],
+    image_prefix: &str,
+) -> String {
     let mut text = format!(
         "{BEGIN_MARKER}\n\n## Results of the bench runner\n\nMeasured on:\n\n{}\n\
          Raw numbers: [`benchmarks/results.jsonl`](benchmarks/results.jsonl) (one JSON \
@@ -744,6 +816,17 @@ pub fn combined(machine: &Machine, sections: &[Section], image_prefix: &str) -> 
         machine.markdown(),
         machine.mode
     );
+    let runs = runs(records);
+    if runs.len() > 1 {
+        text.push_str(&format!(
+            "\nThese records join {} runs (a partial run keeps the earlier records of what \
+             it did not measure); the machine above is the latest run's. Runs (UTC): {}. \
+             Each record's `run` field, and the `run` column where a table mixes runs, \
+             says which run measured it; compare rows of one run with each other.\n",
+            runs.len(),
+            runs.join(", ")
+        ));
+    }
     for section in sections {
         text.push_str(&format!(
             "\n### {}\n\n{}",
@@ -753,6 +836,17 @@ pub fn combined(machine: &Machine, sections: &[Section], image_prefix: &str) -> 
     }
     text.push_str(&format!("\n{END_MARKER}\n"));
     text
+}
+
+/// The distinct `run` stamps of `records` in time order (`earlier` for records that
+/// predate the stamp).
+fn runs<'a>(records: impl IntoIterator<Item = &'a Record>) -> Vec<String> {
+    let set: BTreeSet<String> = records.into_iter().map(run_label).collect();
+    set.into_iter().collect()
+}
+
+fn run_label(record: &Record) -> String {
+    record.run.clone().unwrap_or_else(|| "earlier".into())
 }
 
 /// Rewrites `![alt](file.png)` to `![alt](prefix/file.png)`.
@@ -797,5 +891,40 @@ mod tests {
             splice(&second, &format!("{BEGIN_MARKER}\nB\n{END_MARKER}\n")),
             second
         );
+    }
+
+    fn failed(implementation: &str, seq: usize, causal: bool, reason: &str) -> Record {
+        Record {
+            seq,
+            head_dim: 64,
+            causal,
+            pass: "fwd".into(),
+            ..Record::new("attention", implementation, "wgpu")
+        }
+        .failed(reason)
+    }
+
+    #[test]
+    fn failures_of_one_reason_read_as_their_grid() {
+        let mut records = Vec::new();
+        for implementation in ["reference", "burn"] {
+            for seq in [2048, 4096] {
+                for causal in [false, true] {
+                    records.push(failed(implementation, seq, causal, "too big"));
+                }
+            }
+        }
+        records.push(failed("burn", 8192, true, "skipped"));
+        records.push(failed("reference", 8192, false, "skipped"));
+        let body = failures_section(&records).unwrap().body;
+        assert!(body.contains(
+            "- attention on wgpu, `burn`/`reference` × fwd × seq 2048/4096 × width 64 × \
+             non-causal/causal (8 cells): too big\n"
+        ));
+        // Not a product: listed one by one.
+        assert!(body.contains(
+            "- attention on wgpu, `burn` fwd seq 8192 width 64 causal; `reference` fwd seq \
+             8192 width 64 non-causal: skipped\n"
+        ));
     }
 }

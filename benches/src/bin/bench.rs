@@ -38,6 +38,11 @@ struct Args {
     /// benchmarks it does not measure in results.jsonl and the report.
     #[arg(long, value_delimiter = ',')]
     suites: Option<Vec<String>>,
+    /// Run only the jobs whose progress line contains one of these texts (comma
+    /// separated, for example `seq 2048` or `reference wgpu fwd_bwd 2×8`); their records
+    /// replace those of the same cells in results.jsonl and every other record stays.
+    #[arg(long, value_delimiter = ',')]
+    only: Option<Vec<String>>,
     /// Where results.jsonl, the tables and the plots go.
     #[arg(long, default_value = "docs/benchmarks")]
     out: PathBuf,
@@ -235,13 +240,26 @@ fn run_program(
     })
 }
 
-/// The last meaningful stderr lines of a failed child (Mesa's runtime-dir noise dropped).
+/// The last meaningful stderr lines of a failed child: a panic's message and its
+/// innermost causes, without the backtrace that follows under RUST_BACKTRACE, Burn's
+/// "Caused by" scaffolding, or Mesa's runtime-dir noise.
 fn stderr_tail(stderr: &str) -> String {
+    const NOISE: &[&str] = &[
+        "XDG_RUNTIME_DIR",
+        "No backtrace available",
+        "Asked at:",
+        "Caused by:",
+        "note: run with `RUST_BACKTRACE",
+    ];
     let lines: Vec<&str> = stderr
         .lines()
-        .filter(|line| !line.trim().is_empty() && !line.contains("XDG_RUNTIME_DIR"))
+        .take_while(|line| !line.starts_with("stack backtrace:"))
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !NOISE.iter().any(|noise| line.contains(noise)))
+        // Operations skipped because an earlier one failed repeat the failure.
+        .filter(|line| !line.starts_with("skipped `"))
         .collect();
-    lines[lines.len().saturating_sub(3)..].join(" | ")
+    lines[lines.len().saturating_sub(2)..].join(" | ")
 }
 
 fn run(args: &Args) -> Result<(), String> {
@@ -264,7 +282,9 @@ fn run(args: &Args) -> Result<(), String> {
         let (machine, records, backends) = measure(args, mode)?;
         let wanted = args.suites.clone();
         for name in COMPANIONS {
-            let requested = wanted.as_ref().is_none_or(|s| s.iter().any(|s| s == name));
+            // `--only` names jobs of the runner's own suites, never a companion.
+            let requested =
+                args.only.is_none() && wanted.as_ref().is_none_or(|s| s.iter().any(|s| s == name));
             if requested
                 && let Err(error) = run_companion(
                     name,
@@ -279,7 +299,7 @@ fn run(args: &Args) -> Result<(), String> {
         }
         (
             machine,
-            keep_unmeasured(&results, records, args.suites.is_some()),
+            keep_unmeasured(&results, records, partial_run(args), args.only.is_some()),
         )
     };
 
@@ -308,7 +328,7 @@ fn run(args: &Args) -> Result<(), String> {
         .unwrap_or(&args.out)
         .to_string_lossy()
         .into_owned();
-    let block = report::combined(&machine, &sections, &prefix);
+    let block = report::combined(&machine, &records, &sections, &prefix);
     let document = std::fs::read_to_string(&args.docs).unwrap_or_else(|_| {
         "# Benchmarks\n\nNumbers produced by `cargo run --release -p benches --bin bench`.\n".into()
     });
@@ -375,7 +395,22 @@ fn measure(args: &Args, mode: Mode) -> Result<(Machine, Vec<Record>, Vec<String>
                 .iter()
                 .flat_map(move |backend| Job::all(suite, mode, backend))
         })
+        .filter(|job| {
+            let line = job.describe();
+            args.only
+                .as_ref()
+                .is_none_or(|texts| texts.iter().any(|text| line.contains(text.as_str())))
+        })
         .collect();
+    if let Some(texts) = &args.only
+        && jobs.is_empty()
+    {
+        return Err(format!(
+            "no {} job's progress line contains any of `{}`",
+            mode.name(),
+            texts.join("`, `")
+        ));
+    }
     eprintln!(
         "bench: {} mode, {} jobs on {}",
         mode.name(),
@@ -386,7 +421,6 @@ fn measure(args: &Args, mode: Mode) -> Result<(Machine, Vec<Record>, Vec<String>
     let mut records = Vec::new();
     let budget = args.memory_budget_mib << 20;
     for (index, job) in jobs.iter().enumerate() {
-        let job_start = Instant::now();
         let produced = match job.skip_reason(budget) {
             Some(reason) => job.failed(&reason),
             None => run_one(job, Duration::from_secs(args.timeout)),
@@ -410,16 +444,30 @@ fn measure(args: &Args, mode: Mode) -> Result<(Machine, Vec<Record>, Vec<String>
                     .unwrap_or_default()
             );
         }
-        let _ = job_start;
-        records.extend(produced);
+        records.extend(produced.into_iter().map(|record| Record {
+            run: Some(machine.date_utc.clone()),
+            ..record
+        }));
     }
     eprintln!("bench: measured in {:.0}s", start.elapsed().as_secs_f64());
     Ok((machine, records, backends))
 }
 
-/// With `--suites` (a partial run), the earlier records of `results` for benchmarks
-/// and backends this run did not measure stay in the report beside the new ones.
-fn keep_unmeasured(results: &Path, measured: Vec<Record>, partial: bool) -> Vec<Record> {
+/// Whether this run measures only part of the grid, so that earlier records stay.
+fn partial_run(args: &Args) -> bool {
+    args.suites.is_some() || args.only.is_some()
+}
+
+/// In a partial run (`--suites` or `--only`), the earlier records of `results` that this
+/// run did not measure stay in the report beside the new ones. A suite run replaces
+/// whole benchmarks per backend (a table never mixes two grids); an `--only` run
+/// replaces just the cells it measured.
+fn keep_unmeasured(
+    results: &Path,
+    measured: Vec<Record>,
+    partial: bool,
+    by_cell: bool,
+) -> Vec<Record> {
     if !partial {
         return measured;
     }
@@ -430,9 +478,13 @@ fn keep_unmeasured(results: &Path, measured: Vec<Record>, partial: bool) -> Vec<
         return measured;
     };
     let remeasured = |r: &Record| {
-        measured
-            .iter()
-            .any(|m| m.bench == r.bench && m.backend == r.backend)
+        measured.iter().any(|m| {
+            if by_cell {
+                m.same_cell(r)
+            } else {
+                m.bench == r.bench && m.backend == r.backend
+            }
+        })
     };
     let mut records: Vec<Record> = earlier.into_iter().filter(|r| !remeasured(r)).collect();
     records.extend(measured);
@@ -476,4 +528,23 @@ fn write_atomically(path: &Path, text: &str) -> Result<(), String> {
         std::fs::write(temporary, text)
             .map_err(|error| format!("cannot write {}: {error}", temporary.display()))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stderr_tail;
+
+    #[test]
+    fn a_failure_reads_as_its_innermost_cause() {
+        let stderr = "thread 'main' panicked at benches/src/measure.rs:116:10:\n\
+            Error while reading data\nCaused by:\n  Several failures at once\n\
+            Caused by:\n  skipped `SliceKernel`: it needed memory 21\nCaused by:\n  \
+            An IO error happened\nCaused by:\n  can't allocate buffer of size: 268435456\n\
+            No backtrace available\nAsked at:\nNo backtrace available\n\
+            stack backtrace:\n   0: __rustc::rust_begin_unwind\n   8: bench::main\n";
+        assert_eq!(
+            stderr_tail(stderr),
+            "An IO error happened | can't allocate buffer of size: 268435456"
+        );
+    }
 }

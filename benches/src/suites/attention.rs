@@ -144,24 +144,37 @@ pub fn jobs(mode: Mode, backend: &str) -> Vec<Job> {
         ),
     };
     let mut cells = Vec::new();
+    let mut push = |batch, heads, seq, head_dim, causal, backward| {
+        for implementation in Impl::ALL {
+            cells.push(Job::Attention(Cell {
+                implementation,
+                backend: backend.to_string(),
+                batch,
+                heads,
+                seq,
+                head_dim,
+                causal,
+                backward,
+                runs: mode.runs(),
+            }));
+        }
+    };
     for &head_dim in dims {
         for &causal in causals {
             for (backward, seqs) in [(false, fwd_seqs), (true, bwd_seqs)] {
                 for &seq in seqs {
-                    for implementation in Impl::ALL {
-                        cells.push(Job::Attention(Cell {
-                            implementation,
-                            backend: backend.to_string(),
-                            batch,
-                            heads,
-                            seq,
-                            head_dim,
-                            causal,
-                            backward,
-                            runs: mode.runs(),
-                        }));
-                    }
+                    push(batch, heads, seq, head_dim, causal, backward);
                 }
+            }
+        }
+    }
+    if mode == Mode::Full {
+        // The shape of issue 3's baseline (1×8 heads, d 64, non-causal): at 2048 its naive
+        // scores (128 MiB) still fit lavapipe's largest buffer, where 2×8's do not, so
+        // the forward+backward target at 2048 has a peer to compare with.
+        for backward in [false, true] {
+            for seq in [1024, 2048] {
+                push(1, 8, seq, 64, false, backward);
             }
         }
     }
@@ -191,10 +204,12 @@ impl Cell {
     /// A progress line.
     pub fn describe(&self) -> String {
         format!(
-            "attention {} {} {} seq {} d {}{}",
+            "attention {} {} {} {}×{} seq {} d {}{}",
             self.implementation.name(),
             self.backend,
             self.pass(),
+            self.batch,
+            self.heads,
             self.seq,
             self.head_dim,
             if self.causal { " causal" } else { "" }

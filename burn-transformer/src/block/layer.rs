@@ -709,9 +709,21 @@ mod tests {
     #[cfg(all(feature = "wgpu", feature = "train"))]
     #[test]
     fn decoder_layer_trains_identically_through_the_kernel() {
+        decoder_layer_trains_identically_through_the_kernel_on(crate::test_utils::wgpu_device());
+    }
+
+    /// The same on CUDA (needs an NVIDIA GPU; CI only compiles it).
+    #[cfg(all(feature = "cuda", feature = "train"))]
+    #[test]
+    fn decoder_layer_trains_identically_through_the_kernel_on_cuda() {
+        decoder_layer_trains_identically_through_the_kernel_on(crate::test_utils::cuda_device());
+    }
+
+    #[cfg(all(feature = "cube", feature = "train"))]
+    fn decoder_layer_trains_identically_through_the_kernel_on(device: burn::tensor::Device) {
         use burn::optim::{AdamWConfig, GradientsParams};
 
-        let device = crate::test_utils::wgpu_device().autodiff();
+        let device = device.autodiff();
         device.seed(17);
         let config = |implementation| {
             let mut config = config(BlockKind::PreNorm);

@@ -140,22 +140,10 @@ mod flex {
     use burn::backend::Flex;
     use burn::backend::flex::FlexTensor;
     use burn::backend::tensor::FloatTensor;
-    use burn::tensor::{DType, TensorData};
 
     use super::{AttentionSoftmaxOps, SoftmaxMask};
     use crate::cpu::exp::exp;
-    use crate::cpu::{for_rows, lanes, simd_kernel};
-
-    fn values(tensor: &FlexTensor) -> &[f32] {
-        assert_eq!(
-            tensor.dtype(),
-            DType::F32,
-            "fused CPU ops take f32 (callers check)"
-        );
-        tensor
-            .as_slice::<f32>()
-            .expect("contiguous after to_contiguous")
-    }
+    use crate::cpu::{flex_like, flex_values as values, for_rows, lanes, simd_kernel};
 
     fn dims(tensor: &FlexTensor) -> [usize; 4] {
         let shape = tensor.layout().shape();
@@ -185,7 +173,7 @@ mod flex {
                     row_forward(&s[keys.clone()], pad, scale, &mut p[keys]);
                 }
             });
-            FlexTensor::from_data(TensorData::new(out, scores.layout().shape().clone()))
+            flex_like(&scores, out)
         }
 
         fn attention_softmax_backward(
@@ -211,7 +199,7 @@ mod flex {
                     row_backward(&p[keys.clone()], &dp[keys.clone()], scale, &mut ds[keys]);
                 }
             });
-            FlexTensor::from_data(TensorData::new(out, probabilities.layout().shape().clone()))
+            flex_like(&probabilities, out)
         }
     }
 
@@ -234,10 +222,7 @@ mod flex {
             for (o, &s) in out.iter_mut().zip(scores) {
                 *o = exp(s * scale - max);
             }
-            let inverse = 1.0 / lanes::sum(out);
-            for o in out.iter_mut() {
-                *o *= inverse;
-            }
+            normalize(out);
         }
     }
 
@@ -255,10 +240,16 @@ mod flex {
             for o in out.iter_mut() {
                 *o = if *o == f32::NEG_INFINITY { 0.0 } else { exp(*o - max) };
             }
-            let inverse = 1.0 / lanes::sum(out);
-            for o in out.iter_mut() {
-                *o *= inverse;
-            }
+            normalize(out);
+        }
+    }
+
+    /// Divides a row of exponentials by their sum (at least 1: the max is among them).
+    #[inline(always)]
+    fn normalize(row: &mut [f32]) {
+        let inverse = 1.0 / lanes::sum(row);
+        for value in row.iter_mut() {
+            *value *= inverse;
         }
     }
 

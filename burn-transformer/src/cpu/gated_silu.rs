@@ -81,29 +81,11 @@ pub fn gated_silu_reference<const D: usize>(gate: Tensor<D>, up: Tensor<D>) -> T
 #[cfg(feature = "flex")]
 mod flex {
     use burn::backend::Flex;
-    use burn::backend::flex::FlexTensor;
     use burn::backend::tensor::FloatTensor;
-    use burn::tensor::{DType, TensorData};
 
     use super::GatedSiluOps;
     use crate::cpu::exp::sigmoid;
-    use crate::cpu::for_chunks;
-
-    /// A contiguous f32 view of `tensor`.
-    fn values(tensor: &FlexTensor) -> &[f32] {
-        assert_eq!(
-            tensor.dtype(),
-            DType::F32,
-            "fused CPU ops take f32 (callers check)"
-        );
-        tensor
-            .as_slice::<f32>()
-            .expect("contiguous after to_contiguous")
-    }
-
-    fn output_like(tensor: &FlexTensor, values: Vec<f32>) -> FlexTensor {
-        FlexTensor::from_data(TensorData::new(values, tensor.layout().shape().clone()))
-    }
+    use crate::cpu::{flex_like as output_like, flex_values as values, for_chunks};
 
     impl GatedSiluOps for Flex {
         fn gated_silu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {

@@ -69,42 +69,46 @@ pub fn on_compute_pool<R: Send>(device: &Device, work: impl FnOnce() -> R + Send
 #[cfg(feature = "flex")]
 pub(crate) const PARALLEL_CHUNK: usize = 1 << 15;
 
+/// A contiguous f32 view of a flex tensor (callers made it contiguous).
+///
+/// # Panics
+/// If the tensor is not f32 or not contiguous: the public functions check the dtype,
+/// and the ops call `to_contiguous` first.
+#[cfg(feature = "flex")]
+pub(crate) fn flex_values(tensor: &burn::backend::flex::FlexTensor) -> &[f32] {
+    assert_eq!(
+        tensor.dtype(),
+        DType::F32,
+        "fused CPU ops take f32 (callers check)"
+    );
+    tensor
+        .as_slice::<f32>()
+        .expect("contiguous after to_contiguous")
+}
+
+/// A flex tensor of `values` shaped like `like`.
+#[cfg(feature = "flex")]
+pub(crate) fn flex_like(
+    like: &burn::backend::flex::FlexTensor,
+    values: Vec<f32>,
+) -> burn::backend::flex::FlexTensor {
+    burn::backend::flex::FlexTensor::from_data(burn::tensor::TensorData::new(
+        values,
+        like.layout().shape().clone(),
+    ))
+}
+
 /// Runs `kernel` over matching chunks of the inputs and outputs (all of one length),
-/// in parallel when there are several chunks. Each task writes only its own chunk of
-/// each output, so the result does not depend on scheduling.
+/// in parallel when there are several chunks: [`for_rows`] with rows of one element.
 #[cfg(feature = "flex")]
 pub(crate) fn for_chunks<const N: usize, const M: usize>(
     inputs: [&[f32]; N],
     outputs: [&mut [f32]; M],
     kernel: impl Fn([&[f32]; N], [&mut [f32]; M]) + Sync,
 ) {
-    use rayon::prelude::*;
-    let len = outputs.first().map_or(0, |output| output.len());
-    debug_assert!(inputs.iter().all(|input| input.len() == len));
-    if len <= PARALLEL_CHUNK {
-        kernel(inputs, outputs);
-        return;
-    }
-    let chunks = len.div_ceil(PARALLEL_CHUNK);
-    let mut per_output = outputs.map(|output| output.chunks_mut(PARALLEL_CHUNK));
-    // Transposed: one task per chunk, holding that chunk of every output.
-    let tasks: Vec<[&mut [f32]; M]> = (0..chunks)
-        .map(|_| {
-            std::array::from_fn(|output| {
-                per_output[output]
-                    .next()
-                    .expect("every output has the same number of chunks")
-            })
-        })
-        .collect();
-    tasks
-        .into_par_iter()
-        .enumerate()
-        .for_each(|(index, chunk)| {
-            let start = index * PARALLEL_CHUNK;
-            let range = start..(start + PARALLEL_CHUNK).min(len);
-            kernel(inputs.map(|input| &input[range.clone()]), chunk);
-        });
+    for_rows(1, inputs, outputs, |_, inputs, outputs| {
+        kernel(inputs, outputs)
+    });
 }
 
 /// Runs `kernel` on groups of whole rows (`row_len` elements each) of the inputs and
