@@ -114,6 +114,16 @@ pub fn max_abs_diff<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
 /// outputs there carry errors of ~1e-3 of their magnitude, compounded over layers.
 const CUDA_TF32_RELATIVE: f32 = 2e-2;
 
+/// The rounding error Burn's matrix products may add on `device` to values of
+/// `magnitude`: [`CUDA_TF32_RELATIVE`] of it on CUDA, 0 elsewhere (f32 products).
+pub fn matmul_rounding(device: &Device, magnitude: f32) -> f32 {
+    if crate::device::backend_name(device) == "cuda" {
+        CUDA_TF32_RELATIVE * magnitude
+    } else {
+        0.0
+    }
+}
+
 /// Asserts that `actual` and `expected` differ by at most `tolerance` everywhere.
 ///
 /// On CUDA the tolerance is at least [`CUDA_TF32_RELATIVE`] of the largest expected
@@ -125,12 +135,8 @@ pub fn assert_close<const D: usize>(
     what: &str,
 ) {
     let device = format!("{:?}", actual.device());
-    let tolerance = if crate::device::backend_name(&actual.device()) == "cuda" {
-        let magnitude = expected.clone().abs().max().into_scalar::<f32>();
-        tolerance.max(CUDA_TF32_RELATIVE * magnitude)
-    } else {
-        tolerance
-    };
+    let magnitude = expected.clone().abs().max().into_scalar::<f32>();
+    let tolerance = tolerance.max(matmul_rounding(&actual.device(), magnitude));
     let diff = max_abs_diff(actual, expected);
     assert!(
         diff <= tolerance,

@@ -12,7 +12,9 @@ use crate::generate::{
     BeamSearchConfig, EarlyStopping, GenerationConfig, beam_search, generate, log_softmax,
 };
 use crate::model::CausalLm;
-use crate::test_utils::{Fixture, assert_close, fixture_dir, max_abs_diff, model_test_devices};
+use crate::test_utils::{
+    Fixture, assert_close, fixture_dir, matmul_rounding, max_abs_diff, model_test_devices,
+};
 
 /// f32 logits must match transformers to this (the bound).
 const LOGIT_TOLERANCE: f32 = 1e-4;
@@ -63,11 +65,56 @@ fn matches_transformers(name: &str) {
             .into_iter()
             .map(|g| g.tokens)
             .collect();
-        assert_eq!(
-            greedy, expected_greedy,
-            "{name} greedy tokens on {device:?}"
+        // A row whose first greedy step is a near-tie in transformers' logits (top two
+        // closer than the device's matmul rounding: TF32 on CUDA) may take the other
+        // branch there; every other row must continue exactly as transformers does.
+        let margins = first_step_margins(&reference.data("logits"));
+        let magnitude = margins.iter().map(|m| m.1).fold(0.0, f32::max);
+        let slack = matmul_rounding(&device, magnitude);
+        for (row, (got, want)) in greedy.iter().zip(&expected_greedy).enumerate() {
+            if margins[row].0 > 2.0 * slack {
+                assert_eq!(
+                    got, want,
+                    "{name} greedy tokens of prompt {row} on {device:?}"
+                );
+            }
+        }
+        assert!(
+            margins.iter().any(|m| m.0 > 2.0 * slack),
+            "{name}: no prompt has a clear first greedy token on {device:?}"
         );
     }
+}
+
+/// Per prompt: the gap between the two largest logits at its last position (the
+/// first greedy step), and the largest logit magnitude of the prompt.
+///
+/// # Shapes
+/// - logits: `[batch, seq, vocab]`
+fn first_step_margins(logits: &TensorData) -> Vec<(f32, f32)> {
+    let [batch, seq, vocab] = [logits.shape()[0], logits.shape()[1], logits.shape()[2]];
+    let values = logits
+        .clone()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .unwrap();
+    (0..batch)
+        .map(|b| {
+            let prompt = &values[b * seq * vocab..(b + 1) * seq * vocab];
+            let last = &prompt[(seq - 1) * vocab..];
+            let (mut first, mut second) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+            for &x in last {
+                if x > first {
+                    second = first;
+                    first = x;
+                } else if x > second {
+                    second = x;
+                }
+            }
+            let magnitude = prompt.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+            (first - second, magnitude)
+        })
+        .collect()
 }
 
 #[test]

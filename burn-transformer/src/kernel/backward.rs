@@ -127,7 +127,7 @@ mod cube {
     use burn::backend::cubecl::dtype_to_storage_type;
     use burn::tensor::{DType, Shape};
     use burn_cubecl::kernel::into_contiguous;
-    use burn_cubecl::ops::numeric::empty_device_dtype;
+    use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
     use burn_cubecl::tensor::CubeTensor;
     use cubecl::calculate_cube_count_elemwise;
     use cubecl::prelude::*;
@@ -164,8 +164,9 @@ mod cube {
         let device = q.device.clone();
         let dtype = q.dtype;
         let storage = dtype_to_storage_type(dtype);
+        // Dense buffers, as the kernels index them (see `forward::forward`).
         let empty = |shape: Shape, dtype: DType| {
-            empty_device_dtype(client.clone(), device.clone(), shape, dtype)
+            empty_device_contiguous_dtype(client.clone(), device.clone(), shape, dtype)
         };
 
         // 1. (LSE, D) per query row.

@@ -5,7 +5,7 @@ use burn::backend::cubecl::dtype_to_storage_type;
 use burn::backend::{Backend, TensorMetadata};
 use burn::tensor::{DType, Shape};
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeDevice};
 use cubecl::prelude::*;
@@ -255,13 +255,17 @@ pub(super) fn forward(
     let client = q.client.clone();
     let dtype = q.dtype;
 
-    let output = empty_device_dtype(
+    // Dense outputs: the kernels index rows as `row * d`. `empty_device_dtype` lets the
+    // runtime pitch rows (CUDA pads each row to the next power of two of its bytes, up
+    // to 512: d = 80 in f32 gets 128 floats a row), and a dense write into a pitched
+    // tensor scrambles it. Inputs go through `into_contiguous`, which is dense.
+    let output = empty_device_contiguous_dtype(
         client.clone(),
         q.device.clone(),
         Shape::new([problem.batch, problem.heads, problem.seq_q, problem.d_v]),
         dtype,
     );
-    let lse = empty_device_dtype(
+    let lse = empty_device_contiguous_dtype(
         client.clone(),
         q.device.clone(),
         Shape::new([problem.batch, problem.heads, problem.seq_q]),
