@@ -114,11 +114,12 @@ pub fn max_abs_diff<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
 /// outputs there carry errors of ~1e-3 of their magnitude, compounded over layers.
 const CUDA_TF32_RELATIVE: f32 = 2e-2;
 
-/// The rounding error Burn's matrix products may add on `device` to values of
-/// `magnitude`: [`CUDA_TF32_RELATIVE`] of it on CUDA, 0 elsewhere (f32 products).
-pub fn matmul_rounding(device: &Device, magnitude: f32) -> f32 {
+/// The rounding error, relative to the magnitude of the values, that Burn's matrix
+/// products may add on `device`: [`CUDA_TF32_RELATIVE`] on CUDA, 0 elsewhere (f32
+/// products).
+pub fn matmul_relative_rounding(device: &Device) -> f32 {
     if crate::device::backend_name(device) == "cuda" {
-        CUDA_TF32_RELATIVE * magnitude
+        CUDA_TF32_RELATIVE
     } else {
         0.0
     }
@@ -135,8 +136,12 @@ pub fn assert_close<const D: usize>(
     what: &str,
 ) {
     let device = format!("{:?}", actual.device());
-    let magnitude = expected.clone().abs().max().into_scalar::<f32>();
-    let tolerance = tolerance.max(matmul_rounding(&actual.device(), magnitude));
+    let relative = matmul_relative_rounding(&actual.device());
+    let tolerance = if relative > 0.0 {
+        tolerance.max(relative * expected.clone().abs().max().into_scalar::<f32>())
+    } else {
+        tolerance
+    };
     let diff = max_abs_diff(actual, expected);
     assert!(
         diff <= tolerance,
