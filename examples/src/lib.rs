@@ -11,6 +11,53 @@ pub mod plot;
 
 use std::path::{Path, PathBuf};
 
+use burn_transformer::train::{Corpus, TrainError};
+
+/// The `examples/` folder of this checkout: the one this crate was compiled from, or,
+/// where that is gone, the one cargo names when it runs a program or test. A target
+/// directory shared between clones (`.ci/run` keeps one outside the clone) can hold a
+/// binary compiled in a clone since deleted.
+pub fn manifest_dir() -> PathBuf {
+    let compiled = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    match std::env::var_os("CARGO_MANIFEST_DIR") {
+        Some(running) if !compiled.exists() => PathBuf::from(running),
+        _ => compiled,
+    }
+}
+
+/// This checkout's own text (the README, the docs and the library's sources): the
+/// corpus programs train on when not given one, so that they run on any clone.
+///
+/// # Errors
+/// When none of those files can be read.
+pub fn checkout_corpus() -> Result<Corpus, TrainError> {
+    let root = manifest_dir()
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let mut corpus: Option<Corpus> = None;
+    for part in ["README.md", "docs", "burn-transformer/src"] {
+        let path = root.join(part);
+        if !path.exists() {
+            continue;
+        }
+        let loaded = Corpus::load(&path)?;
+        corpus = Some(match corpus {
+            None => loaded,
+            Some(mut all) => {
+                all.text.push('\n');
+                all.text.push_str(&loaded.text);
+                all.files.extend(loaded.files);
+                all.skipped += loaded.skipped;
+                all
+            }
+        });
+    }
+    corpus.ok_or_else(|| TrainError::NotFound {
+        path: root.join("burn-transformer/src"),
+    })
+}
+
 /// Writes `path` through a temporary file in the same directory, renamed over `path`
 /// once `write` succeeded: an interrupted or failed run never leaves a truncated file
 /// where a good one was.

@@ -1,10 +1,10 @@
 //! Runs the `generate` program on a tiny llama with a byte-level BPE tokenizer.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 fn model_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../burn-transformer/tests/fixtures/hf/tokenizer")
+    examples::manifest_dir().join("../burn-transformer/tests/fixtures/hf/tokenizer")
 }
 
 fn generate(extra: &[&str]) -> (bool, String, String) {

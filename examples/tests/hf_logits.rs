@@ -8,7 +8,7 @@ use std::process::Command;
 const TOLERANCE: f32 = 1e-4;
 
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    examples::manifest_dir()
         .join("..")
         .join("burn-transformer")
         .join("tests")

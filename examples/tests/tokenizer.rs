@@ -2,14 +2,11 @@
 //! `tools/make_hf_models.py` with the Python `tokenizers` library) gives the same ids
 //! as in Python and decodes back to the text.
 
-use std::path::Path;
-
 use tokenizers::Tokenizer;
 
 #[test]
 fn tokenizer_json_round_trips_text_with_python_ids() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../burn-transformer/tests/fixtures/hf/tokenizer");
+    let dir = examples::manifest_dir().join("../burn-transformer/tests/fixtures/hf/tokenizer");
     let tokenizer = Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
     let cases: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("cases.json")).unwrap()).unwrap();

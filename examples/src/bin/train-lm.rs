@@ -11,15 +11,15 @@
 //! sources, so the command works anywhere. The defaults for `--data` runs are
 //! nanoGPT's CPU recipe for character-level Shakespeare.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use burn_transformer::generate::SamplingConfig;
 use burn_transformer::model::CausalLmConfig;
 use burn_transformer::position::RopeConfig;
 use burn_transformer::train::{
-    CharTokenizer, Corpus, LmTrainingConfig, RunOptions, TokenSplit, Tokenizer, TrainError,
-    read_text, sample_tokens, save_module, train_language_model, write_atomically,
+    CharTokenizer, Corpus, LmTrainingConfig, RunOptions, TokenSplit, Tokenizer, read_text,
+    sample_tokens, save_module, train_language_model, write_atomically,
 };
 use clap::Parser;
 use examples::device::open_device;
@@ -147,40 +147,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// The workspace root, where the default corpus lives.
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default()
-}
-
-/// This checkout's own text: the README, the docs and the library's sources.
-fn default_corpus() -> Result<Corpus, TrainError> {
-    let root = workspace_root();
-    let mut corpus: Option<Corpus> = None;
-    for part in ["README.md", "docs", "burn-transformer/src"] {
-        let path = root.join(part);
-        if !path.exists() {
-            continue;
-        }
-        let loaded = Corpus::load(&path)?;
-        corpus = Some(match corpus {
-            None => loaded,
-            Some(mut all) => {
-                all.text.push('\n');
-                all.text.push_str(&loaded.text);
-                all.files.extend(loaded.files);
-                all.skipped += loaded.skipped;
-                all
-            }
-        });
-    }
-    corpus.ok_or_else(|| TrainError::NotFound {
-        path: root.join("burn-transformer/src"),
-    })
-}
-
 fn run(args: Args) -> Result<(), String> {
     let out = args.out.clone();
     let device = open_device(&args.device)?;
@@ -210,7 +176,7 @@ fn run(args: Args) -> Result<(), String> {
 
     let corpus = match &args.data {
         Some(path) => Corpus::load(path),
-        None => default_corpus(),
+        None => examples::checkout_corpus(),
     }
     .map_err(|e| e.to_string())?;
     let tokenizer: Box<dyn Tokenizer> = match (&args.tokenizer, args.resume) {
