@@ -123,6 +123,14 @@ pub fn adapter_name(device: &Device) -> Option<String> {
     None
 }
 
+/// Whether `adapter` (as [`adapter_name`] gives it) is a GPU emulated on the CPU: Mesa's
+/// software Vulkan drivers, lavapipe and llvmpipe. Whole-model cells take seconds a run
+/// there, so the quick modes leave out their largest sizes on such adapters.
+pub fn emulates_gpu_on_cpu(adapter: &str) -> bool {
+    let adapter = adapter.to_ascii_lowercase();
+    adapter.contains("llvmpipe") || adapter.contains("lavapipe")
+}
+
 /// Now, UTC, as `YYYY-MM-DD HH:MM` (civil date from the Unix day count).
 fn utc_now() -> String {
     let seconds = std::time::SystemTime::now()
@@ -156,5 +164,17 @@ mod tests {
         assert!(machine.cores >= 1);
         assert_eq!(machine.date_utc.len(), "2026-01-01 00:00".len());
         assert!(machine.markdown().contains("quick mode"));
+    }
+
+    #[test]
+    fn mesa_software_drivers_are_emulated_gpus() {
+        assert!(emulates_gpu_on_cpu(
+            "llvmpipe (LLVM 15.0.6, 256 bits) (wgpu<wgsl>)"
+        ));
+        assert!(emulates_gpu_on_cpu("Lavapipe (vulkan)"));
+        assert!(!emulates_gpu_on_cpu("NVIDIA H100 80GB HBM3 (cuda)"));
+        assert!(!emulates_gpu_on_cpu(
+            "AMD Radeon RX 7900 XTX (RADV NAVI31) (wgpu<wgsl>)"
+        ));
     }
 }

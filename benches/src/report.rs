@@ -767,14 +767,22 @@ fn describe_cells(cells: &[&Record]) -> String {
             .collect::<Vec<_>>()
             .join("/")
     }
+    // The words of the benchmark's own tables: a model's length is its context, and a
+    // training step's width is the model's, not one head's.
+    let (length, width_name, width): (&str, &str, fn(&Record) -> usize) =
+        match cells.first().map(|r| r.bench.as_str()) {
+            Some("prefill" | "decode" | "kv_cache") => ("context", "head width", |r| r.head_dim),
+            Some("train_step") => ("context", "model width", |r| r.d_model.unwrap_or(0)),
+            _ => ("seq", "width", |r| r.head_dim),
+        };
     let mask = |causal: &bool| if *causal { "causal" } else { "non-causal" };
     let one = |r: &Record| {
         format!(
-            "`{}` {} seq {} width {} {}",
+            "`{}` {} {length} {} {width_name} {} {}",
             r.implementation,
             r.pass,
             r.seq,
-            r.head_dim,
+            width(r),
             mask(&r.causal)
         )
     };
@@ -782,12 +790,12 @@ fn describe_cells(cells: &[&Record]) -> String {
     let impls = distinct(cells, |r| format!("`{}`", r.implementation));
     let passes = distinct(cells, |r| r.pass.clone());
     let seqs = distinct(cells, |r| r.seq);
-    let widths = distinct(cells, |r| r.head_dim);
+    let widths = distinct(cells, width);
     let masks: Vec<&str> = distinct(cells, |r| r.causal).iter().map(mask).collect();
     let product = impls.len() * passes.len() * seqs.len() * widths.len() * masks.len();
     if product == unique.len() && unique.len() > 1 {
         format!(
-            "{} × {} × seq {} × width {} × {} ({} cells)",
+            "{} × {} × {length} {} × {width_name} {} × {} ({} cells)",
             join(&impls),
             join(&passes),
             join(&seqs),
@@ -802,11 +810,15 @@ fn describe_cells(cells: &[&Record]) -> String {
 
 /// The generated block of `docs/benchmarks.md`: machine, then every section, with
 /// image paths under `image_prefix`.
+///
+/// `companions` are the companion programs whose tables exist in the output folder, as
+/// (title, file stem): the block links them, as they have tables of their own.
 pub fn combined(
     machine: &Machine,
     records: &[Record],
     sections: &[Section],
     image_prefix: &str,
+    companions: &[(&str, &str)],
 ) -> String {
     let mut text = format!(
         "{BEGIN_MARKER}\n\n## Results of the bench runner\n\nMeasured on:\n\n{}\n\
@@ -832,6 +844,23 @@ pub fn combined(
             "\n### {}\n\n{}",
             section.title,
             with_image_prefix(&section.body, image_prefix)
+        ));
+    }
+    if !companions.is_empty() {
+        let links: Vec<String> = companions
+            .iter()
+            .map(|(title, stem)| {
+                format!(
+                    "- [{title}]({image_prefix}/{stem}.md) (raw lines: \
+                     [`{stem}.jsonl`]({image_prefix}/{stem}.jsonl))"
+                )
+            })
+            .collect();
+        text.push_str(&format!(
+            "\n### Companion programs\n\nBenchmarks that are programs of their own; the \
+             runner runs them on the same backends and keeps their tables (from the latest \
+             run that ran them):\n\n{}\n",
+            links.join("\n")
         ));
     }
     text.push_str(&format!("\n{END_MARKER}\n"));
@@ -926,5 +955,27 @@ mod tests {
             "- attention on wgpu, `burn` fwd seq 8192 width 64 causal; `reference` fwd seq \
              8192 width 64 non-causal: skipped\n"
         ));
+    }
+
+    #[test]
+    fn model_cells_are_described_by_context_and_model_width() {
+        let left_out = |implementation| Record {
+            seq: 256,
+            head_dim: 32,
+            d_model: Some(256),
+            causal: true,
+            pass: "fwd_bwd".into(),
+            ..Record::new("train_step", implementation, "wgpu").failed("left out")
+        };
+        let body = failures_section(&[left_out("auto"), left_out("reference")])
+            .unwrap()
+            .body;
+        assert!(
+            body.contains(
+                "- train_step on wgpu, `auto`/`reference` × fwd_bwd × context 256 × model \
+                 width 256 × causal (2 cells): left out\n"
+            ),
+            "{body}"
+        );
     }
 }

@@ -8,6 +8,9 @@
 //! cargo run --release -p benches --bin nanogpt -- --quick   # 100 steps (the runner's quick mode)
 //! ```
 //!
+//! Without `--data` it trains on `../shared/data/tinyshakespeare.txt` (from the repository
+//! root) where the machine has it, else on this checkout's own text, and says so.
+//!
 //! The bench runner runs it as a companion program (`bench --suites nanogpt`). Without
 //! `--steps`, a wgpu adapter that emulates Vulkan on the CPU (lavapipe, llvmpipe) runs
 //! 1/20 of the steps: the whole recipe would take an hour there.
@@ -19,10 +22,10 @@
 //! validation every 250 steps on 20 batches. The PyTorch
 //! reference is `benches/nanogpt_torch.py`; run both in the same session.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use benches::machine::adapter_name;
+use benches::machine::{adapter_name, emulates_gpu_on_cpu};
 use burn_transformer::device::parse_device;
 use burn_transformer::model::CausalLmConfig;
 use burn_transformer::position::RopeConfig;
@@ -34,8 +37,12 @@ use burn_transformer::train::{
 #[global_allocator]
 static ALLOCATOR: examples::Allocator = examples::Allocator;
 
+/// The recipe's corpus, relative to the repository root (where the runner runs).
+const SHAKESPEARE: &str = "../shared/data/tinyshakespeare.txt";
+
 struct Args {
-    data: PathBuf,
+    /// `None`: Shakespeare where this machine has it, else this checkout's own text.
+    data: Option<PathBuf>,
     devices: Vec<String>,
     /// `None`: the recipe's 2000 (100 with `--quick`).
     steps: Option<usize>,
@@ -46,7 +53,7 @@ struct Args {
 
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
-        data: PathBuf::from("../shared/data/tinyshakespeare.txt"),
+        data: None,
         devices: vec!["flex".into()],
         steps: None,
         quick: false,
@@ -57,7 +64,7 @@ fn parse_args() -> Result<Args, String> {
     while let Some(flag) = iter.next() {
         let mut value = || iter.next().ok_or_else(|| format!("{flag} needs a value"));
         match flag.as_str() {
-            "--data" => args.data = PathBuf::from(value()?),
+            "--data" => args.data = Some(PathBuf::from(value()?)),
             // `--backends` is the bench runner's name for the same list.
             "--devices" | "--backends" => {
                 args.devices = value()?.split(',').map(str::to_string).collect()
@@ -95,7 +102,38 @@ fn main() -> ExitCode {
 
 fn run() -> Result<(), String> {
     let args = parse_args()?;
-    let corpus = Corpus::load(&args.data).map_err(|e| e.to_string())?;
+    let (corpus, corpus_name) = match &args.data {
+        Some(path) => (
+            Corpus::load(path).map_err(|e| e.to_string())?,
+            path.display().to_string(),
+        ),
+        None if Path::new(SHAKESPEARE).is_file() => (
+            Corpus::load(Path::new(SHAKESPEARE)).map_err(|e| e.to_string())?,
+            "tinyshakespeare".to_string(),
+        ),
+        None => {
+            // The timings need a corpus, not this one: any text keeps the runner
+            // working on a machine without the benchmark data.
+            eprintln!(
+                "nanogpt: {SHAKESPEARE} not found; training on this checkout's own text \
+                 instead (pass --data FILE for the recipe's corpus)"
+            );
+            (
+                examples::checkout_corpus().map_err(|e| e.to_string())?,
+                "this checkout's text".to_string(),
+            )
+        }
+    };
+    println!(
+        "Corpus: {corpus_name}, {} characters.\n",
+        corpus.text.chars().count()
+    );
+    // The PyTorch reference (`nanogpt_torch.py`) names its lines the same way.
+    let bench = if corpus_name == "tinyshakespeare" {
+        "nanogpt-shakespeare-char"
+    } else {
+        "nanogpt-char"
+    };
     let tokenizer = CharTokenizer::from_text(&corpus.text).map_err(|e| e.to_string())?;
     let split = TokenSplit::new(&corpus.text, &tokenizer, 0.1).map_err(|e| e.to_string())?;
     let model = CausalLmConfig::new(
@@ -115,10 +153,7 @@ fn run() -> Result<(), String> {
     for name in &args.devices {
         let device = parse_device(name).map_err(|e| e.to_string())?;
         let recipe_steps = if args.quick { 100 } else { 2000 };
-        let emulated = adapter_name(&device).is_some_and(|adapter| {
-            let adapter = adapter.to_ascii_lowercase();
-            adapter.contains("llvmpipe") || adapter.contains("lavapipe")
-        });
+        let emulated = adapter_name(&device).is_some_and(|adapter| emulates_gpu_on_cpu(&adapter));
         let steps = args.steps.unwrap_or(if emulated {
             recipe_steps / 20
         } else {
@@ -147,18 +182,29 @@ fn run() -> Result<(), String> {
         let tokens = training.tokens_per_step() as f64 / (ms / 1e3);
         let val = history.last_validation_loss().unwrap_or(f64::NAN);
         println!("| {name} | {steps} | {ms:.1} | {tokens:.0} | {val:.4} | {wall:.0} |");
-        lines.push(format!(
-            "{{\"bench\": \"nanogpt-shakespeare-char\", \"impl\": \"burn-transformer\", \
-             \"backend\": \"{name}\", \"iters\": {steps}, \"ms_per_iter\": {ms:.2}, \
-             \"tokens_per_s\": {tokens:.0}, \"val_loss\": {val:.4}, \"wall_s\": {wall:.1}}}"
-        ));
+        // Rounded as the table shows them; a missing loss is `null`, never `NaN`.
+        let round = |value: f64, digits: i32| {
+            let scale = 10f64.powi(digits);
+            (value * scale).round() / scale
+        };
+        lines.push(
+            serde_json::json!({
+                "bench": bench, "data": corpus_name, "impl": "burn-transformer",
+                "backend": name, "iters": steps, "ms_per_iter": round(ms, 2),
+                "tokens_per_s": tokens.round(), "val_loss": round(val, 4),
+                "wall_s": round(wall, 1),
+            })
+            .to_string(),
+        );
     }
     for line in &lines {
         println!("{line}");
     }
     if let Some(path) = args.json {
-        std::fs::write(&path, lines.join("\n") + "\n")
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let text = lines.join("\n") + "\n";
+        examples::write_atomically(&path, |temporary| {
+            std::fs::write(temporary, &text).map_err(|e| format!("{}: {e}", path.display()))
+        })?;
     }
     Ok(())
 }

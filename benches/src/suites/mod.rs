@@ -143,6 +143,32 @@ impl Job {
         }
     }
 
+    /// Whether the quick mode leaves this job out on an adapter that emulates the GPU on
+    /// the CPU (lavapipe, llvmpipe): the largest cell of each suite whose runs take
+    /// seconds there (forward attention at 2048, generation at context 2048, the medium
+    /// training step), most of a quick run's time on two cores. The smaller
+    /// cells of the same suites still run, `--full` runs these, and the report lists
+    /// them under "Not measured".
+    pub fn left_out_of_quick_on_emulated_gpu(&self) -> bool {
+        match self {
+            Job::Attention(cell) => !cell.backward && cell.seq >= 2048,
+            Job::Generation(case) => case.context >= 2048,
+            Job::TrainStep(case) => case.size == train_step::Size::Medium,
+            Job::Blocks(_) | Job::KvCache(_) => false,
+        }
+    }
+
+    /// The backend the job runs on.
+    pub fn backend(&self) -> &str {
+        match self {
+            Job::Attention(cell) => &cell.backend,
+            Job::Blocks(case) => &case.backend,
+            Job::KvCache(case) => &case.backend,
+            Job::Generation(case) => &case.backend,
+            Job::TrainStep(case) => &case.backend,
+        }
+    }
+
     /// Why the runner should not start this job, if it should not (a naive
     /// attention cell that would need more memory than the budget).
     pub fn skip_reason(&self, memory_budget: u64) -> Option<String> {
@@ -159,4 +185,39 @@ impl Job {
 /// When this build lacks the backend.
 pub fn device_named(name: &str) -> Result<burn::tensor::Device, String> {
     burn_transformer::device::parse_device(name).map_err(|error| error.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quick_mode_on_an_emulated_gpu_keeps_every_suite_and_leaves_out_only_its_largest_cells() {
+        for suite in SUITES {
+            let jobs = Job::all(suite, Mode::Quick, "wgpu");
+            let kept: Vec<&Job> = jobs
+                .iter()
+                .filter(|job| !job.left_out_of_quick_on_emulated_gpu())
+                .collect();
+            assert!(!kept.is_empty(), "{suite} would measure nothing");
+            for job in jobs
+                .iter()
+                .filter(|job| job.left_out_of_quick_on_emulated_gpu())
+            {
+                let line = job.describe();
+                assert!(
+                    line.contains("seq 2048")
+                        || line.contains("context 2048")
+                        || line.contains("medium"),
+                    "{line}"
+                );
+            }
+        }
+        // The runner matches a job to its backend's adapter by this name.
+        for suite in SUITES {
+            for job in Job::all(suite, Mode::Quick, "ndarray") {
+                assert_eq!(job.backend(), "ndarray", "{}", job.describe());
+            }
+        }
+    }
 }
