@@ -809,7 +809,7 @@ fn describe_cells(cells: &[&Record]) -> String {
 }
 
 /// The generated block of `docs/benchmarks.md`: machine, then every section, with
-/// image paths under `image_prefix`.
+/// image and data paths under `folder` (the output folder, relative to the page).
 ///
 /// `companions` are the companion programs whose tables exist in the output folder, as
 /// (title, file stem): the block links them, as they have tables of their own.
@@ -817,14 +817,14 @@ pub fn combined(
     machine: &Machine,
     records: &[Record],
     sections: &[Section],
-    image_prefix: &str,
+    folder: &str,
     companions: &[(&str, &str)],
 ) -> String {
     let mut text = format!(
         "{BEGIN_MARKER}\n\n## Results of the bench runner\n\nMeasured on:\n\n{}\n\
-         Raw numbers: [`benchmarks/results.jsonl`](benchmarks/results.jsonl) (one JSON \
-         object per cell). Reproduce with `cargo run --release -p benches --bin bench -- \
-         --{}`.\n",
+         Raw numbers: [`{folder}/results.jsonl`]({folder}/results.jsonl) (one \
+         JSON object per cell). Reproduce with `cargo run --release -p benches --bin bench \
+         -- --{}`.\n",
         machine.markdown(),
         machine.mode
     );
@@ -843,7 +843,7 @@ pub fn combined(
         text.push_str(&format!(
             "\n### {}\n\n{}",
             section.title,
-            with_image_prefix(&section.body, image_prefix)
+            with_image_prefix(&section.body, folder)
         ));
     }
     if !companions.is_empty() {
@@ -851,8 +851,8 @@ pub fn combined(
             .iter()
             .map(|(title, stem)| {
                 format!(
-                    "- [{title}]({image_prefix}/{stem}.md) (raw lines: \
-                     [`{stem}.jsonl`]({image_prefix}/{stem}.jsonl))"
+                    "- [{title}]({folder}/{stem}.md) (raw lines: \
+                     [`{stem}.jsonl`]({folder}/{stem}.jsonl))"
                 )
             })
             .collect();
