@@ -30,12 +30,17 @@ pub use error::ConfigError;
 #[cfg(test)]
 pub(crate) mod test_utils;
 
-/// The chapters of `docs/` and the README, compiled as doctests so that every Rust
-/// block in the documentation builds and runs (`cargo test --doc`). Not part of the API.
+/// Every page of `docs/` and the README, compiled as doctests so that every Rust block
+/// in the documentation builds and runs (`cargo test --doc`; blocks marked `text` or
+/// `sh` are not Rust). Not part of the API.
 #[cfg(doctest)]
 mod book {
     #[doc = include_str!("../../README.md")]
     mod readme {}
+    #[doc = include_str!("../../docs/README.md")]
+    mod contents {}
+    #[doc = include_str!("../../docs/architecture.md")]
+    mod architecture {}
     #[doc = include_str!("../../docs/attention.md")]
     mod attention {}
     #[doc = include_str!("../../docs/positions.md")]
@@ -54,4 +59,6 @@ mod book {
     mod decoding {}
     #[doc = include_str!("../../docs/training.md")]
     mod training {}
+    #[doc = include_str!("../../docs/benchmarks.md")]
+    mod benchmarks {}
 }
