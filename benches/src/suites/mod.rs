@@ -144,11 +144,11 @@ impl Job {
     }
 
     /// Whether the quick mode leaves this job out on an adapter that emulates the GPU on
-    /// the CPU (lavapipe, llvmpipe): the largest cell of each suite whose runs take
+    /// the CPU (lavapipe, llvmpipe): the largest cells of the suites whose runs take
     /// seconds there (forward attention at 2048, generation at context 2048, the medium
-    /// training step), most of a quick run's time on two cores. The smaller
-    /// cells of the same suites still run, `--full` runs these, and the report lists
-    /// them under "Not measured".
+    /// training step), which made up half of a quick run on two cores. The smaller cells
+    /// of the same suites still run, `--full` runs these, and the report lists them
+    /// under "Not measured".
     pub fn left_out_of_quick_on_emulated_gpu(&self) -> bool {
         match self {
             Job::Attention(cell) => !cell.backward && cell.seq >= 2048,
