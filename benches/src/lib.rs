@@ -18,3 +18,17 @@ pub mod plot;
 pub mod record;
 pub mod report;
 pub mod suites;
+
+use std::path::Path;
+
+/// Writes `text` to a temporary name next to `path`, then renames it into place: the
+/// runner and the companion programs never leave a half-written result file.
+///
+/// # Errors
+/// Why the file could not be written or moved, naming it.
+pub fn write_text_atomically(path: &Path, text: &str) -> Result<(), String> {
+    examples::write_atomically(path, |temporary| {
+        std::fs::write(temporary, text)
+            .map_err(|error| format!("cannot write {}: {error}", temporary.display()))
+    })
+}

@@ -21,6 +21,7 @@ use benches::machine::{Machine, adapter_name, emulates_gpu_on_cpu};
 use benches::record::{Record, parse_lines};
 use benches::report;
 use benches::suites::{Job, Mode, SUITES, device_named};
+use benches::write_text_atomically;
 use clap::Parser;
 
 #[global_allocator]
@@ -201,7 +202,7 @@ fn run_companion(
         .filter(|line| !line.starts_with('{'))
         .map(|line| format!("{line}\n"))
         .collect();
-    write_atomically(
+    write_text_atomically(
         &out.join(format!("{name}.md")),
         &format!(
             "# {title}\n\nMeasured on:\n\n{}\nTables of `{name}{}`, run by the bench runner.\n\n{}\n",
@@ -331,13 +332,13 @@ fn run(args: &Args) -> Result<(), String> {
     };
 
     let json = serde_json::to_string_pretty(&machine).map_err(|e| e.to_string())?;
-    write_atomically(&machine_path, &format!("{json}\n"))?;
+    write_text_atomically(&machine_path, &format!("{json}\n"))?;
     let lines: String = records
         .iter()
         .filter_map(|r| serde_json::to_string(r).ok())
         .map(|line| line + "\n")
         .collect();
-    write_atomically(&results, &lines)?;
+    write_text_atomically(&results, &lines)?;
 
     let sections = report::sections(&records, &args.out)?;
     for section in &sections {
@@ -347,7 +348,7 @@ fn run(args: &Args) -> Result<(), String> {
             machine.markdown(),
             section.body
         );
-        write_atomically(&args.out.join(format!("{}.md", section.stem)), &text)?;
+        write_text_atomically(&args.out.join(format!("{}.md", section.stem)), &text)?;
     }
     let prefix = args
         .out
@@ -364,7 +365,7 @@ fn run(args: &Args) -> Result<(), String> {
     let document = std::fs::read_to_string(&args.docs).unwrap_or_else(|_| {
         "# Benchmarks\n\nNumbers produced by `cargo run --release -p benches --bin bench`.\n".into()
     });
-    write_atomically(&args.docs, &report::splice(&document, &block))?;
+    write_text_atomically(&args.docs, &report::splice(&document, &block))?;
     eprintln!(
         "bench: {} records; report in {} and {}",
         records.len(),
@@ -587,14 +588,6 @@ fn run_one(job: &Job, timeout: Duration) -> Vec<Record> {
         }
         Err(error) => job.failed(&error),
     }
-}
-
-/// Writes `text` to a temporary name next to `path`, then renames it into place.
-fn write_atomically(path: &Path, text: &str) -> Result<(), String> {
-    examples::write_atomically(path, |temporary| {
-        std::fs::write(temporary, text)
-            .map_err(|error| format!("cannot write {}: {error}", temporary.display()))
-    })
 }
 
 #[cfg(test)]

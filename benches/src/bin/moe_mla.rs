@@ -24,6 +24,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use benches::machine::{adapter_name, emulates_gpu_on_cpu};
+use benches::write_text_atomically;
 use burn::tensor::{Device, DeviceKind, Distribution, Tensor};
 use burn_transformer::attention::{
     KvCache, LatentAttentionConfig, LatentKvCache, LatentPath, MultiHeadAttentionConfig,
@@ -144,10 +145,7 @@ impl Output {
 
     fn write(&self, path: &Path) -> Result<(), String> {
         let text: String = self.lines.iter().map(|line| format!("{line}\n")).collect();
-        examples::write_atomically(path, |temporary| {
-            std::fs::write(temporary, &text)
-                .map_err(|error| format!("cannot write {}: {error}", temporary.display()))
-        })
+        write_text_atomically(path, &text)
     }
 }
 

@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use benches::machine::{adapter_name, emulates_gpu_on_cpu};
+use benches::write_text_atomically;
 use burn_transformer::device::parse_device;
 use burn_transformer::model::CausalLmConfig;
 use burn_transformer::position::RopeConfig;
@@ -201,10 +202,7 @@ fn run() -> Result<(), String> {
         println!("{line}");
     }
     if let Some(path) = args.json {
-        let text = lines.join("\n") + "\n";
-        examples::write_atomically(&path, |temporary| {
-            std::fs::write(temporary, &text).map_err(|e| format!("{}: {e}", path.display()))
-        })?;
+        write_text_atomically(&path, &(lines.join("\n") + "\n"))?;
     }
     Ok(())
 }
