@@ -1,4 +1,5 @@
-//! Picking a backend at run time: the same model code runs on every `Device`.
+//! Picking a backend at run time (the same model code runs on every `Device`), and
+//! running work on the compute pool of the CPU backend.
 
 use burn::tensor::Device;
 use thiserror::Error;
@@ -135,6 +136,29 @@ pub fn backend_name(device: &Device) -> &'static str {
 /// attention kernel is available.
 pub fn is_cube_device(device: &Device) -> bool {
     matches!(backend_name(device), "wgpu" | "cuda")
+}
+
+/// Runs `work` on a thread of the rayon pool that flex computes on, when `device` is
+/// flex; elsewhere on the calling thread.
+///
+/// Flex splits large matrix products and elementwise ops over that pool. Called from
+/// an outside thread, each split wakes the pool's threads and puts the caller to sleep
+/// until they finish: two context switches per op, thousands per training step. From a
+/// pool thread the caller takes a share of the work itself and the split costs little.
+pub fn on_compute_pool<R: Send>(device: &Device, work: impl FnOnce() -> R + Send) -> R {
+    #[cfg(feature = "flex")]
+    {
+        use burn::backend::DispatchDevice;
+        if matches!(
+            device.clone().inner().as_dispatch(),
+            DispatchDevice::Flex(_)
+        ) && rayon::current_thread_index().is_none()
+        {
+            return rayon::join(work, || ()).0;
+        }
+    }
+    let _ = device;
+    work()
 }
 
 #[cfg(test)]

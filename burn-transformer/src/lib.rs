@@ -12,15 +12,14 @@
 
 pub mod attention;
 pub mod block;
-pub mod cpu;
 pub mod device;
 pub mod error;
 pub mod ffn;
 pub mod generate;
 pub mod hf;
-pub mod kernel;
 pub mod model;
 pub mod norm;
+pub mod ops;
 pub mod position;
 #[cfg(feature = "train")]
 pub mod train;

@@ -10,7 +10,8 @@
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Distribution, Tensor};
 use burn_transformer::attention::{AttentionOptions, reference_attention};
-use burn_transformer::kernel::flash_attention;
+use burn_transformer::ops::flash_attention::{ScoreOptions, flash_attention};
+use burn_transformer::ops::mask::MaskRule;
 use serde::{Deserialize, Serialize};
 
 use super::{Job, Mode, device_named};
@@ -77,7 +78,9 @@ impl Impl {
     ) -> Result<Tensor<4>, String> {
         Ok(match self {
             Impl::Fused => {
-                flash_attention(q, k, v, &AttentionOptions::new().with_causal(causal))
+                let scale = 1.0 / (q.dims()[3] as f64).sqrt();
+                let options = ScoreOptions::new(scale).with_mask(MaskRule::new(causal, None));
+                flash_attention(q, k, v, None, &options)
                     .map_err(|reason| format!("the fused op does not take this call: {reason}"))?
             }
             Impl::Reference => {

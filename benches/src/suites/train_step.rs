@@ -199,7 +199,7 @@ impl Case {
         let loader = WindowLoader::training(Arc::new(stream), batch, context, 1, 0, 0, &device);
         let mut step = 0;
         // As `train-lm` runs its steps: on flex's own pool (no-op elsewhere).
-        let timing = burn_transformer::cpu::on_compute_pool(&device, || {
+        let timing = burn_transformer::device::on_compute_pool(&device, || {
             time_runs(
                 &device,
                 self.runs,
@@ -211,7 +211,7 @@ impl Case {
                     let current = task.take().ok_or("the model was lost in a failed step")?;
                     let output = TrainStep::step(&current, batch);
                     let updated = optimizer.step(1e-3, current, output.grads);
-                    let weight = updated.model.model.embed_tokens.weight.val();
+                    let weight = updated.model.embed_tokens.weight.val();
                     task = Some(updated);
                     finish(weight)?;
                     Ok(())

@@ -34,7 +34,7 @@ use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
 use burn::tensor::{Bool, DType, Device, Int, Tensor};
 use serde_json::{Map, Value};
 
-use super::core::{AttentionImpl, AttentionOptions, attention};
+use super::core::{AttentionImpl, AttentionOptions, attention, attention_with_weights};
 use crate::error::ConfigError;
 use crate::norm::{RmsNorm, RmsNormConfig};
 use crate::position::{Rope, RopeConfig, RopeLayout, RopeScaling};
@@ -534,6 +534,12 @@ impl LatentAttention {
         self.scale
     }
 
+    /// The module with another implementation of the attention core, weights kept.
+    pub fn with_implementation(mut self, implementation: AttentionImpl) -> Self {
+        self.implementation = implementation;
+        self
+    }
+
     /// Causal self-attention over `x`, on the expanded path (as HF's forward).
     ///
     /// # Shapes
@@ -565,6 +571,26 @@ impl LatentAttention {
             }
         };
         self.merge_heads(output)
+    }
+
+    /// [`forward`](Self::forward) that also returns the attention probabilities, for
+    /// inspection: both from the reference path on the expanded heads, without dropout.
+    ///
+    /// # Shapes
+    /// - x: `[batch, seq, d_model]`
+    /// - key_padding: `[batch, seq]`, `true` for padded positions
+    /// - output: `[batch, seq, d_model]` and the weights `[batch, n_heads, seq, seq]`
+    pub fn forward_with_weights(
+        &self,
+        x: Tensor<3>,
+        key_padding: Option<Tensor<2, Bool>>,
+    ) -> (Tensor<3>, Tensor<4>) {
+        let (q_nope, q_rope) = self.queries(x.clone(), 0);
+        let entries = self.latent_entries(x, 0);
+        let (queries, keys, values) = self.expanded_heads(q_nope, q_rope, entries);
+        let options = self.options(key_padding).with_dropout(0.0);
+        let (output, weights) = attention_with_weights(queries, keys, values, &options);
+        (self.merge_heads(output), weights)
     }
 
     /// Self-attention over the new positions `x`, attending also to everything in
@@ -695,6 +721,23 @@ impl LatentAttention {
         entries: Tensor<4>,
         key_padding: Option<Tensor<2, Bool>>,
     ) -> Tensor<4> {
+        let (queries, keys, values) = self.expanded_heads(q_nope, q_rope, entries);
+        attention(queries, keys, values, &self.options(key_padding))
+    }
+
+    /// The per-head queries, keys and values of the expanded path.
+    ///
+    /// # Shapes
+    /// - q_nope, q_rope: `[batch, n_heads, seq_q, qk_nope | qk_rope]`
+    /// - entries: `[batch, 1, seq_k, kv_lora_rank + qk_rope]`
+    /// - output: queries `[batch, n_heads, seq_q, qk_nope + qk_rope]`, keys
+    ///   `[batch, n_heads, seq_k, qk_nope + qk_rope]`, values `[batch, n_heads, seq_k, v]`
+    fn expanded_heads(
+        &self,
+        q_nope: Tensor<4>,
+        q_rope: Tensor<4>,
+        entries: Tensor<4>,
+    ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
         let [batch, _, seq_k, _] = entries.dims();
         let (heads, nope, v) = (self.n_heads, self.qk_nope_head_dim, self.v_head_dim);
         let latent = entries.clone().narrow(3, 0, self.kv_lora_rank).reshape([
@@ -714,7 +757,7 @@ impl LatentAttention {
             .expand([batch, heads, seq_k, self.qk_rope_head_dim]); // shared by every head
         let keys = Tensor::cat(vec![k_nope, k_rope], 3); // [batch, heads, seq_k, nope + rope]
         let queries = Tensor::cat(vec![q_nope, q_rope], 3); // [batch, heads, seq_q, nope + rope]
-        attention(queries, keys, values, &self.options(key_padding))
+        (queries, keys, values)
     }
 
     /// Absorbed path: MQA over the latent with `d_qk = kv_lora_rank + qk_rope` and

@@ -4,17 +4,17 @@ mod cache;
 mod core;
 mod latent;
 mod multi_head;
+mod self_attention;
 
 pub use self::cache::{CrossKvCache, KvCache};
 pub use self::core::{
-    AttentionImpl, AttentionOptions, attention, attention_weights, is_hidden,
-    padding_mask_from_lengths, reference_attention, structural_mask,
+    AttentionImpl, AttentionOptions, attention, attention_weights, attention_with_weights,
+    reference_attention,
 };
 pub use self::latent::{
     AbsorbedWeights, CacheFootprint, LatentAttention, LatentAttentionConfig, LatentKvCache,
     LatentPath,
 };
 pub use self::multi_head::{MultiHeadAttention, MultiHeadAttentionConfig};
-
-#[cfg(test)]
-pub(crate) use self::core::composed_softmax;
+pub use self::self_attention::{SelfAttention, SelfAttentionCache, SelfAttentionConfig};
+pub use crate::ops::mask::padding_mask_from_lengths;

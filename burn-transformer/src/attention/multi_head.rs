@@ -12,7 +12,7 @@ use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
 use burn::tensor::{Bool, Device, Tensor};
 
 use super::cache::{CrossKvCache, KvCache};
-use super::core::{AttentionImpl, AttentionOptions, attention, attention_weights};
+use super::core::{AttentionImpl, AttentionOptions, attention, attention_with_weights};
 use crate::error::ConfigError;
 use crate::position::{Rope, RopeConfig};
 
@@ -363,7 +363,7 @@ impl MultiHeadAttention {
         self.attend_with_weights(q, k, v, &options)
     }
 
-    /// `weights · v` per head, with the weights from the attention core.
+    /// The output and the probabilities of one reference-path call.
     fn attend_with_weights(
         &self,
         q: Tensor<4>,
@@ -371,15 +371,7 @@ impl MultiHeadAttention {
         v: Tensor<4>,
         options: &AttentionOptions,
     ) -> (Tensor<3>, Tensor<4>) {
-        let weights = attention_weights(q, k, options); // [batch, n_heads, seq_q, seq_k]
-        let [batch, n_heads, seq_q, seq_k] = weights.dims();
-        let [_, n_kv_heads, _, head_dim] = v.dims();
-        let group = n_heads / n_kv_heads;
-        // Query heads of a group share their key/value head, as in the core.
-        let grouped = weights
-            .clone()
-            .reshape([batch, n_kv_heads, group * seq_q, seq_k]); // [batch, n_kv_heads, group * seq_q, seq_k]
-        let output = grouped.matmul(v).reshape([batch, n_heads, seq_q, head_dim]); // [batch, n_heads, seq_q, head_dim]
+        let (output, weights) = attention_with_weights(q, k, v, options);
         (self.merge_heads(output), weights)
     }
 

@@ -1,12 +1,14 @@
-//! Transformer blocks: Pre-LN, Post-LN, parallel and ResiDual, with stochastic depth.
+//! Transformer blocks and the stack every model is built from: Pre-LN, Post-LN,
+//! parallel and ResiDual arrangements, any self-attention (grouped or latent), any
+//! feed-forward (dense, gated or mixture of experts), stochastic depth.
 
-mod layer;
 mod stack;
 mod stochastic_depth;
+mod transformer_block;
 
-pub use layer::{
-    BlockCache, BlockKind, BlockState, BlockWeights, Memory, TransformerBlock,
+pub use stack::{StackCache, TransformerStack, TransformerStackConfig};
+pub use stochastic_depth::{StochasticDepth, StochasticDepthConfig};
+pub use transformer_block::{
+    BlockCache, BlockKind, BlockState, BlockWeights, Memory, RoutingLosses, TransformerBlock,
     TransformerBlockConfig,
 };
-pub use stack::{TransformerStack, TransformerStackConfig};
-pub use stochastic_depth::{StochasticDepth, StochasticDepthConfig};

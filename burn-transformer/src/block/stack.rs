@@ -1,17 +1,21 @@
-//! A stack of transformer blocks with its final norm.
+//! A stack of transformer blocks with its final norm: the body of every model.
 
 use burn::config::Config;
 use burn::module::Module;
-use burn::tensor::{Bool, Device, Tensor};
+use burn::tensor::{Bool, Device, Int, Tensor};
 
-use super::layer::{
-    BlockCache, BlockKind, BlockState, BlockWeights, Memory, TransformerBlock,
+use super::transformer_block::{
+    BlockCache, BlockKind, BlockState, BlockWeights, Memory, RoutingLosses, TransformerBlock,
     TransformerBlockConfig,
 };
 use crate::error::ConfigError;
 use crate::norm::Norm;
 
-/// Configuration of a [`TransformerStack`].
+const MODULE: &str = "TransformerStackConfig";
+
+/// Configuration of a [`TransformerStack`] of identical blocks. Stacks whose blocks
+/// differ by layer (sliding windows on some, mixtures of experts on others) are
+/// built with [`TransformerStack::new`] from their blocks.
 #[derive(Config, Debug)]
 pub struct TransformerStackConfig {
     /// The configuration shared by every block.
@@ -28,37 +32,34 @@ impl TransformerStackConfig {
     /// Whether the stack ends with a norm, after defaults.
     pub fn has_final_norm(&self) -> bool {
         self.final_norm
-            .unwrap_or(self.block.kind != BlockKind::PostNorm)
+            .unwrap_or(self.block.kind.has_final_norm_by_default())
     }
 
     /// Checks the configuration.
+    ///
+    /// # Errors
+    /// The block's errors; [`ConfigError::Zero`] without layers;
+    /// [`ConfigError::Invalid`] for a ResiDual stack without a final norm.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.block.validate()?;
-        ConfigError::check_positive("TransformerStackConfig", "n_layers", self.n_layers)?;
-        if self.block.kind == BlockKind::ResiDual && !self.has_final_norm() {
-            return Err(ConfigError::Invalid {
-                module: "TransformerStackConfig",
-                field: "final_norm",
-                reason: "ResiDual combines its streams through the final norm".into(),
-            });
-        }
-        Ok(())
+        ConfigError::check_positive(MODULE, "n_layers", self.n_layers)?;
+        check_final_norm(self.block.kind, self.has_final_norm())
     }
 
     /// Builds the stack, or returns why the configuration is invalid.
+    ///
+    /// # Errors
+    /// See [`validate`](Self::validate).
     pub fn try_init(&self, device: &Device) -> Result<TransformerStack, ConfigError> {
         self.validate()?;
         let layers = (0..self.n_layers)
             .map(|_| self.block.try_init(device))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(TransformerStack {
-            layers,
-            norm: self
-                .has_final_norm()
-                .then(|| self.block.norm.try_init(device))
-                .transpose()?,
-            kind: self.block.kind,
-        })
+        let norm = self
+            .has_final_norm()
+            .then(|| self.block.norm.try_init(device))
+            .transpose()?;
+        TransformerStack::new(layers, norm)
     }
 
     /// Builds the stack.
@@ -71,7 +72,19 @@ impl TransformerStackConfig {
     }
 }
 
-/// `n_layers` blocks and the final norm (HF `model.layers`, `model.norm`).
+/// ResiDual combines its streams through the final norm.
+fn check_final_norm(kind: BlockKind, has_final_norm: bool) -> Result<(), ConfigError> {
+    if kind == BlockKind::ResiDual && !has_final_norm {
+        return Err(ConfigError::Invalid {
+            module: MODULE,
+            field: "final_norm",
+            reason: "ResiDual combines its streams through the final norm".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Blocks and the final norm (HF `model.layers`, `model.norm`).
 #[derive(Module, Debug)]
 pub struct TransformerStack {
     /// The blocks, first to last.
@@ -82,7 +95,70 @@ pub struct TransformerStack {
     kind: BlockKind,
 }
 
+/// The decoding state of a [`TransformerStack`]: one cache per block.
+#[derive(Clone, Debug)]
+pub struct StackCache {
+    /// One per block, first to last.
+    pub blocks: Vec<BlockCache>,
+}
+
+impl StackCache {
+    /// The absolute position of the next token (the number of positions seen).
+    pub fn position(&self) -> usize {
+        self.blocks
+            .first()
+            .map_or(0, |block| block.self_attn.position())
+    }
+
+    /// Bytes held by every block's self-attention cache.
+    pub fn bytes(&self) -> usize {
+        self.blocks
+            .iter()
+            .map(|block| block.self_attn.bytes())
+            .sum()
+    }
+
+    /// Keeps only the batch rows in `indices`, in that order (beam search).
+    ///
+    /// # Shapes
+    /// - indices: `[new_batch]`
+    pub fn select_batch(&mut self, indices: Tensor<1, Int>) {
+        for block in &mut self.blocks {
+            block.self_attn.select_batch(indices.clone());
+            block.cross_attn.select_batch(indices.clone());
+        }
+    }
+}
+
 impl TransformerStack {
+    /// A stack of `layers` (possibly configured differently, e.g. sliding windows on
+    /// some layers) and a final norm.
+    ///
+    /// # Errors
+    /// [`ConfigError::Zero`] without layers; [`ConfigError::Invalid`] when the blocks
+    /// are of different kinds, or for a ResiDual stack without a final norm.
+    pub fn new(layers: Vec<TransformerBlock>, norm: Option<Norm>) -> Result<Self, ConfigError> {
+        ConfigError::check_positive(MODULE, "n_layers", layers.len())?;
+        let kind = layers[0].kind();
+        if let Some(other) = layers.iter().find(|layer| layer.kind() != kind) {
+            return Err(ConfigError::Invalid {
+                module: MODULE,
+                field: "block.kind",
+                reason: format!(
+                    "every block of a stack has one arrangement, got {kind:?} and {:?}",
+                    other.kind()
+                ),
+            });
+        }
+        check_final_norm(kind, norm.is_some())?;
+        Ok(Self { layers, norm, kind })
+    }
+
+    /// The blocks' arrangement.
+    pub fn kind(&self) -> BlockKind {
+        self.kind
+    }
+
     /// Runs every block over a whole sequence.
     ///
     /// # Shapes
@@ -95,6 +171,20 @@ impl TransformerStack {
         key_padding: Option<Tensor<2, Bool>>,
         memory: Option<&Memory>,
     ) -> Tensor<3> {
+        self.forward_with_losses(x, key_padding, memory).0
+    }
+
+    /// [`forward`](Self::forward) that also returns the routing losses of the stack's
+    /// mixture-of-experts layers (to add to a training loss).
+    ///
+    /// # Shapes
+    /// - as [`forward`](Self::forward); the losses are `[1]`
+    pub fn forward_with_losses(
+        &self,
+        x: Tensor<3>,
+        key_padding: Option<Tensor<2, Bool>>,
+        memory: Option<&Memory>,
+    ) -> (Tensor<3>, RoutingLosses) {
         let mut state = BlockState::new(x, self.kind);
         for layer in &self.layers {
             state = layer.forward(state, key_padding.clone(), memory);
@@ -121,10 +211,11 @@ impl TransformerStack {
             state = next;
             weights.push(block_weights);
         }
-        (self.finish(state), weights)
+        (self.finish(state).0, weights)
     }
 
-    /// Runs every block over new positions with per-block caches (see [`Self::new_cache`]).
+    /// Runs every block over new positions with per-block caches (see
+    /// [`new_cache`](Self::new_cache)); also returns the routing losses.
     ///
     /// # Shapes
     /// - x: `[batch, new, d_model]`
@@ -132,35 +223,46 @@ impl TransformerStack {
     /// - output: `[batch, new, d_model]`
     ///
     /// # Panics
-    /// If `caches` does not hold one cache per block.
+    /// If `cache` does not hold one cache per block.
     pub fn forward_cached(
         &self,
         x: Tensor<3>,
-        caches: &mut [BlockCache],
+        cache: &mut StackCache,
         key_padding: Option<Tensor<2, Bool>>,
         memory: Option<&Memory>,
-    ) -> Tensor<3> {
-        assert_eq!(caches.len(), self.layers.len(), "one cache per block");
+    ) -> (Tensor<3>, RoutingLosses) {
+        assert_eq!(
+            cache.blocks.len(),
+            self.layers.len(),
+            "TransformerStack: the cache has {} blocks, the stack {}",
+            cache.blocks.len(),
+            self.layers.len()
+        );
         let mut state = BlockState::new(x, self.kind);
-        for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
-            state = layer.forward_cached(state, cache, key_padding.clone(), memory);
+        for (layer, block_cache) in self.layers.iter().zip(cache.blocks.iter_mut()) {
+            state = layer.forward_cached(state, block_cache, key_padding.clone(), memory);
         }
         self.finish(state)
     }
 
-    /// Empty caches, one per block.
-    pub fn new_cache(&self) -> Vec<BlockCache> {
-        self.layers.iter().map(BlockCache::for_block).collect()
+    /// Empty caches, one per block (rolling for sliding-window blocks, latent for MLA).
+    pub fn new_cache(&self) -> StackCache {
+        StackCache {
+            blocks: self.layers.iter().map(BlockCache::for_block).collect(),
+        }
     }
 
-    fn finish(&self, state: BlockState) -> Tensor<3> {
-        match (self.kind, &self.norm) {
+    /// The stack's output from the last block's state: the final norm (ResiDual adds
+    /// its normed dual stream).
+    fn finish(&self, state: BlockState) -> (Tensor<3>, RoutingLosses) {
+        let hidden = match (self.kind, &self.norm) {
             (BlockKind::ResiDual, Some(norm)) => {
                 let dual = state.dual.expect("ResiDual blocks carry the dual stream");
                 state.hidden + norm.forward(dual)
             }
             (_, Some(norm)) => norm.forward(state.hidden),
             (_, None) => state.hidden,
-        }
+        };
+        (hidden, state.losses)
     }
 }

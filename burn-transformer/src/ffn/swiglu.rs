@@ -6,13 +6,13 @@
 //! `LlamaMLP` weights load by name.
 
 use burn::config::Config;
-use burn::module::Module;
+use burn::module::{Initializer, Module};
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::{Device, Tensor};
 
 use super::Activation;
-use crate::cpu::gated_silu;
 use crate::error::ConfigError;
+use crate::ops::gated_silu::gated_silu;
 
 const MODULE: &str = "SwiGluConfig";
 
@@ -29,6 +29,10 @@ pub struct SwiGluConfig {
     /// The gate's activation (HF `hidden_act`). Default: SiLU (SwiGLU).
     #[config(default = "Activation::Silu")]
     pub activation: Activation,
+    /// Initializer of the projection weights. Default: Burn's (Kaiming-uniform);
+    /// LLaMA-family models use a normal of `initializer_range`.
+    #[config(default = "None")]
+    pub initializer: Option<Initializer>,
 }
 
 impl SwiGluConfig {
@@ -41,17 +45,19 @@ impl SwiGluConfig {
         ConfigError::check_positive(MODULE, "d_ff", self.d_ff)
     }
 
-    /// Validates the configuration and initializes the projections (Burn's default
-    /// Kaiming-uniform).
+    /// Validates the configuration and initializes the projections.
     ///
     /// # Errors
     /// See [`SwiGluConfig::validate`].
     pub fn try_init(&self, device: &Device) -> Result<SwiGlu, ConfigError> {
         self.validate()?;
         let linear = |d_input, d_output| {
-            LinearConfig::new(d_input, d_output)
-                .with_bias(self.bias)
-                .init(device)
+            let config = LinearConfig::new(d_input, d_output).with_bias(self.bias);
+            match &self.initializer {
+                Some(initializer) => config.with_initializer(initializer.clone()),
+                None => config,
+            }
+            .init(device)
         };
         Ok(SwiGlu {
             gate_proj: linear(self.d_model, self.d_ff),
@@ -96,7 +102,7 @@ impl SwiGlu {
         let gate = self.gate_proj.forward(x.clone());
         let up = self.up_proj.forward(x);
         let hidden = match self.activation {
-            // One fused pass forward and backward on flex (see `crate::cpu`).
+            // One fused pass forward and backward on flex (see `crate::ops::gated_silu`).
             Activation::Silu => gated_silu(gate, up),
             activation => activation.forward(gate) * up,
         };

@@ -2,7 +2,8 @@
 
 use burn::tensor::{Bool, Device, Int, Tensor};
 
-use crate::model::{CausalLm, DecoderCache, Seq2SeqCache, Transformer};
+use crate::block::StackCache;
+use crate::model::{CausalLm, Seq2SeqCache, Transformer};
 
 /// A model that predicts the next token incrementally. Implemented by
 /// [`CausalLm`] and by [`Seq2SeqDecoding`] (an encoder-decoder bound to one
@@ -41,17 +42,17 @@ pub trait LanguageModel {
 }
 
 impl LanguageModel for CausalLm {
-    type Cache = DecoderCache;
+    type Cache = StackCache;
 
     fn vocab_size(&self) -> usize {
         CausalLm::vocab_size(self)
     }
 
     fn device(&self) -> Device {
-        self.model.embed_tokens.weight.device()
+        CausalLm::device(self)
     }
 
-    fn new_cache(&self, _batch: usize) -> DecoderCache {
+    fn new_cache(&self, _batch: usize) -> StackCache {
         CausalLm::new_cache(self)
     }
 
@@ -59,12 +60,12 @@ impl LanguageModel for CausalLm {
         &self,
         tokens: Tensor<2, Int>,
         key_padding: Option<Tensor<2, Bool>>,
-        cache: &mut DecoderCache,
+        cache: &mut StackCache,
     ) -> Tensor<3> {
         self.forward_cached(tokens, cache, key_padding)
     }
 
-    fn select_cache(&self, cache: &mut DecoderCache, indices: Tensor<1, Int>) {
+    fn select_cache(&self, cache: &mut StackCache, indices: Tensor<1, Int>) {
         cache.select_batch(indices);
     }
 }

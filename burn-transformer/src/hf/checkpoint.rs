@@ -112,9 +112,10 @@ pub fn load_causal_lm_with(
 
 /// The rename table of the decoder-only families.
 ///
-/// Mixtral names its sparse block `block_sparse_moe` where our layer (like DeepSeek's)
-/// says `mlp`; DeepSeek-V3 checkpoints append multi-token-prediction layers after the
-/// last decoder layer, which inference does not use.
+/// HF's `model.embed_tokens` is our `embed_tokens`; Mixtral names its sparse block
+/// `block_sparse_moe` where our layer (like DeepSeek's) says `mlp`; DeepSeek-V3
+/// checkpoints append multi-token-prediction layers after the last decoder layer, which
+/// inference does not use.
 pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
     let tied = config.model.tie_word_embeddings;
     let n_layers = config.model.n_layers;
@@ -127,6 +128,10 @@ pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
             && layer >= n_layers
         {
             return KeyAction::Ignore;
+        }
+        // Our token embedding sits beside the stack (`embed_tokens`), HF's inside it.
+        if let Some(rest) = key.strip_prefix("model.embed_tokens.") {
+            return KeyAction::Load(format!("embed_tokens.{rest}"));
         }
         if mixtral {
             KeyAction::Load(key.replacen(".block_sparse_moe.", ".mlp.", 1))

@@ -533,7 +533,7 @@ fn loading_in_f16_converts_every_parameter() {
     let options = LoadOptions::default().with_dtype(burn::tensor::DType::F16);
     let (model, _) = load_causal_lm_with(model_dir("qwen2_bf16"), &device, &options).unwrap();
     assert_eq!(
-        model.model.embed_tokens.weight.val().dtype(),
+        model.embed_tokens.weight.val().dtype(),
         burn::tensor::DType::F16
     );
     let reference = reference("qwen2_bf16");

@@ -5,12 +5,17 @@
 //! dense first layers then mixture of experts with shared experts).
 //!
 //! ```text
-//! tokens ─► model.embed_tokens ─► model.layers × N ─► model.norm ─► lm_head ─► logits
+//! tokens ─► embed_tokens ─► model.layers × N ─► model.norm ─► lm_head ─► logits
+//!                           (a TransformerStack of TransformerBlocks)
 //! ```
 //!
-//! The module tree carries Hugging Face's names (`model.embed_tokens`,
-//! `model.layers.N.self_attn.q_proj`, `model.norm`, `lm_head`), so a checkpoint loads
-//! with a rename table of (almost) nothing: see [`crate::hf`]. Presets of published
+//! The body is a [`TransformerStack`], the same blocks as the encoder-decoder's, so
+//! every block option applies: Pre-LN (the default, as LLaMA), Post-LN, parallel or
+//! ResiDual blocks, stochastic depth, grouped or latent attention, dense or MoE
+//! feed-forwards (whose load-balancing and z-losses the training loss can include).
+//! The module tree carries Hugging Face's names (`model.layers.N.self_attn.q_proj`,
+//! `model.norm`, `lm_head`; HF's `model.embed_tokens` is our `embed_tokens`), so a
+//! checkpoint loads with a rename table: see [`crate::hf`]. Presets of published
 //! models live in [`super::presets`]; a Hugging Face `config.json` is read by
 //! [`crate::hf::HfConfig`].
 
@@ -19,11 +24,16 @@ use burn::module::{Initializer, Module};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
 use burn::tensor::{Bool, Device, Int, Tensor};
 
-use super::decoder_layer::{DecoderLayer, LayerCache, Mlp, SelfAttention};
-use crate::attention::{AttentionImpl, LatentAttentionConfig, MultiHeadAttentionConfig};
+use crate::attention::{
+    AttentionImpl, LatentAttentionConfig, MultiHeadAttentionConfig, SelfAttention,
+    SelfAttentionConfig,
+};
+use crate::block::{
+    BlockKind, RoutingLosses, StackCache, TransformerBlockConfig, TransformerStack,
+};
 use crate::error::ConfigError;
-use crate::ffn::{Activation, MoeConfig, MoeLayerPlan, SwiGluConfig};
-use crate::norm::{RmsNorm, RmsNormConfig};
+use crate::ffn::{Activation, FeedForwardConfig, MoeConfig, MoeLayerPlan, SwiGluConfig};
+use crate::norm::{NormConfig, RmsNormConfig};
 use crate::position::RopeConfig;
 
 const MODULE: &str = "CausalLmConfig";
@@ -97,6 +107,17 @@ pub struct CausalLmConfig {
     /// `router_aux_loss_coef`). Default: 0.001.
     #[config(default = 0.001)]
     pub aux_loss_coef: f64,
+    /// Weight of the MoE router z-loss (ST-MoE) in the training loss (HF
+    /// `router_z_loss_coef`; 0.001 is the paper's choice). Default: 0 (off).
+    #[config(default = 0.0)]
+    pub router_z_loss_coef: f64,
+    /// Arrangement of norms and residuals in every block. Default: Pre-LN (LLaMA).
+    #[config(default = "BlockKind::PreNorm")]
+    pub block_kind: BlockKind,
+    /// Stochastic depth: probability of dropping a block's sublayer for a whole sample
+    /// during training. Default: 0.
+    #[config(default = 0.0)]
+    pub drop_path: f64,
     /// Which attention implementation the layers use. Default: automatic.
     #[config(default = "AttentionImpl::Auto")]
     pub implementation: AttentionImpl,
@@ -145,12 +166,58 @@ impl CausalLmConfig {
             .with_initializer(self.initializer.clone())
     }
 
+    /// The self-attention of layer `layer`: latent when `latent` is set, else grouped
+    /// (without its RoPE, which the model shares between layers).
+    pub fn self_attention_config(&self, layer: usize) -> SelfAttentionConfig {
+        match &self.latent {
+            Some(latent) => SelfAttentionConfig::Latent(
+                latent
+                    .clone()
+                    .with_causal(true)
+                    .with_implementation(self.implementation)
+                    .with_initializer(self.initializer.clone()),
+            ),
+            None => SelfAttentionConfig::MultiHead(self.attention_config(layer)),
+        }
+    }
+
+    /// The feed-forward of layer `layer`: the mixture of experts where `moe_layers`
+    /// says so, else the dense SwiGLU of width `d_ff`.
+    pub fn feed_forward_config(&self, layer: usize) -> FeedForwardConfig {
+        match &self.moe {
+            Some(moe) if self.moe_layers.is_moe(layer) => FeedForwardConfig::Moe(moe.clone()),
+            _ => FeedForwardConfig::SwiGlu(
+                SwiGluConfig::new(self.d_model, self.d_ff)
+                    .with_bias(self.mlp_bias)
+                    .with_activation(self.activation)
+                    .with_initializer(Some(self.initializer.clone())),
+            ),
+        }
+    }
+
+    /// The norm of every block and of the stack's end.
+    fn norm_config(&self) -> NormConfig {
+        NormConfig::Rms(RmsNormConfig::new(self.d_model).with_eps(self.norm_eps))
+    }
+
+    /// The block of layer `layer`.
+    pub fn block_config(&self, layer: usize) -> TransformerBlockConfig {
+        TransformerBlockConfig::new(
+            self.self_attention_config(layer),
+            self.feed_forward_config(layer),
+            self.norm_config(),
+        )
+        .with_kind(self.block_kind)
+        .with_drop_path(self.drop_path)
+    }
+
     /// Checks the configuration without allocating anything.
     ///
     /// # Errors
     /// A [`ConfigError`] naming the field: zero sizes, heads that do not divide, a RoPE
     /// head size that is not the attention's, a `sliding_layers` list of the wrong
-    /// length.
+    /// length, a loss weight that is negative, a drop-path probability outside
+    /// `[0, 1)`.
     pub fn validate(&self) -> Result<(), ConfigError> {
         ConfigError::check_positive(MODULE, "vocab_size", self.vocab_size)?;
         ConfigError::check_positive(MODULE, "n_layers", self.n_layers)?;
@@ -161,16 +228,19 @@ impl CausalLmConfig {
                 return Err(self.mismatch("moe.router.d_model", moe.router.d_model));
             }
         }
-        if !(self.aux_loss_coef.is_finite() && self.aux_loss_coef >= 0.0) {
-            return Err(ConfigError::Invalid {
-                module: MODULE,
-                field: "aux_loss_coef",
-                reason: format!(
-                    "must be finite and non-negative, got {}",
-                    self.aux_loss_coef
-                ),
-            });
+        for (field, coef) in [
+            ("aux_loss_coef", self.aux_loss_coef),
+            ("router_z_loss_coef", self.router_z_loss_coef),
+        ] {
+            if !(coef.is_finite() && coef >= 0.0) {
+                return Err(ConfigError::Invalid {
+                    module: MODULE,
+                    field,
+                    reason: format!("must be finite and non-negative, got {coef}"),
+                });
+            }
         }
+        ConfigError::check_probability(MODULE, "drop_path", self.drop_path)?;
         if let Some(latent) = &self.latent {
             latent.validate()?;
             if latent.d_model != self.d_model {
@@ -247,43 +317,20 @@ impl CausalLmConfig {
             None => Some(self.rope.try_init(device)?),
             Some(_) => None,
         };
-        let norm = RmsNormConfig::new(self.d_model).with_eps(self.norm_eps);
         let layers = (0..self.n_layers)
             .map(|layer| {
-                let self_attn = match &self.latent {
-                    Some(latent) => SelfAttention::Latent(
-                        latent
-                            .clone()
-                            .with_causal(true)
-                            .with_implementation(self.implementation)
-                            .with_initializer(self.initializer.clone())
-                            .try_init(device)?,
-                    ),
-                    None => {
-                        let mut attention = self.attention_config(layer).try_init(device)?;
-                        attention.rope = rope.clone();
-                        SelfAttention::Grouped(attention)
-                    }
-                };
-                let mlp = match &self.moe {
-                    Some(moe) if self.moe_layers.is_moe(layer) => Mlp::Moe(moe.try_init(device)?),
-                    _ => {
-                        let mlp = SwiGluConfig::new(self.d_model, self.d_ff)
-                            .with_bias(self.mlp_bias)
-                            .with_activation(self.activation)
-                            .try_init(device)?;
-                        Mlp::Dense(reinit_swiglu(mlp, &self.initializer, device))
-                    }
-                };
-                Ok(DecoderLayer {
-                    self_attn,
-                    mlp,
-                    input_layernorm: norm.try_init(device)?,
-                    post_attention_layernorm: norm.try_init(device)?,
-                    aux_loss_coef: self.aux_loss_coef,
-                })
+                let mut block = self.block_config(layer).try_init(device)?;
+                if let SelfAttention::MultiHead(attention) = &mut block.self_attn {
+                    attention.rope = rope.clone();
+                }
+                Ok(block)
             })
             .collect::<Result<Vec<_>, ConfigError>>()?;
+        let norm = self
+            .block_kind
+            .has_final_norm_by_default()
+            .then(|| self.norm_config().try_init(device))
+            .transpose()?;
         let embed_tokens = EmbeddingConfig::new(self.vocab_size, self.d_model)
             .with_initializer(self.initializer.clone())
             .init(device);
@@ -294,13 +341,12 @@ impl CausalLmConfig {
                 .init(device)
         });
         Ok(CausalLm {
-            model: DecoderStack {
-                embed_tokens,
-                layers,
-                norm: norm.try_init(device)?,
-            },
+            embed_tokens,
+            model: TransformerStack::new(layers, norm)?,
             lm_head,
             vocab_size: self.vocab_size,
+            aux_loss_coef: self.aux_loss_coef,
+            router_z_loss_coef: self.router_z_loss_coef,
         })
     }
 
@@ -314,46 +360,21 @@ impl CausalLmConfig {
     }
 }
 
-/// SwiGLU initializes with Burn's default; LLaMA-family models use a normal of
-/// `initializer_range`, which matters when training from scratch.
-fn reinit_swiglu(
-    mut ffn: crate::ffn::SwiGlu,
-    initializer: &Initializer,
-    device: &Device,
-) -> crate::ffn::SwiGlu {
-    let linear = |linear: &Linear| {
-        let [d_input, d_output] = linear.weight.dims();
-        LinearConfig::new(d_input, d_output)
-            .with_bias(linear.bias.is_some())
-            .with_initializer(initializer.clone())
-            .init(device)
-    };
-    ffn.gate_proj = linear(&ffn.gate_proj);
-    ffn.up_proj = linear(&ffn.up_proj);
-    ffn.down_proj = linear(&ffn.down_proj);
-    ffn
-}
-
-/// The transformer body (HF's `LlamaModel`, the `model.` prefix of checkpoint keys).
-#[derive(Module, Debug)]
-pub struct DecoderStack {
-    /// Token embedding, `[vocab_size, d_model]`.
-    pub embed_tokens: Embedding,
-    /// The decoder layers.
-    pub layers: Vec<DecoderLayer>,
-    /// Final norm.
-    pub norm: RmsNorm,
-}
-
 /// A decoder-only causal language model.
 #[derive(Module, Debug)]
 pub struct CausalLm {
-    /// The transformer body.
-    pub model: DecoderStack,
-    /// The output projection; `None` when tied to `model.embed_tokens`.
+    /// Token embedding, `[vocab_size, d_model]` (HF `model.embed_tokens`).
+    pub embed_tokens: Embedding,
+    /// The transformer body: the blocks and the final norm (HF `model`).
+    pub model: TransformerStack,
+    /// The output projection; `None` when tied to `embed_tokens`.
     pub lm_head: Option<Linear>,
     #[module(skip)]
     vocab_size: usize,
+    #[module(skip)]
+    aux_loss_coef: f64,
+    #[module(skip)]
+    router_z_loss_coef: f64,
 }
 
 /// What a forward pass returns.
@@ -361,38 +382,10 @@ pub struct CausalLm {
 pub struct CausalLmOutput {
     /// `[batch, seq, vocab_size]`
     pub logits: Tensor<3>,
-    /// The sum of the MoE layers' weighted load-balancing losses, `[1]`; `None` for
-    /// dense models. Add it to the language-modelling loss when training.
-    pub aux_loss: Option<Tensor<1>>,
-}
-
-/// The decoding state of a [`CausalLm`]: one cache per layer.
-#[derive(Clone, Debug)]
-pub struct DecoderCache {
-    /// One per layer, in order.
-    pub layers: Vec<LayerCache>,
-}
-
-impl DecoderCache {
-    /// The absolute position of the next token (the number of positions seen).
-    pub fn position(&self) -> usize {
-        self.layers.first().map_or(0, LayerCache::position)
-    }
-
-    /// Bytes held by all layers' caches.
-    pub fn bytes(&self) -> usize {
-        self.layers.iter().map(LayerCache::bytes).sum()
-    }
-
-    /// Keeps only the batch rows in `indices`, in that order (beam search).
-    ///
-    /// # Shapes
-    /// - indices: `[new_batch]`
-    pub fn select_batch(&mut self, indices: Tensor<1, Int>) {
-        for layer in &mut self.layers {
-            layer.select_batch(indices.clone());
-        }
-    }
+    /// The MoE layers' routing losses, weighted: `aux_loss_coef · Σ load-balancing +
+    /// router_z_loss_coef · Σ z-loss`, `[1]`. `None` for dense models, or when both
+    /// weights are 0. Add it to the language-modelling loss when training.
+    pub routing_loss: Option<Tensor<1>>,
 }
 
 impl CausalLm {
@@ -406,16 +399,14 @@ impl CausalLm {
         self.model.layers.len()
     }
 
-    /// An empty decoding cache (rolling for sliding-window layers).
-    pub fn new_cache(&self) -> DecoderCache {
-        DecoderCache {
-            layers: self
-                .model
-                .layers
-                .iter()
-                .map(DecoderLayer::new_cache)
-                .collect(),
-        }
+    /// The device the parameters live on.
+    pub fn device(&self) -> Device {
+        self.embed_tokens.weight.device()
+    }
+
+    /// An empty decoding cache (rolling for sliding-window layers, latent for MLA).
+    pub fn new_cache(&self) -> StackCache {
+        self.model.new_cache()
     }
 
     /// Logits of every position of a whole sequence.
@@ -433,7 +424,7 @@ impl CausalLm {
         self.forward_full(tokens, key_padding).logits
     }
 
-    /// [`forward`](Self::forward) that also returns the MoE auxiliary loss.
+    /// [`forward`](Self::forward) that also returns the weighted routing losses.
     ///
     /// # Shapes
     /// As [`forward`](Self::forward).
@@ -442,7 +433,9 @@ impl CausalLm {
         tokens: Tensor<2, Int>,
         key_padding: Option<Tensor<2, Bool>>,
     ) -> CausalLmOutput {
-        self.run(tokens, key_padding, None)
+        let x = self.embed_tokens.forward(tokens);
+        let (hidden, losses) = self.model.forward_with_losses(x, key_padding, None);
+        self.output(hidden, losses)
     }
 
     /// Logits of the new positions `tokens`, attending to everything in `cache`,
@@ -454,68 +447,48 @@ impl CausalLm {
     /// - tokens: `[batch, new]`
     /// - key_padding: `[batch, new]`, `true` for padding among the new positions
     /// - output: `[batch, new, vocab_size]`
+    ///
+    /// # Panics
+    /// If `cache` was not made by [`new_cache`](Self::new_cache) of this model.
     pub fn forward_cached(
         &self,
         tokens: Tensor<2, Int>,
-        cache: &mut DecoderCache,
+        cache: &mut StackCache,
         key_padding: Option<Tensor<2, Bool>>,
     ) -> Tensor<3> {
-        self.run(tokens, key_padding, Some(cache)).logits
+        let x = self.embed_tokens.forward(tokens);
+        let (hidden, losses) = self.model.forward_cached(x, cache, key_padding, None);
+        self.output(hidden, losses).logits
     }
 
-    /// The final hidden states (after `model.norm`), before the LM head.
-    ///
-    /// # Shapes
-    /// - tokens: `[batch, seq]`
-    /// - output: `[batch, seq, d_model]`
-    pub fn hidden_states(
-        &self,
-        tokens: Tensor<2, Int>,
-        key_padding: Option<Tensor<2, Bool>>,
-    ) -> Tensor<3> {
-        self.body(tokens, key_padding, None).0
+    /// The model with every attention switched to `implementation` (the weights are
+    /// kept): e.g. force the reference path on a loaded model.
+    pub fn with_attention_implementation(mut self, implementation: AttentionImpl) -> Self {
+        self.model.layers = self
+            .model
+            .layers
+            .into_iter()
+            .map(|block| block.with_attention_implementation(implementation))
+            .collect();
+        self
     }
 
-    fn run(
-        &self,
-        tokens: Tensor<2, Int>,
-        key_padding: Option<Tensor<2, Bool>>,
-        cache: Option<&mut DecoderCache>,
-    ) -> CausalLmOutput {
-        let (hidden, aux_loss) = self.body(tokens, key_padding, cache);
+    /// The logits and weighted routing losses of the stack's output.
+    fn output(&self, hidden: Tensor<3>, losses: RoutingLosses) -> CausalLmOutput {
+        let weighted = |loss: Option<Tensor<1>>, coef: f64| {
+            loss.filter(|_| coef != 0.0).map(|loss| loss * coef)
+        };
+        let routing_loss = match (
+            weighted(losses.aux_loss, self.aux_loss_coef),
+            weighted(losses.z_loss, self.router_z_loss_coef),
+        ) {
+            (Some(aux), Some(z)) => Some(aux + z),
+            (aux, z) => aux.or(z),
+        };
         CausalLmOutput {
             logits: self.lm_head(hidden),
-            aux_loss,
+            routing_loss,
         }
-    }
-
-    fn body(
-        &self,
-        tokens: Tensor<2, Int>,
-        key_padding: Option<Tensor<2, Bool>>,
-        mut cache: Option<&mut DecoderCache>,
-    ) -> (Tensor<3>, Option<Tensor<1>>) {
-        if let Some(cache) = &cache {
-            assert_eq!(
-                cache.layers.len(),
-                self.model.layers.len(),
-                "CausalLm: the cache has {} layers, the model {}",
-                cache.layers.len(),
-                self.model.layers.len()
-            );
-        }
-        let mut x = self.model.embed_tokens.forward(tokens);
-        let mut aux_loss: Option<Tensor<1>> = None;
-        for (index, layer) in self.model.layers.iter().enumerate() {
-            let layer_cache = cache.as_deref_mut().map(|cache| &mut cache.layers[index]);
-            let (output, aux) = layer.forward(x, key_padding.clone(), layer_cache);
-            x = output;
-            aux_loss = match (aux_loss, aux.aux_loss) {
-                (Some(total), Some(loss)) => Some(total + loss),
-                (total, loss) => total.or(loss),
-            };
-        }
-        (self.model.norm.forward(x), aux_loss)
     }
 
     /// `[batch, seq, d_model] -> [batch, seq, vocab_size]`.
@@ -525,12 +498,289 @@ impl CausalLm {
             None => {
                 let [batch, seq, d_model] = hidden.dims();
                 // The embedding is [vocab, d_model]; tied logits are hidden · Eᵀ.
-                let weight = self.model.embed_tokens.weight.val();
+                let weight = self.embed_tokens.weight.val();
                 hidden
                     .reshape([batch * seq, d_model]) // [batch * seq, d_model]
                     .matmul(weight.transpose())
                     .reshape([batch, seq, self.vocab_size]) // [batch, seq, vocab_size]
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::LatentAttentionConfig;
+    use crate::test_utils::{assert_close, model_test_devices, test_devices};
+    use burn::module::Param;
+    use burn::tensor::TensorData;
+
+    fn tokens(rows: &[&[i64]], device: &Device) -> Tensor<2, Int> {
+        let seq = rows[0].len();
+        let values: Vec<i64> = rows.iter().flat_map(|r| r.iter().copied()).collect();
+        Tensor::from_data(TensorData::new(values, [rows.len(), seq]), device)
+    }
+
+    /// A small LLaMA-style model with a sliding window on its second layer.
+    fn small(kind: BlockKind) -> CausalLmConfig {
+        CausalLmConfig::new(30, 16, 2, 4, 24, RopeConfig::new(4))
+            .with_n_kv_heads(Some(2))
+            .with_sliding_window(Some(3))
+            .with_sliding_layers(Some(vec![false, true]))
+            .with_block_kind(kind)
+            .with_initializer(Initializer::Normal {
+                mean: 0.0,
+                std: 0.3,
+            })
+    }
+
+    /// A small DeepSeek-style model: latent attention, a dense first layer, then a
+    /// mixture of experts.
+    fn small_latent_moe() -> CausalLmConfig {
+        let latent = LatentAttentionConfig::new(16, 4, 8, 4, 4, 4).with_q_lora_rank(Some(8));
+        CausalLmConfig::new(30, 16, 2, 4, 24, latent.rope_config())
+            .with_latent(Some(latent))
+            .with_moe(Some(
+                MoeConfig::mixtral(16, 8, 4, 2).with_n_shared_experts(1),
+            ))
+            .with_moe_layers(MoeLayerPlan::new().with_first_k_dense_replace(1))
+    }
+
+    fn prompt(device: &Device) -> Tensor<2, Int> {
+        tokens(&[&[1, 5, 9, 13, 17, 21], &[2, 4, 6, 8, 10, 12]], device)
+    }
+
+    /// Prefill then one token at a time equals the full forward, for every block
+    /// arrangement and for latent attention with a mixture of experts.
+    #[test]
+    fn cached_decoding_equals_the_full_forward_for_every_block_option() {
+        for device in model_test_devices() {
+            device.seed(3);
+            let configs = [
+                small(BlockKind::PreNorm),
+                small(BlockKind::PostNorm),
+                small(BlockKind::Parallel),
+                small(BlockKind::ResiDual),
+                small_latent_moe(),
+            ];
+            for config in configs {
+                let model = config.init(&device);
+                let input = prompt(&device);
+                let full = model.forward(input.clone(), None);
+                let mut cache = model.new_cache();
+                let mut steps =
+                    vec![model.forward_cached(input.clone().narrow(1, 0, 3), &mut cache, None)];
+                for position in 3..6 {
+                    steps.push(model.forward_cached(
+                        input.clone().narrow(1, position, 1),
+                        &mut cache,
+                        None,
+                    ));
+                }
+                assert_eq!(cache.position(), 6);
+                let what = format!("{:?} latent {}", config.block_kind, config.latent.is_some());
+                assert_close(Tensor::cat(steps, 1), full, 1e-4, &what);
+            }
+        }
+    }
+
+    /// Every block takes the configured arrangement and stochastic depth, and the
+    /// stack ends with a norm exactly when the arrangement needs one.
+    #[test]
+    fn block_options_reach_every_layer() {
+        let device = Device::flex();
+        for kind in [
+            BlockKind::PreNorm,
+            BlockKind::PostNorm,
+            BlockKind::Parallel,
+            BlockKind::ResiDual,
+        ] {
+            let model = small(kind).with_drop_path(0.25).init(&device);
+            assert_eq!(model.model.kind(), kind);
+            for block in &model.model.layers {
+                assert_eq!(block.kind(), kind);
+                assert_eq!(block.drop_path.prob, 0.25);
+            }
+            assert_eq!(model.model.norm.is_some(), kind != BlockKind::PostNorm);
+        }
+        let error = small(BlockKind::PreNorm)
+            .with_drop_path(1.0)
+            .validate()
+            .unwrap_err();
+        assert!(error.to_string().contains("drop_path"), "{error}");
+    }
+
+    /// The gradient of every parameter of a model.
+    fn gradients(model: &CausalLm, loss: Tensor<1>) -> Vec<Vec<f32>> {
+        use burn::module::ModuleVisitor;
+        struct Collect<'a>(&'a burn::tensor::Gradients, Vec<Vec<f32>>);
+        impl ModuleVisitor for Collect<'_> {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+                let grad = param.val().grad(self.0);
+                self.1
+                    .push(grad.map_or_else(Vec::new, |g| g.try_to_vec_as().unwrap()));
+            }
+        }
+        let grads = loss.backward();
+        let mut collect = Collect(&grads, Vec::new());
+        model.visit(&mut collect);
+        collect.1
+    }
+
+    /// ResiDual and Pre-LN blocks have the same parameters; with the same weights the
+    /// ResiDual model computes something else, and so trains differently.
+    #[test]
+    fn residual_blocks_change_the_output_and_the_gradients() {
+        let device = Device::flex().autodiff();
+        device.seed(5);
+        let pre = small(BlockKind::PreNorm).init(&device);
+        let residual = small(BlockKind::ResiDual)
+            .init(&device)
+            .load_record(pre.clone().into_record());
+        let loss = |model: &CausalLm| model.forward(prompt(&device), None).powi_scalar(2).mean();
+        let (a, b) = (
+            gradients(&pre, loss(&pre)),
+            gradients(&residual, loss(&residual)),
+        );
+        assert_eq!(a.len(), b.len());
+        let differ = a.iter().zip(&b).filter(|(x, y)| x != y).count();
+        assert!(
+            differ * 2 > a.len(),
+            "{differ} of {} gradients differ",
+            a.len()
+        );
+    }
+
+    /// With stochastic depth a block's sublayer is dropped for whole samples during
+    /// training: for a single sample, a dropped attention gets no gradient at all. In
+    /// eval mode nothing is dropped.
+    #[test]
+    fn stochastic_depth_drops_whole_branches_in_training() {
+        let device = Device::flex().autodiff();
+        device.seed(9);
+        let plain = small(BlockKind::PreNorm).init(&device);
+        let dropping = small(BlockKind::PreNorm)
+            .with_drop_path(0.5)
+            .init(&device)
+            .load_record(plain.clone().into_record());
+        let input = tokens(&[&[1, 5, 9, 13, 17, 21]], &device);
+        // The first layer's q_proj gradient, for seeds 0..12.
+        let q_proj_gradient_is_zero = |model: &CausalLm, seed: u64| {
+            device.seed(seed);
+            let loss = model.forward(input.clone(), None).powi_scalar(2).mean();
+            let grads = loss.backward();
+            let SelfAttention::MultiHead(attention) = &model.model.layers[0].self_attn else {
+                unreachable!("grouped attention")
+            };
+            let grad = attention.q_proj.weight.val().grad(&grads).unwrap();
+            grad.abs().max().into_scalar::<f32>() == 0.0
+        };
+        let dropped: Vec<bool> = (0..12)
+            .map(|s| q_proj_gradient_is_zero(&dropping, s))
+            .collect();
+        assert!(
+            dropped.iter().any(|d| *d) && dropped.iter().any(|d| !*d),
+            "drops in 12 seeds at p = 0.5: {dropped:?}"
+        );
+        assert!((0..4).all(|s| !q_proj_gradient_is_zero(&plain, s)));
+        // Eval mode: the same logits as without stochastic depth.
+        let eval = dropping.valid();
+        let plain_eval = plain.valid();
+        let inference = input.clone().inner();
+        assert_close(
+            eval.forward(inference.clone(), None),
+            plain_eval.forward(inference, None),
+            1e-6,
+            "eval",
+        );
+    }
+
+    /// The routing loss is `aux_loss_coef · Σ balance + router_z_loss_coef · Σ z`, and
+    /// the z-loss reaches the router's gradient with its weight.
+    #[test]
+    fn router_z_loss_is_weighted_into_the_routing_loss_and_its_gradient() {
+        for device in test_devices() {
+            let device = device.autodiff();
+            device.seed(13);
+            let base = small_latent_moe().init(&device);
+            let with = |aux: f64, z: f64| {
+                small_latent_moe()
+                    .with_aux_loss_coef(aux)
+                    .with_router_z_loss_coef(z)
+                    .init(&device)
+                    .load_record(base.clone().into_record())
+            };
+            let routing = |model: &CausalLm| {
+                model
+                    .forward_full(prompt(&device), None)
+                    .routing_loss
+                    .expect("an MoE model with a non-zero weight has a routing loss")
+            };
+            let balance = routing(&with(1.0, 0.0)).into_scalar::<f32>();
+            let z = routing(&with(0.0, 1.0)).into_scalar::<f32>();
+            let both = routing(&with(0.01, 0.001)).into_scalar::<f32>();
+            assert!((both - (0.01 * balance + 0.001 * z)).abs() <= 1e-6 * both.abs().max(1.0));
+            assert!(
+                with(0.0, 0.0)
+                    .forward_full(prompt(&device), None)
+                    .routing_loss
+                    .is_none()
+            );
+
+            // The router's gradient of the training loss moves by exactly the weighted
+            // z-loss's gradient.
+            let router_gradient = |model: &CausalLm, loss: Tensor<1>| {
+                let grads = loss.backward();
+                let crate::ffn::FeedForward::Moe(moe) = &model.model.layers[1].mlp else {
+                    unreachable!("the second layer is sparse")
+                };
+                let grad: Vec<f32> = moe
+                    .gate
+                    .weight
+                    .val()
+                    .grad(&grads)
+                    .unwrap()
+                    .try_to_vec_as()
+                    .unwrap();
+                grad
+            };
+            let task_loss = |model: &CausalLm| {
+                let output = model.forward_full(prompt(&device), None);
+                let lm = output.logits.powi_scalar(2).mean();
+                match output.routing_loss {
+                    Some(routing) => lm + routing,
+                    None => lm,
+                }
+            };
+            let (off, on, z_only) = (with(0.0, 0.0), with(0.0, 0.5), with(0.0, 0.5));
+            let without = router_gradient(&off, task_loss(&off));
+            let with_z = router_gradient(&on, task_loss(&on));
+            let z_part = router_gradient(&z_only, routing(&z_only));
+            let largest = z_part.iter().fold(0.0f32, |m, g| m.max(g.abs()));
+            assert!(largest > 0.0, "the z-loss has a router gradient");
+            for ((a, b), c) in with_z.iter().zip(&without).zip(&z_part) {
+                assert!(
+                    (a - b - c).abs() <= 1e-4 * largest,
+                    "{a} - {b} != {c} on {device:?}"
+                );
+            }
+        }
+    }
+
+    /// Tied embeddings use `embed_tokens` as the head: logits are `hidden · Eᵀ`.
+    #[test]
+    fn tied_head_is_the_embedding() {
+        let device = Device::flex();
+        device.seed(1);
+        let model = small(BlockKind::PreNorm)
+            .with_tie_word_embeddings(true)
+            .init(&device);
+        assert!(model.lm_head.is_none());
+        let x = model.embed_tokens.forward(prompt(&device));
+        let hidden = model.model.forward(x, None, None);
+        let weight = model.embed_tokens.weight.val();
+        let expected = hidden.matmul(weight.transpose().unsqueeze_dim(0));
+        assert_close(model.forward(prompt(&device), None), expected, 1e-5, "tied");
     }
 }

@@ -7,8 +7,9 @@
 //! ```
 //!
 //! The stacks are [`TransformerStack`]s of [`crate::block`] blocks: Post-LN as in the
-//! paper (`x = norm(x + sublayer(x))`) or Pre-LN (`x = x + sublayer(norm(x))` with a
-//! final norm per stack, [Xiong et al. 2020](https://arxiv.org/abs/2002.04745)).
+//! paper (`x = norm(x + sublayer(x))`), Pre-LN (`x = x + sublayer(norm(x))` with a
+//! final norm per stack, [Xiong et al. 2020](https://arxiv.org/abs/2002.04745)) or
+//! ResiDual ([`BlockKind`]).
 //! Padding masks apply on both sides: the source padding hides padded source positions
 //! from the encoder and from cross-attention, the target padding hides padded target
 //! positions from the decoder's self-attention.
@@ -23,9 +24,9 @@ use burn::module::{Initializer, Module};
 use burn::nn::{Dropout, DropoutConfig, Embedding, EmbeddingConfig, Linear, LinearConfig};
 use burn::tensor::{Bool, Device, Int, Tensor};
 
-use crate::attention::{AttentionImpl, MultiHeadAttentionConfig};
+use crate::attention::{AttentionImpl, MultiHeadAttentionConfig, SelfAttentionConfig};
 use crate::block::{
-    BlockCache, BlockKind, BlockWeights, Memory, TransformerBlockConfig, TransformerStack,
+    BlockKind, BlockWeights, Memory, StackCache, TransformerBlockConfig, TransformerStack,
     TransformerStackConfig,
 };
 use crate::error::ConfigError;
@@ -34,25 +35,6 @@ use crate::norm::{LayerNormConfig, NormConfig};
 use crate::position::{SinusoidalPosition, SinusoidalPositionConfig};
 
 const MODULE: &str = "TransformerConfig";
-
-/// Where the layer norms sit relative to the residual connections.
-#[derive(Config, Debug, Copy, PartialEq, Eq)]
-pub enum NormPlacement {
-    /// `x = norm(x + sublayer(x))`: the paper's arrangement.
-    PostNorm,
-    /// `x = x + sublayer(norm(x))`, plus a final norm on each stack: trains without
-    /// learning-rate warm-up at depth.
-    PreNorm,
-}
-
-impl NormPlacement {
-    fn block_kind(self) -> BlockKind {
-        match self {
-            Self::PostNorm => BlockKind::PostNorm,
-            Self::PreNorm => BlockKind::PreNorm,
-        }
-    }
-}
 
 /// Configuration of a [`Transformer`].
 #[derive(Config, Debug)]
@@ -80,9 +62,10 @@ pub struct TransformerConfig {
     /// activations during training. Default: 0.1.
     #[config(default = 0.1)]
     pub dropout: f64,
-    /// Post-LN (the paper) or Pre-LN. Default: Post-LN.
-    #[config(default = "NormPlacement::PostNorm")]
-    pub norm: NormPlacement,
+    /// Where norms and residuals sit in every block: Post-LN (the paper), Pre-LN or
+    /// ResiDual (a parallel block has no place for cross-attention). Default: Post-LN.
+    #[config(default = "BlockKind::PostNorm")]
+    pub block_kind: BlockKind,
     /// Feed-forward activation. Default: ReLU (the paper).
     #[config(default = "Activation::Relu")]
     pub activation: Activation,
@@ -150,7 +133,7 @@ impl TransformerConfig {
     /// The configuration of the encoder's or the decoder's stack.
     pub fn stack(&self, decoder: bool) -> TransformerStackConfig {
         let block = TransformerBlockConfig::new(
-            self.attention(decoder),
+            SelfAttentionConfig::MultiHead(self.attention(decoder)),
             FeedForwardConfig::Dense(
                 DenseFfnConfig::new(self.d_model, self.d_ff)
                     .with_activation(self.activation)
@@ -159,7 +142,7 @@ impl TransformerConfig {
             NormConfig::Layer(LayerNormConfig::new(self.d_model).with_eps(self.norm_eps)),
         )
         .with_cross_attention(decoder.then(|| self.attention(false)))
-        .with_kind(self.norm.block_kind())
+        .with_kind(self.block_kind)
         .with_residual_dropout(self.dropout);
         let layers = if decoder {
             self.n_decoder_layers
@@ -261,20 +244,20 @@ pub struct Transformer {
     tgt_vocab_size: usize,
 }
 
-/// The decoding state of a [`Transformer`]: the encoder's memory and one cache per
-/// decoder block.
+/// The decoding state of a [`Transformer`]: the encoder's memory and the decoder's
+/// caches.
 #[derive(Clone, Debug)]
 pub struct Seq2SeqCache {
     /// The encoded source and its padding.
     pub memory: Memory,
-    /// One per decoder block.
-    pub layers: Vec<BlockCache>,
+    /// One cache per decoder block.
+    pub decoder: StackCache,
 }
 
 impl Seq2SeqCache {
     /// The number of target positions decoded so far.
     pub fn position(&self) -> usize {
-        self.layers.first().map_or(0, |l| l.self_attn.position())
+        self.decoder.position()
     }
 
     /// Keeps the batch rows `indices`, in that order (beam search).
@@ -288,10 +271,7 @@ impl Seq2SeqCache {
             .padding
             .take()
             .map(|p| p.int().select(0, indices.clone()).bool());
-        for layer in &mut self.layers {
-            layer.self_attn.select_batch(indices.clone());
-            layer.cross_attn.select_batch(indices.clone());
-        }
+        self.decoder.select_batch(indices);
     }
 }
 
@@ -415,7 +395,7 @@ impl Transformer {
                 states: memory,
                 padding: memory_padding,
             },
-            layers: self.decoder.new_cache(),
+            decoder: self.decoder.new_cache(),
         }
     }
 
@@ -433,9 +413,9 @@ impl Transformer {
         target_padding: Option<Tensor<2, Bool>>,
     ) -> Tensor<3> {
         let x = self.embed(self.target_embedding(), target, cache.position());
-        let hidden =
+        let (hidden, _) =
             self.decoder
-                .forward_cached(x, &mut cache.layers, target_padding, Some(&cache.memory));
+                .forward_cached(x, &mut cache.decoder, target_padding, Some(&cache.memory));
         self.project(hidden)
     }
 
@@ -471,10 +451,10 @@ mod tests {
     }
 
     /// Random weights with some spread, so that outputs depend on every parameter.
-    fn model(norm: NormPlacement, device: &Device) -> Transformer {
+    fn model(kind: BlockKind, device: &Device) -> Transformer {
         device.seed(17);
         TransformerConfig::tiny(40, 30)
-            .with_norm(norm)
+            .with_block_kind(kind)
             .with_initializer(Initializer::Normal {
                 mean: 0.0,
                 std: 0.3,
@@ -485,7 +465,7 @@ mod tests {
     #[test]
     fn attention_weights_come_with_the_same_logits_and_are_distributions() {
         for device in model_test_devices() {
-            let model = model(NormPlacement::PreNorm, &device);
+            let model = model(BlockKind::PreNorm, &device);
             let source = tokens(&[&[5, 6, 7, 8, 9, 1], &[3, 4, 5, 1, 0, 0]], &device);
             let source_padding = padding_mask_from_lengths(&[6, 4], 6, &device);
             let target = tokens(&[&[1, 11, 12, 13], &[1, 21, 22, 23]], &device);
@@ -522,10 +502,10 @@ mod tests {
     }
 
     #[test]
-    fn cached_decoding_equals_teacher_forcing_for_both_norm_placements() {
+    fn cached_decoding_equals_teacher_forcing_for_every_block_kind() {
         for device in model_test_devices() {
-            for norm in [NormPlacement::PostNorm, NormPlacement::PreNorm] {
-                let model = model(norm, &device);
+            for kind in [BlockKind::PostNorm, BlockKind::PreNorm, BlockKind::ResiDual] {
+                let model = model(kind, &device);
                 let source = tokens(&[&[5, 6, 7, 8, 9, 1], &[3, 4, 5, 1, 0, 0]], &device);
                 let source_padding = padding_mask_from_lengths(&[6, 4], 6, &device);
                 let target = tokens(&[&[1, 11, 12, 13, 14], &[1, 21, 22, 23, 24]], &device);
@@ -546,12 +526,18 @@ mod tests {
                         None,
                     ));
                 }
-                assert!(cache.layers.iter().all(|l| l.cross_attn.is_filled()));
+                assert!(
+                    cache
+                        .decoder
+                        .blocks
+                        .iter()
+                        .all(|b| b.cross_attn.is_filled())
+                );
                 assert_close(
                     Tensor::cat(steps, 1),
                     full,
                     1e-5,
-                    &format!("{norm:?} cached vs full"),
+                    &format!("{kind:?} cached vs full"),
                 );
             }
         }
@@ -560,7 +546,7 @@ mod tests {
     #[test]
     fn padding_on_either_side_does_not_change_real_positions() {
         for device in model_test_devices() {
-            let model = model(NormPlacement::PostNorm, &device);
+            let model = model(BlockKind::PostNorm, &device);
             let alone = model.forward(
                 tokens(&[&[5, 6, 7]], &device),
                 tokens(&[&[1, 11, 12]], &device),
@@ -605,7 +591,7 @@ mod tests {
     #[test]
     fn generation_and_beam_search_run_through_the_caches() {
         for device in model_test_devices() {
-            let model = model(NormPlacement::PreNorm, &device);
+            let model = model(BlockKind::PreNorm, &device);
             let source = tokens(&[&[5, 6, 7, 8], &[9, 10, 0, 0]], &device);
             let padding = padding_mask_from_lengths(&[4, 2], 4, &device);
             let memory = model.encode(source, Some(padding.clone()));

@@ -13,8 +13,8 @@ use burn::module::Module;
 use burn::store::ModuleRecord;
 use burn::train::checkpoint::{Checkpoint, Checkpointer, CheckpointerError};
 
-use super::TrainError;
 use super::io::{read_bytes, write_atomically};
+use super::{TrainError, record_layout};
 
 /// The records burn-train checkpoints, by file-name prefix.
 pub const CHECKPOINT_RECORDS: [&str; 3] = ["model", "optim", "scheduler"];
@@ -72,8 +72,13 @@ impl<R: Checkpoint> Checkpointer<R> for AtomicFileCheckpointer {
 
     fn restore(&self, epoch: usize) -> Result<R, CheckpointerError> {
         let bytes = read_bytes(&self.path_for(epoch)).map_err(io_error)?;
-        R::checkpoint_from_bytes(burn::tensor::Bytes::from_bytes_vec(bytes))
-            .map_err(CheckpointerError::Record)
+        let bytes = burn::tensor::Bytes::from_bytes_vec(bytes);
+        // A model record of the older module layout resumes under today's names.
+        let bytes = match self.name.as_str() {
+            "model" => record_layout::upgrade(&bytes).unwrap_or(bytes),
+            _ => bytes,
+        };
+        R::checkpoint_from_bytes(bytes).map_err(CheckpointerError::Record)
     }
 }
 
@@ -112,24 +117,33 @@ pub fn save_module<M: Module>(module: M, path: &Path) -> Result<(), TrainError> 
 }
 
 /// Loads parameters saved by [`save_module`] (or a checkpoint) into `module`, which
-/// must have the same structure.
+/// must have the same structure. A record of the crate's older module layout loads
+/// too: its parameters are renamed to today's paths.
 ///
 /// # Errors
 /// [`TrainError::NotFound`] or [`TrainError::Checkpoint`] naming the file and what
 /// did not match.
 pub fn load_module<M: Module>(module: M, path: &Path) -> Result<M, TrainError> {
-    let bytes = read_bytes(path)?;
-    let record =
-        ModuleRecord::from_bytes(burn::tensor::Bytes::from_bytes_vec(bytes)).map_err(|error| {
-            TrainError::Checkpoint {
-                path: path.to_path_buf(),
-                reason: format!("not a burnpack module record: {error}"),
-            }
-        })?;
-    module
-        .try_load_record(record)
-        .map_err(|error| TrainError::Checkpoint {
+    let bytes = burn::tensor::Bytes::from_bytes_vec(read_bytes(path)?);
+    let read = |bytes: burn::tensor::Bytes| {
+        ModuleRecord::from_bytes(bytes).map_err(|error| TrainError::Checkpoint {
             path: path.to_path_buf(),
-            reason: format!("does not fit the model: {error}"),
+            reason: format!("not a burnpack module record: {error}"),
         })
+    };
+    let upgraded = record_layout::upgrade(&bytes);
+    let record = read(bytes)?;
+    match module.clone().try_load_record(record) {
+        Ok(loaded) => Ok(loaded),
+        Err(error) => {
+            let upgraded = upgraded.map(read).transpose()?;
+            match upgraded.map(|record| module.try_load_record(record)) {
+                Some(Ok(loaded)) => Ok(loaded),
+                _ => Err(TrainError::Checkpoint {
+                    path: path.to_path_buf(),
+                    reason: format!("does not fit the model: {error}"),
+                }),
+            }
+        }
+    }
 }

@@ -213,8 +213,8 @@ impl LmTask {
             self.settings.label_smoothing,
             None,
         );
-        let loss = match output.aux_loss {
-            Some(aux) => loss + aux,
+        let loss = match output.routing_loss {
+            Some(routing) => loss + routing,
             None => loss,
         };
         (loss, output.logits)
@@ -346,7 +346,7 @@ pub fn train_language_model_from(
     );
     // The whole run on flex's own pool (see `on_compute_pool`); the builder holds
     // boxed strategies that cannot cross threads, so it is made there.
-    let result = crate::cpu::on_compute_pool(device, || {
+    let result = crate::device::on_compute_pool(device, || {
         let builder = SupervisedTraining::new(
             &options.directory,
             Arc::new(train_loader),
@@ -411,7 +411,7 @@ pub fn sample_tokens(
     }
     let mut sampler = Sampler::new(sampling)
         .map_err(|error| TrainError::setting("sampling", error.to_string()))?;
-    let device = model.model.embed_tokens.weight.device();
+    let device = model.device();
     let vocab = model.vocab_size();
     let mut tokens = prompt.to_vec();
     for _ in 0..length {
@@ -558,8 +558,8 @@ mod tests {
 
     #[test]
     fn moe_auxiliary_loss_reaches_the_router_gradients() {
+        use crate::ffn::FeedForward;
         use crate::ffn::MoeConfig;
-        use crate::model::Mlp;
 
         let text = corpus();
         let (_, split) = split(&text);
@@ -585,11 +585,11 @@ mod tests {
             let aux = task
                 .model
                 .forward_full(batch.inputs.clone(), None)
-                .aux_loss
+                .routing_loss
                 .map(|aux| aux.into_scalar::<f32>());
             let (loss, _) = task.training_loss(&batch);
             let grads = loss.backward();
-            let Mlp::Moe(moe) = &task.model.model.layers[0].mlp else {
+            let FeedForward::Moe(moe) = &task.model.model.layers[0].mlp else {
                 panic!("every layer is sparse by default");
             };
             let gradient: Vec<f32> = moe

@@ -20,6 +20,7 @@ mod io;
 mod lm;
 mod loss;
 mod progress;
+mod record_layout;
 mod run;
 mod schedule;
 pub mod seq2seq;

@@ -660,8 +660,8 @@ pub fn train_seq2seq(
         training.seed,
         device,
     );
-    // The whole run on flex's own pool (see `crate::cpu::on_compute_pool`).
-    let result = crate::cpu::on_compute_pool(device, || {
+    // The whole run on flex's own pool (see `crate::device::on_compute_pool`).
+    let result = crate::device::on_compute_pool(device, || {
         let builder = SupervisedTraining::new(
             &options.directory,
             Arc::new(train_loader),
@@ -773,7 +773,7 @@ pub fn evaluate_exact_match(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::NormPlacement;
+    use crate::block::BlockKind;
     use crate::train::tests::TempDir;
     use crate::train::{CHECKPOINT_RECORDS, checkpoint_dir, checkpoint_path, history_file};
 
@@ -784,7 +784,7 @@ mod tests {
     #[test]
     fn training_resumes_exactly_and_decodes() {
         let model = TransformerConfig::tiny(VOCAB_SIZE, VOCAB_SIZE)
-            .with_norm(NormPlacement::PreNorm)
+            .with_block_kind(BlockKind::PreNorm)
             .with_dropout(0.0)
             .with_share_embeddings(true);
         let training = Seq2SeqTrainingConfig::new()

@@ -12,7 +12,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use burn_transformer::model::{NormPlacement, TransformerConfig};
+use burn_transformer::block::BlockKind;
+use burn_transformer::model::TransformerConfig;
 use burn_transformer::train::seq2seq::VOCAB_SIZE;
 use burn_transformer::train::{
     DigitTask, RunOptions, Seq2SeqTrainingConfig, evaluate_exact_match, read_text, save_module,
@@ -66,7 +67,7 @@ struct Args {
     /// Dropout.
     #[arg(long, default_value_t = 0.0)]
     dropout: f64,
-    /// Norm placement: post (the paper) or pre.
+    /// Norm placement: post (the paper), pre, or residual (ResiDual).
     #[arg(long, default_value = "pre")]
     norm: String,
 
@@ -138,9 +139,14 @@ fn run(args: Args) -> Result<(), String> {
 
     let task = DigitTask::parse(&args.task).map_err(|e| e.to_string())?;
     let norm = match args.norm.to_ascii_lowercase().as_str() {
-        "post" => NormPlacement::PostNorm,
-        "pre" => NormPlacement::PreNorm,
-        other => return Err(format!("unknown --norm `{other}`: expected post or pre")),
+        "post" => BlockKind::PostNorm,
+        "pre" => BlockKind::PreNorm,
+        "residual" => BlockKind::ResiDual,
+        other => {
+            return Err(format!(
+                "unknown --norm `{other}`: expected post, pre or residual"
+            ));
+        }
     };
     let model = TransformerConfig::new(VOCAB_SIZE, VOCAB_SIZE)
         .with_d_model(args.d_model)
@@ -149,7 +155,7 @@ fn run(args: Args) -> Result<(), String> {
         .with_n_encoder_layers(args.layers)
         .with_n_decoder_layers(args.layers)
         .with_dropout(args.dropout)
-        .with_norm(norm)
+        .with_block_kind(norm)
         .with_share_embeddings(true)
         .with_max_positions(2 * args.max_len + 8);
     let training = Seq2SeqTrainingConfig::new()

@@ -1,31 +1,22 @@
-//! Fused CPU kernels for the flex backend.
+//! Building blocks of the fused CPU ops on flex: parallel loops over rows on Burn's
+//! rayon pool, a macro that compiles one loop body for AVX-512, AVX2 or the baseline
+//! (picked at run time), vectorizable row reductions ([`lanes`]) and a vectorizable
+//! `exp` ([`exp`]).
 //!
 //! Burn composes activations such as `silu(gate)·up` from primitive ops: each is a
 //! pass over memory and an allocation, and under autodiff each adds a backward node
 //! with passes of its own. On the training step of a small model on two cores these
-//! elementwise passes cost as much as the matrix products. The ops here do the same
-//! math in one pass forward and one pass backward, in plain Rust loops that the
-//! compiler vectorizes (AVX-512, AVX2 or SSE2, picked at run time).
-//!
-//! Each op is a Burn backend extension, like the flash-attention op of
-//! [`crate::kernel`]: implemented for `Flex` (the native loops) and `Autodiff<B, C>`
-//! (a hand-written backward that calls the fused backward). Other backends never reach
-//! it: the public function checks the device and dtype and otherwise runs the same
-//! math with tensor ops (on CubeCL devices Burn's fusion already merges elementwise
-//! chains).
+//! elementwise passes cost as much as the matrix products. The fused ops of
+//! [`crate::ops`] do the same math in one pass forward and one pass backward, in plain
+//! Rust loops written with these helpers.
 
-pub mod attention_softmax;
 pub(crate) mod exp;
-pub mod gated_silu;
 pub(crate) mod lanes;
-
-pub use attention_softmax::{SoftmaxMask, attention_softmax};
-pub use gated_silu::{gated_silu, gated_silu_reference};
 
 use burn::tensor::{DType, Device};
 
-/// Whether the fused CPU kernels take tensors of `dtype` on `device`: f32 on flex.
-pub fn fused_cpu_supported(device: &Device, dtype: DType) -> bool {
+/// Whether the fused CPU ops take tensors of `dtype` on `device`: f32 on flex.
+pub(crate) fn runs_fused_on_cpu(device: &Device, dtype: DType) -> bool {
     #[cfg(feature = "flex")]
     {
         use burn::backend::DispatchDevice;
@@ -40,29 +31,6 @@ pub fn fused_cpu_supported(device: &Device, dtype: DType) -> bool {
         let _ = (device, dtype);
         false
     }
-}
-
-/// Runs `work` on a thread of the rayon pool that flex computes on, when `device` is
-/// flex; elsewhere on the calling thread.
-///
-/// Flex splits large matrix products and elementwise ops over that pool. Called from
-/// an outside thread, each split wakes the pool's threads and puts the caller to sleep
-/// until they finish: two context switches per op, thousands per training step. From a
-/// pool thread the caller takes a share of the work itself and the split costs little.
-pub fn on_compute_pool<R: Send>(device: &Device, work: impl FnOnce() -> R + Send) -> R {
-    #[cfg(feature = "flex")]
-    {
-        use burn::backend::DispatchDevice;
-        if matches!(
-            device.clone().inner().as_dispatch(),
-            DispatchDevice::Flex(_)
-        ) && rayon::current_thread_index().is_none()
-        {
-            return rayon::join(work, || ()).0;
-        }
-    }
-    let _ = device;
-    work()
 }
 
 /// Elements per parallel task: large enough that a task outweighs its hand-off.

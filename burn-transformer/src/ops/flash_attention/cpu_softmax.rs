@@ -1,73 +1,36 @@
-//! The attention probabilities `softmax(scores·scale + mask)`, fused: one pass over
-//! each row forward and one backward.
+//! The reference path's softmax `softmax(scores·scale + mask)` on flex, fused: one
+//! pass over each row forward and one backward.
 //!
-//! The reference path composes this from a scale, a mask fill, a detached row max, a
+//! Composed from tensor ops, the softmax is a scale, a mask fill, a row max, a
 //! subtraction, an exponential, a row sum and a division; under autodiff every one of
 //! them adds a backward pass over the `seq_q × seq_k` scores. The fused op reads the
-//! masking rule of [`crate::attention`] directly (a query sees one contiguous range
-//! of keys under causal and window masks, minus padded keys), saves only the
-//! probabilities, and computes the gradient in one pass:
+//! [`MaskRule`](crate::ops::mask::MaskRule) directly (a query sees one contiguous range
+//! of keys, minus padded keys), saves only the probabilities, and computes the
+//! gradient in one pass:
 //!
 //! `∂L/∂s_j = scale · p_j · (∂L/∂p_j − Σ_k ∂L/∂p_k · p_k)`.
 //!
-//! A row that sees no key gets zeros, as on the reference path.
+//! A row that sees no key gets zeros, as on the composed path. Soft-capped scores take
+//! the composed path.
 
 use burn::backend::Dispatch;
 use burn::tensor::{Bool, Tensor};
 
-use super::fused_cpu_supported;
+use super::ScoreOptions;
+use crate::ops::simd::runs_fused_on_cpu;
 
-pub use ops::AttentionSoftmaxOps;
-
-/// The non-tensor arguments of [`attention_softmax`]: the scale and the masking rule
-/// of [`crate::attention`] (bottom-right aligned causal mask, sliding window).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct SoftmaxMask {
-    /// Multiplies the scores before the softmax.
-    pub scale: f64,
-    /// Causal masking (query row `i` sits at position `i + seq_k - seq_q`).
-    pub causal: bool,
-    /// Sliding window (see [`crate::attention`]).
-    pub window: Option<usize>,
-    /// Whether the `key_mask` argument is a real `[batch, seq_k]` mask (`1` = padded)
-    /// instead of a `[1, 1]` placeholder.
-    pub has_key_mask: bool,
-}
-
-impl SoftmaxMask {
-    /// The keys `lo..hi` that query row `row` may see under the causal and window
-    /// rules (padding aside); empty when it sees none. Equals
-    /// [`crate::attention::is_hidden`] (tested below).
-    pub fn visible_keys(&self, row: usize, seq_q: usize, seq_k: usize) -> std::ops::Range<usize> {
-        let position = row as i64 + seq_k as i64 - seq_q as i64;
-        let mut lo = 0i64;
-        let mut hi = seq_k as i64;
-        if self.causal {
-            hi = hi.min(position + 1);
-        }
-        if let Some(window) = self.window {
-            let window = window as i64;
-            lo = lo.max(position - window + 1);
-            if !self.causal {
-                hi = hi.min(position + window);
-            }
-        }
-        let lo = lo.clamp(0, seq_k as i64) as usize;
-        let hi = hi.clamp(0, seq_k as i64) as usize;
-        lo..hi.max(lo)
-    }
-}
+use ops::AttentionSoftmaxOps;
 
 mod ops {
-    use super::SoftmaxMask;
+    use super::ScoreOptions;
     use burn::backend::tensor::FloatTensor;
     use burn::backend::{Backend, backend_extension};
 
     /// The fused attention softmax as a backend extension: native loops on flex, a
-    /// hand-written backward under autodiff. Only [`super::attention_softmax`] calls
-    /// it, and only on flex.
+    /// hand-written backward under autodiff. Only [`super::fused_softmax`] calls it,
+    /// and only on flex.
     #[backend_extension(Flex: cfg(feature = "flex"), Autodiff)]
-    pub trait AttentionSoftmaxOps: Backend {
+    pub(crate) trait AttentionSoftmaxOps: Backend {
         /// Forward.
         ///
         /// # Shapes
@@ -77,7 +40,7 @@ mod ops {
         fn attention_softmax(
             scores: FloatTensor<Self>,
             key_mask: FloatTensor<Self>,
-            mask: SoftmaxMask,
+            options: ScoreOptions,
         ) -> FloatTensor<Self>;
 
         /// Backward: the gradient of the scores from the saved probabilities.
@@ -88,50 +51,40 @@ mod ops {
         fn attention_softmax_backward(
             probabilities: FloatTensor<Self>,
             grad: FloatTensor<Self>,
-            mask: SoftmaxMask,
+            options: ScoreOptions,
         ) -> FloatTensor<Self>;
     }
 }
 
-/// `softmax(scores·scale + mask)` over the last axis, fused on flex (f32), or `None`
-/// where the fused op does not run (the caller then composes it from tensor ops).
+/// `softmax(scores·scale + mask)` over the last axis, fused on flex (f32 scores, a
+/// positive scale, no soft-cap), or `None` where the fused op does not run (the caller
+/// then composes it from tensor ops).
 ///
 /// # Shapes
 /// - scores: `[batch, heads, seq_q, seq_k]`
 /// - key_padding: `[batch, seq_k]`, `true` for padded keys
 /// - output: `[batch, heads, seq_q, seq_k]`
-pub fn attention_softmax(
+pub(crate) fn fused_softmax(
     scores: Tensor<4>,
     key_padding: Option<Tensor<2, Bool>>,
-    mask: SoftmaxMask,
+    options: &ScoreOptions,
 ) -> Option<Tensor<4>> {
     let device = scores.device();
     // The row max is taken before scaling, which needs a positive scale.
-    let positive_scale = mask.scale.is_finite() && mask.scale > 0.0;
-    if !positive_scale || !fused_cpu_supported(&device, scores.dtype()) {
+    let positive_scale = options.scale.is_finite() && options.scale > 0.0;
+    if options.softcap.is_some() || !positive_scale || !runs_fused_on_cpu(&device, scores.dtype()) {
         return None;
     }
-    let [batch, _, _, seq_k] = scores.dims();
     let has_key_mask = key_padding.is_some();
     let key_mask = match key_padding {
-        Some(padding) => {
-            assert_eq!(
-                padding.dims(),
-                [batch, seq_k],
-                "attention: key padding must be [batch, seq_k]"
-            );
-            padding.float()
-        }
+        Some(padding) => padding.float(),
         None => Tensor::<2>::zeros([1, 1], &device),
     };
-    let mask = SoftmaxMask {
-        has_key_mask,
-        ..mask
-    };
+    let options = options.with_key_mask(has_key_mask);
     Some(Tensor::from_dispatch(Dispatch::attention_softmax(
         scores.into_dispatch(),
         key_mask.into_dispatch(),
-        mask,
+        options,
     )))
 }
 
@@ -141,9 +94,9 @@ mod flex {
     use burn::backend::flex::FlexTensor;
     use burn::backend::tensor::FloatTensor;
 
-    use super::{AttentionSoftmaxOps, SoftmaxMask};
-    use crate::cpu::exp::exp;
-    use crate::cpu::{flex_like, flex_values as values, for_rows, lanes, simd_kernel};
+    use super::{AttentionSoftmaxOps, ScoreOptions};
+    use crate::ops::simd::exp::exp;
+    use crate::ops::simd::{flex_like, flex_values as values, for_rows, lanes, simd_kernel};
 
     fn dims(tensor: &FlexTensor) -> [usize; 4] {
         let shape = tensor.layout().shape();
@@ -155,19 +108,19 @@ mod flex {
         fn attention_softmax(
             scores: FloatTensor<Self>,
             key_mask: FloatTensor<Self>,
-            mask: SoftmaxMask,
+            options: ScoreOptions,
         ) -> FloatTensor<Self> {
             let scores = scores.to_contiguous();
             let key_mask = key_mask.to_contiguous();
             let [_, heads, seq_q, seq_k] = dims(&scores);
             let padding = values(&key_mask);
             let mut out = vec![0.0f32; scores.layout().num_elements()];
-            let scale = mask.scale as f32;
+            let scale = options.scale as f32;
             for_rows(seq_k, [values(&scores)], [&mut out], |first, [s], [p]| {
                 for (index, (s, p)) in s.chunks(seq_k).zip(p.chunks_mut(seq_k)).enumerate() {
                     let row = first + index;
-                    let keys = mask.visible_keys(row % seq_q, seq_q, seq_k);
-                    let pad = mask.has_key_mask.then(|| {
+                    let keys = options.mask.visible_keys(row % seq_q, seq_q, seq_k);
+                    let pad = options.has_key_mask.then(|| {
                         &padding[(row / (heads * seq_q)) * seq_k..][..seq_k][keys.clone()]
                     });
                     row_forward(&s[keys.clone()], pad, scale, &mut p[keys]);
@@ -179,13 +132,13 @@ mod flex {
         fn attention_softmax_backward(
             probabilities: FloatTensor<Self>,
             grad: FloatTensor<Self>,
-            mask: SoftmaxMask,
+            options: ScoreOptions,
         ) -> FloatTensor<Self> {
             let probabilities = probabilities.to_contiguous();
             let grad = grad.to_contiguous();
             let [_, _, seq_q, seq_k] = dims(&probabilities);
             let mut out = vec![0.0f32; probabilities.layout().num_elements()];
-            let scale = mask.scale as f32;
+            let scale = options.scale as f32;
             let inputs = [values(&probabilities), values(&grad)];
             for_rows(seq_k, inputs, [&mut out], |first, [p, dp], [ds]| {
                 let rows = p
@@ -195,7 +148,9 @@ mod flex {
                 for (index, ((p, dp), ds)) in rows.enumerate() {
                     // Hidden keys have p = 0, hence a zero gradient: only the visible
                     // range is read and written.
-                    let keys = mask.visible_keys((first + index) % seq_q, seq_q, seq_k);
+                    let keys = options
+                        .mask
+                        .visible_keys((first + index) % seq_q, seq_q, seq_k);
                     row_backward(&p[keys.clone()], &dp[keys.clone()], scale, &mut ds[keys]);
                 }
             });
@@ -271,14 +226,14 @@ mod autodiff {
     use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
     use burn::backend::tensor::FloatTensor;
 
-    use super::{AttentionSoftmaxOps, SoftmaxMask};
+    use super::{AttentionSoftmaxOps, ScoreOptions};
 
     #[derive(Debug)]
     struct AttentionSoftmaxBackward;
 
     impl<B: AttentionSoftmaxOps> Backward<B, 1> for AttentionSoftmaxBackward {
         /// The probabilities (also kept by the product with V that follows).
-        type State = (FloatTensor<B>, SoftmaxMask);
+        type State = (FloatTensor<B>, ScoreOptions);
 
         fn backward(
             self,
@@ -287,10 +242,10 @@ mod autodiff {
             _checkpointer: &mut Checkpointer,
         ) {
             let grad = grads.consume::<B>(&ops.node);
-            let (probabilities, mask) = ops.state;
+            let (probabilities, options) = ops.state;
             let [node_scores] = ops.parents;
             if let Some(node) = node_scores {
-                let d_scores = B::attention_softmax_backward(probabilities, grad, mask);
+                let d_scores = B::attention_softmax_backward(probabilities, grad, options);
                 grads.register::<B>(node.id, d_scores);
             }
         }
@@ -300,18 +255,18 @@ mod autodiff {
         fn attention_softmax(
             scores: FloatTensor<Self>,
             key_mask: FloatTensor<Self>,
-            mask: SoftmaxMask,
+            options: ScoreOptions,
         ) -> FloatTensor<Self> {
             let nodes = [scores.node()];
             // The padding mask is a constant: never differentiated.
             let output =
-                B::attention_softmax(scores.into_primitive(), key_mask.into_primitive(), mask);
+                B::attention_softmax(scores.into_primitive(), key_mask.into_primitive(), options);
             match AttentionSoftmaxBackward
                 .prepare::<C>(nodes)
                 .compute_bound()
                 .stateful()
             {
-                OpsKind::Tracked(prep) => prep.finish((output.clone(), mask), output),
+                OpsKind::Tracked(prep) => prep.finish((output.clone(), options), output),
                 OpsKind::UnTracked(prep) => prep.finish(output),
             }
         }
@@ -319,13 +274,13 @@ mod autodiff {
         fn attention_softmax_backward(
             probabilities: FloatTensor<Self>,
             grad: FloatTensor<Self>,
-            mask: SoftmaxMask,
+            options: ScoreOptions,
         ) -> FloatTensor<Self> {
             // Gradients of gradients are not supported: the result is a constant.
             <FloatTensor<Self>>::new(B::attention_softmax_backward(
                 probabilities.into_primitive(),
                 grad.into_primitive(),
-                mask,
+                options,
             ))
         }
     }
@@ -334,7 +289,8 @@ mod autodiff {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attention::{composed_softmax, is_hidden};
+    use crate::ops::flash_attention::reference::composed_softmax;
+    use crate::ops::mask::MaskRule;
     use crate::test_utils::assert_close;
     use burn::tensor::{Device, Distribution, TensorData};
 
@@ -368,19 +324,14 @@ mod tests {
                         .collect();
                     Tensor::<2, Bool>::from_data(TensorData::new(hidden, [batch, seq_k]), &device)
                 });
-                let mask = SoftmaxMask {
-                    scale: 0.37,
-                    causal,
-                    window,
-                    has_key_mask: padded,
-                };
+                let options = ScoreOptions::new(0.37).with_mask(MaskRule::new(causal, window));
                 let run = |fused: bool| {
                     let s = scores.clone().require_grad();
                     let p = if fused {
-                        attention_softmax(s.clone(), padding.clone(), mask)
+                        fused_softmax(s.clone(), padding.clone(), &options)
                             .expect("flex takes the fused softmax")
                     } else {
-                        composed_softmax(s.clone(), padding.clone(), mask, None)
+                        composed_softmax(s.clone(), padding.clone(), &options)
                     };
                     let grads = (p.clone() * weight.clone()).sum().backward();
                     (p.inner(), s.grad(&grads).expect("score gradient"))
@@ -400,28 +351,10 @@ mod tests {
     }
 
     #[test]
-    fn visible_keys_follow_the_attention_masking_rule() {
-        for (seq_q, seq_k) in [(1, 1), (5, 5), (3, 9), (9, 3), (1, 7)] {
-            for causal in [false, true] {
-                for window in [None, Some(1), Some(2), Some(4)] {
-                    let mask = SoftmaxMask {
-                        scale: 1.0,
-                        causal,
-                        window,
-                        has_key_mask: false,
-                    };
-                    for row in 0..seq_q {
-                        let keys = mask.visible_keys(row, seq_q, seq_k);
-                        for key in 0..seq_k {
-                            assert_eq!(
-                                keys.contains(&key),
-                                !is_hidden(row, key, seq_q, seq_k, causal, window),
-                                "row {row} key {key} seq {seq_q}x{seq_k} causal {causal} window {window:?}"
-                            );
-                        }
-                    }
-                }
-            }
-        }
+    fn soft_capped_scores_take_the_composed_path() {
+        let device = Device::flex();
+        let scores = Tensor::<4>::zeros([1, 1, 2, 2], &device);
+        let options = ScoreOptions::new(1.0).with_softcap(Some(5.0));
+        assert!(fused_softmax(scores, None, &options).is_none());
     }
 }

@@ -5,14 +5,14 @@
 //! reference path run at the same precision, plus a small floor so that exact
 //! agreement passes. Outputs and the gradients of q, k and v are all checked.
 
-use burn::tensor::{DType, Device, Distribution, Tensor, TensorData};
+use burn::tensor::{Bool, DType, Device, Distribution, Tensor, TensorData};
 
 use super::*;
-use crate::attention::{AttentionImpl, AttentionOptions, padding_mask_from_lengths};
+use crate::ops::mask::{MaskRule, padding_mask_from_lengths};
 
 /// One attention call of the grid.
 #[derive(Clone, Debug)]
-pub(super) struct Case {
+pub(crate) struct Case {
     pub batch: usize,
     pub heads: usize,
     pub kv_heads: usize,
@@ -52,17 +52,17 @@ impl Case {
         }
     }
 
-    fn options(&self, device: &Device) -> AttentionOptions {
-        AttentionOptions::new()
-            .with_causal(self.causal)
-            .with_window(self.window)
+    fn options(&self) -> ScoreOptions {
+        ScoreOptions::new(self.scale.unwrap_or(1.0 / (self.d_qk as f64).sqrt()))
             .with_softcap(self.softcap)
-            .with_scale(self.scale)
-            .with_key_padding(
-                self.lengths
-                    .as_ref()
-                    .map(|lengths| padding_mask_from_lengths(lengths, self.seq_k, device)),
-            )
+            .with_mask(MaskRule::new(self.causal, self.window))
+            .with_key_mask(self.lengths.is_some())
+    }
+
+    fn padding(&self, device: &Device) -> Option<Tensor<2, Bool>> {
+        self.lengths
+            .as_ref()
+            .map(|lengths| padding_mask_from_lengths(lengths, self.seq_k, device))
     }
 
     fn problem(&self) -> Problem {
@@ -74,13 +74,12 @@ impl Case {
             seq_k: self.seq_k,
             d_qk: self.d_qk,
             d_v: self.d_v,
-            causal: self.causal,
-            window: self.window,
+            mask: MaskRule::new(self.causal, self.window),
             has_key_mask: self.lengths.is_some(),
         }
     }
 
-    fn shapes(&self) -> [[usize; 4]; 4] {
+    pub fn shapes(&self) -> [[usize; 4]; 4] {
         [
             [self.batch, self.heads, self.seq_q, self.d_qk],
             [self.batch, self.kv_heads, self.seq_k, self.d_qk],
@@ -91,7 +90,7 @@ impl Case {
 }
 
 /// Host data of one case: q, k, v and the output gradient.
-pub(super) struct Inputs {
+pub(crate) struct Inputs {
     pub q: Vec<f32>,
     pub k: Vec<f32>,
     pub v: Vec<f32>,
@@ -121,10 +120,10 @@ impl Inputs {
 }
 
 /// Output and gradients `(out, dq, dk, dv)` as f64 host vectors.
-pub(super) type Results = [Vec<f64>; 4];
+pub(crate) type Results = [Vec<f64>; 4];
 
-/// The float64 oracle: direct loops over the masking rule of [`Problem::is_hidden`].
-pub(super) fn oracle(case: &Case, inputs: &Inputs) -> Results {
+/// The float64 oracle: direct loops over the masking rule of [`MaskRule::is_hidden`].
+pub(crate) fn oracle(case: &Case, inputs: &Inputs) -> Results {
     let problem = case.problem();
     let group = case.heads / case.kv_heads;
     let scale = case.scale.unwrap_or(1.0 / (case.d_qk as f64).sqrt());
@@ -142,7 +141,7 @@ pub(super) fn oracle(case: &Case, inputs: &Inputs) -> Results {
             for i in 0..seq_q {
                 let row = (b * case.heads + h) * seq_q + i;
                 let visible: Vec<usize> = (0..seq_k)
-                    .filter(|&j| j < length && !problem.is_hidden(i, j))
+                    .filter(|&j| j < length && !problem.mask.is_hidden(i, j, seq_q, seq_k))
                     .collect();
                 if visible.is_empty() {
                     continue;
@@ -194,7 +193,7 @@ pub(super) fn oracle(case: &Case, inputs: &Inputs) -> Results {
 pub(super) enum Path {
     /// The fused op (must be supported).
     Fused,
-    /// The naive reference path of the attention core.
+    /// The reference attention in tensor ops.
     Reference,
 }
 
@@ -226,16 +225,13 @@ pub(super) fn run(
     let v = load(&inputs.v, sv);
     let grad =
         Tensor::<4>::from_data(TensorData::new(inputs.grad.clone(), so), &device).cast(dtype);
-    let options = case.options(&device);
+    let (options, padding) = (case.options(), case.padding(&device));
     let output = match path {
-        Path::Fused => flash_attention(q.clone(), k.clone(), v.clone(), &options)
+        Path::Fused => flash_attention(q.clone(), k.clone(), v.clone(), padding, &options)
             .unwrap_or_else(|reason| panic!("{case:?}: fused op unsupported: {reason}")),
-        Path::Reference => crate::attention::attention(
-            q.clone(),
-            k.clone(),
-            v.clone(),
-            &options.with_implementation(AttentionImpl::Reference),
-        ),
+        Path::Reference => {
+            reference::attention(q.clone(), k.clone(), v.clone(), padding, &options, 0.0)
+        }
     };
     let grads = (output.clone() * grad).sum().backward();
     let gradient = |t: &Tensor<4>| {
@@ -374,31 +370,31 @@ pub(super) fn parity_grid() -> Vec<Case> {
     cases
 }
 
+/// The reference path itself against the f64 oracle, output and gradients: the
+/// tolerance rule compares the fused paths with it, so it is pinned directly.
 #[test]
-fn problem_masking_rule_equals_the_attention_core() {
-    for (seq_q, seq_k) in [(5, 9), (9, 5), (1, 4), (7, 7)] {
-        for causal in [false, true] {
-            for window in [None, Some(1), Some(3)] {
-                let problem = Problem {
-                    batch: 1,
-                    heads: 1,
-                    kv_heads: 1,
-                    seq_q,
-                    seq_k,
-                    d_qk: 4,
-                    d_v: 4,
-                    causal,
-                    window,
-                    has_key_mask: false,
-                };
-                for row in 0..seq_q {
-                    for key in 0..seq_k {
-                        assert_eq!(
-                            problem.is_hidden(row, key),
-                            crate::attention::is_hidden(row, key, seq_q, seq_k, causal, window)
-                        );
-                    }
-                }
+fn reference_matches_the_oracle() {
+    let cases: Vec<(usize, Case)> = parity_grid()
+        .into_iter()
+        .enumerate()
+        .filter(|(i, case)| i % 9 == 4 && case.seq_q.max(case.seq_k) <= 129)
+        .collect();
+    assert!(cases.len() >= 5, "{} cases", cases.len());
+    for device in crate::test_utils::test_devices() {
+        for (index, case) in &cases {
+            let inputs = Inputs::random(case, *index as u64, 1.0);
+            let expected = oracle(case, &inputs);
+            let naive = run(case, &inputs, &device, DType::F32, Path::Reference);
+            for (name, (actual, expected)) in ["out", "dq", "dk", "dv"]
+                .iter()
+                .zip(naive.iter().zip(&expected))
+            {
+                let magnitude = expected.iter().fold(1.0f64, |m, x| m.max(x.abs()));
+                let error = max_error(actual, expected);
+                assert!(
+                    error <= 1e-5 * magnitude,
+                    "{device:?} #{index} {case:?}: {name} error {error:e}"
+                );
             }
         }
     }
@@ -468,7 +464,7 @@ mod on_device {
     pub fn parity_grid_f32(device: &Device, label: &str) {
         let cases = parity_grid();
         assert!(cases.len() >= 100, "{} configurations", cases.len());
-        let launches = super::super::FORWARD_LAUNCHES.load(Ordering::Relaxed);
+        let launches = super::super::op::FORWARD_LAUNCHES.load(Ordering::Relaxed);
         // Every configuration runs before the verdict, so that a failure shows its
         // whole pattern (which quantities, which shapes), not just the first case.
         let mut failures = Vec::new();
@@ -493,7 +489,9 @@ mod on_device {
             failures.join("\n")
         );
         // The CubeCL kernel really ran for these calls (under Fusion, at execution).
-        assert!(super::super::FORWARD_LAUNCHES.load(Ordering::Relaxed) >= launches + cases.len());
+        assert!(
+            super::super::op::FORWARD_LAUNCHES.load(Ordering::Relaxed) >= launches + cases.len()
+        );
     }
 
     pub fn fully_masked_rows_and_large_logits_stay_finite(device: &Device) {
@@ -540,30 +538,6 @@ mod on_device {
         }
     }
 
-    pub fn attention_core_dispatches_to_the_kernel(device: &Device) {
-        let case = Case::new(2, 2, 17, 17, (32, 32));
-        let inputs = Inputs::random(&case, 1, 1.0);
-        let [sq, sk, sv, _] = case.shapes();
-        let load = |data: &[f32], shape| {
-            Tensor::<4>::from_data(TensorData::new(data.to_vec(), shape), device)
-        };
-        let before = super::super::FORWARD_LAUNCHES.load(Ordering::Relaxed);
-        let output = crate::attention::attention(
-            load(&inputs.q, sq),
-            load(&inputs.k, sk),
-            load(&inputs.v, sv),
-            &AttentionOptions::new().with_implementation(AttentionImpl::Auto),
-        );
-        let values = host(output);
-        let expected = oracle(&case, &inputs);
-        assert!(max_error(&values, &expected[0]) < 1e-5);
-        let forced = std::env::var("BURN_TRANSFORMER_ATTENTION").is_ok_and(|v| v == "reference");
-        assert_eq!(
-            super::super::FORWARD_LAUNCHES.load(Ordering::Relaxed) > before,
-            !forced
-        );
-    }
-
     /// Tensors of `device` reach the kernel through Burn's fusion wrapper
     /// (`Fusion<CubeBackend>`, the dispatch backend with Burn's `fusion` feature), so
     /// the fusion implementation of the op is the one that runs.
@@ -601,17 +575,12 @@ mod wgpu {
     fn half_precision_subset() {
         on_device::half_precision_subset(&wgpu_device());
     }
-
-    #[test]
-    fn attention_core_dispatches_to_the_kernel() {
-        on_device::attention_core_dispatches_to_the_kernel(&wgpu_device());
-    }
 }
 
 /// The same checks on CUDA. They run where the `cuda` feature is on, and need an
 /// NVIDIA GPU with its driver: CI (no GPU) only compiles them (`cargo check --features
 /// cuda`); a developer with a GPU runs `cargo test --release -p burn-transformer
-/// --features cuda kernel::tests::cuda`.
+/// --features cuda ops::flash_attention::tests::cuda`.
 #[cfg(feature = "cuda")]
 mod cuda {
     use super::on_device;
@@ -635,10 +604,5 @@ mod cuda {
     #[test]
     fn half_precision_subset() {
         on_device::half_precision_subset(&cuda_device());
-    }
-
-    #[test]
-    fn attention_core_dispatches_to_the_kernel() {
-        on_device::attention_core_dispatches_to_the_kernel(&cuda_device());
     }
 }

@@ -1,17 +1,11 @@
-//! Launching the fused forward on CubeCL devices: support checks, tile choice,
-//! allocation and cube counts.
+//! Tile sizes of the CubeCL kernels for one problem on one device, and the checks
+//! that a device can run them.
 
-use burn::backend::cubecl::dtype_to_storage_type;
-use burn::backend::{Backend, TensorMetadata};
-use burn::tensor::{DType, Shape};
-use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
-use burn_cubecl::tensor::CubeTensor;
+use burn::backend::Backend;
+use burn::tensor::DType;
 use burn_cubecl::{CubeBackend, CubeDevice};
-use cubecl::prelude::*;
 
-use super::kernel::{self, AttentionConfig, SizesLaunch};
-use super::{FlashOptions, Problem, Unsupported};
+use super::super::{Problem, Unsupported};
 
 /// Units per cube we aim for.
 const TARGET_UNITS: usize = 64;
@@ -30,7 +24,7 @@ const GPU_UNROLL_BUDGET: usize = 256;
 
 /// The tiles of one kernel: units per cube, rows per unit, streamed rows per step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct KernelTile {
+pub(crate) struct KernelTile {
     /// Units per cube.
     pub units: usize,
     /// Rows each unit owns (query rows, or keys for dK/dV).
@@ -41,7 +35,7 @@ pub struct KernelTile {
 
 impl KernelTile {
     /// Rows a cube owns.
-    pub fn cube_rows(&self) -> usize {
+    pub(crate) fn cube_rows(&self) -> usize {
         self.units * self.rows
     }
 }
@@ -49,7 +43,7 @@ impl KernelTile {
 /// Tile sizes of one problem on one device, computed from the problem and the
 /// device (CPU runtime or GPU, units per cube).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Tiling {
+pub(crate) struct Tiling {
     /// Elements per vector along the head dims (divides `d_qk` and `d_v`).
     pub vector_size: usize,
     /// The forward kernel.
@@ -94,7 +88,7 @@ fn kernel_tile(
 
 /// Whether the device is a CPU runtime (llvmpipe/lavapipe, SwiftShader, CubeCL's
 /// CPU runtime), where loads are costly and registers plentiful.
-pub fn is_cpu_device(properties: &cubecl::ir::DeviceProperties) -> bool {
+pub(crate) fn is_cpu_runtime(properties: &cubecl::ir::DeviceProperties) -> bool {
     let name = properties.identity.name.to_ascii_lowercase();
     properties.hardware.num_cpu_cores.is_some()
         || ["llvmpipe", "lavapipe", "swiftshader"]
@@ -107,7 +101,7 @@ pub fn is_cpu_device(properties: &cubecl::ir::DeviceProperties) -> bool {
 /// # Errors
 /// [`Unsupported::HeadDim`] for head dims beyond the kernels' range,
 /// [`Unsupported::Grid`] when the problem needs more cubes than the device launches.
-pub fn plan_tiling(
+pub(crate) fn plan_tiling(
     problem: &Problem,
     properties: &cubecl::ir::DeviceProperties,
 ) -> Result<Tiling, Unsupported> {
@@ -130,7 +124,7 @@ pub fn plan_tiling(
     let max_units = (hardware.max_units_per_cube as usize)
         .min(hardware.max_cube_dim.0 as usize)
         .max(1);
-    let (max_rows, budget) = if is_cpu_device(properties) {
+    let (max_rows, budget) = if is_cpu_runtime(properties) {
         (CPU_ROWS, CPU_UNROLL_BUDGET)
     } else {
         (1, GPU_UNROLL_BUDGET)
@@ -180,7 +174,7 @@ pub fn plan_tiling(
 }
 
 /// Checks a CubeCL device for the fused op: dtype, storage buffers, tiling.
-pub(super) fn check_cube(
+pub(crate) fn check_cube(
     device: &CubeDevice,
     dtype: DType,
     problem: &Problem,
@@ -196,106 +190,4 @@ pub(super) fn check_cube(
         ));
     }
     plan_tiling(problem, properties).map(|_| ())
-}
-
-/// The compile-time configuration of one kernel.
-pub(super) fn config(problem: &Problem, vector_size: usize, tile: &KernelTile) -> AttentionConfig {
-    AttentionConfig {
-        units: tile.units,
-        rows: tile.rows,
-        block: tile.block,
-        qk_vectors: problem.d_qk / vector_size,
-        v_vectors: problem.d_v / vector_size,
-    }
-}
-
-/// The runtime sizes of a launch.
-pub(super) fn sizes(problem: &Problem, options: &FlashOptions) -> SizesLaunch {
-    SizesLaunch::new(
-        problem.seq_q as u32,
-        problem.seq_k as u32,
-        problem.heads as u32,
-        problem.group() as u32,
-        problem.window.unwrap_or(0).min(u32::MAX as usize) as u32,
-        options.scale as f32,
-        options.softcap.unwrap_or(1.0) as f32,
-        problem.causal as u32,
-        problem.window.is_some() as u32,
-        problem.has_key_mask as u32,
-        options.softcap.is_some() as u32,
-    )
-}
-
-/// Plans a launch, panicking with the reason when the problem is unsupported (the
-/// public entry points check support first and fall back instead).
-pub(super) fn plan_or_panic(problem: &Problem, tensor: &CubeTensor) -> Tiling {
-    plan_tiling(problem, tensor.client.properties()).unwrap_or_else(|reason| {
-        panic!("flash attention launched on an unsupported problem: {reason}")
-    })
-}
-
-/// Runs the forward kernel: `(output, lse)`.
-///
-/// # Shapes
-/// See [`super::FlashAttentionOps::flash_attention_forward`].
-pub(super) fn forward(
-    q: CubeTensor,
-    k: CubeTensor,
-    v: CubeTensor,
-    key_mask: CubeTensor,
-    options: &FlashOptions,
-) -> (CubeTensor, CubeTensor) {
-    // The kernel indexes rows directly, so inputs must be dense row-major.
-    let q = into_contiguous(q);
-    let k = into_contiguous(k);
-    let v = into_contiguous(v);
-    let key_mask = into_contiguous(key_mask);
-    let problem = Problem::from_shapes(&q.shape(), &k.shape(), &v.shape(), options);
-    let tiling = plan_or_panic(&problem, &q);
-    let client = q.client.clone();
-    let dtype = q.dtype;
-
-    // Dense outputs: the kernels index rows as `row * d`. `empty_device_dtype` lets the
-    // runtime pitch rows (CUDA pads each row to the next power of two of its bytes, up
-    // to 512: d = 80 in f32 gets 128 floats a row), and a dense write into a pitched
-    // tensor scrambles it. Inputs go through `into_contiguous`, which is dense.
-    let output = empty_device_contiguous_dtype(
-        client.clone(),
-        q.device.clone(),
-        Shape::new([problem.batch, problem.heads, problem.seq_q, problem.d_v]),
-        dtype,
-    );
-    let lse = empty_device_contiguous_dtype(
-        client.clone(),
-        q.device.clone(),
-        Shape::new([problem.batch, problem.heads, problem.seq_q]),
-        DType::F32,
-    );
-    let tile = tiling.forward;
-    let config = config(&problem, tiling.vector_size, &tile);
-    let cube_count = CubeCount::Static(
-        problem.seq_q.div_ceil(tile.cube_rows()) as u32,
-        (problem.batch * problem.heads) as u32,
-        1,
-    );
-    // SAFETY: every index the kernel reads or writes is clamped to or checked
-    // against the problem sizes, which match the contiguous tensors above.
-    unsafe {
-        kernel::flash_forward::launch_unchecked(
-            &client,
-            cube_count,
-            CubeDim::new_1d(tile.units as u32),
-            tiling.vector_size,
-            q.into_tensor_arg(),
-            k.into_tensor_arg(),
-            v.into_tensor_arg(),
-            key_mask.into_tensor_arg(),
-            output.clone().into_tensor_arg(),
-            lse.clone().into_tensor_arg(),
-            sizes(&problem, options),
-            config,
-            dtype_to_storage_type(dtype),
-        );
-    }
-    (output, lse)
 }

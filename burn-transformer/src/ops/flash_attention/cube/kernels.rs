@@ -1,5 +1,5 @@
-//! The CubeCL kernels of flash attention (`#[cube]` code only; launches live in
-//! `forward.rs` and `backward.rs`).
+//! The CubeCL kernels of flash attention (`#[cube]` code only; tile choice and
+//! launches live in `tiling.rs` and `launch.rs`).
 //!
 //! Layout: every tensor is contiguous and read as vectors of `N` elements along the
 //! head dimension, so a row of `d` elements is `d / N` vectors. All arithmetic is in
@@ -22,19 +22,20 @@
 //! fast there; on GPUs all units of a cube read the same key row at the same time,
 //! which the cache serves as one broadcast.
 //!
-//! Masking follows `crate::attention::is_hidden` (bottom-right aligned causal,
-//! window, key padding). Hidden scores use a large negative *finite* value: WGSL has
-//! no infinity literal.
+//! Masking is the device transcription of [`MaskRule`](crate::ops::mask::MaskRule)
+//! (bottom-right aligned causal, window, key padding); the parity grid tests the two
+//! against each other. Hidden scores use [`HIDDEN_SCORE`], a large negative *finite*
+//! value: WGSL has no infinity literal.
 
 use cubecl::prelude::*;
 
-/// Score of a hidden entry: exp(HIDDEN - m) is 0 for every visible max `m`.
-const HIDDEN: f32 = -1.0e30;
+use crate::ops::mask::{HIDDEN_SCORE, MASKED_ROW_LSE};
+
+/// Score of a hidden entry (see [`HIDDEN_SCORE`]).
+const HIDDEN: f32 = HIDDEN_SCORE;
 /// Visible scores are clamped above this, so that a row's max is above `HIDDEN`
 /// exactly when the row sees a key.
-const SCORE_FLOOR: f32 = -1.0e29;
-/// The log-sum-exp of a row that sees no key.
-const MASKED_ROW_LSE: f32 = super::MASKED_ROW_LSE;
+const SCORE_FLOOR: f32 = HIDDEN_SCORE / 10.0;
 
 /// Compile-time shape of one launch; each distinct value compiles one kernel. The
 /// masking options are runtime flags ([`Sizes`]): one compiled kernel serves every

@@ -11,9 +11,9 @@ use burn::backend::Dispatch;
 use burn::tensor::Tensor;
 use burn::tensor::activation::silu;
 
-use super::fused_cpu_supported;
+use super::simd::runs_fused_on_cpu;
 
-pub use ops::GatedSiluOps;
+pub(crate) use ops::GatedSiluOps;
 
 /// The extension trait lives in its own module so that the attribute's generated code
 /// stays apart from the kernels.
@@ -25,7 +25,7 @@ mod ops {
     /// backward under autodiff. Other backends are not listed: [`super::gated_silu`]
     /// only calls it on flex.
     #[backend_extension(Flex: cfg(feature = "flex"), Autodiff)]
-    pub trait GatedSiluOps: Backend {
+    pub(crate) trait GatedSiluOps: Backend {
         /// Forward.
         ///
         /// # Shapes
@@ -60,7 +60,7 @@ pub fn gated_silu<const D: usize>(gate: Tensor<D>, up: Tensor<D>) -> Tensor<D> {
         up.dims(),
         "gated_silu: gate and up shapes differ"
     );
-    if fused_cpu_supported(&gate.device(), gate.dtype()) && up.dtype() == gate.dtype() {
+    if runs_fused_on_cpu(&gate.device(), gate.dtype()) && up.dtype() == gate.dtype() {
         Tensor::from_dispatch(Dispatch::gated_silu(
             gate.into_dispatch(),
             up.into_dispatch(),
@@ -84,8 +84,8 @@ mod flex {
     use burn::backend::tensor::FloatTensor;
 
     use super::GatedSiluOps;
-    use crate::cpu::exp::sigmoid;
-    use crate::cpu::{flex_like as output_like, flex_values as values, for_chunks};
+    use crate::ops::simd::exp::sigmoid;
+    use crate::ops::simd::{flex_like as output_like, flex_values as values, for_chunks};
 
     impl GatedSiluOps for Flex {
         fn gated_silu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -121,7 +121,7 @@ mod flex {
     /// The loops, compiled once per instruction set and picked at run time.
     mod kernels {
         use super::sigmoid;
-        use crate::cpu::simd_kernel;
+        use crate::ops::simd::simd_kernel;
 
         simd_kernel! {
             pub(super) fn forward(gate: &[f32], up: &[f32], out: &mut [f32]) {

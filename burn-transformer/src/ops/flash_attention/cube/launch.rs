@@ -1,0 +1,245 @@
+//! Launching the CubeCL kernels: the forward, and the backward's three kernels
+//! (a pre-pass writing `(LSE, D)` per query row with `D = rowsum(dO ∘ O)`; a key/value
+//! kernel accumulating `dK, dV`, one unit per key looping over every query row of its
+//! group's query heads, so no atomics; a query kernel accumulating `dQ`). Both
+//! gradient kernels recompute `P = exp(S − LSE)`: no `seq_q × seq_k` buffer exists, and
+//! each output element is summed by one unit in a fixed order, so the results are
+//! deterministic.
+//!
+//! Outputs are allocated dense (`empty_device_contiguous_dtype`): the kernels index
+//! rows as `row * d`, and `empty_device_dtype` lets the runtime pitch rows (CUDA pads
+//! each row to the next power of two of its bytes, up to 512: d = 80 in f32 gets 128
+//! floats a row), which a dense write would scramble. Inputs go through
+//! `into_contiguous`, which is dense.
+
+use burn::backend::TensorMetadata;
+use burn::backend::cubecl::dtype_to_storage_type;
+use burn::tensor::{DType, Shape};
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::calculate_cube_count_elemwise;
+use cubecl::prelude::*;
+
+use super::super::{Problem, ScoreOptions};
+use super::kernels::{self, AttentionConfig, SizesLaunch};
+use super::tiling::{KernelTile, Tiling, plan_tiling};
+
+/// The compile-time configuration of one kernel.
+fn config(problem: &Problem, vector_size: usize, tile: &KernelTile) -> AttentionConfig {
+    AttentionConfig {
+        units: tile.units,
+        rows: tile.rows,
+        block: tile.block,
+        qk_vectors: problem.d_qk / vector_size,
+        v_vectors: problem.d_v / vector_size,
+    }
+}
+
+/// The runtime sizes of a launch.
+fn sizes(problem: &Problem, options: &ScoreOptions) -> SizesLaunch {
+    SizesLaunch::new(
+        problem.seq_q as u32,
+        problem.seq_k as u32,
+        problem.heads as u32,
+        problem.group() as u32,
+        problem.mask.window.unwrap_or(0).min(u32::MAX as usize) as u32,
+        options.scale as f32,
+        options.softcap.unwrap_or(1.0) as f32,
+        problem.mask.causal as u32,
+        problem.mask.window.is_some() as u32,
+        problem.has_key_mask as u32,
+        options.softcap.is_some() as u32,
+    )
+}
+
+/// Plans a launch, panicking with the reason when the problem is unsupported (the
+/// public entry points check support first and fall back instead).
+fn plan_or_panic(problem: &Problem, tensor: &CubeTensor) -> Tiling {
+    plan_tiling(problem, tensor.client.properties()).unwrap_or_else(|reason| {
+        panic!("flash attention launched on an unsupported problem: {reason}")
+    })
+}
+
+/// Runs the forward kernel: `(output, lse)`.
+///
+/// # Shapes
+/// See [`FlashAttentionOps::flash_attention_forward`](super::super::FlashAttentionOps::flash_attention_forward).
+pub(crate) fn forward(
+    q: CubeTensor,
+    k: CubeTensor,
+    v: CubeTensor,
+    key_mask: CubeTensor,
+    options: &ScoreOptions,
+) -> (CubeTensor, CubeTensor) {
+    // The kernel indexes rows directly, so inputs must be dense row-major.
+    let q = into_contiguous(q);
+    let k = into_contiguous(k);
+    let v = into_contiguous(v);
+    let key_mask = into_contiguous(key_mask);
+    let problem = Problem::from_shapes(&q.shape(), &k.shape(), &v.shape(), options);
+    let tiling = plan_or_panic(&problem, &q);
+    let client = q.client.clone();
+    let dtype = q.dtype;
+
+    // Dense outputs (see the module docs).
+    let output = empty_device_contiguous_dtype(
+        client.clone(),
+        q.device.clone(),
+        Shape::new([problem.batch, problem.heads, problem.seq_q, problem.d_v]),
+        dtype,
+    );
+    let lse = empty_device_contiguous_dtype(
+        client.clone(),
+        q.device.clone(),
+        Shape::new([problem.batch, problem.heads, problem.seq_q]),
+        DType::F32,
+    );
+    let tile = tiling.forward;
+    let config = config(&problem, tiling.vector_size, &tile);
+    let cube_count = CubeCount::Static(
+        problem.seq_q.div_ceil(tile.cube_rows()) as u32,
+        (problem.batch * problem.heads) as u32,
+        1,
+    );
+    // SAFETY: every index the kernel reads or writes is clamped to or checked
+    // against the problem sizes, which match the contiguous tensors above.
+    unsafe {
+        kernels::flash_forward::launch_unchecked(
+            &client,
+            cube_count,
+            CubeDim::new_1d(tile.units as u32),
+            tiling.vector_size,
+            q.into_tensor_arg(),
+            k.into_tensor_arg(),
+            v.into_tensor_arg(),
+            key_mask.into_tensor_arg(),
+            output.clone().into_tensor_arg(),
+            lse.clone().into_tensor_arg(),
+            sizes(&problem, options),
+            config,
+            dtype_to_storage_type(dtype),
+        );
+    }
+    (output, lse)
+}
+
+/// Runs the backward kernels: `(dq, dk, dv)`.
+///
+/// # Shapes
+/// See [`FlashAttentionOps::flash_attention_backward`](super::super::FlashAttentionOps::flash_attention_backward).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward(
+    q: CubeTensor,
+    k: CubeTensor,
+    v: CubeTensor,
+    output: CubeTensor,
+    lse: CubeTensor,
+    grad_output: CubeTensor,
+    key_mask: CubeTensor,
+    options: &ScoreOptions,
+) -> (CubeTensor, CubeTensor, CubeTensor) {
+    let q = into_contiguous(q);
+    let k = into_contiguous(k);
+    let v = into_contiguous(v);
+    let output = into_contiguous(output);
+    let lse = into_contiguous(lse);
+    let grad_output = into_contiguous(grad_output);
+    let key_mask = into_contiguous(key_mask);
+    let problem = Problem::from_shapes(&q.shape(), &k.shape(), &v.shape(), options);
+    let tiling = plan_or_panic(&problem, &q);
+    let client = q.client.clone();
+    let device = q.device.clone();
+    let dtype = q.dtype;
+    let storage = dtype_to_storage_type(dtype);
+    // Dense buffers, as the kernels index them (see `forward::forward`).
+    let empty = |shape: Shape, dtype: DType| {
+        empty_device_contiguous_dtype(client.clone(), device.clone(), shape, dtype)
+    };
+
+    // 1. (LSE, D) per query row.
+    let rows = problem.batch * problem.heads * problem.seq_q;
+    let stats = empty(
+        Shape::new([problem.batch, problem.heads, problem.seq_q, 2]),
+        DType::F32,
+    );
+    let cube_dim = CubeDim::new_1d(256);
+    let cube_count = calculate_cube_count_elemwise(&client, rows, cube_dim);
+    // SAFETY: the kernel checks `row < rows` and the tensors hold `rows` rows.
+    unsafe {
+        kernels::flash_backward_stats::launch_unchecked(
+            &client,
+            cube_count,
+            cube_dim,
+            tiling.vector_size,
+            output.into_tensor_arg(),
+            grad_output.clone().into_tensor_arg(),
+            lse.into_tensor_arg(),
+            stats.clone().into_tensor_arg(),
+            rows as u32,
+            problem.d_v / tiling.vector_size,
+            storage,
+        );
+    }
+
+    // 2. dK, dV: one unit per key.
+    let grad_k = empty(k.shape(), dtype);
+    let grad_v = empty(v.shape(), dtype);
+    let tile = tiling.backward_kv;
+    let kv_config = config(&problem, tiling.vector_size, &tile);
+    let cube_count = CubeCount::Static(
+        problem.seq_k.div_ceil(tile.cube_rows()) as u32,
+        (problem.batch * problem.kv_heads) as u32,
+        1,
+    );
+    // SAFETY: indices are bounded by the problem sizes of these contiguous tensors.
+    unsafe {
+        kernels::flash_backward_kv::launch_unchecked(
+            &client,
+            cube_count,
+            CubeDim::new_1d(tile.units as u32),
+            tiling.vector_size,
+            q.clone().into_tensor_arg(),
+            k.clone().into_tensor_arg(),
+            v.clone().into_tensor_arg(),
+            grad_output.clone().into_tensor_arg(),
+            stats.clone().into_tensor_arg(),
+            key_mask.clone().into_tensor_arg(),
+            grad_k.clone().into_tensor_arg(),
+            grad_v.clone().into_tensor_arg(),
+            sizes(&problem, options),
+            kv_config,
+            storage,
+        );
+    }
+
+    // 3. dQ: one unit per query row.
+    let grad_q = empty(q.shape(), dtype);
+    let tile = tiling.backward_q;
+    let q_config = config(&problem, tiling.vector_size, &tile);
+    let cube_count = CubeCount::Static(
+        problem.seq_q.div_ceil(tile.cube_rows()) as u32,
+        (problem.batch * problem.heads) as u32,
+        1,
+    );
+    // SAFETY: indices are bounded by the problem sizes of these contiguous tensors.
+    unsafe {
+        kernels::flash_backward_q::launch_unchecked(
+            &client,
+            cube_count,
+            CubeDim::new_1d(tile.units as u32),
+            tiling.vector_size,
+            q.into_tensor_arg(),
+            k.into_tensor_arg(),
+            v.into_tensor_arg(),
+            grad_output.into_tensor_arg(),
+            stats.into_tensor_arg(),
+            key_mask.into_tensor_arg(),
+            grad_q.clone().into_tensor_arg(),
+            sizes(&problem, options),
+            q_config,
+            storage,
+        );
+    }
+    (grad_q, grad_k, grad_v)
+}

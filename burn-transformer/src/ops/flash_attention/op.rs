@@ -1,0 +1,231 @@
+//! The fused op as a Burn backend extension, and its implementations:
+//! - `CubeBackend` (wgpu, cuda: one type covers every CubeCL runtime) launches the
+//!   CubeCL kernels of `cube/`;
+//! - `Fusion<CubeBackend>` registers the op as a custom fusion operation that runs the
+//!   kernels when the fusion stream executes (generated from the metadata functions
+//!   below);
+//! - `Flex` and `NdArray` run the portable version: the reference forward and the
+//!   flash backward in tensor ops (`reference.rs`), with the op's memory behaviour
+//!   under autodiff (only `O` and `LSE` are saved);
+//! - `Autodiff<B, C>` wraps any of them (`autodiff.rs`).
+
+use burn::backend::tensor::FloatTensor;
+#[cfg(any(feature = "flex", feature = "ndarray"))]
+use burn::tensor::{Bool, Tensor};
+
+use super::ScoreOptions;
+#[cfg(any(feature = "flex", feature = "ndarray"))]
+use super::reference;
+
+pub(crate) use extension::FlashAttentionOps;
+
+/// The extension trait lives in its own module only so that the deprecation of
+/// Burn's ndarray backend (which the generated dispatch names) can be allowed there.
+mod extension {
+    #![allow(deprecated)] // ndarray is deprecated upstream; we keep supporting it.
+
+    use super::ScoreOptions;
+    #[cfg(feature = "cube")]
+    use super::{backward_meta, forward_meta};
+    use burn::backend::tensor::FloatTensor;
+    use burn::backend::{Backend, backend_extension};
+
+    /// The fused flash-attention op as a backend extension.
+    #[backend_extension(
+        Cube: cfg(feature = "cube"),
+        Flex: cfg(feature = "flex"),
+        NdArray: cfg(feature = "ndarray"),
+        Autodiff,
+        Fusion: cfg(feature = "cube"),
+    )]
+    pub(crate) trait FlashAttentionOps: Backend {
+        /// Forward: returns the output and the per-row log-sum-exp (f32).
+        ///
+        /// # Shapes
+        /// - q: `[batch, heads, seq_q, d_qk]`
+        /// - k: `[batch, kv_heads, seq_k, d_qk]`
+        /// - v: `[batch, kv_heads, seq_k, d_v]`
+        /// - key_mask: `[batch, seq_k]` (`1` = padded) or a `[1, 1]` placeholder, q's dtype
+        /// - output: `[batch, heads, seq_q, d_v]`, q's dtype
+        /// - lse: `[batch, heads, seq_q]`, f32
+        #[fusion(meta = forward_meta)]
+        fn flash_attention_forward(
+            q: FloatTensor<Self>,
+            k: FloatTensor<Self>,
+            v: FloatTensor<Self>,
+            key_mask: FloatTensor<Self>,
+            options: ScoreOptions,
+        ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+        /// Backward: the gradients of q, k and v from the saved output and log-sum-exp.
+        ///
+        /// # Shapes
+        /// As the forward; `output` and `grad_output` are `[batch, heads, seq_q, d_v]`,
+        /// `lse` is `[batch, heads, seq_q]` f32. Returns `(dq, dk, dv)` shaped like
+        /// `(q, k, v)`.
+        #[allow(clippy::too_many_arguments)]
+        #[fusion(meta = backward_meta)]
+        fn flash_attention_backward(
+            q: FloatTensor<Self>,
+            k: FloatTensor<Self>,
+            v: FloatTensor<Self>,
+            output: FloatTensor<Self>,
+            lse: FloatTensor<Self>,
+            grad_output: FloatTensor<Self>,
+            key_mask: FloatTensor<Self>,
+            options: ScoreOptions,
+        ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+    }
+}
+
+#[cfg(feature = "cube")]
+use burn::backend::fusion::custom::TensorSpec;
+
+/// Output metadata of the forward, for the lazy fusion backend.
+#[cfg(feature = "cube")]
+fn forward_meta(
+    q: &TensorSpec,
+    _k: &TensorSpec,
+    v: &TensorSpec,
+    _key_mask: &TensorSpec,
+    _options: &ScoreOptions,
+) -> (TensorSpec, TensorSpec) {
+    use burn::tensor::{DType, Shape};
+    let [batch, heads, seq_q, _] = q.shape.dims::<4>();
+    let d_v = v.shape[3];
+    (
+        TensorSpec::new(Shape::new([batch, heads, seq_q, d_v]), q.dtype),
+        TensorSpec::new(Shape::new([batch, heads, seq_q]), DType::F32),
+    )
+}
+
+/// Output metadata of the backward, for the lazy fusion backend: the gradients are
+/// shaped like their inputs.
+#[cfg(feature = "cube")]
+#[allow(clippy::too_many_arguments)]
+fn backward_meta(
+    q: &TensorSpec,
+    k: &TensorSpec,
+    v: &TensorSpec,
+    _output: &TensorSpec,
+    _lse: &TensorSpec,
+    _grad_output: &TensorSpec,
+    _key_mask: &TensorSpec,
+    _options: &ScoreOptions,
+) -> (TensorSpec, TensorSpec, TensorSpec) {
+    (q.clone(), k.clone(), v.clone())
+}
+
+/// Forward kernel launches (tests check that the CubeCL kernel really ran).
+#[cfg(all(test, feature = "cube"))]
+pub(crate) static FORWARD_LAUNCHES: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
+#[cfg(feature = "cube")]
+impl FlashAttentionOps for burn_cubecl::CubeBackend {
+    fn flash_attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        key_mask: FloatTensor<Self>,
+        options: ScoreOptions,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        #[cfg(test)]
+        FORWARD_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        super::cube::launch::forward(q, k, v, key_mask, &options)
+    }
+
+    fn flash_attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        output: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad_output: FloatTensor<Self>,
+        key_mask: FloatTensor<Self>,
+        options: ScoreOptions,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        super::cube::launch::backward(q, k, v, output, lse, grad_output, key_mask, &options)
+    }
+}
+
+/// The key padding of the op's `key_mask` argument (`1` = padded), or `None` for the
+/// placeholder.
+#[cfg(any(feature = "flex", feature = "ndarray"))]
+fn key_padding(key_mask: Tensor<2>, options: &ScoreOptions) -> Option<Tensor<2, Bool>> {
+    options.has_key_mask.then(|| key_mask.greater_elem(0.5))
+}
+
+/// Implements the op for a backend without a kernel by running the portable version
+/// on its primitives (wrapped as tensors of its device; no autodiff below this level).
+#[cfg(any(feature = "flex", feature = "ndarray"))]
+macro_rules! portable_flash_attention {
+    ($backend:ty) => {
+        #[allow(deprecated)] // ndarray is deprecated upstream; we keep supporting it.
+        impl FlashAttentionOps for $backend {
+            fn flash_attention_forward(
+                q: FloatTensor<Self>,
+                k: FloatTensor<Self>,
+                v: FloatTensor<Self>,
+                key_mask: FloatTensor<Self>,
+                options: ScoreOptions,
+            ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+                let tensor = Tensor::<4>::from_primitive::<$backend>;
+                let padding = key_padding(Tensor::from_primitive::<$backend>(key_mask), &options);
+                let (output, lse) =
+                    reference::forward_with_lse(tensor(q), tensor(k), tensor(v), padding, &options);
+                (primitive(output), primitive(lse))
+            }
+
+            fn flash_attention_backward(
+                q: FloatTensor<Self>,
+                k: FloatTensor<Self>,
+                v: FloatTensor<Self>,
+                output: FloatTensor<Self>,
+                lse: FloatTensor<Self>,
+                grad_output: FloatTensor<Self>,
+                key_mask: FloatTensor<Self>,
+                options: ScoreOptions,
+            ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+                let tensor = Tensor::<4>::from_primitive::<$backend>;
+                let padding = key_padding(Tensor::from_primitive::<$backend>(key_mask), &options);
+                let (dq, dk, dv) = reference::backward_from_lse(
+                    tensor(q),
+                    tensor(k),
+                    tensor(v),
+                    tensor(output),
+                    Tensor::from_primitive::<$backend>(lse),
+                    tensor(grad_output),
+                    padding,
+                    &options,
+                );
+                (primitive(dq), primitive(dk), primitive(dv))
+            }
+        }
+
+        /// Unwraps a tensor the portable op computed into the backend's primitive.
+        #[allow(deprecated)] // ndarray is deprecated upstream; we keep supporting it.
+        fn primitive<const D: usize>(tensor: Tensor<D>) -> FloatTensor<$backend> {
+            tensor
+                .try_into_primitive::<$backend>()
+                .expect("the portable op computes on its own backend")
+        }
+    };
+}
+
+#[cfg(feature = "flex")]
+mod flex {
+    use super::*;
+    use burn::backend::Flex;
+
+    portable_flash_attention!(Flex);
+}
+
+#[cfg(feature = "ndarray")]
+#[allow(deprecated)] // ndarray is deprecated upstream; we keep supporting it.
+mod ndarray {
+    use super::*;
+    use burn::backend::NdArray;
+
+    portable_flash_attention!(NdArray);
+}

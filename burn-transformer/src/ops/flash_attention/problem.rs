@@ -1,0 +1,220 @@
+//! The description of one attention call apart from its data: how scores become
+//! logits ([`ScoreOptions`]), the shapes ([`Problem`]), and why the fused op may not
+//! take a call ([`Unsupported`]).
+
+use burn::tensor::{Bool, DType, Shape, Tensor};
+use thiserror::Error;
+
+use crate::ops::mask::MaskRule;
+
+/// The non-tensor arguments of the attention ops: how the scores `q·kᵀ` become logits
+/// (scale, soft-cap), which of them are hidden (the [`MaskRule`]), and whether a key
+/// padding tensor comes with the call.
+///
+/// ```rust
+/// use burn_transformer::ops::flash_attention::ScoreOptions;
+/// use burn_transformer::ops::mask::MaskRule;
+/// let options = ScoreOptions::new(0.125).with_mask(MaskRule::new(true, Some(128)));
+/// assert!(options.mask.causal && options.softcap.is_none());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ScoreOptions {
+    /// Multiplies `q·kᵀ` before the softmax.
+    pub scale: f64,
+    /// Logit soft-capping `c·tanh(s/c)` (Gemma 2, Grok), applied after the scale and
+    /// before masking.
+    pub softcap: Option<f64>,
+    /// Which keys each query sees by position.
+    pub mask: MaskRule,
+    /// Whether the call's key mask tensor is a real `[batch, seq_k]` padding mask
+    /// (`1` = padded). Without one the ops receive a `[1, 1]` placeholder: tensors only
+    /// cross the backend-extension boundary, and a real `[1, 1]` mask exists too.
+    pub has_key_mask: bool,
+}
+
+impl ScoreOptions {
+    /// Options with `scale`, no soft-cap, nothing hidden.
+    pub fn new(scale: f64) -> Self {
+        Self {
+            scale,
+            softcap: None,
+            mask: MaskRule::default(),
+            has_key_mask: false,
+        }
+    }
+
+    /// Sets the soft-cap.
+    pub fn with_softcap(mut self, softcap: Option<f64>) -> Self {
+        self.softcap = softcap;
+        self
+    }
+
+    /// Sets the mask rule.
+    pub fn with_mask(mut self, mask: MaskRule) -> Self {
+        self.mask = mask;
+        self
+    }
+
+    /// Says whether a key padding tensor comes with the call.
+    pub fn with_key_mask(mut self, has_key_mask: bool) -> Self {
+        self.has_key_mask = has_key_mask;
+        self
+    }
+}
+
+/// The shape of one attention call, apart from its data.
+///
+/// Query head `h` reads key/value head `h / (heads / kv_heads)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Problem {
+    /// Batch size.
+    pub batch: usize,
+    /// Number of query heads.
+    pub heads: usize,
+    /// Number of key/value heads; divides `heads`.
+    pub kv_heads: usize,
+    /// Query sequence length.
+    pub seq_q: usize,
+    /// Key/value sequence length.
+    pub seq_k: usize,
+    /// Query/key head dimension.
+    pub d_qk: usize,
+    /// Value head dimension.
+    pub d_v: usize,
+    /// Which keys each query sees by position.
+    pub mask: MaskRule,
+    /// Whether a `[batch, seq_k]` key padding mask is given.
+    pub has_key_mask: bool,
+}
+
+impl Problem {
+    /// Reads the problem from the tensor shapes and options of one call.
+    ///
+    /// # Shapes
+    /// - q: `[batch, heads, seq_q, d_qk]`
+    /// - k: `[batch, kv_heads, seq_k, d_qk]`
+    /// - v: `[batch, kv_heads, seq_k, d_v]`
+    pub fn from_shapes(q: &Shape, k: &Shape, v: &Shape, options: &ScoreOptions) -> Self {
+        Self {
+            batch: q[0],
+            heads: q[1],
+            kv_heads: k[1],
+            seq_q: q[2],
+            seq_k: k[2],
+            d_qk: q[3],
+            d_v: v[3],
+            mask: options.mask,
+            has_key_mask: options.has_key_mask,
+        }
+    }
+
+    /// Checks the shapes of one attention call and reads its problem.
+    ///
+    /// # Shapes
+    /// - q: `[batch, heads, seq_q, d_qk]`
+    /// - k: `[batch, kv_heads, seq_k, d_qk]`
+    /// - v: `[batch, kv_heads, seq_k, d_v]`
+    /// - key_padding: `[batch, seq_k]`
+    ///
+    /// # Panics
+    /// On inconsistent shapes or a zero window: programmer errors at this level
+    /// (modules check user-facing shapes before they get here).
+    pub fn of_call(
+        q: &Tensor<4>,
+        k: &Tensor<4>,
+        v: &Tensor<4>,
+        key_padding: Option<&Tensor<2, Bool>>,
+        options: &ScoreOptions,
+    ) -> Self {
+        let [batch, heads, _, d_qk] = q.dims();
+        let [k_batch, kv_heads, seq_k, k_dim] = k.dims();
+        let [v_batch, v_heads, v_seq, _] = v.dims();
+        assert!(
+            k_batch == batch && v_batch == batch,
+            "attention: batch sizes differ (q {batch}, k {k_batch}, v {v_batch})"
+        );
+        assert_eq!(
+            k_dim, d_qk,
+            "attention: q and k head dims differ ({d_qk} vs {k_dim})"
+        );
+        assert!(
+            v_heads == kv_heads && v_seq == seq_k,
+            "attention: k is [_, {kv_heads}, {seq_k}, _] but v is [_, {v_heads}, {v_seq}, _]"
+        );
+        assert!(
+            kv_heads > 0 && heads % kv_heads == 0,
+            "attention: {heads} query heads cannot share {kv_heads} key/value heads"
+        );
+        assert!(
+            options.mask.window != Some(0),
+            "attention: a sliding window must be at least 1"
+        );
+        if let Some(padding) = key_padding {
+            assert_eq!(
+                padding.dims(),
+                [batch, seq_k],
+                "attention: key padding must be [batch, seq_k]"
+            );
+        }
+        let options = options.with_key_mask(key_padding.is_some());
+        Self::from_shapes(&q.shape(), &k.shape(), &v.shape(), &options)
+    }
+
+    /// Query heads per key/value head.
+    pub fn group(&self) -> usize {
+        self.heads / self.kv_heads
+    }
+
+    /// Whether a dimension is 0 (nothing to compute).
+    pub fn is_empty(&self) -> bool {
+        [
+            self.batch,
+            self.heads,
+            self.kv_heads,
+            self.seq_q,
+            self.seq_k,
+            self.d_qk,
+            self.d_v,
+        ]
+        .contains(&0)
+    }
+}
+
+/// Why the fused op does not take a call. The attention core then uses the
+/// reference path (and logs this reason); it never returns wrong numbers.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum Unsupported {
+    /// Not one of the float types the kernel reads (f32, f16, bf16).
+    #[error("dtype {0:?} is not f32, f16 or bf16")]
+    DType(DType),
+    /// The device cannot compute in this float type (bf16 on most wgpu adapters).
+    #[error("the device has no arithmetic in {0:?}")]
+    DeviceDType(DType),
+    /// An empty dimension: nothing to launch.
+    #[error("empty problem (a dimension is 0): {0:?}")]
+    Empty(Problem),
+    /// Head dimensions beyond what the kernels take.
+    #[error("head dims d_qk={d_qk} + d_v={d_v} exceed {max}")]
+    HeadDim {
+        /// Query/key head dimension.
+        d_qk: usize,
+        /// Value head dimension.
+        d_v: usize,
+        /// Largest `d_qk + d_v` supported.
+        max: usize,
+    },
+    /// More cubes than the device can launch in one dimension.
+    #[error("grid of {cubes} cubes exceeds the device limit {limit}")]
+    Grid {
+        /// Cubes needed.
+        cubes: usize,
+        /// Device limit.
+        limit: usize,
+    },
+    /// The device's backend has no implementation of the op.
+    #[error("no fused attention for backend {0}")]
+    Backend(&'static str),
+    /// A feature of the call the kernel does not implement.
+    #[error("{0}")]
+    Feature(&'static str),
+}

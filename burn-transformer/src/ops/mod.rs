@@ -1,0 +1,13 @@
+//! Leaf ops: tensors in, tensors out. Nothing here knows modules, layers or their
+//! options; the attention modules, blocks and models are built on these.
+//!
+//! - [`mask`]: the masking rule of attention, stated once.
+//! - [`flash_attention`]: the fused attention op (CubeCL kernels, a portable version,
+//!   the autodiff backward) and the reference attention it is tested against.
+//! - [`gated_silu`]: SwiGLU's `silu(gate) · up`, fused into one pass on flex.
+//! - `simd`: the loops the fused CPU ops are written with.
+
+pub mod flash_attention;
+pub mod gated_silu;
+pub mod mask;
+pub(crate) mod simd;

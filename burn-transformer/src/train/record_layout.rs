@@ -1,0 +1,239 @@
+//! Model records saved in the crate's older module layout, renamed to today's.
+//!
+//! Records name each parameter by its module path. In the older layout the causal
+//! language model had a layer type of its own, so its records differ from today's,
+//! where every model is a stack of [`TransformerBlock`](crate::block::TransformerBlock)s:
+//!
+//! | older path | today |
+//! |---|---|
+//! | `model.embed_tokens.weight` | `embed_tokens.weight` |
+//! | `….layers.N.self_attn.Grouped.…` | `….layers.N.self_attn.MultiHead.…` |
+//! | `….layers.N.self_attn.q_proj.…` (encoder-decoder) | `….layers.N.self_attn.MultiHead.q_proj.…` |
+//! | `….layers.N.mlp.Dense.gate_proj.…` (likewise `up_proj`, `down_proj`) | `….layers.N.mlp.SwiGlu.gate_proj.…` |
+//! | `….layers.N.input_layernorm.weight` (and `post_attention_layernorm`) | `….layers.N.input_layernorm.Rms.weight` |
+//! | `model.norm.weight` | `model.norm.Rms.weight` |
+//!
+//! A record is in the older layout when one of its block paths has an older shape (no
+//! path of today's layout has one); only then are its paths renamed, so [`upgrade`]
+//! can be applied to any model record.
+
+use burn::store::burn_pack::{Reader, Writer};
+use burn::tensor::Bytes;
+
+/// The self-attention variants of today's layout.
+const ATTENTION_VARIANTS: [&str; 2] = ["MultiHead", "Latent"];
+/// The projections of a SwiGLU feed-forward.
+const SWIGLU_PROJECTIONS: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
+
+/// Today's path of a block parameter saved under `path` in the older layout (the
+/// rows of the table inside `layers.N`), or `None` when it has no older shape.
+fn upgrade_block_path(path: &str) -> Option<String> {
+    let mut segments: Vec<&str> = path.split('.').collect();
+    let layers = segments.iter().rposition(|s| *s == "layers")?;
+    let is_index = |s: &&str| s.parse::<usize>().is_ok();
+    if !segments.get(layers + 1).is_some_and(is_index) || layers + 3 >= segments.len() {
+        return None;
+    }
+    let field = layers + 2;
+    let next = segments[field + 1];
+    match segments[field] {
+        "self_attn" if next == "Grouped" => segments[field + 1] = "MultiHead",
+        "self_attn" if !ATTENTION_VARIANTS.contains(&next) => {
+            segments.insert(field + 1, "MultiHead")
+        }
+        "mlp"
+            if next == "Dense"
+                && segments
+                    .get(field + 2)
+                    .is_some_and(|p| SWIGLU_PROJECTIONS.contains(p)) =>
+        {
+            segments[field + 1] = "SwiGlu"
+        }
+        "input_layernorm" | "post_attention_layernorm"
+            if next == "weight" && field + 2 == segments.len() =>
+        {
+            segments.insert(field + 1, "Rms")
+        }
+        _ => return None,
+    }
+    Some(segments.join("."))
+}
+
+/// Today's path of a parameter of an older-layout record: the block rows of the
+/// table, and the embedding and final norm of a causal language model.
+fn upgrade_path(path: &str) -> String {
+    if let Some(upgraded) = upgrade_block_path(path) {
+        return upgraded;
+    }
+    let mut segments: Vec<&str> = path.split('.').collect();
+    let n = segments.len();
+    if n >= 3 && segments[n - 3..] == ["model", "embed_tokens", "weight"] {
+        // The embedding left the stack.
+        segments.remove(n - 3);
+    } else if n >= 3 && segments[n - 3..] == ["model", "norm", "weight"] {
+        // The stack's final norm is a `Norm` (RMSNorm here).
+        segments.insert(n - 1, "Rms");
+    }
+    segments.join(".")
+}
+
+/// Today's paths of a record's parameters, or `None` when the record is current.
+pub(crate) fn upgrade_paths(paths: &[String]) -> Option<Vec<String>> {
+    paths
+        .iter()
+        .any(|path| upgrade_block_path(path).is_some())
+        .then(|| paths.iter().map(|path| upgrade_path(path)).collect())
+}
+
+/// Renames the parameters of a burnpack model record written in the older layout;
+/// `None` when every path is current (or the bytes are not a burnpack record, which
+/// the caller's own reading then reports).
+pub(crate) fn upgrade(bytes: &Bytes) -> Option<Bytes> {
+    let reader = Reader::from_bytes(bytes.clone()).ok()?;
+    let metadata = reader.metadata().clone();
+    let scalars = reader.scalars().clone();
+    let mut tensors = reader.into_tensors().ok()?;
+    let names: Vec<String> = tensors.iter().map(|tensor| tensor.name.clone()).collect();
+    let upgraded = upgrade_paths(&names)?;
+    for (tensor, path) in tensors.iter_mut().zip(upgraded) {
+        tensor.name = path;
+    }
+    let mut writer = Writer::new(tensors);
+    for (key, value) in &metadata {
+        writer = writer.with_metadata(key, value);
+    }
+    for (key, value) in scalars {
+        writer = writer.with_scalar(&key, value);
+    }
+    writer.into_bytes().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::block::BlockKind;
+    use crate::model::{CausalLmConfig, TransformerConfig};
+    use crate::test_utils::{Fixture, assert_close, fixture_dir, model_test_devices};
+    use crate::train::load_module;
+    use burn::tensor::{Device, Int, Tensor};
+
+    #[test]
+    fn older_paths_are_renamed_and_current_ones_kept() {
+        let older_record: Vec<String> = [
+            "model.embed_tokens.weight",
+            "model.layers.0.input_layernorm.weight",
+            "model.norm.weight",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert_eq!(
+            upgrade_paths(&older_record).unwrap(),
+            [
+                "embed_tokens.weight",
+                "model.layers.0.input_layernorm.Rms.weight",
+                "model.norm.Rms.weight"
+            ]
+        );
+        for (older, today) in [
+            ("model.embed_tokens.weight", "embed_tokens.weight"),
+            (
+                "model.model.embed_tokens.weight",
+                "model.embed_tokens.weight",
+            ),
+            (
+                "model.layers.0.self_attn.Grouped.q_proj.weight",
+                "model.layers.0.self_attn.MultiHead.q_proj.weight",
+            ),
+            (
+                "decoder.layers.1.self_attn.k_proj.bias",
+                "decoder.layers.1.self_attn.MultiHead.k_proj.bias",
+            ),
+            (
+                "model.layers.3.mlp.Dense.down_proj.weight",
+                "model.layers.3.mlp.SwiGlu.down_proj.weight",
+            ),
+            (
+                "model.model.layers.1.post_attention_layernorm.weight",
+                "model.model.layers.1.post_attention_layernorm.Rms.weight",
+            ),
+            ("model.norm.weight", "model.norm.Rms.weight"),
+        ] {
+            assert_eq!(upgrade_path(older), today, "{older}");
+            assert_eq!(upgrade_block_path(today), None, "{today} is current");
+        }
+        for current in [
+            "model.layers.0.self_attn.Latent.kv_b_proj.weight",
+            "encoder.layers.0.mlp.Dense.fc1.weight",
+            "model.layers.2.mlp.Moe.gate.weight",
+            "encoder.layers.0.input_layernorm.Layer.gamma",
+            "model.layers.0.self_attn.Latent.kv_a_layernorm.weight",
+            "decoder.layers.0.cross_attn.q_proj.weight",
+            "encoder.norm.Layer.beta",
+            // An LmTask's record of today: the causal LM under `model`.
+            "model.embed_tokens.weight",
+            "model.model.norm.Rms.weight",
+        ] {
+            assert_eq!(upgrade_paths(&[current.to_string()]), None, "{current}");
+        }
+    }
+
+    fn tokens(data: burn::tensor::TensorData, device: &Device) -> Tensor<2, Int> {
+        Tensor::from_data(data, device)
+    }
+
+    /// Records saved in the older layout (tests/fixtures/legacy) load into today's
+    /// models and give the logits they gave when saved.
+    #[test]
+    fn older_records_load_and_give_the_same_logits() {
+        let dir = fixture_dir().join("legacy");
+        for device in model_test_devices() {
+            for (name, config) in [
+                ("causal_lm_dense", legacy_dense()),
+                ("causal_lm_latent_moe", legacy_latent_moe()),
+            ] {
+                let fixture = Fixture::load(&format!("legacy/{name}"));
+                let model = load_module(config.init(&device), &dir.join(format!("{name}.bpk")))
+                    .unwrap_or_else(|error| panic!("{name}: {error}"));
+                let logits = model.forward(tokens(fixture.data("tokens"), &device), None);
+                assert_close(logits, fixture.tensor("logits", &device), 1e-4, name);
+            }
+            for (name, kind) in [
+                ("transformer_post_norm", BlockKind::PostNorm),
+                ("transformer_pre_norm", BlockKind::PreNorm),
+            ] {
+                let fixture = Fixture::load(&format!("legacy/{name}"));
+                let config = TransformerConfig::tiny(20, 24).with_block_kind(kind);
+                let model = load_module(config.init(&device), &dir.join(format!("{name}.bpk")))
+                    .unwrap_or_else(|error| panic!("{name}: {error}"));
+                let logits = model.forward(
+                    tokens(fixture.data("source"), &device),
+                    tokens(fixture.data("target"), &device),
+                    None,
+                    None,
+                );
+                assert_close(logits, fixture.tensor("logits", &device), 1e-4, name);
+            }
+        }
+    }
+
+    /// The configurations the legacy fixtures were saved with.
+    fn legacy_dense() -> CausalLmConfig {
+        CausalLmConfig::new(40, 16, 2, 4, 24, crate::position::RopeConfig::new(4))
+            .with_n_kv_heads(Some(2))
+            .with_sliding_window(Some(3))
+            .with_sliding_layers(Some(vec![false, true]))
+    }
+
+    fn legacy_latent_moe() -> CausalLmConfig {
+        use crate::attention::LatentAttentionConfig;
+        use crate::ffn::{MoeConfig, MoeLayerPlan};
+        let latent = LatentAttentionConfig::new(16, 4, 8, 4, 4, 4).with_q_lora_rank(Some(8));
+        CausalLmConfig::new(40, 16, 2, 4, 24, latent.rope_config())
+            .with_latent(Some(latent))
+            .with_moe(Some(
+                MoeConfig::mixtral(16, 8, 4, 2).with_n_shared_experts(1),
+            ))
+            .with_moe_layers(MoeLayerPlan::new().with_first_k_dense_replace(1))
+            .with_tie_word_embeddings(true)
+    }
+}
