@@ -18,9 +18,12 @@ pub mod error;
 pub mod ffn;
 pub mod generate;
 pub mod hf;
+pub mod io;
 pub mod kernel;
 pub mod model;
 pub mod norm;
+#[cfg(feature = "plot")]
+pub mod plot;
 pub mod position;
 #[cfg(feature = "train")]
 pub mod train;
