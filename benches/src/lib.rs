@@ -10,25 +10,11 @@
 //! cargo run --release -p benches --bin bench -- --full
 //! ```
 //!
-//! Timings are never asserted anywhere: CI only builds the runner.
+//! Timings are never asserted anywhere: CI only builds the runner. The plots are the
+//! library's line charts (`burn_transformer::plot`).
 
 pub mod machine;
 pub mod measure;
-pub mod plot;
 pub mod record;
 pub mod report;
 pub mod suites;
-
-use std::path::Path;
-
-/// Writes `text` to a temporary name next to `path`, then renames it into place: the
-/// runner and the companion programs never leave a half-written result file.
-///
-/// # Errors
-/// Why the file could not be written or moved, naming it.
-pub fn write_text_atomically(path: &Path, text: &str) -> Result<(), String> {
-    examples::write_atomically(path, |temporary| {
-        std::fs::write(temporary, text)
-            .map_err(|error| format!("cannot write {}: {error}", temporary.display()))
-    })
-}

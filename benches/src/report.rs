@@ -4,9 +4,10 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
+use burn_transformer::plot::{Colour, Legend, LinePlot, Series};
+
 use crate::machine::Machine;
 use crate::measure::log_log_slope;
-use crate::plot::{LinePlot, Series};
 use crate::record::Record;
 
 /// Marks the start of the runner's section in `docs/benchmarks.md`.
@@ -100,6 +101,51 @@ fn backends(records: &[&Record]) -> Vec<String> {
 
 fn of<'a>(records: &'a [Record], bench: &str) -> Vec<&'a Record> {
     records.iter().filter(|r| r.bench == bench).collect()
+}
+
+/// `(seq, value)` of every cell with a value, in order of sequence length.
+fn by_length<'a>(
+    cells: impl IntoIterator<Item = &'a Record>,
+    value: impl Fn(&Record) -> Option<f64>,
+) -> Vec<(f64, f64)> {
+    let mut points: Vec<(f64, f64)> = cells
+        .into_iter()
+        .filter_map(|r| Some((r.seq as f64, value(r)?)))
+        .collect();
+    points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    points
+}
+
+/// A line of a report plot: the `colour`-th colour of the palette, with dots.
+fn line(name: String, points: Vec<(f64, f64)>, colour: usize, dashed: bool) -> Series {
+    Series {
+        dashed,
+        ..Series::new(name, points, Colour::palette(colour))
+    }
+}
+
+/// Draws a log-log plot of `series` against the sequence length (or context) into
+/// `out_dir/file`; returns the Markdown that shows it.
+fn log_log_plot(
+    out_dir: &Path,
+    file: &str,
+    title: String,
+    x_label: &str,
+    y_label: &str,
+    series: Vec<Series>,
+) -> Result<String, String> {
+    let shown = format!("\n![{title}]({file})\n");
+    LinePlot {
+        title,
+        x_label: x_label.into(),
+        y_label: y_label.into(),
+        log_log: true,
+        legend: Legend::UpperLeft,
+        series,
+    }
+    .write(&out_dir.join(file))
+    .map_err(|e| e.to_string())?;
+    Ok(shown)
 }
 
 /// Every section with records, and the plots they show (written under `out_dir`).
@@ -241,36 +287,33 @@ fn attention_section(records: &[Record], out_dir: &Path) -> Result<Option<Sectio
         let mut series = Vec::new();
         for (colour, name) in impls.iter().enumerate() {
             for pass in ["fwd", "fwd_bwd"] {
-                let mut points: Vec<(f64, f64)> = cells
-                    .iter()
-                    .filter(|r| r.backend == backend && r.implementation == *name && r.pass == pass)
-                    .filter(|r| r.causal && r.head_dim == 64)
-                    .filter_map(|r| Some((r.seq as f64, r.ms_median?)))
-                    .collect();
-                points.sort_by(|a, b| a.0.total_cmp(&b.0));
+                let points = by_length(
+                    cells.iter().copied().filter(|r| {
+                        r.backend == backend
+                            && r.implementation == *name
+                            && r.pass == pass
+                            && r.causal
+                            && r.head_dim == 64
+                    }),
+                    |r| r.ms_median,
+                );
                 if !points.is_empty() {
-                    series.push(Series {
-                        name: format!("{name} {pass}"),
-                        points,
-                        dashed: pass == "fwd_bwd",
-                        colour,
-                    });
+                    let name = format!("{name} {pass}");
+                    series.push(line(name, points, colour, pass == "fwd_bwd"));
                 }
             }
         }
         if series.is_empty() {
             continue;
         }
-        let file = format!("attention_time_{backend}.png");
-        LinePlot {
-            title: format!("Causal attention, d = 64, on {backend}: time vs sequence length"),
-            x_label: "sequence length".into(),
-            y_label: "median ms".into(),
-            log_log: true,
+        body.push_str(&log_log_plot(
+            out_dir,
+            &format!("attention_time_{backend}.png"),
+            format!("Causal attention, d = 64, on {backend}: time vs sequence length"),
+            "sequence length",
+            "median ms",
             series,
-        }
-        .write(&out_dir.join(&file))?;
-        body.push_str(&format!("\n![attention time on {backend}]({file})\n"));
+        )?);
     }
     Ok(Some(Section {
         stem: "attention",
@@ -279,22 +322,30 @@ fn attention_section(records: &[Record], out_dir: &Path) -> Result<Option<Sectio
     }))
 }
 
+/// The cells of one scaling fit: (backend, impl, d, causal, batch, heads).
+type ScalingKey = (String, String, usize, bool, usize, usize);
+
+fn scaling_key(r: &Record) -> ScalingKey {
+    let (backend, _, head_dim, batch, heads, _, causal) = attention_key(r);
+    (
+        backend,
+        r.implementation.clone(),
+        head_dim,
+        causal,
+        batch,
+        heads,
+    )
+}
+
 fn scaling_section(records: &[Record], out_dir: &Path) -> Result<Option<Section>, String> {
     let cells: Vec<&Record> = of(records, "attention")
         .into_iter()
         .filter(|r| r.pass == "fwd" && r.measured())
         .collect();
-    // (backend, impl, d, causal, batch, heads) groups with at least three lengths.
-    let mut groups: Vec<(String, String, usize, bool, usize, usize)> = Vec::new();
+    // The groups, in record order.
+    let mut groups: Vec<ScalingKey> = Vec::new();
     for r in &cells {
-        let key = (
-            r.backend.clone(),
-            r.implementation.clone(),
-            r.head_dim,
-            r.causal,
-            r.batch,
-            r.heads,
-        );
+        let key = scaling_key(r);
         if !groups.contains(&key) {
             groups.push(key);
         }
@@ -310,32 +361,18 @@ fn scaling_section(records: &[Record], out_dir: &Path) -> Result<Option<Section>
     ]);
     let mut plots: Vec<(String, Vec<Series>)> = Vec::new();
     for key in &groups {
-        let members: Vec<&&Record> = cells
+        let members: Vec<&Record> = cells
             .iter()
-            .filter(|r| {
-                (
-                    r.backend.clone(),
-                    r.implementation.clone(),
-                    r.head_dim,
-                    r.causal,
-                    r.batch,
-                    r.heads,
-                ) == *key
-            })
+            .copied()
+            .filter(|r| scaling_key(r) == *key)
             .collect();
         if members.len() < 3 {
             continue;
         }
-        let times: Vec<(f64, f64)> = members
-            .iter()
-            .filter_map(|r| Some((r.seq as f64, r.ms_median?)))
-            .collect();
-        let mut memory: Vec<(f64, f64)> = members
-            .iter()
-            .filter_map(|r| Some((r.seq as f64, r.peak_bytes? as f64)))
-            .filter(|(_, bytes)| *bytes > 0.0)
-            .collect();
-        memory.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let times = by_length(members.iter().copied(), |r| r.ms_median);
+        let memory = by_length(members.iter().copied(), |r| {
+            r.peak_bytes.map(|b| b as f64).filter(|b| *b > 0.0)
+        });
         let seqs: Vec<usize> = members.iter().map(|r| r.seq).collect();
         let exponent = |slope: Option<f64>| slope.map_or("–".into(), |s| format!("{s:.2}"));
         table.rows.push(vec![
@@ -357,22 +394,11 @@ fn scaling_section(records: &[Record], out_dir: &Path) -> Result<Option<Section>
                 .position(|i| *i == key.1)
                 .unwrap_or(3);
             let name = format!("{} (exponent {})", key.1, exponent(log_log_slope(&memory)));
-            match plots.iter_mut().find(|(backend, _)| *backend == key.0) {
-                Some((_, series)) => series.push(Series {
-                    name,
-                    points: memory,
-                    dashed: false,
-                    colour,
-                }),
-                None => plots.push((
-                    key.0.clone(),
-                    vec![Series {
-                        name,
-                        points: memory,
-                        dashed: false,
-                        colour,
-                    }],
-                )),
+            if !plots.iter().any(|(backend, _)| *backend == key.0) {
+                plots.push((key.0.clone(), Vec::new()));
+            }
+            if let Some((_, series)) = plots.iter_mut().find(|(backend, _)| *backend == key.0) {
+                series.push(line(name, memory, colour, false));
             }
         }
     }
@@ -391,16 +417,14 @@ fn scaling_section(records: &[Record], out_dir: &Path) -> Result<Option<Section>
     );
     body.push_str(&table.markdown());
     for (backend, series) in plots {
-        let file = format!("attention_memory_{backend}.png");
-        LinePlot {
-            title: format!("Causal attention, d = 64, on {backend}: peak memory"),
-            x_label: "sequence length".into(),
-            y_label: "peak bytes".into(),
-            log_log: true,
+        body.push_str(&log_log_plot(
+            out_dir,
+            &format!("attention_memory_{backend}.png"),
+            format!("Causal attention, d = 64, on {backend}: peak memory"),
+            "sequence length",
+            "peak bytes",
             series,
-        }
-        .write(&out_dir.join(&file))?;
-        body.push_str(&format!("\n![attention memory on {backend}]({file})\n"));
+        )?);
     }
     Ok(Some(Section {
         stem: "scaling",
@@ -512,20 +536,19 @@ fn kv_cache_section(records: &[Record], out_dir: &Path) -> Result<Option<Section
         }
         series.extend(series_by_kind(&cells, backend, b, |r| r.ms_median));
     }
-    let file = "kv_cache_decode.png";
-    LinePlot {
-        title: "One attention layer, one new token: decode step time vs context".into(),
-        x_label: "context (cached positions)".into(),
-        y_label: "median ms per step".into(),
-        log_log: true,
+    let plot = log_log_plot(
+        out_dir,
+        "kv_cache_decode.png",
+        "One attention layer, one new token: decode step time vs context".into(),
+        "context (cached positions)",
+        "median ms per step",
         series,
-    }
-    .write(&out_dir.join(file))?;
+    )?;
     let body = format!(
         "One attention layer (d_model 512, 8 query heads of 64, RoPE) decoding one token \
          over a prefilled cache; every timed step starts from the same prefilled cache. \
          Bytes per token count keys and values of one layer in f32: MHA stores all 8 \
-         heads, GQA 2, MQA 1, so the cache shrinks 4× and 8×.\n\n{}\n![decode step time]({file})\n",
+         heads, GQA 2, MQA 1, so the cache shrinks 4× and 8×.\n\n{}{plot}",
         table.markdown()
     );
     Ok(Some(Section {
@@ -579,23 +602,21 @@ fn generation_section(records: &[Record], out_dir: &Path) -> Result<Option<Secti
         }
         series.extend(series_by_kind(&decode, backend, b, |r| r.tokens_per_s));
     }
-    let file = "generation_decode.png";
-    LinePlot {
-        title: "CausalLm decoding with a KV cache: tokens/s vs context".into(),
-        x_label: "context (prompt tokens in the cache)".into(),
-        y_label: "decode tokens/s".into(),
-        log_log: true,
+    let plot = log_log_plot(
+        out_dir,
+        "generation_decode.png",
+        "CausalLm decoding with a KV cache: tokens/s vs context".into(),
+        "context (prompt tokens in the cache)",
+        "decode tokens/s",
         series,
-    }
-    .write(&out_dir.join(file))?;
+    )?;
     let body = format!(
         "A decoder-only model (width 256, 4 layers, 8 query heads of 32, SwiGLU 1024, \
          vocabulary 512, batch 1) generating with its cache: prefill runs the whole \
          prompt through `forward_cached` into an empty cache; decode runs one new token \
          over a copy of the prefilled cache. MHA caches 8 key/value heads per layer, GQA \
          2, MLA one 128-wide latent plus a 16-wide rotary key (decoded with absorbed \
-         projections). Bytes per token count every layer, in f32.\n\n{}\n\
-         ![decode tokens/s]({file})\n",
+         projections). Bytes per token count every layer, in f32.\n\n{}{plot}",
         table.markdown()
     );
     Ok(Some(Section {
@@ -704,18 +725,19 @@ fn series_by_kind(
         .iter()
         .enumerate()
         .map(|(k, kind)| {
-            let mut points: Vec<(f64, f64)> = cells
-                .iter()
-                .filter(|r| r.backend == backend && r.implementation == *kind)
-                .filter_map(|r| Some((r.seq as f64, value(r)?)))
-                .collect();
-            points.sort_by(|a, b| a.0.total_cmp(&b.0));
-            Series {
-                name: format!("{kind} {backend}"),
+            let points = by_length(
+                cells
+                    .iter()
+                    .copied()
+                    .filter(|r| r.backend == backend && r.implementation == *kind),
+                value,
+            );
+            line(
+                format!("{kind} {backend}"),
                 points,
-                dashed: b % 2 == 1,
-                colour: k + b * kinds.len(),
-            }
+                k + b * kinds.len(),
+                b % 2 == 1,
+            )
         })
         .collect()
 }
@@ -867,15 +889,15 @@ pub fn combined(
     text
 }
 
-/// The distinct `run` stamps of `records` in time order (`earlier` for records that
-/// predate the stamp).
+/// The distinct `run` stamps of `records` in time order (`unknown` for records
+/// without one).
 fn runs<'a>(records: impl IntoIterator<Item = &'a Record>) -> Vec<String> {
     let set: BTreeSet<String> = records.into_iter().map(run_label).collect();
     set.into_iter().collect()
 }
 
 fn run_label(record: &Record) -> String {
-    record.run.clone().unwrap_or_else(|| "earlier".into())
+    record.run.clone().unwrap_or_else(|| "unknown".into())
 }
 
 /// Rewrites `![alt](file.png)` to `![alt](prefix/file.png)`.

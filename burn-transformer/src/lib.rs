@@ -17,9 +17,12 @@ pub mod error;
 pub mod ffn;
 pub mod generate;
 pub mod hf;
+pub mod io;
 pub mod model;
 pub mod norm;
 pub mod ops;
+#[cfg(feature = "plot")]
+pub mod plot;
 pub mod position;
 #[cfg(feature = "train")]
 pub mod train;

@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use burn_transformer::io::read_bytes;
 use burn_transformer::train::{Tokenizer, TrainError};
 
 /// Bytes of text encoded per call: long inputs are split at line ends so the
@@ -20,15 +21,10 @@ impl HfTokenizer {
     /// Loads `path`.
     ///
     /// # Errors
-    /// [`TrainError::NotFound`], or [`TrainError::Tokenizer`] naming the file when it
-    /// is not a tokenizer.
+    /// [`TrainError::File`] when the file cannot be read, or [`TrainError::Tokenizer`]
+    /// naming the file when it is not a tokenizer.
     pub fn load(path: &Path) -> Result<Self, TrainError> {
-        if !path.exists() {
-            return Err(TrainError::NotFound {
-                path: path.to_path_buf(),
-            });
-        }
-        let inner = tokenizers::Tokenizer::from_file(path).map_err(|error| {
+        let inner = tokenizers::Tokenizer::from_bytes(read_bytes(path)?).map_err(|error| {
             TrainError::Tokenizer(format!("{}: not a tokenizer.json: {error}", path.display()))
         })?;
         Ok(Self {

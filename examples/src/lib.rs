@@ -1,17 +1,17 @@
 //! Helpers shared by the example programs.
 
 pub mod device;
-
-/// The global allocator of the example and benchmark programs (mimalloc; see the
-/// comment in `examples/Cargo.toml`). Each program opts in with
-/// `#[global_allocator] static ALLOCATOR: examples::Allocator = examples::Allocator;`.
-pub use mimalloc::MiMalloc as Allocator;
 pub mod hf_tokenizer;
 pub mod plot;
+pub mod run;
 
-use std::path::{Path, PathBuf};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
 
-use burn_transformer::train::{Corpus, TrainError};
+use burn_transformer::hf::{HfConfig, LoadOptions, load_causal_lm_with};
+use burn_transformer::model::CausalLm;
+use clap::Args;
 
 /// The `examples/` folder of this checkout: the one this crate was compiled from, or,
 /// where that is gone, the one cargo names when it runs a program or test. A target
@@ -25,76 +25,42 @@ pub fn manifest_dir() -> PathBuf {
     }
 }
 
-/// This checkout's own text (the README, the docs and the library's sources): the
-/// corpus programs train on when not given one, so that they run on any clone.
-///
-/// # Errors
-/// When none of those files can be read.
-pub fn checkout_corpus() -> Result<Corpus, TrainError> {
-    let root = manifest_dir()
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
-    let mut corpus: Option<Corpus> = None;
-    for part in ["README.md", "docs", "burn-transformer/src"] {
-        let path = root.join(part);
-        if !path.exists() {
-            continue;
+/// A program's exit: success, or its error as one `error: …` line on stderr and
+/// status 1 (no panic trace for bad input).
+pub fn exit_with(result: Result<(), String>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
         }
-        let loaded = Corpus::load(&path)?;
-        corpus = Some(match corpus {
-            None => loaded,
-            Some(mut all) => {
-                all.text.push('\n');
-                all.text.push_str(&loaded.text);
-                all.files.extend(loaded.files);
-                all.skipped += loaded.skipped;
-                all
-            }
-        });
     }
-    corpus.ok_or_else(|| TrainError::NotFound {
-        path: root.join("burn-transformer/src"),
-    })
 }
 
-/// Writes `path` through a temporary file in the same directory, renamed over `path`
-/// once `write` succeeded: an interrupted or failed run never leaves a truncated file
-/// where a good one was.
-///
-/// # Errors
-/// The message of `write`, or of the rename, naming the file.
-pub fn write_atomically(
-    path: &Path,
-    write: impl FnOnce(&Path) -> Result<(), String>,
-) -> Result<(), String> {
-    let name = path
-        .file_name()
-        .ok_or_else(|| format!("{}: not a file path", path.display()))?
-        .to_string_lossy()
-        .into_owned();
-    // Keep the extension last: encoders (PNG, …) pick the format from it.
-    let temporary: PathBuf = match path.extension() {
-        Some(extension) => path.with_file_name(format!(
-            ".{name}.tmp-{}.{}",
-            std::process::id(),
-            extension.to_string_lossy()
-        )),
-        None => path.with_file_name(format!(".{name}.tmp-{}", std::process::id())),
-    };
-    let result = write(&temporary).and_then(|()| {
-        std::fs::rename(&temporary, path).map_err(|error| {
-            format!(
-                "cannot move {} to {}: {error}",
-                temporary.display(),
-                path.display()
-            )
-        })
-    });
-    if result.is_err() {
-        let _ = std::fs::remove_file(&temporary);
+/// The flags of the programs that run a Hugging Face model.
+#[derive(Args, Debug, Clone)]
+pub struct HfModelFlags {
+    /// Model directory: config.json and model.safetensors (or a sharded index).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Backend: flex, ndarray, wgpu, or cuda (cuda:N for the N-th GPU).
+    #[arg(long, default_value = "flex")]
+    pub device: String,
+    /// Float type of the weights: f32, f16 or bf16.
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+}
+
+impl HfModelFlags {
+    /// Loads the model on the device.
+    ///
+    /// # Errors
+    /// A message for a bad device or dtype, or a model that cannot be loaded.
+    pub fn load(&self) -> Result<(CausalLm, HfConfig), String> {
+        let device = device::open_device(&self.device)?;
+        let options = LoadOptions::default().with_dtype(parse_dtype(&self.dtype)?);
+        load_causal_lm_with(&self.model, &device, &options).map_err(|error| error.to_string())
     }
-    result
 }
 
 /// Parses a `--dtype` value.
@@ -110,4 +76,48 @@ pub fn parse_dtype(name: &str) -> Result<burn::tensor::DType, String> {
             "unknown dtype `{other}`: expected f32, f16 or bf16"
         )),
     }
+}
+
+/// Prints generated text as it is decoded. Each new token is decoded together with
+/// the tokens before it and only the new part is printed, so that characters split
+/// over several tokens come out whole; text ending in an incomplete character
+/// (U+FFFD) waits for the next token.
+#[derive(Debug, Default)]
+pub struct StreamedText {
+    tokens: Vec<u32>,
+    printed: String,
+}
+
+impl StreamedText {
+    /// Adds `token`, decodes with `decode` and prints what is new.
+    ///
+    /// # Errors
+    /// The error of `decode`.
+    pub fn push<E>(
+        &mut self,
+        token: u32,
+        decode: impl FnOnce(&[u32]) -> Result<String, E>,
+    ) -> Result<(), E> {
+        self.tokens.push(token);
+        let text = decode(&self.tokens)?;
+        if text.ends_with('\u{FFFD}') {
+            return Ok(());
+        }
+        if let Some(new) = text.strip_prefix(self.printed.as_str()) {
+            print!("{new}");
+            let _ = std::io::stdout().flush();
+        }
+        self.printed = text;
+        Ok(())
+    }
+
+    /// The tokens so far.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+}
+
+/// Flushes stdout (text printed without a newline shows at once).
+pub fn flush() {
+    let _ = std::io::stdout().flush();
 }

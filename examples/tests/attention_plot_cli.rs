@@ -1,31 +1,22 @@
 //! The `attention-plot` program: without a trained model, or with an input outside the
 //! digit tasks' alphabet, it exits with one clear `error:` line and writes nothing.
 
-use std::process::Command;
+mod common;
+
+use common::{TempDir, assert_clear_error};
 
 #[test]
 fn missing_model_and_bad_input_are_clear_messages() {
-    let run = std::env::temp_dir().join(format!("attention-plot-cli-{}", std::process::id()));
-    let output = Command::new(env!("CARGO_BIN_EXE_attention-plot"))
-        .args(["--run", run.to_str().unwrap(), "--input", "123"])
-        .env("XDG_RUNTIME_DIR", std::env::temp_dir())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.starts_with("error: ") && stderr.contains("model.json not found"),
-        "{stderr}"
-    );
-    assert!(!run.exists(), "nothing is written");
-
-    let output = Command::new(env!("CARGO_BIN_EXE_attention-plot"))
-        .args(["--run", run.to_str().unwrap(), "--input", "12a"])
-        .env("XDG_RUNTIME_DIR", std::env::temp_dir())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("`a` is not a digit"), "{stderr}");
-    assert!(!stderr.contains("panicked"), "{stderr}");
+    let dir = TempDir::new("run");
+    let run = dir.path().join("missing");
+    let run = run.to_str().unwrap();
+    let attention_plot = |input: &str| {
+        common::run(
+            env!("CARGO_BIN_EXE_attention-plot"),
+            &["--run", run, "--input", input],
+        )
+    };
+    assert_clear_error(&attention_plot("123"), "model.json not found");
+    assert_clear_error(&attention_plot("12a"), "`a` is not a digit");
+    assert!(!dir.path().join("missing").exists(), "nothing is written");
 }

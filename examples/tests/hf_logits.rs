@@ -1,6 +1,10 @@
 //! Runs the `hf-logits` program on the tiny Hugging Face fixtures and compares its
 //! output with transformers' reference logits and greedy tokens.
 
+mod common;
+
+use common::TempDir;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -14,13 +18,6 @@ fn fixtures() -> PathBuf {
         .join("tests")
         .join("fixtures")
         .join("hf")
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("hf-logits-test-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 fn hf_logits(model: &Path, input: &Path, out: &Path, device: &str) -> std::process::Output {
@@ -60,8 +57,8 @@ fn read(path: &Path, key: &str) -> (Vec<usize>, Vec<f64>) {
 
 fn check_family(name: &str, device: &str) {
     let model = fixtures().join(name);
-    let dir = scratch(&format!("{name}-{device}"));
-    let out = dir.join("out.safetensors");
+    let scratch = TempDir::new(&format!("{name}-{device}"));
+    let out = scratch.path().join("out.safetensors");
     let output = hf_logits(&model, &model.join("input.json"), &out, device);
     assert!(
         output.status.success(),
@@ -86,7 +83,6 @@ fn check_family(name: &str, device: &str) {
         read(&reference, "greedy"),
         "{name} greedy on {device}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -115,7 +111,8 @@ fn matches_transformers_on_ndarray_and_wgpu() {
 #[test]
 fn bad_input_exits_with_a_message_and_writes_nothing() {
     let model = fixtures().join("llama");
-    let dir = scratch("bad");
+    let scratch = TempDir::new("bad");
+    let dir = scratch.path();
     let out = dir.join("out.safetensors");
     let cases = [
         (
@@ -152,16 +149,15 @@ fn bad_input_exits_with_a_message_and_writes_nothing() {
         );
         assert!(!out.exists(), "{file}: no output on failure");
     }
-    let output = hf_logits(&dir, &model.join("input.json"), &out, "flex");
+    let output = hf_logits(dir, &model.join("input.json"), &out, "flex");
     assert_eq!(output.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&output.stderr).contains("config.json"));
     let output = hf_logits(&model, &model.join("input.json"), &out, "tpu");
     assert!(String::from_utf8_lossy(&output.stderr).contains("unknown device"));
-    let leftovers: Vec<_> = std::fs::read_dir(&dir)
+    let leftovers: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
         .filter_map(Result::ok)
         .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
         .collect();
     assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

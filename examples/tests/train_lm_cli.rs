@@ -4,54 +4,15 @@
 
 mod common;
 
-use common::{interrupted_copy, losses};
+use common::{TempDir, assert_clear_error, assert_resume_continues_exactly, assert_success};
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
-/// A temporary folder removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let path = std::env::temp_dir().join(format!("train-lm-cli-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap();
-        Self(path)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+const TRAIN_LM: &str = env!("CARGO_BIN_EXE_train-lm");
 
 fn train_lm(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_train-lm"))
-        .args(args)
-        .env("XDG_RUNTIME_DIR", std::env::temp_dir())
-        .output()
-        .unwrap()
-}
-
-/// Asserts that the program failed with a one-line message containing `expected`.
-fn assert_clear_error(output: &Output, expected: &str) {
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(
-        output.status.code(),
-        Some(1),
-        "exit status; stderr: {stderr}"
-    );
-    assert!(
-        stderr.starts_with("error: ") && stderr.contains(expected),
-        "expected an error naming `{expected}`, got: {stderr}"
-    );
-    assert!(!stderr.contains("panicked"), "a panic trace: {stderr}");
+    common::run(TRAIN_LM, args)
 }
 
 /// A tiny model, a few steps: fast on any backend.
@@ -170,13 +131,7 @@ fn trains_with_a_tokenizer_json() {
         "ab",
     ];
     args.extend_from_slice(TINY);
-    let output = train_lm(&args);
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "stdout: {stdout}\nstderr: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let stdout = assert_success(&train_lm(&args));
     assert!(
         stdout.contains("(7 tokens)"),
         "the BPE vocabulary: {stdout}"
@@ -195,7 +150,6 @@ fn trains_with_a_tokenizer_json() {
 fn resume_continues_exactly() {
     let dir = TempDir::new("resume");
     let text = corpus(dir.path());
-    let straight = dir.path().join("straight");
     let mut args = vec![
         "--data",
         text.to_str().unwrap(),
@@ -207,41 +161,15 @@ fn resume_continues_exactly() {
         "0",
         "--label-smoothing",
         "0.1",
-        "--out",
-        straight.to_str().unwrap(),
     ];
     args.extend_from_slice(TINY);
-    let output = train_lm(&args);
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-
-    // An interrupted run: the same folder without its last round's checkpoint.
-    let crashed = dir.path().join("crashed");
-    interrupted_copy(
-        &straight,
-        &crashed,
+    let stdout = assert_resume_continues_exactly(
+        TRAIN_LM,
+        dir.path(),
+        &args,
         &["run.json", "vocab.json", "history.json"],
-    );
-    let output = train_lm(&[
-        "--resume",
-        "--out",
-        crashed.to_str().unwrap(),
-        "--sample-tokens",
-        "0",
-        "--log-every",
-        "0",
-    ]);
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
+        &["--sample-tokens", "0", "--log-every", "0"],
+        6,
     );
     assert!(stdout.contains("starting with round 3"), "{stdout}");
-    let (train, validation) = losses(&straight);
-    assert_eq!(train.len(), 6);
-    assert_eq!(losses(&crashed), (train, validation));
 }

@@ -4,40 +4,36 @@
 
 mod common;
 
-use common::{interrupted_copy, losses};
+use common::{TempDir, assert_clear_error, assert_resume_continues_exactly, assert_success};
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
+
+const TRAIN_SEQ2SEQ: &str = env!("CARGO_BIN_EXE_train-seq2seq");
 
 fn train_seq2seq(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_train-seq2seq"))
-        .args(args)
-        .env("XDG_RUNTIME_DIR", std::env::temp_dir())
-        .output()
-        .unwrap()
+    common::run(TRAIN_SEQ2SEQ, args)
 }
 
-fn out_dir(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("train-seq2seq-cli-{name}-{}", std::process::id()))
-}
-
-fn assert_clear_error(output: &Output, expected: &str) {
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(
-        output.status.code(),
-        Some(1),
-        "exit status; stderr: {stderr}"
-    );
-    assert!(
-        stderr.starts_with("error: ") && stderr.contains(expected),
-        "expected an error naming `{expected}`, got: {stderr}"
-    );
-    assert!(!stderr.contains("panicked"), "a panic trace: {stderr}");
-}
+/// A tiny model on short numbers: fast on any backend.
+const TINY: &[&str] = &[
+    "--batch-size",
+    "8",
+    "--d-model",
+    "16",
+    "--d-ff",
+    "32",
+    "--layers",
+    "1",
+    "--max-len",
+    "4",
+    "--log-every",
+    "0",
+];
 
 #[test]
 fn bad_settings_are_clear_messages() {
-    let out = out_dir("bad");
+    let dir = TempDir::new("bad");
+    let out = dir.path().join("run");
     let out = out.to_str().unwrap();
     assert_clear_error(
         &train_seq2seq(&["--task", "multiply", "--out", out]),
@@ -52,41 +48,24 @@ fn bad_settings_are_clear_messages() {
         "unknown --norm `middle`",
     );
     assert_clear_error(&train_seq2seq(&["--resume", "--out", out]), "run.json");
-    let _ = std::fs::remove_dir_all(out);
 }
 
 #[test]
 fn a_short_run_reports_exact_match() {
-    let out = out_dir("short");
-    let output = train_seq2seq(&[
+    let dir = TempDir::new("short");
+    let out = dir.path().join("run");
+    let mut args = vec![
         "--out",
         out.to_str().unwrap(),
         "--steps",
         "4",
         "--eval-interval",
         "2",
-        "--batch-size",
-        "8",
-        "--d-model",
-        "16",
-        "--d-ff",
-        "32",
-        "--layers",
-        "1",
-        "--max-len",
-        "4",
         "--test-examples",
         "8",
-        "--log-every",
-        "0",
-    ]);
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let _ = std::fs::remove_dir_all(&out);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    ];
+    args.extend_from_slice(TINY);
+    let stdout = assert_success(&train_seq2seq(&args));
     assert!(
         stdout.contains("held-out exact match on 8 examples: greedy"),
         "{stdout}"
@@ -100,58 +79,24 @@ fn a_short_run_reports_exact_match() {
 /// test next to other tests drawing random numbers in parallel.)
 #[test]
 fn resume_with_dropout_continues_exactly() {
-    let root = out_dir("resume");
-    let straight = root.join("straight");
-    let settings = [
+    let dir = TempDir::new("resume");
+    let mut args = vec![
         "--steps",
         "6",
         "--eval-interval",
         "2",
-        "--batch-size",
-        "8",
-        "--d-model",
-        "16",
-        "--d-ff",
-        "32",
-        "--layers",
-        "1",
-        "--max-len",
-        "4",
         "--dropout",
         "0.1",
         "--test-examples",
         "4",
-        "--log-every",
-        "0",
     ];
-    let mut args = vec!["--out", straight.to_str().unwrap()];
-    args.extend_from_slice(&settings);
-    let output = train_seq2seq(&args);
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+    args.extend_from_slice(TINY);
+    assert_resume_continues_exactly(
+        TRAIN_SEQ2SEQ,
+        dir.path(),
+        &args,
+        &["run.json", "history.json"],
+        &["--log-every", "0"],
+        6,
     );
-
-    // An interrupted run: the same folder without its last round's checkpoint.
-    let crashed = root.join("crashed");
-    interrupted_copy(&straight, &crashed, &["run.json", "history.json"]);
-    let output = train_seq2seq(&[
-        "--resume",
-        "--out",
-        crashed.to_str().unwrap(),
-        "--log-every",
-        "0",
-    ]);
-    let expected = losses(&straight);
-    let resumed = losses(&crashed);
-    let _ = std::fs::remove_dir_all(&root);
-    assert!(
-        output.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert_eq!(expected.0.len(), 6);
-    assert_eq!(resumed, expected);
 }

@@ -21,11 +21,11 @@ use benches::machine::{Machine, adapter_name, emulates_gpu_on_cpu};
 use benches::record::{Record, parse_lines};
 use benches::report;
 use benches::suites::{Job, Mode, SUITES, device_named};
-use benches::write_text_atomically;
+use burn_transformer::io::write_atomically;
 use clap::Parser;
 
 #[global_allocator]
-static ALLOCATOR: examples::Allocator = examples::Allocator;
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Runs burn-transformer's benchmarks on every available backend and writes the report.
 #[derive(Parser, Debug)]
@@ -202,15 +202,16 @@ fn run_companion(
         .filter(|line| !line.starts_with('{'))
         .map(|line| format!("{line}\n"))
         .collect();
-    write_text_atomically(
+    write_atomically(
         &out.join(format!("{name}.md")),
-        &format!(
+        format!(
             "# {title}\n\nMeasured on:\n\n{}\nTables of `{name}{}`, run by the bench runner.\n\n{}\n",
             machine.markdown(),
             if mode == Mode::Quick { " --quick" } else { "" },
             tables.trim()
         ),
     )
+    .map_err(|e| e.to_string())
 }
 
 /// Runs `program` with `arguments`, stopping it after `timeout`.
@@ -289,14 +290,14 @@ fn run(args: &Args) -> Result<(), String> {
     let results = args.out.join("results.jsonl");
     let machine_path = args.out.join("machine.json");
 
-    let earlier_machine = || -> Option<Machine> {
+    let saved_machine = || -> Option<Machine> {
         serde_json::from_str(&std::fs::read_to_string(&machine_path).ok()?).ok()
     };
     let (machine, records) = if args.report_only {
         let text =
             std::fs::read_to_string(&results).map_err(|e| format!("{}: {e}", results.display()))?;
         let records = parse_lines(&text).map_err(|e| format!("{}: {e}", results.display()))?;
-        let machine = earlier_machine().unwrap_or_else(|| Machine::detect(mode.name()));
+        let machine = saved_machine().unwrap_or_else(|| Machine::detect(mode.name()));
         (machine, records)
     } else {
         let (machine, records, backends) = measure(args, mode)?;
@@ -321,7 +322,7 @@ fn run(args: &Args) -> Result<(), String> {
         // A run of companion programs alone measured none of the runner's cells: the
         // tables keep the machine that measured them (the companions' pages name theirs).
         let machine = if records.is_empty() {
-            earlier_machine().unwrap_or(machine)
+            saved_machine().unwrap_or(machine)
         } else {
             machine
         };
@@ -332,13 +333,13 @@ fn run(args: &Args) -> Result<(), String> {
     };
 
     let json = serde_json::to_string_pretty(&machine).map_err(|e| e.to_string())?;
-    write_text_atomically(&machine_path, &format!("{json}\n"))?;
+    write_atomically(&machine_path, format!("{json}\n")).map_err(|e| e.to_string())?;
     let lines: String = records
         .iter()
         .filter_map(|r| serde_json::to_string(r).ok())
         .map(|line| line + "\n")
         .collect();
-    write_text_atomically(&results, &lines)?;
+    write_atomically(&results, lines).map_err(|e| e.to_string())?;
 
     let sections = report::sections(&records, &args.out)?;
     for section in &sections {
@@ -348,7 +349,8 @@ fn run(args: &Args) -> Result<(), String> {
             machine.markdown(),
             section.body
         );
-        write_text_atomically(&args.out.join(format!("{}.md", section.stem)), &text)?;
+        write_atomically(&args.out.join(format!("{}.md", section.stem)), text)
+            .map_err(|e| e.to_string())?;
     }
     let prefix = args
         .out
@@ -365,7 +367,7 @@ fn run(args: &Args) -> Result<(), String> {
     let document = std::fs::read_to_string(&args.docs).unwrap_or_else(|_| {
         "# Benchmarks\n\nNumbers produced by `cargo run --release -p benches --bin bench`.\n".into()
     });
-    write_text_atomically(&args.docs, &report::splice(&document, &block))?;
+    write_atomically(&args.docs, report::splice(&document, &block)).map_err(|e| e.to_string())?;
     eprintln!(
         "bench: {} records; report in {} and {}",
         records.len(),

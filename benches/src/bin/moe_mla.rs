@@ -24,18 +24,18 @@ use std::path::Path;
 use std::time::Instant;
 
 use benches::machine::{adapter_name, emulates_gpu_on_cpu};
-use benches::write_text_atomically;
 use burn::tensor::{Device, DeviceKind, Distribution, Tensor};
 use burn_transformer::attention::{
     KvCache, LatentAttentionConfig, LatentKvCache, LatentPath, MultiHeadAttentionConfig,
 };
 use burn_transformer::ffn::MoeConfig;
 use burn_transformer::ffn::moe::ExpertDispatch;
+use burn_transformer::io::write_atomically;
 use burn_transformer::position::{RopeConfig, RopeLayout};
 use serde_json::{Value, json};
 
 #[global_allocator]
-static ALLOCATOR: examples::Allocator = examples::Allocator;
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 struct Args {
     quick: bool,
@@ -145,7 +145,7 @@ impl Output {
 
     fn write(&self, path: &Path) -> Result<(), String> {
         let text: String = self.lines.iter().map(|line| format!("{line}\n")).collect();
-        write_text_atomically(path, &text)
+        write_atomically(path, text).map_err(|e| e.to_string())
     }
 }
 

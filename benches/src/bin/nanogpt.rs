@@ -19,15 +19,16 @@
 //! nanoGPT): 4 layers, 4 heads, width 128 (SwiGLU 352, tied embeddings), context 64,
 //! batch 12, AdamW lr 1e-3 with 100 warm-up steps and a cosine decay to 1e-4, betas
 //! (0.9, 0.99), weight decay 0.1, global gradient clipping 1.0, 90/10 split,
-//! validation every 250 steps on 20 batches. The PyTorch
-//! reference is `benches/nanogpt_torch.py`; run both in the same session.
+//! validation every 250 steps on 20 batches. The PyTorch reference is
+//! `benches/nanogpt_torch.py`; compare timings of runs made one after the other on
+//! the same machine.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use benches::machine::{adapter_name, emulates_gpu_on_cpu};
-use benches::write_text_atomically;
 use burn_transformer::device::parse_device;
+use burn_transformer::io::write_atomically;
 use burn_transformer::model::CausalLmConfig;
 use burn_transformer::position::RopeConfig;
 use burn_transformer::train::{
@@ -36,7 +37,7 @@ use burn_transformer::train::{
 };
 
 #[global_allocator]
-static ALLOCATOR: examples::Allocator = examples::Allocator;
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// The recipe's corpus, relative to the repository root (where the runner runs).
 const SHAKESPEARE: &str = "../shared/data/tinyshakespeare.txt";
@@ -120,7 +121,7 @@ fn run() -> Result<(), String> {
                  instead (pass --data FILE for the recipe's corpus)"
             );
             (
-                examples::checkout_corpus().map_err(|e| e.to_string())?,
+                Corpus::repository_text().map_err(|e| e.to_string())?,
                 "this checkout's text".to_string(),
             )
         }
@@ -202,7 +203,7 @@ fn run() -> Result<(), String> {
         println!("{line}");
     }
     if let Some(path) = args.json {
-        write_text_atomically(&path, &(lines.join("\n") + "\n"))?;
+        write_atomically(&path, lines.join("\n") + "\n").map_err(|e| e.to_string())?;
     }
     Ok(())
 }

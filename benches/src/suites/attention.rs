@@ -172,9 +172,9 @@ pub fn jobs(mode: Mode, backend: &str) -> Vec<Job> {
         }
     }
     if mode == Mode::Full {
-        // The shape of issue 3's baseline (1×8 heads, d 64, non-causal): at 2048 its naive
-        // scores (128 MiB) still fit lavapipe's largest buffer, where 2×8's do not, so
-        // the forward+backward target at 2048 has a peer to compare with.
+        // 1×8 heads, d 64, non-causal: at 2048 its naive scores (128 MiB) still fit
+        // lavapipe's largest buffer, where 2×8's do not, so the forward+backward cell at
+        // 2048 has peers to compare with on an emulated GPU too.
         for backward in [false, true] {
             for seq in [1024, 2048] {
                 push(1, 8, seq, 64, false, backward);

@@ -1,6 +1,6 @@
-//! Training steps of the LLaMA-style [`CausalLm`] at two sizes: forward, loss,
-//! backward, global gradient clipping and the AdamW update, exactly the step
-//! `train-lm` runs (the library's own [`LmTask`]), as tokens per second.
+//! Training steps of the LLaMA-style [`CausalLm`](burn_transformer::model::CausalLm) at
+//! two sizes: forward, loss, backward, global gradient clipping and the AdamW update,
+//! exactly the step `train-lm` runs (the library's own [`LmTask`]), as tokens per second.
 //!
 //! On backends with the fused kernel (wgpu, cuda) each size is also measured with the
 //! attention forced onto the reference path, its peer in the same run.

@@ -12,7 +12,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 
 use super::GenerateError;
 use super::generation::{check_prompts, last_logits, left_pad};
-use super::model::LanguageModel;
+use super::language_model::LanguageModel;
 use super::sampler::log_softmax;
 
 /// When a prompt's search is done (HF's `early_stopping`).

@@ -1,6 +1,11 @@
 //! The generation loop: prefill the prompts, then one token per step through the KV
 //! caches, until a stop token or `max_new_tokens`.
 //!
+//! With [`GenerationConfig::max_context`], every token is predicted from at most that
+//! many of the latest tokens, as a model trained on windows of that length saw them:
+//! once the cache is full, each step prefills the latest `max_context` tokens into an
+//! empty cache instead of appending one.
+//!
 //! Prompts of different lengths run as one batch with left padding: every prompt ends
 //! at the last column, the padded positions are masked as keys (and their queries
 //! see nothing, giving zeros, never NaN). RoPE rotates by absolute column, so a
@@ -12,7 +17,7 @@
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
 use super::GenerateError;
-use super::model::LanguageModel;
+use super::language_model::LanguageModel;
 use super::sampler::{Sampler, SamplingConfig};
 
 /// Settings of [`generate`].
@@ -28,6 +33,9 @@ pub struct GenerationConfig {
     pub pad_token: u32,
     /// How each token is chosen. Default: greedy.
     pub sampling: SamplingConfig,
+    /// Predict each token from at most this many of the latest tokens (the context a
+    /// model was trained on); `None` keeps every token. Default: `None`.
+    pub max_context: Option<usize>,
 }
 
 impl Default for GenerationConfig {
@@ -37,6 +45,7 @@ impl Default for GenerationConfig {
             stop_tokens: Vec::new(),
             pad_token: 0,
             sampling: SamplingConfig::greedy(),
+            max_context: None,
         }
     }
 }
@@ -65,6 +74,12 @@ impl GenerationConfig {
     /// Sets how tokens are chosen.
     pub fn with_sampling(mut self, sampling: SamplingConfig) -> Self {
         self.sampling = sampling;
+        self
+    }
+
+    /// Sets the most tokens each prediction sees.
+    pub fn with_max_context(mut self, max_context: Option<usize>) -> Self {
+        self.max_context = max_context;
         self
     }
 }
@@ -103,7 +118,7 @@ pub struct TokenEvent {
 ///
 /// # Errors
 /// [`GenerateError`] for an empty batch or prompt, a token outside the vocabulary,
-/// or invalid sampling settings.
+/// invalid sampling settings or a `max_context` of 0.
 pub fn generate<M: LanguageModel>(
     model: &M,
     prompts: &[Vec<u32>],
@@ -112,6 +127,12 @@ pub fn generate<M: LanguageModel>(
 ) -> Result<Vec<Generated>, GenerateError> {
     let mut sampler = Sampler::new(config.sampling.clone())?;
     check_prompts(prompts, model.vocab_size(), config.pad_token)?;
+    if config.max_context == Some(0) {
+        return Err(GenerateError::InvalidSetting {
+            setting: "max_context",
+            reason: "must be at least 1".into(),
+        });
+    }
     let batch = prompts.len();
     let vocab = model.vocab_size();
     let device = model.device();
@@ -128,12 +149,7 @@ pub fn generate<M: LanguageModel>(
             .collect());
     }
 
-    let (tokens, padding) = left_pad(prompts, config.pad_token, &device);
-    let mut cache = model.new_cache(batch);
-    let logits = model.forward_step(tokens, padding, &mut cache);
-    let [_, prompt_len, _] = logits.dims();
-    let mut last = logits.narrow(1, prompt_len - 1, 1); // [batch, 1, vocab]
-
+    let (mut cache, mut cached, mut last) = prefill(model, &histories, config, &device);
     for step in 0..config.max_new_tokens {
         let rows = last_logits(last, batch, vocab);
         let mut next = vec![config.pad_token; batch];
@@ -156,6 +172,10 @@ pub fn generate<M: LanguageModel>(
         if outputs.iter().all(Option::is_some) || step + 1 == config.max_new_tokens {
             break;
         }
+        if config.max_context.is_some_and(|limit| cached >= limit) {
+            (cache, cached, last) = prefill(model, &histories, config, &device);
+            continue;
+        }
         // Finished rows keep decoding padding: cheaper than reshaping the batch, and
         // their outputs are ignored.
         let tokens = Tensor::<2, Int>::from_data(
@@ -163,6 +183,7 @@ pub fn generate<M: LanguageModel>(
             &device,
         );
         last = model.forward_step(tokens, None, &mut cache);
+        cached += 1;
     }
     Ok(outputs
         .into_iter()
@@ -174,6 +195,30 @@ pub fn generate<M: LanguageModel>(
             })
         })
         .collect())
+}
+
+/// Runs the latest tokens of every row (at most `max_context` of them) through an
+/// empty cache; returns the cache, the number of positions it holds, and the logits
+/// of the last position `[batch, 1, vocab]`.
+fn prefill<M: LanguageModel>(
+    model: &M,
+    histories: &[Vec<u32>],
+    config: &GenerationConfig,
+    device: &Device,
+) -> (M::Cache, usize, Tensor<3>) {
+    let windows: Vec<Vec<u32>> = histories
+        .iter()
+        .map(|tokens| {
+            let keep = config.max_context.unwrap_or(tokens.len()).min(tokens.len());
+            tokens[tokens.len() - keep..].to_vec()
+        })
+        .collect();
+    let (tokens, padding) = left_pad(&windows, config.pad_token, device);
+    let mut cache = model.new_cache(histories.len());
+    let logits = model.forward_step(tokens, padding, &mut cache);
+    let [_, positions, _] = logits.dims();
+    let last = logits.narrow(1, positions - 1, 1);
+    (cache, positions, last)
 }
 
 /// Checks that the batch and every prompt are non-empty and every id is in the
@@ -213,7 +258,7 @@ pub(crate) fn check_prompts(
 /// # Shapes
 /// - returns tokens `[batch, max_len]` and, if any prompt is shorter, the key padding
 ///   `[batch, max_len]` (`true` = padding)
-pub fn left_pad(
+pub(crate) fn left_pad(
     prompts: &[Vec<u32>],
     pad_token: u32,
     device: &Device,
@@ -245,4 +290,89 @@ pub(crate) fn last_logits(logits: Tensor<3>, batch: usize, vocab: usize) -> Vec<
         .try_into_vec::<f32>()
         .unwrap_or_else(|error| panic!("logits are not readable as f32: {error:?}"));
     values.chunks(vocab).map(<[f32]>::to_vec).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{CausalLm, CausalLmConfig};
+    use crate::position::RopeConfig;
+    use crate::test_utils::model_test_devices;
+
+    fn tiny_model(vocab: usize, device: &Device) -> CausalLm {
+        CausalLmConfig::new(vocab, 32, 2, 4, 64, RopeConfig::new(8))
+            .with_n_kv_heads(Some(2))
+            .with_norm_eps(1e-5)
+            .init(device)
+    }
+
+    /// The loop `max_context` must agree with: every token is chosen from a whole
+    /// forward pass over the latest `context` tokens alone (positions from 0), with no
+    /// cache.
+    fn windowed_reference(
+        model: &CausalLm,
+        prompt: &[u32],
+        new_tokens: usize,
+        context: usize,
+        sampling: SamplingConfig,
+    ) -> Vec<u32> {
+        let device = LanguageModel::device(model);
+        let vocab = model.vocab_size();
+        let mut sampler = Sampler::new(sampling).unwrap();
+        let mut tokens = prompt.to_vec();
+        for _ in 0..new_tokens {
+            let window = &tokens[tokens.len().saturating_sub(context)..];
+            let ids: Vec<i64> = window.iter().map(|&t| t as i64).collect();
+            let input =
+                Tensor::<2, Int>::from_data(TensorData::new(ids, [1, window.len()]), &device);
+            let last = window.len() - 1;
+            let logits = model.forward(input, None).narrow(1, last, 1); // [1, 1, vocab]
+            let mut logits = last_logits(logits, 1, vocab).remove(0);
+            tokens.push(sampler.choose(&mut logits, &tokens));
+        }
+        tokens.split_off(prompt.len())
+    }
+
+    #[test]
+    fn max_context_predicts_from_the_latest_window_as_a_full_pass_does() {
+        for device in model_test_devices() {
+            let model = tiny_model(11, &device);
+            for (prompt, context) in [(vec![1, 2, 3], 8), (vec![4, 9, 2, 7, 7, 1, 3, 5, 0, 2], 4)] {
+                for sampling in [SamplingConfig::greedy(), SamplingConfig::sample(1.0, 5)] {
+                    let expected =
+                        windowed_reference(&model, &prompt, 20, context, sampling.clone());
+                    let config = GenerationConfig::greedy(20)
+                        .with_sampling(sampling)
+                        .with_max_context(Some(context));
+                    let mut streamed = Vec::new();
+                    let got = generate(&model, std::slice::from_ref(&prompt), &config, |event| {
+                        streamed.push(event.token)
+                    })
+                    .unwrap()
+                    .remove(0);
+                    assert_eq!(got.tokens, expected, "{device:?}, context {context}");
+                    assert_eq!(streamed, expected, "streamed as chosen");
+                    assert!(got.tokens.iter().all(|&t| t < 11));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn max_context_keeps_each_row_of_a_padded_batch_to_its_own_window() {
+        let device = Device::flex();
+        let model = tiny_model(13, &device);
+        let prompts = vec![vec![1, 2], vec![3, 4, 5, 6, 7, 8, 9]];
+        let config = GenerationConfig::greedy(12).with_max_context(Some(5));
+        let batched = generate(&model, &prompts, &config, |_| {}).unwrap();
+        for (prompt, output) in prompts.iter().zip(&batched) {
+            let alone = windowed_reference(&model, prompt, 12, 5, SamplingConfig::greedy());
+            assert_eq!(output.tokens, alone, "prompt {prompt:?}");
+        }
+        let zero = GenerationConfig::greedy(1).with_max_context(Some(0));
+        assert!(matches!(
+            generate(&model, &prompts, &zero, |_| {}),
+            Err(GenerateError::InvalidSetting { .. })
+        ));
+    }
 }

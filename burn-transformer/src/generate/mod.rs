@@ -16,16 +16,15 @@
 
 mod beam;
 mod generation;
-mod model;
+mod language_model;
 mod sampler;
 
 pub use beam::{BeamSearchConfig, EarlyStopping, Hypothesis, beam_search};
-pub use generation::{Generated, GenerationConfig, StopReason, TokenEvent, generate, left_pad};
-pub use model::{LanguageModel, Seq2SeqDecoding};
-pub use sampler::{
-    Sampler, SamplingConfig, apply_repetition_penalty, apply_top_k, apply_top_p, argmax,
-    log_softmax, softmax,
-};
+pub use generation::{Generated, GenerationConfig, StopReason, TokenEvent, generate};
+pub use language_model::{LanguageModel, Seq2SeqDecoding};
+pub use sampler::{Sampler, SamplingConfig};
+#[cfg(test)]
+pub(crate) use {generation::left_pad, sampler::log_softmax};
 
 use thiserror::Error;
 

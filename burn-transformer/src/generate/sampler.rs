@@ -169,7 +169,7 @@ impl Sampler {
 }
 
 /// The index of the largest logit (the first one on ties, as `torch.argmax`).
-pub fn argmax(logits: &[f32]) -> u32 {
+pub(crate) fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;
     for (token, &logit) in logits.iter().enumerate() {
         if logit > logits[best] || logits[best].is_nan() {
@@ -181,7 +181,7 @@ pub fn argmax(logits: &[f32]) -> u32 {
 
 /// HF's `RepetitionPenaltyLogitsProcessor`: each token seen once or more is penalized
 /// once.
-pub fn apply_repetition_penalty(logits: &mut [f32], history: &[u32], penalty: f32) {
+pub(crate) fn apply_repetition_penalty(logits: &mut [f32], history: &[u32], penalty: f32) {
     if penalty == 1.0 {
         return;
     }
@@ -201,7 +201,7 @@ pub fn apply_repetition_penalty(logits: &mut [f32], history: &[u32], penalty: f3
 }
 
 /// Keeps the `k` largest logits (and any tied with the k-th), `-inf` elsewhere.
-pub fn apply_top_k(logits: &mut [f32], k: usize) {
+pub(crate) fn apply_top_k(logits: &mut [f32], k: usize) {
     if k >= logits.len() {
         return;
     }
@@ -216,7 +216,7 @@ pub fn apply_top_k(logits: &mut [f32], k: usize) {
 
 /// Keeps the smallest set of most likely tokens whose probability sums to at least
 /// `p` (always at least one), `-inf` elsewhere.
-pub fn apply_top_p(logits: &mut [f32], p: f32) {
+pub(crate) fn apply_top_p(logits: &mut [f32], p: f32) {
     if p >= 1.0 {
         return;
     }
@@ -240,7 +240,7 @@ pub fn apply_top_p(logits: &mut [f32], p: f32) {
 }
 
 /// Softmax of one row (in f64 for the sum); `-inf` entries get probability 0.
-pub fn softmax(logits: &[f32]) -> Vec<f32> {
+pub(crate) fn softmax(logits: &[f32]) -> Vec<f32> {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     if !max.is_finite() {
         // Everything masked: uniform rather than NaN.
@@ -252,7 +252,7 @@ pub fn softmax(logits: &[f32]) -> Vec<f32> {
 }
 
 /// `log_softmax` of one row, in f64 for the sum.
-pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
+pub(crate) fn log_softmax(logits: &[f32]) -> Vec<f32> {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     if !max.is_finite() {
         return vec![-(logits.len() as f32).ln(); logits.len()];

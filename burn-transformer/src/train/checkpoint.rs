@@ -12,23 +12,25 @@ use std::path::{Path, PathBuf};
 use burn::module::Module;
 use burn::store::ModuleRecord;
 use burn::train::checkpoint::{Checkpoint, Checkpointer, CheckpointerError};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
-use super::io::{read_bytes, write_atomically};
 use super::{TrainError, record_layout};
+use crate::io::{FileError, read_bytes, read_text, write_atomically};
 
 /// The records burn-train checkpoints, by file-name prefix.
 pub const CHECKPOINT_RECORDS: [&str; 3] = ["model", "optim", "scheduler"];
 
 /// Saves each epoch's record as `<directory>/<name>-<epoch>.bpk`, atomically.
 #[derive(Debug, Clone)]
-pub struct AtomicFileCheckpointer {
+pub(crate) struct AtomicFileCheckpointer {
     directory: PathBuf,
     name: String,
 }
 
 impl AtomicFileCheckpointer {
     /// A checkpointer of records named `name` in `directory` (created if missing).
-    pub fn new(directory: impl AsRef<Path>, name: &str) -> Self {
+    pub(crate) fn new(directory: impl AsRef<Path>, name: &str) -> Self {
         Self {
             directory: directory.as_ref().to_path_buf(),
             name: name.to_string(),
@@ -36,7 +38,7 @@ impl AtomicFileCheckpointer {
     }
 
     /// The file of `epoch`.
-    pub fn path_for(&self, epoch: usize) -> PathBuf {
+    fn path_for(&self, epoch: usize) -> PathBuf {
         checkpoint_path(&self.directory, &self.name, epoch)
     }
 }
@@ -46,9 +48,11 @@ pub fn checkpoint_path(directory: &Path, name: &str, epoch: usize) -> PathBuf {
     directory.join(format!("{name}-{epoch}.bpk"))
 }
 
-fn io_error(error: TrainError) -> CheckpointerError {
+fn io_error(error: FileError) -> CheckpointerError {
     match error {
-        TrainError::Io { source, .. } => CheckpointerError::IOError(source),
+        FileError::Read { source, .. } | FileError::Write { source, .. } => {
+            CheckpointerError::IOError(source)
+        }
         other => CheckpointerError::Unknown(other.to_string()),
     }
 }
@@ -58,7 +62,7 @@ impl<R: Checkpoint> Checkpointer<R> for AtomicFileCheckpointer {
         let bytes = record
             .checkpoint_into_bytes()
             .map_err(CheckpointerError::Record)?;
-        write_atomically(&self.path_for(epoch), &bytes).map_err(io_error)
+        write_atomically(&self.path_for(epoch), &bytes[..]).map_err(io_error)
     }
 
     fn delete(&self, epoch: usize) -> Result<(), CheckpointerError> {
@@ -113,7 +117,7 @@ pub fn save_module<M: Module>(module: M, path: &Path) -> Result<(), TrainError> 
         .into_record()
         .into_bytes()
         .map_err(|error| failed(error.to_string()))?;
-    write_atomically(path, &bytes)
+    Ok(write_atomically(path, &bytes[..])?)
 }
 
 /// Loads parameters saved by [`save_module`] (or a checkpoint) into `module`, which
@@ -121,7 +125,7 @@ pub fn save_module<M: Module>(module: M, path: &Path) -> Result<(), TrainError> 
 /// too: its parameters are renamed to today's paths.
 ///
 /// # Errors
-/// [`TrainError::NotFound`] or [`TrainError::Checkpoint`] naming the file and what
+/// [`TrainError::File`] or [`TrainError::Checkpoint`] naming the file and what
 /// did not match.
 pub fn load_module<M: Module>(module: M, path: &Path) -> Result<M, TrainError> {
     let bytes = burn::tensor::Bytes::from_bytes_vec(read_bytes(path)?);
@@ -146,4 +150,29 @@ pub fn load_module<M: Module>(module: M, path: &Path) -> Result<M, TrainError> {
             }
         }
     }
+}
+
+/// Reads the JSON file `path` as a `T`; `what` names a `T` in the error (`a training
+/// history`).
+///
+/// # Errors
+/// [`TrainError::File`] when the file cannot be read, [`TrainError::Checkpoint`] when
+/// it is not JSON of a `T`.
+pub(crate) fn read_json<T: DeserializeOwned>(path: &Path, what: &str) -> Result<T, TrainError> {
+    serde_json::from_str(&read_text(path)?).map_err(|error| TrainError::Checkpoint {
+        path: path.to_path_buf(),
+        reason: format!("not {what}: {error}"),
+    })
+}
+
+/// Writes `value` as JSON to `path`, atomically.
+///
+/// # Errors
+/// [`TrainError::File`] naming the file.
+pub(crate) fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), TrainError> {
+    let json = serde_json::to_string_pretty(value).map_err(|error| TrainError::Checkpoint {
+        path: path.to_path_buf(),
+        reason: error.to_string(),
+    })?;
+    Ok(write_atomically(path, json)?)
 }

@@ -8,32 +8,14 @@ use std::path::PathBuf;
 use thiserror::Error;
 
 use crate::error::ConfigError;
+use crate::io::FileError;
 
 /// An error of the training programs' data, settings or files.
 #[derive(Debug, Error)]
 pub enum TrainError {
-    /// The corpus path does not exist.
-    #[error("{}: no such file or directory", path.display())]
-    NotFound {
-        /// The path as given.
-        path: PathBuf,
-    },
-    /// A file could not be read.
-    #[error("{}: cannot read: {source}", path.display())]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The operating system's reason.
-        source: std::io::Error,
-    },
-    /// A corpus file given by name is not UTF-8 text.
-    #[error("{}: not UTF-8 text (byte {valid_up_to} is not valid UTF-8)", path.display())]
-    NotUtf8 {
-        /// The file.
-        path: PathBuf,
-        /// Bytes before the first invalid one.
-        valid_up_to: usize,
-    },
+    /// A file could not be read or written.
+    #[error(transparent)]
+    File(#[from] FileError),
     /// The corpus holds no text (an empty file, or a folder without UTF-8 files).
     #[error("{}: the corpus is empty{}", path.display(), if *skipped > 0 {
         format!(" ({skipped} files skipped as not UTF-8 text)")

@@ -11,23 +11,18 @@
 use std::sync::Arc;
 
 use burn::config::Config;
-use burn::module::{Module, ParamGroup};
-use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer};
-use burn::tensor::{Device, Int, Tensor, TensorData};
-use burn::train::metric::{LearningRateMetric, LossMetric, PerplexityMetric};
-use burn::train::{
-    InferenceStep, Learner, SequenceOutput, SupervisedTraining, TrainOutput, TrainStep,
-};
+use burn::module::Module;
+use burn::optim::ModuleOptimizer;
+use burn::tensor::{Device, Tensor};
+use burn::train::metric::PerplexityMetric;
+use burn::train::{InferenceStep, Learner, SequenceOutput, TrainOutput, TrainStep};
 
+use super::data::{LmBatch, TokenSplit, WindowLoader};
 use super::progress::History;
-use super::run::{RunOptions, Schedule, configure, finish, prepare};
-use super::{
-    TokenSplit, TrainError, WarmupCosineConfig, WindowLoader, clip_grad_norm, cross_entropy,
-    host_init, step_seed, to_training_device,
-};
-use crate::generate::{Sampler, SamplingConfig};
+use super::run::{RunOptions, Schedule, launch, prepare};
+use super::step::{StepSettings, adamw, require_positive, train_step, validation_output};
+use super::{TrainError, WarmupCosineConfig, cross_entropy, host_init, to_training_device};
 use crate::model::{CausalLm, CausalLmConfig};
-use crate::train::windows::LmBatch;
 
 /// Hyperparameters of a language-modelling run. The defaults are nanoGPT's CPU
 /// recipe for character-level Shakespeare (`train_shakespeare_char.py` with
@@ -98,31 +93,14 @@ impl LmTrainingConfig {
     /// # Errors
     /// [`TrainError::InvalidSetting`] naming the flag.
     pub fn validate(&self) -> Result<(), TrainError> {
-        for (setting, value) in [
+        require_positive(&[
             ("batch-size", self.batch_size),
             ("context", self.context),
             ("steps", self.steps),
             ("eval-interval", self.eval_interval),
             ("eval-batches", self.eval_batches),
-        ] {
-            if value == 0 {
-                return Err(TrainError::setting(setting, "must be greater than 0"));
-            }
-        }
-        if !(0.0..1.0).contains(&self.label_smoothing) {
-            return Err(TrainError::setting(
-                "label-smoothing",
-                format!("must be in [0, 1), got {}", self.label_smoothing),
-            ));
-        }
-        if let Some(clip) = self.grad_clip
-            && !(clip.is_finite() && clip > 0.0)
-        {
-            return Err(TrainError::setting(
-                "grad-clip",
-                format!("must be positive, got {clip}"),
-            ));
-        }
+        ])?;
+        self.step_settings().validate()?;
         if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
             return Err(TrainError::setting(
                 "weight-decay",
@@ -130,6 +108,15 @@ impl LmTrainingConfig {
             ));
         }
         self.schedule().init().map(|_| ())
+    }
+
+    /// What each training step of this run needs.
+    pub fn step_settings(&self) -> StepSettings {
+        StepSettings {
+            label_smoothing: self.label_smoothing,
+            grad_clip: self.grad_clip,
+            seed: self.seed,
+        }
     }
 
     fn schedule(&self) -> WarmupCosineConfig {
@@ -140,8 +127,8 @@ impl LmTrainingConfig {
 
     /// AdamW with decoupled weight decay on every parameter except norm weights and
     /// biases (their paths contain `norm`, or end in `bias`), as nanoGPT and LLaMA.
-    /// Gradient clipping is not the optimizer's: [`clip_grad_norm`] clips the global
-    /// norm in the training step.
+    /// Gradient clipping is not the optimizer's: the training step clips the
+    /// gradients' global norm ([`LmTrainingConfig::grad_clip`]).
     pub fn optimizer(&self) -> ModuleOptimizer {
         adamw(
             self.beta1,
@@ -150,38 +137,6 @@ impl LmTrainingConfig {
             self.weight_decay as f32,
         )
     }
-}
-
-/// AdamW with weight decay on every parameter but norms and biases.
-pub fn adamw(beta1: f32, beta2: f32, epsilon: f32, weight_decay: f32) -> ModuleOptimizer {
-    let decayed = AdamWConfig::new()
-        .with_beta_1(beta1)
-        .with_beta_2(beta2)
-        .with_epsilon(epsilon)
-        .with_weight_decay(weight_decay);
-    let optimizer = decayed.init();
-    if weight_decay == 0.0 {
-        return optimizer;
-    }
-    // Groups match by path, not by parameter id: ids are restored from a checkpoint,
-    // paths are stable, so a resumed run puts each parameter in the same group.
-    match ParamGroup::from_any_regexes(vec![r"norm", r"(^|\.)bias$"]) {
-        Ok(undecayed) => {
-            optimizer.with_group(undecayed, decayed.with_weight_decay(0.0).build(), None)
-        }
-        Err(_) => optimizer,
-    }
-}
-
-/// What a training step needs besides the model.
-#[derive(Debug, Clone, Copy)]
-pub struct StepSettings {
-    /// Label smoothing of the training loss.
-    pub label_smoothing: f64,
-    /// Global gradient-norm clip.
-    pub grad_clip: Option<f64>,
-    /// Seed of the per-step random state (dropout).
-    pub seed: u64,
 }
 
 /// A [`CausalLm`] as a burn-train model: next-token cross entropy, plus the MoE
@@ -226,20 +181,15 @@ impl TrainStep for LmTask {
     type Output = SequenceOutput;
 
     fn step(&self, batch: LmBatch) -> TrainOutput<SequenceOutput> {
-        // Dropout masks of step s depend on (seed, s) only: resuming replays them.
-        batch
-            .inputs
-            .device()
-            .seed(step_seed(self.settings.seed, batch.step));
-        let (loss, logits) = self.training_loss(&batch);
-        let mut grads = GradientsParams::from_grads(loss.backward(), self);
-        if let Some(max_norm) = self.settings.grad_clip {
-            clip_grad_norm(self, &mut grads, max_norm);
-        }
-        TrainOutput {
-            grads,
-            item: SequenceOutput::new(loss, logits, None, batch.targets),
-        }
+        let device = batch.inputs.device();
+        train_step(
+            self,
+            &self.settings,
+            &device,
+            batch.step,
+            batch.targets.clone(),
+            || self.training_loss(&batch),
+        )
     }
 }
 
@@ -248,10 +198,7 @@ impl InferenceStep for LmTask {
     type Output = SequenceOutput;
 
     fn step(&self, batch: LmBatch) -> SequenceOutput {
-        let logits = self.model.forward(batch.inputs, None);
-        // Validation reports the plain cross entropy: no smoothing, no auxiliary loss.
-        let loss = cross_entropy(logits.clone(), batch.targets.clone(), 0.0, None);
-        SequenceOutput::new(loss, logits, None, batch.targets)
+        validation_output(self.model.forward(batch.inputs, None), batch.targets, None)
     }
 }
 
@@ -316,14 +263,7 @@ pub fn train_language_model_from(
 
     let autodiff = device.clone().autodiff();
     let model = to_training_device(model, device);
-    let task = LmTask::new(
-        model,
-        StepSettings {
-            label_smoothing: training.label_smoothing,
-            grad_clip: training.grad_clip,
-            seed: training.seed,
-        },
-    );
+    let task = LmTask::new(model, training.step_settings());
     let learner = Learner::new(task, training.optimizer(), training.schedule().init()?);
 
     let train_loader = WindowLoader::training(
@@ -344,21 +284,16 @@ pub fn train_language_model_from(
         training.seed,
         device,
     );
-    // The whole run on flex's own pool (see `on_compute_pool`); the builder holds
-    // boxed strategies that cannot cross threads, so it is made there.
-    let result = crate::device::on_compute_pool(device, || {
-        let builder = SupervisedTraining::new(
-            &options.directory,
-            Arc::new(train_loader),
-            Arc::new(valid_loader),
-        )
-        .metric_train_numeric(LossMetric::new())
-        .metric_train_numeric(LearningRateMetric::new())
-        .metric_valid_numeric(LossMetric::new())
-        .metric_valid_numeric(PerplexityMetric::new());
-        configure(builder, options, schedule, &prepared).launch(learner)
-    });
-    let (task, history) = finish(result, &prepared)?;
+    let (task, history) = launch(
+        learner,
+        Arc::new(train_loader),
+        Arc::new(valid_loader),
+        PerplexityMetric::new(),
+        device,
+        options,
+        schedule,
+        &prepared,
+    )?;
     Ok(LmRunResult {
         model: task.model,
         history,
@@ -384,63 +319,16 @@ fn check_vocabulary(split: &TokenSplit, vocab_size: usize) -> Result<(), TrainEr
     Ok(())
 }
 
-/// Samples `length` tokens after `prompt` from `model`, feeding it at most the last
-/// `context` tokens (the window it was trained on), with temperature and top-k.
-///
-/// # Errors
-/// [`TrainError::InvalidSetting`] for an empty prompt, a token outside the
-/// vocabulary, or invalid sampling settings.
-pub fn sample_tokens(
-    model: &CausalLm,
-    prompt: &[u32],
-    length: usize,
-    context: usize,
-    sampling: SamplingConfig,
-) -> Result<Vec<u32>, TrainError> {
-    if prompt.is_empty() {
-        return Err(TrainError::setting("prompt", "is empty"));
-    }
-    if let Some(&token) = prompt.iter().find(|&&t| t as usize >= model.vocab_size()) {
-        return Err(TrainError::setting(
-            "prompt",
-            format!(
-                "token {token} is outside the vocabulary of {}",
-                model.vocab_size()
-            ),
-        ));
-    }
-    let mut sampler = Sampler::new(sampling)
-        .map_err(|error| TrainError::setting("sampling", error.to_string()))?;
-    let device = model.device();
-    let vocab = model.vocab_size();
-    let mut tokens = prompt.to_vec();
-    for _ in 0..length {
-        let window = &tokens[tokens.len().saturating_sub(context)..];
-        let ids: Vec<i64> = window.iter().map(|&t| t as i64).collect();
-        let input = Tensor::<2, Int>::from_data(TensorData::new(ids, [1, window.len()]), &device);
-        let last = window.len() - 1;
-        let logits = model
-            .forward(input, None)
-            .slice([0..1, last..last + 1, 0..vocab]); // [1, 1, vocab]
-        let mut logits: Vec<f32> = logits
-            .try_to_vec_as()
-            .map_err(|error| TrainError::Training(error.to_string()))?;
-        tokens.push(sampler.choose(&mut logits, &tokens));
-    }
-    Ok(tokens.split_off(prompt.len()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::io::tests::TempDir;
     use crate::test_utils::model_test_devices;
-    use crate::train::tests::TempDir;
+    use crate::train::tests::interrupted_copy;
     use crate::train::{
-        CharTokenizer, Tokenizer, checkpoint_dir, checkpoint_path, history_file, latest_checkpoint,
-        load_module, save_module,
+        CharTokenizer, Tokenizer, checkpoint_dir, latest_checkpoint, load_module, save_module,
     };
     use burn::module::{ModuleVisitor, Param};
-    use burn::optim::lr_scheduler::LrScheduler;
 
     /// A small corpus with structure to learn.
     fn corpus() -> String {
@@ -642,20 +530,8 @@ mod tests {
         // (the straight run kept the last two, 2 and 3; drop 3) and a history that
         // went further than the checkpoint.
         let crashed = TempDir::new("lm-crashed");
-        let (from, to) = (
-            checkpoint_dir(straight.path()),
-            checkpoint_dir(crashed.path()),
-        );
-        std::fs::create_dir_all(&to).unwrap();
-        for name in crate::train::CHECKPOINT_RECORDS {
-            std::fs::copy(
-                checkpoint_path(&from, name, 2),
-                checkpoint_path(&to, name, 2),
-            )
-            .unwrap();
-        }
-        std::fs::copy(history_file(straight.path()), history_file(crashed.path())).unwrap();
-        assert_eq!(latest_checkpoint(&to), Some(2));
+        interrupted_copy(straight.path(), crashed.path());
+        assert_eq!(latest_checkpoint(&checkpoint_dir(crashed.path())), Some(2));
 
         let options = RunOptions {
             resume: true,
@@ -776,21 +652,5 @@ mod tests {
             device_error.contains("unknown device `tpu`"),
             "{device_error}"
         );
-    }
-
-    #[test]
-    fn samples_continue_the_prompt_within_the_vocabulary() {
-        let device = Device::flex();
-        let model = tiny_model(11).init(&device);
-        let tokens =
-            sample_tokens(&model, &[1, 2, 3], 20, 8, SamplingConfig::sample(1.0, 5)).unwrap();
-        assert_eq!(tokens.len(), 20);
-        assert!(tokens.iter().all(|&t| t < 11));
-        let again =
-            sample_tokens(&model, &[1, 2, 3], 20, 8, SamplingConfig::sample(1.0, 5)).unwrap();
-        assert_eq!(tokens, again, "seeded sampling is reproducible");
-        assert!(sample_tokens(&model, &[], 5, 8, SamplingConfig::greedy()).is_err());
-        assert!(sample_tokens(&model, &[11], 5, 8, SamplingConfig::greedy()).is_err());
-        let _ = LrScheduler::to_record(&LmTrainingConfig::new().schedule().init().unwrap());
     }
 }

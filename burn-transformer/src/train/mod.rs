@@ -4,8 +4,9 @@
 //! ```text
 //! corpus ─► Tokenizer ─► TokenSplit (train | validation) ─► WindowLoader (seeded windows)
 //!   ─► LmTask (CausalLm + cross entropy [+ MoE aux loss]) ─► burn-train Learner
+//! DigitTask ─► Seq2SeqLoader (seeded batches) ─► Seq2SeqTask (Transformer) ─► Learner
 //!        AdamW · WarmupCosine / Noam · global-norm clipping · label smoothing
-//!   ─► ProgressRenderer (progress lines, History) · AtomicFileCheckpointer (resume)
+//!   ─► progress lines and a History · atomic checkpoints (exact resumption)
 //! ```
 //!
 //! Everything random about a run (initial parameters, windows, dropout) is derived
@@ -14,53 +15,45 @@
 
 mod checkpoint;
 mod clip;
-mod corpus;
+mod data;
 mod error;
-mod io;
 mod lm;
 mod loss;
 mod progress;
 mod record_layout;
 mod run;
 mod schedule;
-pub mod seq2seq;
-mod tokenizer;
-mod windows;
+mod seq2seq;
+mod step;
 
 pub use checkpoint::{
-    AtomicFileCheckpointer, CHECKPOINT_RECORDS, checkpoint_path, latest_checkpoint, load_module,
-    save_module,
+    CHECKPOINT_RECORDS, checkpoint_path, latest_checkpoint, load_module, save_module,
 };
 pub use clip::clip_grad_norm;
-pub use corpus::{Corpus, TokenSplit};
+pub use data::digits;
+pub use data::{
+    CharTokenizer, Corpus, DigitTask, Example, LmBatch, Seq2SeqBatch, Seq2SeqLoader, TokenSplit,
+    Tokenizer, WindowLoader, test_examples,
+};
 pub use error::TrainError;
-pub use io::{read_text, replace_atomically, temporary_path, write_atomically};
 pub use lm::{
-    LmRunResult, LmTask, LmTrainingConfig, StepSettings, adamw, sample_tokens,
-    train_language_model, train_language_model_from,
+    LmRunResult, LmTask, LmTrainingConfig, train_language_model, train_language_model_from,
 };
 pub use loss::cross_entropy;
-pub use progress::{History, ProgressRenderer, ProgressSettings, TrainPoint, ValidationPoint};
+pub use progress::{History, TrainPoint, ValidationPoint};
 pub use run::{RunOptions, checkpoint_dir, history_file};
 pub use schedule::{WarmupCosine, WarmupCosineConfig, noam};
 pub use seq2seq::{
-    DigitTask, Example, Seq2SeqBatch, Seq2SeqEvaluation, Seq2SeqLoader, Seq2SeqRunResult,
-    Seq2SeqTask, Seq2SeqTrainingConfig, evaluate_exact_match, test_examples, train_seq2seq,
+    Seq2SeqEvaluation, Seq2SeqRunResult, Seq2SeqTask, Seq2SeqTrainingConfig, evaluate_exact_match,
+    train_seq2seq,
 };
-pub use tokenizer::{CharTokenizer, Tokenizer};
-pub use windows::{LmBatch, SplitMix64, WindowLoader, gather_windows, window_starts};
+pub use step::{StepSettings, adamw};
 
 use burn::tensor::Device;
 
-/// The seed of step `step`'s random state: a hash of the run's seed and the step,
-/// so consecutive steps get unrelated streams.
-pub fn step_seed(seed: u64, step: usize) -> u64 {
-    SplitMix64::new(seed, step as u64).next_u64()
-}
-
 /// The CPU device parameters are drawn on: the same seed gives the same initial
 /// model whatever device trains it.
-pub fn host_device() -> Option<Device> {
+fn host_device() -> Option<Device> {
     #[cfg(feature = "flex")]
     return Some(Device::flex());
     #[cfg(all(not(feature = "flex"), feature = "ndarray"))]
@@ -127,33 +120,23 @@ impl burn::module::ModuleVisitor for Materialize {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use std::path::{Path, PathBuf};
+    use std::path::Path;
 
-    /// A temporary folder removed when dropped.
-    pub struct TempDir(PathBuf);
-
-    impl TempDir {
-        pub fn new(name: &str) -> Self {
-            use std::sync::atomic::{AtomicUsize, Ordering};
-            static NEXT: AtomicUsize = AtomicUsize::new(0);
-            let path = std::env::temp_dir().join(format!(
-                "burn-transformer-{name}-{}-{}",
-                std::process::id(),
-                NEXT.fetch_add(1, Ordering::Relaxed)
-            ));
-            let _ = std::fs::remove_dir_all(&path);
-            std::fs::create_dir_all(&path).unwrap();
-            Self(path)
+    /// Makes `crashed` the folder of a run like `straight` killed during its third
+    /// round: round 2's checkpoints and a history that went further.
+    pub fn interrupted_copy(straight: &Path, crashed: &Path) {
+        let (from, to) = (
+            super::checkpoint_dir(straight),
+            super::checkpoint_dir(crashed),
+        );
+        std::fs::create_dir_all(&to).unwrap();
+        for name in super::CHECKPOINT_RECORDS {
+            std::fs::copy(
+                super::checkpoint_path(&from, name, 2),
+                super::checkpoint_path(&to, name, 2),
+            )
+            .unwrap();
         }
-
-        pub fn path(&self) -> &Path {
-            &self.0
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
+        std::fs::copy(super::history_file(straight), super::history_file(crashed)).unwrap();
     }
 }

@@ -21,7 +21,7 @@ use burn::train::renderer::{
 use serde::{Deserialize, Serialize};
 
 use super::TrainError;
-use super::io::{read_text, write_atomically};
+use super::checkpoint::{read_json, write_json};
 
 /// The name burn-train's loss metric reports under.
 const LOSS: &str = "Loss";
@@ -71,24 +71,18 @@ impl History {
     /// Reads a history written by a run (`history.json`).
     ///
     /// # Errors
-    /// [`TrainError::Checkpoint`] if the file is not a history.
+    /// [`TrainError::File`] if the file cannot be read, [`TrainError::Checkpoint`] if
+    /// it is not a history.
     pub fn load(path: &Path) -> Result<Self, TrainError> {
-        serde_json::from_str(&read_text(path)?).map_err(|error| TrainError::Checkpoint {
-            path: path.to_path_buf(),
-            reason: format!("not a training history: {error}"),
-        })
+        read_json(path, "a training history")
     }
 
     /// Writes the history as JSON, atomically.
     ///
     /// # Errors
-    /// [`TrainError::Io`] naming the file.
+    /// [`TrainError::File`] naming the file.
     pub fn save(&self, path: &Path) -> Result<(), TrainError> {
-        let json = serde_json::to_string_pretty(self).map_err(|error| TrainError::Checkpoint {
-            path: path.to_path_buf(),
-            reason: error.to_string(),
-        })?;
-        write_atomically(path, json.as_bytes())
+        write_json(path, self)
     }
 
     /// Drops everything after `step` (a run resumed from an earlier checkpoint than
@@ -102,30 +96,23 @@ impl History {
     pub fn last_validation_loss(&self) -> Option<f64> {
         self.validation.last().map(|point| point.loss)
     }
-
-    /// Mean training loss over the last `n` steps.
-    pub fn recent_train_loss(&self, n: usize) -> Option<f64> {
-        let recent = &self.train[self.train.len().saturating_sub(n)..];
-        (!recent.is_empty())
-            .then(|| recent.iter().map(|p| p.loss).sum::<f64>() / recent.len() as f64)
-    }
 }
 
 /// What the renderer needs to know about the run.
 #[derive(Debug, Clone)]
-pub struct ProgressSettings {
+pub(crate) struct ProgressSettings {
     /// Steps already taken (a resumed run's start).
-    pub start_step: usize,
+    pub(crate) start_step: usize,
     /// The last step of the run.
-    pub total_steps: usize,
+    pub(crate) total_steps: usize,
     /// Tokens per training step (for the tokens/s figure).
-    pub tokens_per_step: usize,
+    pub(crate) tokens_per_step: usize,
     /// Print a training line every this many steps; 0 prints none.
-    pub log_every: usize,
+    pub(crate) log_every: usize,
     /// Print anything at all.
-    pub verbose: bool,
+    pub(crate) verbose: bool,
     /// Where to write `history.json` after each validation.
-    pub history_file: Option<PathBuf>,
+    pub(crate) history_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,7 +124,7 @@ enum Phase {
 
 /// A burn-train metrics renderer that prints progress lines and records a
 /// [`History`].
-pub struct ProgressRenderer {
+pub(crate) struct ProgressRenderer {
     settings: ProgressSettings,
     history: Arc<Mutex<History>>,
     names: HashMap<MetricId, String>,
@@ -152,7 +139,7 @@ pub struct ProgressRenderer {
 
 impl ProgressRenderer {
     /// A renderer that appends to `history` (which may hold a resumed run's past).
-    pub fn new(settings: ProgressSettings, history: Arc<Mutex<History>>) -> Self {
+    pub(crate) fn new(settings: ProgressSettings, history: Arc<Mutex<History>>) -> Self {
         Self {
             step: settings.start_step,
             settings,

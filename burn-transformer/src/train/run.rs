@@ -4,8 +4,14 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use burn::data::dataloader::DataLoader;
+use burn::tensor::Device;
 use burn::train::checkpoint::KeepLastNCheckpoints;
-use burn::train::{LearnerModel, LearningResult, SupervisedTraining};
+use burn::train::metric::{Adaptor, LearningRateMetric, LossMetric, Metric, Numeric};
+use burn::train::{
+    InferenceStep, Learner, LearnerModel, LearningResult, SequenceOutput, SupervisedTraining,
+    TrainStep,
+};
 
 use super::TrainError;
 use super::checkpoint::{AtomicFileCheckpointer, latest_checkpoint};
@@ -110,11 +116,47 @@ pub(crate) fn prepare(options: &RunOptions, schedule: Schedule) -> Result<Prepar
     })
 }
 
+/// Trains `learner` with burn-train: the training loss and learning rate, the
+/// validation loss and `validation_metric` are recorded; the settings every run
+/// shares are applied (see [`configure`]). The whole run happens on the compute pool
+/// of `device` (see `crate::device::on_compute_pool`).
+///
+/// # Errors
+/// [`TrainError::Training`] with burn-train's message.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch<M, V>(
+    learner: Learner<M>,
+    train: Arc<dyn DataLoader<<M as TrainStep>::Input>>,
+    valid: Arc<dyn DataLoader<<M as InferenceStep>::Input>>,
+    validation_metric: V,
+    device: &Device,
+    options: &RunOptions,
+    schedule: Schedule,
+    prepared: &Prepared,
+) -> Result<(M, History), TrainError>
+where
+    M: LearnerModel + TrainStep<Output = SequenceOutput> + InferenceStep<Output = SequenceOutput>,
+    V: Metric + Numeric + 'static,
+    SequenceOutput: Adaptor<V::Input>,
+{
+    // The builder holds boxed strategies that cannot cross threads: it is made on the
+    // pool thread that runs it.
+    let result = crate::device::on_compute_pool(device, || {
+        let builder = SupervisedTraining::new(&options.directory, train, valid)
+            .metric_train_numeric(LossMetric::new())
+            .metric_train_numeric(LearningRateMetric::new())
+            .metric_valid_numeric(LossMetric::new())
+            .metric_valid_numeric(validation_metric);
+        configure(builder, options, schedule, prepared).launch(learner)
+    });
+    finish(result, prepared)
+}
+
 /// Applies the settings every run shares to a burn-train builder: the number of
 /// rounds, atomic checkpointers keeping the last two rounds, the progress renderer,
 /// the application logger and the checkpoint to resume from. Metrics are the
 /// caller's.
-pub(crate) fn configure<M: LearnerModel>(
+fn configure<M: LearnerModel>(
     builder: SupervisedTraining<M>,
     options: &RunOptions,
     schedule: Schedule,
@@ -154,10 +196,7 @@ pub(crate) fn configure<M: LearnerModel>(
 ///
 /// # Errors
 /// [`TrainError::Training`] with burn-train's message.
-pub(crate) fn finish<M>(
-    result: LearningResult<M>,
-    prepared: &Prepared,
-) -> Result<(M, History), TrainError> {
+fn finish<M>(result: LearningResult<M>, prepared: &Prepared) -> Result<(M, History), TrainError> {
     if let Some(error) = result.error {
         return Err(TrainError::Training(error.to_string()));
     }

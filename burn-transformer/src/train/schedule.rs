@@ -101,11 +101,6 @@ impl WarmupCosine {
         let cosine = 0.5 * (1.0 + (std::f64::consts::PI * progress).cos());
         self.min_lr + cosine * (self.peak_lr - self.min_lr)
     }
-
-    /// Steps taken so far.
-    pub fn steps_taken(&self) -> usize {
-        self.step
-    }
 }
 
 impl LrScheduler for WarmupCosine {

@@ -18,14 +18,14 @@ use burn::config::Config;
 use burn::tensor::{Int, Tensor, TensorData};
 use burn_transformer::generate::{GenerationConfig, Seq2SeqDecoding, generate};
 use burn_transformer::model::TransformerConfig;
-use burn_transformer::train::load_module;
-use burn_transformer::train::seq2seq::{BOS, DIGIT0, EOS, PLUS};
+use burn_transformer::train::digits::{BOS, EOS};
+use burn_transformer::train::{DigitTask, load_module};
 use clap::Parser;
 use examples::device::open_device;
 use examples::plot::Heatmap;
 
 #[global_allocator]
-static ALLOCATOR: examples::Allocator = examples::Allocator;
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser, Debug)]
 #[command(about = "Render the attention weights of a model trained by train-seq2seq")]
@@ -48,45 +48,16 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    match run(Args::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("error: {message}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// Token ids of the input text.
-fn encode(input: &str) -> Result<Vec<u32>, String> {
-    if input.is_empty() {
-        return Err("--input is empty: give digits such as 31415".into());
-    }
-    input
-        .chars()
-        .map(|c| match c {
-            '0'..='9' => Ok(DIGIT0 + c as u32 - '0' as u32),
-            '+' => Ok(PLUS),
-            other => Err(format!(
-                "--input: `{other}` is not a digit or `+` (the digit tasks' alphabet)"
-            )),
-        })
-        .collect()
+    examples::exit_with(run(Args::parse()))
 }
 
 /// How a token is shown on an axis.
 fn label(token: u32) -> String {
-    match token {
-        BOS => "^".into(),
-        EOS => "$".into(),
-        PLUS => "+".into(),
-        t if (DIGIT0..DIGIT0 + 10).contains(&t) => (t - DIGIT0).to_string(),
-        _ => "?".into(),
-    }
+    DigitTask::render(&[token])
 }
 
 fn run(args: Args) -> Result<(), String> {
-    let source_tokens = encode(&args.input)?;
+    let source_tokens = DigitTask::encode(&args.input).map_err(|e| e.to_string())?;
     let device = open_device(&args.device)?;
     let config_path = args.run.join("model.json");
     let weights_path = args.run.join("model.bpk");
@@ -193,7 +164,8 @@ fn run(args: Args) -> Result<(), String> {
             if head == 0 || !args.first_head_only {
                 println!("{}", map.to_terminal());
             }
-            map.write_png(&out.join(format!("{kind}-layer{layer}-head{head}.png")))?;
+            map.write_png(&out.join(format!("{kind}-layer{layer}-head{head}.png")))
+                .map_err(|e| e.to_string())?;
             written += 1;
         }
     }

@@ -11,27 +11,25 @@
 //! the best hypothesis at the end. Generation stops at the model's `eos_token_id`s or
 //! after `--max-new-tokens`.
 
-use std::io::Write;
 use std::path::PathBuf;
+use std::process::ExitCode;
 
-use burn_transformer::device::parse_device;
 use burn_transformer::generate::{
     BeamSearchConfig, GenerationConfig, SamplingConfig, beam_search, generate,
 };
-use burn_transformer::hf::{LoadOptions, load_causal_lm_with};
 use clap::Parser;
+use examples::{HfModelFlags, StreamedText};
 use tokenizers::Tokenizer;
 
 #[global_allocator]
-static ALLOCATOR: examples::Allocator = examples::Allocator;
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Generates text with a Hugging Face model.
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
-    /// Model directory: config.json and model.safetensors (or a sharded index).
-    #[arg(long)]
-    model: PathBuf,
+    #[command(flatten)]
+    model: HfModelFlags,
     /// The text to continue.
     #[arg(long)]
     prompt: String,
@@ -62,37 +60,20 @@ struct Args {
     /// Length penalty of beam search.
     #[arg(long, default_value_t = 1.0)]
     length_penalty: f32,
-    /// Backend: flex, ndarray, wgpu or cuda[:N].
-    #[arg(long, default_value = "flex")]
-    device: String,
-    /// Float type of the weights: f32, f16 or bf16.
-    #[arg(long, default_value = "f32")]
-    dtype: String,
 }
 
-fn main() {
-    let args = Args::parse();
-    if let Err(message) = run(&args) {
-        eprintln!("generate: {message}");
-        std::process::exit(1);
-    }
+fn main() -> ExitCode {
+    examples::exit_with(run(&Args::parse()))
 }
 
 fn run(args: &Args) -> Result<(), String> {
-    let device = parse_device(&args.device).map_err(|error| error.to_string())?;
-    let dtype = examples::parse_dtype(&args.dtype)?;
     let tokenizer_path = args
         .tokenizer
         .clone()
-        .unwrap_or_else(|| args.model.join("tokenizer.json"));
+        .unwrap_or_else(|| args.model.model.join("tokenizer.json"));
     let tokenizer = Tokenizer::from_file(&tokenizer_path)
         .map_err(|error| format!("{}: {error}", tokenizer_path.display()))?;
-    let (model, config) = load_causal_lm_with(
-        &args.model,
-        &device,
-        &LoadOptions::default().with_dtype(dtype),
-    )
-    .map_err(|error| error.to_string())?;
+    let (model, config) = args.model.load()?;
 
     let encoding = tokenizer
         .encode(args.prompt.as_str(), true)
@@ -107,7 +88,7 @@ fn run(args: &Args) -> Result<(), String> {
         .unwrap_or(0);
 
     print!("{}", args.prompt);
-    flush();
+    examples::flush();
     if args.num_beams > 1 {
         let beam = BeamSearchConfig::new(args.num_beams, args.max_new_tokens)
             .with_length_penalty(args.length_penalty)
@@ -136,23 +117,11 @@ fn run(args: &Args) -> Result<(), String> {
         .with_pad_token(pad)
         .with_sampling(sampling);
 
-    // Decoding the whole continuation each step and printing what is new keeps
-    // multi-byte characters split over tokens intact.
-    let mut tokens: Vec<u32> = Vec::new();
-    let mut printed = String::new();
+    let mut stream = StreamedText::default();
     let mut decode_error = None;
     generate(&model, &[prompt], &generation, |event| {
-        tokens.push(event.token);
-        match tokenizer.decode(&tokens, true) {
-            Ok(text) if !text.ends_with('\u{FFFD}') => {
-                if let Some(new) = text.strip_prefix(printed.as_str()) {
-                    print!("{new}");
-                    flush();
-                }
-                printed = text;
-            }
-            Ok(_) => {}
-            Err(error) => decode_error = Some(error.to_string()),
+        if let Err(error) = stream.push(event.token, |tokens| tokenizer.decode(tokens, true)) {
+            decode_error = Some(error.to_string());
         }
     })
     .map_err(|error| error.to_string())?;
@@ -161,8 +130,4 @@ fn run(args: &Args) -> Result<(), String> {
         Some(error) => Err(format!("cannot decode: {error}")),
         None => Ok(()),
     }
-}
-
-fn flush() {
-    let _ = std::io::stdout().flush();
 }

@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! hf-logits --model DIR --input INPUT.json --out OUT.safetensors [--device flex|ndarray|wgpu|cuda]
+//!           [--dtype f32|f16|bf16]
 //! ```
 //!
 //! `INPUT.json` is `{"tokens": [[...], ...], "max_new_tokens": n}` with rows of equal
@@ -13,33 +14,30 @@
 //! and a message naming the problem.
 
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
 use burn::tensor::{Int, Tensor, TensorData};
-use burn_transformer::device::parse_device;
 use burn_transformer::generate::{GenerationConfig, generate};
-use burn_transformer::hf::load_causal_lm;
+use burn_transformer::io::{read_text, write_atomically_with};
 use clap::Parser;
+use examples::HfModelFlags;
 use serde::Deserialize;
 
 #[global_allocator]
-static ALLOCATOR: examples::Allocator = examples::Allocator;
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// One forward pass and a greedy continuation of a Hugging Face model.
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
-    /// Model directory: config.json and model.safetensors (or a sharded index).
-    #[arg(long)]
-    model: PathBuf,
     /// JSON input: {"tokens": [[...], ...], "max_new_tokens": n}.
     #[arg(long)]
     input: PathBuf,
     /// Output safetensors file (`logits` f32, `greedy` i64).
     #[arg(long)]
     out: PathBuf,
-    /// Backend: flex, ndarray, wgpu or cuda[:N].
-    #[arg(long, default_value = "flex")]
-    device: String,
+    #[command(flatten)]
+    model: HfModelFlags,
 }
 
 #[derive(Deserialize)]
@@ -49,18 +47,13 @@ struct Input {
     max_new_tokens: usize,
 }
 
-fn main() {
-    let args = Args::parse();
-    if let Err(message) = run(&args) {
-        eprintln!("hf-logits: {message}");
-        std::process::exit(1);
-    }
+fn main() -> ExitCode {
+    examples::exit_with(run(&Args::parse()))
 }
 
 /// Reads and checks the input: a non-empty batch of equal, non-empty rows.
 fn read_input(path: &Path) -> Result<Input, String> {
-    let text =
-        std::fs::read_to_string(path).map_err(|error| format!("{}: {error}", path.display()))?;
+    let text = read_text(path).map_err(|error| error.to_string())?;
     let input: Input = serde_json::from_str(&text)
         .map_err(|error| format!("{}: invalid input: {error}", path.display()))?;
     let Some(first) = input.tokens.first() else {
@@ -87,8 +80,8 @@ fn read_input(path: &Path) -> Result<Input, String> {
 
 fn run(args: &Args) -> Result<(), String> {
     let input = read_input(&args.input)?;
-    let device = parse_device(&args.device).map_err(|error| error.to_string())?;
-    let (model, _) = load_causal_lm(&args.model, &device).map_err(|error| error.to_string())?;
+    let (model, _) = args.model.load()?;
+    let device = model.device();
     let vocab = model.vocab_size();
     let batch = input.tokens.len();
     let seq = input.tokens[0].len();
@@ -156,8 +149,8 @@ fn write_tensors(
                 .map_err(|error| format!("tensor {name}: {error}"))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    examples::write_atomically(path, |temporary| {
+    write_atomically_with(path, |temporary| {
         safetensors::serialize_to_file(views, None, temporary)
-            .map_err(|error| format!("{}: {error}", path.display()))
     })
+    .map_err(|error| error.to_string())
 }

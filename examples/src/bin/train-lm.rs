@@ -14,21 +14,22 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use burn_transformer::generate::SamplingConfig;
+use burn_transformer::generate::{GenerationConfig, SamplingConfig, generate};
+use burn_transformer::io::{read_bytes, write_atomically};
 use burn_transformer::model::CausalLmConfig;
 use burn_transformer::position::RopeConfig;
 use burn_transformer::train::{
-    CharTokenizer, Corpus, LmTrainingConfig, RunOptions, TokenSplit, Tokenizer, read_text,
-    sample_tokens, save_module, train_language_model, write_atomically,
+    CharTokenizer, Corpus, LmTrainingConfig, TokenSplit, Tokenizer, train_language_model,
 };
 use clap::Parser;
+use examples::StreamedText;
 use examples::device::open_device;
 use examples::hf_tokenizer::HfTokenizer;
-use examples::plot::plot_losses;
+use examples::run::{load_settings, options, save_outputs, save_settings};
 use serde::{Deserialize, Serialize};
 
 #[global_allocator]
-static ALLOCATOR: examples::Allocator = examples::Allocator;
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser, Debug, Clone, Serialize, Deserialize)]
 #[command(
@@ -138,27 +139,16 @@ struct SavedRun {
 }
 
 fn main() -> ExitCode {
-    match run(Args::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("error: {message}");
-            ExitCode::FAILURE
-        }
-    }
+    examples::exit_with(run(Args::parse()))
 }
 
 fn run(args: Args) -> Result<(), String> {
     let out = args.out.clone();
     let device = open_device(&args.device)?;
-    let saved_path = out.join("run.json");
 
     // A resumed run takes everything that shapes training from its run.json.
     let args = if args.resume {
-        let saved: SavedRun = serde_json::from_str(
-            &read_text(&saved_path)
-                .map_err(|e| format!("--resume: {e} (is --out the folder of an earlier run?)"))?,
-        )
-        .map_err(|e| format!("{}: not a run file: {e}", saved_path.display()))?;
+        let saved: SavedRun = load_settings(&out)?;
         Args {
             device: args.device,
             out: args.out,
@@ -176,7 +166,7 @@ fn run(args: Args) -> Result<(), String> {
 
     let corpus = match &args.data {
         Some(path) => Corpus::load(path),
-        None => examples::checkout_corpus(),
+        None => Corpus::repository_text(),
     }
     .map_err(|e| e.to_string())?;
     let tokenizer: Box<dyn Tokenizer> = match (&args.tokenizer, args.resume) {
@@ -265,32 +255,23 @@ fn run(args: Args) -> Result<(), String> {
     );
 
     if !args.resume {
-        std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
         let saved = SavedRun {
             args: args.clone(),
             model: model.clone(),
             training: training.clone(),
         };
-        let json = serde_json::to_string_pretty(&saved).map_err(|e| e.to_string())?;
-        write_atomically(&saved_path, json.as_bytes()).map_err(|e| e.to_string())?;
+        save_settings(&out, &saved)?;
         match &args.tokenizer {
-            Some(path) => {
-                let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-                write_atomically(&out.join("tokenizer.json"), &bytes).map_err(|e| e.to_string())?;
-            }
+            Some(path) => read_bytes(path)
+                .and_then(|bytes| write_atomically(&out.join("tokenizer.json"), bytes))
+                .map_err(|e| e.to_string())?,
             None => CharTokenizer::from_text(&corpus.text)
                 .and_then(|t| t.save(&out.join("vocab.json")))
                 .map_err(|e| e.to_string())?,
         }
     }
 
-    let options = RunOptions {
-        directory: out.clone(),
-        resume: args.resume,
-        verbose: true,
-        log_every: args.log_every,
-        experiment_log: true,
-    };
+    let options = options(&out, args.resume, args.log_every);
     let result = train_language_model(&model, &training, &split, &device, &options)
         .map_err(|e| e.to_string())?;
     let history = &result.history;
@@ -306,12 +287,12 @@ fn run(args: Args) -> Result<(), String> {
                 / history.train_seconds.max(1e-9)
         );
     }
-    save_module(result.model.clone(), &out.join("model.bpk")).map_err(|e| e.to_string())?;
-    let plot = out.join("loss.png");
-    match plot_losses(history, "train-lm: cross entropy", &plot) {
-        Ok(()) => println!("loss curves: {}", plot.display()),
-        Err(error) => eprintln!("warning: no plot: {error}"),
-    }
+    save_outputs(
+        result.model.clone(),
+        history,
+        &out,
+        "train-lm: cross entropy",
+    )?;
 
     if args.sample_tokens > 0 {
         let prompt_text = args.prompt.clone().unwrap_or_else(|| "\n".into());
@@ -319,25 +300,29 @@ fn run(args: Args) -> Result<(), String> {
             Ok(ids) if !ids.is_empty() => ids,
             _ => split.train[..1].to_vec(),
         };
+        // The model saw windows of --context tokens: each sampled token is predicted
+        // from at most that many.
         let sampling = SamplingConfig::sample(args.temperature, args.seed)
             .with_top_k((args.top_k > 0).then_some(args.top_k));
-        let tokens = sample_tokens(
-            &result.model,
-            &prompt,
-            args.sample_tokens,
-            args.context,
-            sampling,
-        )
-        .map_err(|e| e.to_string())?;
-        let text = format!("{}{}", tokenizer.decode(&prompt), tokenizer.decode(&tokens));
-        write_atomically(&out.join("sample.txt"), text.as_bytes()).map_err(|e| e.to_string())?;
+        let generation = GenerationConfig::greedy(args.sample_tokens)
+            .with_sampling(sampling)
+            .with_max_context(Some(args.context));
         println!(
             "---- sample ({} tokens, temperature {}) ----",
-            tokens.len(),
-            args.temperature
+            args.sample_tokens, args.temperature
         );
-        println!("{text}");
-        println!("----");
+        let prompt_text = tokenizer.decode(&prompt);
+        print!("{prompt_text}");
+        let mut stream = StreamedText::default();
+        generate(&result.model, &[prompt], &generation, |event| {
+            let _ = stream.push(event.token, |tokens| {
+                Ok::<_, std::convert::Infallible>(tokenizer.decode(tokens))
+            });
+        })
+        .map_err(|e| e.to_string())?;
+        println!("\n----");
+        let text = format!("{prompt_text}{}", tokenizer.decode(stream.tokens()));
+        write_atomically(&out.join("sample.txt"), text).map_err(|e| e.to_string())?;
     }
     Ok(())
 }

@@ -13,19 +13,19 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use burn_transformer::block::BlockKind;
+use burn_transformer::io::write_atomically;
 use burn_transformer::model::TransformerConfig;
-use burn_transformer::train::seq2seq::VOCAB_SIZE;
+use burn_transformer::train::digits::VOCAB_SIZE;
 use burn_transformer::train::{
-    DigitTask, RunOptions, Seq2SeqTrainingConfig, evaluate_exact_match, read_text, save_module,
-    test_examples, train_seq2seq, write_atomically,
+    DigitTask, Seq2SeqTrainingConfig, evaluate_exact_match, test_examples, train_seq2seq,
 };
 use clap::Parser;
 use examples::device::open_device;
-use examples::plot::plot_losses;
+use examples::run::{load_settings, options, save_outputs, save_settings};
 use serde::{Deserialize, Serialize};
 
 #[global_allocator]
-static ALLOCATOR: examples::Allocator = examples::Allocator;
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser, Debug, Clone, Serialize, Deserialize)]
 #[command(
@@ -105,25 +105,14 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    match run(Args::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("error: {message}");
-            ExitCode::FAILURE
-        }
-    }
+    examples::exit_with(run(Args::parse()))
 }
 
 fn run(args: Args) -> Result<(), String> {
     let device = open_device(&args.device)?;
     let out = args.out.clone();
-    let saved_path = out.join("run.json");
     let args = if args.resume {
-        let saved: Args = serde_json::from_str(
-            &read_text(&saved_path)
-                .map_err(|e| format!("--resume: {e} (is --out the folder of an earlier run?)"))?,
-        )
-        .map_err(|e| format!("{}: not a run file: {e}", saved_path.display()))?;
+        let saved: Args = load_settings(&out)?;
         Args {
             device: args.device,
             out: args.out,
@@ -184,30 +173,21 @@ fn run(args: Args) -> Result<(), String> {
         args.device
     );
     if !args.resume {
-        std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
-        let json = serde_json::to_string_pretty(&args).map_err(|e| e.to_string())?;
-        write_atomically(&saved_path, json.as_bytes()).map_err(|e| e.to_string())?;
+        save_settings(&out, &args)?;
     }
 
-    let options = RunOptions {
-        directory: out.clone(),
-        resume: args.resume,
-        verbose: true,
-        log_every: args.log_every,
-        experiment_log: true,
-    };
+    let options = options(&out, args.resume, args.log_every);
     let result = train_seq2seq(&model, &training, &device, &options).map_err(|e| e.to_string())?;
-    save_module(result.model.clone(), &out.join("model.bpk")).map_err(|e| e.to_string())?;
     // The architecture beside the weights, so that other programs (attention-plot) can
     // rebuild the model without this program's flags.
     let architecture = serde_json::to_string_pretty(&model).map_err(|e| e.to_string())?;
-    write_atomically(&out.join("model.json"), architecture.as_bytes())
-        .map_err(|e| e.to_string())?;
-    let plot = out.join("loss.png");
-    match plot_losses(&result.history, "train-seq2seq: cross entropy", &plot) {
-        Ok(()) => println!("loss curves: {}", plot.display()),
-        Err(error) => eprintln!("warning: no plot: {error}"),
-    }
+    write_atomically(&out.join("model.json"), architecture).map_err(|e| e.to_string())?;
+    save_outputs(
+        result.model.clone(),
+        &result.history,
+        &out,
+        "train-seq2seq: cross entropy",
+    )?;
 
     let examples = test_examples(
         task,

@@ -1,6 +1,72 @@
 //! Helpers shared by the program tests.
 
-use std::path::Path;
+// Each test file uses its own subset.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// A temporary folder removed when dropped.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// A fresh folder named after the test program and `name`.
+    pub fn new(name: &str) -> Self {
+        let program = std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.file_stem().map(|s| s.to_string_lossy().into_owned()))
+            .unwrap_or_default();
+        let path = std::env::temp_dir().join(format!("{program}-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        Self(path)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs the program `exe` with `args` (and a runtime folder for Mesa's Vulkan loader).
+pub fn run(exe: &str, args: &[&str]) -> Output {
+    Command::new(exe)
+        .args(args)
+        .env("XDG_RUNTIME_DIR", std::env::temp_dir())
+        .output()
+        .unwrap()
+}
+
+/// Asserts that `output` succeeded; returns its stdout.
+pub fn assert_success(output: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "stdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+/// Asserts that the program failed with a one-line message containing `expected`.
+pub fn assert_clear_error(output: &Output, expected: &str) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "exit status; stderr: {stderr}"
+    );
+    assert!(
+        stderr.starts_with("error: ") && stderr.contains(expected),
+        "expected an error naming `{expected}`, got: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "a panic trace: {stderr}");
+}
 
 /// `(step, loss)` points of a loss curve.
 pub type Curve = Vec<(u64, f64)>;
@@ -35,4 +101,33 @@ pub fn interrupted_copy(straight: &Path, crashed: &Path, files: &[&str]) {
         )
         .unwrap();
     }
+}
+
+/// Trains `straight` with `program` and `args`, copies it as if interrupted in its
+/// third round (keeping `files`), resumes the copy with `resume_args` and asserts that
+/// it ends with exactly the losses of the uninterrupted run, which had `steps` steps.
+/// Returns the resumed run's stdout.
+pub fn assert_resume_continues_exactly(
+    program: &str,
+    root: &Path,
+    args: &[&str],
+    files: &[&str],
+    resume_args: &[&str],
+    steps: usize,
+) -> String {
+    let straight = root.join("straight");
+    let mut first = vec!["--out", straight.to_str().unwrap()];
+    first.extend_from_slice(args);
+    assert_success(&run(program, &first));
+
+    // An interrupted run: the same folder without its last round's checkpoint.
+    let crashed = root.join("crashed");
+    interrupted_copy(&straight, &crashed, files);
+    let mut resume = vec!["--resume", "--out", crashed.to_str().unwrap()];
+    resume.extend_from_slice(resume_args);
+    let stdout = assert_success(&run(program, &resume));
+    let expected = losses(&straight);
+    assert_eq!(expected.0.len(), steps);
+    assert_eq!(losses(&crashed), expected);
+    stdout
 }

@@ -8,8 +8,9 @@
 
 use std::path::{Path, PathBuf};
 
-use super::io::{read_bytes, read_text};
-use super::{Tokenizer, TrainError};
+use super::Tokenizer;
+use crate::io::{FileError, read_bytes, read_error, read_text};
+use crate::train::TrainError;
 
 /// The text of a corpus and where it came from.
 #[derive(Debug, Clone)]
@@ -28,49 +29,30 @@ impl Corpus {
     /// skipping hidden entries such as `.git` and files that are not UTF-8 text).
     ///
     /// # Errors
-    /// - [`TrainError::NotFound`] if `path` does not exist;
-    /// - [`TrainError::NotUtf8`] if a file given by name is not UTF-8;
+    /// - [`FileError::NotFound`] if `path` does not exist;
+    /// - [`FileError::NotUtf8`] if a file given by name is not UTF-8;
     /// - [`TrainError::EmptyCorpus`] if no text was found (only whitespace counts
     ///   as empty too);
-    /// - [`TrainError::Io`] for unreadable files.
+    /// - [`FileError::Read`] for unreadable files.
     pub fn load(path: &Path) -> Result<Self, TrainError> {
-        let metadata = std::fs::metadata(path).map_err(|source| {
-            if source.kind() == std::io::ErrorKind::NotFound {
-                TrainError::NotFound {
-                    path: path.to_path_buf(),
-                }
-            } else {
-                TrainError::Io {
-                    path: path.to_path_buf(),
-                    source,
-                }
-            }
-        })?;
-        let corpus = if metadata.is_dir() {
+        let metadata = std::fs::metadata(path).map_err(|source| read_error(path, source))?;
+        let mut corpus = Self {
+            text: String::new(),
+            files: Vec::new(),
+            skipped: 0,
+        };
+        if metadata.is_dir() {
             let mut files = Vec::new();
             collect_files(path, &mut files)?;
-            let mut corpus = Self {
-                text: String::new(),
-                files: Vec::new(),
-                skipped: 0,
-            };
             for file in files {
                 match String::from_utf8(read_bytes(&file)?) {
                     Ok(text) => corpus.push(file, &text),
                     Err(_) => corpus.skipped += 1,
                 }
             }
-            corpus
         } else {
-            let text = read_text(path)?;
-            let mut corpus = Self {
-                text: String::new(),
-                files: Vec::new(),
-                skipped: 0,
-            };
-            corpus.push(path.to_path_buf(), &text);
-            corpus
-        };
+            corpus.push(path.to_path_buf(), &read_text(path)?);
+        }
         if corpus.text.trim().is_empty() {
             return Err(TrainError::EmptyCorpus {
                 path: path.to_path_buf(),
@@ -80,27 +62,49 @@ impl Corpus {
         Ok(corpus)
     }
 
-    /// A corpus of the given files' text, concatenated in the given order.
+    /// The text of the repository this library was built from: its `README.md`, every
+    /// UTF-8 file under `docs/` and the library's sources, in that order, each part
+    /// separated by a newline. The example programs train on it when not given a
+    /// corpus, so that they run in any clone without downloading data.
+    ///
+    /// The repository is found from the library's source folder, as it was when the
+    /// library was compiled; where that folder is gone (a build shared between clones),
+    /// from the package folder that `cargo run` or `cargo test` names at run time.
     ///
     /// # Errors
-    /// As [`Corpus::load`] for each file; [`TrainError::EmptyCorpus`] naming the
-    /// first file when there is no text.
-    pub fn from_files(files: &[PathBuf]) -> Result<Self, TrainError> {
-        let mut corpus = Self {
-            text: String::new(),
-            files: Vec::new(),
-            skipped: 0,
+    /// [`FileError::NotFound`] naming the library's sources when none of the parts
+    /// exists, and the errors of [`Corpus::load`] for a part that does.
+    pub fn repository_text() -> Result<Self, TrainError> {
+        let compiled = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let package = match std::env::var_os("CARGO_MANIFEST_DIR") {
+            Some(running) if !compiled.exists() => PathBuf::from(running),
+            _ => compiled.to_path_buf(),
         };
-        for file in files {
-            corpus.push(file.clone(), &read_text(file)?);
-        }
-        if corpus.text.trim().is_empty() {
-            return Err(TrainError::EmptyCorpus {
-                path: files.first().cloned().unwrap_or_default(),
-                skipped: 0,
+        let root = package.parent().map(Path::to_path_buf).unwrap_or_default();
+        let mut corpus: Option<Self> = None;
+        for part in ["README.md", "docs", "burn-transformer/src"] {
+            let path = root.join(part);
+            if !path.exists() {
+                continue;
+            }
+            let loaded = Self::load(&path)?;
+            corpus = Some(match corpus {
+                None => loaded,
+                Some(mut all) => {
+                    all.text.push('\n');
+                    all.text.push_str(&loaded.text);
+                    all.files.extend(loaded.files);
+                    all.skipped += loaded.skipped;
+                    all
+                }
             });
         }
-        Ok(corpus)
+        corpus.ok_or_else(|| {
+            FileError::NotFound {
+                path: root.join("burn-transformer/src"),
+            }
+            .into()
+        })
     }
 
     fn push(&mut self, file: PathBuf, text: &str) {
@@ -118,7 +122,7 @@ impl Corpus {
 /// Every regular file under `dir`, sorted by path, without hidden entries and
 /// without following symbolic links to folders (no cycles).
 fn collect_files(dir: &Path, files: &mut Vec<PathBuf>) -> Result<(), TrainError> {
-    let io = |source| TrainError::Io {
+    let io = |source| FileError::Read {
         path: dir.to_path_buf(),
         source,
     };
@@ -135,7 +139,7 @@ fn collect_files(dir: &Path, files: &mut Vec<PathBuf>) -> Result<(), TrainError>
         if hidden {
             continue;
         }
-        let metadata = std::fs::symlink_metadata(&entry).map_err(|source| TrainError::Io {
+        let metadata = std::fs::symlink_metadata(&entry).map_err(|source| FileError::Read {
             path: entry.clone(),
             source,
         })?;
@@ -212,8 +216,8 @@ impl TokenSplit {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::io::tests::TempDir;
     use crate::train::CharTokenizer;
-    use crate::train::tests::TempDir;
 
     #[test]
     fn split_is_deterministic_and_contiguous() {
@@ -269,5 +273,27 @@ mod tests {
             "{long}"
         );
         assert!(split.check_context(4).is_ok());
+    }
+
+    #[test]
+    fn repository_text_is_the_readme_then_the_docs_then_the_sources() {
+        let corpus = Corpus::repository_text().unwrap();
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+        assert!(corpus.text.starts_with(&readme));
+        assert_eq!(corpus.files[0], root.join("README.md"));
+        let first_source = corpus
+            .files
+            .iter()
+            .position(|file| file.starts_with(root.join("burn-transformer/src")))
+            .unwrap();
+        assert!(
+            corpus.files[1..first_source]
+                .iter()
+                .all(|file| file.starts_with(root.join("docs")))
+        );
+        // This very file is part of it.
+        let this_file = std::fs::read_to_string(root.join(file!())).unwrap();
+        assert!(corpus.text.contains(&this_file));
     }
 }

@@ -5,19 +5,14 @@
 //! random offsets (inputs are the first `context` tokens, targets the last
 //! `context`), as nanoGPT's `get_batch`. The offsets of global step `s` depend only
 //! on `(seed, s)`, never on a generator that advances, so a run resumed at step `s`
-//! sees exactly the batches an uninterrupted run would have seen.
-//!
-//! burn-train calls a loader's `iter` once per epoch; here an "epoch" is the
-//! stretch of `steps_per_epoch` steps between two validations. The validation loader
-//! yields the same fixed windows at every validation, so the validation curve
-//! compares like with like.
+//! sees exactly the batches an uninterrupted run would have seen (see
+//! [`steps`](super::steps) for the passes).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
-use burn::data::dataloader::{DataLoader, DataLoaderIterator, Progress};
-use burn::data::dataset::DatasetError;
 use burn::tensor::{Device, Int, Tensor, TensorData};
+
+use super::steps::{Steps, step_loader};
 
 /// Salt of the validation windows' seed, so they differ from any training step's.
 const VALIDATION_SALT: u64 = 0x7661_6c69_6461_7465; // "validate"
@@ -38,13 +33,13 @@ pub struct LmBatch {
 /// so the windows of a step depend on nothing but the seed and the step, with no
 /// dependence on a crate's generator algorithm across versions.
 #[derive(Debug, Clone)]
-pub struct SplitMix64 {
+pub(crate) struct SplitMix64 {
     state: u64,
 }
 
 impl SplitMix64 {
     /// A generator for `(seed, stream)`.
-    pub fn new(seed: u64, stream: u64) -> Self {
+    pub(crate) fn new(seed: u64, stream: u64) -> Self {
         let mut mixer = Self { state: seed };
         let base = mixer.next_u64();
         Self {
@@ -53,7 +48,7 @@ impl SplitMix64 {
     }
 
     /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.state;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -63,13 +58,13 @@ impl SplitMix64 {
 
     /// A number in `0..bound` (Lemire's multiply-shift; the bias is below 2⁻³² for
     /// any corpus that fits in memory).
-    pub fn below(&mut self, bound: usize) -> usize {
+    pub(crate) fn below(&mut self, bound: usize) -> usize {
         ((self.next_u64() as u128 * bound as u128) >> 64) as usize
     }
 }
 
 /// The window offsets of one batch: `batch_size` starts in `0..=len - context - 1`.
-pub fn window_starts(
+fn window_starts(
     len: usize,
     context: usize,
     batch_size: usize,
@@ -82,7 +77,7 @@ pub fn window_starts(
 }
 
 /// The inputs and targets of the windows at `starts`, as `i64` rows.
-pub fn gather_windows(tokens: &[u32], starts: &[usize], context: usize) -> (Vec<i64>, Vec<i64>) {
+fn gather_windows(tokens: &[u32], starts: &[usize], context: usize) -> (Vec<i64>, Vec<i64>) {
     let mut inputs = Vec::with_capacity(starts.len() * context);
     let mut targets = Vec::with_capacity(starts.len() * context);
     for &start in starts {
@@ -93,31 +88,18 @@ pub fn gather_windows(tokens: &[u32], starts: &[usize], context: usize) -> (Vec<
     (inputs, targets)
 }
 
-#[derive(Debug, Clone)]
-enum Sampling {
-    /// Fresh windows per step; `next_epoch` counts the epochs already handed out
-    /// (shared by every copy of the loader, so `to_device` copies agree).
-    Training { next_epoch: Arc<AtomicUsize> },
-    /// The same windows at every pass.
-    Validation,
-}
-
-/// A burn-train [`DataLoader`] of [`LmBatch`]es over one split's tokens.
+/// A burn-train data loader of [`LmBatch`]es over one split's tokens.
 #[derive(Debug, Clone)]
 pub struct WindowLoader {
     tokens: Arc<Vec<u32>>,
     batch_size: usize,
     context: usize,
-    /// Batches per pass (per epoch).
-    batches: usize,
-    /// The first batch of a pass, for `slice`.
-    first_batch: usize,
-    /// The run's last step: the last pass stops there.
-    total_steps: Option<usize>,
     seed: u64,
-    sampling: Sampling,
+    steps: Steps,
     device: Device,
 }
+
+step_loader!(WindowLoader => LmBatch);
 
 impl WindowLoader {
     /// The training loader: `steps_per_epoch` batches per pass, starting at epoch
@@ -125,7 +107,8 @@ impl WindowLoader {
     ///
     /// # Panics
     /// If the tokens hold no window of `context + 1` (check with
-    /// [`super::TokenSplit::check_context`] first) or a size is zero.
+    /// [`TokenSplit::check_context`](super::TokenSplit::check_context) first) or a
+    /// size is zero.
     pub fn training(
         tokens: Arc<Vec<u32>>,
         batch_size: usize,
@@ -135,17 +118,8 @@ impl WindowLoader {
         start_epoch: usize,
         device: &Device,
     ) -> Self {
-        Self::new(
-            tokens,
-            batch_size,
-            context,
-            steps_per_epoch,
-            seed,
-            Sampling::Training {
-                next_epoch: Arc::new(AtomicUsize::new(start_epoch)),
-            },
-            device,
-        )
+        let steps = Steps::training(batch_size, steps_per_epoch, start_epoch, "windows");
+        Self::new(tokens, batch_size, context, seed, steps, device)
     }
 
     /// The validation loader: the same `batches` batches at every pass.
@@ -160,13 +134,13 @@ impl WindowLoader {
         seed: u64,
         device: &Device,
     ) -> Self {
+        let steps = Steps::validation(batch_size, batches, "windows");
         Self::new(
             tokens,
             batch_size,
             context,
-            batches,
             seed ^ VALIDATION_SALT,
-            Sampling::Validation,
+            steps,
             device,
         )
     }
@@ -175,13 +149,12 @@ impl WindowLoader {
         tokens: Arc<Vec<u32>>,
         batch_size: usize,
         context: usize,
-        batches: usize,
         seed: u64,
-        sampling: Sampling,
+        steps: Steps,
         device: &Device,
     ) -> Self {
         assert!(
-            batch_size > 0 && context > 0 && batches > 0,
+            batch_size > 0 && context > 0 && steps.num_items() > 0,
             "WindowLoader: batch_size, context and batches must be positive"
         );
         assert!(
@@ -193,11 +166,8 @@ impl WindowLoader {
             tokens,
             batch_size,
             context,
-            batches,
-            first_batch: 0,
-            total_steps: None,
             seed,
-            sampling,
+            steps,
             device: device.clone(),
         }
     }
@@ -205,7 +175,7 @@ impl WindowLoader {
     /// Ends the run at `steps` steps: the pass that reaches it is shortened, and
     /// later passes are empty.
     pub fn with_total_steps(mut self, steps: usize) -> Self {
-        self.total_steps = Some(steps);
+        self.steps = self.steps.with_total_steps(steps);
         self
     }
 
@@ -229,87 +199,10 @@ impl WindowLoader {
     }
 }
 
-struct WindowIterator<'a> {
-    loader: &'a WindowLoader,
-    /// Global step (or validation index) of batch 0 of this pass.
-    base: usize,
-    /// Batches of this pass.
-    count: usize,
-    next: usize,
-}
-
-impl Iterator for WindowIterator<'_> {
-    type Item = Result<LmBatch, DatasetError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.next >= self.count {
-            return None;
-        }
-        let batch = self
-            .loader
-            .batch(self.base + self.loader.first_batch + self.next);
-        self.next += 1;
-        Some(Ok(batch))
-    }
-}
-
-impl DataLoaderIterator<LmBatch> for WindowIterator<'_> {
-    fn progress(&self) -> Progress {
-        Progress::new(
-            self.next * self.loader.batch_size,
-            self.count * self.loader.batch_size,
-            Some("windows".into()),
-        )
-    }
-}
-
-impl DataLoader<LmBatch> for WindowLoader {
-    fn iter<'a>(&'a self) -> Box<dyn DataLoaderIterator<LmBatch> + 'a> {
-        let base = match &self.sampling {
-            Sampling::Training { next_epoch } => {
-                let epoch = next_epoch.fetch_add(1, Ordering::SeqCst);
-                epoch * self.batches
-            }
-            Sampling::Validation => 0,
-        };
-        let start = base + self.first_batch;
-        let count = match (&self.sampling, self.total_steps) {
-            (Sampling::Training { .. }, Some(total)) => {
-                self.batches.min(total.saturating_sub(start))
-            }
-            _ => self.batches,
-        };
-        Box::new(WindowIterator {
-            loader: self,
-            base,
-            count,
-            next: 0,
-        })
-    }
-
-    fn num_items(&self) -> usize {
-        self.batches * self.batch_size
-    }
-
-    fn to_device(&self, device: &Device) -> Arc<dyn DataLoader<LmBatch>> {
-        let mut loader = self.clone();
-        loader.device = device.clone();
-        Arc::new(loader)
-    }
-
-    fn slice(&self, start: usize, end: usize) -> Arc<dyn DataLoader<LmBatch>> {
-        let mut loader = self.clone();
-        let first = start / self.batch_size;
-        let last = end.div_ceil(self.batch_size).min(self.batches);
-        loader.first_batch = self.first_batch + first;
-        loader.batches = last.saturating_sub(first).max(1);
-        Arc::new(loader)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use burn::data::dataloader::DataLoader;
 
     #[test]
     fn windows_are_next_token_pairs_and_depend_only_on_seed_and_step() {

@@ -11,7 +11,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::TrainError;
+use crate::train::TrainError;
+use crate::train::checkpoint::{read_json, write_json};
 
 /// Text to token ids and back.
 pub trait Tokenizer: Send + Sync {
@@ -60,30 +61,21 @@ impl CharTokenizer {
         &self.chars
     }
 
-    /// Writes the vocabulary as JSON (atomically: see [`super::write_atomically`]).
+    /// Writes the vocabulary as JSON, atomically (see [`crate::io`]).
     ///
     /// # Errors
-    /// [`TrainError::Io`] naming the file.
+    /// [`TrainError::File`] naming the file.
     pub fn save(&self, path: &Path) -> Result<(), TrainError> {
-        let json = serde_json::to_string(self).map_err(|error| TrainError::Checkpoint {
-            path: path.to_path_buf(),
-            reason: error.to_string(),
-        })?;
-        super::write_atomically(path, json.as_bytes())
+        write_json(path, self)
     }
 
     /// Reads a vocabulary written by [`CharTokenizer::save`].
     ///
     /// # Errors
-    /// [`TrainError::NotFound`], [`TrainError::Io`], or [`TrainError::Checkpoint`]
-    /// when the file is not such a vocabulary.
+    /// [`TrainError::File`] when the file cannot be read, or
+    /// [`TrainError::Checkpoint`] when it is not such a vocabulary.
     pub fn load(path: &Path) -> Result<Self, TrainError> {
-        let text = super::read_text(path)?;
-        let tokenizer: Self =
-            serde_json::from_str(&text).map_err(|error| TrainError::Checkpoint {
-                path: path.to_path_buf(),
-                reason: format!("not a character vocabulary: {error}"),
-            })?;
+        let tokenizer: Self = read_json(path, "a character vocabulary")?;
         if tokenizer.chars.is_empty() {
             return Err(TrainError::Checkpoint {
                 path: path.to_path_buf(),

@@ -1,0 +1,230 @@
+//! What the step-indexed data loaders share: which batches a pass hands out.
+//!
+//! burn-train calls a loader's `iter` once per epoch; here an epoch is the stretch of
+//! steps between two validations. The batch of global step `s` depends only on the
+//! run's seed and `s`, so a training loader's pass `e` hands out the batches of steps
+//! `e·n .. (e+1)·n` (`n` steps per epoch), and a loader resumed at epoch `e` hands out
+//! exactly what an uninterrupted one would. A validation loader hands out the same `n`
+//! batches at every pass, so validations compare like with like.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use burn::data::dataloader::{DataLoaderIterator, Progress};
+use burn::data::dataset::DatasetError;
+
+#[derive(Debug, Clone)]
+enum Passes {
+    /// Fresh batches per pass; `next_epoch` counts the passes handed out (shared by
+    /// every copy of the loader, so `to_device` copies agree).
+    Training { next_epoch: Arc<AtomicUsize> },
+    /// The same batches at every pass.
+    Validation,
+}
+
+/// The batches of each pass of a step-indexed loader.
+#[derive(Debug, Clone)]
+pub(crate) struct Steps {
+    /// Examples (or windows) per batch.
+    batch_size: usize,
+    /// Batches per pass (per epoch).
+    batches: usize,
+    /// The first batch of a pass, for `slice`.
+    first_batch: usize,
+    /// The run's last step: the last pass stops there.
+    total_steps: Option<usize>,
+    passes: Passes,
+    /// What `Progress` counts.
+    items: &'static str,
+}
+
+impl Steps {
+    /// `steps_per_epoch` fresh batches per pass, from epoch `start_epoch` on.
+    pub(crate) fn training(
+        batch_size: usize,
+        steps_per_epoch: usize,
+        start_epoch: usize,
+        items: &'static str,
+    ) -> Self {
+        Self::new(
+            batch_size,
+            steps_per_epoch,
+            Passes::Training {
+                next_epoch: Arc::new(AtomicUsize::new(start_epoch)),
+            },
+            items,
+        )
+    }
+
+    /// The same `batches` batches at every pass.
+    pub(crate) fn validation(batch_size: usize, batches: usize, items: &'static str) -> Self {
+        Self::new(batch_size, batches, Passes::Validation, items)
+    }
+
+    fn new(batch_size: usize, batches: usize, passes: Passes, items: &'static str) -> Self {
+        Self {
+            batch_size,
+            batches,
+            first_batch: 0,
+            total_steps: None,
+            passes,
+            items,
+        }
+    }
+
+    /// Ends a training run at `steps` steps: the pass that reaches it is shortened,
+    /// and later passes are empty.
+    pub(crate) fn with_total_steps(mut self, steps: usize) -> Self {
+        self.total_steps = Some(steps);
+        self
+    }
+
+    /// The batch indices of the next pass; advances a training loader's pass counter.
+    fn next_pass(&self) -> Range<usize> {
+        let base = match &self.passes {
+            Passes::Training { next_epoch } => {
+                next_epoch.fetch_add(1, Ordering::SeqCst) * self.batches
+            }
+            Passes::Validation => 0,
+        };
+        let start = base + self.first_batch;
+        let count = match (&self.passes, self.total_steps) {
+            (Passes::Training { .. }, Some(total)) => self.batches.min(total.saturating_sub(start)),
+            _ => self.batches,
+        };
+        start..start + count
+    }
+
+    /// The next pass, each batch made by `batch` from its index.
+    pub(crate) fn iter<'a, B: 'a>(
+        &'a self,
+        batch: impl Fn(usize) -> B + 'a,
+    ) -> Box<dyn DataLoaderIterator<B> + 'a> {
+        Box::new(StepIterator {
+            indices: self.next_pass(),
+            next: 0,
+            batch,
+            steps: self,
+        })
+    }
+
+    /// Items of a pass.
+    pub(crate) fn num_items(&self) -> usize {
+        self.batches * self.batch_size
+    }
+
+    /// The batches holding items `start..end` of each pass.
+    pub(crate) fn slice(&self, start: usize, end: usize) -> Self {
+        let first = start / self.batch_size;
+        let last = end.div_ceil(self.batch_size).min(self.batches);
+        Self {
+            first_batch: self.first_batch + first,
+            batches: last.saturating_sub(first).max(1),
+            ..self.clone()
+        }
+    }
+}
+
+struct StepIterator<'a, F> {
+    /// Global step (or validation index) of every batch of this pass.
+    indices: Range<usize>,
+    next: usize,
+    batch: F,
+    steps: &'a Steps,
+}
+
+impl<B, F: Fn(usize) -> B> Iterator for StepIterator<'_, F> {
+    type Item = Result<B, DatasetError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let index = self.indices.clone().nth(self.next)?;
+        self.next += 1;
+        Some(Ok((self.batch)(index)))
+    }
+}
+
+impl<B, F: Fn(usize) -> B> DataLoaderIterator<B> for StepIterator<'_, F> {
+    fn progress(&self) -> Progress {
+        Progress::new(
+            self.next * self.steps.batch_size,
+            self.indices.len() * self.steps.batch_size,
+            Some(self.steps.items.into()),
+        )
+    }
+}
+
+/// Implements burn-train's `DataLoader` for a loader struct with a `steps: Steps`
+/// field, a `device: Device` field and a `batch(&self, index)` method.
+macro_rules! step_loader {
+    ($loader:ty => $batch:ty) => {
+        impl burn::data::dataloader::DataLoader<$batch> for $loader {
+            fn iter<'a>(
+                &'a self,
+            ) -> Box<dyn burn::data::dataloader::DataLoaderIterator<$batch> + 'a> {
+                self.steps.iter(move |index| self.batch(index))
+            }
+
+            fn num_items(&self) -> usize {
+                self.steps.num_items()
+            }
+
+            fn to_device(
+                &self,
+                device: &burn::tensor::Device,
+            ) -> std::sync::Arc<dyn burn::data::dataloader::DataLoader<$batch>> {
+                std::sync::Arc::new(Self {
+                    device: device.clone(),
+                    ..self.clone()
+                })
+            }
+
+            fn slice(
+                &self,
+                start: usize,
+                end: usize,
+            ) -> std::sync::Arc<dyn burn::data::dataloader::DataLoader<$batch>> {
+                std::sync::Arc::new(Self {
+                    steps: self.steps.slice(start, end),
+                    ..self.clone()
+                })
+            }
+        }
+    };
+}
+pub(crate) use step_loader;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pass(steps: &Steps) -> Vec<usize> {
+        steps.iter(|index| index).map(Result::unwrap).collect()
+    }
+
+    #[test]
+    fn training_passes_continue_where_the_last_ended_and_stop_at_the_total() {
+        let steps = Steps::training(4, 3, 0, "items").with_total_steps(7);
+        assert_eq!(pass(&steps), vec![0, 1, 2]);
+        let copy = steps.clone();
+        assert_eq!(pass(&copy), vec![3, 4, 5], "copies share the pass counter");
+        assert_eq!(pass(&steps), vec![6]);
+        assert_eq!(pass(&steps), Vec::<usize>::new());
+        let resumed = Steps::training(4, 3, 1, "items").with_total_steps(7);
+        assert_eq!(pass(&resumed), vec![3, 4, 5]);
+    }
+
+    #[test]
+    fn validation_passes_repeat_and_slices_keep_their_offset() {
+        let steps = Steps::validation(4, 5, "items");
+        assert_eq!(pass(&steps), vec![0, 1, 2, 3, 4]);
+        assert_eq!(pass(&steps), vec![0, 1, 2, 3, 4]);
+        assert_eq!(steps.num_items(), 20);
+        // Items 8..16 are batches 2 and 3.
+        assert_eq!(pass(&steps.slice(8, 16)), vec![2, 3]);
+        let mut iter = steps.iter(|index| index);
+        let _ = iter.next();
+        let progress = iter.progress();
+        assert_eq!((progress.items_processed, progress.items_total), (4, 20));
+    }
+}

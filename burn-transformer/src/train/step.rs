@@ -1,0 +1,130 @@
+//! What one optimizer step of every task shares: the per-step random state, the
+//! backward pass, global-norm gradient clipping and the AdamW optimizer.
+
+use burn::module::{Module, ParamGroup};
+use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer};
+use burn::tensor::{Device, Int, Tensor};
+use burn::train::{SequenceOutput, TrainOutput};
+
+use super::data::SplitMix64;
+use super::{TrainError, clip_grad_norm, cross_entropy};
+
+/// What a training step needs besides the model.
+#[derive(Debug, Clone, Copy)]
+pub struct StepSettings {
+    /// Label smoothing of the training loss.
+    pub label_smoothing: f64,
+    /// Global gradient-norm clip.
+    pub grad_clip: Option<f64>,
+    /// Seed of the per-step random state (dropout).
+    pub seed: u64,
+}
+
+impl StepSettings {
+    /// Checks the settings.
+    ///
+    /// # Errors
+    /// [`TrainError::InvalidSetting`] for a label smoothing outside `[0, 1)` or a
+    /// gradient clip that is not positive.
+    pub fn validate(&self) -> Result<(), TrainError> {
+        if !(0.0..1.0).contains(&self.label_smoothing) {
+            return Err(TrainError::setting(
+                "label-smoothing",
+                format!("must be in [0, 1), got {}", self.label_smoothing),
+            ));
+        }
+        if let Some(clip) = self.grad_clip
+            && !(clip.is_finite() && clip > 0.0)
+        {
+            return Err(TrainError::setting(
+                "grad-clip",
+                format!("must be positive, got {clip}"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Checks that every count of `settings` (named as the command-line flags name them)
+/// is positive.
+///
+/// # Errors
+/// [`TrainError::InvalidSetting`] naming the first that is 0.
+pub(crate) fn require_positive(settings: &[(&'static str, usize)]) -> Result<(), TrainError> {
+    match settings.iter().find(|(_, value)| *value == 0) {
+        Some((setting, _)) => Err(TrainError::setting(setting, "must be greater than 0")),
+        None => Ok(()),
+    }
+}
+
+/// The seed of step `step`'s random state: a hash of the run's seed and the step,
+/// so consecutive steps get unrelated streams.
+pub(crate) fn step_seed(seed: u64, step: usize) -> u64 {
+    SplitMix64::new(seed, step as u64).next_u64()
+}
+
+/// One training step of `module`: seeds `device`'s generator from
+/// `(settings.seed, step)`, so the dropout masks of step `s` depend on nothing else
+/// and a resumed run replays them; runs `forward` (the loss and the logits);
+/// backpropagates the loss and clips the gradients' global norm.
+///
+/// # Shapes
+/// - `forward` returns the loss `[1]` and the logits `[batch, seq, vocab]`
+/// - targets: `[batch, seq]`
+pub(crate) fn train_step<M: Module>(
+    module: &M,
+    settings: &StepSettings,
+    device: &Device,
+    step: usize,
+    targets: Tensor<2, Int>,
+    forward: impl FnOnce() -> (Tensor<1>, Tensor<3>),
+) -> TrainOutput<SequenceOutput> {
+    device.seed(step_seed(settings.seed, step));
+    let (loss, logits) = forward();
+    let mut grads = GradientsParams::from_grads(loss.backward(), module);
+    if let Some(max_norm) = settings.grad_clip {
+        clip_grad_norm(module, &mut grads, max_norm);
+    }
+    TrainOutput {
+        grads,
+        item: SequenceOutput::new(loss, logits, None, targets),
+    }
+}
+
+/// What validation reports for a batch: the plain cross entropy (no label smoothing,
+/// no auxiliary loss) of `logits` against `targets`, `pad_token` left out.
+///
+/// # Shapes
+/// - logits: `[batch, seq, vocab]`, targets: `[batch, seq]`
+pub(crate) fn validation_output(
+    logits: Tensor<3>,
+    targets: Tensor<2, Int>,
+    pad_token: Option<u32>,
+) -> SequenceOutput {
+    let loss = cross_entropy(logits.clone(), targets.clone(), 0.0, pad_token);
+    SequenceOutput::new(loss, logits, None, targets)
+}
+
+/// AdamW with decoupled weight decay on every parameter except norm weights and
+/// biases (their paths contain `norm`, or end in `bias`), as nanoGPT and LLaMA.
+/// Gradient clipping is not the optimizer's: [`clip_grad_norm`] clips the global
+/// norm in the training step.
+pub fn adamw(beta1: f32, beta2: f32, epsilon: f32, weight_decay: f32) -> ModuleOptimizer {
+    let decayed = AdamWConfig::new()
+        .with_beta_1(beta1)
+        .with_beta_2(beta2)
+        .with_epsilon(epsilon)
+        .with_weight_decay(weight_decay);
+    let optimizer = decayed.init();
+    if weight_decay == 0.0 {
+        return optimizer;
+    }
+    // Groups match by path, not by parameter id: ids are restored from a checkpoint,
+    // paths are stable, so a resumed run puts each parameter in the same group.
+    match ParamGroup::from_any_regexes(vec![r"norm", r"(^|\.)bias$"]) {
+        Ok(undecayed) => {
+            optimizer.with_group(undecayed, decayed.with_weight_decay(0.0).build(), None)
+        }
+        Err(_) => optimizer,
+    }
+}
