@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 
 /// The devices every tensor test runs on: flex, wgpu when the `wgpu` feature is on
 /// (lavapipe on CPU-only machines) and CUDA when the `cuda` feature is on (CI never
@@ -90,6 +90,16 @@ pub fn wgpu_device() -> Device {
 #[cfg(feature = "cuda")]
 pub fn cuda_device() -> Device {
     Device::cuda(0)
+}
+
+/// Token ids from rows of equal length.
+///
+/// # Shapes
+/// - output: `[rows.len(), rows[0].len()]`
+pub fn tokens(rows: &[&[i64]], device: &Device) -> Tensor<2, Int> {
+    let seq = rows[0].len();
+    let values: Vec<i64> = rows.iter().flat_map(|r| r.iter().copied()).collect();
+    Tensor::from_data(TensorData::new(values, [rows.len(), seq]), device)
 }
 
 /// The largest absolute difference between two tensors of the same shape.

@@ -79,7 +79,7 @@ impl Impl {
         Ok(match self {
             Impl::Fused => {
                 let scale = 1.0 / (q.dims()[3] as f64).sqrt();
-                let options = ScoreOptions::new(scale).with_mask(MaskRule::new(causal, None));
+                let options = ScoreOptions::new(scale, None, MaskRule::new(causal, None));
                 flash_attention(q, k, v, None, &options)
                     .map_err(|reason| format!("the fused op does not take this call: {reason}"))?
             }

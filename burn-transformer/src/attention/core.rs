@@ -153,10 +153,12 @@ impl AttentionOptions {
 
     /// How the ops turn scores into logits for a head dimension `d_qk`.
     fn score_options(&self, d_qk: usize) -> ScoreOptions {
-        ScoreOptions::new(self.scale_for(d_qk))
-            .with_softcap(self.softcap)
-            .with_mask(MaskRule::new(self.causal, self.window))
-            .with_key_mask(self.key_padding.is_some())
+        ScoreOptions::new(
+            self.scale_for(d_qk),
+            self.softcap,
+            MaskRule::new(self.causal, self.window),
+        )
+        .with_key_mask(self.key_padding.is_some())
     }
 }
 

@@ -593,6 +593,18 @@ mod tests {
         Tensor::random([2, 5, D_MODEL], Distribution::Normal(0.0, 1.0), device)
     }
 
+    /// Encoder states of width 8 for a batch of two, the second padded after 3.
+    fn memory(device: &Device) -> Memory {
+        Memory {
+            states: Tensor::random([2, 6, 8], Distribution::Normal(0.0, 1.0), device),
+            padding: Some(crate::attention::padding_mask_from_lengths(
+                &[6, 3],
+                6,
+                device,
+            )),
+        }
+    }
+
     /// Each arrangement equals its formula written out with the block's own sublayers.
     #[test]
     fn every_kind_matches_its_formula() {
@@ -759,14 +771,7 @@ mod tests {
                     MultiHeadAttentionConfig::new(D_MODEL, 4).with_d_kv_input(Some(8)),
                 ))
                 .init(&device);
-            let memory = Memory {
-                states: Tensor::random([2, 6, 8], Distribution::Normal(0.0, 1.0), &device),
-                padding: Some(crate::attention::padding_mask_from_lengths(
-                    &[6, 3],
-                    6,
-                    &device,
-                )),
-            };
+            let memory = memory(&device);
             let x = input(&device);
             let full = block.forward(
                 BlockState::new(x.clone(), BlockKind::PostNorm),
@@ -807,14 +812,7 @@ mod tests {
                 2,
             )
             .init(&device);
-            let memory = Memory {
-                states: Tensor::random([2, 6, 8], Distribution::Normal(0.0, 1.0), &device),
-                padding: Some(crate::attention::padding_mask_from_lengths(
-                    &[6, 3],
-                    6,
-                    &device,
-                )),
-            };
+            let memory = memory(&device);
             let x = input(&device);
             let (output, weights) = stack.forward_with_weights(x.clone(), None, Some(&memory));
             assert_close(

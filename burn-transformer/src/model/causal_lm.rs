@@ -512,15 +512,8 @@ impl CausalLm {
 mod tests {
     use super::*;
     use crate::attention::LatentAttentionConfig;
-    use crate::test_utils::{assert_close, model_test_devices, test_devices};
+    use crate::test_utils::{assert_close, model_test_devices, test_devices, tokens};
     use burn::module::Param;
-    use burn::tensor::TensorData;
-
-    fn tokens(rows: &[&[i64]], device: &Device) -> Tensor<2, Int> {
-        let seq = rows[0].len();
-        let values: Vec<i64> = rows.iter().flat_map(|r| r.iter().copied()).collect();
-        Tensor::from_data(TensorData::new(values, [rows.len(), seq]), device)
-    }
 
     /// A small LLaMA-style model with a sliding window on its second layer.
     fn small(kind: BlockKind) -> CausalLmConfig {

@@ -441,14 +441,7 @@ mod tests {
     use crate::generate::{
         BeamSearchConfig, GenerationConfig, Seq2SeqDecoding, beam_search, generate,
     };
-    use crate::test_utils::{assert_close, max_abs_diff, model_test_devices};
-    use burn::tensor::TensorData;
-
-    fn tokens(rows: &[&[i64]], device: &Device) -> Tensor<2, Int> {
-        let seq = rows[0].len();
-        let values: Vec<i64> = rows.iter().flat_map(|r| r.iter().copied()).collect();
-        Tensor::from_data(TensorData::new(values, [rows.len(), seq]), device)
-    }
+    use crate::test_utils::{assert_close, max_abs_diff, model_test_devices, tokens};
 
     /// Random weights with some spread, so that outputs depend on every parameter.
     fn model(kind: BlockKind, device: &Device) -> Transformer {

@@ -324,7 +324,7 @@ mod tests {
                         .collect();
                     Tensor::<2, Bool>::from_data(TensorData::new(hidden, [batch, seq_k]), &device)
                 });
-                let options = ScoreOptions::new(0.37).with_mask(MaskRule::new(causal, window));
+                let options = ScoreOptions::new(0.37, None, MaskRule::new(causal, window));
                 let run = |fused: bool| {
                     let s = scores.clone().require_grad();
                     let p = if fused {
@@ -354,7 +354,7 @@ mod tests {
     fn soft_capped_scores_take_the_composed_path() {
         let device = Device::flex();
         let scores = Tensor::<4>::zeros([1, 1, 2, 2], &device);
-        let options = ScoreOptions::new(1.0).with_softcap(Some(5.0));
+        let options = ScoreOptions::new(1.0, Some(5.0), MaskRule::default());
         assert!(fused_softmax(scores, None, &options).is_none());
     }
 }

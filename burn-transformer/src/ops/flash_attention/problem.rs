@@ -14,7 +14,7 @@ use crate::ops::mask::MaskRule;
 /// ```rust
 /// use burn_transformer::ops::flash_attention::ScoreOptions;
 /// use burn_transformer::ops::mask::MaskRule;
-/// let options = ScoreOptions::new(0.125).with_mask(MaskRule::new(true, Some(128)));
+/// let options = ScoreOptions::new(0.125, None, MaskRule::new(true, Some(128)));
 /// assert!(options.mask.causal && options.softcap.is_none());
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -33,32 +33,23 @@ pub struct ScoreOptions {
 }
 
 impl ScoreOptions {
-    /// Options with `scale`, no soft-cap, nothing hidden.
-    pub fn new(scale: f64) -> Self {
+    /// Options with `scale`, an optional soft-cap and a mask rule. The entry points
+    /// set `has_key_mask` from the padding tensor they are given.
+    pub fn new(scale: f64, softcap: Option<f64>, mask: MaskRule) -> Self {
         Self {
             scale,
-            softcap: None,
-            mask: MaskRule::default(),
+            softcap,
+            mask,
             has_key_mask: false,
         }
     }
 
-    /// Sets the soft-cap.
-    pub fn with_softcap(mut self, softcap: Option<f64>) -> Self {
-        self.softcap = softcap;
-        self
-    }
-
-    /// Sets the mask rule.
-    pub fn with_mask(mut self, mask: MaskRule) -> Self {
-        self.mask = mask;
-        self
-    }
-
-    /// Says whether a key padding tensor comes with the call.
-    pub fn with_key_mask(mut self, has_key_mask: bool) -> Self {
-        self.has_key_mask = has_key_mask;
-        self
+    /// These options for a call with (or without) a key padding tensor.
+    pub(crate) fn with_key_mask(self, has_key_mask: bool) -> Self {
+        Self {
+            has_key_mask,
+            ..self
+        }
     }
 }
 

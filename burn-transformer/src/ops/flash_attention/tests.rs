@@ -53,10 +53,12 @@ impl Case {
     }
 
     fn options(&self) -> ScoreOptions {
-        ScoreOptions::new(self.scale.unwrap_or(1.0 / (self.d_qk as f64).sqrt()))
-            .with_softcap(self.softcap)
-            .with_mask(MaskRule::new(self.causal, self.window))
-            .with_key_mask(self.lengths.is_some())
+        ScoreOptions::new(
+            self.scale.unwrap_or(1.0 / (self.d_qk as f64).sqrt()),
+            self.softcap,
+            MaskRule::new(self.causal, self.window),
+        )
+        .with_key_mask(self.lengths.is_some())
     }
 
     fn padding(&self, device: &Device) -> Option<Tensor<2, Bool>> {
@@ -551,58 +553,42 @@ mod on_device {
     }
 }
 
+/// The kernel checks of [`on_device`] as tests of one CubeCL runtime, in a module named
+/// after it (`wgpu::parity_grid_f32`, `cuda::parity_grid_f32`, …).
+macro_rules! kernel_tests {
+    ($runtime:ident, $device:path) => {
+        mod $runtime {
+            use super::on_device;
+
+            #[test]
+            fn parity_grid_f32() {
+                on_device::parity_grid_f32(&$device(), stringify!($runtime));
+            }
+
+            #[test]
+            fn tensors_go_through_fusion() {
+                on_device::tensors_go_through_fusion(&$device());
+            }
+
+            #[test]
+            fn fully_masked_rows_and_large_logits_stay_finite() {
+                on_device::fully_masked_rows_and_large_logits_stay_finite(&$device());
+            }
+
+            #[test]
+            fn half_precision_subset() {
+                on_device::half_precision_subset(&$device());
+            }
+        }
+    };
+}
+
 #[cfg(feature = "wgpu")]
-mod wgpu {
-    use super::on_device;
-    use crate::test_utils::wgpu_device;
+kernel_tests!(wgpu, crate::test_utils::wgpu_device);
 
-    #[test]
-    fn parity_grid_on_wgpu_f32() {
-        on_device::parity_grid_f32(&wgpu_device(), "wgpu");
-    }
-
-    #[test]
-    fn wgpu_tensors_go_through_fusion() {
-        on_device::tensors_go_through_fusion(&wgpu_device());
-    }
-
-    #[test]
-    fn fully_masked_rows_and_large_logits_stay_finite() {
-        on_device::fully_masked_rows_and_large_logits_stay_finite(&wgpu_device());
-    }
-
-    #[test]
-    fn half_precision_subset() {
-        on_device::half_precision_subset(&wgpu_device());
-    }
-}
-
-/// The same checks on CUDA. They run where the `cuda` feature is on, and need an
-/// NVIDIA GPU with its driver: CI (no GPU) only compiles them (`cargo check --features
-/// cuda`); a developer with a GPU runs `cargo test --release -p burn-transformer
-/// --features cuda ops::flash_attention::tests::cuda`.
+// On CUDA the tests run where the `cuda` feature is on, and need an NVIDIA GPU with its
+// driver: CI (no GPU) only compiles them (`cargo check --features cuda`); a developer
+// with a GPU runs `cargo test --release -p burn-transformer --features cuda
+// ops::flash_attention::tests::cuda`.
 #[cfg(feature = "cuda")]
-mod cuda {
-    use super::on_device;
-    use crate::test_utils::cuda_device;
-
-    #[test]
-    fn parity_grid_on_cuda_f32() {
-        on_device::parity_grid_f32(&cuda_device(), "cuda");
-    }
-
-    #[test]
-    fn cuda_tensors_go_through_fusion() {
-        on_device::tensors_go_through_fusion(&cuda_device());
-    }
-
-    #[test]
-    fn fully_masked_rows_and_large_logits_stay_finite() {
-        on_device::fully_masked_rows_and_large_logits_stay_finite(&cuda_device());
-    }
-
-    #[test]
-    fn half_precision_subset() {
-        on_device::half_precision_subset(&cuda_device());
-    }
-}
+kernel_tests!(cuda, crate::test_utils::cuda_device);
