@@ -9,13 +9,8 @@
 //!   under autodiff (only `O` and `LSE` are saved);
 //! - `Autodiff<B, C>` wraps any of them (`autodiff.rs`).
 
-use burn::backend::tensor::FloatTensor;
-#[cfg(any(feature = "flex", feature = "ndarray"))]
-use burn::tensor::{Bool, Tensor};
-
 use super::ScoreOptions;
-#[cfg(any(feature = "flex", feature = "ndarray"))]
-use super::reference;
+use burn::backend::tensor::FloatTensor;
 
 pub(crate) use extension::FlashAttentionOps;
 
@@ -121,46 +116,10 @@ fn backward_meta(
 pub(crate) static FORWARD_LAUNCHES: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(0);
 
-#[cfg(feature = "cube")]
-impl FlashAttentionOps for burn_cubecl::CubeBackend {
-    fn flash_attention_forward(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        key_mask: FloatTensor<Self>,
-        options: ScoreOptions,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        #[cfg(test)]
-        FORWARD_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        super::cube::launch::forward(q, k, v, key_mask, &options)
-    }
-
-    fn flash_attention_backward(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        output: FloatTensor<Self>,
-        lse: FloatTensor<Self>,
-        grad_output: FloatTensor<Self>,
-        key_mask: FloatTensor<Self>,
-        options: ScoreOptions,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        super::cube::launch::backward(q, k, v, output, lse, grad_output, key_mask, &options)
-    }
-}
-
-/// The key padding of the op's `key_mask` argument (`1` = padded), or `None` for the
-/// placeholder.
-#[cfg(any(feature = "flex", feature = "ndarray"))]
-fn key_padding(key_mask: Tensor<2>, options: &ScoreOptions) -> Option<Tensor<2, Bool>> {
-    options.has_key_mask.then(|| key_mask.greater_elem(0.5))
-}
-
-/// Implements the op for a backend without a kernel by running the portable version
-/// on its primitives (wrapped as tensors of its device; no autodiff below this level).
-#[cfg(any(feature = "flex", feature = "ndarray"))]
-macro_rules! portable_flash_attention {
-    ($backend:ty) => {
+/// Implements the op for `$backend` with a forward and a backward function of the
+/// trait's arguments (the options by reference).
+macro_rules! implement_flash_attention {
+    ($backend:ty, $forward:path, $backward:path) => {
         #[allow(deprecated)] // ndarray is deprecated upstream; we keep supporting it.
         impl FlashAttentionOps for $backend {
             fn flash_attention_forward(
@@ -170,11 +129,7 @@ macro_rules! portable_flash_attention {
                 key_mask: FloatTensor<Self>,
                 options: ScoreOptions,
             ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-                let tensor = Tensor::<4>::from_primitive::<$backend>;
-                let padding = key_padding(Tensor::from_primitive::<$backend>(key_mask), &options);
-                let (output, lse) =
-                    reference::forward_with_lse(tensor(q), tensor(k), tensor(v), padding, &options);
-                (primitive(output), primitive(lse))
+                $forward(q, k, v, key_mask, &options)
             }
 
             fn flash_attention_backward(
@@ -187,45 +142,114 @@ macro_rules! portable_flash_attention {
                 key_mask: FloatTensor<Self>,
                 options: ScoreOptions,
             ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-                let tensor = Tensor::<4>::from_primitive::<$backend>;
-                let padding = key_padding(Tensor::from_primitive::<$backend>(key_mask), &options);
-                let (dq, dk, dv) = reference::backward_from_lse(
-                    tensor(q),
-                    tensor(k),
-                    tensor(v),
-                    tensor(output),
-                    Tensor::from_primitive::<$backend>(lse),
-                    tensor(grad_output),
-                    padding,
-                    &options,
-                );
-                (primitive(dq), primitive(dk), primitive(dv))
+                $backward(q, k, v, output, lse, grad_output, key_mask, &options)
             }
-        }
-
-        /// Unwraps a tensor the portable op computed into the backend's primitive.
-        #[allow(deprecated)] // ndarray is deprecated upstream; we keep supporting it.
-        fn primitive<const D: usize>(tensor: Tensor<D>) -> FloatTensor<$backend> {
-            tensor
-                .try_into_primitive::<$backend>()
-                .expect("the portable op computes on its own backend")
         }
     };
 }
 
-#[cfg(feature = "flex")]
-mod flex {
-    use super::*;
-    use burn::backend::Flex;
+#[cfg(feature = "cube")]
+implement_flash_attention!(
+    burn_cubecl::CubeBackend,
+    super::cube::launch::forward,
+    super::cube::launch::backward
+);
 
-    portable_flash_attention!(Flex);
-}
+#[cfg(feature = "flex")]
+implement_flash_attention!(
+    burn::backend::Flex,
+    portable::forward::<burn::backend::Flex>,
+    portable::backward::<burn::backend::Flex>
+);
 
 #[cfg(feature = "ndarray")]
-#[allow(deprecated)] // ndarray is deprecated upstream; we keep supporting it.
-mod ndarray {
-    use super::*;
-    use burn::backend::NdArray;
+implement_flash_attention!(
+    burn::backend::NdArray,
+    portable::forward::<burn::backend::NdArray>,
+    portable::backward::<burn::backend::NdArray>
+);
 
-    portable_flash_attention!(NdArray);
+/// The op on a backend without a kernel: the reference forward with its log-sum-exp
+/// and the flash backward from it, in tensor ops on the backend's primitives (wrapped
+/// as tensors of its device; no autodiff below this level).
+#[cfg(any(feature = "flex", feature = "ndarray"))]
+mod portable {
+    use burn::backend::tensor::FloatTensor;
+    use burn::backend::{Backend, DispatchKindConversion, DispatchTensor};
+    use burn::tensor::{BackendPrimitive, Bool, Float, Tensor};
+
+    use super::super::{ScoreOptions, reference};
+
+    /// Wraps a backend primitive as a tensor, and back.
+    pub(super) trait Wrap: Backend {
+        fn tensor<const D: usize>(primitive: FloatTensor<Self>) -> Tensor<D>;
+        fn primitive<const D: usize>(tensor: Tensor<D>) -> FloatTensor<Self>;
+    }
+
+    impl<B: Backend> Wrap for B
+    where
+        Float: BackendPrimitive<B, Primitive = FloatTensor<B>>,
+        DispatchTensor: DispatchKindConversion<B>,
+    {
+        fn tensor<const D: usize>(primitive: FloatTensor<B>) -> Tensor<D> {
+            Tensor::from_primitive::<B>(primitive)
+        }
+
+        fn primitive<const D: usize>(tensor: Tensor<D>) -> FloatTensor<B> {
+            tensor
+                .try_into_primitive::<B>()
+                .expect("the portable op computes on its own backend")
+        }
+    }
+
+    /// The key padding of the op's `key_mask` argument (`1` = padded), or `None` for
+    /// the placeholder.
+    fn key_padding<B: Wrap>(
+        key_mask: FloatTensor<B>,
+        options: &ScoreOptions,
+    ) -> Option<Tensor<2, Bool>> {
+        options
+            .has_key_mask
+            .then(|| B::tensor::<2>(key_mask).greater_elem(0.5))
+    }
+
+    /// The forward: `(output, lse)`.
+    pub(super) fn forward<B: Wrap>(
+        q: FloatTensor<B>,
+        k: FloatTensor<B>,
+        v: FloatTensor<B>,
+        key_mask: FloatTensor<B>,
+        options: &ScoreOptions,
+    ) -> (FloatTensor<B>, FloatTensor<B>) {
+        let padding = key_padding::<B>(key_mask, options);
+        let (output, lse) =
+            reference::forward_with_lse(B::tensor(q), B::tensor(k), B::tensor(v), padding, options);
+        (B::primitive(output), B::primitive(lse))
+    }
+
+    /// The backward: `(dq, dk, dv)`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn backward<B: Wrap>(
+        q: FloatTensor<B>,
+        k: FloatTensor<B>,
+        v: FloatTensor<B>,
+        output: FloatTensor<B>,
+        lse: FloatTensor<B>,
+        grad_output: FloatTensor<B>,
+        key_mask: FloatTensor<B>,
+        options: &ScoreOptions,
+    ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+        let padding = key_padding::<B>(key_mask, options);
+        let (dq, dk, dv) = reference::backward_from_lse(
+            B::tensor(q),
+            B::tensor(k),
+            B::tensor(v),
+            B::tensor(output),
+            B::tensor(lse),
+            B::tensor(grad_output),
+            padding,
+            options,
+        );
+        (B::primitive(dq), B::primitive(dk), B::primitive(dv))
+    }
 }

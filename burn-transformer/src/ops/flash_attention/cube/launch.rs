@@ -72,6 +72,8 @@ pub(crate) fn forward(
     key_mask: CubeTensor,
     options: &ScoreOptions,
 ) -> (CubeTensor, CubeTensor) {
+    #[cfg(test)]
+    super::super::op::FORWARD_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     // The kernel indexes rows directly, so inputs must be dense row-major.
     let q = into_contiguous(q);
     let k = into_contiguous(k);
