@@ -52,9 +52,9 @@ pub fn parse_device(name: &str) -> Result<Device, DeviceError> {
         })?,
     };
     let device = match backend {
-        "flex" | "cpu" => flex_device(),
-        "ndarray" => ndarray_device(),
-        "wgpu" | "vulkan" => wgpu_device(),
+        "flex" | "cpu" => flex_device(index),
+        "ndarray" => ndarray_device(index),
+        "wgpu" | "vulkan" => wgpu_device(index),
         "cuda" => cuda_device(index),
         _ => {
             return Err(DeviceError::Unknown {
@@ -67,40 +67,28 @@ pub fn parse_device(name: &str) -> Result<Device, DeviceError> {
     })
 }
 
-// One constructor per backend: `None` where this build lacks the backend's feature.
-#[cfg(feature = "flex")]
-fn flex_device() -> Option<Device> {
-    Some(Device::flex())
+/// `fn $name($index) -> Option<Device>`: the device, or `None` where this build lacks
+/// the backend's feature.
+macro_rules! backend_device {
+    ($name:ident, $feature:literal, |$index:ident| $make:expr) => {
+        #[cfg(feature = $feature)]
+        #[allow(deprecated)] // ndarray is deprecated upstream; we keep supporting it.
+        fn $name($index: usize) -> Option<Device> {
+            Some($make)
+        }
+        #[cfg(not(feature = $feature))]
+        fn $name(_: usize) -> Option<Device> {
+            None
+        }
+    };
 }
-#[cfg(not(feature = "flex"))]
-fn flex_device() -> Option<Device> {
-    None
-}
-#[cfg(feature = "ndarray")]
-#[allow(deprecated)] // ndarray is deprecated upstream; we keep supporting it.
-fn ndarray_device() -> Option<Device> {
-    Some(Device::ndarray())
-}
-#[cfg(not(feature = "ndarray"))]
-fn ndarray_device() -> Option<Device> {
-    None
-}
-#[cfg(feature = "wgpu")]
-fn wgpu_device() -> Option<Device> {
-    Some(Device::wgpu(burn::tensor::DeviceKind::DefaultDevice))
-}
-#[cfg(not(feature = "wgpu"))]
-fn wgpu_device() -> Option<Device> {
-    None
-}
-#[cfg(feature = "cuda")]
-fn cuda_device(index: usize) -> Option<Device> {
-    Some(Device::cuda(index))
-}
-#[cfg(not(feature = "cuda"))]
-fn cuda_device(_index: usize) -> Option<Device> {
-    None
-}
+
+backend_device!(flex_device, "flex", |_index| Device::flex());
+backend_device!(ndarray_device, "ndarray", |_index| Device::ndarray());
+backend_device!(wgpu_device, "wgpu", |_index| Device::wgpu(
+    burn::tensor::DeviceKind::DefaultDevice
+));
+backend_device!(cuda_device, "cuda", |index| Device::cuda(index));
 
 /// The device named by `BURN_DEVICE`, or flex when it is unset.
 pub fn device_from_env() -> Result<Device, DeviceError> {

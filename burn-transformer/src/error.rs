@@ -94,6 +94,40 @@ impl ConfigError {
         }
     }
 
+    /// Checks that `value` is finite and at least 0 (an epsilon, a loss weight).
+    pub(crate) fn check_non_negative(
+        module: &'static str,
+        field: &'static str,
+        value: f64,
+    ) -> Result<(), Self> {
+        if value.is_finite() && value >= 0.0 {
+            Ok(())
+        } else {
+            Err(Self::Invalid {
+                module,
+                field,
+                reason: format!("must be finite and non-negative, got {value}"),
+            })
+        }
+    }
+
+    /// Checks that `value` is finite (a scale).
+    pub(crate) fn check_finite(
+        module: &'static str,
+        field: &'static str,
+        value: f64,
+    ) -> Result<(), Self> {
+        if value.is_finite() {
+            Ok(())
+        } else {
+            Err(Self::Invalid {
+                module,
+                field,
+                reason: format!("must be finite, got {value}"),
+            })
+        }
+    }
+
     /// Checks that `numerator_value % denominator_value == 0` (and the divisor is positive).
     pub(crate) fn check_divisible(
         module: &'static str,

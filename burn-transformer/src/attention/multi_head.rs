@@ -145,14 +145,8 @@ impl MultiHeadAttentionConfig {
                 reason: format!("must be finite and > 0, got {cap}"),
             });
         }
-        if let Some(scale) = self.scale
-            && !scale.is_finite()
-        {
-            return Err(ConfigError::Invalid {
-                module: MODULE,
-                field: "scale",
-                reason: format!("must be finite, got {scale}"),
-            });
+        if let Some(scale) = self.scale {
+            ConfigError::check_finite(MODULE, "scale", scale)?;
         }
         if let Some(rope) = &self.rope {
             rope.validate()?;

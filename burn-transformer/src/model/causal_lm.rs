@@ -228,18 +228,8 @@ impl CausalLmConfig {
                 return Err(self.mismatch("moe.router.d_model", moe.router.d_model));
             }
         }
-        for (field, coef) in [
-            ("aux_loss_coef", self.aux_loss_coef),
-            ("router_z_loss_coef", self.router_z_loss_coef),
-        ] {
-            if !(coef.is_finite() && coef >= 0.0) {
-                return Err(ConfigError::Invalid {
-                    module: MODULE,
-                    field,
-                    reason: format!("must be finite and non-negative, got {coef}"),
-                });
-            }
-        }
+        ConfigError::check_non_negative(MODULE, "aux_loss_coef", self.aux_loss_coef)?;
+        ConfigError::check_non_negative(MODULE, "router_z_loss_coef", self.router_z_loss_coef)?;
         ConfigError::check_probability(MODULE, "drop_path", self.drop_path)?;
         if let Some(latent) = &self.latent {
             latent.validate()?;
@@ -268,14 +258,7 @@ impl CausalLmConfig {
                 reason: format!("has {} entries for {} layers", layers.len(), self.n_layers),
             });
         }
-        if !(self.norm_eps.is_finite() && self.norm_eps >= 0.0) {
-            return Err(ConfigError::Invalid {
-                module: MODULE,
-                field: "norm_eps",
-                reason: format!("must be finite and non-negative, got {}", self.norm_eps),
-            });
-        }
-        Ok(())
+        ConfigError::check_non_negative(MODULE, "norm_eps", self.norm_eps)
     }
 
     fn mismatch(&self, field: &'static str, found: usize) -> ConfigError {

@@ -38,14 +38,7 @@ impl LayerNormConfig {
     /// that is negative or not finite.
     pub fn validate(&self) -> Result<(), ConfigError> {
         ConfigError::check_positive(MODULE, "d_model", self.d_model)?;
-        if !(self.eps.is_finite() && self.eps >= 0.0) {
-            return Err(ConfigError::Invalid {
-                module: MODULE,
-                field: "eps",
-                reason: format!("must be finite and non-negative, got {}", self.eps),
-            });
-        }
-        Ok(())
+        ConfigError::check_non_negative(MODULE, "eps", self.eps)
     }
 
     /// Validates the configuration and initializes weight (ones) and bias (zeros).
