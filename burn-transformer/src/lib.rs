@@ -24,6 +24,7 @@ pub mod ops;
 #[cfg(feature = "plot")]
 pub mod plot;
 pub mod position;
+mod setters;
 #[cfg(feature = "train")]
 pub mod train;
 

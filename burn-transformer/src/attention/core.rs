@@ -98,52 +98,27 @@ pub struct AttentionOptions {
     pub implementation: AttentionImpl,
 }
 
+crate::setters::setters!(AttentionOptions {
+    /// Sets the scale applied to `q·kᵀ`.
+    with_scale => scale: Option<f64>,
+    /// Turns causal masking on or off.
+    with_causal => causal: bool,
+    /// Sets the sliding window.
+    with_window => window: Option<usize>,
+    /// Sets the key padding mask (`[batch, seq_k]`, `true` = padded).
+    with_key_padding => key_padding: Option<Tensor<2, Bool>>,
+    /// Sets the logit softcap.
+    with_softcap => softcap: Option<f64>,
+    /// Sets the dropout probability on attention probabilities.
+    with_dropout => dropout: f64,
+    /// Chooses the implementation.
+    with_implementation => implementation: AttentionImpl,
+});
+
 impl AttentionOptions {
     /// Options with every default.
     pub fn new() -> Self {
         Self::default()
-    }
-
-    /// Sets the scale applied to `q·kᵀ`.
-    pub fn with_scale(mut self, scale: Option<f64>) -> Self {
-        self.scale = scale;
-        self
-    }
-
-    /// Turns causal masking on or off.
-    pub fn with_causal(mut self, causal: bool) -> Self {
-        self.causal = causal;
-        self
-    }
-
-    /// Sets the sliding window.
-    pub fn with_window(mut self, window: Option<usize>) -> Self {
-        self.window = window;
-        self
-    }
-
-    /// Sets the key padding mask (`[batch, seq_k]`, `true` = padded).
-    pub fn with_key_padding(mut self, key_padding: Option<Tensor<2, Bool>>) -> Self {
-        self.key_padding = key_padding;
-        self
-    }
-
-    /// Sets the logit softcap.
-    pub fn with_softcap(mut self, softcap: Option<f64>) -> Self {
-        self.softcap = softcap;
-        self
-    }
-
-    /// Sets the dropout probability on attention probabilities.
-    pub fn with_dropout(mut self, dropout: f64) -> Self {
-        self.dropout = dropout;
-        self
-    }
-
-    /// Chooses the implementation.
-    pub fn with_implementation(mut self, implementation: AttentionImpl) -> Self {
-        self.implementation = implementation;
-        self
     }
 
     /// The scale actually used for a head dimension `d_qk`.

@@ -68,31 +68,18 @@ impl BeamSearchConfig {
             ..Self::default()
         }
     }
-
-    /// Sets the length penalty.
-    pub fn with_length_penalty(mut self, length_penalty: f32) -> Self {
-        self.length_penalty = length_penalty;
-        self
-    }
-
-    /// Sets the early stopping rule.
-    pub fn with_early_stopping(mut self, early_stopping: EarlyStopping) -> Self {
-        self.early_stopping = early_stopping;
-        self
-    }
-
-    /// Sets the stop tokens.
-    pub fn with_stop_tokens(mut self, stop_tokens: Vec<u32>) -> Self {
-        self.stop_tokens = stop_tokens;
-        self
-    }
-
-    /// Sets the padding token.
-    pub fn with_pad_token(mut self, pad_token: u32) -> Self {
-        self.pad_token = pad_token;
-        self
-    }
 }
+
+crate::setters::setters!(BeamSearchConfig {
+    /// Sets the length penalty.
+    with_length_penalty => length_penalty: f32,
+    /// Sets the early stopping rule.
+    with_early_stopping => early_stopping: EarlyStopping,
+    /// Sets the stop tokens.
+    with_stop_tokens => stop_tokens: Vec<u32>,
+    /// Sets the padding token.
+    with_pad_token => pad_token: u32,
+});
 
 /// One finished hypothesis.
 #[derive(Debug, Clone, PartialEq)]

@@ -58,31 +58,18 @@ impl GenerationConfig {
             ..Self::default()
         }
     }
-
-    /// Sets the stop tokens.
-    pub fn with_stop_tokens(mut self, stop_tokens: Vec<u32>) -> Self {
-        self.stop_tokens = stop_tokens;
-        self
-    }
-
-    /// Sets the padding token.
-    pub fn with_pad_token(mut self, pad_token: u32) -> Self {
-        self.pad_token = pad_token;
-        self
-    }
-
-    /// Sets how tokens are chosen.
-    pub fn with_sampling(mut self, sampling: SamplingConfig) -> Self {
-        self.sampling = sampling;
-        self
-    }
-
-    /// Sets the most tokens each prediction sees.
-    pub fn with_max_context(mut self, max_context: Option<usize>) -> Self {
-        self.max_context = max_context;
-        self
-    }
 }
+
+crate::setters::setters!(GenerationConfig {
+    /// Sets the stop tokens.
+    with_stop_tokens => stop_tokens: Vec<u32>,
+    /// Sets the padding token.
+    with_pad_token => pad_token: u32,
+    /// Sets how tokens are chosen.
+    with_sampling => sampling: SamplingConfig,
+    /// Sets the most tokens each prediction sees.
+    with_max_context => max_context: Option<usize>,
+});
 
 /// Why a row stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

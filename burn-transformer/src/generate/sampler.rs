@@ -36,6 +36,15 @@ impl Default for SamplingConfig {
     }
 }
 
+crate::setters::setters!(SamplingConfig {
+    /// Sets top-k filtering.
+    with_top_k => top_k: Option<usize>,
+    /// Sets top-p (nucleus) filtering.
+    with_top_p => top_p: Option<f32>,
+    /// Sets the repetition penalty.
+    with_repetition_penalty => repetition_penalty: f32,
+});
+
 impl SamplingConfig {
     /// Greedy decoding: always the most likely token.
     pub fn greedy() -> Self {
@@ -57,24 +66,6 @@ impl SamplingConfig {
             seed,
             ..Self::greedy()
         }
-    }
-
-    /// Sets top-k filtering.
-    pub fn with_top_k(mut self, top_k: Option<usize>) -> Self {
-        self.top_k = top_k;
-        self
-    }
-
-    /// Sets top-p (nucleus) filtering.
-    pub fn with_top_p(mut self, top_p: Option<f32>) -> Self {
-        self.top_p = top_p;
-        self
-    }
-
-    /// Sets the repetition penalty.
-    pub fn with_repetition_penalty(mut self, penalty: f32) -> Self {
-        self.repetition_penalty = penalty;
-        self
     }
 
     /// Checks the values.
