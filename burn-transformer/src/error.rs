@@ -100,15 +100,13 @@ impl ConfigError {
         field: &'static str,
         value: f64,
     ) -> Result<(), Self> {
-        if value.is_finite() && value >= 0.0 {
-            Ok(())
-        } else {
-            Err(Self::Invalid {
-                module,
-                field,
-                reason: format!("must be finite and non-negative, got {value}"),
-            })
-        }
+        Self::check_real(
+            module,
+            field,
+            value,
+            value >= 0.0,
+            "finite and non-negative",
+        )
     }
 
     /// Checks that `value` is finite (a scale).
@@ -117,13 +115,25 @@ impl ConfigError {
         field: &'static str,
         value: f64,
     ) -> Result<(), Self> {
-        if value.is_finite() {
+        Self::check_real(module, field, value, true, "finite")
+    }
+
+    /// [`ConfigError::Invalid`] ("must be {expected}") unless `value` is finite and
+    /// `holds`.
+    fn check_real(
+        module: &'static str,
+        field: &'static str,
+        value: f64,
+        holds: bool,
+        expected: &str,
+    ) -> Result<(), Self> {
+        if value.is_finite() && holds {
             Ok(())
         } else {
             Err(Self::Invalid {
                 module,
                 field,
-                reason: format!("must be finite, got {value}"),
+                reason: format!("must be {expected}, got {value}"),
             })
         }
     }

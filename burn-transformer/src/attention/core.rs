@@ -157,16 +157,27 @@ pub fn attention(
     v: Tensor<4>,
     options: &AttentionOptions,
 ) -> Tensor<4> {
-    let scores = options.score_options(q.dims()[3]);
-    Problem::of_call(&q, &k, &v, options.key_padding.as_ref(), &scores);
-    let padding = options.key_padding.clone();
     if wants_fused_path(&q, options) {
-        match flash_attention(q.clone(), k.clone(), v.clone(), padding.clone(), &scores) {
+        let scores = checked_score_options(&q, &k, &v, options);
+        let padding = options.key_padding.clone();
+        match flash_attention(q.clone(), k.clone(), v.clone(), padding, &scores) {
             Ok(output) => return output,
             Err(reason) => log::info!("attention: fused op not used ({reason}); reference path"),
         }
     }
-    reference::attention(q, k, v, padding, &scores, options.dropout)
+    reference_attention(q, k, v, options)
+}
+
+/// The ops' options of a call, after checking its shapes (see [`Problem::of_call`]).
+fn checked_score_options(
+    q: &Tensor<4>,
+    k: &Tensor<4>,
+    v: &Tensor<4>,
+    options: &AttentionOptions,
+) -> ScoreOptions {
+    let scores = options.score_options(q.dims()[3]);
+    Problem::of_call(q, k, v, options.key_padding.as_ref(), &scores);
+    scores
 }
 
 /// Whether a call should take the fused op: the choice between the two paths, made
@@ -206,10 +217,9 @@ pub fn reference_attention(
     v: Tensor<4>,
     options: &AttentionOptions,
 ) -> Tensor<4> {
-    let scores = options.score_options(q.dims()[3]);
-    Problem::of_call(&q, &k, &v, options.key_padding.as_ref(), &scores);
+    let scores = checked_score_options(&q, &k, &v, options);
     let padding = options.key_padding.clone();
-    reference::attention(q, k, v, padding, &scores, options.dropout)
+    reference::attention(q, k, v, padding, &scores, options.dropout).0
 }
 
 /// The attention probabilities `softmax(q·kᵀ·scale + mask)` of one call, as the
@@ -228,8 +238,7 @@ pub fn reference_attention(
 /// # Panics
 /// If the shapes disagree (as [`attention`], with `k` standing in for `v`).
 pub fn attention_weights(q: Tensor<4>, k: Tensor<4>, options: &AttentionOptions) -> Tensor<4> {
-    let scores = options.score_options(q.dims()[3]);
-    Problem::of_call(&q, &k, &k, options.key_padding.as_ref(), &scores);
+    let scores = checked_score_options(&q, &k, &k, options);
     reference::probabilities(q, k, options.key_padding.clone(), &scores)
 }
 
@@ -247,9 +256,8 @@ pub fn attention_with_weights(
     v: Tensor<4>,
     options: &AttentionOptions,
 ) -> (Tensor<4>, Tensor<4>) {
-    let scores = options.score_options(q.dims()[3]);
-    Problem::of_call(&q, &k, &v, options.key_padding.as_ref(), &scores);
-    reference::attention_with_probabilities(q, k, v, options.key_padding.clone(), &scores)
+    let scores = checked_score_options(&q, &k, &v, options);
+    reference::attention(q, k, v, options.key_padding.clone(), &scores, 0.0)
 }
 
 #[cfg(test)]

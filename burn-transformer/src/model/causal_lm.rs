@@ -492,15 +492,15 @@ impl CausalLm {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::attention::LatentAttentionConfig;
     use crate::test_utils::{assert_close, model_test_devices, test_devices, tokens};
     use burn::module::Param;
 
     /// A small LLaMA-style model with a sliding window on its second layer.
-    fn small(kind: BlockKind) -> CausalLmConfig {
-        CausalLmConfig::new(30, 16, 2, 4, 24, RopeConfig::new(4))
+    pub(crate) fn small(kind: BlockKind) -> CausalLmConfig {
+        CausalLmConfig::new(40, 16, 2, 4, 24, RopeConfig::new(4))
             .with_n_kv_heads(Some(2))
             .with_sliding_window(Some(3))
             .with_sliding_layers(Some(vec![false, true]))
@@ -513,9 +513,9 @@ mod tests {
 
     /// A small DeepSeek-style model: latent attention, a dense first layer, then a
     /// mixture of experts.
-    fn small_latent_moe() -> CausalLmConfig {
+    pub(crate) fn small_latent_moe() -> CausalLmConfig {
         let latent = LatentAttentionConfig::new(16, 4, 8, 4, 4, 4).with_q_lora_rank(Some(8));
-        CausalLmConfig::new(30, 16, 2, 4, 24, latent.rope_config())
+        CausalLmConfig::new(40, 16, 2, 4, 24, latent.rope_config())
             .with_latent(Some(latent))
             .with_moe(Some(
                 MoeConfig::mixtral(16, 8, 4, 2).with_n_shared_experts(1),

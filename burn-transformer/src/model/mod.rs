@@ -8,3 +8,6 @@ mod presets;
 
 pub use causal_lm::{CausalLm, CausalLmConfig, CausalLmOutput};
 pub use encoder_decoder::{Seq2SeqCache, Transformer, TransformerConfig};
+
+#[cfg(test)]
+pub(crate) use causal_lm::tests as causal_lm_tests;

@@ -112,7 +112,8 @@ pub(crate) fn upgrade(bytes: &Bytes) -> Option<Bytes> {
 mod tests {
     use super::*;
     use crate::block::BlockKind;
-    use crate::model::{CausalLmConfig, TransformerConfig};
+    use crate::model::TransformerConfig;
+    use crate::model::causal_lm_tests::{small, small_latent_moe};
     use crate::test_utils::{Fixture, assert_close, fixture_dir, model_test_devices};
     use crate::train::load_module;
     use burn::tensor::{Device, Int, Tensor};
@@ -188,8 +189,12 @@ mod tests {
         let dir = fixture_dir().join("legacy");
         for device in model_test_devices() {
             for (name, config) in [
-                ("causal_lm_dense", legacy_dense()),
-                ("causal_lm_latent_moe", legacy_latent_moe()),
+                // The configurations the records were saved with.
+                ("causal_lm_dense", small(BlockKind::PreNorm)),
+                (
+                    "causal_lm_latent_moe",
+                    small_latent_moe().with_tie_word_embeddings(true),
+                ),
             ] {
                 let fixture = Fixture::load(&format!("legacy/{name}"));
                 let model = load_module(config.init(&device), &dir.join(format!("{name}.bpk")))
@@ -214,26 +219,5 @@ mod tests {
                 assert_close(logits, fixture.tensor("logits", &device), 1e-4, name);
             }
         }
-    }
-
-    /// The configurations the legacy fixtures were saved with.
-    fn legacy_dense() -> CausalLmConfig {
-        CausalLmConfig::new(40, 16, 2, 4, 24, crate::position::RopeConfig::new(4))
-            .with_n_kv_heads(Some(2))
-            .with_sliding_window(Some(3))
-            .with_sliding_layers(Some(vec![false, true]))
-    }
-
-    fn legacy_latent_moe() -> CausalLmConfig {
-        use crate::attention::LatentAttentionConfig;
-        use crate::ffn::{MoeConfig, MoeLayerPlan};
-        let latent = LatentAttentionConfig::new(16, 4, 8, 4, 4, 4).with_q_lora_rank(Some(8));
-        CausalLmConfig::new(40, 16, 2, 4, 24, latent.rope_config())
-            .with_latent(Some(latent))
-            .with_moe(Some(
-                MoeConfig::mixtral(16, 8, 4, 2).with_n_shared_experts(1),
-            ))
-            .with_moe_layers(MoeLayerPlan::new().with_first_k_dense_replace(1))
-            .with_tie_word_embeddings(true)
     }
 }

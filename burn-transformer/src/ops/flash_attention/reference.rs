@@ -155,14 +155,15 @@ fn weighted_values(probabilities: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
     ungrouped(grouped(probabilities, kv_heads).matmul(v), heads)
 }
 
-/// The reference attention with dropout on the probabilities (`dropout > 0` is applied
-/// only on autodiff devices: the caller decides whether it is training).
+/// The reference attention and the probabilities it weighted the values with (after
+/// dropout, which `dropout > 0` applies only on autodiff devices: the caller decides
+/// whether it is training).
 ///
 /// # Shapes
 /// - q: `[batch, heads, seq_q, d_qk]`
 /// - k: `[batch, kv_heads, seq_k, d_qk]`, v: `[batch, kv_heads, seq_k, d_v]`
 /// - key_padding: `[batch, seq_k]`, `true` for padded keys
-/// - output: `[batch, heads, seq_q, d_v]`
+/// - output: `[batch, heads, seq_q, d_v]` and `[batch, heads, seq_q, seq_k]`
 pub(crate) fn attention(
     q: Tensor<4>,
     k: Tensor<4>,
@@ -170,7 +171,7 @@ pub(crate) fn attention(
     key_padding: Option<Tensor<2, Bool>>,
     options: &ScoreOptions,
     dropout: f64,
-) -> Tensor<4> {
+) -> (Tensor<4>, Tensor<4>) {
     let probabilities = probabilities(q, k, key_padding, options);
     let probabilities = if dropout > 0.0 && probabilities.device().is_autodiff() {
         let keep = 1.0 - dropout;
@@ -179,22 +180,6 @@ pub(crate) fn attention(
     } else {
         probabilities
     };
-    weighted_values(probabilities, v)
-}
-
-/// The reference attention and its probabilities, from one computation (for
-/// inspection and plots).
-///
-/// # Shapes
-/// As [`attention`], plus the probabilities `[batch, heads, seq_q, seq_k]`.
-pub(crate) fn attention_with_probabilities(
-    q: Tensor<4>,
-    k: Tensor<4>,
-    v: Tensor<4>,
-    key_padding: Option<Tensor<2, Bool>>,
-    options: &ScoreOptions,
-) -> (Tensor<4>, Tensor<4>) {
-    let probabilities = probabilities(q, k, key_padding, options);
     (weighted_values(probabilities.clone(), v), probabilities)
 }
 
