@@ -587,6 +587,13 @@ pub(crate) mod tests {
         assert!(error.to_string().contains("drop_path"), "{error}");
     }
 
+    /// A model of `config` holding the weights of `model` (same parameters).
+    fn with_weights_of(config: CausalLmConfig, model: &CausalLm) -> CausalLm {
+        config
+            .init(&model.device())
+            .load_record(model.clone().into_record())
+    }
+
     /// The gradient of every parameter of a model.
     fn gradients(model: &CausalLm, loss: Tensor<1>) -> Vec<Vec<f32>> {
         use burn::module::ModuleVisitor;
@@ -611,9 +618,7 @@ pub(crate) mod tests {
         let device = Device::flex().autodiff();
         device.seed(5);
         let pre = small(BlockKind::PreNorm).init(&device);
-        let residual = small(BlockKind::ResiDual)
-            .init(&device)
-            .load_record(pre.clone().into_record());
+        let residual = with_weights_of(small(BlockKind::ResiDual), &pre);
         let loss = |model: &CausalLm| model.forward(prompt(&device), None).powi_scalar(2).mean();
         let (a, b) = (
             gradients(&pre, loss(&pre)),
@@ -636,10 +641,7 @@ pub(crate) mod tests {
         let device = Device::flex().autodiff();
         device.seed(9);
         let plain = small(BlockKind::PreNorm).init(&device);
-        let dropping = small(BlockKind::PreNorm)
-            .with_drop_path(0.5)
-            .init(&device)
-            .load_record(plain.clone().into_record());
+        let dropping = with_weights_of(small(BlockKind::PreNorm).with_drop_path(0.5), &plain);
         let input = tokens(&[&[1, 5, 9, 13, 17, 21]], &device);
         // The first layer's q_proj gradient, for seeds 0..12.
         let q_proj_gradient_is_zero = |model: &CausalLm, seed: u64| {
@@ -681,11 +683,10 @@ pub(crate) mod tests {
             device.seed(13);
             let base = small_latent_moe().init(&device);
             let with = |aux: f64, z: f64| {
-                small_latent_moe()
+                let config = small_latent_moe()
                     .with_aux_loss_coef(aux)
-                    .with_router_z_loss_coef(z)
-                    .init(&device)
-                    .load_record(base.clone().into_record())
+                    .with_router_z_loss_coef(z);
+                with_weights_of(config, &base)
             };
             let routing = |model: &CausalLm| {
                 model

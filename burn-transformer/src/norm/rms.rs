@@ -134,31 +134,22 @@ mod tests {
         norm
     }
 
+    /// LLaMA's `LlamaRMSNorm` (scale by the weight) and Gemma's `GemmaRMSNorm` (scale
+    /// by `1 + weight`).
     #[test]
-    fn matches_llama_rms_norm() {
-        let fixture = Fixture::load("rms_norm");
-        for device in test_devices() {
-            let norm = with_weight(
-                RmsNormConfig::new(32).with_eps(fixture.scalar("eps") as f64),
-                fixture.tensor("weight", &device),
-            );
-            let y = norm.forward(fixture.tensor::<3>("x", &device));
-            assert_close(y, fixture.tensor("y", &device), 1e-5, "rms_norm f32");
-        }
-    }
-
-    #[test]
-    fn matches_gemma_rms_norm() {
-        let fixture = Fixture::load("rms_norm_gemma");
-        for device in test_devices() {
-            let norm = with_weight(
-                RmsNormConfig::new(32)
-                    .with_eps(fixture.scalar("eps") as f64)
-                    .with_unit_offset(true),
-                fixture.tensor("weight", &device),
-            );
-            let y = norm.forward(fixture.tensor::<3>("x", &device));
-            assert_close(y, fixture.tensor("y", &device), 1e-5, "rms_norm gemma");
+    fn matches_llama_and_gemma_rms_norm() {
+        for (name, unit_offset) in [("rms_norm", false), ("rms_norm_gemma", true)] {
+            let fixture = Fixture::load(name);
+            for device in test_devices() {
+                let norm = with_weight(
+                    RmsNormConfig::new(32)
+                        .with_eps(fixture.scalar("eps") as f64)
+                        .with_unit_offset(unit_offset),
+                    fixture.tensor("weight", &device),
+                );
+                let y = norm.forward(fixture.tensor::<3>("x", &device));
+                assert_close(y, fixture.tensor("y", &device), 1e-5, name);
+            }
         }
     }
 

@@ -52,6 +52,14 @@ impl Case {
         }
     }
 
+    /// The case with a causal mask over a batch of two with key lengths `lengths`.
+    pub fn causal_padded(mut self, lengths: Vec<usize>) -> Self {
+        self.causal = true;
+        self.batch = lengths.len();
+        self.lengths = Some(lengths);
+        self
+    }
+
     fn options(&self) -> ScoreOptions {
         ScoreOptions::new(
             self.scale.unwrap_or(1.0 / (self.d_qk as f64).sqrt()),
@@ -249,6 +257,18 @@ pub(super) fn run(
     ]
 }
 
+/// `(fused, naive, oracle)` results of one case on `device`.
+pub(super) fn compare(
+    case: &Case,
+    inputs: &Inputs,
+    device: &Device,
+    dtype: DType,
+) -> (Results, Results, Results) {
+    let fused = run(case, inputs, device, dtype, Path::Fused);
+    let naive = run(case, inputs, device, dtype, Path::Reference);
+    (fused, naive, oracle(case, inputs))
+}
+
 /// Largest absolute difference (NaN counts as infinite).
 fn max_error(actual: &[f64], expected: &[f64]) -> f64 {
     actual
@@ -407,9 +427,7 @@ fn portable_path_matches_the_oracle_on_flex() {
     let device = Device::flex();
     for (index, case) in parity_grid().iter().enumerate().filter(|(i, _)| i % 3 == 0) {
         let inputs = Inputs::random(case, index as u64, 1.0);
-        let expected = oracle(case, &inputs);
-        let fused = run(case, &inputs, &device, DType::F32, Path::Fused);
-        let naive = run(case, &inputs, &device, DType::F32, Path::Reference);
+        let (fused, naive, expected) = compare(case, &inputs, &device, DType::F32);
         assert_rule(
             &format!("flex #{index} {case:?}"),
             &fused,
@@ -426,14 +444,9 @@ fn portable_path_runs_on_ndarray() {
     {
         #[allow(deprecated)] // ndarray is deprecated upstream; we keep supporting it.
         let device = Device::ndarray();
-        let mut case = Case::new(4, 2, 17, 64, (32, 32));
-        case.causal = true;
-        case.batch = 2;
-        case.lengths = Some(vec![40, 0]);
+        let case = Case::new(4, 2, 17, 64, (32, 32)).causal_padded(vec![40, 0]);
         let inputs = Inputs::random(&case, 3, 1.0);
-        let expected = oracle(&case, &inputs);
-        let fused = run(&case, &inputs, &device, DType::F32, Path::Fused);
-        let naive = run(&case, &inputs, &device, DType::F32, Path::Reference);
+        let (fused, naive, expected) = compare(&case, &inputs, &device, DType::F32);
         assert_rule("ndarray", &fused, &naive, &expected, 1e-5);
     }
 }
@@ -472,9 +485,7 @@ mod on_device {
         let mut failures = Vec::new();
         for (index, case) in cases.iter().enumerate() {
             let inputs = Inputs::random(case, index as u64, 1.0);
-            let expected = oracle(case, &inputs);
-            let fused = run(case, &inputs, device, DType::F32, Path::Fused);
-            let naive = run(case, &inputs, device, DType::F32, Path::Reference);
+            let (fused, naive, expected) = compare(case, &inputs, device, DType::F32);
             failures.extend(rule_failures(
                 &format!("{label} #{index} {case:?}"),
                 &fused,
@@ -499,17 +510,12 @@ mod on_device {
     pub fn fully_masked_rows_and_large_logits_stay_finite(device: &Device) {
         // seq_q > seq_k with causal: the first rows see no key; one batch entry is
         // fully padded; q is scaled by 1e3 so logits are in the thousands.
-        let mut case = Case::new(2, 1, 129, 64, (64, 64));
-        case.causal = true;
-        case.batch = 2;
-        case.lengths = Some(vec![64, 0]);
+        let case = Case::new(2, 1, 129, 64, (64, 64)).causal_padded(vec![64, 0]);
         let inputs = Inputs::random(&case, 11, 1e3);
-        let expected = oracle(&case, &inputs);
-        let fused = run(&case, &inputs, device, DType::F32, Path::Fused);
+        let (fused, naive, expected) = compare(&case, &inputs, device, DType::F32);
         for values in &fused {
             assert!(values.iter().all(|x| x.is_finite()));
         }
-        let naive = run(&case, &inputs, device, DType::F32, Path::Reference);
         // Logits in the thousands carry f32 rounding of ~1e-4 (relative to the
         // output) that depends on summation order, in both paths.
         assert_rule("large logits", &fused, &naive, &expected, 1e-4);
@@ -519,17 +525,12 @@ mod on_device {
 
     pub fn half_precision_subset(device: &Device) {
         for dtype in [DType::F16, DType::BF16] {
-            let mut case = Case::new(4, 2, 64, 129, (64, 64));
-            case.causal = true;
-            case.batch = 2;
-            case.lengths = Some(vec![129, 50]);
+            let case = Case::new(4, 2, 64, 129, (64, 64)).causal_padded(vec![129, 50]);
             let inputs = Inputs::random(&case, 5, 1.0);
             let problem = case.problem();
             match check_support(device, dtype, &problem) {
                 Ok(()) => {
-                    let expected = oracle(&case, &inputs);
-                    let fused = run(&case, &inputs, device, dtype, Path::Fused);
-                    let naive = run(&case, &inputs, device, dtype, Path::Reference);
+                    let (fused, naive, expected) = compare(&case, &inputs, device, dtype);
                     assert_rule(&format!("{dtype:?}"), &fused, &naive, &expected, 1e-3);
                 }
                 Err(reason) => {
