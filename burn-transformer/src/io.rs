@@ -189,32 +189,8 @@ fn replace(
 pub(crate) mod tests {
     use super::*;
 
-    /// A temporary folder removed when dropped.
-    pub struct TempDir(PathBuf);
-
-    impl TempDir {
-        pub fn new(name: &str) -> Self {
-            static NEXT: AtomicUsize = AtomicUsize::new(0);
-            let path = std::env::temp_dir().join(format!(
-                "burn-transformer-{name}-{}-{}",
-                std::process::id(),
-                NEXT.fetch_add(1, Ordering::Relaxed)
-            ));
-            let _ = std::fs::remove_dir_all(&path);
-            std::fs::create_dir_all(&path).unwrap();
-            Self(path)
-        }
-
-        pub fn path(&self) -> &Path {
-            &self.0
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
+    /// A temporary folder removed when dropped (for the tests of every module).
+    pub use tempfile::TempDir;
 
     /// The names in `dir`, sorted.
     fn names(dir: &Path) -> Vec<String> {
@@ -228,7 +204,7 @@ pub(crate) mod tests {
 
     #[test]
     fn writes_replace_the_file_and_leave_nothing_else() {
-        let dir = TempDir::new("io-write");
+        let dir = TempDir::with_prefix("io-write").unwrap();
         let path = dir.path().join("nested/out.txt");
         write_atomically(&path, "first").unwrap();
         write_atomically(&path, b"second").unwrap();
@@ -238,7 +214,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_failed_writer_keeps_the_old_file_and_names_the_target() {
-        let dir = TempDir::new("io-failed");
+        let dir = TempDir::with_prefix("io-failed").unwrap();
         let path = dir.path().join("plot.png");
         write_atomically(&path, b"good").unwrap();
         let mut seen = None;
@@ -266,7 +242,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_writer_that_succeeds_is_renamed_into_place() {
-        let dir = TempDir::new("io-with");
+        let dir = TempDir::with_prefix("io-with").unwrap();
         let path = dir.path().join("data");
         write_atomically_with(&path, |temporary| std::fs::write(temporary, b"bytes")).unwrap();
         assert_eq!(read_bytes(&path).unwrap(), b"bytes");
@@ -275,7 +251,7 @@ pub(crate) mod tests {
 
     #[test]
     fn read_errors_name_the_file() {
-        let dir = TempDir::new("io-read");
+        let dir = TempDir::with_prefix("io-read").unwrap();
         let missing = dir.path().join("missing.txt");
         assert_eq!(
             read_text(&missing).unwrap_err().to_string(),

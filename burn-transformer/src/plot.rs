@@ -304,7 +304,7 @@ mod tests {
 
     #[test]
     fn writes_log_log_and_linear_pngs() {
-        let dir = TempDir::new("plot");
+        let dir = TempDir::with_prefix("plot").unwrap();
         for log_log in [true, false] {
             let path = dir.path().join(format!("chart-{log_log}.png"));
             quadratic(log_log).write(&path).unwrap();
@@ -317,7 +317,7 @@ mod tests {
 
     #[test]
     fn nothing_to_draw_is_an_error_naming_the_file() {
-        let dir = TempDir::new("plot-empty");
+        let dir = TempDir::with_prefix("plot-empty").unwrap();
         let path = dir.path().join("empty.png");
         let mut plot = quadratic(true);
         plot.series[0].points = vec![(0.0, 1.0), (1.0, f64::NAN)];

@@ -7,7 +7,7 @@ use common::{TempDir, assert_clear_error};
 
 #[test]
 fn missing_model_and_bad_input_are_clear_messages() {
-    let dir = TempDir::new("run");
+    let dir = TempDir::with_prefix("run").unwrap();
     let run = dir.path().join("missing");
     let run = run.to_str().unwrap();
     let attention_plot = |input: &str| {

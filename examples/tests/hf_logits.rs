@@ -57,7 +57,7 @@ fn read(path: &Path, key: &str) -> (Vec<usize>, Vec<f64>) {
 
 fn check_family(name: &str, device: &str) {
     let model = fixtures().join(name);
-    let scratch = TempDir::new(&format!("{name}-{device}"));
+    let scratch = TempDir::with_prefix(format!("{name}-{device}")).unwrap();
     let out = scratch.path().join("out.safetensors");
     let output = hf_logits(&model, &model.join("input.json"), &out, device);
     assert!(
@@ -111,7 +111,7 @@ fn matches_transformers_on_ndarray_and_wgpu() {
 #[test]
 fn bad_input_exits_with_a_message_and_writes_nothing() {
     let model = fixtures().join("llama");
-    let scratch = TempDir::new("bad");
+    let scratch = TempDir::with_prefix("bad").unwrap();
     let dir = scratch.path();
     let out = dir.join("out.safetensors");
     let cases = [

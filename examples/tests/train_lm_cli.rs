@@ -45,7 +45,7 @@ fn corpus(dir: &Path) -> PathBuf {
 
 #[test]
 fn bad_input_is_a_clear_message() {
-    let dir = TempDir::new("bad");
+    let dir = TempDir::with_prefix("bad").unwrap();
     let out = dir.path().join("run");
     let out = out.to_str().unwrap();
 
@@ -109,7 +109,7 @@ const BPE_TOKENIZER: &str = r#"{
 
 #[test]
 fn trains_with_a_tokenizer_json() {
-    let dir = TempDir::new("bpe");
+    let dir = TempDir::with_prefix("bpe").unwrap();
     let text = corpus(dir.path());
     let tokenizer = dir.path().join("tokenizer.json");
     std::fs::write(&tokenizer, BPE_TOKENIZER).unwrap();
@@ -148,7 +148,7 @@ fn trains_with_a_tokenizer_json() {
 
 #[test]
 fn resume_continues_exactly() {
-    let dir = TempDir::new("resume");
+    let dir = TempDir::with_prefix("resume").unwrap();
     let text = corpus(dir.path());
     let mut args = vec![
         "--data",

@@ -32,7 +32,7 @@ const TINY: &[&str] = &[
 
 #[test]
 fn bad_settings_are_clear_messages() {
-    let dir = TempDir::new("bad");
+    let dir = TempDir::with_prefix("bad").unwrap();
     let out = dir.path().join("run");
     let out = out.to_str().unwrap();
     assert_clear_error(
@@ -52,7 +52,7 @@ fn bad_settings_are_clear_messages() {
 
 #[test]
 fn a_short_run_reports_exact_match() {
-    let dir = TempDir::new("short");
+    let dir = TempDir::with_prefix("short").unwrap();
     let out = dir.path().join("run");
     let mut args = vec![
         "--out",
@@ -79,7 +79,7 @@ fn a_short_run_reports_exact_match() {
 /// test next to other tests drawing random numbers in parallel.)
 #[test]
 fn resume_with_dropout_continues_exactly() {
-    let dir = TempDir::new("resume");
+    let dir = TempDir::with_prefix("resume").unwrap();
     let mut args = vec![
         "--steps",
         "6",

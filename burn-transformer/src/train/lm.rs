@@ -377,7 +377,7 @@ mod tests {
 
     #[test]
     fn checkpoint_round_trip_is_bit_identical() {
-        let dir = TempDir::new("lm-checkpoint");
+        let dir = TempDir::with_prefix("lm-checkpoint").unwrap();
         let device = Device::flex();
         let config = tiny_model(20);
         let model = host_init(1, |host| config.try_init(host))
@@ -514,7 +514,7 @@ mod tests {
         let model = tiny_model(tokenizer.vocab_size());
         let training = tiny_training(12, 4);
 
-        let straight = TempDir::new("lm-straight");
+        let straight = TempDir::with_prefix("lm-straight").unwrap();
         let full = train_language_model(
             &model,
             &training,
@@ -529,7 +529,7 @@ mod tests {
         // A run killed during round 3: its folder holds rounds 1 and 2's checkpoints
         // (the straight run kept the last two, 2 and 3; drop 3) and a history that
         // went further than the checkpoint.
-        let crashed = TempDir::new("lm-crashed");
+        let crashed = TempDir::with_prefix("lm-crashed").unwrap();
         interrupted_copy(straight.path(), crashed.path());
         assert_eq!(latest_checkpoint(&checkpoint_dir(crashed.path())), Some(2));
 
@@ -563,7 +563,7 @@ mod tests {
         );
 
         // Resuming a folder without checkpoints is a clear error.
-        let empty = TempDir::new("lm-empty");
+        let empty = TempDir::with_prefix("lm-empty").unwrap();
         let options = RunOptions {
             resume: true,
             ..RunOptions::quiet(empty.path())
@@ -588,7 +588,7 @@ mod tests {
         .unwrap();
         let mut runs = Vec::new();
         for device in model_test_devices() {
-            let dir = TempDir::new("lm-backends");
+            let dir = TempDir::with_prefix("lm-backends").unwrap();
             let result = train_language_model_from(
                 model.clone(),
                 &training,
@@ -619,7 +619,7 @@ mod tests {
     fn bad_settings_are_clear_errors() {
         let text = "tiny corpus\n".repeat(3);
         let (tokenizer, split) = split(&text);
-        let dir = TempDir::new("lm-bad");
+        let dir = TempDir::with_prefix("lm-bad").unwrap();
         let options = RunOptions::quiet(dir.path());
         let device = Device::flex();
         let model = tiny_model(tokenizer.vocab_size());

@@ -375,7 +375,7 @@ mod tests {
             .with_eval_batches(1)
             .with_warmup_steps(3);
         let device = Device::flex();
-        let straight = TempDir::new("s2s-straight");
+        let straight = TempDir::with_prefix("s2s-straight").unwrap();
         let full = train_seq2seq(
             &model,
             &training,
@@ -391,7 +391,7 @@ mod tests {
         assert!(last < first, "the loss should fall: {first} -> {last}");
 
         // Resume from round 2.
-        let crashed = TempDir::new("s2s-crashed");
+        let crashed = TempDir::with_prefix("s2s-crashed").unwrap();
         interrupted_copy(straight.path(), crashed.path());
         let options = RunOptions {
             resume: true,

@@ -3,35 +3,11 @@
 // Each test file uses its own subset.
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 /// A temporary folder removed when dropped.
-pub struct TempDir(PathBuf);
-
-impl TempDir {
-    /// A fresh folder named after the test program and `name`.
-    pub fn new(name: &str) -> Self {
-        let program = std::env::current_exe()
-            .ok()
-            .and_then(|exe| exe.file_stem().map(|s| s.to_string_lossy().into_owned()))
-            .unwrap_or_default();
-        let path = std::env::temp_dir().join(format!("{program}-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap();
-        Self(path)
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+pub use tempfile::TempDir;
 
 /// Runs the program `exe` with `args` (and a runtime folder for Mesa's Vulkan loader).
 pub fn run(exe: &str, args: &[&str]) -> Output {

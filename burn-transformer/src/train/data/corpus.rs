@@ -238,7 +238,7 @@ mod tests {
 
     #[test]
     fn folders_are_read_in_path_order_skipping_binary_and_hidden_files() {
-        let dir = TempDir::new("corpus");
+        let dir = TempDir::with_prefix("corpus").unwrap();
         std::fs::create_dir_all(dir.path().join("b")).unwrap();
         std::fs::create_dir_all(dir.path().join(".git")).unwrap();
         std::fs::write(dir.path().join("b/two.txt"), "two").unwrap();
@@ -253,7 +253,7 @@ mod tests {
 
     #[test]
     fn bad_corpora_get_clear_messages() {
-        let dir = TempDir::new("corpus-errors");
+        let dir = TempDir::with_prefix("corpus-errors").unwrap();
         let missing = Corpus::load(&dir.path().join("missing.txt")).unwrap_err();
         assert!(missing.to_string().contains("no such file"), "{missing}");
 
