@@ -21,6 +21,13 @@ pub struct Runs {
     pub iters: usize,
 }
 
+impl Runs {
+    /// `warmup` untimed runs, then `iters` timed ones.
+    pub fn new(warmup: usize, iters: usize) -> Self {
+        Self { warmup, iters }
+    }
+}
+
 /// The timed runs of one cell.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Timing {

@@ -80,14 +80,8 @@ pub fn jobs(mode: Mode, backend: &str) -> Vec<Job> {
                 heads: 8,
                 head_dim: 64,
                 runs: match mode {
-                    Mode::Quick => Runs {
-                        warmup: 2,
-                        iters: 10,
-                    },
-                    Mode::Full => Runs {
-                        warmup: 5,
-                        iters: 30,
-                    },
+                    Mode::Quick => Runs::new(2, 10),
+                    Mode::Full => Runs::new(5, 30),
                 },
             }));
         }

@@ -27,14 +27,8 @@ impl Mode {
     /// Warm-up and timed runs per cell.
     pub fn runs(self) -> Runs {
         match self {
-            Mode::Quick => Runs {
-                warmup: 1,
-                iters: 3,
-            },
-            Mode::Full => Runs {
-                warmup: 2,
-                iters: 7,
-            },
+            Mode::Quick => Runs::new(1, 3),
+            Mode::Full => Runs::new(2, 7),
         }
     }
 
@@ -44,14 +38,8 @@ impl Mode {
         match self {
             // Two timed runs: the whole-model cells of the emulated GPU take seconds
             // a run, and the quick mode has about five minutes in all.
-            Mode::Quick => Runs {
-                warmup: 1,
-                iters: 2,
-            },
-            Mode::Full => Runs {
-                warmup: 3,
-                iters: 10,
-            },
+            Mode::Quick => Runs::new(1, 2),
+            Mode::Full => Runs::new(3, 10),
         }
     }
 
