@@ -12,6 +12,7 @@
 
 pub mod attention;
 pub mod block;
+mod builders;
 pub mod device;
 pub mod error;
 pub mod ffn;
@@ -24,7 +25,6 @@ pub mod ops;
 #[cfg(feature = "plot")]
 pub mod plot;
 pub mod position;
-mod setters;
 #[cfg(feature = "train")]
 pub mod train;
 

@@ -98,7 +98,7 @@ pub struct AttentionOptions {
     pub implementation: AttentionImpl,
 }
 
-crate::setters::setters!(AttentionOptions {
+crate::builders::setters!(AttentionOptions {
     /// Sets the scale applied to `q·kᵀ`.
     with_scale => scale: Option<f64>,
     /// Turns causal masking on or off.

@@ -198,16 +198,9 @@ impl MultiHeadAttentionConfig {
             implementation: self.implementation,
         })
     }
-
-    /// Builds the module.
-    ///
-    /// # Panics
-    /// If the configuration is invalid, with the message of [`validate`](Self::validate).
-    pub fn init(&self, device: &Device) -> MultiHeadAttention {
-        self.try_init(device)
-            .unwrap_or_else(|error| panic!("{error}"))
-    }
 }
+
+crate::builders::init_or_panic!(MultiHeadAttentionConfig => MultiHeadAttention);
 
 impl MultiHeadAttention {
     /// Number of query heads.

@@ -61,16 +61,9 @@ impl TransformerStackConfig {
             .transpose()?;
         TransformerStack::new(layers, norm)
     }
-
-    /// Builds the stack.
-    ///
-    /// # Panics
-    /// If the configuration is invalid, with the message of [`validate`](Self::validate).
-    pub fn init(&self, device: &Device) -> TransformerStack {
-        self.try_init(device)
-            .unwrap_or_else(|error| panic!("{error}"))
-    }
 }
+
+crate::builders::init_or_panic!(TransformerStackConfig => TransformerStack);
 
 /// ResiDual combines its streams through the final norm.
 fn check_final_norm(kind: BlockKind, has_final_norm: bool) -> Result<(), ConfigError> {

@@ -153,16 +153,9 @@ impl TransformerBlockConfig {
             kind: self.kind,
         })
     }
-
-    /// Builds the block.
-    ///
-    /// # Panics
-    /// If the configuration is invalid, with the message of [`validate`](Self::validate).
-    pub fn init(&self, device: &Device) -> TransformerBlock {
-        self.try_init(device)
-            .unwrap_or_else(|error| panic!("{error}"))
-    }
 }
+
+crate::builders::init_or_panic!(TransformerBlockConfig => TransformerBlock);
 
 /// A transformer block.
 #[derive(Module, Debug)]

@@ -63,17 +63,9 @@ impl DenseFfnConfig {
             activation: self.activation,
         })
     }
-
-    /// Initializes the module.
-    ///
-    /// # Panics
-    /// If the configuration is invalid, with the message of
-    /// [`DenseFfnConfig::validate`]'s error.
-    pub fn init(&self, device: &Device) -> DenseFfn {
-        self.try_init(device)
-            .unwrap_or_else(|error| panic!("{error}"))
-    }
 }
+
+crate::builders::init_or_panic!(DenseFfnConfig => DenseFfn);
 
 /// Two-layer feed-forward network with an activation and dropout between.
 #[derive(Module, Debug)]

@@ -47,16 +47,9 @@ impl FeedForwardConfig {
             Self::Moe(config) => FeedForward::Moe(config.try_init(device)?),
         })
     }
-
-    /// Builds the layer.
-    ///
-    /// # Panics
-    /// If the configuration is invalid, with the message of [`validate`](Self::validate).
-    pub fn init(&self, device: &Device) -> FeedForward {
-        self.try_init(device)
-            .unwrap_or_else(|error| panic!("{error}"))
-    }
 }
+
+crate::builders::init_or_panic!(FeedForwardConfig => FeedForward);
 
 /// A feed-forward layer chosen at run time.
 ///

@@ -66,17 +66,9 @@ impl SwiGluConfig {
             activation: self.activation,
         })
     }
-
-    /// Initializes the module.
-    ///
-    /// # Panics
-    /// If the configuration is invalid, with the message of [`SwiGluConfig::validate`]'s
-    /// error.
-    pub fn init(&self, device: &Device) -> SwiGlu {
-        self.try_init(device)
-            .unwrap_or_else(|error| panic!("{error}"))
-    }
 }
+
+crate::builders::init_or_panic!(SwiGluConfig => SwiGlu);
 
 /// Gated feed-forward network (SwiGLU by default).
 #[derive(Module, Debug)]

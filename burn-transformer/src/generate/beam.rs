@@ -70,7 +70,7 @@ impl BeamSearchConfig {
     }
 }
 
-crate::setters::setters!(BeamSearchConfig {
+crate::builders::setters!(BeamSearchConfig {
     /// Sets the length penalty.
     with_length_penalty => length_penalty: f32,
     /// Sets the early stopping rule.

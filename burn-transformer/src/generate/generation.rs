@@ -60,7 +60,7 @@ impl GenerationConfig {
     }
 }
 
-crate::setters::setters!(GenerationConfig {
+crate::builders::setters!(GenerationConfig {
     /// Sets the stop tokens.
     with_stop_tokens => stop_tokens: Vec<u32>,
     /// Sets the padding token.

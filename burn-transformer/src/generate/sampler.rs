@@ -36,7 +36,7 @@ impl Default for SamplingConfig {
     }
 }
 
-crate::setters::setters!(SamplingConfig {
+crate::builders::setters!(SamplingConfig {
     /// Sets top-k filtering.
     with_top_k => top_k: Option<usize>,
     /// Sets top-p (nucleus) filtering.

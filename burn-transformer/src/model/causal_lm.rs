@@ -332,16 +332,9 @@ impl CausalLmConfig {
             router_z_loss_coef: self.router_z_loss_coef,
         })
     }
-
-    /// Builds the model.
-    ///
-    /// # Panics
-    /// If the configuration is invalid, with the message of [`CausalLmConfig::validate`].
-    pub fn init(&self, device: &Device) -> CausalLm {
-        self.try_init(device)
-            .unwrap_or_else(|error| panic!("{error}"))
-    }
 }
+
+crate::builders::init_or_panic!(CausalLmConfig => CausalLm);
 
 /// A decoder-only causal language model.
 #[derive(Module, Debug)]

@@ -209,17 +209,9 @@ impl TransformerConfig {
             tgt_vocab_size: self.tgt_vocab_size,
         })
     }
-
-    /// Builds the model.
-    ///
-    /// # Panics
-    /// If the configuration is invalid, with the message of
-    /// [`TransformerConfig::validate`].
-    pub fn init(&self, device: &Device) -> Transformer {
-        self.try_init(device)
-            .unwrap_or_else(|error| panic!("{error}"))
-    }
 }
+
+crate::builders::init_or_panic!(TransformerConfig => Transformer);
 
 /// The encoder-decoder Transformer.
 #[derive(Module, Debug)]

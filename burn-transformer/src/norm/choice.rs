@@ -50,16 +50,9 @@ impl NormConfig {
             Self::Layer(config) => Norm::Layer(config.try_init(device)?),
         })
     }
-
-    /// Builds the layer.
-    ///
-    /// # Panics
-    /// If the configuration is invalid, with the message of [`validate`](Self::validate).
-    pub fn init(&self, device: &Device) -> Norm {
-        self.try_init(device)
-            .unwrap_or_else(|error| panic!("{error}"))
-    }
 }
+
+crate::builders::init_or_panic!(NormConfig => Norm);
 
 /// A normalization layer chosen at run time.
 #[derive(Module, Debug)]

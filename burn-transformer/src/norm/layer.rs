@@ -55,17 +55,9 @@ impl LayerNormConfig {
             eps: self.eps,
         })
     }
-
-    /// Initializes the module.
-    ///
-    /// # Panics
-    /// If the configuration is invalid, with the message of
-    /// [`LayerNormConfig::validate`]'s error.
-    pub fn init(&self, device: &Device) -> LayerNorm {
-        self.try_init(device)
-            .unwrap_or_else(|error| panic!("{error}"))
-    }
 }
+
+crate::builders::init_or_panic!(LayerNormConfig => LayerNorm);
 
 /// Layer normalization over the last axis.
 #[derive(Module, Debug)]

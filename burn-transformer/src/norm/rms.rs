@@ -60,17 +60,9 @@ impl RmsNormConfig {
             unit_offset: self.unit_offset,
         })
     }
-
-    /// Initializes the module.
-    ///
-    /// # Panics
-    /// If the configuration is invalid, with the message of [`RmsNormConfig::validate`]'s
-    /// error.
-    pub fn init(&self, device: &Device) -> RmsNorm {
-        self.try_init(device)
-            .unwrap_or_else(|error| panic!("{error}"))
-    }
 }
+
+crate::builders::init_or_panic!(RmsNormConfig => RmsNorm);
 
 /// Root-mean-square normalization over the last axis.
 #[derive(Module, Debug)]

@@ -49,17 +49,9 @@ impl LearnedPositionConfig {
                 .init([self.max_position_embeddings, self.d_model], device),
         })
     }
-
-    /// Initializes the embedding.
-    ///
-    /// # Panics
-    /// If the configuration is invalid, with the message of
-    /// [`LearnedPositionConfig::validate`]'s error.
-    pub fn init(&self, device: &Device) -> LearnedPosition {
-        self.try_init(device)
-            .unwrap_or_else(|error| panic!("{error}"))
-    }
 }
+
+crate::builders::init_or_panic!(LearnedPositionConfig => LearnedPosition);
 
 /// Learned absolute position embedding.
 #[derive(Module, Debug)]

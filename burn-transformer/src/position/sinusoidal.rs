@@ -81,17 +81,9 @@ impl SinusoidalPositionConfig {
             layout: self.layout,
         })
     }
-
-    /// Builds the module.
-    ///
-    /// # Panics
-    /// If the configuration is invalid, with the message of
-    /// [`SinusoidalPositionConfig::validate`]'s error.
-    pub fn init(&self, device: &Device) -> SinusoidalPosition {
-        self.try_init(device)
-            .unwrap_or_else(|error| panic!("{error}"))
-    }
 }
+
+crate::builders::init_or_panic!(SinusoidalPositionConfig => SinusoidalPosition);
 
 /// Rows `start..end` of the encoding, `[end - start, d_model]`, computed in f64 and
 /// rounded (transformers computes these tables in float64 with numpy too).
