@@ -17,10 +17,12 @@ use burn::store::{
     SafetensorsStore,
 };
 use burn::tensor::{DType, Device, Tensor};
+use serde::Deserialize;
 use serde_json::Value;
 
-use super::config::{Fields, HfConfig};
+use super::config::HfConfig;
 use super::error::HfError;
+use super::keys::{KeyError, read_keys, required};
 use crate::model::CausalLm;
 
 /// The single-file checkpoint name.
@@ -289,6 +291,13 @@ struct FileTensor {
     tensor: PackTensor,
 }
 
+/// The keys of `model.safetensors.index.json` that loading reads.
+#[derive(Deserialize)]
+struct IndexKeys {
+    /// Checkpoint key → the shard file holding it.
+    weight_map: Option<BTreeMap<String, String>>,
+}
+
 /// Lists the tensors of `dir`'s `model.safetensors`, or of every shard named by
 /// `model.safetensors.index.json`, keyed by checkpoint key. Nothing is read but headers.
 fn checkpoint_tensors(dir: &Path) -> Result<BTreeMap<String, FileTensor>, HfError> {
@@ -303,27 +312,17 @@ fn checkpoint_tensors(dir: &Path) -> Result<BTreeMap<String, FileTensor>, HfErro
             path: index.clone(),
             source,
         })?;
-        let fields = Fields::new(&value, &index)?;
-        let weight_map = match value.get("weight_map") {
-            Some(Value::Object(map)) => map,
-            Some(other) => {
-                return Err(fields.error("weight_map", format!("expected an object, got {other}")));
-            }
-            None => return Err(fields.error("weight_map", "missing")),
-        };
+        let in_index = |error: KeyError| error.in_file(&index);
+        let IndexKeys { weight_map } = read_keys(&value, None).map_err(in_index)?;
+        let weight_map = required(weight_map, "weight_map", "an object of key to shard file")
+            .map_err(in_index)?;
         let mut shards: Vec<String> = Vec::new();
-        for (key, file) in weight_map {
-            let file = file.as_str().ok_or_else(|| {
-                fields.error(
-                    &format!("weight_map.{key}"),
-                    format!("expected a file name, got {file}"),
-                )
-            })?;
+        for (key, file) in &weight_map {
             if file.contains('/') || file.contains('\\') || file == ".." {
-                return Err(fields.error(
-                    &format!("weight_map.{key}"),
+                return Err(in_index(KeyError::new(
+                    format!("weight_map.{key}"),
                     format!("\"{file}\" is not a file name in the model directory"),
-                ));
+                )));
             }
             if !shards.iter().any(|shard| shard == file) {
                 shards.push(file.to_string());
@@ -333,12 +332,12 @@ fn checkpoint_tensors(dir: &Path) -> Result<BTreeMap<String, FileTensor>, HfErro
         for shard in &shards {
             tensors.extend(file_tensors(&dir.join(shard))?);
         }
-        for (key, file) in weight_map {
+        for (key, file) in &weight_map {
             if !tensors.contains_key(key) {
-                return Err(fields.error(
-                    &format!("weight_map.{key}"),
-                    format!("{} has no tensor `{key}`", file.as_str().unwrap_or("?")),
-                ));
+                return Err(in_index(KeyError::new(
+                    format!("weight_map.{key}"),
+                    format!("{file} has no tensor `{key}`"),
+                )));
             }
         }
         Ok(tensors)

@@ -2,32 +2,30 @@
 //!
 //! Only the keys that change the computation are read; the rest (`architectures`,
 //! `torch_dtype`, `transformers_version`, …) are ignored. A missing key takes the
-//! default of the family's transformers configuration class.
+//! default of the family's transformers configuration class. The model's own keys are
+//! read here; the rotary embedding, latent attention and mixture-of-experts keys by
+//! their own modules.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use serde_json::{Map, Value};
+use serde::Deserialize;
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde_json::Value;
 
+use super::activation::deserialize_activation;
 use super::error::HfError;
-use crate::attention::LatentAttentionConfig;
-use crate::ffn::{Activation, MoeConfig, MoeLayerPlan};
+use super::keys::{KeyError, read_keys, required};
+use super::latent::LatentKeys;
+use super::model_type::ModelType;
+use super::moe::MoeKeys;
+use super::rope::RopeKeys;
+use crate::ffn::Activation;
 use crate::model::CausalLmConfig;
-use crate::position::RopeConfig;
-
-/// The `model_type`s [`HfConfig`] reads.
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
-    "llama",
-    "mistral",
-    "qwen2",
-    "mixtral",
-    "deepseek_v2",
-    "deepseek_v3",
-];
 
 /// A model configuration read from a Hugging Face `config.json`.
 #[derive(Debug, Clone)]
 pub struct HfConfig {
-    /// The `model_type` (one of [`SUPPORTED_MODEL_TYPES`]).
+    /// The `model_type` (one of [`SUPPORTED_MODEL_TYPES`](super::SUPPORTED_MODEL_TYPES)).
     pub model_type: String,
     /// Our model's configuration.
     pub model: CausalLmConfig,
@@ -73,271 +71,195 @@ impl HfConfig {
     /// # Errors
     /// As [`HfConfig::from_file`], without the I/O and JSON syntax.
     pub fn from_value(value: &Value, path: impl AsRef<Path>) -> Result<Self, HfError> {
-        let fields = Fields::new(value, path.as_ref())?;
-        let model_type = fields.string("model_type")?;
-        let model = match model_type.as_str() {
-            "llama" | "mistral" | "qwen2" => dense_config(&fields, &model_type)?,
-            "mixtral" => sparse_config(&fields, value, &model_type, false)?,
-            "deepseek_v2" | "deepseek_v3" => sparse_config(&fields, value, &model_type, true)?,
-            _ => {
-                return Err(HfError::UnsupportedModelType {
-                    path: fields.path.clone(),
-                    model_type,
-                });
-            }
+        let path = path.as_ref();
+        let in_file = |error: KeyError| error.in_file(path);
+        // The family first: a file of another family is named as such, whatever its
+        // other keys hold.
+        let ModelTypeKey { model_type } = read_keys(value, None).map_err(in_file)?;
+        let model_type = required(model_type, "model_type", "a string").map_err(in_file)?;
+        let Some(family) = ModelType::from_name(&model_type) else {
+            return Err(HfError::UnsupportedModelType {
+                path: path.to_path_buf(),
+                model_type,
+            });
         };
+        let keys: ModelKeys = read_keys(value, None).map_err(in_file)?;
+        let model = keys.causal_lm_config(family, value).map_err(in_file)?;
         model.validate().map_err(|source| HfError::Config {
-            path: fields.path.clone(),
+            path: path.to_path_buf(),
             source,
         })?;
         Ok(Self {
             model_type,
             model,
-            bos_token_id: fields.opt_u32("bos_token_id")?,
-            eos_token_ids: fields.token_list("eos_token_id")?,
-            pad_token_id: fields.opt_u32("pad_token_id")?,
+            bos_token_id: keys.bos_token_id,
+            eos_token_ids: keys.eos_token_id.map_or_else(Vec::new, |ids| ids.0),
+            pad_token_id: keys.pad_token_id,
         })
     }
 }
 
-/// LLaMA, Mistral and Qwen2: GQA, RoPE, SwiGLU, RMSNorm; they differ in biases and
-/// sliding windows.
-fn dense_config(fields: &Fields, model_type: &str) -> Result<CausalLmConfig, HfError> {
-    let d_model = fields.usize("hidden_size")?;
-    let n_heads = fields.usize("num_attention_heads")?;
-    let n_layers = fields.usize("num_hidden_layers")?;
-    let rope = fields.rope()?;
-    let head_dim = match fields.opt_usize("head_dim")? {
-        Some(head_dim) => head_dim,
-        None => rope.head_dim,
-    };
-    let (qkv_bias, o_bias) = match model_type {
-        // Qwen2 has biases on q, k and v but not on the output projection.
-        "qwen2" => (true, false),
-        "mistral" => (false, false),
-        _ => {
-            let bias = fields.opt_bool("attention_bias")?.unwrap_or(false);
-            (bias, bias)
-        }
-    };
-    let (sliding_window, sliding_layers) = fields.sliding_window(model_type, n_layers)?;
-    Ok(CausalLmConfig::new(
-        fields.usize("vocab_size")?,
-        d_model,
-        n_layers,
-        n_heads,
-        fields.usize("intermediate_size")?,
-        rope,
-    )
-    .with_n_kv_heads(Some(
-        fields.opt_usize("num_key_value_heads")?.unwrap_or(n_heads),
-    ))
-    .with_head_dim(Some(head_dim))
-    .with_norm_eps(fields.opt_f64("rms_norm_eps")?.unwrap_or(1e-6))
-    .with_qkv_bias(qkv_bias)
-    .with_o_bias(o_bias)
-    .with_mlp_bias(fields.opt_bool("mlp_bias")?.unwrap_or(false))
-    .with_activation(fields.activation()?)
-    .with_sliding_window(sliding_window)
-    .with_sliding_layers(sliding_layers)
-    .with_tie_word_embeddings(fields.opt_bool("tie_word_embeddings")?.unwrap_or(false))
-    .with_initializer(burn::module::Initializer::Normal {
-        mean: 0.0,
-        std: fields.opt_f64("initializer_range")?.unwrap_or(0.02),
-    }))
+/// `model_type`, read before anything else.
+#[derive(Deserialize)]
+struct ModelTypeKey {
+    model_type: Option<String>,
 }
 
-/// Mixtral (grouped attention, every layer sparse) and DeepSeek-V2/V3 (latent
-/// attention, dense first layers then sparse): the dense family's fields plus the
-/// MoE router and experts, and MLA's ranks for DeepSeek.
-fn sparse_config(
-    fields: &Fields,
-    value: &Value,
-    model_type: &str,
-    latent: bool,
-) -> Result<CausalLmConfig, HfError> {
-    let config_error = |source| HfError::Config {
-        path: fields.path.clone(),
-        source,
-    };
-    let mut config = dense_config(fields, model_type)?
-        .with_moe(Some(
-            MoeConfig::from_hf_config(value).map_err(config_error)?,
-        ))
-        .with_moe_layers(MoeLayerPlan::from_hf_config(value).map_err(config_error)?);
-    if let Some(coef) = match fields.opt_f64("router_aux_loss_coef")? {
-        Some(coef) => Some(coef),
-        None => fields.opt_f64("aux_loss_alpha")?,
-    } {
-        config.aux_loss_coef = coef;
-    }
-    if latent {
-        config.latent = Some(LatentAttentionConfig::from_hf_config(value).map_err(config_error)?);
-    }
-    Ok(config)
+/// The model's own keys of a `config.json`: sizes, norms, biases, sliding windows,
+/// embeddings, router loss and special tokens.
+#[derive(Deserialize, Debug)]
+struct ModelKeys {
+    vocab_size: Option<usize>,
+    hidden_size: Option<usize>,
+    num_hidden_layers: Option<usize>,
+    num_attention_heads: Option<usize>,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    intermediate_size: Option<usize>,
+    rms_norm_eps: Option<f64>,
+    attention_bias: Option<bool>,
+    mlp_bias: Option<bool>,
+    #[serde(default, deserialize_with = "deserialize_activation")]
+    hidden_act: Option<Activation>,
+    sliding_window: Option<usize>,
+    use_sliding_window: Option<bool>,
+    /// Checked only where a sliding window is in use: other families list other kinds.
+    layer_types: Option<Vec<String>>,
+    max_window_layers: Option<usize>,
+    tie_word_embeddings: Option<bool>,
+    initializer_range: Option<f64>,
+    router_aux_loss_coef: Option<f64>,
+    /// DeepSeek's name of `router_aux_loss_coef`.
+    aux_loss_alpha: Option<f64>,
+    router_z_loss_coef: Option<f64>,
+    bos_token_id: Option<u32>,
+    eos_token_id: Option<TokenIds>,
+    pad_token_id: Option<u32>,
 }
 
-/// Typed access to the keys of one JSON object, with errors naming the file and key.
-pub(crate) struct Fields<'a> {
-    object: &'a Map<String, Value>,
-    root: &'a Value,
-    pub(crate) path: PathBuf,
-}
+/// `eos_token_id`: one token id or a list of them.
+#[derive(Debug)]
+struct TokenIds(Vec<u32>);
 
-impl<'a> Fields<'a> {
-    pub(crate) fn new(value: &'a Value, path: &Path) -> Result<Self, HfError> {
-        let object = value.as_object().ok_or_else(|| HfError::Field {
-            path: path.to_path_buf(),
-            field: "(root)".into(),
-            reason: "expected a JSON object".into(),
-        })?;
-        Ok(Self {
-            object,
-            root: value,
-            path: path.to_path_buf(),
-        })
-    }
+impl<'de> Deserialize<'de> for TokenIds {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct TokenIdsVisitor;
 
-    pub(crate) fn error(&self, field: &str, reason: impl Into<String>) -> HfError {
-        HfError::Field {
-            path: self.path.clone(),
-            field: field.to_string(),
-            reason: reason.into(),
-        }
-    }
+        impl<'de> Visitor<'de> for TokenIdsVisitor {
+            type Value = TokenIds;
 
-    fn get(&self, key: &str) -> Option<&'a Value> {
-        match self.object.get(key) {
-            None | Some(Value::Null) => None,
-            Some(value) => Some(value),
-        }
-    }
+            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+                formatter.write_str("a token id or a list of token ids")
+            }
 
-    pub(crate) fn string(&self, key: &str) -> Result<String, HfError> {
-        match self.get(key) {
-            Some(Value::String(text)) => Ok(text.clone()),
-            Some(other) => Err(self.error(key, format!("expected a string, got {other}"))),
-            None => Err(self.error(key, "missing")),
-        }
-    }
+            fn visit_u64<E: de::Error>(self, id: u64) -> Result<TokenIds, E> {
+                u32::try_from(id)
+                    .map(|id| TokenIds(vec![id]))
+                    .map_err(|_| E::custom(format!("{id} does not fit a token id")))
+            }
 
-    pub(crate) fn opt_string(&self, key: &str) -> Result<Option<String>, HfError> {
-        match self.get(key) {
-            Some(Value::String(text)) => Ok(Some(text.clone())),
-            Some(other) => Err(self.error(key, format!("expected a string, got {other}"))),
-            None => Ok(None),
-        }
-    }
-
-    pub(crate) fn opt_usize(&self, key: &str) -> Result<Option<usize>, HfError> {
-        match self.get(key) {
-            Some(value) => match value.as_u64() {
-                Some(number) => usize::try_from(number)
-                    .map(Some)
-                    .map_err(|_| self.error(key, format!("{number} is too large"))),
-                None => {
-                    Err(self.error(key, format!("expected a non-negative integer, got {value}")))
+            fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<TokenIds, A::Error> {
+                let mut ids = Vec::new();
+                while let Some(id) = items.next_element::<u32>()? {
+                    ids.push(id);
                 }
-            },
-            None => Ok(None),
+                Ok(TokenIds(ids))
+            }
         }
-    }
 
-    pub(crate) fn usize(&self, key: &str) -> Result<usize, HfError> {
-        self.opt_usize(key)?
-            .ok_or_else(|| self.error(key, "missing (a non-negative integer is required)"))
+        deserializer.deserialize_any(TokenIdsVisitor)
     }
+}
 
-    pub(crate) fn opt_u32(&self, key: &str) -> Result<Option<u32>, HfError> {
-        match self.opt_usize(key)? {
-            Some(value) => u32::try_from(value)
-                .map(Some)
-                .map_err(|_| self.error(key, format!("{value} does not fit a token id"))),
-            None => Ok(None),
+impl ModelKeys {
+    /// LLaMA, Mistral and Qwen2 (GQA, RoPE, SwiGLU, RMSNorm; they differ in biases and
+    /// sliding windows); Mixtral adds the experts, DeepSeek-V2/V3 the experts and
+    /// latent attention, whose keys are read from `config`.
+    fn causal_lm_config(
+        &self,
+        family: ModelType,
+        config: &Value,
+    ) -> Result<CausalLmConfig, KeyError> {
+        let size = |value, key| required(value, key, "a non-negative integer");
+        let d_model = size(self.hidden_size, "hidden_size")?;
+        let n_heads = size(self.num_attention_heads, "num_attention_heads")?;
+        let n_layers = size(self.num_hidden_layers, "num_hidden_layers")?;
+        let rope = read_keys::<RopeKeys>(config, None)?.rope_config()?;
+        let head_dim = self.head_dim.unwrap_or(rope.head_dim);
+        let (qkv_bias, o_bias) = match family {
+            // Qwen2 has biases on q, k and v but not on the output projection.
+            ModelType::Qwen2 => (true, false),
+            ModelType::Mistral => (false, false),
+            _ => {
+                let bias = self.attention_bias.unwrap_or(false);
+                (bias, bias)
+            }
+        };
+        let (sliding_window, sliding_layers) = self.sliding_window(family, n_layers)?;
+        let mut model = CausalLmConfig::new(
+            size(self.vocab_size, "vocab_size")?,
+            d_model,
+            n_layers,
+            n_heads,
+            size(self.intermediate_size, "intermediate_size")?,
+            rope,
+        )
+        .with_n_kv_heads(Some(self.num_key_value_heads.unwrap_or(n_heads)))
+        .with_head_dim(Some(head_dim))
+        .with_norm_eps(self.rms_norm_eps.unwrap_or(1e-6))
+        .with_qkv_bias(qkv_bias)
+        .with_o_bias(o_bias)
+        .with_mlp_bias(self.mlp_bias.unwrap_or(false))
+        .with_activation(self.hidden_act.unwrap_or(Activation::Silu))
+        .with_sliding_window(sliding_window)
+        .with_sliding_layers(sliding_layers)
+        .with_tie_word_embeddings(self.tie_word_embeddings.unwrap_or(false))
+        .with_initializer(burn::module::Initializer::Normal {
+            mean: 0.0,
+            std: self.initializer_range.unwrap_or(0.02),
+        });
+        if family.is_sparse() {
+            let moe = read_keys::<MoeKeys>(config, None)?;
+            model = model
+                .with_moe(Some(moe.moe_config()?))
+                .with_moe_layers(moe.moe_layer_plan()?);
+            if let Some(coef) = self.router_aux_loss_coef.or(self.aux_loss_alpha) {
+                model.aux_loss_coef = coef;
+            }
+            if let Some(coef) = self.router_z_loss_coef {
+                model.router_z_loss_coef = coef;
+            }
         }
-    }
-
-    pub(crate) fn opt_f64(&self, key: &str) -> Result<Option<f64>, HfError> {
-        match self.get(key) {
-            Some(value) => value
-                .as_f64()
-                .map(Some)
-                .ok_or_else(|| self.error(key, format!("expected a number, got {value}"))),
-            None => Ok(None),
+        if family.is_latent() {
+            let (latent, rope) = LatentKeys::read(config)?;
+            model.latent = Some(latent.latent_attention_config(&rope)?);
         }
-    }
-
-    pub(crate) fn opt_bool(&self, key: &str) -> Result<Option<bool>, HfError> {
-        match self.get(key) {
-            Some(Value::Bool(flag)) => Ok(Some(*flag)),
-            Some(other) => Err(self.error(key, format!("expected true or false, got {other}"))),
-            None => Ok(None),
-        }
-    }
-
-    /// A token id or a list of them (`eos_token_id` is either).
-    pub(crate) fn token_list(&self, key: &str) -> Result<Vec<u32>, HfError> {
-        match self.get(key) {
-            None => Ok(Vec::new()),
-            Some(Value::Array(items)) => items
-                .iter()
-                .map(|item| {
-                    item.as_u64()
-                        .and_then(|id| u32::try_from(id).ok())
-                        .ok_or_else(|| self.error(key, format!("expected token ids, got {item}")))
-                })
-                .collect(),
-            Some(_) => Ok(self.opt_u32(key)?.into_iter().collect()),
-        }
-    }
-
-    /// `hidden_act`, default SiLU.
-    pub(crate) fn activation(&self) -> Result<Activation, HfError> {
-        match self.opt_string("hidden_act")? {
-            Some(name) => Activation::from_hf_name(&name)
-                .map_err(|error| self.error("hidden_act", error.to_string())),
-            None => Ok(Activation::Silu),
-        }
-    }
-
-    /// The rotary embedding: `rope_theta`, `rope_scaling`/`rope_parameters`,
-    /// `max_position_embeddings`, `head_dim`, `partial_rotary_factor`.
-    pub(crate) fn rope(&self) -> Result<RopeConfig, HfError> {
-        RopeConfig::from_hf_config(self.root).map_err(|error| {
-            let field = match &error {
-                crate::ConfigError::Invalid { field, .. } => {
-                    format!("rope ({field})")
-                }
-                _ => "rope".to_string(),
-            };
-            self.error(&field, error.to_string())
-        })
+        Ok(model)
     }
 
     /// `(sliding_window, sliding_layers)`: Mistral and Mixtral slide on every layer
     /// when `sliding_window` is set; Qwen2 only with `use_sliding_window`, on the
-    /// layers `layer_types` (or `max_window_layers`) names.
-    pub(crate) fn sliding_window(
+    /// layers `layer_types` (or `max_window_layers`) names; LLaMA never.
+    fn sliding_window(
         &self,
-        model_type: &str,
+        family: ModelType,
         n_layers: usize,
-    ) -> Result<(Option<usize>, Option<Vec<bool>>), HfError> {
-        let window = self.opt_usize("sliding_window")?;
-        if window == Some(0) {
-            return Err(self.error("sliding_window", "must be positive"));
+    ) -> Result<(Option<usize>, Option<Vec<bool>>), KeyError> {
+        if self.sliding_window == Some(0) {
+            return Err(KeyError::new("sliding_window", "must be positive"));
         }
-        let window = match model_type {
-            "qwen2" if !self.opt_bool("use_sliding_window")?.unwrap_or(false) => None,
-            "llama" => None,
-            _ => window,
+        let window = match family {
+            ModelType::Qwen2 if !self.use_sliding_window.unwrap_or(false) => None,
+            ModelType::Llama => None,
+            _ => self.sliding_window,
         };
         let Some(window) = window else {
             return Ok((None, None));
         };
-        let layers = match self.get("layer_types") {
-            Some(Value::Array(types)) => {
+        let layers = match &self.layer_types {
+            Some(types) => {
                 if types.len() != n_layers {
-                    return Err(self.error(
+                    return Err(KeyError::new(
                         "layer_types",
                         format!("has {} entries for {n_layers} layers", types.len()),
                     ));
@@ -345,23 +267,21 @@ impl<'a> Fields<'a> {
                 let flags = types
                     .iter()
                     .map(|kind| match kind.as_str() {
-                        Some("sliding_attention") => Ok(true),
-                        Some("full_attention") => Ok(false),
-                        _ => Err(self.error(
+                        "sliding_attention" => Ok(true),
+                        "full_attention" => Ok(false),
+                        _ => Err(KeyError::new(
                             "layer_types",
                             format!(
-                                "expected \"full_attention\" or \"sliding_attention\", got {kind}"
+                                "expected \"full_attention\" or \"sliding_attention\", got \
+                                 \"{kind}\""
                             ),
                         )),
                     })
                     .collect::<Result<Vec<_>, _>>()?;
                 Some(flags)
             }
-            Some(other) => {
-                return Err(self.error("layer_types", format!("expected a list, got {other}")));
-            }
-            None if model_type == "qwen2" => {
-                let first = self.opt_usize("max_window_layers")?.unwrap_or(28);
+            None if family == ModelType::Qwen2 => {
+                let first = self.max_window_layers.unwrap_or(28);
                 Some((0..n_layers).map(|layer| layer >= first).collect())
             }
             None => None,
@@ -399,6 +319,27 @@ mod tests {
     }
 
     #[test]
+    fn eos_token_id_is_a_number_or_a_list() {
+        let read = |eos: &str| {
+            let text = LLAMA.replace(
+                "\"eos_token_id\": [1, 2]",
+                &format!("\"eos_token_id\": {eos}"),
+            );
+            HfConfig::from_json(&text, "config.json")
+        };
+        assert_eq!(read("7").unwrap().eos_token_ids, vec![7]);
+        assert_eq!(read("null").unwrap().eos_token_ids, Vec::<u32>::new());
+        assert_eq!(read("[]").unwrap().eos_token_ids, Vec::<u32>::new());
+        for bad in ["\"2\"", "[1, -2]", "5000000000"] {
+            let error = read(bad).unwrap_err();
+            assert!(
+                matches!(&error, HfError::Field { field, .. } if field.starts_with("eos_token_id")),
+                "{bad}: {error}"
+            );
+        }
+    }
+
+    #[test]
     fn unsupported_model_type_lists_the_supported_ones() {
         let text = LLAMA.replace("\"llama\"", "\"gpt2\"");
         let error = HfConfig::from_json(&text, "dir/config.json").unwrap_err();
@@ -407,6 +348,13 @@ mod tests {
         assert!(message.contains("dir/config.json"), "{message}");
         assert!(message.contains("\"gpt2\""), "{message}");
         assert!(message.contains("llama, mistral"), "{message}");
+        // Another family's keys do not matter: its type is the error.
+        let text = text.replace("\"hidden_size\": 32", "\"hidden_size\": \"wide\"");
+        let error = HfConfig::from_json(&text, "config.json").unwrap_err();
+        assert!(
+            matches!(error, HfError::UnsupportedModelType { .. }),
+            "{error}"
+        );
     }
 
     #[test]
@@ -423,6 +371,40 @@ mod tests {
         let error = HfConfig::from_json(&text, "config.json").unwrap_err();
         assert!(matches!(error, HfError::Config { .. }), "{error}");
         assert!(error.to_string().contains("n_kv_heads"), "{error}");
+        // Nested keys are dotted; the message says what was expected.
+        let text = LLAMA.replace("\"factor\": 8.0", "\"factor\": \"8\"");
+        let error = HfConfig::from_json(&text, "config.json").unwrap_err();
+        assert!(
+            matches!(&error, HfError::Field { field, .. } if field == "rope_scaling.factor"),
+            "{error}"
+        );
+        assert!(error.to_string().contains("expected f64"), "{error}");
+        let text = LLAMA.replace("\"vocab_size\": 100,", "");
+        let error = HfConfig::from_json(&text, "config.json").unwrap_err();
+        assert!(
+            matches!(&error, HfError::Field { field, .. } if field == "vocab_size"),
+            "{error}"
+        );
+        let error = HfConfig::from_json("[1, 2]", "config.json").unwrap_err();
+        assert!(
+            matches!(&error, HfError::Field { field, .. } if field == "(root)"),
+            "{error}"
+        );
+        let text = LLAMA.replace("\"model_type\": \"llama\",", "");
+        let error = HfConfig::from_json(&text, "config.json").unwrap_err();
+        assert!(
+            matches!(&error, HfError::Field { field, .. } if field == "model_type"),
+            "{error}"
+        );
+        let text = LLAMA.replace(
+            "\"tie_word_embeddings\": true",
+            "\"hidden_act\": \"quick_gelu\"",
+        );
+        let error = HfConfig::from_json(&text, "config.json").unwrap_err();
+        assert!(
+            matches!(&error, HfError::Field { field, .. } if field == "hidden_act"),
+            "{error}"
+        );
     }
 
     #[test]
@@ -436,5 +418,64 @@ mod tests {
         assert!(config.qkv_bias && !config.o_bias);
         assert_eq!(config.window_of(0), None);
         assert_eq!(config.window_of(1), Some(4));
+    }
+
+    #[test]
+    fn sliding_windows_follow_each_family() {
+        let with = |model_type: &str, extra: &str| {
+            let text = LLAMA
+                .replace("\"llama\"", &format!("\"{model_type}\""))
+                .replace(
+                    "\"tie_word_embeddings\"",
+                    &format!("{extra} \"tie_word_embeddings\""),
+                );
+            HfConfig::from_json(&text, "config.json")
+        };
+        let window = "\"sliding_window\": 4,";
+        // LLaMA ignores the key; Mistral slides everywhere; Qwen2 only when asked.
+        assert_eq!(with("llama", window).unwrap().model.window_of(0), None);
+        let mistral = with("mistral", window).unwrap().model;
+        assert_eq!(
+            (mistral.window_of(0), mistral.window_of(1)),
+            (Some(4), Some(4))
+        );
+        assert!(!mistral.qkv_bias && !mistral.o_bias);
+        assert_eq!(with("qwen2", window).unwrap().model.window_of(1), None);
+        let listed = with(
+            "qwen2",
+            "\"use_sliding_window\": true, \"sliding_window\": 4, \
+             \"layer_types\": [\"sliding_attention\", \"full_attention\"],",
+        )
+        .unwrap()
+        .model;
+        assert_eq!((listed.window_of(0), listed.window_of(1)), (Some(4), None));
+        let field = |result: Result<HfConfig, HfError>| match result {
+            Err(HfError::Field { field, .. }) => field,
+            other => panic!("expected a field error, got {other:?}"),
+        };
+        assert_eq!(
+            field(with("llama", "\"sliding_window\": 0,")),
+            "sliding_window"
+        );
+        assert_eq!(
+            field(with(
+                "mistral",
+                "\"sliding_window\": 4, \"layer_types\": [\"full_attention\"],"
+            )),
+            "layer_types"
+        );
+        assert_eq!(
+            field(with(
+                "mistral",
+                "\"sliding_window\": 4, \"layer_types\": [\"full_attention\", \"chunked\"],"
+            )),
+            "layer_types"
+        );
+        // Without a window, other layer kinds are not this crate's concern.
+        let other_kinds = with(
+            "llama",
+            "\"layer_types\": [\"linear_attention\", \"full_attention\"],",
+        );
+        assert!(other_kinds.is_ok());
     }
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 
-use super::config::SUPPORTED_MODEL_TYPES;
+use super::model_type::SUPPORTED_MODEL_TYPES;
 use crate::error::ConfigError;
 
 /// An error reading a Hugging Face model directory.

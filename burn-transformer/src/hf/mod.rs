@@ -1,6 +1,12 @@
 //! Hugging Face checkpoints: `config.json` and safetensors weights (single-file or
 //! sharded, bf16/f16/f32) loaded into our models by name.
 //!
+//! `config.json` is read here and nowhere else: serde structs for the keys of each part
+//! (the model's own, the rotary embedding, latent attention, mixture of experts) and the
+//! mapping to our plain configs. [`HfConfig`] reads a whole supported model; the readers
+//! of one part ([`rope_config`], [`latent_attention_config`], [`moe_config`], …) serve
+//! models assembled from the building blocks.
+//!
 //! ```rust,no_run
 //! use burn::tensor::Device;
 //! use burn_transformer::hf::load_causal_lm;
@@ -10,16 +16,26 @@
 //! # Ok::<(), burn_transformer::hf::HfError>(())
 //! ```
 
+mod activation;
 mod checkpoint;
 mod config;
 mod error;
+mod keys;
+mod latent;
+mod model_type;
+mod moe;
+mod rope;
 
 pub use checkpoint::{
     CONFIG_FILE, INDEX_FILE, KeyAction, KeyMap, LoadOptions, WEIGHTS_FILE, causal_lm_key_map,
     load_causal_lm, load_causal_lm_with, load_weights,
 };
-pub use config::{HfConfig, SUPPORTED_MODEL_TYPES};
+pub use config::HfConfig;
 pub use error::HfError;
+pub use latent::latent_attention_config;
+pub use model_type::SUPPORTED_MODEL_TYPES;
+pub use moe::{moe_config, moe_layer_plan, swiglu_config};
+pub use rope::{rope_config, rope_config_of_layer_type};
 
 #[cfg(test)]
 mod tests;

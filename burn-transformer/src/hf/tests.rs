@@ -16,8 +16,18 @@ use crate::test_utils::{
     Fixture, assert_close, fixture_dir, matmul_relative_rounding, max_abs_diff, model_test_devices,
 };
 
-/// f32 logits must match transformers to this (the bound).
+/// Our f32 logits agree with transformers' to this absolute difference on every
+/// fixture model.
 const LOGIT_TOLERANCE: f32 = 1e-4;
+
+/// The Hugging Face `config.json` written next to a layer fixture
+/// (`tests/fixtures/<name>.json`).
+pub(super) fn fixture_config(name: &str) -> serde_json::Value {
+    let path = fixture_dir().join(format!("{name}.json"));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run tools/make_fixtures.py)", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
 
 fn model_dir(name: &str) -> PathBuf {
     fixture_dir().join("hf").join(name)

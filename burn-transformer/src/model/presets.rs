@@ -1,13 +1,13 @@
 //! Named configurations: a tiny debug model and the published sizes of the model
 //! families we load, copied from their `config.json` files on the Hugging Face Hub, so
-//! that a model can be built (for training, or to check a checkpoint against) without
-//! a file.
+//! that a model, or one of its layers, can be built (for training, or to check a
+//! checkpoint against) without a file.
 
 use super::causal_lm::CausalLmConfig;
 use crate::attention::LatentAttentionConfig;
-use crate::ffn::moe::RouterConfig;
+use crate::ffn::moe::{RouterConfig, RouterScoring};
 use crate::ffn::{MoeConfig, MoeLayerPlan};
-use crate::position::{RopeConfig, RopeScaling};
+use crate::position::{RopeConfig, RopeLayout, RopeScaling};
 
 impl CausalLmConfig {
     /// A tiny LLaMA-style model for tests and debugging: 2 layers, width 64, 4 query
@@ -127,9 +127,64 @@ impl CausalLmConfig {
     }
 }
 
+impl LatentAttentionConfig {
+    /// DeepSeek-V3 (and R1): 7168 wide, 128 heads, q rank 1536, kv rank 512, head dims
+    /// 128 + 64 (rope) for q·k and 128 for v, YaRN ×40 from 4096 positions.
+    pub fn deepseek_v3() -> Self {
+        Self::new(7168, 128, 512, 128, 64, 128)
+            .with_q_lora_rank(Some(1536))
+            .with_rope(Some(deepseek_rope(163_840, 1.0, 1.0)))
+    }
+
+    /// DeepSeek-V2-Lite: 2048 wide, 16 heads, a direct `q_proj`, kv rank 512, the same
+    /// head dims as V3, YaRN ×40 with `mscale = mscale_all_dim = 0.707`.
+    pub fn deepseek_v2_lite() -> Self {
+        Self::new(2048, 16, 512, 128, 64, 128).with_rope(Some(deepseek_rope(163_840, 0.707, 0.707)))
+    }
+}
+
+/// DeepSeek's published rotary embedding: theta 10000, interleaved, YaRN ×40 from 4096.
+fn deepseek_rope(max_positions: usize, mscale: f64, mscale_all_dim: f64) -> RopeConfig {
+    RopeConfig::new(64)
+        .with_max_position_embeddings(max_positions)
+        .with_layout(RopeLayout::Interleaved)
+        .with_scaling(RopeScaling::Yarn {
+            factor: 40.0,
+            original_max_position_embeddings: Some(4096),
+            attention_factor: None,
+            beta_fast: Some(32.0),
+            beta_slow: Some(1.0),
+            mscale: Some(mscale),
+            mscale_all_dim: Some(mscale_all_dim),
+            truncate: None,
+        })
+}
+
+impl MoeConfig {
+    /// Mixtral's sparse block: softmax router with renormalized top-k, no shared expert
+    /// (Mixtral 8x7B: `mixtral(4096, 14336, 8, 2)`).
+    pub fn mixtral(d_model: usize, d_ff: usize, n_experts: usize, top_k: usize) -> Self {
+        Self::new(RouterConfig::new(d_model, n_experts, top_k), d_ff)
+    }
+
+    /// DeepSeek-V3's MoE: 256 routed experts of width 2048 in 8 groups (4 eligible), top-8,
+    /// sigmoid scores with the correction bias, renormalized and scaled by 2.5, one
+    /// shared expert.
+    pub fn deepseek_v3() -> Self {
+        let router = RouterConfig::new(7168, 256, 8)
+            .with_scoring(RouterScoring::Sigmoid)
+            .with_routed_scaling_factor(2.5)
+            .with_n_group(8)
+            .with_topk_group(4)
+            .with_score_correction_bias(true);
+        Self::new(router, 2048).with_n_shared_experts(1)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use burn::tensor::DType;
 
     #[test]
     fn presets_validate_and_have_their_published_sizes() {
@@ -156,5 +211,22 @@ mod tests {
         lite.validate().unwrap();
         assert!(!lite.moe_layers.is_moe(0) && lite.moe_layers.is_moe(1));
         assert_eq!(lite.latent.as_ref().unwrap().q_lora_rank, None);
+    }
+
+    #[test]
+    fn deepseek_v3_cache_is_576_values_per_token() {
+        let footprint = LatentAttentionConfig::deepseek_v3().cache_bytes_per_token(DType::BF16, 8);
+        assert_eq!(footprint.latent, 576 * 2);
+        assert_eq!(footprint.mha, 128 * (192 + 128) * 2);
+        assert_eq!(footprint.gqa, 8 * (192 + 128) * 2);
+        println!("{footprint}");
+        // YaRN ×40 with mscale_all_dim 1: scale = 192^-0.5 · (0.1 ln 40 + 1)².
+        let mscale = 0.1 * 40f64.ln() + 1.0;
+        let expected = mscale * mscale / 192f64.sqrt();
+        assert!((LatentAttentionConfig::deepseek_v3().softmax_scale() - expected).abs() < 1e-12);
+        LatentAttentionConfig::deepseek_v3().validate().unwrap();
+        LatentAttentionConfig::deepseek_v2_lite()
+            .validate()
+            .unwrap();
     }
 }

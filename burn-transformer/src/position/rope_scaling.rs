@@ -24,7 +24,6 @@ use std::borrow::Cow;
 use std::f64::consts::PI;
 
 use burn::config::Config;
-use serde_json::Value;
 
 use crate::error::ConfigError;
 
@@ -38,8 +37,7 @@ const MODULE: &str = "RopeScaling";
 /// (as transformers' config standardisation does).
 ///
 /// Build the variants with many optional keys through [`RopeScaling::yarn`] and
-/// [`RopeScaling::longrope`], or read them from a checkpoint's `config.json` with
-/// [`RopeScaling::from_hf_json`].
+/// [`RopeScaling::longrope`].
 #[derive(Config, Debug, PartialEq)]
 pub enum RopeScaling {
     /// No scaling (`rope_type: "default"`).
@@ -149,137 +147,6 @@ impl RopeScaling {
             Self::Llama3 { .. } => "llama3",
             Self::LongRope { .. } => "longrope",
         }
-    }
-
-    /// Reads a Hugging Face `rope_scaling` / `rope_parameters` object from a
-    /// `config.json`.
-    ///
-    /// `null` (no scaling) gives [`RopeScaling::Default`]. The type is taken from
-    /// `rope_type`, or the older `type` key (`"su"` is LongRoPE's old name). Keys that
-    /// belong to the whole rotary embedding (`rope_theta`, `partial_rotary_factor`) are
-    /// ignored here: see [`RopeConfig::from_hf_config`](super::RopeConfig::from_hf_config).
-    ///
-    /// # Errors
-    /// [`ConfigError::Invalid`] naming the key when the type is unknown, a required key
-    /// is missing or a value has the wrong JSON type.
-    pub fn from_hf_json(value: &Value) -> Result<Self, ConfigError> {
-        let object = match value {
-            Value::Null => return Ok(Self::Default),
-            Value::Object(object) => object,
-            other => {
-                return Err(invalid(
-                    "rope_scaling",
-                    format!("expected a JSON object or null, got {other}"),
-                ));
-            }
-        };
-        let rope_type = match object.get("rope_type").or_else(|| object.get("type")) {
-            None | Some(Value::Null) => "default",
-            Some(Value::String(name)) => name.as_str(),
-            Some(other) => {
-                return Err(invalid(
-                    "rope_type",
-                    format!("expected a string, got {other}"),
-                ));
-            }
-        };
-        let f64_key = |key: &'static str| -> Result<Option<f64>, ConfigError> {
-            match object.get(key) {
-                None | Some(Value::Null) => Ok(None),
-                Some(Value::Number(n)) => n
-                    .as_f64()
-                    .map(Some)
-                    .ok_or_else(|| invalid(key, format!("{n} is not representable as f64"))),
-                Some(other) => Err(invalid(key, format!("expected a number, got {other}"))),
-            }
-        };
-        let required = |key: &'static str| -> Result<f64, ConfigError> {
-            f64_key(key)?.ok_or_else(|| {
-                invalid(
-                    key,
-                    format!("required by rope_type \"{rope_type}\" but missing"),
-                )
-            })
-        };
-        let usize_key = |key: &'static str| -> Result<Option<usize>, ConfigError> {
-            match f64_key(key)? {
-                None => Ok(None),
-                Some(v) if v >= 0.0 && v.fract() == 0.0 && v <= usize::MAX as f64 => {
-                    Ok(Some(v as usize))
-                }
-                Some(v) => Err(invalid(
-                    key,
-                    format!("expected a non-negative integer, got {v}"),
-                )),
-            }
-        };
-        let bool_key = |key: &'static str| -> Result<Option<bool>, ConfigError> {
-            match object.get(key) {
-                None | Some(Value::Null) => Ok(None),
-                Some(Value::Bool(b)) => Ok(Some(*b)),
-                Some(other) => Err(invalid(key, format!("expected a boolean, got {other}"))),
-            }
-        };
-        let list_key = |key: &'static str| -> Result<Vec<f64>, ConfigError> {
-            match object.get(key) {
-                Some(Value::Array(items)) => items
-                    .iter()
-                    .map(|item| {
-                        item.as_f64()
-                            .ok_or_else(|| invalid(key, format!("expected numbers, got {item}")))
-                    })
-                    .collect(),
-                None | Some(Value::Null) => Err(invalid(
-                    key,
-                    format!("required by rope_type \"{rope_type}\" but missing"),
-                )),
-                Some(other) => Err(invalid(
-                    key,
-                    format!("expected a list of numbers, got {other}"),
-                )),
-            }
-        };
-        Ok(match rope_type {
-            "default" => Self::Default,
-            "linear" => Self::Linear {
-                factor: required("factor")?,
-            },
-            "dynamic" => Self::Dynamic {
-                factor: required("factor")?,
-            },
-            "yarn" => Self::Yarn {
-                factor: required("factor")?,
-                original_max_position_embeddings: usize_key("original_max_position_embeddings")?,
-                attention_factor: f64_key("attention_factor")?,
-                beta_fast: f64_key("beta_fast")?,
-                beta_slow: f64_key("beta_slow")?,
-                mscale: f64_key("mscale")?,
-                mscale_all_dim: f64_key("mscale_all_dim")?,
-                truncate: bool_key("truncate")?,
-            },
-            "llama3" => Self::Llama3 {
-                factor: required("factor")?,
-                low_freq_factor: required("low_freq_factor")?,
-                high_freq_factor: required("high_freq_factor")?,
-                original_max_position_embeddings: usize_key("original_max_position_embeddings")?,
-            },
-            "longrope" | "su" => Self::LongRope {
-                short_factor: list_key("short_factor")?,
-                long_factor: list_key("long_factor")?,
-                factor: f64_key("factor")?,
-                attention_factor: f64_key("attention_factor")?,
-                original_max_position_embeddings: usize_key("original_max_position_embeddings")?,
-            },
-            other => {
-                return Err(invalid(
-                    "rope_type",
-                    format!(
-                        "unsupported rope_type \"{other}\" (expected default, linear, dynamic, \
-                         yarn, llama3 or longrope)"
-                    ),
-                ));
-            }
-        })
     }
 
     /// Checks the factors for a rotary dimension `rotary_dim`.
@@ -433,8 +300,11 @@ fn default_inv_freq(theta: f32, dim: usize) -> Vec<f32> {
     pos_freqs(theta, dim).map(|p| 1.0 / p).collect()
 }
 
-/// YaRN's `get_mscale`.
-fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
+/// YaRN's magnitude correction `0.1·mscale·ln(scale) + 1`, or 1 when `scale ≤ 1`
+/// (transformers' `get_mscale` / DeepSeek's `yarn_get_mscale`). The rotary embedding's
+/// attention factor is a ratio of two of these; DeepSeek's latent attention also folds
+/// its square into the softmax scale.
+pub(crate) fn yarn_get_mscale(scale: f64, mscale: f64) -> f64 {
     if scale <= 1.0 {
         1.0
     } else {
@@ -504,9 +374,9 @@ impl RopeFrequencies {
                 (Some(value), _, _) => *value,
                 // transformers tests truthiness: a zero mscale counts as absent.
                 (None, Some(m), Some(m_all)) if *m != 0.0 && *m_all != 0.0 => {
-                    yarn_mscale(*factor, *m) / yarn_mscale(*factor, *m_all)
+                    yarn_get_mscale(*factor, *m) / yarn_get_mscale(*factor, *m_all)
                 }
-                _ => yarn_mscale(*factor, 1.0),
+                _ => yarn_get_mscale(*factor, 1.0),
             },
             RopeScaling::LongRope {
                 factor,

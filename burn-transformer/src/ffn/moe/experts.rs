@@ -271,7 +271,7 @@ impl Experts {
     ///
     /// # Panics
     /// If `plan.kept` does not have one entry per expert.
-    pub fn dispatch(
+    pub(crate) fn dispatch(
         &self,
         x: Tensor<2>,
         weights: Tensor<2>,
@@ -360,13 +360,14 @@ pub enum ExpertDispatch {
     /// One matmul per projection over every expert, each expert's tokens padded to the
     /// largest batch (inactive experts compute padding only): a fixed number of kernel
     /// launches, for devices where launch overhead dominates (many experts with few
-    /// tokens each on a GPU). Costs the padding rows ([`DispatchPlan::padded_rows`]).
+    /// tokens each on a GPU). Costs the padding rows
+    /// ([`MoeOutput::padded_rows`](super::MoeOutput::padded_rows)).
     Batched,
 }
 
 /// Which tokens each expert evaluates, grouped by expert.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DispatchPlan {
+pub(crate) struct DispatchPlan {
     /// The kept assignments as flat slot indices `token · top_k + slot`, grouped by
     /// expert (expert 0's first), in token order within an expert.
     pub slots: Vec<i64>,
@@ -448,7 +449,7 @@ impl DispatchPlan {
 
 /// A [`DispatchPlan`] laid out for the batched expert matmul.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PaddedLayout {
+pub(crate) struct PaddedLayout {
     /// Rows per expert: the largest expert batch.
     pub rows: usize,
     /// `[n_experts · rows]`: the token of each row; padding rows read token 0.

@@ -5,8 +5,7 @@
 //!
 //! Equal to Hugging Face's `MixtralSparseMoeBlock` (softmax router, no shared expert)
 //! and `DeepseekV3MoE` (sigmoid, group-limited router with a balancing bias, shared
-//! experts); see [`MoeConfig::mixtral`], [`MoeConfig::deepseek_v3`] and
-//! [`MoeConfig::from_hf_config`].
+//! experts); see the presets [`MoeConfig::mixtral`] and [`MoeConfig::deepseek_v3`].
 //!
 //! # Hugging Face keys
 //! Relative to the layer (`model.layers.N.mlp.` for DeepSeek and for Mixtral in
@@ -24,12 +23,9 @@
 use burn::config::Config;
 use burn::module::Module;
 use burn::tensor::{Device, Int, Tensor};
-use serde_json::{Map, Value};
 
 use super::experts::{DispatchPlan, ExpertDispatch, Experts, ExpertsConfig};
-use super::router::{
-    GroupScoring, Router, RouterConfig, RouterScoring, load_balancing_loss, router_z_loss,
-};
+use super::router::{Router, RouterConfig, load_balancing_loss, router_z_loss};
 use crate::error::ConfigError;
 use crate::ffn::{Activation, SwiGlu, SwiGluConfig};
 
@@ -62,122 +58,6 @@ pub struct MoeConfig {
 }
 
 impl MoeConfig {
-    /// Mixtral's sparse block: softmax router with renormalized top-k, no shared expert
-    /// (Mixtral 8x7B: `mixtral(4096, 14336, 8, 2)`).
-    pub fn mixtral(d_model: usize, d_ff: usize, n_experts: usize, top_k: usize) -> Self {
-        Self::new(RouterConfig::new(d_model, n_experts, top_k), d_ff)
-    }
-
-    /// DeepSeek-V3's MoE: 256 routed experts of width 2048 in 8 groups (4 eligible), top-8,
-    /// sigmoid scores with the correction bias, renormalized and scaled by 2.5, one
-    /// shared expert.
-    pub fn deepseek_v3() -> Self {
-        let router = RouterConfig::new(7168, 256, 8)
-            .with_scoring(RouterScoring::Sigmoid)
-            .with_routed_scaling_factor(2.5)
-            .with_n_group(8)
-            .with_topk_group(4)
-            .with_score_correction_bias(true);
-        Self::new(router, 2048).with_n_shared_experts(1)
-    }
-
-    /// Reads the MoE of a Hugging Face `config.json` (Mixtral, DeepSeek-V2/V3, Qwen-MoE
-    /// style keys):
-    /// - experts: `n_routed_experts`, else `num_local_experts`, else `num_experts`;
-    ///   `num_experts_per_tok`; width `moe_intermediate_size`, else `intermediate_size`;
-    /// - `n_shared_experts` (default 0), `routed_scaling_factor` (default 1), `n_group`
-    ///   and `topk_group` (default 1), `hidden_act` (default silu);
-    /// - scoring: `scoring_func` when present, else sigmoid for `model_type`
-    ///   `deepseek_v3`, softmax otherwise;
-    /// - `norm_topk_prob`: the key, else true for `mixtral` and `deepseek_v3`, false
-    ///   otherwise (transformers' defaults);
-    /// - the correction bias for `deepseek_v3` or `topk_method: "noaux_tc"`; group score
-    ///   max for `topk_method: "group_limited_greedy"` (DeepSeek-V2).
-    ///
-    /// # Errors
-    /// [`ConfigError::Invalid`] naming the key that is missing or malformed.
-    pub fn from_hf_config(config: &Value) -> Result<Self, ConfigError> {
-        let object = config
-            .as_object()
-            .ok_or_else(|| invalid("config", "expected a JSON object".into()))?;
-        let first = |keys: &[&'static str]| -> Result<usize, ConfigError> {
-            for key in keys {
-                if let Some(value) = json_usize(object, key)? {
-                    return Ok(value);
-                }
-            }
-            Err(invalid(
-                keys[0],
-                format!("missing (also looked for {keys:?})"),
-            ))
-        };
-        let model_type = object
-            .get("model_type")
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        let topk_method = object
-            .get("topk_method")
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        let scoring = match object.get("scoring_func").and_then(Value::as_str) {
-            Some("softmax") => RouterScoring::Softmax,
-            Some("sigmoid") => RouterScoring::Sigmoid,
-            Some(other) => {
-                return Err(invalid(
-                    "scoring_func",
-                    format!("expected softmax or sigmoid, got {other}"),
-                ));
-            }
-            None if model_type == "deepseek_v3" => RouterScoring::Sigmoid,
-            None => RouterScoring::Softmax,
-        };
-        let norm_topk_prob = match object.get("norm_topk_prob") {
-            Some(Value::Bool(value)) => *value,
-            None | Some(Value::Null) => matches!(model_type, "mixtral" | "deepseek_v3"),
-            Some(value) => {
-                return Err(invalid(
-                    "norm_topk_prob",
-                    format!("expected a bool, got {value}"),
-                ));
-            }
-        };
-        let routed_scaling_factor = match object.get("routed_scaling_factor") {
-            None | Some(Value::Null) => 1.0,
-            Some(value) => value.as_f64().ok_or_else(|| {
-                invalid(
-                    "routed_scaling_factor",
-                    format!("expected a number, got {value}"),
-                )
-            })?,
-        };
-        let activation = match object.get("hidden_act").and_then(Value::as_str) {
-            Some(name) => Activation::from_hf_name(name)?,
-            None => Activation::Silu,
-        };
-        let router = RouterConfig::new(
-            first(&["hidden_size"])?,
-            first(&["n_routed_experts", "num_local_experts", "num_experts"])?,
-            first(&["num_experts_per_tok"])?,
-        )
-        .with_scoring(scoring)
-        .with_norm_topk_prob(norm_topk_prob)
-        .with_routed_scaling_factor(routed_scaling_factor)
-        .with_n_group(json_usize(object, "n_group")?.unwrap_or(1))
-        .with_topk_group(json_usize(object, "topk_group")?.unwrap_or(1))
-        .with_group_scoring(if topk_method == "group_limited_greedy" {
-            GroupScoring::Max
-        } else {
-            GroupScoring::TopTwoSum
-        })
-        .with_score_correction_bias(model_type == "deepseek_v3" || topk_method == "noaux_tc");
-        Ok(Self::new(
-            router,
-            first(&["moe_intermediate_size", "intermediate_size"])?,
-        )
-        .with_n_shared_experts(json_usize(object, "n_shared_experts")?.unwrap_or(0))
-        .with_activation(activation))
-    }
-
     /// Checks the configuration.
     ///
     /// # Errors
@@ -234,19 +114,6 @@ fn invalid(field: &'static str, reason: String) -> ConfigError {
         module: MODULE,
         field,
         reason,
-    }
-}
-
-fn json_usize(
-    object: &Map<String, Value>,
-    key: &'static str,
-) -> Result<Option<usize>, ConfigError> {
-    match object.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(value) => value
-            .as_u64()
-            .map(|v| Some(v as usize))
-            .ok_or_else(|| invalid(key, format!("expected a non-negative integer, got {value}"))),
     }
 }
 
@@ -384,120 +251,20 @@ fn routing_indices(indices: Tensor<2, Int>) -> Vec<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_utils::{Fixture, assert_close, fixture_dir, test_devices};
-    use burn::module::Param;
-    use burn::nn::{Linear, LinearConfig};
+    use crate::ffn::moe::RouterScoring;
+    use crate::test_utils::{assert_close, test_devices};
     use burn::tensor::Distribution;
 
-    fn load_linear(fixture: &Fixture, prefix: &str, device: &Device) -> Linear {
-        let weight = fixture.tensor::<2>(&format!("{prefix}.weight"), device);
-        let [d_output, d_input] = weight.dims();
-        let mut linear = LinearConfig::new(d_input, d_output)
-            .with_bias(false)
-            .init(device);
-        linear.weight = Param::from_tensor(weight.transpose());
-        linear
-    }
-
-    fn hf_config(name: &str) -> Value {
-        let path = fixture_dir().join(format!("{name}.json"));
-        let text = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("{}: {e} (run tools/make_fixtures.py)", path.display()));
-        serde_json::from_str(&text).unwrap()
-    }
-
-    /// A layer holding the fixture's weights (fused experts, as transformers 5 stores them).
-    fn load(name: &str, model_type: &str, device: &Device) -> (Fixture, Moe) {
-        let fixture = Fixture::load(name);
-        let mut json = hf_config(name);
-        json["model_type"] = Value::from(model_type);
-        let config = MoeConfig::from_hf_config(&json).unwrap();
-        let mut moe = config.init(device);
-        moe.gate.weight = Param::from_tensor(fixture.tensor("gate.weight", device));
-        if fixture.contains("gate.e_score_correction_bias") {
-            moe.gate.e_score_correction_bias = Some(Param::from_tensor(
-                fixture.tensor("gate.e_score_correction_bias", device),
-            ));
-        }
-        moe.experts = Experts::from_fused(
-            fixture.tensor("experts.gate_up_proj", device),
-            fixture.tensor("experts.down_proj", device),
-            config.activation,
-        );
-        if let Some(shared) = &mut moe.shared_experts {
-            shared.gate_proj = load_linear(&fixture, "shared_experts.gate_proj", device);
-            shared.up_proj = load_linear(&fixture, "shared_experts.up_proj", device);
-            shared.down_proj = load_linear(&fixture, "shared_experts.down_proj", device);
-        }
-        (fixture, moe)
-    }
-
-    fn sorted_rows(indices: Tensor<2, Int>) -> Vec<Vec<i64>> {
-        let [_, k] = indices.dims();
-        routing_indices(indices)
-            .chunks(k)
-            .map(|row| {
-                let mut row = row.to_vec();
-                row.sort();
-                row
-            })
-            .collect()
-    }
-
-    #[test]
-    fn matches_hugging_face_moe_layers() {
-        for (name, model_type) in [
-            ("moe_deepseek_v3", "deepseek_v3"),
-            ("moe_deepseek_v3_unnormalized", "deepseek_v3"),
-            ("moe_mixtral", "mixtral"),
-        ] {
-            for device in test_devices() {
-                let (fixture, mut moe) = load(name, model_type, &device);
-                let x = fixture.tensor::<3>("x", &device);
-                let out = moe.forward(x.clone());
-                assert_close(
-                    out.router_logits.clone(),
-                    fixture.tensor("router_logits", &device),
-                    1e-5,
-                    &format!("{name} logits"),
-                );
-                let routing = moe.gate.forward(x.clone().reshape([18, 16]));
-                assert_eq!(
-                    sorted_rows(routing.indices),
-                    sorted_rows(Tensor::from_data(fixture.data("topk_indices"), &device)),
-                    "{name} choices on {device:?}"
-                );
-                assert_close(out.output, fixture.tensor("y", &device), 1e-5, name);
-                for strategy in [ExpertDispatch::PerExpert, ExpertDispatch::Batched] {
-                    moe.set_dispatch(strategy);
-                    let y = moe.forward(x.clone()).output;
-                    let what = format!("{name} {strategy:?}");
-                    assert_close(y, fixture.tensor("y", &device), 1e-5, &what);
-                }
-                assert_close(
-                    moe.forward_dense_reference(x),
-                    fixture.tensor("y", &device),
-                    1e-5,
-                    name,
-                );
-                if fixture.contains("aux_loss") {
-                    assert_close(
-                        out.aux_loss,
-                        fixture.tensor("aux_loss", &device),
-                        1e-5,
-                        "aux",
-                    );
-                    assert_close(out.z_loss, fixture.tensor("z_loss", &device), 1e-4, "z");
-                }
-            }
-        }
+    /// A softmax-routed layer without shared experts (Mixtral's kind).
+    fn softmax_moe(d_model: usize, d_ff: usize, n_experts: usize, top_k: usize) -> MoeConfig {
+        MoeConfig::new(RouterConfig::new(d_model, n_experts, top_k), d_ff)
     }
 
     #[test]
     fn one_expert_top_1_equals_that_expert() {
         for device in test_devices() {
             device.seed(21);
-            let moe = MoeConfig::mixtral(12, 20, 1, 1).init(&device);
+            let moe = softmax_moe(12, 20, 1, 1).init(&device);
             let x = Tensor::<3>::random([2, 5, 12], Distribution::Normal(0.0, 1.0), &device);
             let out = moe.forward(x.clone());
             assert_close(
@@ -556,7 +323,7 @@ mod tests {
             device.seed(23);
             // 2 experts, top-1, capacity factor 0.5: each expert keeps ceil(0.5·8/2) = 2
             // of its tokens; the others get zero (only their residual, outside).
-            let moe = MoeConfig::mixtral(6, 8, 2, 1)
+            let moe = softmax_moe(6, 8, 2, 1)
                 .with_capacity_factor(Some(0.5))
                 .init(&device);
             let x = Tensor::<3>::random([1, 8, 6], Distribution::Normal(0.0, 1.0), &device);
@@ -590,7 +357,7 @@ mod tests {
         for device in test_devices() {
             let device = device.autodiff();
             device.seed(24);
-            let moe = MoeConfig::mixtral(6, 8, 4, 2).init(&device);
+            let moe = softmax_moe(6, 8, 4, 2).init(&device);
             let x = Tensor::<3>::random([2, 3, 6], Distribution::Normal(0.0, 1.0), &device)
                 .require_grad();
             let out = moe.forward(x.clone());
@@ -607,38 +374,9 @@ mod tests {
     }
 
     #[test]
-    fn reads_hugging_face_configs() {
-        let config = MoeConfig::from_hf_config(&serde_json::json!({
-            "model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336,
-            "num_local_experts": 8, "num_experts_per_tok": 2, "hidden_act": "silu"
-        }))
-        .unwrap();
-        assert_eq!(config.router.n_experts, 8);
-        assert!(config.router.norm_topk_prob);
-        assert_eq!(config.router.scoring, RouterScoring::Softmax);
-        let config = MoeConfig::from_hf_config(&serde_json::json!({
-            "model_type": "deepseek_v3", "hidden_size": 7168, "moe_intermediate_size": 2048,
-            "intermediate_size": 18432, "n_routed_experts": 256, "num_experts_per_tok": 8,
-            "n_group": 8, "topk_group": 4, "n_shared_experts": 1, "routed_scaling_factor": 2.5,
-            "norm_topk_prob": true, "scoring_func": "sigmoid", "topk_method": "noaux_tc"
-        }))
-        .unwrap();
-        let reference = MoeConfig::deepseek_v3();
-        assert_eq!(config.d_ff, reference.d_ff);
-        assert_eq!(config.router.n_group, reference.router.n_group);
-        assert!(config.router.score_correction_bias);
-        assert_eq!(config.router.scoring, RouterScoring::Sigmoid);
-        config.validate().unwrap();
-        assert!(matches!(
-            MoeConfig::from_hf_config(&serde_json::json!({"hidden_size": 8})),
-            Err(ConfigError::Invalid { .. })
-        ));
-    }
-
-    #[test]
     #[should_panic(expected = "MoeConfig: `capacity_factor` is invalid: must be positive")]
     fn init_panics_with_the_validation_message() {
-        MoeConfig::mixtral(4, 4, 2, 1)
+        softmax_moe(4, 4, 2, 1)
             .with_capacity_factor(Some(0.0))
             .init(&Device::flex());
     }

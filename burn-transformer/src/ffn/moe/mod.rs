@@ -7,9 +7,9 @@ mod layer;
 mod plan;
 mod router;
 
-pub use experts::{DispatchPlan, ExpertDispatch, Experts, ExpertsConfig, PaddedLayout};
+pub use experts::{ExpertDispatch, Experts, ExpertsConfig};
 pub use layer::{Moe, MoeConfig, MoeOutput};
-pub use plan::{MoeLayerPlan, dense_config_from_hf};
+pub use plan::MoeLayerPlan;
 pub use router::{
     GroupScoring, Router, RouterConfig, RouterScoring, Routing, load_balancing_loss, router_z_loss,
 };

@@ -6,11 +6,9 @@
 //! [`FeedForwardConfig::Moe`] ([`MoeLayerPlan::layer_config`]).
 
 use burn::config::Config;
-use serde_json::Value;
 
 use super::layer::MoeConfig;
-use crate::error::ConfigError;
-use crate::ffn::{Activation, FeedForwardConfig, SwiGluConfig};
+use crate::ffn::{FeedForwardConfig, SwiGluConfig};
 
 /// Which decoder layers are sparse.
 #[derive(Config, Debug, PartialEq, Eq)]
@@ -28,30 +26,6 @@ impl MoeLayerPlan {
     /// Every layer sparse (Mixtral).
     pub fn all_sparse() -> Self {
         Self::new()
-    }
-
-    /// Reads `first_k_dense_replace` and `moe_layer_freq` (defaults 0 and 1).
-    ///
-    /// # Errors
-    /// [`ConfigError::Invalid`] for a value that is not a non-negative integer;
-    /// [`ConfigError::Zero`] for a zero `moe_layer_freq`.
-    pub fn from_hf_config(config: &Value) -> Result<Self, ConfigError> {
-        let read = |key: &'static str, default: usize| match config.get(key) {
-            None | Some(Value::Null) => Ok(default),
-            Some(value) => value
-                .as_u64()
-                .map(|v| v as usize)
-                .ok_or_else(|| ConfigError::Invalid {
-                    module: "MoeLayerPlan",
-                    field: key,
-                    reason: format!("expected a non-negative integer, got {value}"),
-                }),
-        };
-        let plan = Self::new()
-            .with_first_k_dense_replace(read("first_k_dense_replace", 0)?)
-            .with_moe_layer_freq(read("moe_layer_freq", 1)?);
-        ConfigError::check_positive("MoeLayerPlan", "moe_layer_freq", plan.moe_layer_freq)?;
-        Ok(plan)
     }
 
     /// Whether layer `layer` (0-based) is a mixture of experts.
@@ -74,47 +48,18 @@ impl MoeLayerPlan {
     }
 }
 
-/// The dense SwiGLU of a Hugging Face MoE model's dense layers: `hidden_size`,
-/// `intermediate_size`, `hidden_act` (default silu).
-///
-/// # Errors
-/// [`ConfigError::Invalid`] naming a missing or malformed key.
-pub fn dense_config_from_hf(config: &Value) -> Result<SwiGluConfig, ConfigError> {
-    let read = |key: &'static str| {
-        config
-            .get(key)
-            .and_then(Value::as_u64)
-            .map(|v| v as usize)
-            .ok_or_else(|| ConfigError::Invalid {
-                module: "SwiGluConfig",
-                field: key,
-                reason: "missing or not a non-negative integer".into(),
-            })
-    };
-    let activation = match config.get("hidden_act").and_then(Value::as_str) {
-        Some(name) => Activation::from_hf_name(name)?,
-        None => Activation::Silu,
-    };
-    Ok(
-        SwiGluConfig::new(read("hidden_size")?, read("intermediate_size")?)
-            .with_activation(activation),
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::ffn::FeedForward;
+    use crate::ffn::moe::RouterConfig;
     use crate::test_utils::{assert_close, test_devices};
     use burn::tensor::{Distribution, Tensor};
 
     #[test]
-    fn deepseek_v3_has_three_dense_layers_then_moe() {
-        let plan = MoeLayerPlan::from_hf_config(&serde_json::json!({
-            "first_k_dense_replace": 3, "moe_layer_freq": 1
-        }))
-        .unwrap();
-        let sparse: Vec<bool> = (0..6).map(|layer| plan.is_moe(layer)).collect();
+    fn dense_first_layers_then_every_moe_layer_freq() {
+        let deepseek_v3 = MoeLayerPlan::new().with_first_k_dense_replace(3);
+        let sparse: Vec<bool> = (0..6).map(|layer| deepseek_v3.is_moe(layer)).collect();
         assert_eq!(sparse, [false, false, false, true, true, true]);
         assert!((0..4).all(|layer| MoeLayerPlan::all_sparse().is_moe(layer)));
         let every_other = MoeLayerPlan::new()
@@ -122,11 +67,6 @@ mod tests {
             .with_moe_layer_freq(2);
         let sparse: Vec<bool> = (0..5).map(|layer| every_other.is_moe(layer)).collect();
         assert_eq!(sparse, [false, false, true, false, true]);
-        let dense = dense_config_from_hf(&serde_json::json!({
-            "hidden_size": 16, "intermediate_size": 40, "hidden_act": "silu"
-        }))
-        .unwrap();
-        assert_eq!((dense.d_model, dense.d_ff), (16, 40));
     }
 
     #[test]
@@ -134,7 +74,7 @@ mod tests {
         for device in test_devices() {
             device.seed(31);
             let dense = SwiGluConfig::new(8, 16);
-            let moe = MoeConfig::mixtral(8, 6, 4, 2);
+            let moe = MoeConfig::new(RouterConfig::new(8, 4, 2), 6);
             let plan = MoeLayerPlan::new().with_first_k_dense_replace(1);
             let first = plan.layer_config(0, &dense, &moe).init(&device);
             let second = plan.layer_config(1, &dense, &moe).init(&device);

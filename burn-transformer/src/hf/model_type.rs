@@ -1,0 +1,82 @@
+//! The model families whose `config.json` this crate reads (`model_type`).
+
+/// The `model_type`s [`HfConfig`](super::HfConfig) reads.
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
+    "llama",
+    "mistral",
+    "qwen2",
+    "mixtral",
+    "deepseek_v2",
+    "deepseek_v3",
+];
+
+/// One of [`SUPPORTED_MODEL_TYPES`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ModelType {
+    /// LLaMA 2/3: GQA, RoPE, SwiGLU, RMSNorm; optional attention biases.
+    Llama,
+    /// Mistral: LLaMA with a sliding window on every layer.
+    Mistral,
+    /// Qwen2: q/k/v biases; a sliding window only where `use_sliding_window` asks.
+    Qwen2,
+    /// Mixtral: Mistral with every feed-forward a mixture of experts.
+    Mixtral,
+    /// DeepSeek-V2: latent attention, dense first layers, then experts.
+    DeepseekV2,
+    /// DeepSeek-V3: V2 with sigmoid, bias-corrected routing.
+    DeepseekV3,
+}
+
+impl ModelType {
+    const ALL: [Self; 6] = [
+        Self::Llama,
+        Self::Mistral,
+        Self::Qwen2,
+        Self::Mixtral,
+        Self::DeepseekV2,
+        Self::DeepseekV3,
+    ];
+
+    /// The `model_type` value.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Llama => "llama",
+            Self::Mistral => "mistral",
+            Self::Qwen2 => "qwen2",
+            Self::Mixtral => "mixtral",
+            Self::DeepseekV2 => "deepseek_v2",
+            Self::DeepseekV3 => "deepseek_v3",
+        }
+    }
+
+    /// The family named `name`, if supported.
+    pub(crate) fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|family| family.name() == name)
+    }
+
+    /// Whether every layer's feed-forward, or all after the first dense ones, is a
+    /// mixture of experts.
+    pub(crate) fn is_sparse(self) -> bool {
+        matches!(self, Self::Mixtral | Self::DeepseekV2 | Self::DeepseekV3)
+    }
+
+    /// Whether attention is DeepSeek's multi-head latent attention.
+    pub(crate) fn is_latent(self) -> bool {
+        matches!(self, Self::DeepseekV2 | Self::DeepseekV3)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn supported_model_types_are_the_families_read() {
+        let names: Vec<&str> = ModelType::ALL.iter().map(|family| family.name()).collect();
+        assert_eq!(names, SUPPORTED_MODEL_TYPES);
+        for family in ModelType::ALL {
+            assert_eq!(ModelType::from_name(family.name()), Some(family));
+        }
+        assert_eq!(ModelType::from_name("gpt2"), None);
+    }
+}

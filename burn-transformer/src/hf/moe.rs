@@ -1,0 +1,358 @@
+//! The mixture-of-experts keys of a `config.json` (Mixtral, DeepSeek-V2/V3, Qwen-MoE
+//! style), mapped to a [`MoeConfig`], the [`MoeLayerPlan`] of which layers are sparse,
+//! and the [`SwiGluConfig`] of the dense ones.
+
+use std::path::Path;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::activation::deserialize_activation;
+use super::error::HfError;
+use super::keys::{KeyError, read_keys, required};
+use crate::ffn::moe::{GroupScoring, RouterConfig, RouterScoring};
+use crate::ffn::{Activation, MoeConfig, MoeLayerPlan, SwiGluConfig};
+
+/// Reads the sparse layers of a Hugging Face `config.json` (already parsed; `path` only
+/// names it in errors):
+/// - experts: `n_routed_experts`, else `num_local_experts`, else `num_experts`;
+///   `num_experts_per_tok`; width `moe_intermediate_size`, else `intermediate_size`;
+/// - `n_shared_experts` (default 0), `routed_scaling_factor` (default 1), `n_group`
+///   and `topk_group` (default 1), `hidden_act` (default silu);
+/// - scoring: `scoring_func` when present, else sigmoid for `model_type`
+///   `deepseek_v3`, softmax otherwise;
+/// - `norm_topk_prob`: the key, else true for `mixtral` and `deepseek_v3`, false
+///   otherwise (transformers' defaults);
+/// - the correction bias for `deepseek_v3` or `topk_method: "noaux_tc"`; group score
+///   max for `topk_method: "group_limited_greedy"` (DeepSeek-V2).
+///
+/// # Errors
+/// [`HfError::Field`] naming the key that is missing or malformed.
+pub fn moe_config(config: &Value, path: impl AsRef<Path>) -> Result<MoeConfig, HfError> {
+    read_keys::<MoeKeys>(config, None)
+        .and_then(|keys| keys.moe_config())
+        .map_err(|error| error.in_file(path.as_ref()))
+}
+
+/// Reads which layers are sparse: `first_k_dense_replace` and `moe_layer_freq`
+/// (defaults 0 and 1: every layer, as Mixtral).
+///
+/// # Errors
+/// [`HfError::Field`] naming a value that is not a non-negative integer, or a zero
+/// `moe_layer_freq`.
+pub fn moe_layer_plan(config: &Value, path: impl AsRef<Path>) -> Result<MoeLayerPlan, HfError> {
+    read_keys::<MoeKeys>(config, None)
+        .and_then(|keys| keys.moe_layer_plan())
+        .map_err(|error| error.in_file(path.as_ref()))
+}
+
+/// Reads the dense SwiGLU of a mixture-of-experts model's dense layers: `hidden_size`,
+/// `intermediate_size`, `hidden_act` (default silu).
+///
+/// # Errors
+/// [`HfError::Field`] naming the key that is missing or malformed.
+pub fn swiglu_config(config: &Value, path: impl AsRef<Path>) -> Result<SwiGluConfig, HfError> {
+    read_keys::<MoeKeys>(config, None)
+        .and_then(|keys| keys.swiglu_config())
+        .map_err(|error| error.in_file(path.as_ref()))
+}
+
+/// The mixture-of-experts keys of a `config.json`.
+#[derive(Deserialize, Debug)]
+pub(crate) struct MoeKeys {
+    model_type: Option<String>,
+    hidden_size: Option<usize>,
+    intermediate_size: Option<usize>,
+    moe_intermediate_size: Option<usize>,
+    n_routed_experts: Option<usize>,
+    num_local_experts: Option<usize>,
+    num_experts: Option<usize>,
+    num_experts_per_tok: Option<usize>,
+    n_shared_experts: Option<usize>,
+    routed_scaling_factor: Option<f64>,
+    n_group: Option<usize>,
+    topk_group: Option<usize>,
+    scoring_func: Option<String>,
+    norm_topk_prob: Option<bool>,
+    topk_method: Option<String>,
+    #[serde(default, deserialize_with = "deserialize_activation")]
+    hidden_act: Option<Activation>,
+    first_k_dense_replace: Option<usize>,
+    moe_layer_freq: Option<usize>,
+}
+
+impl MoeKeys {
+    /// The sparse layer these keys describe.
+    pub(crate) fn moe_config(&self) -> Result<MoeConfig, KeyError> {
+        let model_type = self.model_type.as_deref().unwrap_or("");
+        let topk_method = self.topk_method.as_deref().unwrap_or("");
+        let scoring = match self.scoring_func.as_deref() {
+            Some("softmax") => RouterScoring::Softmax,
+            Some("sigmoid") => RouterScoring::Sigmoid,
+            Some(other) => {
+                return Err(KeyError::new(
+                    "scoring_func",
+                    format!("expected softmax or sigmoid, got {other}"),
+                ));
+            }
+            None if model_type == "deepseek_v3" => RouterScoring::Sigmoid,
+            None => RouterScoring::Softmax,
+        };
+        let norm_topk_prob = self
+            .norm_topk_prob
+            .unwrap_or(matches!(model_type, "mixtral" | "deepseek_v3"));
+        let n_experts = self
+            .n_routed_experts
+            .or(self.num_local_experts)
+            .or(self.num_experts)
+            .ok_or_else(|| {
+                KeyError::new(
+                    "n_routed_experts",
+                    "missing (also looked for num_local_experts and num_experts)",
+                )
+            })?;
+        let d_ff = self
+            .moe_intermediate_size
+            .or(self.intermediate_size)
+            .ok_or_else(|| {
+                KeyError::new(
+                    "moe_intermediate_size",
+                    "missing (also looked for intermediate_size)",
+                )
+            })?;
+        let router = RouterConfig::new(
+            required(self.hidden_size, "hidden_size", "a non-negative integer")?,
+            n_experts,
+            required(
+                self.num_experts_per_tok,
+                "num_experts_per_tok",
+                "a non-negative integer",
+            )?,
+        )
+        .with_scoring(scoring)
+        .with_norm_topk_prob(norm_topk_prob)
+        .with_routed_scaling_factor(self.routed_scaling_factor.unwrap_or(1.0))
+        .with_n_group(self.n_group.unwrap_or(1))
+        .with_topk_group(self.topk_group.unwrap_or(1))
+        .with_group_scoring(if topk_method == "group_limited_greedy" {
+            GroupScoring::Max
+        } else {
+            GroupScoring::TopTwoSum
+        })
+        .with_score_correction_bias(model_type == "deepseek_v3" || topk_method == "noaux_tc");
+        Ok(MoeConfig::new(router, d_ff)
+            .with_n_shared_experts(self.n_shared_experts.unwrap_or(0))
+            .with_activation(self.hidden_act.unwrap_or(Activation::Silu)))
+    }
+
+    /// Which layers are sparse.
+    pub(crate) fn moe_layer_plan(&self) -> Result<MoeLayerPlan, KeyError> {
+        let plan = MoeLayerPlan::new()
+            .with_first_k_dense_replace(self.first_k_dense_replace.unwrap_or(0))
+            .with_moe_layer_freq(self.moe_layer_freq.unwrap_or(1));
+        if plan.moe_layer_freq == 0 {
+            return Err(KeyError::new("moe_layer_freq", "must be greater than 0"));
+        }
+        Ok(plan)
+    }
+
+    /// The dense layers' SwiGLU.
+    fn swiglu_config(&self) -> Result<SwiGluConfig, KeyError> {
+        let size = |value, key| required(value, key, "a non-negative integer");
+        Ok(SwiGluConfig::new(
+            size(self.hidden_size, "hidden_size")?,
+            size(self.intermediate_size, "intermediate_size")?,
+        )
+        .with_activation(self.hidden_act.unwrap_or(Activation::Silu)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::module::Param;
+    use burn::tensor::{Device, Int, Tensor};
+
+    use super::*;
+    use crate::ffn::moe::{ExpertDispatch, Experts, Moe};
+    use crate::hf::tests::fixture_config;
+    use crate::test_utils::{Fixture, assert_close, test_devices};
+
+    /// A layer holding the fixture's weights (fused experts, as transformers 5 stores them).
+    fn load(name: &str, model_type: &str, device: &Device) -> (Fixture, Moe) {
+        let fixture = Fixture::load(name);
+        let mut json = fixture_config(name);
+        json["model_type"] = Value::from(model_type);
+        let config = moe_config(&json, name).unwrap();
+        let mut moe = config.init(device);
+        moe.gate.weight = Param::from_tensor(fixture.tensor("gate.weight", device));
+        if fixture.contains("gate.e_score_correction_bias") {
+            moe.gate.e_score_correction_bias = Some(Param::from_tensor(
+                fixture.tensor("gate.e_score_correction_bias", device),
+            ));
+        }
+        moe.experts = Experts::from_fused(
+            fixture.tensor("experts.gate_up_proj", device),
+            fixture.tensor("experts.down_proj", device),
+            config.activation,
+        );
+        if let Some(shared) = &mut moe.shared_experts {
+            shared.gate_proj = fixture.linear("shared_experts.gate_proj", device);
+            shared.up_proj = fixture.linear("shared_experts.up_proj", device);
+            shared.down_proj = fixture.linear("shared_experts.down_proj", device);
+        }
+        (fixture, moe)
+    }
+
+    /// Each token's chosen experts, sorted.
+    fn sorted_rows(indices: Tensor<2, Int>) -> Vec<Vec<i64>> {
+        let [_, k] = indices.dims();
+        let values = indices
+            .into_data()
+            .convert::<i64>()
+            .try_to_vec::<i64>()
+            .unwrap();
+        values
+            .chunks(k)
+            .map(|row| {
+                let mut row = row.to_vec();
+                row.sort();
+                row
+            })
+            .collect()
+    }
+
+    #[test]
+    fn matches_hugging_face_moe_layers() {
+        for (name, model_type) in [
+            ("moe_deepseek_v3", "deepseek_v3"),
+            ("moe_deepseek_v3_unnormalized", "deepseek_v3"),
+            ("moe_mixtral", "mixtral"),
+        ] {
+            for device in test_devices() {
+                let (fixture, mut moe) = load(name, model_type, &device);
+                let x = fixture.tensor::<3>("x", &device);
+                let out = moe.forward(x.clone());
+                assert_close(
+                    out.router_logits.clone(),
+                    fixture.tensor("router_logits", &device),
+                    1e-5,
+                    &format!("{name} logits"),
+                );
+                let routing = moe.gate.forward(x.clone().reshape([18, 16]));
+                assert_eq!(
+                    sorted_rows(routing.indices),
+                    sorted_rows(Tensor::from_data(fixture.data("topk_indices"), &device)),
+                    "{name} choices on {device:?}"
+                );
+                assert_close(out.output, fixture.tensor("y", &device), 1e-5, name);
+                for strategy in [ExpertDispatch::PerExpert, ExpertDispatch::Batched] {
+                    moe.set_dispatch(strategy);
+                    let y = moe.forward(x.clone()).output;
+                    let what = format!("{name} {strategy:?}");
+                    assert_close(y, fixture.tensor("y", &device), 1e-5, &what);
+                }
+                assert_close(
+                    moe.forward_dense_reference(x),
+                    fixture.tensor("y", &device),
+                    1e-5,
+                    name,
+                );
+                if fixture.contains("aux_loss") {
+                    assert_close(
+                        out.aux_loss,
+                        fixture.tensor("aux_loss", &device),
+                        1e-5,
+                        "aux",
+                    );
+                    assert_close(out.z_loss, fixture.tensor("z_loss", &device), 1e-4, "z");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn reads_hugging_face_configs() {
+        let config = moe_config(
+            &serde_json::json!({
+                "model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336,
+                "num_local_experts": 8, "num_experts_per_tok": 2, "hidden_act": "silu"
+            }),
+            "config.json",
+        )
+        .unwrap();
+        assert_eq!(config.router.n_experts, 8);
+        assert!(config.router.norm_topk_prob);
+        assert_eq!(config.router.scoring, RouterScoring::Softmax);
+        let config = moe_config(
+            &serde_json::json!({
+                "model_type": "deepseek_v3", "hidden_size": 7168, "moe_intermediate_size": 2048,
+                "intermediate_size": 18432, "n_routed_experts": 256, "num_experts_per_tok": 8,
+                "n_group": 8, "topk_group": 4, "n_shared_experts": 1, "routed_scaling_factor": 2.5,
+                "norm_topk_prob": true, "scoring_func": "sigmoid", "topk_method": "noaux_tc"
+            }),
+            "config.json",
+        )
+        .unwrap();
+        let reference = MoeConfig::deepseek_v3();
+        assert_eq!(config.d_ff, reference.d_ff);
+        assert_eq!(config.router.n_group, reference.router.n_group);
+        assert!(config.router.score_correction_bias);
+        assert_eq!(config.router.scoring, RouterScoring::Sigmoid);
+        config.validate().unwrap();
+        // DeepSeek-V2: softmax scores, group maximum, no renormalization by default.
+        let v2 = moe_config(
+            &serde_json::json!({
+                "model_type": "deepseek_v2", "hidden_size": 16, "moe_intermediate_size": 8,
+                "n_routed_experts": 4, "num_experts_per_tok": 2,
+                "topk_method": "group_limited_greedy"
+            }),
+            "config.json",
+        )
+        .unwrap();
+        assert_eq!(v2.router.scoring, RouterScoring::Softmax);
+        assert_eq!(v2.router.group_scoring, GroupScoring::Max);
+        assert!(!v2.router.norm_topk_prob && !v2.router.score_correction_bias);
+        let error = moe_config(&serde_json::json!({"hidden_size": 8}), "config.json").unwrap_err();
+        assert!(
+            matches!(&error, HfError::Field { field, .. } if field == "n_routed_experts"),
+            "{error}"
+        );
+        let error = moe_config(
+            &serde_json::json!({"hidden_size": 8, "num_experts": 2, "intermediate_size": 4,
+                                "num_experts_per_tok": 1, "scoring_func": "relu"}),
+            "config.json",
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&error, HfError::Field { field, .. } if field == "scoring_func"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn deepseek_v3_has_three_dense_layers_then_moe() {
+        let plan = moe_layer_plan(
+            &serde_json::json!({"first_k_dense_replace": 3, "moe_layer_freq": 1}),
+            "config.json",
+        )
+        .unwrap();
+        let sparse: Vec<bool> = (0..6).map(|layer| plan.is_moe(layer)).collect();
+        assert_eq!(sparse, [false, false, false, true, true, true]);
+        assert_eq!(
+            moe_layer_plan(&serde_json::json!({}), "config.json").unwrap(),
+            MoeLayerPlan::all_sparse()
+        );
+        assert!(matches!(
+            moe_layer_plan(&serde_json::json!({"moe_layer_freq": 0}), "config.json"),
+            Err(HfError::Field { field, .. }) if field == "moe_layer_freq"
+        ));
+        let dense = swiglu_config(
+            &serde_json::json!({
+                "hidden_size": 16, "intermediate_size": 40, "hidden_act": "silu"
+            }),
+            "config.json",
+        )
+        .unwrap();
+        assert_eq!((dense.d_model, dense.d_ff), (16, 40));
+    }
+}
