@@ -109,6 +109,15 @@ impl ConfigError {
         )
     }
 
+    /// Checks that `value` is finite and greater than 0 (a base, a soft-cap).
+    pub(crate) fn check_positive_real(
+        module: &'static str,
+        field: &'static str,
+        value: f64,
+    ) -> Result<(), Self> {
+        Self::check_real(module, field, value, value > 0.0, "positive")
+    }
+
     /// Checks that `value` is finite (a scale).
     pub(crate) fn check_finite(
         module: &'static str,

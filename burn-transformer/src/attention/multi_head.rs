@@ -136,14 +136,8 @@ impl MultiHeadAttentionConfig {
             ConfigError::check_positive(MODULE, "window", window)?;
         }
         ConfigError::check_probability(MODULE, "dropout", self.dropout)?;
-        if let Some(cap) = self.softcap
-            && !(cap.is_finite() && cap > 0.0)
-        {
-            return Err(ConfigError::Invalid {
-                module: MODULE,
-                field: "softcap",
-                reason: format!("must be finite and > 0, got {cap}"),
-            });
+        if let Some(cap) = self.softcap {
+            ConfigError::check_positive_real(MODULE, "softcap", cap)?;
         }
         if let Some(scale) = self.scale {
             ConfigError::check_finite(MODULE, "scale", scale)?;

@@ -274,24 +274,42 @@ impl BlockCache {
     }
 }
 
-/// How the block's self- and cross-attention are called: over a whole sequence (with
-/// or without their probabilities) or over new positions through the caches.
-trait AttentionCalls {
-    fn self_attention(&mut self, attention: &SelfAttention, x: Tensor<3>) -> Tensor<3>;
-    fn cross_attention(
-        &mut self,
-        attention: &MultiHeadAttention,
-        x: Tensor<3>,
-        memory: &Memory,
-    ) -> Tensor<3>;
+/// How a run of the block calls its self- and cross-attention.
+// One value per call of the block, on the stack: boxing would buy nothing.
+#[allow(clippy::large_enum_variant)]
+enum AttentionCalls<'a> {
+    /// Over whole sequences, with this key padding.
+    Full(Option<Tensor<2, Bool>>),
+    /// Over whole sequences, keeping the probabilities.
+    WithWeights {
+        key_padding: Option<Tensor<2, Bool>>,
+        self_attn: Option<Tensor<4>>,
+        cross_attn: Option<Tensor<4>>,
+    },
+    /// Over new positions, through the caches.
+    Cached {
+        cache: &'a mut BlockCache,
+        key_padding: Option<Tensor<2, Bool>>,
+    },
 }
 
-/// Whole sequences.
-struct Full(Option<Tensor<2, Bool>>);
-
-impl AttentionCalls for Full {
+impl AttentionCalls<'_> {
     fn self_attention(&mut self, attention: &SelfAttention, x: Tensor<3>) -> Tensor<3> {
-        attention.forward(x, self.0.clone())
+        match self {
+            Self::Full(key_padding) => attention.forward(x, key_padding.clone()),
+            Self::WithWeights {
+                key_padding,
+                self_attn,
+                ..
+            } => {
+                let (output, weights) = attention.forward_with_weights(x, key_padding.clone());
+                *self_attn = Some(weights);
+                output
+            }
+            Self::Cached { cache, key_padding } => {
+                attention.forward_cached(x, &mut cache.self_attn, key_padding.clone())
+            }
+        }
     }
 
     fn cross_attention(
@@ -300,60 +318,18 @@ impl AttentionCalls for Full {
         x: Tensor<3>,
         memory: &Memory,
     ) -> Tensor<3> {
-        attention.forward_cross(x, memory.states.clone(), memory.padding.clone())
-    }
-}
-
-/// Whole sequences, keeping the probabilities.
-struct WithWeights {
-    key_padding: Option<Tensor<2, Bool>>,
-    self_attn: Option<Tensor<4>>,
-    cross_attn: Option<Tensor<4>>,
-}
-
-impl AttentionCalls for WithWeights {
-    fn self_attention(&mut self, attention: &SelfAttention, x: Tensor<3>) -> Tensor<3> {
-        let (output, weights) = attention.forward_with_weights(x, self.key_padding.clone());
-        self.self_attn = Some(weights);
-        output
-    }
-
-    fn cross_attention(
-        &mut self,
-        attention: &MultiHeadAttention,
-        x: Tensor<3>,
-        memory: &Memory,
-    ) -> Tensor<3> {
-        let (output, weights) =
-            attention.forward_cross_with_weights(x, memory.states.clone(), memory.padding.clone());
-        self.cross_attn = Some(weights);
-        output
-    }
-}
-
-/// New positions through the caches.
-struct Cached<'a> {
-    cache: &'a mut BlockCache,
-    key_padding: Option<Tensor<2, Bool>>,
-}
-
-impl AttentionCalls for Cached<'_> {
-    fn self_attention(&mut self, attention: &SelfAttention, x: Tensor<3>) -> Tensor<3> {
-        attention.forward_cached(x, &mut self.cache.self_attn, self.key_padding.clone())
-    }
-
-    fn cross_attention(
-        &mut self,
-        attention: &MultiHeadAttention,
-        x: Tensor<3>,
-        memory: &Memory,
-    ) -> Tensor<3> {
-        attention.forward_cross_cached(
-            x,
-            memory.states.clone(),
-            memory.padding.clone(),
-            &mut self.cache.cross_attn,
-        )
+        let (states, padding) = (memory.states.clone(), memory.padding.clone());
+        match self {
+            Self::Full(_) => attention.forward_cross(x, states, padding),
+            Self::WithWeights { cross_attn, .. } => {
+                let (output, weights) = attention.forward_cross_with_weights(x, states, padding);
+                *cross_attn = Some(weights);
+                output
+            }
+            Self::Cached { cache, .. } => {
+                attention.forward_cross_cached(x, states, padding, &mut cache.cross_attn)
+            }
+        }
     }
 }
 
@@ -379,7 +355,7 @@ impl TransformerBlock {
         key_padding: Option<Tensor<2, Bool>>,
         memory: Option<&Memory>,
     ) -> BlockState {
-        self.run(state, &mut Full(key_padding), memory)
+        self.run(state, &mut AttentionCalls::Full(key_padding), memory)
     }
 
     /// [`forward`](Self::forward) that also returns the block's attention
@@ -397,17 +373,23 @@ impl TransformerBlock {
         key_padding: Option<Tensor<2, Bool>>,
         memory: Option<&Memory>,
     ) -> (BlockState, BlockWeights) {
-        let mut calls = WithWeights {
+        let mut calls = AttentionCalls::WithWeights {
             key_padding,
             self_attn: None,
             cross_attn: None,
         };
         let state = self.run(state, &mut calls, memory);
+        let AttentionCalls::WithWeights {
+            self_attn,
+            cross_attn,
+            ..
+        } = calls
+        else {
+            unreachable!("the calls keep their kind")
+        };
         let weights = BlockWeights {
-            self_attn: calls
-                .self_attn
-                .expect("every block kind runs its self-attention"),
-            cross_attn: calls.cross_attn,
+            self_attn: self_attn.expect("every block kind runs its self-attention"),
+            cross_attn,
         };
         (state, weights)
     }
@@ -429,14 +411,18 @@ impl TransformerBlock {
         key_padding: Option<Tensor<2, Bool>>,
         memory: Option<&Memory>,
     ) -> BlockState {
-        self.run(state, &mut Cached { cache, key_padding }, memory)
+        self.run(
+            state,
+            &mut AttentionCalls::Cached { cache, key_padding },
+            memory,
+        )
     }
 
     /// The block's data flow, with the attention calls of `calls`.
     fn run(
         &self,
         state: BlockState,
-        calls: &mut impl AttentionCalls,
+        calls: &mut AttentionCalls,
         memory: Option<&Memory>,
     ) -> BlockState {
         let cross = self.cross_attn.as_ref().map(|attention| {

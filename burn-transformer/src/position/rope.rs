@@ -89,13 +89,7 @@ impl RopeConfig {
             "max_position_embeddings",
             self.max_position_embeddings,
         )?;
-        if !(self.theta.is_finite() && self.theta > 0.0) {
-            return Err(ConfigError::Invalid {
-                module: MODULE,
-                field: "theta",
-                reason: format!("must be positive, got {}", self.theta),
-            });
-        }
+        ConfigError::check_positive_real(MODULE, "theta", self.theta)?;
         let factor = self.partial_rotary_factor;
         if !(factor.is_finite() && factor > 0.0 && factor <= 1.0) {
             return Err(ConfigError::Invalid {
@@ -145,17 +139,9 @@ impl RopeConfig {
             frequencies,
         })
     }
-
-    /// Builds the module.
-    ///
-    /// # Panics
-    /// If the configuration is invalid, with the message of [`RopeConfig::validate`]'s
-    /// error.
-    pub fn init(&self, device: &Device) -> Rope {
-        self.try_init(device)
-            .unwrap_or_else(|error| panic!("{error}"))
-    }
 }
+
+crate::builders::init_or_panic!(RopeConfig => Rope);
 
 /// cos and sin rows for `positions start..end`, `[end - start, inv_freq.len()]`, times
 /// the attention scaling. Like transformers: the angle is the float32 product

@@ -265,11 +265,7 @@ fn invalid(field: &'static str, reason: String) -> ConfigError {
 }
 
 fn check_positive(field: &'static str, value: f64) -> Result<(), ConfigError> {
-    if value.is_finite() && value > 0.0 {
-        Ok(())
-    } else {
-        Err(invalid(field, format!("must be positive, got {value}")))
-    }
+    ConfigError::check_positive_real(MODULE, field, value)
 }
 
 fn check_original(original: Option<usize>) -> Result<(), ConfigError> {

@@ -51,14 +51,7 @@ impl SinusoidalPositionConfig {
     /// that is not positive and finite.
     pub fn validate(&self) -> Result<(), ConfigError> {
         ConfigError::check_positive(MODULE, "d_model", self.d_model)?;
-        if !(self.base.is_finite() && self.base > 0.0) {
-            return Err(ConfigError::Invalid {
-                module: MODULE,
-                field: "base",
-                reason: format!("must be positive, got {}", self.base),
-            });
-        }
-        Ok(())
+        ConfigError::check_positive_real(MODULE, "base", self.base)
     }
 
     /// Validates the configuration and precomputes the table.

@@ -78,53 +78,39 @@ mod tests {
             let x = Tensor::<2>::ones([4, 3], &autodiff);
             let loss = linear.forward(x).sum() * 10.0;
             let mut grads = GradientsParams::from_grads(loss.backward(), &linear);
-            let before_w: Vec<f32> = grads
-                .get::<2>(linear.weight.id)
-                .unwrap()
-                .try_to_vec_as()
-                .unwrap();
-            let before_b: Vec<f32> = grads
-                .get::<1>(linear.bias.as_ref().unwrap().id)
-                .unwrap()
-                .try_to_vec_as()
-                .unwrap();
-            let norm_expected = before_w
-                .iter()
-                .chain(&before_b)
-                .map(|g| (*g as f64).powi(2))
-                .sum::<f64>()
-                .sqrt();
+            // The weight's and the bias's gradients, and their global L2 norm.
+            let gradients = |grads: &GradientsParams| {
+                let weight: Vec<f32> = grads
+                    .get::<2>(linear.weight.id)
+                    .unwrap()
+                    .try_to_vec_as()
+                    .unwrap();
+                let bias: Vec<f32> = grads
+                    .get::<1>(linear.bias.as_ref().unwrap().id)
+                    .unwrap()
+                    .try_to_vec_as()
+                    .unwrap();
+                let norm = weight
+                    .iter()
+                    .chain(&bias)
+                    .map(|g| (*g as f64).powi(2))
+                    .sum::<f64>()
+                    .sqrt();
+                (weight, bias, norm)
+            };
+            let (before_w, before_b, norm_expected) = gradients(&grads);
             let norm: f32 = clip_grad_norm(&linear, &mut grads, 1.0)
                 .unwrap()
                 .into_scalar();
             assert!((norm as f64 - norm_expected).abs() < 1e-3 * norm_expected);
-            let after_w: Vec<f32> = grads
-                .get::<2>(linear.weight.id)
-                .unwrap()
-                .try_to_vec_as()
-                .unwrap();
-            let after_b: Vec<f32> = grads
-                .get::<1>(linear.bias.as_ref().unwrap().id)
-                .unwrap()
-                .try_to_vec_as()
-                .unwrap();
-            let after_norm = after_w
-                .iter()
-                .chain(&after_b)
-                .map(|g| (*g as f64).powi(2))
-                .sum::<f64>()
-                .sqrt();
+            let (after_w, after_b, after_norm) = gradients(&grads);
             assert!((after_norm - 1.0).abs() < 1e-4, "clipped norm {after_norm}");
             let factor = after_w[0] as f64 / before_w[0] as f64;
             assert!((after_b[0] as f64 / before_b[0] as f64 - factor).abs() < 1e-5);
             // A norm below the limit is left alone.
             let mut again = grads;
             let _ = clip_grad_norm(&linear, &mut again, 10.0);
-            let kept: Vec<f32> = again
-                .get::<2>(linear.weight.id)
-                .unwrap()
-                .try_to_vec_as()
-                .unwrap();
+            let (kept, _, _) = gradients(&again);
             for (a, b) in kept.iter().zip(&after_w) {
                 assert!((a - b).abs() < 1e-6);
             }

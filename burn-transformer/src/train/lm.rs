@@ -323,7 +323,7 @@ fn check_vocabulary(split: &TokenSplit, vocab_size: usize) -> Result<(), TrainEr
 mod tests {
     use super::*;
     use crate::io::tests::TempDir;
-    use crate::test_utils::model_test_devices;
+    use crate::test_utils::{max_abs_diff, model_test_devices};
     use crate::train::tests::interrupted_copy;
     use crate::train::{
         CharTokenizer, Tokenizer, checkpoint_dir, latest_checkpoint, load_module, save_module,
@@ -495,11 +495,9 @@ mod tests {
         assert_eq!(aux_off, None, "a zero coefficient drops the aux loss");
         let aux_on = aux_on.expect("an MoE model with a coefficient reports its aux loss");
         assert!(aux_on > 0.0, "the balancing loss is positive: {aux_on}");
-        let difference = with
-            .iter()
-            .zip(&without)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, f32::max);
+        let with = Tensor::<1>::from_floats(with.as_slice(), &device);
+        let without = Tensor::<1>::from_floats(without.as_slice(), &device);
+        let difference = max_abs_diff(with, without);
         assert!(
             difference > 1e-6,
             "the auxiliary loss must change the router's gradient (max difference {difference})"

@@ -139,13 +139,18 @@ mod tests {
     use super::*;
     use burn::tensor::{DType, Device, Distribution};
 
+    /// The cache of the small config's attention after `seq` positions of `batch` rows.
+    fn filled_cache(batch: usize, seq: usize, device: &Device) -> LatentKvCache {
+        let attention = small_config().init(device);
+        let mut cache = LatentKvCache::new();
+        let x = Tensor::<3>::random([batch, seq, 40], Distribution::Normal(0.0, 1.0), device);
+        attention.forward_cached(x, &mut cache, None);
+        cache
+    }
+
     #[test]
     fn cache_stores_only_latent_and_rotary_key() {
-        let device = Device::flex();
-        let attention = small_config().init(&device);
-        let mut cache = LatentKvCache::new();
-        let x = Tensor::<3>::random([3, 5, 40], Distribution::Normal(0.0, 1.0), &device);
-        attention.forward_cached(x, &mut cache, None);
+        let cache = filled_cache(3, 5, &Device::flex());
         // (rank 12 + rope 4) floats of 4 bytes per token.
         assert_eq!(cache.bytes_per_token(), 16 * 4);
         assert_eq!(cache.bytes(), 3 * 5 * 16 * 4);
@@ -159,10 +164,7 @@ mod tests {
     #[test]
     fn select_batch_and_reset() {
         let device = Device::flex();
-        let attention = small_config().init(&device);
-        let mut cache = LatentKvCache::new();
-        let x = Tensor::<3>::random([3, 2, 40], Distribution::Normal(0.0, 1.0), &device);
-        attention.forward_cached(x, &mut cache, None);
+        let mut cache = filled_cache(3, 2, &device);
         cache.select_batch(Tensor::from_ints([2, 0], &device));
         assert_eq!(cache.entries().unwrap().dims(), [2, 1, 2, 16]);
         cache.reset();

@@ -157,21 +157,9 @@ impl LatentAttentionConfig {
             ConfigError::check_positive(MODULE, "q_lora_rank", rank)?;
         }
         ConfigError::check_probability(MODULE, "dropout", self.dropout)?;
-        if !(self.norm_eps.is_finite() && self.norm_eps >= 0.0) {
-            return Err(ConfigError::Invalid {
-                module: MODULE,
-                field: "norm_eps",
-                reason: format!("must be finite and non-negative, got {}", self.norm_eps),
-            });
-        }
-        if let Some(scale) = self.scale
-            && !scale.is_finite()
-        {
-            return Err(ConfigError::Invalid {
-                module: MODULE,
-                field: "scale",
-                reason: format!("must be finite, got {scale}"),
-            });
+        ConfigError::check_non_negative(MODULE, "norm_eps", self.norm_eps)?;
+        if let Some(scale) = self.scale {
+            ConfigError::check_finite(MODULE, "scale", scale)?;
         }
         let rope = self.rope_config();
         rope.validate()?;
@@ -248,16 +236,9 @@ impl LatentAttentionConfig {
             implementation: self.implementation,
         })
     }
-
-    /// Builds the module.
-    ///
-    /// # Panics
-    /// If the configuration is invalid, with the message of [`validate`](Self::validate).
-    pub fn init(&self, device: &Device) -> LatentAttention {
-        self.try_init(device)
-            .unwrap_or_else(|error| panic!("{error}"))
-    }
 }
+
+crate::builders::init_or_panic!(LatentAttentionConfig => LatentAttention);
 
 /// Cache bytes per token and layer: MLA's latent next to MHA and GQA with the same heads
 /// (see [`LatentAttentionConfig::cache_bytes_per_token`]).

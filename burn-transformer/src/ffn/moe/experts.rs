@@ -90,16 +90,9 @@ impl ExpertsConfig {
             activation: self.activation,
         })
     }
-
-    /// Initializes the experts.
-    ///
-    /// # Panics
-    /// If the configuration is invalid, with the message of [`validate`](Self::validate).
-    pub fn init(&self, device: &Device) -> Experts {
-        self.try_init(device)
-            .unwrap_or_else(|error| panic!("{error}"))
-    }
 }
+
+crate::builders::init_or_panic!(ExpertsConfig => Experts);
 
 /// `n_experts` SwiGLU experts without biases, stacked (transformers 5's
 /// `MixtralExperts` / `DeepseekV3Experts` layout and names).

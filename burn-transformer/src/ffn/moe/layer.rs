@@ -66,13 +66,8 @@ impl MoeConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.router.validate()?;
         ConfigError::check_positive(MODULE, "d_ff", self.d_ff)?;
-        if let Some(factor) = self.capacity_factor
-            && !(factor.is_finite() && factor > 0.0)
-        {
-            return Err(invalid(
-                "capacity_factor",
-                format!("must be positive, got {factor}"),
-            ));
+        if let Some(factor) = self.capacity_factor {
+            ConfigError::check_positive_real(MODULE, "capacity_factor", factor)?;
         }
         Ok(())
     }
@@ -98,24 +93,9 @@ impl MoeConfig {
             dispatch: self.dispatch,
         })
     }
-
-    /// Builds the layer.
-    ///
-    /// # Panics
-    /// If the configuration is invalid, with the message of [`validate`](Self::validate).
-    pub fn init(&self, device: &Device) -> Moe {
-        self.try_init(device)
-            .unwrap_or_else(|error| panic!("{error}"))
-    }
 }
 
-fn invalid(field: &'static str, reason: String) -> ConfigError {
-    ConfigError::Invalid {
-        module: MODULE,
-        field,
-        reason,
-    }
-}
+crate::builders::init_or_panic!(MoeConfig => Moe);
 
 /// A sparse mixture-of-experts feed-forward layer. Field names are the Hugging Face keys
 /// (see the module docs for the table).

@@ -152,16 +152,9 @@ impl RouterConfig {
             group_scoring: self.group_scoring,
         })
     }
-
-    /// Builds the router.
-    ///
-    /// # Panics
-    /// If the configuration is invalid, with the message of [`validate`](Self::validate).
-    pub fn init(&self, device: &Device) -> Router {
-        self.try_init(device)
-            .unwrap_or_else(|error| panic!("{error}"))
-    }
 }
+
+crate::builders::init_or_panic!(RouterConfig => Router);
 
 /// Chooses `top_k` experts per token and their weights.
 ///
