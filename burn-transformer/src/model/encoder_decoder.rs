@@ -94,32 +94,6 @@ pub struct TransformerConfig {
 }
 
 impl TransformerConfig {
-    /// The paper's base model (65M parameters with a 37k shared vocabulary).
-    pub fn base(src_vocab_size: usize, tgt_vocab_size: usize) -> Self {
-        Self::new(src_vocab_size, tgt_vocab_size)
-    }
-
-    /// The paper's big model: width 1024, 16 heads, d_ff 4096, dropout 0.3.
-    pub fn big(src_vocab_size: usize, tgt_vocab_size: usize) -> Self {
-        Self::new(src_vocab_size, tgt_vocab_size)
-            .with_d_model(1024)
-            .with_n_heads(16)
-            .with_d_ff(4096)
-            .with_dropout(0.3)
-    }
-
-    /// A tiny model for tests: width 32, 4 heads, 2 + 2 layers, no dropout.
-    pub fn tiny(src_vocab_size: usize, tgt_vocab_size: usize) -> Self {
-        Self::new(src_vocab_size, tgt_vocab_size)
-            .with_d_model(32)
-            .with_n_heads(4)
-            .with_d_ff(64)
-            .with_n_encoder_layers(2)
-            .with_n_decoder_layers(2)
-            .with_dropout(0.0)
-            .with_max_positions(64)
-    }
-
     fn attention(&self, causal: bool) -> MultiHeadAttentionConfig {
         MultiHeadAttentionConfig::new(self.d_model, self.n_heads)
             .with_qkv_bias(true)

@@ -1,9 +1,10 @@
-//! Named configurations: a tiny debug model and the published sizes of the model
-//! families we load, copied from their `config.json` files on the Hugging Face Hub, so
+//! Named configurations: tiny debug models, the Transformer paper's base and big
+//! encoder-decoders, and the published sizes of the model families we load, copied from their `config.json` files on the Hugging Face Hub, so
 //! that a model, or one of its layers, can be built (for training, or to check a
 //! checkpoint against) without a file.
 
 use super::causal_lm::CausalLmConfig;
+use super::encoder_decoder::TransformerConfig;
 use crate::attention::LatentAttentionConfig;
 use crate::ffn::moe::{RouterConfig, RouterScoring};
 use crate::ffn::{MoeConfig, MoeLayerPlan};
@@ -178,6 +179,34 @@ impl MoeConfig {
             .with_topk_group(4)
             .with_score_correction_bias(true);
         Self::new(router, 2048).with_n_shared_experts(1)
+    }
+}
+
+impl TransformerConfig {
+    /// The paper's base model (65M parameters with a 37k shared vocabulary).
+    pub fn base(src_vocab_size: usize, tgt_vocab_size: usize) -> Self {
+        Self::new(src_vocab_size, tgt_vocab_size)
+    }
+
+    /// The paper's big model: width 1024, 16 heads, d_ff 4096, dropout 0.3.
+    pub fn big(src_vocab_size: usize, tgt_vocab_size: usize) -> Self {
+        Self::new(src_vocab_size, tgt_vocab_size)
+            .with_d_model(1024)
+            .with_n_heads(16)
+            .with_d_ff(4096)
+            .with_dropout(0.3)
+    }
+
+    /// A tiny model for tests: width 32, 4 heads, 2 + 2 layers, no dropout.
+    pub fn tiny(src_vocab_size: usize, tgt_vocab_size: usize) -> Self {
+        Self::new(src_vocab_size, tgt_vocab_size)
+            .with_d_model(32)
+            .with_n_heads(4)
+            .with_d_ff(64)
+            .with_n_encoder_layers(2)
+            .with_n_decoder_layers(2)
+            .with_dropout(0.0)
+            .with_max_positions(64)
     }
 }
 
