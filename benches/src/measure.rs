@@ -62,7 +62,7 @@ impl Timing {
 }
 
 /// Times `run` on fresh inputs from `setup`: `runs.warmup` untimed runs, then
-/// `runs.iters` timed ones (fewer for very long runs: see [`TIMED_BUDGET_MS`]). The
+/// `runs.iters` timed ones (fewer for very long runs: see `TIMED_BUDGET_MS`). The
 /// device is synced after `setup`, outside the clock; `run` must end by reading a
 /// result back (see [`finish`]).
 ///
