@@ -853,7 +853,7 @@ pub fn combined(
     let runs = runs(records);
     if runs.len() > 1 {
         text.push_str(&format!(
-            "\nThese records join {} runs (a partial run keeps the earlier records of what \
+            "\nThese records join {} runs (a run keeps the earlier records of what \
              it did not measure); the machine above is the latest run's. Runs (UTC): {}. \
              Each record's `run` field, and the `run` column where a table mixes runs, \
              says which run measured it; compare rows of one run with each other.\n",

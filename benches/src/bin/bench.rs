@@ -23,6 +23,7 @@ use benches::report;
 use benches::suites::{Job, Mode, SUITES, device_named};
 use burn_transformer::io::write_atomically;
 use clap::Parser;
+use clap::builder::PossibleValuesParser;
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -39,12 +40,14 @@ struct Args {
     /// The whole grid: sequences up to 8192, both head sizes, more runs.
     #[arg(long)]
     full: bool,
-    /// Backends to run (default: every backend this build has and the machine runs).
-    #[arg(long, value_delimiter = ',')]
+    /// Backends to run (default: every backend this build has and the machine runs). A
+    /// backend named here that this build lacks or this machine cannot run is an error.
+    #[arg(long, value_delimiter = ',', value_parser = PossibleValuesParser::new(BACKENDS))]
     backends: Option<Vec<String>>,
-    /// Suites to run (default: all). A partial run keeps the earlier records of the
-    /// benchmarks it does not measure in results.jsonl and the report.
-    #[arg(long, value_delimiter = ',')]
+    /// Suites to run (default: all: the runner's own and its companion programs). A run
+    /// keeps the earlier records of every benchmark and backend it does not measure in
+    /// results.jsonl and the report.
+    #[arg(long, value_delimiter = ',', value_parser = PossibleValuesParser::new(all_suites()))]
     suites: Option<Vec<String>>,
     /// Run only the jobs whose progress line contains one of these texts (comma
     /// separated, for example `seq 2048` or `reference wgpu fwd_bwd 2×8`); their records
@@ -73,6 +76,18 @@ struct Args {
     /// Internal: check that a backend runs and print its adapter.
     #[arg(long, hide = true)]
     probe: Option<String>,
+}
+
+/// The backend names `--backends` takes.
+const BACKENDS: [&str; 4] = ["flex", "ndarray", "wgpu", "cuda"];
+
+/// The runner's suites, then its companion programs: what `--suites` takes.
+fn all_suites() -> Vec<&'static str> {
+    SUITES
+        .iter()
+        .copied()
+        .chain(COMPANIONS.iter().map(|(name, _)| *name))
+        .collect()
 }
 
 fn main() {
@@ -174,10 +189,7 @@ fn run_companion(
     let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
     let program = exe.with_file_name(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     if !program.is_file() {
-        return Err(format!(
-            "{} not built: run `cargo build --release -p benches` first",
-            program.display()
-        ));
+        build_companion(name, &exe)?;
     }
     let json = out.join(format!("{name}.jsonl"));
     let json_arg = json.to_string_lossy().into_owned();
@@ -212,6 +224,36 @@ fn run_companion(
         ),
     )
     .map_err(|e| e.to_string())
+}
+
+/// Builds the companion program `name` beside the runner `exe`: `cargo run --bin bench`
+/// builds only the runner, and cargo tells the programs it runs where it is (`CARGO`).
+///
+/// # Errors
+/// Why it could not be built, and the command that builds it.
+fn build_companion(name: &str, exe: &Path) -> Result<(), String> {
+    let by_hand = format!("`cargo build --release -p benches --bin {name}`");
+    let cargo = std::env::var_os("CARGO")
+        .ok_or_else(|| format!("{name} is not built: build it with {by_hand}"))?;
+    // The runner's own profile folder (`target/release`) says which profile to build.
+    let release = exe
+        .parent()
+        .and_then(Path::file_name)
+        .is_some_and(|profile| profile == "release");
+    eprintln!("bench: building {name}");
+    let mut command = Command::new(cargo);
+    command.args(["build", "-p", "benches", "--bin", name]);
+    if release {
+        command.arg("--release");
+    }
+    let status = command.status().map_err(|e| {
+        format!("cannot start cargo to build {name} ({e}): build it with {by_hand}")
+    })?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("building {name} failed: build it with {by_hand}"))
+    }
 }
 
 /// Runs `program` with `arguments`, stopping it after `timeout`.
@@ -285,6 +327,9 @@ fn stderr_tail(stderr: &str) -> String {
 
 fn run(args: &Args) -> Result<(), String> {
     let mode = if args.full { Mode::Full } else { Mode::Quick };
+    if let Some(requested) = &args.backends {
+        check_compiled(requested)?;
+    }
     std::fs::create_dir_all(&args.out)
         .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
     let results = args.out.join("results.jsonl");
@@ -293,6 +338,7 @@ fn run(args: &Args) -> Result<(), String> {
     let saved_machine = || -> Option<Machine> {
         serde_json::from_str(&std::fs::read_to_string(&machine_path).ok()?).ok()
     };
+    let mut failed_companions = Vec::new();
     let (machine, records) = if args.report_only {
         let text =
             std::fs::read_to_string(&results).map_err(|e| format!("{}: {e}", results.display()))?;
@@ -317,6 +363,7 @@ fn run(args: &Args) -> Result<(), String> {
                 )
             {
                 eprintln!("bench: {error}");
+                failed_companions.push(name);
             }
         }
         // A run of companion programs alone measured none of the runner's cells: the
@@ -328,7 +375,7 @@ fn run(args: &Args) -> Result<(), String> {
         };
         (
             machine,
-            keep_unmeasured(&results, records, partial_run(args), args.only.is_some()),
+            keep_unmeasured(&results, records, args.only.is_some()),
         )
     };
 
@@ -374,7 +421,14 @@ fn run(args: &Args) -> Result<(), String> {
         args.out.display(),
         args.docs.display()
     );
-    Ok(())
+    if failed_companions.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "requested suites did not run: {} (see above)",
+            failed_companions.join(", ")
+        ))
+    }
 }
 
 fn measure(args: &Args, mode: Mode) -> Result<(Machine, Vec<Record>, Vec<String>), String> {
@@ -406,6 +460,11 @@ fn measure(args: &Args, mode: Mode) -> Result<(Machine, Vec<Record>, Vec<String>
             }
             _ => {
                 let reason = stderr_tail(&output.stderr);
+                if args.backends.is_some() {
+                    return Err(format!(
+                        "backend {backend} does not run on this machine: {reason}"
+                    ));
+                }
                 eprintln!("bench: backend {backend} unavailable, skipped: {reason}");
                 machine
                     .adapters
@@ -413,21 +472,13 @@ fn measure(args: &Args, mode: Mode) -> Result<(Machine, Vec<Record>, Vec<String>
             }
         }
     }
+    if backends.is_empty() {
+        return Err("no backend runs on this machine: nothing was measured".into());
+    }
     let suites: Vec<String> = args
         .suites
         .clone()
         .unwrap_or_else(|| SUITES.iter().map(|s| s.to_string()).collect());
-    for suite in &suites {
-        let companion = COMPANIONS.iter().any(|(name, _)| name == suite);
-        if !SUITES.contains(&suite.as_str()) && !companion {
-            let companions: Vec<&str> = COMPANIONS.iter().map(|(name, _)| *name).collect();
-            return Err(format!(
-                "unknown suite `{suite}` (have: {}, {})",
-                SUITES.join(", "),
-                companions.join(", ")
-            ));
-        }
-    }
     let jobs: Vec<Job> = suites
         .iter()
         .filter(|suite| SUITES.contains(&suite.as_str()))
@@ -523,24 +574,24 @@ fn measure(args: &Args, mode: Mode) -> Result<(Machine, Vec<Record>, Vec<String>
 const QUICK_LEFT_OUT: &str = "left out of the quick mode on a GPU emulated on the CPU \
     (seconds a run there); `--full` measures it";
 
-/// Whether this run measures only part of the grid, so that earlier records stay.
-fn partial_run(args: &Args) -> bool {
-    args.suites.is_some() || args.only.is_some()
+/// Checks that this build has every backend in `requested`.
+///
+/// # Errors
+/// The device error naming the backend and the feature it needs.
+fn check_compiled(requested: &[String]) -> Result<(), String> {
+    for backend in requested {
+        burn_transformer::device::parse_device(backend)
+            .map_err(|error| format!("--backends {backend}: {error}"))?;
+    }
+    Ok(())
 }
 
-/// In a partial run (`--suites` or `--only`), the earlier records of `results` that this
-/// run did not measure stay in the report beside the new ones. A suite run replaces
-/// whole benchmarks per backend (a table never mixes two grids); an `--only` run
-/// replaces just the cells it measured.
-fn keep_unmeasured(
-    results: &Path,
-    measured: Vec<Record>,
-    partial: bool,
-    by_cell: bool,
-) -> Vec<Record> {
-    if !partial {
-        return measured;
-    }
+/// The earlier records of `results` that this run did not measure stay in the report
+/// beside the new ones: no run replaces what it did not measure (another backend's rows,
+/// another suite, anything at all when nothing ran). A run replaces whole benchmarks per
+/// backend (a table never mixes two grids); an `--only` run (`by_cell`) replaces just
+/// the cells it measured.
+fn keep_unmeasured(results: &Path, measured: Vec<Record>, by_cell: bool) -> Vec<Record> {
     let Some(earlier) = std::fs::read_to_string(results)
         .ok()
         .and_then(|text| parse_lines(&text).ok())
@@ -594,7 +645,68 @@ fn run_one(job: &Job, timeout: Duration) -> Vec<Record> {
 
 #[cfg(test)]
 mod tests {
-    use super::stderr_tail;
+    use super::*;
+    use benches::record::Record;
+
+    fn record(bench: &str, backend: &str, ms: f64) -> Record {
+        let mut record = Record::new(bench, "fused", backend);
+        record.ms_median = Some(ms);
+        record
+    }
+
+    /// A run keeps every earlier record it did not measure: other backends' rows,
+    /// other benchmarks, and everything when it measured nothing.
+    #[test]
+    fn a_run_replaces_only_what_it_measured() {
+        let dir = tempfile::TempDir::with_prefix("bench-keep").unwrap();
+        let results = dir.path().join("results.jsonl");
+        let earlier = [
+            record("attention", "cuda", 1.0),
+            record("attention", "flex", 2.0),
+            record("rope", "flex", 3.0),
+        ];
+        let lines: String = earlier
+            .iter()
+            .map(|r| serde_json::to_string(r).unwrap() + "\n")
+            .collect();
+        std::fs::write(&results, lines).unwrap();
+
+        let kept = keep_unmeasured(&results, vec![record("attention", "flex", 5.0)], false);
+        let times: Vec<(String, String, Option<f64>)> = kept
+            .iter()
+            .map(|r| (r.bench.clone(), r.backend.clone(), r.ms_median))
+            .collect();
+        assert_eq!(
+            times,
+            [
+                ("attention".into(), "cuda".into(), Some(1.0)),
+                ("rope".into(), "flex".into(), Some(3.0)),
+                ("attention".into(), "flex".into(), Some(5.0)),
+            ]
+        );
+        assert_eq!(keep_unmeasured(&results, Vec::new(), false).len(), 3);
+    }
+
+    #[test]
+    fn unknown_or_missing_backends_are_errors() {
+        let error = Args::try_parse_from(["bench", "--backends", "tpu"]).unwrap_err();
+        let message = error.to_string();
+        assert!(
+            message.contains("tpu") && message.contains("flex"),
+            "{message}"
+        );
+        let error = Args::try_parse_from(["bench", "--suites", "everything"]).unwrap_err();
+        assert!(error.to_string().contains("moe_mla"), "{error}");
+        #[cfg(not(feature = "cuda"))]
+        {
+            let error = check_compiled(&["cuda".to_string()]).unwrap_err();
+            assert!(
+                error.contains("cuda") && error.contains("feature"),
+                "{error}"
+            );
+        }
+        assert!(check_compiled(&["flex".to_string()]).is_ok());
+    }
 
     #[test]
     fn a_failure_reads_as_its_innermost_cause() {
