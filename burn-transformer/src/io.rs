@@ -155,6 +155,43 @@ fn temporary_path(path: &Path) -> Option<PathBuf> {
     }))
 }
 
+/// The process that wrote the temporary file `name` (see [`temporary_path`]), if
+/// `name` is one.
+fn temporary_writer(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix('.')?;
+    let (_, after) = rest.rsplit_once(".tmp-")?;
+    after.split(['-', '.']).next()?.parse().ok()
+}
+
+/// Whether process `pid` is running: `/proc/<pid>` on Linux; elsewhere every writer
+/// counts as running (its temporaries are then never removed).
+fn is_running(pid: u32) -> bool {
+    if cfg!(target_os = "linux") {
+        Path::new("/proc").join(pid.to_string()).exists()
+    } else {
+        true
+    }
+}
+
+/// Removes the temporary files in `dir` whose writer is no longer running (a process
+/// killed while writing leaves its temporary behind), and returns them. A folder that
+/// cannot be read has none.
+pub fn remove_stale_temporaries(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let own = std::process::id();
+    entries
+        .filter_map(Result::ok)
+        .filter(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            temporary_writer(&name).is_some_and(|pid| pid != own && !is_running(pid))
+        })
+        .map(|entry| entry.path())
+        .filter(|path| path.is_file() && std::fs::remove_file(path).is_ok())
+        .collect()
+}
+
 /// Runs `write` on a temporary path next to `path` and renames the result over
 /// `path`; removes the temporary file on failure.
 fn replace(
@@ -191,6 +228,35 @@ pub(crate) mod tests {
 
     /// A temporary folder removed when dropped (for the tests of every module).
     pub use tempfile::TempDir;
+
+    /// Temporaries of processes that are gone are removed; this process's own, those
+    /// of running processes and ordinary files stay.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn stale_temporaries_of_dead_writers_are_removed() {
+        let dir = TempDir::with_prefix("stale").unwrap();
+        let target = dir.path().join("model-3.bpk");
+        let own = temporary_path(&target).unwrap();
+        let own_name = own.file_name().unwrap().to_string_lossy().into_owned();
+        // A process id above the kernel's maximum (4194304) never runs.
+        let dead = dir.path().join(".model-3.bpk.tmp-4194999-0.bpk");
+        let running = dir.path().join(".history.json.tmp-1-0.json");
+        for path in [&own, &dead, &running, &target] {
+            std::fs::write(path, b"x").unwrap();
+        }
+        assert_eq!(temporary_writer(&own_name), Some(std::process::id()));
+        let removed = remove_stale_temporaries(dir.path());
+        assert_eq!(removed, vec![dead]);
+        let mut left = names(dir.path());
+        left.sort();
+        let mut expected = vec![
+            own_name,
+            ".history.json.tmp-1-0.json".to_string(),
+            "model-3.bpk".to_string(),
+        ];
+        expected.sort();
+        assert_eq!(left, expected);
+    }
 
     /// The names in `dir`, sorted.
     fn names(dir: &Path) -> Vec<String> {

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use burn::module::Module;
 use burn_transformer::io::{read_text, write_atomically};
-use burn_transformer::train::{History, RunOptions, save_module};
+use burn_transformer::train::{History, RunOptions, clear_run, holds_run, save_module};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -35,12 +35,45 @@ pub fn save_settings<T: Serialize>(out: &Path, settings: &T) -> Result<(), Strin
     write_atomically(&out.join(RUN_FILE), json).map_err(|e| e.to_string())
 }
 
+/// What the programs write in a run folder besides training's own files.
+const OUTPUTS: [&str; 7] = [
+    RUN_FILE,
+    "model.bpk",
+    "model.json",
+    "vocab.json",
+    "tokenizer.json",
+    "loss.png",
+    "sample.txt",
+];
+
+/// Makes `out` ready for a new run before anything is written there: a folder that
+/// holds a run is refused, or with `overwrite` cleared of the run's files (anything
+/// else in it stays).
+///
+/// # Errors
+/// A message saying how to resume or start over, or naming a file that could not be
+/// removed.
+pub fn start_new_run(out: &Path, overwrite: bool) -> Result<(), String> {
+    if !(holds_run(out) || out.join(RUN_FILE).is_file()) {
+        return Ok(());
+    }
+    if !overwrite {
+        return Err(format!(
+            "{} holds a run: --resume continues it, --overwrite starts over (removing \
+             its checkpoints and outputs first)",
+            out.display()
+        ));
+    }
+    clear_run(out, &OUTPUTS).map_err(|e| e.to_string())
+}
+
 /// burn-train's options for a run in `out`: progress lines every `log_every` steps
 /// and burn-train's `experiment.log`.
-pub fn options(out: &Path, resume: bool, log_every: usize) -> RunOptions {
+pub fn options(out: &Path, resume: bool, overwrite: bool, log_every: usize) -> RunOptions {
     RunOptions {
         directory: out.to_path_buf(),
         resume,
+        overwrite,
         verbose: true,
         log_every,
         experiment_log: true,

@@ -144,6 +144,20 @@ fn trains_with_a_tokenizer_json() {
     );
     assert!(out.join("loss.png").is_file());
     assert!(out.join("sample.txt").is_file());
+
+    // A new run into the folder of this one is refused before anything is written;
+    // with --overwrite it replaces it (here with a char-level run: no tokenizer.json).
+    let output = train_lm(&args);
+    assert_clear_error(&output, "--overwrite");
+    let mut char_level: Vec<&str> = args
+        .iter()
+        .copied()
+        .filter(|arg| !arg.ends_with("tokenizer.json") && *arg != "--tokenizer")
+        .collect();
+    char_level.push("--overwrite");
+    assert_success(&train_lm(&char_level));
+    assert!(!out.join("tokenizer.json").exists());
+    assert!(out.join("vocab.json").is_file());
 }
 
 #[test]

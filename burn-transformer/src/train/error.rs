@@ -64,6 +64,16 @@ pub enum TrainError {
         /// What is wrong.
         reason: String,
     },
+    /// A new run was asked for in a folder that holds a run.
+    #[error(
+        "{} holds a run: resume it (`--resume`) or start over (`--overwrite`, which \
+         removes the run's files first)",
+        directory.display()
+    )]
+    RunExists {
+        /// The run folder.
+        directory: PathBuf,
+    },
     /// Training stopped on an error reported by burn-train.
     #[error("training failed: {0}")]
     Training(String),

@@ -571,6 +571,29 @@ mod tests {
             error.to_string().contains("no complete checkpoint"),
             "{error}"
         );
+
+        // A new run in the folder of a run is refused; with `overwrite` it removes the
+        // old run (and temporaries a killed writer left) and starts over.
+        let new_run = RunOptions::quiet(crashed.path());
+        let error = train_language_model(&model, &training, &split, &device, &new_run).unwrap_err();
+        assert!(matches!(error, TrainError::RunExists { .. }), "{error}");
+        assert!(error.to_string().contains("--overwrite"), "{error}");
+        let checkpoints = checkpoint_dir(crashed.path());
+        let old = checkpoints.join("model-9.bpk");
+        let stale = checkpoints.join(".model-3.bpk.tmp-4194999-0.bpk");
+        std::fs::write(&old, b"an older run").unwrap();
+        std::fs::write(&stale, b"half written").unwrap();
+        let options = RunOptions {
+            overwrite: true,
+            ..new_run
+        };
+        let fresh = train_language_model(&model, &training, &split, &device, &options).unwrap();
+        // From step 1 (parameters drawn anew: other test threads may draw from the
+        // host generator meanwhile, so the losses are not compared).
+        assert_eq!(fresh.start_step, 0);
+        let steps = |history: &History| history.train.iter().map(|p| p.step).collect::<Vec<_>>();
+        assert_eq!(steps(&fresh.history), steps(&full.history), "a fresh run");
+        assert!(!old.exists() && !stale.exists());
     }
 
     #[test]

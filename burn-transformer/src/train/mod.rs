@@ -41,7 +41,7 @@ pub use lm::{
 };
 pub use loss::cross_entropy;
 pub use progress::{History, TrainPoint, ValidationPoint};
-pub use run::{RunOptions, checkpoint_dir, history_file};
+pub use run::{RunOptions, checkpoint_dir, clear_run, history_file, holds_run};
 pub use schedule::{WarmupCosine, WarmupCosineConfig, noam};
 pub use seq2seq::{
     Seq2SeqEvaluation, Seq2SeqRunResult, Seq2SeqTask, Seq2SeqTrainingConfig, evaluate_exact_match,

@@ -24,6 +24,9 @@ pub struct RunOptions {
     pub directory: PathBuf,
     /// Continue from the newest checkpoint in `directory`.
     pub resume: bool,
+    /// Start a new run in a folder that holds one, removing the old run's files first
+    /// (without it, a new run there is refused: see [`TrainError::RunExists`]).
+    pub overwrite: bool,
     /// Print progress lines.
     pub verbose: bool,
     /// Print a training line every this many steps.
@@ -39,6 +42,7 @@ impl RunOptions {
         Self {
             directory: directory.into(),
             resume: false,
+            overwrite: false,
             verbose: false,
             log_every: 0,
             experiment_log: false,
@@ -54,6 +58,50 @@ pub fn checkpoint_dir(directory: &Path) -> PathBuf {
 /// The history file of a run.
 pub fn history_file(directory: &Path) -> PathBuf {
     directory.join("history.json")
+}
+
+/// What training writes in a run folder: the checkpoints, the history and burn-train's
+/// metric logs.
+const RUN_ENTRIES: [&str; 5] = [
+    "checkpoint",
+    "history.json",
+    "train",
+    "valid",
+    "experiment.log",
+];
+
+/// Whether `directory` holds the checkpoints or history of a run.
+pub fn holds_run(directory: &Path) -> bool {
+    let has_checkpoints = std::fs::read_dir(checkpoint_dir(directory))
+        .is_ok_and(|mut entries| entries.next().is_some());
+    has_checkpoints || history_file(directory).is_file()
+}
+
+/// Removes a run from `directory`: what training writes there, and the files `outputs`
+/// (names in the folder) a program wrote beside them. Anything else stays.
+///
+/// # Errors
+/// [`TrainError::File`] naming an entry that could not be removed.
+pub fn clear_run(directory: &Path, outputs: &[&str]) -> Result<(), TrainError> {
+    for name in RUN_ENTRIES.iter().chain(outputs) {
+        let path = directory.join(name);
+        let removed = if path.is_dir() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        match removed {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                return Err(crate::io::FileError::Write {
+                    path,
+                    source: error,
+                }
+                .into());
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// The schedule of a run in steps.
@@ -81,13 +129,30 @@ pub(crate) struct Prepared {
     pub history: Arc<Mutex<History>>,
 }
 
-/// Finds the checkpoint to resume from and loads the history up to it.
+/// Removes stale temporary files, refuses (or, with `overwrite`, clears) an earlier run
+/// when starting a new one, finds the checkpoint to resume from and loads the history
+/// up to it.
 ///
 /// # Errors
+/// [`TrainError::RunExists`] for a new run in a run's folder without `overwrite`;
 /// [`TrainError::Checkpoint`] when resuming without a complete checkpoint, or with
 /// an unreadable history.
 pub(crate) fn prepare(options: &RunOptions, schedule: Schedule) -> Result<Prepared, TrainError> {
     let checkpoints = checkpoint_dir(&options.directory);
+    // A writer killed mid-write leaves its temporary file behind.
+    for folder in [&options.directory, &checkpoints] {
+        for stale in crate::io::remove_stale_temporaries(folder) {
+            log::info!("removed {}, left by a run that stopped", stale.display());
+        }
+    }
+    if !options.resume && holds_run(&options.directory) {
+        if !options.overwrite {
+            return Err(TrainError::RunExists {
+                directory: options.directory.clone(),
+            });
+        }
+        clear_run(&options.directory, &[])?;
+    }
     let resumed_epoch = if options.resume {
         let epoch = latest_checkpoint(&checkpoints).ok_or_else(|| TrainError::Checkpoint {
             path: checkpoints.clone(),

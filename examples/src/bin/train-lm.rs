@@ -25,7 +25,7 @@ use clap::Parser;
 use examples::StreamedText;
 use examples::device::open_device;
 use examples::hf_tokenizer::HfTokenizer;
-use examples::run::{load_settings, options, save_outputs, save_settings};
+use examples::run::{load_settings, options, save_outputs, save_settings, start_new_run};
 use serde::{Deserialize, Serialize};
 
 #[global_allocator]
@@ -53,6 +53,11 @@ struct Args {
     /// Continue the run in --out from its newest checkpoint, with its saved settings.
     #[arg(long)]
     resume: bool,
+    /// Start a new run in an --out that holds one, removing that run's checkpoints and
+    /// outputs first (without it, a new run there is refused).
+    #[arg(long, conflicts_with = "resume")]
+    #[serde(default)]
+    overwrite: bool,
 
     /// Decoder layers.
     #[arg(long, default_value_t = 4)]
@@ -153,6 +158,7 @@ fn run(args: Args) -> Result<(), String> {
             device: args.device,
             out: args.out,
             resume: true,
+            overwrite: false,
             sample_tokens: args.sample_tokens,
             prompt: args.prompt,
             temperature: args.temperature,
@@ -255,6 +261,7 @@ fn run(args: Args) -> Result<(), String> {
     );
 
     if !args.resume {
+        start_new_run(&out, args.overwrite)?;
         let saved = SavedRun {
             args: args.clone(),
             model: model.clone(),
@@ -271,7 +278,7 @@ fn run(args: Args) -> Result<(), String> {
         }
     }
 
-    let options = options(&out, args.resume, args.log_every);
+    let options = options(&out, args.resume, args.overwrite, args.log_every);
     let result = train_language_model(&model, &training, &split, &device, &options)
         .map_err(|e| e.to_string())?;
     let history = &result.history;

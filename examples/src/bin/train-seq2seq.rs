@@ -21,7 +21,7 @@ use burn_transformer::train::{
 };
 use clap::Parser;
 use examples::device::open_device;
-use examples::run::{load_settings, options, save_outputs, save_settings};
+use examples::run::{load_settings, options, save_outputs, save_settings, start_new_run};
 use serde::{Deserialize, Serialize};
 
 #[global_allocator]
@@ -51,6 +51,11 @@ struct Args {
     /// Continue the run in --out from its newest checkpoint, with its saved settings.
     #[arg(long)]
     resume: bool,
+    /// Start a new run in an --out that holds one, removing that run's checkpoints and
+    /// outputs first (without it, a new run there is refused).
+    #[arg(long, conflicts_with = "resume")]
+    #[serde(default)]
+    overwrite: bool,
 
     /// Model width.
     #[arg(long, default_value_t = 64)]
@@ -117,6 +122,7 @@ fn run(args: Args) -> Result<(), String> {
             device: args.device,
             out: args.out,
             resume: true,
+            overwrite: false,
             log_every: args.log_every,
             test_examples: args.test_examples,
             beams: args.beams,
@@ -173,10 +179,11 @@ fn run(args: Args) -> Result<(), String> {
         args.device
     );
     if !args.resume {
+        start_new_run(&out, args.overwrite)?;
         save_settings(&out, &args)?;
     }
 
-    let options = options(&out, args.resume, args.log_every);
+    let options = options(&out, args.resume, args.overwrite, args.log_every);
     let result = train_seq2seq(&model, &training, &device, &options).map_err(|e| e.to_string())?;
     // The architecture beside the weights, so that other programs (attention-plot) can
     // rebuild the model without this program's flags.
