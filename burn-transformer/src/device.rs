@@ -25,6 +25,18 @@ pub enum DeviceError {
         /// The name as given.
         name: String,
     },
+    /// An index on a backend that has one device: flex and ndarray compute on the CPU,
+    /// wgpu on the system's default adapter.
+    #[error(
+        "device `{name}`: `{backend}` has one device and takes no index (use `{backend}`); \
+         only cuda picks a device by number (`cuda:1`)"
+    )]
+    IndexNotSupported {
+        /// The name as given.
+        name: String,
+        /// The backend part of the name.
+        backend: String,
+    },
     /// The backend exists but this build was compiled without its feature.
     #[error(
         "device `{name}` needs the `{name}` feature of burn-transformer; this build has: {}",
@@ -51,6 +63,12 @@ pub fn parse_device(name: &str) -> Result<Device, DeviceError> {
             name: name.to_string(),
         })?,
     };
+    if index != 0 && matches!(backend, "flex" | "cpu" | "ndarray" | "wgpu" | "vulkan") {
+        return Err(DeviceError::IndexNotSupported {
+            name: name.to_string(),
+            backend: backend.to_string(),
+        });
+    }
     let device = match backend {
         "flex" | "cpu" => flex_device(index),
         "ndarray" => ndarray_device(index),
@@ -158,6 +176,23 @@ mod tests {
         let error = parse_device("tpu").unwrap_err();
         assert_eq!(error, DeviceError::Unknown { name: "tpu".into() });
         assert!(error.to_string().contains("flex, ndarray, wgpu, cuda"));
+    }
+
+    #[test]
+    fn an_index_is_refused_where_the_backend_has_one_device() {
+        for name in ["wgpu:7", "flex:1", "ndarray:2"] {
+            let error = parse_device(name).unwrap_err();
+            assert!(
+                matches!(&error, DeviceError::IndexNotSupported { name: given, .. } if given == name),
+                "{error}"
+            );
+            assert!(error.to_string().contains("takes no index"), "{error}");
+        }
+        assert_eq!(backend_name(&parse_device("flex:0").unwrap()), "flex");
+        assert!(matches!(
+            parse_device("tpu:3"),
+            Err(DeviceError::Unknown { .. })
+        ));
     }
 
     #[test]

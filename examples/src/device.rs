@@ -4,15 +4,32 @@
 use burn::tensor::{Device, Tensor};
 use burn_transformer::device::parse_device;
 
-/// Parses `name` (`flex`, `ndarray`, `wgpu`, `cuda`) and checks that the device
-/// runs a tiny computation; GPU runtimes panic when no adapter exists, which is
-/// turned into an error naming the device.
+/// Parses `name` (`flex`, `ndarray`, `wgpu`, `cuda`), makes its backend the
+/// process's default device, and checks that the device runs a tiny computation; GPU
+/// runtimes panic when no adapter exists, which is turned into an error naming the
+/// device.
+///
+/// Burn puts some tensors on the default device before moving them where they
+/// belong (a resumed optimizer state is read there); with the chosen backend as the
+/// default, a run on one backend never starts another one's driver.
+///
+/// Call it before the program starts any thread (it sets `BURN_DEVICE`).
 ///
 /// # Errors
 /// A message for an unknown name, a backend this build lacks, or a device that
 /// does not work on this machine.
 pub fn open_device(name: &str) -> Result<Device, String> {
     let device = parse_device(name).map_err(|error| error.to_string())?;
+    // Burn's name of the backend (our `cpu` is flex, our `vulkan` is wgpu).
+    let backend = match name.trim().to_ascii_lowercase().split(':').next() {
+        Some("flex" | "cpu") => "flex",
+        Some("wgpu" | "vulkan") => "wgpu",
+        Some("ndarray") => "ndarray",
+        _ => "cuda",
+    };
+    // SAFETY: the programs open their device before any thread exists, so nothing
+    // reads the environment concurrently.
+    unsafe { std::env::set_var("BURN_DEVICE", backend) };
     let probe = device.clone();
     let previous = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));

@@ -1,12 +1,15 @@
 //! What the training programs share about their run folder (`--out`): `run.json`
-//! (the settings `--resume` reads back), burn-train's run options, and the files
-//! written at the end (the model and the loss curves).
+//! (the settings `--resume` reads back, and the run's identity), what a resumed run
+//! may change, burn-train's run options, and the files written at the end (the model
+//! and the loss curves).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use burn::module::Module;
 use burn_transformer::io::{read_text, write_atomically};
 use burn_transformer::train::{History, RunOptions, clear_run, holds_run, save_module};
+use clap::ArgMatches;
+use clap::parser::ValueSource;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -67,12 +70,77 @@ pub fn start_new_run(out: &Path, overwrite: bool) -> Result<(), String> {
     clear_run(out, &OUTPUTS).map_err(|e| e.to_string())
 }
 
-/// burn-train's options for a run in `out`: progress lines every `log_every` steps
-/// and burn-train's `experiment.log`.
-pub fn options(out: &Path, resume: bool, overwrite: bool, log_every: usize) -> RunOptions {
+/// The flags given on the command line of a resumed run whose values differ from the
+/// run's saved ones, other than those in `free` (which a resumed run may change:
+/// the device, what is printed or sampled at the end). `given` and `saved` are the
+/// same flags struct, serialized with the flags' ids as field names.
+///
+/// # Errors
+/// A message when the settings cannot be compared (a struct that does not serialize).
+pub fn changed_flags<T: Serialize>(
+    matches: &ArgMatches,
+    given: &T,
+    saved: &T,
+    free: &[&str],
+) -> Result<Vec<String>, String> {
+    let to_json = |value: &T| serde_json::to_value(value).map_err(|e| e.to_string());
+    let (given, saved) = (to_json(given)?, to_json(saved)?);
+    let show = |value: Option<&serde_json::Value>| match value {
+        None | Some(serde_json::Value::Null) => "its default".to_string(),
+        Some(value) => value.to_string(),
+    };
+    Ok(matches
+        .ids()
+        .map(|id| id.as_str())
+        .filter(|id| matches.value_source(id) == Some(ValueSource::CommandLine))
+        .filter(|id| !free.contains(id))
+        .filter(|id| given.get(id) != saved.get(id))
+        .map(|id| {
+            format!(
+                "--{}: the run has {}, given {}",
+                id.replace('_', "-"),
+                show(saved.get(id)),
+                show(given.get(id))
+            )
+        })
+        .collect())
+}
+
+/// The error of a resumed run given settings it cannot change.
+pub fn refuse_changes(out: &Path, changes: &[String]) -> Result<(), String> {
+    if changes.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "--resume continues the run in {} with its own settings; these differ: {}. Leave \
+         them out to resume, or start a new run (another --out, or --overwrite)",
+        out.display(),
+        changes.join("; ")
+    ))
+}
+
+/// `path` made absolute (against the current folder), so that a run resumed from
+/// another folder finds the same file.
+///
+/// # Errors
+/// A message naming the path when the current folder cannot be read.
+pub fn absolute(path: &Path) -> Result<PathBuf, String> {
+    std::path::absolute(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// burn-train's options for the run `run_id` in `out`: progress lines every
+/// `log_every` steps and burn-train's `experiment.log`.
+pub fn options(
+    out: &Path,
+    run_id: Option<String>,
+    resume: bool,
+    overwrite: bool,
+    log_every: usize,
+) -> RunOptions {
     RunOptions {
         directory: out.to_path_buf(),
         resume,
+        run_id,
         overwrite,
         verbose: true,
         log_every,

@@ -1,10 +1,15 @@
 //! The `train-lm` program as a user runs it: bad input gives one `error:` line (no
-//! panic trace), a `tokenizer.json` works end to end, and `--resume` after an
-//! interrupted run writes the same history as the run that was not interrupted.
+//! panic trace) before any work, a `tokenizer.json` works end to end, `--resume`
+//! after an interrupted run writes the same history as the run that was not
+//! interrupted, extends a finished run, refuses changed settings and survives
+//! damaged checkpoints.
 
 mod common;
 
-use common::{TempDir, assert_clear_error, assert_resume_continues_exactly, assert_success};
+use common::{
+    TempDir, assert_clear_error, assert_no_panic, assert_resume_continues_exactly, assert_success,
+    losses, run_with,
+};
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -186,4 +191,194 @@ fn resume_continues_exactly() {
         6,
     );
     assert!(stdout.contains("starting with round 3"), "{stdout}");
+}
+
+#[test]
+fn bad_flags_are_refused_before_anything_is_written() {
+    let dir = TempDir::with_prefix("flags").unwrap();
+    let text = corpus(dir.path());
+    let out = dir.path().join("run");
+    let cases: &[(&[&str], &str)] = &[
+        (&["--heads", "0"], "--heads must be at least 1"),
+        (&["--d-model", "0"], "--d-model must be at least 1"),
+        (&["--layers", "0"], "--layers must be at least 1"),
+        (&["--steps", "0"], "--steps must be at least 1"),
+        (&["--kv-heads", "3"], "not a multiple of --kv-heads 3"),
+        (
+            &["--d-model", "18"],
+            "--d-model 18 is not a multiple of --heads 4",
+        ),
+        (&["--grad-clip", "-1"], "--grad-clip must be a non-negative"),
+        (
+            &["--grad-clip", "nan"],
+            "--grad-clip must be a non-negative",
+        ),
+        (
+            &["--temperature", "-1"],
+            "--temperature must be a non-negative",
+        ),
+        (
+            &["--temperature", "nan"],
+            "--temperature must be a non-negative",
+        ),
+        (
+            &["--temperature", "0", "--top-k", "5"],
+            "--top-k applies to sampling",
+        ),
+        (&["--validation-fraction", "1"], "--validation-fraction"),
+        (&["--lr", "nan"], "lr"),
+        (&["--weight-decay", "-0.5"], "weight-decay"),
+        (&["--label-smoothing", "1"], "label"),
+        (&["--device", "wgpu:7"], "takes no index"),
+        (&["--prompt", "zebra"], "--prompt: tokenizer: character 'z'"),
+    ];
+    for (flags, expected) in cases {
+        let mut args = vec![
+            "--data",
+            text.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(flags);
+        let output = common::run(TRAIN_LM, &args);
+        assert_clear_error(&output, expected);
+        assert!(!out.exists(), "{flags:?} wrote into --out before failing");
+    }
+}
+
+/// The run folder of a tiny 4-step run on `corpus.txt`, given by a path relative to
+/// `dir` (the program runs there).
+fn tiny_run(dir: &Path, out: &str, extra: &[&str]) -> PathBuf {
+    corpus(dir);
+    let mut args = vec![
+        "--data",
+        "corpus.txt",
+        "--out",
+        out,
+        "--steps",
+        "4",
+        "--eval-interval",
+        "2",
+        "--sample-tokens",
+        "0",
+    ];
+    args.extend_from_slice(TINY);
+    args.extend_from_slice(extra);
+    assert_success(&run_with(TRAIN_LM, &args, Some(dir), &[]));
+    dir.join(out)
+}
+
+#[test]
+fn resume_extends_the_run_and_refuses_other_changes() {
+    let dir = TempDir::with_prefix("extend").unwrap();
+    let run = tiny_run(dir.path(), "run", &[]);
+    let out = run.to_str().unwrap();
+    let resume = |flags: &[&str]| {
+        let mut args = vec!["--resume", "--out", out, "--sample-tokens", "0"];
+        args.extend_from_slice(flags);
+        // From another folder (the data path was relative), and a Vulkan loader that
+        // reports itself: a run on flex must not start it.
+        run_with(
+            TRAIN_LM,
+            &args,
+            Some(std::path::Path::new("/")),
+            &[("VK_LOADER_DEBUG", "info")],
+        )
+    };
+
+    let output = resume(&["--d-model", "32", "--data", "other.txt", "--heads", "2"]);
+    assert_clear_error(&output, "--d-model: the run has 16, given 32");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--data"), "{stderr}");
+    assert!(
+        !stderr.contains("--heads"),
+        "--heads is unchanged: {stderr}"
+    );
+
+    let stdout = assert_success(&resume(&["--steps", "6"]));
+    assert!(
+        stdout.contains("extending the run from 4 to 6 steps"),
+        "{stdout}"
+    );
+    let (train, validation) = losses(&run);
+    assert_eq!(
+        train.iter().map(|p| p.0).collect::<Vec<_>>(),
+        (1..=6).collect::<Vec<_>>()
+    );
+    assert_eq!(validation.last().map(|p| p.0), Some(6));
+
+    // The new end is the run's: resumed again, there is nothing left to train.
+    let output = resume(&[]);
+    let stdout = assert_success(&output);
+    assert!(stdout.contains("taken all its 6 steps"), "{stdout}");
+    let everything = format!("{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        !everything.contains("Vulkan Loader"),
+        "a flex run started the Vulkan driver: {everything}"
+    );
+}
+
+#[test]
+fn damaged_or_foreign_checkpoints_never_panic() {
+    let dir = TempDir::with_prefix("damaged").unwrap();
+    let run = tiny_run(dir.path(), "run", &[]);
+    let out = run.to_str().unwrap();
+    let checkpoints = run.join("checkpoint");
+    let resume = |steps: &str| {
+        common::run(
+            TRAIN_LM,
+            &[
+                "--resume",
+                "--out",
+                out,
+                "--sample-tokens",
+                "0",
+                "--steps",
+                steps,
+            ],
+        )
+    };
+
+    // Bytes overwritten inside the newest model: its manifest catches it, the run
+    // resumes from the round before with a warning.
+    let model = checkpoints.join("model-2.bpk");
+    let mut bytes = std::fs::read(&model).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle..middle + 8].copy_from_slice(&[0xff; 8]);
+    std::fs::write(&model, bytes).unwrap();
+    let output = resume("6");
+    let stdout = assert_success(&output);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("warning:") && stderr.contains("model-2.bpk"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("resuming after step 2"), "{stdout}");
+
+    // Every checkpoint truncated: a clear error.
+    for entry in std::fs::read_dir(&checkpoints).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "bpk") {
+            let bytes = std::fs::read(&path).unwrap();
+            std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+        }
+    }
+    let output = resume("8");
+    assert_clear_error(&output, "no intact checkpoint");
+
+    // Manifests garbage, checkpoints of another run, a run.json that is not one.
+    let other = tiny_run(dir.path(), "other", &[]);
+    std::fs::remove_dir_all(&checkpoints).unwrap();
+    std::fs::create_dir_all(&checkpoints).unwrap();
+    for entry in std::fs::read_dir(other.join("checkpoint")).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, checkpoints.join(path.file_name().unwrap())).unwrap();
+    }
+    assert_clear_error(&resume("8"), "belongs to run");
+    std::fs::write(checkpoints.join("manifest-2.json"), "{ garbage").unwrap();
+    let output = resume("8");
+    assert_no_panic(&output);
+    assert_eq!(output.status.code(), Some(1));
+    std::fs::write(run.join("run.json"), "[1, 2").unwrap();
+    assert_clear_error(&resume("8"), "not a run file");
 }

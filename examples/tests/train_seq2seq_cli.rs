@@ -48,6 +48,58 @@ fn bad_settings_are_clear_messages() {
         "unknown --norm `middle`",
     );
     assert_clear_error(&train_seq2seq(&["--resume", "--out", out]), "run.json");
+    for (flags, expected) in [
+        (&["--heads", "0"][..], "--heads must be at least 1"),
+        (
+            &["--d-model", "30"],
+            "--d-model 30 is not a multiple of --heads 4",
+        ),
+        (&["--beams", "0"], "--beams must be at least 1"),
+        (&["--steps", "0"], "--steps must be at least 1"),
+        (&["--device", "flex:2"], "takes no index"),
+    ] {
+        let mut args = vec!["--out", out];
+        args.extend_from_slice(flags);
+        assert_clear_error(&train_seq2seq(&args), expected);
+        assert!(!std::path::Path::new(out).exists(), "{flags:?} wrote a run");
+    }
+}
+
+#[test]
+fn resume_refuses_another_task_and_extends_the_run() {
+    let dir = TempDir::with_prefix("extend").unwrap();
+    let out = dir.path().join("run");
+    let out = out.to_str().unwrap();
+    let mut args = vec![
+        "--out",
+        out,
+        "--steps",
+        "2",
+        "--eval-interval",
+        "2",
+        "--test-examples",
+        "4",
+        "--beams",
+        "1",
+    ];
+    args.extend_from_slice(TINY);
+    assert_success(&train_seq2seq(&args));
+    let resume = |flags: &[&str]| {
+        let mut args = vec!["--resume", "--out", out, "--test-examples", "4"];
+        args.extend_from_slice(flags);
+        train_seq2seq(&args)
+    };
+    assert_clear_error(
+        &resume(&["--task", "sort"]),
+        "--task: the run has \"reverse\", given \"sort\"",
+    );
+    let stdout = assert_success(&resume(&["--steps", "4"]));
+    assert!(
+        stdout.contains("extending the run from 2 to 4 steps"),
+        "{stdout}"
+    );
+    let (train, _) = common::losses(std::path::Path::new(out));
+    assert_eq!(train.len(), 4);
 }
 
 #[test]

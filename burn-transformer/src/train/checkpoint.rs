@@ -4,10 +4,11 @@
 //! state (AdamW's moments and step count) and the learning-rate scheduler's step.
 //! [`AtomicFileCheckpointer`] writes each as a burnpack file through a temporary
 //! name and a rename, so a run killed mid-write keeps its previous checkpoint
-//! intact; [`latest_checkpoint`] finds the newest epoch whose three files all
-//! exist, which is where `--resume` continues.
+//! intact, and reports what it wrote to the round's [`ManifestWriter`], which adds
+//! the manifest `--resume` verifies (see [`super::manifest`]).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use burn::module::Module;
 use burn::store::ModuleRecord;
@@ -15,25 +16,34 @@ use burn::train::checkpoint::{Checkpoint, Checkpointer, CheckpointerError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::manifest::ManifestWriter;
 use super::{TrainError, record_layout};
 use crate::io::{FileError, read_bytes, read_text, write_atomically};
 
 /// The records burn-train checkpoints, by file-name prefix.
 pub const CHECKPOINT_RECORDS: [&str; 3] = ["model", "optim", "scheduler"];
 
-/// Saves each epoch's record as `<directory>/<name>-<epoch>.bpk`, atomically.
+/// Saves each epoch's record as `<directory>/<name>-<epoch>.bpk`, atomically, and
+/// tells `manifests` what it wrote.
 #[derive(Debug, Clone)]
 pub(crate) struct AtomicFileCheckpointer {
     directory: PathBuf,
     name: String,
+    manifests: Arc<ManifestWriter>,
 }
 
 impl AtomicFileCheckpointer {
-    /// A checkpointer of records named `name` in `directory` (created if missing).
-    pub(crate) fn new(directory: impl AsRef<Path>, name: &str) -> Self {
+    /// A checkpointer of records named `name` in `directory` (created if missing),
+    /// sharing `manifests` with the other records of the run.
+    pub(crate) fn new(
+        directory: impl AsRef<Path>,
+        name: &str,
+        manifests: Arc<ManifestWriter>,
+    ) -> Self {
         Self {
             directory: directory.as_ref().to_path_buf(),
             name: name.to_string(),
+            manifests,
         }
     }
 
@@ -62,10 +72,16 @@ impl<R: Checkpoint> Checkpointer<R> for AtomicFileCheckpointer {
         let bytes = record
             .checkpoint_into_bytes()
             .map_err(CheckpointerError::Record)?;
-        write_atomically(&self.path_for(epoch), &bytes[..]).map_err(io_error)
+        write_atomically(&self.path_for(epoch), &bytes[..]).map_err(io_error)?;
+        self.manifests
+            .written(epoch, format!("{}-{epoch}.bpk", self.name), &bytes[..])
+            .map_err(|error| CheckpointerError::Unknown(error.to_string()))
     }
 
     fn delete(&self, epoch: usize) -> Result<(), CheckpointerError> {
+        self.manifests
+            .deleting(epoch)
+            .map_err(CheckpointerError::IOError)?;
         let path = self.path_for(epoch);
         match std::fs::remove_file(&path) {
             Ok(()) => Ok(()),
@@ -84,24 +100,6 @@ impl<R: Checkpoint> Checkpointer<R> for AtomicFileCheckpointer {
         };
         R::checkpoint_from_bytes(bytes).map_err(CheckpointerError::Record)
     }
-}
-
-/// The newest epoch of `directory` with a model, an optimizer and a scheduler
-/// checkpoint; `None` when there is none.
-pub fn latest_checkpoint(directory: &Path) -> Option<usize> {
-    let entries = std::fs::read_dir(directory).ok()?;
-    let epochs = entries.filter_map(|entry| {
-        let name = entry.ok()?.file_name().to_string_lossy().into_owned();
-        let epoch = name.strip_prefix("model-")?.strip_suffix(".bpk")?;
-        epoch.parse::<usize>().ok()
-    });
-    epochs
-        .filter(|&epoch| {
-            CHECKPOINT_RECORDS
-                .iter()
-                .all(|name| checkpoint_path(directory, name, epoch).is_file())
-        })
-        .max()
 }
 
 /// Saves a module's parameters as a burnpack file, atomically.

@@ -64,6 +64,21 @@ pub enum TrainError {
         /// What is wrong.
         reason: String,
     },
+    /// A run's folder holds a checkpoint written by another run.
+    #[error(
+        "{}: this checkpoint belongs to {}, not to the run being resumed ({run}): the \
+         folder mixes two runs; start over with `--overwrite` or resume the other run's folder",
+        checkpoint.display(),
+        found.as_deref().map_or_else(|| "a run without an identity".to_string(), |found| format!("run {found}"))
+    )]
+    OtherRun {
+        /// The checkpoint's manifest.
+        checkpoint: PathBuf,
+        /// The identity of the run being resumed.
+        run: String,
+        /// The identity the manifest names.
+        found: Option<String>,
+    },
     /// A new run was asked for in a folder that holds a run.
     #[error(
         "{} holds a run: resume it (`--resume`) or start over (`--overwrite`, which \

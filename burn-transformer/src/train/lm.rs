@@ -19,7 +19,7 @@ use burn::train::{InferenceStep, Learner, SequenceOutput, TrainOutput, TrainStep
 
 use super::data::{LmBatch, TokenSplit, WindowLoader};
 use super::progress::History;
-use super::run::{RunOptions, Schedule, launch, prepare};
+use super::run::{RunOptions, Schedule, check_resumed_model, launch, prepare};
 use super::step::{StepSettings, adamw, require_positive, train_step, validation_output};
 use super::{TrainError, WarmupCosineConfig, cross_entropy, host_init, to_training_device};
 use crate::model::{CausalLm, CausalLmConfig};
@@ -260,10 +260,11 @@ pub fn train_language_model_from(
         tokens_per_step: training.tokens_per_step(),
     };
     let prepared = prepare(options, schedule)?;
+    let task = LmTask::new(model, training.step_settings());
+    check_resumed_model(&task, options, &prepared)?;
 
     let autodiff = device.clone().autodiff();
-    let model = to_training_device(model, device);
-    let task = LmTask::new(model, training.step_settings());
+    let task = to_training_device(task, device);
     let learner = Learner::new(task, training.optimizer(), training.schedule().init()?);
 
     let train_loader = WindowLoader::training(
@@ -275,6 +276,7 @@ pub fn train_language_model_from(
         prepared.resumed_epoch.unwrap_or(0),
         &autodiff,
     )
+    .with_first_step(prepared.start_step)
     .with_total_steps(training.steps);
     let valid_loader = WindowLoader::validation(
         Arc::new(split.validation.clone()),
@@ -326,9 +328,10 @@ mod tests {
     use crate::test_utils::{max_abs_diff, model_test_devices};
     use crate::train::tests::interrupted_copy;
     use crate::train::{
-        CharTokenizer, Tokenizer, checkpoint_dir, latest_checkpoint, load_module, save_module,
+        CharTokenizer, Tokenizer, checkpoint_dir, find_resume_point, load_module, save_module,
     };
     use burn::module::{ModuleVisitor, Param};
+    use std::path::Path;
 
     /// A small corpus with structure to learn.
     fn corpus() -> String {
@@ -529,7 +532,12 @@ mod tests {
         // went further than the checkpoint.
         let crashed = TempDir::with_prefix("lm-crashed").unwrap();
         interrupted_copy(straight.path(), crashed.path());
-        assert_eq!(latest_checkpoint(&checkpoint_dir(crashed.path())), Some(2));
+        assert_eq!(
+            find_resume_point(&checkpoint_dir(crashed.path()), None)
+                .unwrap()
+                .epoch,
+            2
+        );
 
         let options = RunOptions {
             resume: true,
@@ -568,7 +576,7 @@ mod tests {
         };
         let error = train_language_model(&model, &training, &split, &device, &options).unwrap_err();
         assert!(
-            error.to_string().contains("no complete checkpoint"),
+            error.to_string().contains("no checkpoint to resume from"),
             "{error}"
         );
 
@@ -594,6 +602,112 @@ mod tests {
         let steps = |history: &History| history.train.iter().map(|p| p.step).collect::<Vec<_>>();
         assert_eq!(steps(&fresh.history), steps(&full.history), "a fresh run");
         assert!(!old.exists() && !stale.exists());
+    }
+
+    /// (step, loss, learning rate) of every training step.
+    fn train_points(history: &History) -> Vec<(usize, f64, f64)> {
+        history
+            .train
+            .iter()
+            .map(|p| (p.step, p.loss, p.lr))
+            .collect()
+    }
+
+    #[test]
+    fn an_extended_run_trains_on_to_its_new_end_from_its_newest_intact_checkpoint() {
+        let text = corpus();
+        let (tokenizer, split) = split(&text);
+        let device = Device::flex();
+        // A constant learning rate: a run extended from 7 to 10 steps then takes the
+        // same steps as a run planned for 10.
+        let training = |steps| {
+            tiny_training(steps, 3)
+                .with_warmup_steps(0)
+                .with_min_lr(Some(3e-3))
+        };
+        let model = host_init(7, |host| tiny_model(tokenizer.vocab_size()).try_init(host)).unwrap();
+        let run = |dir: &Path, steps, resume, run_id: &str| {
+            let options = RunOptions {
+                resume,
+                run_id: Some(run_id.into()),
+                ..RunOptions::quiet(dir)
+            };
+            train_language_model_from(model.clone(), &training(steps), &split, &device, &options)
+        };
+        let straight = TempDir::with_prefix("lm-ten").unwrap();
+        let ten = run(straight.path(), 10, false, "ten").unwrap();
+
+        let dir = TempDir::with_prefix("lm-extended").unwrap();
+        // Rounds of 3, 3 and 1 steps: the last checkpoint is after step 7.
+        let seven = run(dir.path(), 7, false, "seven").unwrap();
+        assert_eq!(
+            train_points(&seven.history),
+            train_points(&ten.history)[..7]
+        );
+        let checkpoints = checkpoint_dir(dir.path());
+        let point = find_resume_point(&checkpoints, Some("seven")).unwrap();
+        assert_eq!((point.epoch, point.step), (3, Some(7)));
+
+        // Fewer steps than the run has taken cannot resume it.
+        let error = run(dir.path(), 5, true, "seven").unwrap_err().to_string();
+        assert!(
+            error.contains("after step 7") && error.contains("--steps 7"),
+            "{error}"
+        );
+        // Nor can another run.
+        let error = run(dir.path(), 10, true, "other").unwrap_err();
+        assert!(matches!(error, TrainError::OtherRun { .. }), "{error}");
+
+        let extended = run(dir.path(), 10, true, "seven").unwrap();
+        assert_eq!(extended.start_step, 7);
+        assert_eq!(train_points(&extended.history), train_points(&ten.history));
+        assert_eq!(parameters(&extended.model), parameters(&ten.model));
+        let point = find_resume_point(&checkpoints, Some("seven")).unwrap();
+        assert_eq!((point.epoch, point.step), (4, Some(10)));
+
+        // One byte of the newest optimizer state overwritten: resuming falls back to
+        // the checkpoint before it (step 7) and trains the same steps again.
+        let optim = checkpoints.join("optim-4.bpk");
+        let mut bytes = std::fs::read(&optim).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0x40;
+        std::fs::write(&optim, bytes).unwrap();
+        let point = find_resume_point(&checkpoints, Some("seven")).unwrap();
+        assert_eq!(point.epoch, 3);
+        assert!(
+            point.warnings[0].contains("optim-4.bpk"),
+            "{:?}",
+            point.warnings
+        );
+        let again = run(dir.path(), 10, true, "seven").unwrap();
+        assert_eq!(again.start_step, 7);
+        assert_eq!(parameters(&again.model), parameters(&ten.model));
+
+        // Checkpoints of an older version (no manifests) resume unverified, and a
+        // truncated one among them is an error, not a panic in burn-train.
+        for epoch in [3, 4] {
+            let _ = std::fs::remove_file(crate::train::manifest_path(&checkpoints, epoch));
+        }
+        let point = find_resume_point(&checkpoints, None).unwrap();
+        assert_eq!((point.epoch, point.step), (4, None));
+        assert!(
+            point.warnings[0].contains("not verified"),
+            "{:?}",
+            point.warnings
+        );
+        for epoch in [3, 4] {
+            let model_file = crate::train::checkpoint_path(&checkpoints, "model", epoch);
+            let bytes = std::fs::read(&model_file).unwrap();
+            std::fs::write(&model_file, &bytes[..bytes.len() / 3]).unwrap();
+        }
+        let error = find_resume_point(&checkpoints, None)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("no intact checkpoint"), "{error}");
+        assert!(
+            error.contains("model-4.bpk") && error.contains("model-3.bpk"),
+            "{error}"
+        );
     }
 
     #[test]

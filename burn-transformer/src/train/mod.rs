@@ -6,7 +6,8 @@
 //!   ─► LmTask (CausalLm + cross entropy [+ MoE aux loss]) ─► burn-train Learner
 //! DigitTask ─► Seq2SeqLoader (seeded batches) ─► Seq2SeqTask (Transformer) ─► Learner
 //!        AdamW · WarmupCosine / Noam · global-norm clipping · label smoothing
-//!   ─► progress lines and a History · atomic checkpoints (exact resumption)
+//!   ─► progress lines and a History · atomic checkpoints with verified manifests
+//!      (exact resumption, runs extended past their planned end)
 //! ```
 //!
 //! Everything random about a run (initial parameters, windows, dropout) is derived
@@ -19,6 +20,7 @@ mod data;
 mod error;
 mod lm;
 mod loss;
+mod manifest;
 mod progress;
 mod record_layout;
 mod run;
@@ -26,9 +28,7 @@ mod schedule;
 mod seq2seq;
 mod step;
 
-pub use checkpoint::{
-    CHECKPOINT_RECORDS, checkpoint_path, latest_checkpoint, load_module, save_module,
-};
+pub use checkpoint::{CHECKPOINT_RECORDS, checkpoint_path, load_module, save_module};
 pub use clip::clip_grad_norm;
 pub use data::digits;
 pub use data::{
@@ -40,8 +40,9 @@ pub use lm::{
     LmRunResult, LmTask, LmTrainingConfig, train_language_model, train_language_model_from,
 };
 pub use loss::cross_entropy;
+pub use manifest::{CheckpointManifest, FileDigest, ResumePoint, find_resume_point, manifest_path};
 pub use progress::{History, TrainPoint, ValidationPoint};
-pub use run::{RunOptions, checkpoint_dir, clear_run, history_file, holds_run};
+pub use run::{RunOptions, checkpoint_dir, clear_run, history_file, holds_run, new_run_id};
 pub use schedule::{WarmupCosine, WarmupCosineConfig, noam};
 pub use seq2seq::{
     Seq2SeqEvaluation, Seq2SeqRunResult, Seq2SeqTask, Seq2SeqTrainingConfig, evaluate_exact_match,
@@ -123,7 +124,7 @@ pub(crate) mod tests {
     use std::path::Path;
 
     /// Makes `crashed` the folder of a run like `straight` killed during its third
-    /// round: round 2's checkpoints and a history that went further.
+    /// round: round 2's checkpoints (and manifest) and a history that went further.
     pub fn interrupted_copy(straight: &Path, crashed: &Path) {
         let (from, to) = (
             super::checkpoint_dir(straight),
@@ -137,6 +138,7 @@ pub(crate) mod tests {
             )
             .unwrap();
         }
+        std::fs::copy(super::manifest_path(&from, 2), super::manifest_path(&to, 2)).unwrap();
         std::fs::copy(super::history_file(straight), super::history_file(crashed)).unwrap();
     }
 }

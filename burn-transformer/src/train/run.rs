@@ -13,8 +13,11 @@ use burn::train::{
     TrainStep,
 };
 
+use burn::module::Module;
+
 use super::TrainError;
-use super::checkpoint::{AtomicFileCheckpointer, latest_checkpoint};
+use super::checkpoint::{AtomicFileCheckpointer, checkpoint_path, load_module};
+use super::manifest::{EpochSteps, ManifestWriter, find_resume_point};
 use super::progress::{History, ProgressRenderer, ProgressSettings};
 
 /// Where and how a run writes and reports.
@@ -22,8 +25,13 @@ use super::progress::{History, ProgressRenderer, ProgressSettings};
 pub struct RunOptions {
     /// The run's folder: `checkpoint/`, `history.json`, burn-train's logs.
     pub directory: PathBuf,
-    /// Continue from the newest checkpoint in `directory`.
+    /// Continue from the newest intact checkpoint in `directory`. The run's planned
+    /// steps may have grown since it stopped: it then trains on to the new end.
     pub resume: bool,
+    /// The run's identity ([`new_run_id`]), written into every checkpoint's manifest;
+    /// a resumed run refuses checkpoints of another identity
+    /// ([`TrainError::OtherRun`]). `None` checks nothing.
+    pub run_id: Option<String>,
     /// Start a new run in a folder that holds one, removing the old run's files first
     /// (without it, a new run there is refused: see [`TrainError::RunExists`]).
     pub overwrite: bool,
@@ -42,12 +50,48 @@ impl RunOptions {
         Self {
             directory: directory.into(),
             resume: false,
+            run_id: None,
             overwrite: false,
             verbose: false,
             log_every: 0,
             experiment_log: false,
         }
     }
+}
+
+/// A new run identity: the time and the process, unique for every run started on a
+/// machine (`20261123T221530.482915Z-4187`).
+pub fn new_run_id() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let seconds = now.as_secs();
+    let (days, of_day) = (seconds / 86_400, seconds % 86_400);
+    let (year, month, day) = civil_date(days);
+    format!(
+        "{year:04}{month:02}{day:02}T{:02}{:02}{:02}.{:06}Z-{}",
+        of_day / 3600,
+        of_day / 60 % 60,
+        of_day % 60,
+        now.subsec_micros(),
+        std::process::id()
+    )
+}
+
+/// The proleptic Gregorian date of `days` since 1970-01-01 (Howard Hinnant's
+/// `civil_from_days`).
+fn civil_date(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let day_of_era = z % 146_097;
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let mp = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = year_of_era + era * 400 + u64::from(month <= 2);
+    (year, month, day)
 }
 
 /// The checkpoints folder of a run.
@@ -112,19 +156,16 @@ pub(crate) struct Schedule {
     pub tokens_per_step: usize,
 }
 
-impl Schedule {
-    /// Train-then-validate rounds (burn-train epochs).
-    pub fn rounds(&self) -> usize {
-        self.steps.div_ceil(self.eval_interval.max(1))
-    }
-}
-
 /// A run about to start: where it resumes and what it has done so far.
 pub(crate) struct Prepared {
     /// The checkpoint epoch to load, when resuming.
     pub resumed_epoch: Option<usize>,
     /// Steps already taken.
     pub start_step: usize,
+    /// burn-train's epochs when the run ends: those done and those to go.
+    pub rounds: usize,
+    /// Where the manifests of the checkpoints to come are written, and for what run.
+    pub manifests: Arc<ManifestWriter>,
     /// The history so far (shared with the renderer).
     pub history: Arc<Mutex<History>>,
 }
@@ -135,8 +176,9 @@ pub(crate) struct Prepared {
 ///
 /// # Errors
 /// [`TrainError::RunExists`] for a new run in a run's folder without `overwrite`;
-/// [`TrainError::Checkpoint`] when resuming without a complete checkpoint, or with
-/// an unreadable history.
+/// [`TrainError::Checkpoint`] when resuming without an intact checkpoint, from one
+/// past the run's last step, or with an unreadable history; [`TrainError::OtherRun`]
+/// for a checkpoint of another run.
 pub(crate) fn prepare(options: &RunOptions, schedule: Schedule) -> Result<Prepared, TrainError> {
     let checkpoints = checkpoint_dir(&options.directory);
     // A writer killed mid-write leaves its temporary file behind.
@@ -153,20 +195,40 @@ pub(crate) fn prepare(options: &RunOptions, schedule: Schedule) -> Result<Prepar
         }
         clear_run(&options.directory, &[])?;
     }
-    let resumed_epoch = if options.resume {
-        let epoch = latest_checkpoint(&checkpoints).ok_or_else(|| TrainError::Checkpoint {
-            path: checkpoints.clone(),
-            reason: "no complete checkpoint to resume from (the model, optim and scheduler \
-                     files of one round)"
-                .into(),
-        })?;
-        Some(epoch.min(schedule.rounds()))
+    let per_round = schedule.eval_interval.max(1);
+    let (resumed_epoch, start_step) = if options.resume {
+        let point = find_resume_point(&checkpoints, options.run_id.as_deref())?;
+        for warning in &point.warnings {
+            log::warn!("{warning}");
+            if options.verbose {
+                eprintln!("warning: {warning}");
+            }
+        }
+        // Checkpoints without a manifest were taken at the end of full rounds.
+        let step = point.step.unwrap_or(point.epoch * per_round);
+        if step > schedule.steps {
+            return Err(TrainError::Checkpoint {
+                path: checkpoint_path(&checkpoints, "model", point.epoch),
+                reason: format!(
+                    "taken after step {step}, past the run's {} steps: resume with at \
+                     least --steps {step}",
+                    schedule.steps
+                ),
+            });
+        }
+        (Some(point.epoch), step)
     } else {
-        None
+        (None, 0)
     };
-    let start_step = resumed_epoch.map_or(0, |epoch| {
-        (epoch * schedule.eval_interval).min(schedule.steps)
-    });
+    let first_epoch = resumed_epoch.unwrap_or(0);
+    let rounds = first_epoch + (schedule.steps - start_step).div_ceil(per_round);
+    if resumed_epoch.is_some() && start_step == schedule.steps && options.verbose {
+        println!(
+            "the run has taken all its {} steps: nothing to train (a larger --steps \
+             continues it)",
+            schedule.steps
+        );
+    }
     let history_path = history_file(&options.directory);
     let mut history = if resumed_epoch.is_some() && history_path.is_file() {
         History::load(&history_path)?
@@ -174,11 +236,43 @@ pub(crate) fn prepare(options: &RunOptions, schedule: Schedule) -> Result<Prepar
         History::default()
     };
     history.truncate(start_step);
+    let manifests = ManifestWriter::new(
+        &checkpoints,
+        options.run_id.clone(),
+        EpochSteps {
+            first_epoch,
+            first_step: start_step,
+            per_epoch: per_round,
+            total: schedule.steps,
+        },
+    );
     Ok(Prepared {
         resumed_epoch,
         start_step,
+        rounds,
+        manifests: Arc::new(manifests),
         history: Arc::new(Mutex::new(history)),
     })
+}
+
+/// Checks that the checkpoint a run resumes from fits `model` (the settings of the
+/// run may have been edited since it was written), so that burn-train, which panics
+/// on a record that does not fit, never sees one.
+///
+/// # Errors
+/// [`TrainError::Checkpoint`] naming the file and what does not match.
+pub(crate) fn check_resumed_model<M: Module>(
+    model: &M,
+    options: &RunOptions,
+    prepared: &Prepared,
+) -> Result<(), TrainError> {
+    match prepared.resumed_epoch {
+        Some(epoch) => {
+            let path = checkpoint_path(&checkpoint_dir(&options.directory), "model", epoch);
+            load_module(model.clone(), &path).map(drop)
+        }
+        None => Ok(()),
+    }
 }
 
 /// Trains `learner` with burn-train: the training loss and learning rate, the
@@ -240,11 +334,11 @@ fn configure<M: LearnerModel>(
         prepared.history.clone(),
     );
     let mut builder = builder
-        .num_epochs(schedule.rounds())
+        .num_epochs(prepared.rounds)
         .with_custom_checkpointers(
-            AtomicFileCheckpointer::new(&checkpoints, "model"),
-            AtomicFileCheckpointer::new(&checkpoints, "optim"),
-            AtomicFileCheckpointer::new(&checkpoints, "scheduler"),
+            AtomicFileCheckpointer::new(&checkpoints, "model", prepared.manifests.clone()),
+            AtomicFileCheckpointer::new(&checkpoints, "optim", prepared.manifests.clone()),
+            AtomicFileCheckpointer::new(&checkpoints, "scheduler", prepared.manifests.clone()),
         )
         .with_checkpointing_strategy(KeepLastNCheckpoints::new(2))
         .renderer(Box::new(renderer));

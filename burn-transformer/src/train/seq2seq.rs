@@ -18,7 +18,7 @@ use burn::train::{InferenceStep, Learner, SequenceOutput, TrainOutput, TrainStep
 use super::data::digits::{BOS, EOS, PAD, VOCAB_SIZE, pad_rows};
 use super::data::{DigitTask, Example, Seq2SeqBatch, Seq2SeqLoader};
 use super::progress::History;
-use super::run::{RunOptions, Schedule, launch, prepare};
+use super::run::{RunOptions, Schedule, check_resumed_model, launch, prepare};
 use super::step::{StepSettings, adamw, require_positive, train_step, validation_output};
 use super::{TrainError, cross_entropy, host_init, noam, to_training_device};
 use crate::generate::{BeamSearchConfig, GenerationConfig, Seq2SeqDecoding, beam_search, generate};
@@ -206,13 +206,12 @@ pub fn train_seq2seq(
         tokens_per_step: training.batch_size * (training.task.max_target_len(training.max_len) + 1),
     };
     let prepared = prepare(options, schedule)?;
+    let model = host_init(training.seed, |host| model_config.try_init(host))?;
+    let task = Seq2SeqTask::new(model, training.step_settings());
+    check_resumed_model(&task, options, &prepared)?;
 
     let autodiff = device.clone().autodiff();
-    let model = to_training_device(
-        host_init(training.seed, |host| model_config.try_init(host))?,
-        device,
-    );
-    let task = Seq2SeqTask::new(model, training.step_settings());
+    let task = to_training_device(task, device);
     let learner = Learner::new(
         task,
         adamw(0.9, 0.98, 1e-9, training.weight_decay as f32),
@@ -232,7 +231,8 @@ pub fn train_seq2seq(
         training.seed,
         prepared.resumed_epoch.unwrap_or(0),
         &autodiff,
-    );
+    )
+    .with_first_step(prepared.start_step);
     let valid_loader = Seq2SeqLoader::validation(
         training.task,
         training.min_len,

@@ -19,21 +19,29 @@ use burn_transformer::io::{read_bytes, write_atomically};
 use burn_transformer::model::CausalLmConfig;
 use burn_transformer::position::RopeConfig;
 use burn_transformer::train::{
-    CharTokenizer, Corpus, LmTrainingConfig, TokenSplit, Tokenizer, train_language_model,
+    CharTokenizer, Corpus, LmTrainingConfig, TokenSplit, Tokenizer, new_run_id,
+    train_language_model,
 };
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use examples::StreamedText;
 use examples::device::open_device;
 use examples::hf_tokenizer::HfTokenizer;
-use examples::run::{load_settings, options, save_outputs, save_settings, start_new_run};
+use examples::run::{
+    absolute, changed_flags, load_settings, options, refuse_changes, save_outputs, save_settings,
+    start_new_run,
+};
 use serde::{Deserialize, Serialize};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser, Debug, Clone, Serialize, Deserialize)]
+// Negative numbers are values (`--grad-clip -1`), so that they get this program's
+// message about the range, not a parse error.
 #[command(
     version,
+    allow_negative_numbers = true,
     about = "Train a LLaMA-style language model on a text file or folder"
 )]
 struct Args {
@@ -127,48 +135,212 @@ struct Args {
     /// Text the sample continues; default: a newline (or the corpus' first token).
     #[arg(long)]
     prompt: Option<String>,
-    /// Sampling temperature.
+    /// Sampling temperature of the sample; 0 is greedy.
     #[arg(long, default_value_t = 0.8)]
     temperature: f32,
-    /// Sample among the k most likely tokens (0: all).
+    /// Sample among the k most likely tokens (0: all); needs a --temperature above 0.
     #[arg(long, default_value_t = 40)]
     top_k: usize,
 }
 
-/// What `--resume` reads back: the settings that shape the training.
+/// What `--resume` reads back: the run's identity and the settings that shape the
+/// training.
 #[derive(Debug, Serialize, Deserialize)]
 struct SavedRun {
+    /// `None` in runs saved by older versions (their checkpoints are then not checked
+    /// against it).
+    #[serde(default)]
+    run_id: Option<String>,
     args: Args,
     model: CausalLmConfig,
     training: LmTrainingConfig,
 }
 
+/// The flags a resumed run may change: where it runs, what it prints and samples at
+/// the end. `--steps` may change too: it moves the run's end.
+const FREE_ON_RESUME: [&str; 10] = [
+    "device",
+    "out",
+    "resume",
+    "overwrite",
+    "log_every",
+    "sample_tokens",
+    "prompt",
+    "temperature",
+    "top_k",
+    "steps",
+];
+
 fn main() -> ExitCode {
-    examples::exit_with(run(Args::parse()))
+    let matches = Args::command().get_matches();
+    let args = Args::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
+    examples::exit_with(run(args, &matches))
 }
 
-fn run(args: Args) -> Result<(), String> {
-    let out = args.out.clone();
-    let device = open_device(&args.device)?;
+/// Checks the flags that the library's configurations do not see by these names, so
+/// that every bad flag is reported before any work.
+fn check_flags(args: &Args, matches: &clap::ArgMatches) -> Result<(), String> {
+    let positive = [
+        ("layers", Some(args.layers)),
+        ("heads", Some(args.heads)),
+        ("d-model", Some(args.d_model)),
+        ("kv-heads", args.kv_heads),
+        ("d-ff", args.d_ff),
+        ("steps", args.steps),
+        ("eval-interval", args.eval_interval),
+        ("batch-size", Some(args.batch_size)),
+        ("context", Some(args.context)),
+        ("eval-batches", Some(args.eval_batches)),
+    ];
+    if let Some((flag, _)) = positive.iter().find(|(_, value)| *value == Some(0)) {
+        return Err(format!("--{flag} must be at least 1, got 0"));
+    }
+    if !args.d_model.is_multiple_of(args.heads) {
+        return Err(format!(
+            "--d-model {} is not a multiple of --heads {}: each head gets d_model / heads \
+             dimensions",
+            args.d_model, args.heads
+        ));
+    }
+    if let Some(kv_heads) = args.kv_heads
+        && !args.heads.is_multiple_of(kv_heads)
+    {
+        return Err(format!(
+            "--heads {} is not a multiple of --kv-heads {kv_heads}: each key/value head \
+             serves the same number of query heads",
+            args.heads
+        ));
+    }
+    if !(args.grad_clip.is_finite() && args.grad_clip >= 0.0) {
+        return Err(format!(
+            "--grad-clip must be a non-negative number (0 disables clipping), got {}",
+            args.grad_clip
+        ));
+    }
+    if !(args.validation_fraction > 0.0 && args.validation_fraction < 1.0) {
+        return Err(format!(
+            "--validation-fraction must be between 0 and 1, got {}",
+            args.validation_fraction
+        ));
+    }
+    if !(args.temperature.is_finite() && args.temperature >= 0.0) {
+        return Err(format!(
+            "--temperature must be a non-negative number (0: greedy), got {}",
+            args.temperature
+        ));
+    }
+    if args.temperature == 0.0 && matches.value_source("top_k") == Some(ValueSource::CommandLine) {
+        return Err("--top-k applies to sampling: give a --temperature above 0 with it".into());
+    }
+    Ok(())
+}
 
-    // A resumed run takes everything that shapes training from its run.json.
-    let args = if args.resume {
-        let saved: SavedRun = load_settings(&out)?;
-        Args {
-            device: args.device,
-            out: args.out,
-            resume: true,
-            overwrite: false,
-            sample_tokens: args.sample_tokens,
-            prompt: args.prompt,
-            temperature: args.temperature,
-            top_k: args.top_k,
-            log_every: args.log_every,
-            ..saved.args
-        }
+/// The configurations of a new run: the model for `vocab_size` ids and the training.
+fn configs(args: &Args, vocab_size: usize) -> (CausalLmConfig, LmTrainingConfig) {
+    let default_corpus = args.data.is_none();
+    let steps = args
+        .steps
+        .unwrap_or(if default_corpus { 600 } else { 2000 });
+    let eval_interval = args
+        .eval_interval
+        .unwrap_or(if default_corpus { 100 } else { 250 })
+        .min(steps);
+    let head_dim = args.d_model / args.heads;
+    let d_ff = args
+        .d_ff
+        .unwrap_or((8 * args.d_model / 3).div_ceil(32) * 32);
+    let kv_heads = args.kv_heads.unwrap_or(if args.heads.is_multiple_of(2) {
+        args.heads / 2
     } else {
-        args
+        args.heads
+    });
+    let model = CausalLmConfig::new(
+        vocab_size,
+        args.d_model,
+        args.layers,
+        args.heads,
+        d_ff,
+        RopeConfig::new(head_dim).with_max_position_embeddings(args.context.max(2048)),
+    )
+    .with_n_kv_heads(Some(kv_heads))
+    .with_norm_eps(1e-5)
+    .with_tie_word_embeddings(true);
+    let training = LmTrainingConfig::new()
+        .with_batch_size(args.batch_size)
+        .with_context(args.context)
+        .with_steps(steps)
+        .with_eval_interval(eval_interval)
+        .with_eval_batches(args.eval_batches)
+        .with_lr(args.lr)
+        .with_min_lr(args.min_lr)
+        .with_warmup_steps(args.warmup.min(steps.saturating_sub(1)))
+        .with_weight_decay(args.weight_decay)
+        .with_grad_clip((args.grad_clip > 0.0).then_some(args.grad_clip))
+        .with_label_smoothing(args.label_smoothing)
+        .with_seed(args.seed);
+    (model, training)
+}
+
+/// The saved run in `args.out` with what this resumption may change applied: the
+/// flags of [`FREE_ON_RESUME`] and a new end (`--steps`). Any other flag that differs
+/// is refused.
+fn resumed(args: &Args, matches: &clap::ArgMatches) -> Result<SavedRun, String> {
+    let mut saved: SavedRun = load_settings(&args.out)?;
+    let mut given = args.clone();
+    given.data = given.data.as_deref().map(absolute).transpose()?;
+    given.tokenizer = given.tokenizer.as_deref().map(absolute).transpose()?;
+    refuse_changes(
+        &args.out,
+        &changed_flags(matches, &given, &saved.args, &FREE_ON_RESUME)?,
+    )?;
+    if let Some(steps) = args.steps
+        && steps != saved.training.steps
+    {
+        println!(
+            "extending the run from {} to {steps} steps: the cosine schedule is re-laid \
+             over {steps} steps (warm-up unchanged), so the learning rate continues on \
+             the new curve from the step the run stopped at",
+            saved.training.steps
+        );
+        saved.training.steps = steps;
+        saved.args.steps = Some(steps);
+        saved.training.validate().map_err(|e| e.to_string())?;
+    }
+    saved.args = Args {
+        device: args.device.clone(),
+        out: args.out.clone(),
+        resume: true,
+        overwrite: false,
+        sample_tokens: args.sample_tokens,
+        prompt: args.prompt.clone(),
+        temperature: args.temperature,
+        top_k: args.top_k,
+        log_every: args.log_every,
+        ..saved.args.clone()
     };
+    Ok(saved)
+}
+
+fn run(args: Args, matches: &clap::ArgMatches) -> Result<(), String> {
+    check_flags(&args, matches)?;
+    let out = args.out.clone();
+    // A resumed run takes everything that shapes training from its run.json.
+    let saved = if args.resume {
+        Some(resumed(&args, matches)?)
+    } else {
+        let (_, training) = configs(&args, 1);
+        training.validate().map_err(|e| e.to_string())?;
+        None
+    };
+    let args = match &saved {
+        Some(saved) => saved.args.clone(),
+        None => Args {
+            data: args.data.as_deref().map(absolute).transpose()?,
+            tokenizer: args.tokenizer.as_deref().map(absolute).transpose()?,
+            ..args
+        },
+    };
+    let device = open_device(&args.device)?;
 
     let corpus = match &args.data {
         Some(path) => Corpus::load(path),
@@ -187,53 +359,25 @@ fn run(args: Args) -> Result<(), String> {
             Box::new(CharTokenizer::load(&out.join("vocab.json")).map_err(|e| e.to_string())?)
         }
     };
+    // The sample's prompt is checked now, not after training.
+    let prompt = match &args.prompt {
+        Some(text) => Some(
+            tokenizer
+                .encode(text)
+                .map_err(|e| format!("--prompt: {e}"))?,
+        ),
+        None => None,
+    };
     let split = TokenSplit::new(&corpus.text, tokenizer.as_ref(), args.validation_fraction)
         .map_err(|e| e.to_string())?;
     split
         .check_context(args.context)
         .map_err(|e| e.to_string())?;
 
-    let default_corpus = args.data.is_none();
-    let steps = args
-        .steps
-        .unwrap_or(if default_corpus { 600 } else { 2000 });
-    let eval_interval = args
-        .eval_interval
-        .unwrap_or(if default_corpus { 100 } else { 250 })
-        .min(steps);
-    let heads = args.heads.max(1);
-    let head_dim = args.d_model / heads;
-    let d_ff = args
-        .d_ff
-        .unwrap_or((8 * args.d_model / 3).div_ceil(32) * 32);
-    let model = CausalLmConfig::new(
-        tokenizer.vocab_size(),
-        args.d_model,
-        args.layers,
-        heads,
-        d_ff,
-        RopeConfig::new(head_dim).with_max_position_embeddings(args.context.max(2048)),
-    )
-    .with_n_kv_heads(Some(args.kv_heads.unwrap_or(if heads % 2 == 0 {
-        heads / 2
-    } else {
-        heads
-    })))
-    .with_norm_eps(1e-5)
-    .with_tie_word_embeddings(true);
-    let training = LmTrainingConfig::new()
-        .with_batch_size(args.batch_size)
-        .with_context(args.context)
-        .with_steps(steps)
-        .with_eval_interval(eval_interval)
-        .with_eval_batches(args.eval_batches)
-        .with_lr(args.lr)
-        .with_min_lr(args.min_lr)
-        .with_warmup_steps(args.warmup.min(steps.saturating_sub(1)))
-        .with_weight_decay(args.weight_decay)
-        .with_grad_clip((args.grad_clip > 0.0).then_some(args.grad_clip))
-        .with_label_smoothing(args.label_smoothing)
-        .with_seed(args.seed);
+    let (model, training) = match &saved {
+        Some(saved) => (saved.model.clone(), saved.training.clone()),
+        None => configs(&args, tokenizer.vocab_size()),
+    };
     training.validate().map_err(|e| e.to_string())?;
     model.validate().map_err(|e| e.to_string())?;
 
@@ -260,14 +404,26 @@ fn run(args: Args) -> Result<(), String> {
         args.device
     );
 
+    let run_id = match saved {
+        Some(saved) => {
+            // A new end is kept for the next resumption.
+            save_settings(&out, &saved)?;
+            saved.run_id
+        }
+        None => {
+            start_new_run(&out, args.overwrite)?;
+            let run_id = new_run_id();
+            let saved = SavedRun {
+                run_id: Some(run_id.clone()),
+                args: args.clone(),
+                model: model.clone(),
+                training: training.clone(),
+            };
+            save_settings(&out, &saved)?;
+            Some(run_id)
+        }
+    };
     if !args.resume {
-        start_new_run(&out, args.overwrite)?;
-        let saved = SavedRun {
-            args: args.clone(),
-            model: model.clone(),
-            training: training.clone(),
-        };
-        save_settings(&out, &saved)?;
         match &args.tokenizer {
             Some(path) => read_bytes(path)
                 .and_then(|bytes| write_atomically(&out.join("tokenizer.json"), bytes))
@@ -278,7 +434,7 @@ fn run(args: Args) -> Result<(), String> {
         }
     }
 
-    let options = options(&out, args.resume, args.overwrite, args.log_every);
+    let options = options(&out, run_id, args.resume, args.overwrite, args.log_every);
     let result = train_language_model(&model, &training, &split, &device, &options)
         .map_err(|e| e.to_string())?;
     let history = &result.history;
@@ -302,15 +458,24 @@ fn run(args: Args) -> Result<(), String> {
     )?;
 
     if args.sample_tokens > 0 {
-        let prompt_text = args.prompt.clone().unwrap_or_else(|| "\n".into());
-        let prompt = match tokenizer.encode(&prompt_text) {
-            Ok(ids) if !ids.is_empty() => ids,
-            _ => split.train[..1].to_vec(),
+        // Without --prompt: a newline, or the corpus' first token where the vocabulary
+        // has no newline.
+        let prompt = match prompt.filter(|ids| !ids.is_empty()) {
+            Some(ids) => ids,
+            None => tokenizer
+                .encode("\n")
+                .ok()
+                .filter(|ids| !ids.is_empty())
+                .unwrap_or_else(|| split.train[..1].to_vec()),
         };
         // The model saw windows of --context tokens: each sampled token is predicted
         // from at most that many.
-        let sampling = SamplingConfig::sample(args.temperature, args.seed)
-            .with_top_k((args.top_k > 0).then_some(args.top_k));
+        let sampling = if args.temperature > 0.0 {
+            SamplingConfig::sample(args.temperature, args.seed)
+                .with_top_k((args.top_k > 0).then_some(args.top_k))
+        } else {
+            SamplingConfig::greedy()
+        };
         let generation = GenerationConfig::greedy(args.sample_tokens)
             .with_sampling(sampling)
             .with_max_context(Some(args.context));

@@ -17,19 +17,27 @@ use burn_transformer::io::write_atomically;
 use burn_transformer::model::TransformerConfig;
 use burn_transformer::train::digits::VOCAB_SIZE;
 use burn_transformer::train::{
-    DigitTask, Seq2SeqTrainingConfig, evaluate_exact_match, test_examples, train_seq2seq,
+    DigitTask, Seq2SeqTrainingConfig, evaluate_exact_match, new_run_id, test_examples,
+    train_seq2seq,
 };
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use examples::device::open_device;
-use examples::run::{load_settings, options, save_outputs, save_settings, start_new_run};
+use examples::run::{
+    changed_flags, load_settings, options, refuse_changes, save_outputs, save_settings,
+    start_new_run,
+};
 use serde::{Deserialize, Serialize};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser, Debug, Clone, Serialize, Deserialize)]
+// Negative numbers are values (`--grad-clip -1`), so that they get this program's
+// message about the range, not a parse error.
 #[command(
     version,
+    allow_negative_numbers = true,
     about = "Train an encoder-decoder Transformer on a digit task"
 )]
 struct Args {
@@ -109,27 +117,113 @@ struct Args {
     beams: usize,
 }
 
-fn main() -> ExitCode {
-    examples::exit_with(run(Args::parse()))
+/// What `--resume` reads back: the run's identity and its flags.
+#[derive(Debug, Serialize, Deserialize)]
+struct SavedRun {
+    /// `None` in runs saved by older versions (their checkpoints are then not checked
+    /// against it).
+    #[serde(default)]
+    run_id: Option<String>,
+    #[serde(flatten)]
+    args: Args,
 }
 
-fn run(args: Args) -> Result<(), String> {
-    let device = open_device(&args.device)?;
-    let out = args.out.clone();
-    let args = if args.resume {
-        let saved: Args = load_settings(&out)?;
-        Args {
-            device: args.device,
-            out: args.out,
-            resume: true,
-            overwrite: false,
-            log_every: args.log_every,
-            test_examples: args.test_examples,
-            beams: args.beams,
-            ..saved
+/// The flags a resumed run may change: where it runs, what it prints and evaluates
+/// at the end. `--steps` may change too: it moves the run's end.
+const FREE_ON_RESUME: [&str; 7] = [
+    "device",
+    "out",
+    "resume",
+    "overwrite",
+    "log_every",
+    "test_examples",
+    "beams",
+];
+
+fn main() -> ExitCode {
+    let matches = Args::command().get_matches();
+    let args = Args::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
+    examples::exit_with(run(args, &matches))
+}
+
+/// Checks the flags the library's configurations do not see by these names, so that
+/// every bad flag is reported before any work.
+fn check_flags(args: &Args) -> Result<(), String> {
+    let positive = [
+        ("d-model", args.d_model),
+        ("heads", args.heads),
+        ("layers", args.layers),
+        ("d-ff", args.d_ff),
+        ("steps", args.steps),
+        ("batch-size", args.batch_size),
+        ("eval-interval", args.eval_interval),
+        ("min-len", args.min_len),
+    ];
+    if let Some((flag, _)) = positive.iter().find(|(_, value)| *value == 0) {
+        return Err(format!("--{flag} must be at least 1, got 0"));
+    }
+    if !args.d_model.is_multiple_of(args.heads) {
+        return Err(format!(
+            "--d-model {} is not a multiple of --heads {}: each head gets d_model / heads \
+             dimensions",
+            args.d_model, args.heads
+        ));
+    }
+    if args.beams == 0 {
+        return Err("--beams must be at least 1 (1: greedy only)".into());
+    }
+    Ok(())
+}
+
+/// The saved run in `args.out` with what this resumption may change applied: the
+/// flags of [`FREE_ON_RESUME`] and a new end (`--steps`). Any other flag that differs
+/// is refused.
+fn resumed(args: &Args, matches: &clap::ArgMatches) -> Result<SavedRun, String> {
+    let mut saved: SavedRun = load_settings(&args.out)?;
+    let mut free = FREE_ON_RESUME.to_vec();
+    free.push("steps");
+    refuse_changes(
+        &args.out,
+        &changed_flags(matches, args, &saved.args, &free)?,
+    )?;
+    let steps = match matches.value_source("steps") {
+        Some(ValueSource::CommandLine) if args.steps != saved.args.steps => {
+            println!(
+                "extending the run from {} to {} steps: the Noam schedule depends on the \
+                 step only, so it continues unchanged",
+                saved.args.steps, args.steps
+            );
+            args.steps
         }
+        _ => saved.args.steps,
+    };
+    saved.args = Args {
+        device: args.device.clone(),
+        out: args.out.clone(),
+        resume: true,
+        overwrite: false,
+        log_every: args.log_every,
+        test_examples: args.test_examples,
+        beams: args.beams,
+        // The rounds keep the length they were planned with.
+        eval_interval: saved.args.eval_interval.min(saved.args.steps.max(1)),
+        steps,
+        ..saved.args.clone()
+    };
+    Ok(saved)
+}
+
+fn run(args: Args, matches: &clap::ArgMatches) -> Result<(), String> {
+    check_flags(&args)?;
+    let out = args.out.clone();
+    let saved = if args.resume {
+        Some(resumed(&args, matches)?)
     } else {
-        args
+        None
+    };
+    let args = match &saved {
+        Some(saved) => saved.args.clone(),
+        None => args,
     };
 
     let task = DigitTask::parse(&args.task).map_err(|e| e.to_string())?;
@@ -166,6 +260,7 @@ fn run(args: Args) -> Result<(), String> {
         .with_seed(args.seed);
     training.validate().map_err(|e| e.to_string())?;
     model.validate().map_err(|e| e.to_string())?;
+    let device = open_device(&args.device)?;
     println!(
         "task: {:?} of {}..={} digits; model: {} + {} layers, width {}, {} heads, {:?}; device: {}",
         task,
@@ -178,12 +273,25 @@ fn run(args: Args) -> Result<(), String> {
         norm,
         args.device
     );
-    if !args.resume {
-        start_new_run(&out, args.overwrite)?;
-        save_settings(&out, &args)?;
-    }
+    let run_id = match saved {
+        Some(saved) => {
+            // A new end is kept for the next resumption.
+            save_settings(&out, &saved)?;
+            saved.run_id
+        }
+        None => {
+            start_new_run(&out, args.overwrite)?;
+            let run_id = new_run_id();
+            let saved = SavedRun {
+                run_id: Some(run_id.clone()),
+                args: args.clone(),
+            };
+            save_settings(&out, &saved)?;
+            Some(run_id)
+        }
+    };
 
-    let options = options(&out, args.resume, args.overwrite, args.log_every);
+    let options = options(&out, run_id, args.resume, args.overwrite, args.log_every);
     let result = train_seq2seq(&model, &training, &device, &options).map_err(|e| e.to_string())?;
     // The architecture beside the weights, so that other programs (attention-plot) can
     // rebuild the model without this program's flags.

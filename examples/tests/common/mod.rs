@@ -11,11 +11,32 @@ pub use tempfile::TempDir;
 
 /// Runs the program `exe` with `args` (and a runtime folder for Mesa's Vulkan loader).
 pub fn run(exe: &str, args: &[&str]) -> Output {
-    Command::new(exe)
+    run_with(exe, args, None, &[])
+}
+
+/// Runs the program `exe` with `args` in the folder `cwd` (or this one), with the
+/// environment variables `env` added.
+pub fn run_with(exe: &str, args: &[&str], cwd: Option<&Path>, env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(exe);
+    command
         .args(args)
         .env("XDG_RUNTIME_DIR", std::env::temp_dir())
-        .output()
-        .unwrap()
+        .envs(env.iter().copied());
+    if let Some(cwd) = cwd {
+        command.current_dir(cwd);
+    }
+    command.output().unwrap()
+}
+
+/// Asserts that `output` shows no panic: not exit status 101, no "panicked at".
+pub fn assert_no_panic(output: &Output) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_ne!(output.status.code(), Some(101), "a panic: {stderr}");
+    assert!(
+        !stderr.contains("panicked at") && !stdout.contains("panicked at"),
+        "a panic trace: {stderr}"
+    );
 }
 
 /// Asserts that `output` succeeded; returns its stdout.
@@ -63,7 +84,7 @@ pub fn losses(run: &Path) -> (Curve, Curve) {
 }
 
 /// Makes `crashed` look like `straight` interrupted during its third round: the run's
-/// `files` and only round 2's checkpoint records.
+/// `files` and only round 2's checkpoint records and manifest.
 pub fn interrupted_copy(straight: &Path, crashed: &Path, files: &[&str]) {
     std::fs::create_dir_all(crashed.join("checkpoint")).unwrap();
     for name in files {
@@ -77,6 +98,11 @@ pub fn interrupted_copy(straight: &Path, crashed: &Path, files: &[&str]) {
         )
         .unwrap();
     }
+    std::fs::copy(
+        straight.join("checkpoint/manifest-2.json"),
+        crashed.join("checkpoint/manifest-2.json"),
+    )
+    .unwrap();
 }
 
 /// Trains `straight` with `program` and `args`, copies it as if interrupted in its

@@ -322,6 +322,13 @@ impl Seq2SeqLoader {
         )
     }
 
+    /// Starts the first pass at global step `step`: a run that resumes after a pass
+    /// shortened by its earlier end.
+    pub fn with_first_step(mut self, step: usize) -> Self {
+        self.steps = self.steps.with_first_step(step);
+        self
+    }
+
     /// The same `batches` held-out batches at every pass.
     pub fn validation(
         task: DigitTask,

@@ -4,7 +4,9 @@
 //! steps between two validations. The batch of global step `s` depends only on the
 //! run's seed and `s`, so a training loader's pass `e` hands out the batches of steps
 //! `e·n .. (e+1)·n` (`n` steps per epoch), and a loader resumed at epoch `e` hands out
-//! exactly what an uninterrupted one would. A validation loader hands out the same `n`
+//! exactly what an uninterrupted one would. A run extended past its planned end
+//! resumes after a last pass that may have been shortened: its passes then count
+//! from the step it stopped at ([`Steps::with_first_step`]). A validation loader hands out the same `n`
 //! batches at every pass, so validations compare like with like.
 
 use std::ops::Range;
@@ -18,7 +20,12 @@ use burn::data::dataset::DatasetError;
 enum Passes {
     /// Fresh batches per pass; `next_epoch` counts the passes handed out (shared by
     /// every copy of the loader, so `to_device` copies agree).
-    Training { next_epoch: Arc<AtomicUsize> },
+    Training {
+        next_epoch: Arc<AtomicUsize>,
+        /// The epoch the loader was made at, whose pass starts at `first_step`.
+        first_epoch: usize,
+        first_step: usize,
+    },
     /// The same batches at every pass.
     Validation,
 }
@@ -52,6 +59,8 @@ impl Steps {
             steps_per_epoch,
             Passes::Training {
                 next_epoch: Arc::new(AtomicUsize::new(start_epoch)),
+                first_epoch: start_epoch,
+                first_step: start_epoch * steps_per_epoch,
             },
             items,
         )
@@ -80,11 +89,25 @@ impl Steps {
         self
     }
 
+    /// Starts a training loader's first pass at global step `step` (the step a run
+    /// stopped at, when it did not stop at a multiple of the steps per epoch).
+    pub(crate) fn with_first_step(mut self, step: usize) -> Self {
+        if let Passes::Training { first_step, .. } = &mut self.passes {
+            *first_step = step;
+        }
+        self
+    }
+
     /// The batch indices of the next pass; advances a training loader's pass counter.
     fn next_pass(&self) -> Range<usize> {
         let base = match &self.passes {
-            Passes::Training { next_epoch } => {
-                next_epoch.fetch_add(1, Ordering::SeqCst) * self.batches
+            Passes::Training {
+                next_epoch,
+                first_epoch,
+                first_step,
+            } => {
+                let passes = next_epoch.fetch_add(1, Ordering::SeqCst) - first_epoch;
+                first_step + passes * self.batches
             }
             Passes::Validation => 0,
         };
@@ -212,6 +235,13 @@ mod tests {
         assert_eq!(pass(&steps), Vec::<usize>::new());
         let resumed = Steps::training(4, 3, 1, "items").with_total_steps(7);
         assert_eq!(pass(&resumed), vec![3, 4, 5]);
+        // A run of 7 steps extended to 12 resumes after its short last pass.
+        let extended = Steps::training(4, 3, 3, "items")
+            .with_first_step(7)
+            .with_total_steps(12);
+        assert_eq!(pass(&extended), vec![7, 8, 9]);
+        assert_eq!(pass(&extended), vec![10, 11]);
+        assert_eq!(pass(&extended), Vec::<usize>::new());
     }
 
     #[test]

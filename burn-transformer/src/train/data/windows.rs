@@ -179,6 +179,13 @@ impl WindowLoader {
         self
     }
 
+    /// Starts the first pass at global step `step`: a run that resumes after a pass
+    /// shortened by its earlier end (see [`WindowLoader::with_total_steps`]).
+    pub fn with_first_step(mut self, step: usize) -> Self {
+        self.steps = self.steps.with_first_step(step);
+        self
+    }
+
     /// The batch of global step `step` (training) or of index `step` (validation),
     /// without touching the epoch counter.
     pub fn batch(&self, step: usize) -> LmBatch {
