@@ -315,6 +315,24 @@ pub(crate) mod tests {
         assert_eq!(names(dir.path()), vec!["data"]);
     }
 
+    /// Files written atomically get the permissions of any file the process creates
+    /// (the umask's), not a temporary file's private 0600.
+    #[cfg(unix)]
+    #[test]
+    fn written_files_get_the_usual_permissions() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = TempDir::with_prefix("io-mode").unwrap();
+        let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+        let plain = dir.path().join("plain");
+        std::fs::File::create(&plain).unwrap();
+        let direct = dir.path().join("direct");
+        write_atomically(&direct, b"x").unwrap();
+        let with = dir.path().join("with.safetensors");
+        write_atomically_with(&with, |temporary| std::fs::write(temporary, b"y")).unwrap();
+        assert_eq!(mode(&direct), mode(&plain));
+        assert_eq!(mode(&with), mode(&plain));
+    }
+
     #[test]
     fn read_errors_name_the_file() {
         let dir = TempDir::with_prefix("io-read").unwrap();
