@@ -4,14 +4,16 @@ pub mod device;
 pub mod hf_tokenizer;
 pub mod plot;
 pub mod run;
+pub mod trained;
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use burn_transformer::hf::{HfConfig, LoadOptions, load_causal_lm_with};
-use burn_transformer::model::CausalLm;
+use burn_transformer::device::parse_device;
 use clap::Args;
+
+use crate::trained::{LoadedModel, ModelFolder};
 
 /// The `examples/` folder of this checkout: the one this crate was compiled from, or,
 /// where that is gone, the one cargo names when it runs a program or test. A target
@@ -37,10 +39,11 @@ pub fn exit_with(result: Result<(), String>) -> ExitCode {
     }
 }
 
-/// The flags of the programs that run a Hugging Face model.
+/// The flags of the programs that run a language model.
 #[derive(Args, Debug, Clone)]
-pub struct HfModelFlags {
-    /// Model directory: config.json and model.safetensors (or a sharded index).
+pub struct ModelFlags {
+    /// Model folder: a Hugging Face model (config.json and model.safetensors or a
+    /// sharded index) or a train-lm run (run.json, model.bpk and the run's tokenizer).
     #[arg(long)]
     pub model: PathBuf,
     /// Backend: flex, ndarray, wgpu, or cuda (cuda:N for the N-th GPU).
@@ -51,15 +54,26 @@ pub struct HfModelFlags {
     pub dtype: String,
 }
 
-impl HfModelFlags {
-    /// Loads the model on the device.
+impl ModelFlags {
+    /// Checks `--dtype` and `--device` and opens the `--model` folder (its kind and
+    /// settings; no weights are read, no device is started).
     ///
     /// # Errors
-    /// A message for a bad device or dtype, or a model that cannot be loaded.
-    pub fn load(&self) -> Result<(CausalLm, HfConfig), String> {
+    /// A message for a bad flag or a folder that is not a model's.
+    pub fn folder(&self) -> Result<ModelFolder, String> {
+        parse_dtype(&self.dtype)?;
+        parse_device(&self.device).map_err(|error| error.to_string())?;
+        ModelFolder::open(&self.model)
+    }
+
+    /// Loads the model of `folder` (opened by [`ModelFlags::folder`]) on the device.
+    ///
+    /// # Errors
+    /// A message for a device that does not work, or a model that cannot be loaded.
+    pub fn load(&self, folder: &ModelFolder) -> Result<LoadedModel, String> {
+        let dtype = parse_dtype(&self.dtype)?;
         let device = device::open_device(&self.device)?;
-        let options = LoadOptions::default().with_dtype(parse_dtype(&self.dtype)?);
-        load_causal_lm_with(&self.model, &device, &options).map_err(|error| error.to_string())
+        folder.load(&device, dtype)
     }
 }
 

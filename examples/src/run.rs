@@ -16,7 +16,7 @@ use serde::de::DeserializeOwned;
 use crate::plot::plot_losses;
 
 /// The settings of a run, in its folder.
-const RUN_FILE: &str = "run.json";
+pub const RUN_FILE: &str = "run.json";
 
 /// Reads the settings a run saved in its folder `out` (for `--resume`).
 ///

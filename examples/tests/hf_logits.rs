@@ -1,9 +1,11 @@
 //! Runs the `hf-logits` program on the tiny Hugging Face fixtures and compares its
-//! output with transformers' reference logits and greedy tokens.
+//! output with transformers' reference logits and greedy tokens; on a model trained
+//! by `train-lm`; and on bad flags and damaged files, which end in one `error:` line.
 
 mod common;
+mod lm_run;
 
-use common::TempDir;
+use common::{TempDir, assert_clear_error, assert_success};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -160,4 +162,194 @@ fn bad_input_exits_with_a_message_and_writes_nothing() {
         .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
         .collect();
     assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+}
+
+/// `hf-logits` on a `train-lm` run writes the logits and greedy tokens the library
+/// computes with the run's model.
+#[test]
+fn runs_a_model_trained_by_train_lm() {
+    use burn::tensor::{Device, Int, Tensor, TensorData};
+    use burn_transformer::generate::{GenerationConfig, generate};
+
+    let scratch = TempDir::with_prefix("hf-logits-run").unwrap();
+    let run = lm_run::train_tiny_run(scratch.path());
+    let input = scratch.path().join("input.json");
+    std::fs::write(
+        &input,
+        r#"{"tokens": [[3, 1, 4, 1], [5, 9, 2, 6]], "max_new_tokens": 5}"#,
+    )
+    .unwrap();
+    let out = scratch.path().join("out.safetensors");
+    assert_success(&hf_logits(&run, &input, &out, "flex"));
+
+    let device = Device::flex();
+    let (model, _) = lm_run::load_run(&run, &device);
+    let rows = vec![vec![3u32, 1, 4, 1], vec![5, 9, 2, 6]];
+    let flat: Vec<i64> = rows.iter().flatten().map(|&t| i64::from(t)).collect();
+    let logits = model
+        .forward(
+            Tensor::<2, Int>::from_data(TensorData::new(flat, [2, 4]), &device),
+            None,
+        )
+        .into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .unwrap();
+    let (shape, written) = read(&out, "logits");
+    assert_eq!(shape, vec![2, 4, model.vocab_size()]);
+    assert_eq!(written.len(), logits.len());
+    let error = written
+        .iter()
+        .zip(&logits)
+        .map(|(a, &b)| (a - f64::from(b)).abs())
+        .fold(0.0, f64::max);
+    assert!(error <= 1e-5, "logits differ by {error:e}");
+    let greedy: Vec<f64> = generate(&model, &rows, &GenerationConfig::greedy(5), |_| {})
+        .unwrap()
+        .into_iter()
+        .flat_map(|g| g.tokens.into_iter().map(f64::from))
+        .collect();
+    assert_eq!(read(&out, "greedy"), (vec![2, 5], greedy));
+}
+
+/// Copies every file of the fixture model `name` into `dir`.
+fn copy_model(name: &str, dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    for entry in std::fs::read_dir(fixtures().join(name)).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+    }
+}
+
+/// Weights holding NaN or infinity load with a warning that names them.
+#[test]
+fn weights_holding_nan_are_named_in_a_warning() {
+    let scratch = TempDir::with_prefix("hf-logits-nan").unwrap();
+    let model = scratch.path().join("model");
+    copy_model("llama", &model);
+    let weights = model.join("model.safetensors");
+    let bytes = std::fs::read(&weights).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = file
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            (
+                name,
+                view.dtype(),
+                view.shape().to_vec(),
+                view.data().to_vec(),
+            )
+        })
+        .collect();
+    let poisoned = "model.layers.1.self_attn.v_proj.weight";
+    let entry = tensors
+        .iter_mut()
+        .find(|(name, ..)| name == poisoned)
+        .unwrap();
+    entry.3[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+    let views: Vec<_> = tensors
+        .iter()
+        .map(|(name, dtype, shape, data)| {
+            (
+                name.clone(),
+                safetensors::tensor::TensorView::new(*dtype, shape.clone(), data).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &weights).unwrap();
+
+    let out = scratch.path().join("out.safetensors");
+    let output = hf_logits(&model, &model.join("input.json"), &out, "flex");
+    assert_success(&output);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.starts_with("warning: ")
+            && stderr.contains(&format!("tensor `{poisoned}` holds NaN or infinite values")),
+        "{stderr}"
+    );
+    let (_, logits) = read(&out, "logits");
+    assert!(
+        logits.iter().any(|x| x.is_nan()),
+        "NaN weights give NaN logits"
+    );
+
+    let clean = hf_logits(
+        &fixtures().join("llama"),
+        &model.join("input.json"),
+        &out,
+        "flex",
+    );
+    assert!(assert_success(&clean).is_empty());
+    assert!(
+        clean.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&clean.stderr)
+    );
+}
+
+#[test]
+fn bad_flags_and_damaged_files_are_clear_errors() {
+    let scratch = TempDir::with_prefix("hf-logits-damaged").unwrap();
+    let root = scratch.path();
+    let llama = fixtures().join("llama");
+    let input = llama.join("input.json");
+    let out = root.join("out.safetensors");
+    let with_flags = |model: &Path, flags: &[&str]| {
+        let mut args = vec![
+            "--model",
+            model.to_str().unwrap(),
+            "--input",
+            input.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(flags);
+        common::run(env!("CARGO_BIN_EXE_hf-logits"), &args)
+    };
+    assert_clear_error(
+        &with_flags(&llama, &["--dtype", "f8"]),
+        "unknown dtype `f8`",
+    );
+    assert_clear_error(
+        &with_flags(&llama, &["--device", "tpu"]),
+        "unknown device `tpu`",
+    );
+
+    let truncated = root.join("truncated");
+    copy_model("llama", &truncated);
+    let weights = truncated.join("model.safetensors");
+    let bytes = std::fs::read(&weights).unwrap();
+    std::fs::write(&weights, &bytes[..bytes.len() / 2]).unwrap();
+    assert_clear_error(&with_flags(&truncated, &[]), "model.safetensors");
+
+    let header_only = root.join("header-only");
+    copy_model("llama", &header_only);
+    std::fs::write(header_only.join("model.safetensors"), &bytes[..12]).unwrap();
+    assert_clear_error(&with_flags(&header_only, &[]), "model.safetensors");
+
+    let garbage = root.join("garbage");
+    copy_model("llama", &garbage);
+    std::fs::write(garbage.join("config.json"), [0xff, 0xfe, 0x00, 0x01]).unwrap();
+    assert_clear_error(&with_flags(&garbage, &[]), "config.json");
+
+    let shallow = root.join("shallow");
+    copy_model("llama", &shallow);
+    let config = std::fs::read_to_string(shallow.join("config.json")).unwrap();
+    std::fs::write(
+        shallow.join("config.json"),
+        config.replace("\"num_hidden_layers\": 2", "\"num_hidden_layers\": 1"),
+    )
+    .unwrap();
+    assert_clear_error(
+        &with_flags(&shallow, &[]),
+        "`num_hidden_layers` is 1, but the checkpoint holds 2 layers",
+    );
+
+    let run = lm_run::train_tiny_run(root);
+    let bpk = run.join("model.bpk");
+    let bytes = std::fs::read(&bpk).unwrap();
+    std::fs::write(&bpk, &bytes[..bytes.len() / 2]).unwrap();
+    assert_clear_error(&with_flags(&run, &[]), "model.bpk");
+    assert!(!out.exists(), "no output on failure");
 }

@@ -54,6 +54,37 @@ impl LoadOptions {
     }
 }
 
+/// What loading found that is not an error.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoadReport {
+    /// Checkpoint keys of the tensors that hold NaN or infinite values once loaded
+    /// (in the chosen float type). The model runs, but its outputs are likely NaN.
+    pub non_finite: Vec<String>,
+}
+
+impl LoadReport {
+    /// A one-line warning naming the tensors that hold NaN or infinite values; `None`
+    /// when every tensor is finite.
+    pub fn warning(&self) -> Option<String> {
+        match self.non_finite.as_slice() {
+            [] => None,
+            [key] => Some(format!(
+                "tensor `{key}` holds NaN or infinite values: the model's outputs will \
+                 likely be NaN"
+            )),
+            keys => Some(format!(
+                "{} tensors hold NaN or infinite values ({}): the model's outputs will \
+                 likely be NaN",
+                keys.len(),
+                keys.iter()
+                    .map(|key| format!("`{key}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        }
+    }
+}
+
 /// What to do with one checkpoint key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyAction {
@@ -77,19 +108,27 @@ impl<F: Fn(&str) -> KeyAction> KeyMap for F {
 }
 
 /// Loads `config.json` and the weights of a Hugging Face model directory into a
-/// [`CausalLm`] on `device`, in f32.
+/// [`CausalLm`] on `device`, in f32. Tensors holding NaN or infinite values are logged
+/// as a warning (`log::warn!`); [`load_causal_lm_with`] returns them.
 ///
 /// # Errors
 /// See [`HfError`]: unreadable files, bad JSON or fields, an unsupported
-/// `model_type`, missing or unexpected tensors, shape or dtype mismatches.
+/// `model_type`, missing or unexpected tensors, shape or dtype mismatches, a
+/// checkpoint with more layers than `num_hidden_layers`.
 pub fn load_causal_lm(
     dir: impl AsRef<Path>,
     device: &Device,
 ) -> Result<(CausalLm, HfConfig), HfError> {
-    load_causal_lm_with(dir, device, &LoadOptions::default())
+    let (model, config, report) = load_causal_lm_with(dir, device, &LoadOptions::default())?;
+    if let Some(warning) = report.warning() {
+        log::warn!("{warning}");
+    }
+    Ok((model, config))
 }
 
-/// [`load_causal_lm`] with options (the float type of the parameters).
+/// [`load_causal_lm`] with options (the float type of the parameters), also returning
+/// what loading found besides errors ([`LoadReport`]: tensors holding NaN or
+/// infinite values).
 ///
 /// # Errors
 /// As [`load_causal_lm`].
@@ -97,38 +136,74 @@ pub fn load_causal_lm_with(
     dir: impl AsRef<Path>,
     device: &Device,
     options: &LoadOptions,
-) -> Result<(CausalLm, HfConfig), HfError> {
+) -> Result<(CausalLm, HfConfig, LoadReport), HfError> {
     let dir = dir.as_ref();
-    let config = HfConfig::from_file(dir.join(CONFIG_FILE))?;
+    let config_path = dir.join(CONFIG_FILE);
+    let config = HfConfig::from_file(&config_path)?;
     let mut model = config
         .model
         .try_init(device)
         .map_err(|source| HfError::Config {
-            path: dir.join(CONFIG_FILE),
+            path: config_path.clone(),
             source,
         })?;
+    let tensors = checkpoint_tensors(dir)?;
+    check_layer_count(&config, &config_path, tensors.keys())?;
     let key_map = causal_lm_key_map(&config);
-    load_weights(&mut model, dir, &key_map, &config.model_type, options)?;
-    Ok((model, config))
+    let report = apply_weights(
+        &mut model,
+        dir,
+        tensors,
+        &key_map,
+        &config.model_type,
+        options,
+    )?;
+    Ok((model, config, report))
+}
+
+/// Refuses a checkpoint with more decoder layers than `config.json` declares (beyond
+/// the family's own extra layers, [`HfConfig::mtp_layers`]): the rename table would
+/// skip them, and the model would run without them.
+fn check_layer_count<'a>(
+    config: &HfConfig,
+    config_path: &Path,
+    keys: impl Iterator<Item = &'a String>,
+) -> Result<(), HfError> {
+    let found = keys
+        .filter_map(|key| layer_index(key))
+        .max()
+        .map(|last| last + 1);
+    let allowed = config.model.n_layers + config.mtp_layers;
+    match found {
+        Some(found) if found > allowed => Err(HfError::LayerCount {
+            path: config_path.to_path_buf(),
+            model_type: config.model_type.clone(),
+            configured: config.model.n_layers,
+            mtp_layers: config.mtp_layers,
+            found,
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// The rename table of the decoder-only families.
 ///
 /// HF's `model.embed_tokens` is our `embed_tokens`; Mixtral names its sparse block
 /// `block_sparse_moe` where our layer (like DeepSeek's) says `mlp`; DeepSeek-V3
-/// checkpoints append multi-token-prediction layers after the last decoder layer, which
-/// inference does not use.
+/// checkpoints append multi-token-prediction layers after the last decoder layer
+/// ([`HfConfig::mtp_layers`]), which inference does not use. Layers beyond those are
+/// loaded as any other key, so that a checkpoint deeper than its `config.json` is an
+/// error, not a model silently missing layers.
 pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
     let tied = config.model.tie_word_embeddings;
     let n_layers = config.model.n_layers;
+    let mtp_layers = n_layers..n_layers + config.mtp_layers;
     let mixtral = config.model_type == "mixtral";
     move |key: &str| {
         if key.ends_with(".rotary_emb.inv_freq") || (tied && key == "lm_head.weight") {
             return KeyAction::Ignore;
         }
-        if let Some(layer) = layer_index(key)
-            && layer >= n_layers
-        {
+        if layer_index(key).is_some_and(|layer| mtp_layers.contains(&layer)) {
             return KeyAction::Ignore;
         }
         // Our token embedding sits beside the stack (`embed_tokens`), HF's inside it.
@@ -428,7 +503,8 @@ impl ModuleVisitor for ExpectedParams {
 
 /// Loads the safetensors weights of `dir` into `module`, renaming keys with
 /// `key_map`, after checking that every parameter has a tensor of the right shape and
-/// every tensor a parameter.
+/// every tensor a parameter. The report names the tensors that hold NaN or infinite
+/// values.
 ///
 /// # Errors
 /// [`HfError::NoWeights`], [`HfError::Io`], [`HfError::Safetensors`],
@@ -441,15 +517,34 @@ pub fn load_weights<M: Module>(
     key_map: &impl KeyMap,
     model_type: &str,
     options: &LoadOptions,
-) -> Result<(), HfError> {
+) -> Result<LoadReport, HfError> {
     let dir = dir.as_ref();
+    apply_weights(
+        module,
+        dir,
+        checkpoint_tensors(dir)?,
+        key_map,
+        model_type,
+        options,
+    )
+}
+
+/// [`load_weights`] of the listed tensors of `dir`.
+fn apply_weights<M: Module>(
+    module: &mut M,
+    dir: &Path,
+    tensors: BTreeMap<String, FileTensor>,
+    key_map: &impl KeyMap,
+    model_type: &str,
+    options: &LoadOptions,
+) -> Result<LoadReport, HfError> {
     let mut expected = ExpectedParams::default();
     module.visit(&mut expected);
     let expected = expected.params;
 
     let mut renamed: BTreeMap<String, (String, FileTensor)> = BTreeMap::new();
     let mut unexpected: Vec<(String, FileTensor)> = Vec::new();
-    for (key, entry) in stack_experts(checkpoint_tensors(dir)?)? {
+    for (key, entry) in stack_experts(tensors)? {
         match key_map.action(&key) {
             KeyAction::Ignore => log::debug!("{key}: ignored"),
             KeyAction::Load(path) if expected.contains_key(&path) => {
@@ -505,6 +600,11 @@ pub fn load_weights<M: Module>(
         }
     }
 
+    // Messages name the checkpoint's keys, not our parameter paths.
+    let keys: BTreeMap<String, String> = renamed
+        .iter()
+        .map(|(path, (key, _))| (path.clone(), key.clone()))
+        .collect();
     let tensors: Vec<PackTensor> = renamed
         .into_iter()
         .map(|(path, (_, entry))| {
@@ -537,5 +637,58 @@ pub fn load_weights<M: Module>(
             message: "the parameter was not loaded".into(),
         });
     }
-    Ok(())
+    let non_finite = non_finite_parameters(module)
+        .into_iter()
+        .map(|path| keys.get(&path).cloned().unwrap_or(path))
+        .collect();
+    Ok(LoadReport { non_finite })
+}
+
+/// The paths of `module`'s float parameters that hold NaN or infinite values, in the
+/// order the module visits them. One flag per parameter is computed on the device and
+/// all flags are read back at once, so the check costs one pass over the weights and
+/// one transfer.
+pub fn non_finite_parameters<M: Module>(module: &M) -> Vec<String> {
+    let mut check = FiniteCheck::default();
+    module.visit(&mut check);
+    if check.flags.is_empty() {
+        return Vec::new();
+    }
+    let flags = Tensor::cat(check.flags, 0).into_data();
+    check
+        .paths
+        .into_iter()
+        .zip(flags.iter::<i64>())
+        .filter(|(_, finite)| *finite == 0)
+        .map(|(path, _)| path)
+        .collect()
+}
+
+/// Collects, per float parameter, its path and whether all its values are finite.
+#[derive(Default)]
+struct FiniteCheck {
+    path: Vec<String>,
+    paths: Vec<String>,
+    /// `[1]` each: 1 when every value is finite.
+    flags: Vec<Tensor<1, burn::tensor::Int>>,
+}
+
+impl ModuleVisitor for FiniteCheck {
+    fn enter_module(&mut self, name: &str, container_type: &str) {
+        // Enum variants are not part of parameter paths.
+        if !container_type.starts_with("Enum:") {
+            self.path.push(name.to_string());
+        }
+    }
+
+    fn exit_module(&mut self, _name: &str, container_type: &str) {
+        if !container_type.starts_with("Enum:") {
+            self.path.pop();
+        }
+    }
+
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        self.paths.push(self.path.join("."));
+        self.flags.push(param.val().is_finite().all().int());
+    }
 }

@@ -35,6 +35,10 @@ pub struct HfConfig {
     pub eos_token_ids: Vec<u32>,
     /// `pad_token_id`, if set.
     pub pad_token_id: Option<u32>,
+    /// Layers a checkpoint may hold after the `num_hidden_layers` decoder layers, which
+    /// inference does not run: DeepSeek-V3's multi-token-prediction layers
+    /// (`num_nextn_predict_layers`). 0 for every other family.
+    pub mtp_layers: usize,
 }
 
 impl HfConfig {
@@ -95,6 +99,10 @@ impl HfConfig {
             bos_token_id: keys.bos_token_id,
             eos_token_ids: keys.eos_token_id.map_or_else(Vec::new, |ids| ids.0),
             pad_token_id: keys.pad_token_id,
+            mtp_layers: match family {
+                ModelType::DeepseekV3 => keys.num_nextn_predict_layers.unwrap_or(0),
+                _ => 0,
+            },
         })
     }
 }
@@ -135,6 +143,8 @@ struct ModelKeys {
     bos_token_id: Option<u32>,
     eos_token_id: Option<TokenIds>,
     pad_token_id: Option<u32>,
+    /// DeepSeek-V3's multi-token-prediction layers, stored after the decoder layers.
+    num_nextn_predict_layers: Option<usize>,
 }
 
 /// `eos_token_id`: one token id or a list of them.

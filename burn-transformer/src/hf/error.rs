@@ -131,6 +131,30 @@ pub enum HfError {
         /// How many other tensors mismatch too.
         others: usize,
     },
+    /// The checkpoint holds more decoder layers than `config.json` declares: loading
+    /// it would drop the layers beyond `num_hidden_layers`.
+    #[error(
+        "{}: `num_hidden_layers` is {configured}{}, but the checkpoint holds {found} layers \
+         (model.layers.0 to model.layers.{}): a {model_type} model built from this \
+         config.json would drop {} of them",
+        path.display(),
+        extra_layers_note(model_type, *mtp_layers),
+        found - 1,
+        found - configured - mtp_layers
+    )]
+    LayerCount {
+        /// The `config.json`.
+        path: PathBuf,
+        /// The model type.
+        model_type: String,
+        /// `num_hidden_layers`.
+        configured: usize,
+        /// The layers the family stores after the decoder layers
+        /// (`num_nextn_predict_layers` of DeepSeek-V3).
+        mtp_layers: usize,
+        /// The layers the checkpoint holds (`model.layers.N`).
+        found: usize,
+    },
     /// A tensor is not a floating-point tensor where the model needs one.
     #[error("{}: tensor `{key}` has dtype {dtype}, expected a float (f32, f16, bf16)", file.display())]
     UnsupportedDtype {
@@ -151,6 +175,15 @@ pub enum HfError {
         /// burn-store's message.
         message: String,
     },
+}
+
+/// What a [`HfError::LayerCount`] message says of the family's extra layers.
+fn extra_layers_note(model_type: &str, mtp_layers: usize) -> String {
+    if model_type == "deepseek_v3" {
+        format!(" and `num_nextn_predict_layers` is {mtp_layers}")
+    } else {
+        String::new()
+    }
 }
 
 fn others_suffix(others: usize, what: &str) -> String {

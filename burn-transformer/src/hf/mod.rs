@@ -27,8 +27,8 @@ mod moe;
 mod rope;
 
 pub use checkpoint::{
-    CONFIG_FILE, INDEX_FILE, KeyAction, KeyMap, LoadOptions, WEIGHTS_FILE, causal_lm_key_map,
-    load_causal_lm, load_causal_lm_with, load_weights,
+    CONFIG_FILE, INDEX_FILE, KeyAction, KeyMap, LoadOptions, LoadReport, WEIGHTS_FILE,
+    causal_lm_key_map, load_causal_lm, load_causal_lm_with, load_weights, non_finite_parameters,
 };
 pub use config::HfConfig;
 pub use error::HfError;

@@ -365,27 +365,48 @@ fn beam_search_scores_are_length_normalized_log_probabilities_and_batching_is_tr
     }
 }
 
-/// A scratch copy of a fixture model whose weights `edit` rewrites.
-struct BrokenCheckpoint {
-    dir: PathBuf,
+/// The tensors of a safetensors file: name, dtype, shape, bytes.
+type TensorList = Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)>;
+
+/// A scratch copy of a fixture model, whose `config.json` and weights a test edits.
+struct ScratchModel {
+    dir: tempfile::TempDir,
 }
 
-impl BrokenCheckpoint {
-    fn new(
-        label: &str,
-        edit: impl FnOnce(&mut Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)>),
+impl ScratchModel {
+    /// A copy of the fixture model `name` (every file of its folder).
+    fn copy(name: &str) -> Self {
+        let dir = tempfile::TempDir::with_prefix(format!("hf-{name}-")).unwrap();
+        for entry in std::fs::read_dir(model_dir(name)).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
+        }
+        Self { dir }
+    }
+
+    fn path(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    /// Rewrites the keys of `config.json`.
+    fn edit_config(
+        self,
+        edit: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>),
     ) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "burn-transformer-hf-{label}-{}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let source = model_dir("llama");
-        std::fs::copy(source.join(CONFIG_FILE), dir.join(CONFIG_FILE)).unwrap();
-        let bytes = std::fs::read(source.join(WEIGHTS_FILE)).unwrap();
+        let path = self.path().join(CONFIG_FILE);
+        let mut config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        edit(config.as_object_mut().unwrap());
+        std::fs::write(&path, serde_json::to_string_pretty(&config).unwrap()).unwrap();
+        self
+    }
+
+    /// Rewrites the tensors of `model.safetensors`.
+    fn edit_tensors(self, edit: impl FnOnce(&mut TensorList)) -> Self {
+        let path = self.path().join(WEIGHTS_FILE);
+        let bytes = std::fs::read(&path).unwrap();
         let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-        let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = file
+        let mut tensors: TensorList = file
             .tensors()
             .into_iter()
             .map(|(name, view)| {
@@ -407,26 +428,61 @@ impl BrokenCheckpoint {
                 )
             })
             .collect();
-        safetensors::serialize_to_file(views, None, &dir.join(WEIGHTS_FILE)).unwrap();
-        Self { dir }
+        safetensors::serialize_to_file(views, None, &path).unwrap();
+        self
     }
 
     fn load(&self) -> HfError {
-        load_causal_lm(&self.dir, &Device::flex()).unwrap_err()
+        load_causal_lm(self.path(), &Device::flex()).unwrap_err()
     }
 }
 
-impl Drop for BrokenCheckpoint {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// A copy of the llama fixture whose weights `edit` rewrites.
+fn broken_llama(edit: impl FnOnce(&mut TensorList)) -> ScratchModel {
+    ScratchModel::copy("llama").edit_tensors(edit)
+}
+
+/// The tensor `key` of `tensors`.
+fn tensor_mut<'a>(
+    tensors: &'a mut TensorList,
+    key: &str,
+) -> &'a mut (String, safetensors::Dtype, Vec<usize>, Vec<u8>) {
+    tensors
+        .iter_mut()
+        .find(|(name, ..)| name == key)
+        .unwrap_or_else(|| panic!("no tensor {key}"))
+}
+
+/// Sets the `index`-th value of an f32 tensor.
+fn set_f32(tensors: &mut TensorList, key: &str, index: usize, value: f32) {
+    let entry = tensor_mut(tensors, key);
+    assert_eq!(entry.1, safetensors::Dtype::F32);
+    entry.3[4 * index..4 * index + 4].copy_from_slice(&value.to_le_bytes());
+}
+
+/// Copies every tensor of decoder layer `from` as layer `to` (as a checkpoint with
+/// more layers would hold them).
+fn copy_layer(tensors: &mut TensorList, from: usize, to: usize) {
+    let prefix = format!("model.layers.{from}.");
+    let copies: TensorList = tensors
+        .iter()
+        .filter_map(|(name, dtype, shape, data)| {
+            let rest = name.strip_prefix(&prefix)?;
+            Some((
+                format!("model.layers.{to}.{rest}"),
+                *dtype,
+                shape.clone(),
+                data.clone(),
+            ))
+        })
+        .collect();
+    assert!(!copies.is_empty(), "layer {from} has tensors");
+    tensors.extend(copies);
 }
 
 #[test]
 fn missing_extra_and_misshapen_tensors_are_named() {
-    let missing = BrokenCheckpoint::new("missing", |tensors| {
-        tensors.retain(|(name, ..)| name != "model.norm.weight")
-    });
+    let missing = broken_llama(|tensors| tensors.retain(|(name, ..)| name != "model.norm.weight"));
     let error = missing.load();
     assert!(
         matches!(&error, HfError::MissingTensor { key, expected, others: 0, .. }
@@ -435,7 +491,7 @@ fn missing_extra_and_misshapen_tensors_are_named() {
     );
     assert!(error.to_string().contains("model.norm.weight"), "{error}");
 
-    let extra = BrokenCheckpoint::new("extra", |tensors| {
+    let extra = broken_llama(|tensors| {
         tensors.push((
             "model.layers.0.mlp.extra_proj.weight".into(),
             safetensors::Dtype::F32,
@@ -450,11 +506,8 @@ fn missing_extra_and_misshapen_tensors_are_named() {
     );
     assert!(error.to_string().contains("model.safetensors"), "{error}");
 
-    let misshapen = BrokenCheckpoint::new("shape", |tensors| {
-        let entry = tensors
-            .iter_mut()
-            .find(|(name, ..)| name == "model.layers.1.self_attn.k_proj.weight")
-            .unwrap();
+    let misshapen = broken_llama(|tensors| {
+        let entry = tensor_mut(tensors, "model.layers.1.self_attn.k_proj.weight");
         entry.2 = vec![17, 32];
         entry.3 = vec![0; 17 * 32 * 4];
     });
@@ -471,11 +524,8 @@ fn missing_extra_and_misshapen_tensors_are_named() {
         "{message}"
     );
 
-    let integer = BrokenCheckpoint::new("dtype", |tensors| {
-        let entry = tensors
-            .iter_mut()
-            .find(|(name, ..)| name == "model.norm.weight")
-            .unwrap();
+    let integer = broken_llama(|tensors| {
+        let entry = tensor_mut(tensors, "model.norm.weight");
         entry.1 = safetensors::Dtype::I32;
     });
     let error = integer.load();
@@ -541,7 +591,9 @@ fn config_and_directory_errors_name_the_file() {
 fn loading_in_f16_converts_every_parameter() {
     let device = Device::flex();
     let options = LoadOptions::default().with_dtype(burn::tensor::DType::F16);
-    let (model, _) = load_causal_lm_with(model_dir("qwen2_bf16"), &device, &options).unwrap();
+    let (model, _, report) =
+        load_causal_lm_with(model_dir("qwen2_bf16"), &device, &options).unwrap();
+    assert_eq!(report, LoadReport::default());
     assert_eq!(
         model.embed_tokens.weight.val().dtype(),
         burn::tensor::DType::F16
@@ -556,4 +608,161 @@ fn loading_in_f16_converts_every_parameter() {
         reference.tensor("logits", &device),
     );
     assert!(diff < 0.1, "f16 logits differ by {diff}");
+}
+
+#[test]
+fn tensors_holding_nan_or_infinity_are_named_by_their_checkpoint_key() {
+    let device = Device::flex();
+    let (_, _, clean) =
+        load_causal_lm_with(model_dir("llama"), &device, &LoadOptions::default()).unwrap();
+    assert_eq!(clean, LoadReport::default());
+    assert_eq!(clean.warning(), None);
+
+    // 1e6 is finite in f32 and beyond f16's range (65504).
+    let damaged = broken_llama(|tensors| {
+        set_f32(tensors, "model.embed_tokens.weight", 7, f32::NAN);
+        set_f32(
+            tensors,
+            "model.layers.1.mlp.down_proj.weight",
+            0,
+            f32::INFINITY,
+        );
+        set_f32(tensors, "model.norm.weight", 3, f32::NEG_INFINITY);
+        set_f32(tensors, "model.layers.0.self_attn.o_proj.weight", 5, 1e6);
+    });
+    let expected = [
+        "model.embed_tokens.weight",
+        "model.layers.1.mlp.down_proj.weight",
+        "model.norm.weight",
+    ];
+    let (_, _, report) =
+        load_causal_lm_with(damaged.path(), &device, &LoadOptions::default()).unwrap();
+    assert_eq!(report.non_finite, expected);
+    let warning = report.warning().unwrap();
+    assert!(
+        warning.starts_with("3 tensors hold NaN or infinite values"),
+        "{warning}"
+    );
+    for key in expected {
+        assert!(warning.contains(&format!("`{key}`")), "{warning}");
+    }
+
+    let half = LoadOptions::default().with_dtype(burn::tensor::DType::F16);
+    let (_, _, report) = load_causal_lm_with(damaged.path(), &device, &half).unwrap();
+    assert_eq!(
+        report.non_finite,
+        [
+            "model.embed_tokens.weight",
+            "model.layers.0.self_attn.o_proj.weight",
+            "model.layers.1.mlp.down_proj.weight",
+            "model.norm.weight",
+        ]
+    );
+}
+
+#[test]
+fn a_config_with_fewer_layers_than_its_checkpoint_is_an_error_for_every_family() {
+    for name in [
+        "llama",
+        "llama_sharded",
+        "mistral",
+        "qwen2",
+        "mixtral",
+        "deepseek_v2",
+        "deepseek_v3",
+    ] {
+        let scratch = ScratchModel::copy(name).edit_config(|config| {
+            config.insert("num_hidden_layers".into(), 1.into());
+            config.remove("layer_types");
+            config.remove("num_nextn_predict_layers");
+        });
+        let error = scratch.load();
+        assert!(
+            matches!(
+                &error,
+                HfError::LayerCount {
+                    configured: 1,
+                    mtp_layers: 0,
+                    found: 2,
+                    ..
+                }
+            ),
+            "{name}: {error}"
+        );
+        let message = error.to_string();
+        assert!(
+            message.contains("`num_hidden_layers` is 1")
+                && message.contains("holds 2 layers")
+                && message.contains("config.json"),
+            "{name}: {message}"
+        );
+    }
+
+    // The same checkpoint one layer deeper.
+    let deeper = broken_llama(|tensors| copy_layer(tensors, 1, 2));
+    let error = deeper.load();
+    assert!(
+        matches!(
+            &error,
+            HfError::LayerCount {
+                configured: 2,
+                found: 3,
+                ..
+            }
+        ),
+        "{error}"
+    );
+}
+
+/// DeepSeek-V3 checkpoints hold `num_nextn_predict_layers` multi-token-prediction
+/// layers after the decoder layers: those load as ignored, a layer more is an error.
+#[test]
+fn deepseek_v3_skips_its_multi_token_prediction_layers_only() {
+    let with_mtp = |label_layers: &[usize]| {
+        let layers = label_layers.to_vec();
+        ScratchModel::copy("deepseek_v3").edit_tensors(move |tensors| {
+            for &layer in &layers {
+                copy_layer(tensors, 1, layer);
+                // The MTP layer's own projection, which decoder layers lack.
+                tensors.push((
+                    format!("model.layers.{layer}.eh_proj.weight"),
+                    safetensors::Dtype::F32,
+                    vec![32, 64],
+                    vec![0; 32 * 64 * 4],
+                ));
+            }
+        })
+    };
+    let device = Device::flex();
+    let one = with_mtp(&[2]);
+    let (model, config) = load_causal_lm(one.path(), &device).unwrap();
+    assert_eq!((config.mtp_layers, model.n_layers()), (1, 2));
+    let reference = reference("deepseek_v3");
+    let prompts = rows(&reference.data("tokens"));
+    assert_close(
+        model.forward(int_tensor(&prompts, &device), None),
+        reference.tensor::<3>("logits", &device),
+        LOGIT_TOLERANCE,
+        "deepseek_v3 with an MTP layer",
+    );
+
+    let error = with_mtp(&[2, 3]).load();
+    assert!(
+        matches!(
+            &error,
+            HfError::LayerCount {
+                configured: 2,
+                mtp_layers: 1,
+                found: 4,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert!(
+        error
+            .to_string()
+            .contains("`num_nextn_predict_layers` is 1"),
+        "{error}"
+    );
 }

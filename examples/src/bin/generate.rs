@@ -1,15 +1,20 @@
-//! `generate`: text generation with a Hugging Face model, streamed as it is decoded.
+//! `generate`: text generation with a Hugging Face model or a model trained by
+//! `train-lm`, streamed as it is decoded.
 //!
 //! ```text
 //! generate --model DIR --prompt TEXT [--tokenizer tokenizer.json] [--max-new-tokens N]
-//!          [--temperature T] [--top-k K] [--top-p P] [--repetition-penalty R] [--seed S]
-//!          [--num-beams B] [--device flex|ndarray|wgpu|cuda] [--dtype f32|f16|bf16]
+//!          [--temperature T [--top-k K] [--top-p P] [--seed S]] [--repetition-penalty R]
+//!          [--num-beams B [--length-penalty L]] [--device flex|ndarray|wgpu|cuda]
+//!          [--dtype f32|f16|bf16]
 //! ```
 //!
-//! Greedy by default; `--temperature` above 0 samples (with optional top-k / top-p),
-//! reproducibly for a given `--seed`. `--num-beams` above 1 runs beam search and prints
-//! the best hypothesis at the end. Generation stops at the model's `eos_token_id`s or
-//! after `--max-new-tokens`.
+//! `DIR` is a Hugging Face model folder (its `tokenizer.json`, or `--tokenizer`) or the
+//! `--out` folder of a finished `train-lm` run (its own tokenizer). Greedy by default;
+//! `--temperature` above 0 samples (with optional top-k / top-p), reproducibly for a
+//! given `--seed`. `--num-beams` above 1 runs beam search and prints the best
+//! hypothesis at the end. Generation stops at a Hugging Face model's `eos_token_id`s or
+//! after `--max-new-tokens`; a run's tokens are each predicted from at most the
+//! `--context` it was trained with. Every flag is checked before anything is loaded.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -18,110 +23,205 @@ use burn_transformer::generate::{
     BeamSearchConfig, GenerationConfig, SamplingConfig, beam_search, generate,
 };
 use clap::Parser;
-use examples::{HfModelFlags, StreamedText};
-use tokenizers::Tokenizer;
+use examples::{ModelFlags, StreamedText};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Generates text with a Hugging Face model.
+/// Generates text with a Hugging Face model or a model trained by train-lm.
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
     #[command(flatten)]
-    model: HfModelFlags,
+    model: ModelFlags,
     /// The text to continue.
     #[arg(long)]
     prompt: String,
-    /// The tokenizer file. Default: DIR/tokenizer.json.
+    /// The tokenizer file of a Hugging Face model. Default: DIR/tokenizer.json (a
+    /// train-lm run always uses its own).
     #[arg(long)]
     tokenizer: Option<PathBuf>,
     /// At most this many new tokens.
     #[arg(long, default_value_t = 64)]
     max_new_tokens: usize,
     /// Sampling temperature; 0 is greedy decoding.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     temperature: f32,
-    /// Sample among the K most likely tokens only.
+    /// Sample among the K most likely tokens only (with --temperature).
     #[arg(long)]
     top_k: Option<usize>,
-    /// Sample among the most likely tokens that make up probability P.
-    #[arg(long)]
+    /// Sample among the most likely tokens that make up probability P (with
+    /// --temperature).
+    #[arg(long, allow_negative_numbers = true)]
     top_p: Option<f32>,
-    /// Penalize repeated tokens (1 disables).
-    #[arg(long, default_value_t = 1.0)]
-    repetition_penalty: f32,
-    /// Seed of the sampler.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// Beam search with this many beams (no streaming).
+    /// Seed of the sampler (with --temperature). Default: 0.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Penalize repeated tokens (greedy or sampled decoding). Default: 1 (none).
+    #[arg(long, allow_negative_numbers = true)]
+    repetition_penalty: Option<f32>,
+    /// Beam search with this many beams (no streaming); 1 is greedy decoding.
     #[arg(long, default_value_t = 1)]
     num_beams: usize,
-    /// Length penalty of beam search.
-    #[arg(long, default_value_t = 1.0)]
-    length_penalty: f32,
+    /// Length penalty of beam search (with --num-beams above 1). Default: 1.
+    #[arg(long, allow_negative_numbers = true)]
+    length_penalty: Option<f32>,
+}
+
+/// How tokens are chosen, as the flags ask.
+enum Decoding {
+    /// One token at a time, printed as it comes.
+    Stream(SamplingConfig),
+    /// Beam search, printed at the end.
+    Beams {
+        num_beams: usize,
+        length_penalty: f32,
+    },
 }
 
 fn main() -> ExitCode {
     examples::exit_with(run(&Args::parse()))
 }
 
-fn run(args: &Args) -> Result<(), String> {
-    let tokenizer_path = args
-        .tokenizer
-        .clone()
-        .unwrap_or_else(|| args.model.model.join("tokenizer.json"));
-    let tokenizer = Tokenizer::from_file(&tokenizer_path)
-        .map_err(|error| format!("{}: {error}", tokenizer_path.display()))?;
-    let (model, config) = args.model.load()?;
-
-    let encoding = tokenizer
-        .encode(args.prompt.as_str(), true)
-        .map_err(|error| format!("cannot tokenize the prompt: {error}"))?;
-    let prompt: Vec<u32> = encoding.get_ids().to_vec();
-    if prompt.is_empty() {
-        return Err("the prompt is empty after tokenization".into());
+/// Checks every decoding flag, alone and together: a value out of range, or a flag
+/// that would have no effect with the others (`--top-k` on greedy decoding), is an
+/// error rather than ignored.
+fn decoding(args: &Args) -> Result<Decoding, String> {
+    if args.max_new_tokens == 0 {
+        return Err("--max-new-tokens must be at least 1".into());
     }
-    let pad = config
-        .pad_token_id
-        .or(config.eos_token_ids.first().copied())
-        .unwrap_or(0);
+    let temperature = args.temperature;
+    if !(temperature.is_finite() && temperature >= 0.0) {
+        return Err(format!(
+            "--temperature must be 0 (greedy) or a finite positive number, got {temperature}"
+        ));
+    }
+    if args.top_k == Some(0) {
+        return Err("--top-k must be at least 1".into());
+    }
+    if let Some(p) = args.top_p
+        && !(p > 0.0 && p <= 1.0)
+    {
+        return Err(format!("--top-p must be in (0, 1], got {p}"));
+    }
+    if let Some(penalty) = args.repetition_penalty
+        && !(penalty.is_finite() && penalty > 0.0)
+    {
+        return Err(format!(
+            "--repetition-penalty must be a finite positive number (1 disables it), got \
+             {penalty}"
+        ));
+    }
+    if args.num_beams == 0 {
+        return Err("--num-beams must be at least 1 (1 is greedy decoding)".into());
+    }
+    if let Some(penalty) = args.length_penalty
+        && !penalty.is_finite()
+    {
+        return Err(format!("--length-penalty must be finite, got {penalty}"));
+    }
 
-    print!("{}", args.prompt);
-    examples::flush();
+    let sampling = temperature > 0.0;
+    let sampling_flags = [
+        ("--top-k", args.top_k.is_some()),
+        ("--top-p", args.top_p.is_some()),
+        ("--seed", args.seed.is_some()),
+    ];
+    if !sampling && let Some((flag, _)) = sampling_flags.iter().find(|(_, given)| *given) {
+        return Err(format!(
+            "{flag} applies to sampling: add --temperature T (T > 0); without it decoding \
+             is greedy"
+        ));
+    }
     if args.num_beams > 1 {
-        let beam = BeamSearchConfig::new(args.num_beams, args.max_new_tokens)
-            .with_length_penalty(args.length_penalty)
-            .with_stop_tokens(config.eos_token_ids.clone())
-            .with_pad_token(pad);
-        let hypotheses = beam_search(&model, &[prompt], &beam).map_err(|e| e.to_string())?;
-        if let Some(best) = hypotheses.first().and_then(|h| h.first()) {
-            let text = tokenizer
-                .decode(&best.tokens, true)
-                .map_err(|error| format!("cannot decode: {error}"))?;
-            println!("{text}");
+        if sampling {
+            return Err(
+                "--num-beams searches deterministically: it cannot be combined with \
+                 --temperature (sampling)"
+                    .into(),
+            );
         }
-        return Ok(());
+        if args.repetition_penalty.is_some() {
+            return Err(
+                "--repetition-penalty applies to greedy or sampled decoding, not to beam \
+                 search (--num-beams)"
+                    .into(),
+            );
+        }
+        return Ok(Decoding::Beams {
+            num_beams: args.num_beams,
+            length_penalty: args.length_penalty.unwrap_or(1.0),
+        });
     }
-
-    let sampling = if args.temperature > 0.0 {
-        SamplingConfig::sample(args.temperature, args.seed)
+    if args.length_penalty.is_some() {
+        return Err("--length-penalty applies to beam search: add --num-beams B (B > 1)".into());
+    }
+    let config = if sampling {
+        SamplingConfig::sample(temperature, args.seed.unwrap_or(0))
             .with_top_k(args.top_k)
             .with_top_p(args.top_p)
     } else {
         SamplingConfig::greedy()
     }
-    .with_repetition_penalty(args.repetition_penalty);
-    let generation = GenerationConfig::greedy(args.max_new_tokens)
-        .with_stop_tokens(config.eos_token_ids.clone())
-        .with_pad_token(pad)
-        .with_sampling(sampling);
+    .with_repetition_penalty(args.repetition_penalty.unwrap_or(1.0));
+    config.validate().map_err(|error| error.to_string())?;
+    Ok(Decoding::Stream(config))
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    // Everything that can be refused is refused before the model loads and before
+    // the prompt is printed.
+    let decoding = decoding(args)?;
+    let folder = args.model.folder()?;
+    let tokenizer = folder.tokenizer(args.tokenizer.as_deref())?;
+    let prompt = tokenizer
+        .encode(&args.prompt)
+        .map_err(|error| format!("--prompt: {error}"))?;
+    if prompt.is_empty() {
+        return Err("--prompt is empty after tokenization".into());
+    }
+    let loaded = args.model.load(&folder)?;
+    let vocab = loaded.model.vocab_size();
+    if let Some(token) = prompt.iter().find(|&&token| token as usize >= vocab) {
+        return Err(format!(
+            "--prompt: the tokenizer gives token {token}, outside the model's vocabulary \
+             (0..{vocab})"
+        ));
+    }
+
+    print!("{}", args.prompt);
+    examples::flush();
+    let generation = match decoding {
+        Decoding::Beams {
+            num_beams,
+            length_penalty,
+        } => {
+            let beam = BeamSearchConfig::new(num_beams, args.max_new_tokens)
+                .with_length_penalty(length_penalty)
+                .with_stop_tokens(loaded.stop_tokens.clone())
+                .with_pad_token(loaded.pad_token);
+            let hypotheses =
+                beam_search(&loaded.model, &[prompt], &beam).map_err(|error| error.to_string())?;
+            if let Some(best) = hypotheses.first().and_then(|h| h.first()) {
+                let text = tokenizer
+                    .decode(&best.tokens)
+                    .map_err(|error| format!("cannot decode: {error}"))?;
+                println!("{text}");
+            }
+            return Ok(());
+        }
+        Decoding::Stream(sampling) => GenerationConfig::greedy(args.max_new_tokens)
+            .with_stop_tokens(loaded.stop_tokens.clone())
+            .with_pad_token(loaded.pad_token)
+            .with_sampling(sampling)
+            .with_max_context(loaded.max_context),
+    };
 
     let mut stream = StreamedText::default();
     let mut decode_error = None;
-    generate(&model, &[prompt], &generation, |event| {
-        if let Err(error) = stream.push(event.token, |tokens| tokenizer.decode(tokens, true)) {
-            decode_error = Some(error.to_string());
+    generate(&loaded.model, &[prompt], &generation, |event| {
+        if let Err(error) = stream.push(event.token, |tokens| tokenizer.decode(tokens)) {
+            decode_error = Some(error);
         }
     })
     .map_err(|error| error.to_string())?;

@@ -1,5 +1,5 @@
-//! `hf-logits`: logits and a greedy continuation of a Hugging Face model, for
-//! comparison with transformers.
+//! `hf-logits`: logits and a greedy continuation of a Hugging Face model (or a
+//! `train-lm` run), for comparison with transformers.
 //!
 //! ```text
 //! hf-logits --model DIR --input INPUT.json --out OUT.safetensors [--device flex|ndarray|wgpu|cuda]
@@ -11,7 +11,8 @@
 //! forward pass, and `greedy`, i64 `[batch, n]`, the greedy continuation decoded
 //! through the KV cache (no stop token). The file is written under a temporary name
 //! and renamed, so it is either complete or absent. Bad input exits with status 1
-//! and a message naming the problem.
+//! and a message naming the problem; weights holding NaN or infinite values are named
+//! in a warning.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -20,13 +21,14 @@ use burn::tensor::{Int, Tensor, TensorData};
 use burn_transformer::generate::{GenerationConfig, generate};
 use burn_transformer::io::{read_text, write_atomically_with};
 use clap::Parser;
-use examples::HfModelFlags;
+use examples::ModelFlags;
 use serde::Deserialize;
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// One forward pass and a greedy continuation of a Hugging Face model.
+/// One forward pass and a greedy continuation of a Hugging Face model (or a train-lm
+/// run).
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
@@ -37,7 +39,7 @@ struct Args {
     #[arg(long)]
     out: PathBuf,
     #[command(flatten)]
-    model: HfModelFlags,
+    model: ModelFlags,
 }
 
 #[derive(Deserialize)]
@@ -79,8 +81,9 @@ fn read_input(path: &Path) -> Result<Input, String> {
 }
 
 fn run(args: &Args) -> Result<(), String> {
+    let folder = args.model.folder()?;
     let input = read_input(&args.input)?;
-    let (model, _) = args.model.load()?;
+    let model = args.model.load(&folder)?.model;
     let device = model.device();
     let vocab = model.vocab_size();
     let batch = input.tokens.len();

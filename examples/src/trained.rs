@@ -1,0 +1,308 @@
+//! The model folders the programs run: a Hugging Face model (`config.json` beside
+//! safetensors weights) or the folder of a `train-lm` run (`run.json`, `model.bpk` and
+//! the tokenizer the run trained with).
+//!
+//! A folder is opened in two steps, so that a program refuses a wrong folder before it
+//! loads anything: [`ModelFolder::open`] reads what kind of folder it is and its
+//! settings, [`ModelFolder::load`] the weights.
+
+use std::path::{Path, PathBuf};
+
+use burn::module::{Module, ModuleMapper, Param};
+use burn::tensor::{DType, Device, Tensor};
+use burn_transformer::hf::{
+    CONFIG_FILE, LoadOptions, LoadReport, load_causal_lm_with, non_finite_parameters,
+};
+use burn_transformer::io::{read_bytes, read_text};
+use burn_transformer::model::{CausalLm, CausalLmConfig};
+use burn_transformer::train::{CharTokenizer, Tokenizer, TrainError, load_module};
+use serde_json::Value;
+
+use crate::hf_tokenizer::HfTokenizer;
+use crate::run::RUN_FILE;
+
+/// The trained weights of a run, as `train-lm` saves them at the end.
+const RUN_WEIGHTS: &str = "model.bpk";
+/// A run's character vocabulary (`train-lm` without `--tokenizer`).
+const RUN_VOCABULARY: &str = "vocab.json";
+/// A run's copy of its `--tokenizer`, and a Hugging Face model's tokenizer.
+const TOKENIZER_FILE: &str = "tokenizer.json";
+
+/// A model folder whose kind and settings are known, its weights not yet loaded.
+#[derive(Debug, Clone)]
+pub enum ModelFolder {
+    /// A Hugging Face model: `config.json` and `model.safetensors` (or a sharded
+    /// index).
+    HuggingFace(PathBuf),
+    /// A `train-lm` run.
+    Run(Box<RunFolder>),
+}
+
+/// The folder of a finished `train-lm` run.
+#[derive(Debug, Clone)]
+pub struct RunFolder {
+    dir: PathBuf,
+    /// The model's configuration (`run.json`'s `model`).
+    config: CausalLmConfig,
+    /// The window the model was trained on (`run.json`'s `training.context`).
+    context: Option<usize>,
+    /// The run's tokenizer file: `vocab.json` or `tokenizer.json`.
+    tokenizer: PathBuf,
+}
+
+/// A loaded model with what generation needs to know about it.
+#[derive(Debug)]
+pub struct LoadedModel {
+    /// The model.
+    pub model: CausalLm,
+    /// Tokens that end a continuation: a Hugging Face model's `eos_token_id`s; none
+    /// for a run (its character vocabulary has no end-of-text token).
+    pub stop_tokens: Vec<u32>,
+    /// The padding token.
+    pub pad_token: u32,
+    /// The most tokens each prediction should see: a run's training window (the
+    /// model never saw more); `None` for Hugging Face models.
+    pub max_context: Option<usize>,
+}
+
+impl ModelFolder {
+    /// Reads what kind of model folder `dir` is, and its settings.
+    ///
+    /// # Errors
+    /// A message saying what the folder should hold; for a run, that it is not a
+    /// language model's run, has not finished training, or lacks its tokenizer.
+    pub fn open(dir: &Path) -> Result<Self, String> {
+        if !dir.is_dir() {
+            return Err(format!("{}: no such model folder", dir.display()));
+        }
+        if dir.join(CONFIG_FILE).is_file() {
+            Ok(Self::HuggingFace(dir.to_path_buf()))
+        } else if dir.join(RUN_FILE).is_file() {
+            RunFolder::open(dir).map(|run| Self::Run(Box::new(run)))
+        } else {
+            Err(format!(
+                "{} is not a model folder: expected a Hugging Face model ({CONFIG_FILE} and \
+                 model.safetensors) or a train-lm run ({RUN_FILE}, {RUN_WEIGHTS} and \
+                 {RUN_VOCABULARY} or {TOKENIZER_FILE})",
+                dir.display()
+            ))
+        }
+    }
+
+    /// Loads the model on `device` with parameters of type `dtype`, printing a warning
+    /// on stderr that names the tensors holding NaN or infinite values.
+    ///
+    /// # Errors
+    /// A message naming the file that could not be loaded.
+    pub fn load(&self, device: &Device, dtype: DType) -> Result<LoadedModel, String> {
+        let (loaded, report, dir) = match self {
+            Self::HuggingFace(dir) => {
+                let options = LoadOptions::default().with_dtype(dtype);
+                let (model, config, report) =
+                    load_causal_lm_with(dir, device, &options).map_err(|e| e.to_string())?;
+                let pad_token = config
+                    .pad_token_id
+                    .or(config.eos_token_ids.first().copied())
+                    .unwrap_or(0);
+                let loaded = LoadedModel {
+                    model,
+                    stop_tokens: config.eos_token_ids,
+                    pad_token,
+                    max_context: None,
+                };
+                (loaded, report, dir)
+            }
+            Self::Run(run) => {
+                let (model, report) = run.load(device, dtype)?;
+                let loaded = LoadedModel {
+                    model,
+                    stop_tokens: Vec::new(),
+                    pad_token: 0,
+                    max_context: run.context,
+                };
+                (loaded, report, &run.dir)
+            }
+        };
+        if let Some(warning) = report.warning() {
+            eprintln!("warning: {}: {warning}", dir.display());
+        }
+        Ok(loaded)
+    }
+
+    /// The tokenizer of the model: a Hugging Face model's `tokenizer.json` (or
+    /// `path`), a run's own tokenizer.
+    ///
+    /// # Errors
+    /// A message naming the file that is missing or not a tokenizer, or saying that a
+    /// run takes no other tokenizer than its own.
+    pub fn tokenizer(&self, path: Option<&Path>) -> Result<TextTokenizer, String> {
+        match self {
+            Self::HuggingFace(dir) => {
+                let path = path.map_or_else(|| dir.join(TOKENIZER_FILE), Path::to_path_buf);
+                let bytes = read_bytes(&path).map_err(|e| e.to_string())?;
+                let tokenizer = tokenizers::Tokenizer::from_bytes(bytes).map_err(|error| {
+                    format!("{}: not a tokenizer.json: {error}", path.display())
+                })?;
+                Ok(TextTokenizer::HuggingFace(Box::new(tokenizer)))
+            }
+            Self::Run(run) => match path {
+                Some(path) => Err(format!(
+                    "--tokenizer {}: a train-lm run uses the tokenizer it was trained with \
+                     ({})",
+                    path.display(),
+                    run.tokenizer.display()
+                )),
+                None => run.tokenizer().map(TextTokenizer::Run),
+            },
+        }
+    }
+}
+
+impl RunFolder {
+    /// Reads the settings of the run in `dir` and checks that it finished.
+    fn open(dir: &Path) -> Result<Self, String> {
+        let path = dir.join(RUN_FILE);
+        let text = read_text(&path).map_err(|e| e.to_string())?;
+        let settings: Value = serde_json::from_str(&text)
+            .map_err(|e| format!("{}: not a run file: {e}", path.display()))?;
+        // train-seq2seq's settings name its task; its model is an encoder-decoder.
+        let seq2seq = settings.get("task").is_some()
+            || settings.pointer("/args/task").is_some()
+            || settings.pointer("/model/n_encoder_layers").is_some();
+        if seq2seq {
+            return Err(format!(
+                "{} holds a train-seq2seq run, an encoder-decoder: not a language model \
+                 (a train-lm run or a Hugging Face model)",
+                dir.display()
+            ));
+        }
+        let model = settings.get("model").ok_or_else(|| {
+            format!(
+                "{}: no `model` (the model's configuration, which train-lm writes)",
+                path.display()
+            )
+        })?;
+        let config: CausalLmConfig = serde_json::from_value(model.clone()).map_err(|e| {
+            format!(
+                "{}: `model` is not a language model's configuration: {e}",
+                path.display()
+            )
+        })?;
+        config
+            .validate()
+            .map_err(|e| format!("{}: `model`: {e}", path.display()))?;
+        let context = settings
+            .pointer("/training/context")
+            .and_then(Value::as_u64)
+            .and_then(|context| usize::try_from(context).ok());
+
+        if !dir.join(RUN_WEIGHTS).is_file() {
+            return Err(format!(
+                "{}: no {RUN_WEIGHTS}: the run has not finished training (`train-lm \
+                 --resume --out {}` finishes it)",
+                dir.display(),
+                dir.display()
+            ));
+        }
+        let tokenizer = [RUN_VOCABULARY, TOKENIZER_FILE]
+            .into_iter()
+            .map(|name| dir.join(name))
+            .find(|path| path.is_file())
+            .ok_or_else(|| {
+                format!(
+                    "{}: no tokenizer: a train-lm run holds {RUN_VOCABULARY} (its characters) \
+                     or {TOKENIZER_FILE} (its --tokenizer)",
+                    dir.display()
+                )
+            })?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            config,
+            context,
+            tokenizer,
+        })
+    }
+
+    /// The trained model in `dtype`, and its non-finite parameters.
+    fn load(&self, device: &Device, dtype: DType) -> Result<(CausalLm, LoadReport), String> {
+        let path = self.dir.join(RUN_FILE);
+        let model = self
+            .config
+            .try_init(device)
+            .map_err(|e| format!("{}: `model`: {e}", path.display()))?;
+        let model = load_module(model, &self.dir.join(RUN_WEIGHTS)).map_err(|e| e.to_string())?;
+        // Runs are saved in f32; a narrower type is a conversion after loading.
+        let model = if dtype == DType::F32 {
+            model
+        } else {
+            model.map(&mut CastFloats(dtype))
+        };
+        let report = LoadReport {
+            non_finite: non_finite_parameters(&model),
+        };
+        Ok((model, report))
+    }
+
+    /// The run's tokenizer.
+    fn tokenizer(&self) -> Result<Box<dyn Tokenizer>, String> {
+        let path = &self.tokenizer;
+        let tokenizer: Box<dyn Tokenizer> = if path.ends_with(RUN_VOCABULARY) {
+            Box::new(CharTokenizer::load(path).map_err(|e| e.to_string())?)
+        } else {
+            Box::new(HfTokenizer::load(path).map_err(|e| e.to_string())?)
+        };
+        Ok(tokenizer)
+    }
+}
+
+/// Converts every float parameter to one type.
+struct CastFloats(DType);
+
+impl ModuleMapper for CastFloats {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let dtype = self.0;
+        param.map(|tensor| tensor.cast(dtype))
+    }
+}
+
+/// Text to token ids and back, as the model's own tooling does it.
+pub enum TextTokenizer {
+    /// A Hugging Face model's tokenizer: the prompt gets the special tokens the
+    /// tokenizer adds (a BOS token) and the output is decoded without them, as
+    /// transformers' pipelines do.
+    HuggingFace(Box<tokenizers::Tokenizer>),
+    /// The tokenizer a run trained with, used as in training (no special tokens).
+    Run(Box<dyn Tokenizer>),
+}
+
+impl TextTokenizer {
+    /// The ids of `text`.
+    ///
+    /// # Errors
+    /// The tokenizer's message, e.g. a character outside a run's vocabulary.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+        match self {
+            Self::HuggingFace(tokenizer) => tokenizer
+                .encode(text, true)
+                .map(|encoding| encoding.get_ids().to_vec())
+                .map_err(|error| error.to_string()),
+            Self::Run(tokenizer) => tokenizer.encode(text).map_err(|error| match error {
+                TrainError::Tokenizer(message) => message,
+                other => other.to_string(),
+            }),
+        }
+    }
+
+    /// The text of `tokens`.
+    ///
+    /// # Errors
+    /// The tokenizer's message.
+    pub fn decode(&self, tokens: &[u32]) -> Result<String, String> {
+        match self {
+            Self::HuggingFace(tokenizer) => tokenizer
+                .decode(tokens, true)
+                .map_err(|error| error.to_string()),
+            Self::Run(tokenizer) => Ok(tokenizer.decode(tokens)),
+        }
+    }
+}
