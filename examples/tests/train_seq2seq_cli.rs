@@ -100,6 +100,20 @@ fn resume_refuses_another_task_and_extends_the_run() {
     );
     let (train, _) = common::losses(std::path::Path::new(out));
     assert_eq!(train.len(), 4);
+
+    // Damaged files end in one clear line, never a panic: every checkpoint
+    // truncated, then a run.json that is not one.
+    let checkpoints = std::path::Path::new(out).join("checkpoint");
+    for entry in std::fs::read_dir(&checkpoints).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "bpk") {
+            let bytes = std::fs::read(&path).unwrap();
+            std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+        }
+    }
+    assert_clear_error(&resume(&["--steps", "6"]), "no intact checkpoint");
+    std::fs::write(std::path::Path::new(out).join("run.json"), "{}").unwrap();
+    assert_clear_error(&resume(&[]), "not a run file");
 }
 
 #[test]
