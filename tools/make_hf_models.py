@@ -118,6 +118,31 @@ def qwen2_bf16():
     return transformers.Qwen2Config(**COMMON, num_key_value_heads=4, tie_word_embeddings=False)
 
 
+def qwen3():
+    # QK-norm per head, a head width other than hidden / heads, a sliding window
+    # shorter than the prompt on the second layer only, untied embeddings.
+    return transformers.Qwen3Config(
+        **COMMON,
+        num_key_value_heads=2,
+        head_dim=12,
+        use_sliding_window=True,
+        sliding_window=3,
+        max_window_layers=1,
+        tie_word_embeddings=False,
+    )
+
+
+def qwen3_mqa():
+    # One key/value head, attention biases, tied embeddings, no window.
+    return transformers.Qwen3Config(
+        **COMMON,
+        num_key_value_heads=1,
+        head_dim=8,
+        attention_bias=True,
+        tie_word_embeddings=True,
+    )
+
+
 def mixtral():
     return transformers.MixtralConfig(
         **COMMON,
@@ -197,6 +222,8 @@ MODELS = {
     "mistral": (mistral, {}),
     "qwen2": (qwen2, {}),
     "qwen2_bf16": (qwen2_bf16, {"dtype": torch.bfloat16}),
+    "qwen3": (qwen3, {}),
+    "qwen3_mqa": (qwen3_mqa, {}),
     "mixtral": (mixtral, {}),
     "deepseek_v3": (deepseek_v3, {}),
     "deepseek_v2": (deepseek_v2, {}),

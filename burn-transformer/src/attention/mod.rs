@@ -4,6 +4,7 @@ mod cache;
 mod core;
 mod latent;
 mod multi_head;
+mod qk_norm;
 mod self_attention;
 
 pub use self::cache::{CrossKvCache, KvCache};
@@ -16,5 +17,6 @@ pub use self::latent::{
     LatentPath,
 };
 pub use self::multi_head::{MultiHeadAttention, MultiHeadAttentionConfig};
+pub use self::qk_norm::{QkNormConfig, QkNormPlacement};
 pub use self::self_attention::{SelfAttention, SelfAttentionCache, SelfAttentionConfig};
 pub use crate::ops::mask::padding_mask_from_lengths;

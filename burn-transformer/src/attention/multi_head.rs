@@ -13,7 +13,9 @@ use burn::tensor::{Bool, Device, Tensor};
 
 use super::cache::{CrossKvCache, KvCache};
 use super::core::{AttentionImpl, AttentionOptions, attention, attention_with_weights};
+use super::qk_norm::{QkNormConfig, QkNormPlacement};
 use crate::error::ConfigError;
+use crate::norm::RmsNorm;
 use crate::position::{Rope, RopeConfig};
 
 /// Configuration of [`MultiHeadAttention`].
@@ -58,6 +60,10 @@ pub struct MultiHeadAttentionConfig {
     /// attention's. Default: none.
     #[config(default = "None")]
     pub rope: Option<RopeConfig>,
+    /// RMSNorm of the projected queries and keys before RoPE (Qwen3, OLMo-2, Gemma-3).
+    /// Default: none.
+    #[config(default = "None")]
+    pub qk_norm: Option<QkNormConfig>,
     /// Which attention implementation to use. Default: automatic.
     #[config(default = "AttentionImpl::Auto")]
     pub implementation: AttentionImpl,
@@ -81,6 +87,10 @@ pub struct MultiHeadAttention {
     pub o_proj: Linear,
     /// Rotary embedding of q and k, if any.
     pub rope: Option<Rope>,
+    /// QK-norm of the queries (HF `q_norm`), if any.
+    pub q_norm: Option<RmsNorm>,
+    /// QK-norm of the keys (HF `k_norm`), if any.
+    pub k_norm: Option<RmsNorm>,
     /// Dropout on attention probabilities (inactive in eval / without autodiff).
     pub dropout: Dropout,
     #[module(skip)]
@@ -99,6 +109,8 @@ pub struct MultiHeadAttention {
     scale: Option<f64>,
     #[module(skip)]
     implementation: AttentionImpl,
+    #[module(skip)]
+    qk_norm: Option<QkNormPlacement>,
 }
 
 impl MultiHeadAttentionConfig {
@@ -142,6 +154,9 @@ impl MultiHeadAttentionConfig {
         if let Some(scale) = self.scale {
             ConfigError::check_finite(MODULE, "scale", scale)?;
         }
+        if let Some(qk_norm) = &self.qk_norm {
+            ConfigError::check_non_negative(MODULE, "qk_norm.eps", qk_norm.eps)?;
+        }
         if let Some(rope) = &self.rope {
             rope.validate()?;
             if rope.head_dim != self.head_width() {
@@ -171,6 +186,13 @@ impl MultiHeadAttentionConfig {
                 .with_initializer(self.initializer.clone())
                 .init(device)
         };
+        let (q_norm, k_norm) = match &self.qk_norm {
+            Some(qk_norm) => {
+                let (q, k) = qk_norm.try_init(self.n_heads, n_kv_heads, head_dim, device)?;
+                (Some(q), Some(k))
+            }
+            None => (None, None),
+        };
         Ok(MultiHeadAttention {
             q_proj: linear(self.d_model, self.n_heads * head_dim, self.qkv_bias),
             k_proj: linear(d_kv_input, n_kv_heads * head_dim, self.qkv_bias),
@@ -181,6 +203,8 @@ impl MultiHeadAttentionConfig {
                 .as_ref()
                 .map(|rope| rope.try_init(device))
                 .transpose()?,
+            q_norm,
+            k_norm,
             dropout: DropoutConfig::new(self.dropout).init(),
             n_heads: self.n_heads,
             n_kv_heads,
@@ -190,6 +214,7 @@ impl MultiHeadAttentionConfig {
             softcap: self.softcap,
             scale: self.scale,
             implementation: self.implementation,
+            qk_norm: self.qk_norm.as_ref().map(|qk_norm| qk_norm.placement),
         })
     }
 }
@@ -385,7 +410,21 @@ impl MultiHeadAttention {
     }
 
     fn project_queries_unrotated(&self, x: Tensor<3>) -> Tensor<4> {
-        split_heads(self.q_proj.forward(x), self.n_heads, self.head_dim)
+        self.split_normed(self.q_proj.forward(x), self.n_heads, self.q_norm.as_ref())
+    }
+
+    /// `[batch, seq, heads * head_dim] -> [batch, heads, seq, head_dim]`, with QK-norm
+    /// `norm` applied where its placement says.
+    fn split_normed(&self, x: Tensor<3>, heads: usize, norm: Option<&RmsNorm>) -> Tensor<4> {
+        match (norm, self.qk_norm) {
+            (Some(norm), Some(QkNormPlacement::AcrossHeads)) => {
+                split_heads(norm.forward(x), heads, self.head_dim)
+            }
+            (Some(norm), Some(QkNormPlacement::PerHead)) => {
+                norm.forward(split_heads(x, heads, self.head_dim))
+            }
+            _ => split_heads(x, heads, self.head_dim),
+        }
     }
 
     /// Keys and values `[batch, n_kv_heads, seq, head_dim]`; keys rotated from
@@ -395,10 +434,10 @@ impl MultiHeadAttention {
         x: Tensor<3>,
         rope_offset: Option<usize>,
     ) -> (Tensor<4>, Tensor<4>) {
-        let k = split_heads(
+        let k = self.split_normed(
             self.k_proj.forward(x.clone()),
             self.n_kv_heads,
-            self.head_dim,
+            self.k_norm.as_ref(),
         );
         let v = split_heads(self.v_proj.forward(x), self.n_kv_heads, self.head_dim);
         let k = match (&self.rope, rope_offset) {
@@ -471,6 +510,81 @@ mod tests {
                 });
                 let output = attention.forward(fixture.tensor("x", &device), padding);
                 assert_close(output, fixture.tensor("y", &device), 1e-5, name);
+            }
+        }
+    }
+
+    /// `x / sqrt(mean(x²) + eps) · weight` over the last axis, written out.
+    fn naive_rms<const D: usize>(x: Tensor<D>, weight: Tensor<1>, eps: f64) -> Tensor<D> {
+        let mean_square = x.clone().powf_scalar(2.0).mean_dim(D - 1);
+        x / (mean_square + eps).sqrt() * weight.unsqueeze::<D>()
+    }
+
+    #[test]
+    fn qk_norm_normalizes_queries_and_keys_before_rope_in_both_placements() {
+        use crate::attention::reference_attention;
+        use burn::module::Param;
+        for placement in [QkNormPlacement::PerHead, QkNormPlacement::AcrossHeads] {
+            for device in test_devices() {
+                device.seed(11);
+                let eps = 1e-5;
+                let mut attention = config()
+                    .with_rope(Some(RopeConfig::new(12)))
+                    .with_qk_norm(Some(
+                        QkNormConfig::new().with_placement(placement).with_eps(eps),
+                    ))
+                    .init(&device);
+                let random_weight = |width: usize| {
+                    Tensor::<1>::random([width], Distribution::Uniform(0.5, 1.5), &device)
+                };
+                let (q_width, k_width) = match placement {
+                    QkNormPlacement::PerHead => (12, 12),
+                    QkNormPlacement::AcrossHeads => (4 * 12, 2 * 12),
+                };
+                let (q_weight, k_weight) = (random_weight(q_width), random_weight(k_width));
+                for (norm, weight) in [
+                    (&mut attention.q_norm, &q_weight),
+                    (&mut attention.k_norm, &k_weight),
+                ] {
+                    let norm = norm.as_mut().expect("configured");
+                    assert_eq!(norm.weight.dims(), weight.dims(), "{placement:?} width");
+                    norm.weight = Param::from_tensor(weight.clone());
+                }
+                let x = Tensor::<3>::random([2, 5, 32], Distribution::Normal(0.0, 1.0), &device);
+
+                // The same layer written out: project, normalize where the placement
+                // says, split into heads, rotate, attend, merge.
+                let normed = |projected: Tensor<3>, heads: usize, weight: &Tensor<1>| {
+                    let [batch, seq, _] = projected.dims();
+                    match placement {
+                        QkNormPlacement::AcrossHeads => {
+                            split_heads(naive_rms(projected, weight.clone(), eps), heads, 12)
+                        }
+                        QkNormPlacement::PerHead => {
+                            let heads_last = projected.reshape([batch, seq, heads, 12]);
+                            naive_rms(heads_last, weight.clone(), eps).swap_dims(1, 2)
+                        }
+                    }
+                };
+                let rope = attention.rope.as_ref().unwrap();
+                let q = rope.forward(normed(attention.q_proj.forward(x.clone()), 4, &q_weight), 0);
+                let k = rope.forward(normed(attention.k_proj.forward(x.clone()), 2, &k_weight), 0);
+                let v = split_heads(attention.v_proj.forward(x.clone()), 2, 12);
+                let options = AttentionOptions::new().with_causal(true);
+                let expected = attention.merge_heads(reference_attention(q, k, v, &options));
+                let name = format!("{placement:?}");
+                assert_close(
+                    attention.forward(x.clone(), None),
+                    expected.clone(),
+                    1e-5,
+                    &name,
+                );
+
+                // Cached decoding normalizes each new chunk the same way.
+                let mut cache = KvCache::new();
+                let first = attention.forward_cached(x.clone().narrow(1, 0, 3), &mut cache, None);
+                let rest = attention.forward_cached(x.narrow(1, 3, 2), &mut cache, None);
+                assert_close(Tensor::cat(vec![first, rest], 1), expected, 1e-5, &name);
             }
         }
     }

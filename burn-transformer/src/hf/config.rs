@@ -19,6 +19,7 @@ use super::latent::LatentKeys;
 use super::model_type::ModelType;
 use super::moe::MoeKeys;
 use super::rope::RopeKeys;
+use crate::attention::{QkNormConfig, QkNormPlacement};
 use crate::ffn::Activation;
 use crate::model::CausalLmConfig;
 
@@ -182,8 +183,8 @@ impl<'de> Deserialize<'de> for TokenIds {
 }
 
 impl ModelKeys {
-    /// LLaMA, Mistral and Qwen2 (GQA, RoPE, SwiGLU, RMSNorm; they differ in biases and
-    /// sliding windows); Mixtral adds the experts, DeepSeek-V2/V3 the experts and
+    /// LLaMA, Mistral, Qwen2 and Qwen3 (GQA, RoPE, SwiGLU, RMSNorm; they differ in
+    /// biases, sliding windows and Qwen3's QK-norm); Mixtral adds the experts, DeepSeek-V2/V3 the experts and
     /// latent attention, whose keys are read from `config`.
     fn causal_lm_config(
         &self,
@@ -224,6 +225,12 @@ impl ModelKeys {
         .with_sliding_window(sliding_window)
         .with_sliding_layers(sliding_layers)
         .with_tie_word_embeddings(self.tie_word_embeddings.unwrap_or(false))
+        .with_qk_norm((family == ModelType::Qwen3).then(|| {
+            // Qwen3's q_norm / k_norm: an RMSNorm of width head_dim, with the model's eps.
+            QkNormConfig::new()
+                .with_placement(QkNormPlacement::PerHead)
+                .with_eps(self.rms_norm_eps.unwrap_or(1e-6))
+        }))
         .with_initializer(burn::module::Initializer::Normal {
             mean: 0.0,
             std: self.initializer_range.unwrap_or(0.02),
@@ -248,7 +255,7 @@ impl ModelKeys {
     }
 
     /// `(sliding_window, sliding_layers)`: Mistral and Mixtral slide on every layer
-    /// when `sliding_window` is set; Qwen2 only with `use_sliding_window`, on the
+    /// when `sliding_window` is set; Qwen2 and Qwen3 only with `use_sliding_window`, on the
     /// layers `layer_types` (or `max_window_layers`) names; LLaMA never.
     fn sliding_window(
         &self,
@@ -259,7 +266,9 @@ impl ModelKeys {
             return Err(KeyError::new("sliding_window", "must be positive"));
         }
         let window = match family {
-            ModelType::Qwen2 if !self.use_sliding_window.unwrap_or(false) => None,
+            ModelType::Qwen2 | ModelType::Qwen3 if !self.use_sliding_window.unwrap_or(false) => {
+                None
+            }
             ModelType::Llama => None,
             _ => self.sliding_window,
         };
@@ -290,7 +299,7 @@ impl ModelKeys {
                     .collect::<Result<Vec<_>, _>>()?;
                 Some(flags)
             }
-            None if family == ModelType::Qwen2 => {
+            None if matches!(family, ModelType::Qwen2 | ModelType::Qwen3) => {
                 let first = self.max_window_layers.unwrap_or(28);
                 Some((0..n_layers).map(|layer| layer >= first).collect())
             }

@@ -5,6 +5,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "llama",
     "mistral",
     "qwen2",
+    "qwen3",
     "mixtral",
     "deepseek_v2",
     "deepseek_v3",
@@ -19,6 +20,8 @@ pub(crate) enum ModelType {
     Mistral,
     /// Qwen2: q/k/v biases; a sliding window only where `use_sliding_window` asks.
     Qwen2,
+    /// Qwen3: Qwen2's windows, no biases by default, and QK-norm per head.
+    Qwen3,
     /// Mixtral: Mistral with every feed-forward a mixture of experts.
     Mixtral,
     /// DeepSeek-V2: latent attention, dense first layers, then experts.
@@ -28,10 +31,11 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 6] = [
+    const ALL: [Self; 7] = [
         Self::Llama,
         Self::Mistral,
         Self::Qwen2,
+        Self::Qwen3,
         Self::Mixtral,
         Self::DeepseekV2,
         Self::DeepseekV3,
@@ -43,6 +47,7 @@ impl ModelType {
             Self::Llama => "llama",
             Self::Mistral => "mistral",
             Self::Qwen2 => "qwen2",
+            Self::Qwen3 => "qwen3",
             Self::Mixtral => "mixtral",
             Self::DeepseekV2 => "deepseek_v2",
             Self::DeepseekV3 => "deepseek_v3",

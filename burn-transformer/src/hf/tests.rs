@@ -149,6 +149,16 @@ fn qwen2_with_biases_and_per_layer_window_matches_transformers() {
 }
 
 #[test]
+fn qwen3_with_qk_norm_wide_heads_and_per_layer_window_matches_transformers() {
+    matches_transformers("qwen3");
+}
+
+#[test]
+fn qwen3_with_one_kv_head_biases_and_tied_embeddings_matches_transformers() {
+    matches_transformers("qwen3_mqa");
+}
+
+#[test]
 fn mixtral_sparse_moe_matches_transformers() {
     matches_transformers("mixtral");
 }
@@ -172,7 +182,14 @@ fn bf16_checkpoint_loads_as_f32_and_matches_transformers() {
 /// the sliding-window fixture also exercises the rolling cache.
 #[test]
 fn cached_decoding_equals_the_full_forward() {
-    for name in ["llama", "mistral", "qwen2", "mixtral", "deepseek_v3"] {
+    for name in [
+        "llama",
+        "mistral",
+        "qwen2",
+        "qwen3",
+        "mixtral",
+        "deepseek_v3",
+    ] {
         let reference = reference(name);
         let prompts = rows(&reference.data("tokens"));
         let greedy = rows(&reference.data("greedy"));

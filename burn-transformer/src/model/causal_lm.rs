@@ -25,7 +25,7 @@ use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
 use burn::tensor::{Bool, Device, Int, Tensor};
 
 use crate::attention::{
-    AttentionImpl, LatentAttentionConfig, MultiHeadAttentionConfig, SelfAttention,
+    AttentionImpl, LatentAttentionConfig, MultiHeadAttentionConfig, QkNormConfig, SelfAttention,
     SelfAttentionConfig,
 };
 use crate::block::{
@@ -86,6 +86,10 @@ pub struct CausalLmConfig {
     /// `max_window_layers`). Default: all of them.
     #[config(default = "None")]
     pub sliding_layers: Option<Vec<bool>>,
+    /// QK-norm in every grouped-attention layer (Qwen3: per head, with `norm_eps`).
+    /// Not available with `latent`. Default: none.
+    #[config(default = "None")]
+    pub qk_norm: Option<QkNormConfig>,
     /// The LM head shares the token embedding's weight (HF `tie_word_embeddings`).
     /// Default: false.
     #[config(default = false)]
@@ -162,6 +166,7 @@ impl CausalLmConfig {
             .with_o_bias(self.o_bias)
             .with_causal(true)
             .with_window(self.window_of(layer))
+            .with_qk_norm(self.qk_norm.clone())
             .with_implementation(self.implementation)
             .with_initializer(self.initializer.clone())
     }
@@ -232,6 +237,15 @@ impl CausalLmConfig {
         ConfigError::check_non_negative(MODULE, "router_z_loss_coef", self.router_z_loss_coef)?;
         ConfigError::check_probability(MODULE, "drop_path", self.drop_path)?;
         if let Some(latent) = &self.latent {
+            if self.qk_norm.is_some() {
+                return Err(ConfigError::Invalid {
+                    module: MODULE,
+                    field: "qk_norm",
+                    reason: "applies to grouped attention; latent attention normalizes its \
+                             own low-rank projections"
+                        .into(),
+                });
+            }
             latent.validate()?;
             if latent.d_model != self.d_model {
                 return Err(self.mismatch("latent.d_model", latent.d_model));

@@ -5,7 +5,7 @@
 
 use super::causal_lm::CausalLmConfig;
 use super::encoder_decoder::TransformerConfig;
-use crate::attention::LatentAttentionConfig;
+use crate::attention::{LatentAttentionConfig, QkNormConfig};
 use crate::ffn::moe::{RouterConfig, RouterScoring};
 use crate::ffn::{MoeConfig, MoeLayerPlan};
 use crate::position::{RopeConfig, RopeLayout, RopeScaling};
@@ -81,6 +81,30 @@ impl CausalLmConfig {
             .with_norm_eps(1e-6)
             .with_qkv_bias(true)
             .with_tie_word_embeddings(true)
+    }
+
+    /// `Qwen/Qwen3-0.6B`: 28 layers, width 1024, GQA 16/8 of width 128, QK-norm,
+    /// tied embeddings.
+    pub fn qwen3_0_6b() -> Self {
+        Self::qwen3(1024, 28, 16, 3072).with_tie_word_embeddings(true)
+    }
+
+    /// `Qwen/Qwen3-8B`: 36 layers, width 4096, GQA 32/8 of width 128, QK-norm.
+    pub fn qwen3_8b() -> Self {
+        Self::qwen3(4096, 36, 32, 12_288)
+    }
+
+    /// The Qwen3 dense family: heads of width 128 whatever the width, 8 key/value
+    /// heads, QK-norm per head, RoPE θ 1e6 over 40960 positions.
+    fn qwen3(d_model: usize, n_layers: usize, n_heads: usize, d_ff: usize) -> Self {
+        let rope = RopeConfig::new(128)
+            .with_theta(1_000_000.0)
+            .with_max_position_embeddings(40_960);
+        Self::new(151_936, d_model, n_layers, n_heads, d_ff, rope)
+            .with_n_kv_heads(Some(8))
+            .with_head_dim(Some(128))
+            .with_norm_eps(1e-6)
+            .with_qk_norm(Some(QkNormConfig::new().with_eps(1e-6)))
     }
 
     /// `mistralai/Mixtral-8x7B-v0.1`: 32 layers, width 4096, GQA 32/8, every layer a
@@ -240,6 +264,31 @@ mod tests {
         lite.validate().unwrap();
         assert!(!lite.moe_layers.is_moe(0) && lite.moe_layers.is_moe(1));
         assert_eq!(lite.latent.as_ref().unwrap().q_lora_rank, None);
+    }
+
+    /// Parameters in billions, rounded as the model cards print them: (all, without
+    /// the token embedding and the LM head).
+    fn billions(config: &CausalLmConfig, digits: i32) -> (f64, f64) {
+        // Parameters are initialized lazily: counting them allocates nothing.
+        let model = config.try_init(&burn::tensor::Device::flex()).unwrap();
+        let total = burn::module::Module::num_params(&model);
+        let heads = if config.tie_word_embeddings { 1 } else { 2 };
+        let embedding = heads * config.vocab_size * config.d_model;
+        let round = |n: usize| {
+            let scale = 10f64.powi(digits);
+            (n as f64 / 1e9 * scale).round() / scale
+        };
+        (round(total), round(total - embedding))
+    }
+
+    #[test]
+    fn qwen3_presets_have_the_published_parameter_counts() {
+        // The model cards: Qwen3-0.6B "0.6B, non-embedding 0.44B"; Qwen3-8B "8.2B,
+        // non-embedding 6.95B".
+        assert_eq!(billions(&CausalLmConfig::qwen3_0_6b(), 2), (0.6, 0.44));
+        assert_eq!(billions(&CausalLmConfig::qwen3_8b(), 1).0, 8.2);
+        assert_eq!(billions(&CausalLmConfig::qwen3_8b(), 2).1, 6.95);
+        assert_eq!(CausalLmConfig::qwen3_8b().head_width(), 128);
     }
 
     #[test]
