@@ -143,6 +143,18 @@ def qwen3_mqa():
     )
 
 
+def olmo2():
+    # Norms on the sublayers' outputs, QK-norm across heads, GQA, untied embeddings.
+    return transformers.Olmo2Config(**COMMON, num_key_value_heads=2, tie_word_embeddings=False)
+
+
+def olmo2_mqa():
+    # One key/value head, attention biases, tied embeddings.
+    return transformers.Olmo2Config(
+        **COMMON, num_key_value_heads=1, attention_bias=True, tie_word_embeddings=True
+    )
+
+
 def mixtral():
     return transformers.MixtralConfig(
         **COMMON,
@@ -224,6 +236,8 @@ MODELS = {
     "qwen2_bf16": (qwen2_bf16, {"dtype": torch.bfloat16}),
     "qwen3": (qwen3, {}),
     "qwen3_mqa": (qwen3_mqa, {}),
+    "olmo2": (olmo2, {}),
+    "olmo2_mqa": (olmo2_mqa, {}),
     "mixtral": (mixtral, {}),
     "deepseek_v3": (deepseek_v3, {}),
     "deepseek_v2": (deepseek_v2, {}),

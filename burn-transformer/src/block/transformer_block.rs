@@ -43,6 +43,14 @@ pub enum BlockKind {
     Parallel,
     /// Post-LN stream plus an un-normalized dual stream (ResiDual).
     ResiDual,
+    /// `x + norm(f(x))` for each sublayer: the norm on the sublayer's output, before
+    /// the residual add (OLMo-2's `post_attention_layernorm` and
+    /// `post_feedforward_layernorm`; no norm on the input).
+    OutputNorm,
+    /// `x + post_norm(f(pre_norm(x)))` for each sublayer: norms on both sides (Gemma-2
+    /// and Gemma-3's `input_layernorm`, `post_attention_layernorm`,
+    /// `pre_feedforward_layernorm` and `post_feedforward_layernorm`).
+    Sandwich,
 }
 
 impl BlockKind {
@@ -109,11 +117,14 @@ impl TransformerBlockConfig {
         }
         if let Some(cross) = &self.cross_attention {
             cross.validate()?;
-            if self.kind == BlockKind::Parallel {
+            if !matches!(
+                self.kind,
+                BlockKind::PreNorm | BlockKind::PostNorm | BlockKind::ResiDual
+            ) {
                 return Err(ConfigError::Invalid {
                     module: MODULE,
                     field: "kind",
-                    reason: "a parallel block has no place for cross-attention".into(),
+                    reason: format!("a {:?} block has no place for cross-attention", self.kind),
                 });
             }
         }
@@ -128,10 +139,11 @@ impl TransformerBlockConfig {
     /// See [`validate`](Self::validate).
     pub fn try_init(&self, device: &Device) -> Result<TransformerBlock, ConfigError> {
         self.validate()?;
-        let has_second_norm = self.kind != BlockKind::Parallel;
+        let kind = self.kind;
+        let norm_if = |present: bool| present.then(|| self.norm.try_init(device)).transpose();
         Ok(TransformerBlock {
             self_attn: self.self_attention.try_init(device)?,
-            input_layernorm: self.norm.try_init(device)?,
+            input_layernorm: norm_if(kind != BlockKind::OutputNorm)?,
             cross_attn: self
                 .cross_attention
                 .as_ref()
@@ -143,9 +155,12 @@ impl TransformerBlockConfig {
                 .map(|_| self.norm.try_init(device))
                 .transpose()?,
             mlp: self.feed_forward.try_init(device)?,
-            post_attention_layernorm: has_second_norm
-                .then(|| self.norm.try_init(device))
-                .transpose()?,
+            post_attention_layernorm: norm_if(kind != BlockKind::Parallel)?,
+            pre_feedforward_layernorm: norm_if(kind == BlockKind::Sandwich)?,
+            post_feedforward_layernorm: norm_if(matches!(
+                kind,
+                BlockKind::OutputNorm | BlockKind::Sandwich
+            ))?,
             dropout: DropoutConfig::new(self.residual_dropout).init(),
             drop_path: StochasticDepthConfig::new()
                 .with_prob(self.drop_path)
@@ -162,16 +177,27 @@ crate::builders::init_or_panic!(TransformerBlockConfig => TransformerBlock);
 pub struct TransformerBlock {
     /// Self-attention.
     pub self_attn: SelfAttention,
-    /// The norm of the self-attention sublayer (the shared norm of a parallel block).
-    pub input_layernorm: Norm,
+    /// The norm of the self-attention sublayer's input (the shared norm of a parallel
+    /// block, the first norm of a post-norm or ResiDual one); none in an
+    /// [`BlockKind::OutputNorm`] block.
+    pub input_layernorm: Option<Norm>,
     /// Cross-attention over encoder states, in encoder-decoder decoders.
     pub cross_attn: Option<MultiHeadAttention>,
     /// The norm of the cross-attention sublayer.
     pub cross_attn_layernorm: Option<Norm>,
     /// The feed-forward sublayer.
     pub mlp: FeedForward,
-    /// The norm of the feed-forward sublayer (none in a parallel block).
+    /// The second norm, named as Hugging Face names it in each family: the
+    /// feed-forward's input norm of a Pre-LN block (LLaMA), the norm after the
+    /// feed-forward's residual add of a post-norm or ResiDual block, the norm of the
+    /// attention's output in an [`BlockKind::OutputNorm`] or [`BlockKind::Sandwich`]
+    /// block (OLMo-2, Gemma); none in a parallel block.
     pub post_attention_layernorm: Option<Norm>,
+    /// The feed-forward's input norm of a [`BlockKind::Sandwich`] block.
+    pub pre_feedforward_layernorm: Option<Norm>,
+    /// The norm of the feed-forward's output in an [`BlockKind::OutputNorm`] or
+    /// [`BlockKind::Sandwich`] block.
+    pub post_feedforward_layernorm: Option<Norm>,
     /// Residual dropout.
     pub dropout: Dropout,
     /// Stochastic depth on every sublayer.
@@ -435,6 +461,11 @@ impl TransformerBlock {
             (attention, norm, memory)
         });
         let second_norm = self.post_attention_layernorm.as_ref();
+        let input_norm = || {
+            self.input_layernorm
+                .as_ref()
+                .expect("every block kind but OutputNorm has an input norm")
+        };
         let BlockState {
             hidden: x,
             dual,
@@ -443,9 +474,7 @@ impl TransformerBlock {
         match self.kind {
             BlockKind::PreNorm => {
                 let x = x.clone()
-                    + self.branch(
-                        calls.self_attention(&self.self_attn, self.input_layernorm.forward(x)),
-                    );
+                    + self.branch(calls.self_attention(&self.self_attn, input_norm().forward(x)));
                 let x = match cross {
                     Some((attention, norm, memory)) => {
                         x.clone()
@@ -454,7 +483,7 @@ impl TransformerBlock {
                     None => x,
                 };
                 let norm = second_norm.expect("a pre-norm block has a feed-forward norm");
-                let (fed, losses) = self.feed_forward(norm.forward(x.clone()), losses);
+                let (fed, losses) = self.feed_forward(norm.forward(x.clone()), losses, None);
                 BlockState {
                     hidden: x + fed,
                     dual: None,
@@ -462,8 +491,7 @@ impl TransformerBlock {
                 }
             }
             BlockKind::PostNorm => {
-                let x = self
-                    .input_layernorm
+                let x = input_norm()
                     .forward(x.clone() + self.branch(calls.self_attention(&self.self_attn, x)));
                 let x = match cross {
                     Some((attention, norm, memory)) => norm.forward(
@@ -472,7 +500,7 @@ impl TransformerBlock {
                     None => x,
                 };
                 let norm = second_norm.expect("a post-norm block has a feed-forward norm");
-                let (fed, losses) = self.feed_forward(x.clone(), losses);
+                let (fed, losses) = self.feed_forward(x.clone(), losses, None);
                 BlockState {
                     hidden: norm.forward(x + fed),
                     dual: None,
@@ -480,9 +508,9 @@ impl TransformerBlock {
                 }
             }
             BlockKind::Parallel => {
-                let normed = self.input_layernorm.forward(x.clone());
+                let normed = input_norm().forward(x.clone());
                 let attended = self.branch(calls.self_attention(&self.self_attn, normed.clone()));
-                let (fed, losses) = self.feed_forward(normed, losses);
+                let (fed, losses) = self.feed_forward(normed, losses, None);
                 BlockState {
                     hidden: x + attended + fed,
                     dual: None,
@@ -497,7 +525,7 @@ impl TransformerBlock {
                     ),
                 );
                 let out = self.branch(calls.self_attention(&self.self_attn, a.clone()));
-                let (a, d) = (self.input_layernorm.forward(a + out.clone()), d + out);
+                let (a, d) = (input_norm().forward(a + out.clone()), d + out);
                 let (a, d) = match cross {
                     Some((attention, norm, memory)) => {
                         let out = self.branch(calls.cross_attention(attention, a.clone(), memory));
@@ -506,22 +534,54 @@ impl TransformerBlock {
                     None => (a, d),
                 };
                 let norm = second_norm.expect("a ResiDual block has a feed-forward norm");
-                let (out, losses) = self.feed_forward(a.clone(), losses);
+                let (out, losses) = self.feed_forward(a.clone(), losses, None);
                 BlockState {
                     hidden: norm.forward(a + out.clone()),
                     dual: Some(d + out),
                     losses,
                 }
             }
+            BlockKind::OutputNorm | BlockKind::Sandwich => {
+                let sandwich = self.kind == BlockKind::Sandwich;
+                let attention_input = if sandwich {
+                    input_norm().forward(x.clone())
+                } else {
+                    x.clone()
+                };
+                let attention_norm = second_norm.expect("the attention's output norm");
+                let x = x + self.branch(
+                    attention_norm.forward(calls.self_attention(&self.self_attn, attention_input)),
+                );
+                let ffn_input = match &self.pre_feedforward_layernorm {
+                    Some(norm) => norm.forward(x.clone()),
+                    None => x.clone(),
+                };
+                let (fed, losses) =
+                    self.feed_forward(ffn_input, losses, self.post_feedforward_layernorm.as_ref());
+                BlockState {
+                    hidden: x + fed,
+                    dual: None,
+                    losses,
+                }
+            }
         }
     }
 
-    /// The feed-forward sublayer's branch output, and the losses with its routing
-    /// losses added.
-    fn feed_forward(&self, x: Tensor<3>, losses: RoutingLosses) -> (Tensor<3>, RoutingLosses) {
+    /// The feed-forward sublayer's branch output (normed by `output_norm` first, when
+    /// given), and the losses with its routing losses added.
+    fn feed_forward(
+        &self,
+        x: Tensor<3>,
+        losses: RoutingLosses,
+        output_norm: Option<&Norm>,
+    ) -> (Tensor<3>, RoutingLosses) {
         let output = self.mlp.forward_with_losses(x);
         let losses = losses.add(output.aux_loss, output.z_loss);
-        (self.branch(output.output), losses)
+        let fed = match output_norm {
+            Some(norm) => norm.forward(output.output),
+            None => output.output,
+        };
+        (self.branch(fed), losses)
     }
 
     /// The block with every attention sublayer switched to `implementation` (the
@@ -595,12 +655,36 @@ mod tests {
                 BlockKind::PostNorm,
                 BlockKind::Parallel,
                 BlockKind::ResiDual,
+                BlockKind::OutputNorm,
+                BlockKind::Sandwich,
             ] {
-                let block = config(kind).init(&device);
+                let mut block = config(kind).init(&device);
+                // Distinct norm weights, so that a norm used in another's place shows.
+                for norm in [
+                    &mut block.input_layernorm,
+                    &mut block.post_attention_layernorm,
+                    &mut block.pre_feedforward_layernorm,
+                    &mut block.post_feedforward_layernorm,
+                ]
+                .into_iter()
+                .flatten()
+                {
+                    let Norm::Rms(norm) = norm else {
+                        unreachable!("configured with RMSNorm")
+                    };
+                    norm.weight = Param::from_tensor(Tensor::random(
+                        [D_MODEL],
+                        Distribution::Uniform(0.5, 1.5),
+                        &device,
+                    ));
+                }
                 let attn = |h: Tensor<3>| block.self_attn.forward(h, None);
                 let mlp = |h: Tensor<3>| block.mlp.forward(h);
-                let n1 = |h: Tensor<3>| block.input_layernorm.forward(h);
-                let n2 = |h: Tensor<3>| block.post_attention_layernorm.as_ref().unwrap().forward(h);
+                let norm = |norm: &Option<Norm>, h: Tensor<3>| norm.as_ref().unwrap().forward(h);
+                let n1 = |h: Tensor<3>| norm(&block.input_layernorm, h);
+                let n2 = |h: Tensor<3>| norm(&block.post_attention_layernorm, h);
+                let n3 = |h: Tensor<3>| norm(&block.pre_feedforward_layernorm, h);
+                let n4 = |h: Tensor<3>| norm(&block.post_feedforward_layernorm, h);
                 let output = block.forward(BlockState::new(x.clone(), kind), None, None);
                 let (expected, expected_dual) = match kind {
                     BlockKind::PreNorm => {
@@ -620,6 +704,15 @@ mod tests {
                         let (a, d) = (n1(x.clone() + out.clone()), x.clone() + out);
                         let out = mlp(a.clone());
                         (n2(a + out.clone()), Some(d + out))
+                    }
+                    BlockKind::OutputNorm => {
+                        assert!(block.input_layernorm.is_none());
+                        let h = x.clone() + n2(attn(x.clone()));
+                        (h.clone() + n4(mlp(h)), None)
+                    }
+                    BlockKind::Sandwich => {
+                        let h = x.clone() + n2(attn(n1(x.clone())));
+                        (h.clone() + n4(mlp(n3(h))), None)
                     }
                 };
                 assert_close(output.hidden, expected, 1e-5, &format!("{kind:?}"));
@@ -662,7 +755,7 @@ mod tests {
             mlp.up_proj = fixture.linear("mlp.up_proj", &device);
             mlp.down_proj = fixture.linear("mlp.down_proj", &device);
             let norm_weight = |key: &str| Param::from_tensor(fixture.tensor::<1>(key, &device));
-            let (Norm::Rms(input), Some(Norm::Rms(post))) = (
+            let (Some(Norm::Rms(input)), Some(Norm::Rms(post))) = (
                 &mut block.input_layernorm,
                 &mut block.post_attention_layernorm,
             ) else {
@@ -710,6 +803,8 @@ mod tests {
                 BlockKind::PostNorm,
                 BlockKind::Parallel,
                 BlockKind::ResiDual,
+                BlockKind::OutputNorm,
+                BlockKind::Sandwich,
             ] {
                 let mut block = config(kind);
                 block.self_attention = SelfAttentionConfig::MultiHead(attention(Some(3)));
@@ -804,7 +899,7 @@ mod tests {
             let first = &stack.layers[0];
             let (_, expected) = first
                 .self_attn
-                .forward_with_weights(first.input_layernorm.forward(x), None);
+                .forward_with_weights(first.input_layernorm.as_ref().unwrap().forward(x), None);
             assert_close(weights[0].self_attn.clone(), expected, 1e-6, "first block");
             for block in &weights {
                 assert_eq!(block.self_attn.dims(), [2, 4, 5, 5]);
@@ -896,10 +991,21 @@ mod tests {
         bad.norm = NormConfig::rms(D_MODEL + 1);
         let error = bad.validate().unwrap_err();
         assert!(error.to_string().contains("norm.d_model"), "{error}");
-        let error = config(BlockKind::Parallel)
-            .with_cross_attention(Some(MultiHeadAttentionConfig::new(D_MODEL, 4)))
-            .validate()
-            .unwrap_err();
-        assert!(error.to_string().contains("parallel"), "{error}");
+        for kind in [
+            BlockKind::Parallel,
+            BlockKind::OutputNorm,
+            BlockKind::Sandwich,
+        ] {
+            let error = config(kind)
+                .with_cross_attention(Some(MultiHeadAttentionConfig::new(D_MODEL, 4)))
+                .validate()
+                .unwrap_err();
+            assert!(
+                error
+                    .to_string()
+                    .contains(&format!("a {kind:?} block has no place")),
+                "{error}"
+            );
+        }
     }
 }

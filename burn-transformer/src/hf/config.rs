@@ -20,6 +20,7 @@ use super::model_type::ModelType;
 use super::moe::MoeKeys;
 use super::rope::RopeKeys;
 use crate::attention::{QkNormConfig, QkNormPlacement};
+use crate::block::BlockKind;
 use crate::ffn::Activation;
 use crate::model::CausalLmConfig;
 
@@ -183,8 +184,9 @@ impl<'de> Deserialize<'de> for TokenIds {
 }
 
 impl ModelKeys {
-    /// LLaMA, Mistral, Qwen2 and Qwen3 (GQA, RoPE, SwiGLU, RMSNorm; they differ in
-    /// biases, sliding windows and Qwen3's QK-norm); Mixtral adds the experts, DeepSeek-V2/V3 the experts and
+    /// LLaMA, Mistral, Qwen2, Qwen3 and OLMo-2 (GQA, RoPE, SwiGLU, RMSNorm; they differ
+    /// in biases, sliding windows, QK-norm and where OLMo-2 puts its norms); Mixtral
+    /// adds the experts, DeepSeek-V2/V3 the experts and
     /// latent attention, whose keys are read from `config`.
     fn causal_lm_config(
         &self,
@@ -225,12 +227,11 @@ impl ModelKeys {
         .with_sliding_window(sliding_window)
         .with_sliding_layers(sliding_layers)
         .with_tie_word_embeddings(self.tie_word_embeddings.unwrap_or(false))
-        .with_qk_norm((family == ModelType::Qwen3).then(|| {
-            // Qwen3's q_norm / k_norm: an RMSNorm of width head_dim, with the model's eps.
-            QkNormConfig::new()
-                .with_placement(QkNormPlacement::PerHead)
-                .with_eps(self.rms_norm_eps.unwrap_or(1e-6))
-        }))
+        .with_qk_norm(self.qk_norm(family))
+        .with_block_kind(match family {
+            ModelType::Olmo2 => BlockKind::OutputNorm,
+            _ => BlockKind::PreNorm,
+        })
         .with_initializer(burn::module::Initializer::Normal {
             mean: 0.0,
             std: self.initializer_range.unwrap_or(0.02),
@@ -252,6 +253,21 @@ impl ModelKeys {
             model.latent = Some(latent.latent_attention_config(&rope)?);
         }
         Ok(model)
+    }
+
+    /// QK-norm, with the model's eps: Qwen3 normalizes each head (`q_norm` / `k_norm`
+    /// of width `head_dim`), OLMo-2 the whole projections.
+    fn qk_norm(&self, family: ModelType) -> Option<QkNormConfig> {
+        let placement = match family {
+            ModelType::Qwen3 => QkNormPlacement::PerHead,
+            ModelType::Olmo2 => QkNormPlacement::AcrossHeads,
+            _ => return None,
+        };
+        Some(
+            QkNormConfig::new()
+                .with_placement(placement)
+                .with_eps(self.rms_norm_eps.unwrap_or(1e-6)),
+        )
     }
 
     /// `(sliding_window, sliding_layers)`: Mistral and Mixtral slide on every layer

@@ -6,6 +6,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "mistral",
     "qwen2",
     "qwen3",
+    "olmo2",
     "mixtral",
     "deepseek_v2",
     "deepseek_v3",
@@ -22,6 +23,9 @@ pub(crate) enum ModelType {
     Qwen2,
     /// Qwen3: Qwen2's windows, no biases by default, and QK-norm per head.
     Qwen3,
+    /// OLMo-2: norms on the sublayers' outputs (no input norms) and QK-norm across
+    /// heads.
+    Olmo2,
     /// Mixtral: Mistral with every feed-forward a mixture of experts.
     Mixtral,
     /// DeepSeek-V2: latent attention, dense first layers, then experts.
@@ -31,11 +35,12 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 7] = [
+    const ALL: [Self; 8] = [
         Self::Llama,
         Self::Mistral,
         Self::Qwen2,
         Self::Qwen3,
+        Self::Olmo2,
         Self::Mixtral,
         Self::DeepseekV2,
         Self::DeepseekV3,
@@ -48,6 +53,7 @@ impl ModelType {
             Self::Mistral => "mistral",
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
+            Self::Olmo2 => "olmo2",
             Self::Mixtral => "mixtral",
             Self::DeepseekV2 => "deepseek_v2",
             Self::DeepseekV3 => "deepseek_v3",

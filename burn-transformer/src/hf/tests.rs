@@ -159,6 +159,16 @@ fn qwen3_with_one_kv_head_biases_and_tied_embeddings_matches_transformers() {
 }
 
 #[test]
+fn olmo2_with_output_norms_and_qk_norm_across_heads_matches_transformers() {
+    matches_transformers("olmo2");
+}
+
+#[test]
+fn olmo2_with_one_kv_head_biases_and_tied_embeddings_matches_transformers() {
+    matches_transformers("olmo2_mqa");
+}
+
+#[test]
 fn mixtral_sparse_moe_matches_transformers() {
     matches_transformers("mixtral");
 }

@@ -545,6 +545,8 @@ pub(crate) mod tests {
                 small(BlockKind::PostNorm),
                 small(BlockKind::Parallel),
                 small(BlockKind::ResiDual),
+                small(BlockKind::OutputNorm),
+                small(BlockKind::Sandwich),
                 small_latent_moe(),
             ];
             for config in configs {
@@ -578,6 +580,8 @@ pub(crate) mod tests {
             BlockKind::PostNorm,
             BlockKind::Parallel,
             BlockKind::ResiDual,
+            BlockKind::OutputNorm,
+            BlockKind::Sandwich,
         ] {
             let model = small(kind).with_drop_path(0.25).init(&device);
             assert_eq!(model.model.kind(), kind);
