@@ -155,6 +155,40 @@ def olmo2_mqa():
     )
 
 
+def gemma2():
+    # Sandwich norms, scaled embeddings, GeGLU (tanh), an attention scale other than
+    # head_dim^-1/2, attention and final logit soft-capping small enough to bite, a
+    # sliding window shorter than the prompt on the first layer, tied embeddings.
+    return transformers.Gemma2Config(
+        **COMMON,
+        num_key_value_heads=2,
+        head_dim=8,
+        query_pre_attn_scalar=10,
+        attn_logit_softcapping=4.0,
+        final_logit_softcapping=10.0,
+        sliding_window=3,
+        layer_types=["sliding_attention", "full_attention"],
+    )
+
+
+def gemma3_text():
+    # Gemma-2's layout with QK-norm, one key/value head, a RoPE base per layer type
+    # and no soft-capping; untied embeddings.
+    return transformers.Gemma3TextConfig(
+        **COMMON,
+        num_key_value_heads=1,
+        head_dim=8,
+        query_pre_attn_scalar=8,
+        sliding_window=3,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 2.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+        },
+        tie_word_embeddings=False,
+    )
+
+
 def mixtral():
     return transformers.MixtralConfig(
         **COMMON,
@@ -238,6 +272,8 @@ MODELS = {
     "qwen3_mqa": (qwen3_mqa, {}),
     "olmo2": (olmo2, {}),
     "olmo2_mqa": (olmo2_mqa, {}),
+    "gemma2": (gemma2, {}),
+    "gemma3_text": (gemma3_text, {}),
     "mixtral": (mixtral, {}),
     "deepseek_v3": (deepseek_v3, {}),
     "deepseek_v2": (deepseek_v2, {}),
@@ -249,7 +285,7 @@ def seed_of(name: str, attempt: int) -> int:
 
 
 def perturb(model: torch.nn.Module, generator: torch.Generator) -> None:
-    """Redraws every parameter and floating-point buffer (but RoPE's inv_freq)."""
+    """Redraws every parameter and saved floating-point buffer (but RoPE's inv_freq)."""
 
     def normal(shape, std):
         return torch.randn(shape, generator=generator, dtype=torch.float32) * std
@@ -266,8 +302,11 @@ def perturb(model: torch.nn.Module, generator: torch.Generator) -> None:
             else:
                 fan_in = param.shape[-1]
                 param.copy_(normal(param.shape, 1.0 / math.sqrt(fan_in)))
+        # Buffers the checkpoint does not save (Gemma's embedding scale) are the
+        # architecture's, not weights: a loader computes them from config.json.
+        saved = set(model.state_dict())
         for name, buffer in model.named_buffers():
-            if "inv_freq" in name or not buffer.is_floating_point():
+            if "inv_freq" in name or not buffer.is_floating_point() or name not in saved:
                 continue
             # MoE balancing biases (DeepSeek-V3's e_score_correction_bias).
             buffer.copy_(normal(buffer.shape, 0.1))

@@ -60,6 +60,8 @@ mod book {
     mod mixture_of_experts {}
     #[doc = include_str!("../../docs/decoding.md")]
     mod decoding {}
+    #[doc = include_str!("../../docs/models.md")]
+    mod models {}
     #[doc = include_str!("../../docs/training.md")]
     mod training {}
     #[doc = include_str!("../../docs/benchmarks.md")]

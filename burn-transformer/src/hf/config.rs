@@ -131,6 +131,16 @@ struct ModelKeys {
     mlp_bias: Option<bool>,
     #[serde(default, deserialize_with = "deserialize_activation")]
     hidden_act: Option<Activation>,
+    /// Gemma's name of `hidden_act`.
+    #[serde(default, deserialize_with = "deserialize_activation")]
+    hidden_activation: Option<Activation>,
+    /// Gemma: the attention scale is `query_pre_attn_scalar^-½`.
+    query_pre_attn_scalar: Option<f64>,
+    attn_logit_softcapping: Option<f64>,
+    final_logit_softcapping: Option<f64>,
+    /// Gemma-3's RoPE base of the sliding layers, in configs without a
+    /// `rope_parameters` object per layer type.
+    rope_local_base_freq: Option<f64>,
     sliding_window: Option<usize>,
     use_sliding_window: Option<bool>,
     /// Checked only where a sliding window is in use: other families list other kinds.
@@ -184,9 +194,9 @@ impl<'de> Deserialize<'de> for TokenIds {
 }
 
 impl ModelKeys {
-    /// LLaMA, Mistral, Qwen2, Qwen3 and OLMo-2 (GQA, RoPE, SwiGLU, RMSNorm; they differ
-    /// in biases, sliding windows, QK-norm and where OLMo-2 puts its norms); Mixtral
-    /// adds the experts, DeepSeek-V2/V3 the experts and
+    /// LLaMA, Mistral, Qwen2, Qwen3, OLMo-2, Gemma-2 and Gemma-3 (GQA, RoPE, gated
+    /// feed-forwards, RMSNorm; they differ in biases, sliding windows, QK-norm, where
+    /// the norms sit, and Gemma's scales and soft-capping); Mixtral adds the experts, DeepSeek-V2/V3 the experts and
     /// latent attention, whose keys are read from `config`.
     fn causal_lm_config(
         &self,
@@ -197,7 +207,22 @@ impl ModelKeys {
         let d_model = size(self.hidden_size, "hidden_size")?;
         let n_heads = size(self.num_attention_heads, "num_attention_heads")?;
         let n_layers = size(self.num_hidden_layers, "num_hidden_layers")?;
-        let rope = read_keys::<RopeKeys>(config, None)?.rope_config()?;
+        let rope_keys = read_keys::<RopeKeys>(config, None)?;
+        // Gemma-3 rotates its sliding layers with their own base frequency.
+        let (rope, sliding_rope) = match family {
+            ModelType::Gemma3Text => {
+                let mut sliding = rope_keys.rope_config_of(Some("sliding_attention"))?;
+                if let Some(theta) = self.rope_local_base_freq {
+                    sliding.theta = theta;
+                }
+                (
+                    rope_keys.rope_config_of(Some("full_attention"))?,
+                    Some(sliding),
+                )
+            }
+            _ => (rope_keys.rope_config()?, None),
+        };
+        let gemma = family.is_gemma();
         let head_dim = self.head_dim.unwrap_or(rope.head_dim);
         let (qkv_bias, o_bias) = match family {
             // Qwen2 has biases on q, k and v but not on the output projection.
@@ -223,13 +248,32 @@ impl ModelKeys {
         .with_qkv_bias(qkv_bias)
         .with_o_bias(o_bias)
         .with_mlp_bias(self.mlp_bias.unwrap_or(false))
-        .with_activation(self.hidden_act.unwrap_or(Activation::Silu))
+        .with_activation(
+            self.hidden_activation
+                .or(self.hidden_act)
+                .unwrap_or(if gemma {
+                    Activation::GeluTanh
+                } else {
+                    Activation::Silu
+                }),
+        )
         .with_sliding_window(sliding_window)
         .with_sliding_layers(sliding_layers)
-        .with_tie_word_embeddings(self.tie_word_embeddings.unwrap_or(false))
+        .with_tie_word_embeddings(self.tie_word_embeddings.unwrap_or(gemma))
+        .with_sliding_rope(sliding_rope)
+        .with_norm_unit_offset(gemma)
+        .with_embed_scale(gemma.then(|| (d_model as f64).sqrt()))
+        .with_attention_scale(gemma.then(|| {
+            self.query_pre_attn_scalar
+                .unwrap_or(head_dim as f64)
+                .powf(-0.5)
+        }))
+        .with_attention_softcap(self.attn_logit_softcapping.filter(|_| gemma))
+        .with_final_logit_softcap(self.final_logit_softcapping.filter(|_| gemma))
         .with_qk_norm(self.qk_norm(family))
         .with_block_kind(match family {
             ModelType::Olmo2 => BlockKind::OutputNorm,
+            ModelType::Gemma2 | ModelType::Gemma3Text => BlockKind::Sandwich,
             _ => BlockKind::PreNorm,
         })
         .with_initializer(burn::module::Initializer::Normal {
@@ -255,18 +299,20 @@ impl ModelKeys {
         Ok(model)
     }
 
-    /// QK-norm, with the model's eps: Qwen3 normalizes each head (`q_norm` / `k_norm`
-    /// of width `head_dim`), OLMo-2 the whole projections.
+    /// QK-norm, with the model's eps: Qwen3 and Gemma-3 (with Gemma's RMSNorm)
+    /// normalize each head (`q_norm` / `k_norm` of width `head_dim`), OLMo-2 the whole
+    /// projections.
     fn qk_norm(&self, family: ModelType) -> Option<QkNormConfig> {
         let placement = match family {
-            ModelType::Qwen3 => QkNormPlacement::PerHead,
+            ModelType::Qwen3 | ModelType::Gemma3Text => QkNormPlacement::PerHead,
             ModelType::Olmo2 => QkNormPlacement::AcrossHeads,
             _ => return None,
         };
         Some(
             QkNormConfig::new()
                 .with_placement(placement)
-                .with_eps(self.rms_norm_eps.unwrap_or(1e-6)),
+                .with_eps(self.rms_norm_eps.unwrap_or(1e-6))
+                .with_unit_offset(family.is_gemma()),
         )
     }
 

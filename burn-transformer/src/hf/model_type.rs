@@ -7,6 +7,8 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "qwen2",
     "qwen3",
     "olmo2",
+    "gemma2",
+    "gemma3_text",
     "mixtral",
     "deepseek_v2",
     "deepseek_v3",
@@ -26,6 +28,12 @@ pub(crate) enum ModelType {
     /// OLMo-2: norms on the sublayers' outputs (no input norms) and QK-norm across
     /// heads.
     Olmo2,
+    /// Gemma-2: sandwich norms with Gemma's RMSNorm, scaled embeddings, GeGLU (tanh),
+    /// `query_pre_attn_scalar`, attention and final logit soft-capping, alternating
+    /// sliding and full layers.
+    Gemma2,
+    /// Gemma-3 (text): Gemma-2 with QK-norm and a RoPE per layer type.
+    Gemma3Text,
     /// Mixtral: Mistral with every feed-forward a mixture of experts.
     Mixtral,
     /// DeepSeek-V2: latent attention, dense first layers, then experts.
@@ -35,12 +43,14 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 8] = [
+    const ALL: [Self; 10] = [
         Self::Llama,
         Self::Mistral,
         Self::Qwen2,
         Self::Qwen3,
         Self::Olmo2,
+        Self::Gemma2,
+        Self::Gemma3Text,
         Self::Mixtral,
         Self::DeepseekV2,
         Self::DeepseekV3,
@@ -54,6 +64,8 @@ impl ModelType {
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
             Self::Olmo2 => "olmo2",
+            Self::Gemma2 => "gemma2",
+            Self::Gemma3Text => "gemma3_text",
             Self::Mixtral => "mixtral",
             Self::DeepseekV2 => "deepseek_v2",
             Self::DeepseekV3 => "deepseek_v3",
@@ -69,6 +81,12 @@ impl ModelType {
     /// mixture of experts.
     pub(crate) fn is_sparse(self) -> bool {
         matches!(self, Self::Mixtral | Self::DeepseekV2 | Self::DeepseekV3)
+    }
+
+    /// Whether the family is Gemma's (sandwich norms, Gemma's RMSNorm, scaled
+    /// embeddings).
+    pub(crate) fn is_gemma(self) -> bool {
+        matches!(self, Self::Gemma2 | Self::Gemma3Text)
     }
 
     /// Whether attention is DeepSeek's multi-head latent attention.

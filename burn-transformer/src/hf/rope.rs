@@ -145,7 +145,7 @@ impl RopeKeys {
 
     /// The rotary embedding of the layers of `layer_type` (`None`: of every layer, which
     /// needs a single scaling object).
-    fn rope_config_of(&self, layer_type: Option<&str>) -> Result<RopeConfig, KeyError> {
+    pub(crate) fn rope_config_of(&self, layer_type: Option<&str>) -> Result<RopeConfig, KeyError> {
         let head_dim = match (self.head_dim, self.hidden_size, self.num_attention_heads) {
             (Some(head_dim), _, _) => head_dim,
             (None, Some(hidden), Some(heads)) if heads > 0 => hidden / heads,

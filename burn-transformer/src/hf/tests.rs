@@ -169,6 +169,16 @@ fn olmo2_with_one_kv_head_biases_and_tied_embeddings_matches_transformers() {
 }
 
 #[test]
+fn gemma2_with_sandwich_norms_soft_capping_and_alternating_windows_matches_transformers() {
+    matches_transformers("gemma2");
+}
+
+#[test]
+fn gemma3_with_qk_norm_and_a_rope_per_layer_type_matches_transformers() {
+    matches_transformers("gemma3_text");
+}
+
+#[test]
 fn mixtral_sparse_moe_matches_transformers() {
     matches_transformers("mixtral");
 }

@@ -34,6 +34,7 @@ use crate::block::{
 use crate::error::ConfigError;
 use crate::ffn::{Activation, FeedForwardConfig, MoeConfig, MoeLayerPlan, SwiGluConfig};
 use crate::norm::{NormConfig, RmsNormConfig};
+use crate::ops::soft_cap::soft_cap;
 use crate::position::RopeConfig;
 
 const MODULE: &str = "CausalLmConfig";
@@ -86,6 +87,30 @@ pub struct CausalLmConfig {
     /// `max_window_layers`). Default: all of them.
     #[config(default = "None")]
     pub sliding_layers: Option<Vec<bool>>,
+    /// Gemma's RMSNorm, scaling by `1 + weight`, in every norm of the model (QK-norm
+    /// sets its own). Default: false.
+    #[config(default = false)]
+    pub norm_unit_offset: bool,
+    /// Scale of `q·kᵀ` in every grouped-attention layer (Gemma:
+    /// `query_pre_attn_scalar^-½`). Default: `head_dim^-½`.
+    #[config(default = "None")]
+    pub attention_scale: Option<f64>,
+    /// Attention logit soft-capping `cap · tanh(s / cap)` in every grouped-attention
+    /// layer (Gemma-2's `attn_logit_softcapping`). Default: none.
+    #[config(default = "None")]
+    pub attention_softcap: Option<f64>,
+    /// The rotary embedding of the sliding-window layers, where it differs from `rope`
+    /// (Gemma-3's local base frequency). Default: `rope` in every layer.
+    #[config(default = "None")]
+    pub sliding_rope: Option<RopeConfig>,
+    /// Factor on the token embeddings before the first block (Gemma: `√d_model`).
+    /// Default: none.
+    #[config(default = "None")]
+    pub embed_scale: Option<f64>,
+    /// Soft-capping of the output logits, `cap · tanh(logits / cap)` (Gemma-2's
+    /// `final_logit_softcapping`). Default: none.
+    #[config(default = "None")]
+    pub final_logit_softcap: Option<f64>,
     /// QK-norm in every grouped-attention layer (Qwen3: per head, with `norm_eps`).
     /// Not available with `latent`. Default: none.
     #[config(default = "None")]
@@ -166,6 +191,8 @@ impl CausalLmConfig {
             .with_o_bias(self.o_bias)
             .with_causal(true)
             .with_window(self.window_of(layer))
+            .with_scale(self.attention_scale)
+            .with_softcap(self.attention_softcap)
             .with_qk_norm(self.qk_norm.clone())
             .with_implementation(self.implementation)
             .with_initializer(self.initializer.clone())
@@ -202,7 +229,11 @@ impl CausalLmConfig {
 
     /// The norm of every block and of the stack's end.
     fn norm_config(&self) -> NormConfig {
-        NormConfig::Rms(RmsNormConfig::new(self.d_model).with_eps(self.norm_eps))
+        NormConfig::Rms(
+            RmsNormConfig::new(self.d_model)
+                .with_eps(self.norm_eps)
+                .with_unit_offset(self.norm_unit_offset),
+        )
     }
 
     /// The block of layer `layer`.
@@ -227,6 +258,12 @@ impl CausalLmConfig {
         ConfigError::check_positive(MODULE, "vocab_size", self.vocab_size)?;
         ConfigError::check_positive(MODULE, "n_layers", self.n_layers)?;
         ConfigError::check_positive(MODULE, "d_ff", self.d_ff)?;
+        if let Some(scale) = self.embed_scale {
+            ConfigError::check_finite(MODULE, "embed_scale", scale)?;
+        }
+        if let Some(cap) = self.final_logit_softcap {
+            ConfigError::check_positive_real(MODULE, "final_logit_softcap", cap)?;
+        }
         if let Some(moe) = &self.moe {
             moe.validate()?;
             if moe.router.d_model != self.d_model {
@@ -286,17 +323,24 @@ impl CausalLmConfig {
     /// The grouped attention and its RoPE agree.
     fn validate_grouped_attention(&self) -> Result<(), ConfigError> {
         self.attention_config(0).validate()?;
-        self.rope.validate()?;
-        if self.rope.head_dim != self.head_width() {
-            return Err(ConfigError::Invalid {
-                module: MODULE,
-                field: "rope.head_dim",
-                reason: format!(
-                    "must equal the attention head_dim {}, got {}",
-                    self.head_width(),
-                    self.rope.head_dim
-                ),
-            });
+        let ropes = [
+            ("rope.head_dim", Some(&self.rope)),
+            ("sliding_rope.head_dim", self.sliding_rope.as_ref()),
+        ];
+        for (field, rope) in ropes {
+            let Some(rope) = rope else { continue };
+            rope.validate()?;
+            if rope.head_dim != self.head_width() {
+                return Err(ConfigError::Invalid {
+                    module: MODULE,
+                    field,
+                    reason: format!(
+                        "must equal the attention head_dim {}, got {}",
+                        self.head_width(),
+                        rope.head_dim
+                    ),
+                });
+            }
         }
         Ok(())
     }
@@ -314,11 +358,19 @@ impl CausalLmConfig {
             None => Some(self.rope.try_init(device)?),
             Some(_) => None,
         };
+        // Sliding-window layers may rotate with their own frequencies (Gemma-3).
+        let sliding_rope = match (&self.latent, &self.sliding_rope) {
+            (None, Some(sliding)) => Some(sliding.try_init(device)?),
+            _ => rope.clone(),
+        };
         let layers = (0..self.n_layers)
             .map(|layer| {
                 let mut block = self.block_config(layer).try_init(device)?;
                 if let SelfAttention::MultiHead(attention) = &mut block.self_attn {
-                    attention.rope = rope.clone();
+                    attention.rope = match self.window_of(layer) {
+                        Some(_) => sliding_rope.clone(),
+                        None => rope.clone(),
+                    };
                 }
                 Ok(block)
             })
@@ -344,6 +396,8 @@ impl CausalLmConfig {
             vocab_size: self.vocab_size,
             aux_loss_coef: self.aux_loss_coef,
             router_z_loss_coef: self.router_z_loss_coef,
+            embed_scale: self.embed_scale,
+            final_logit_softcap: self.final_logit_softcap,
         })
     }
 }
@@ -365,6 +419,10 @@ pub struct CausalLm {
     aux_loss_coef: f64,
     #[module(skip)]
     router_z_loss_coef: f64,
+    #[module(skip)]
+    embed_scale: Option<f64>,
+    #[module(skip)]
+    final_logit_softcap: Option<f64>,
 }
 
 /// What a forward pass returns.
@@ -423,7 +481,7 @@ impl CausalLm {
         tokens: Tensor<2, Int>,
         key_padding: Option<Tensor<2, Bool>>,
     ) -> CausalLmOutput {
-        let x = self.embed_tokens.forward(tokens);
+        let x = self.embed(tokens);
         let (hidden, losses) = self.model.forward_with_losses(x, key_padding, None);
         self.output(hidden, losses)
     }
@@ -446,7 +504,7 @@ impl CausalLm {
         cache: &mut StackCache,
         key_padding: Option<Tensor<2, Bool>>,
     ) -> Tensor<3> {
-        let x = self.embed_tokens.forward(tokens);
+        let x = self.embed(tokens);
         let (hidden, losses) = self.model.forward_cached(x, cache, key_padding, None);
         self.output(hidden, losses).logits
     }
@@ -463,6 +521,15 @@ impl CausalLm {
         self
     }
 
+    /// The token embeddings, scaled by `embed_scale`.
+    fn embed(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
+        let x = self.embed_tokens.forward(tokens);
+        match self.embed_scale {
+            Some(scale) => x * scale,
+            None => x,
+        }
+    }
+
     /// The logits and weighted routing losses of the stack's output.
     fn output(&self, hidden: Tensor<3>, losses: RoutingLosses) -> CausalLmOutput {
         let weighted = |loss: Option<Tensor<1>>, coef: f64| {
@@ -475,8 +542,13 @@ impl CausalLm {
             (Some(aux), Some(z)) => Some(aux + z),
             (aux, z) => aux.or(z),
         };
+        let logits = self.lm_head(hidden);
+        let logits = match self.final_logit_softcap {
+            Some(cap) => soft_cap(logits, cap),
+            None => logits,
+        };
         CausalLmOutput {
-            logits: self.lm_head(hidden),
+            logits,
             routing_loss,
         }
     }

@@ -6,6 +6,8 @@
 use super::causal_lm::CausalLmConfig;
 use super::encoder_decoder::TransformerConfig;
 use crate::attention::{LatentAttentionConfig, QkNormConfig};
+use crate::block::BlockKind;
+use crate::ffn::Activation;
 use crate::ffn::moe::{RouterConfig, RouterScoring};
 use crate::ffn::{MoeConfig, MoeLayerPlan};
 use crate::position::{RopeConfig, RopeLayout, RopeScaling};
@@ -105,6 +107,78 @@ impl CausalLmConfig {
             .with_head_dim(Some(128))
             .with_norm_eps(1e-6)
             .with_qk_norm(Some(QkNormConfig::new().with_eps(1e-6)))
+    }
+
+    /// `google/gemma-2-2b`: 26 layers, width 2304, GQA 8/4 of width 256, sandwich
+    /// norms, sliding window 4096 on every other layer, logit soft-capping.
+    pub fn gemma2_2b() -> Self {
+        Self::gemma2(2304, 26, 8, 4, 9216)
+    }
+
+    /// `google/gemma-2-9b`: 42 layers, width 3584, GQA 16/8 of width 256.
+    pub fn gemma2_9b() -> Self {
+        Self::gemma2(3584, 42, 16, 8, 14_336)
+    }
+
+    /// The Gemma-2 family: vocabulary 256000, heads of width 256 scaled by
+    /// `query_pre_attn_scalar` 256, GeGLU (tanh), Gemma's RMSNorm in sandwich blocks,
+    /// embeddings scaled by `√d_model` and tied, attention logits capped at 50 and
+    /// output logits at 30, a window of 4096 on the even layers.
+    fn gemma2(
+        d_model: usize,
+        n_layers: usize,
+        n_heads: usize,
+        n_kv_heads: usize,
+        d_ff: usize,
+    ) -> Self {
+        let rope = RopeConfig::new(256).with_max_position_embeddings(8192);
+        Self::gemma(256_000, d_model, n_layers, n_heads, n_kv_heads, d_ff, rope)
+            .with_attention_softcap(Some(50.0))
+            .with_final_logit_softcap(Some(30.0))
+            .with_sliding_window(Some(4096))
+            .with_sliding_layers(Some((0..n_layers).map(|layer| layer % 2 == 0).collect()))
+    }
+
+    /// `google/gemma-3-1b-pt`: 26 layers, width 1152, 4 query heads sharing one
+    /// key/value head of width 256, QK-norm, five sliding layers (window 512, RoPE base
+    /// 10000) to one full layer (RoPE base 1e6).
+    pub fn gemma3_1b() -> Self {
+        let n_layers = 26;
+        let rope = RopeConfig::new(256)
+            .with_theta(1_000_000.0)
+            .with_max_position_embeddings(32_768);
+        Self::gemma(262_144, 1152, n_layers, 4, 1, 6912, rope.clone())
+            .with_sliding_rope(Some(rope.with_theta(10_000.0)))
+            .with_sliding_window(Some(512))
+            .with_sliding_layers(Some(
+                (0..n_layers).map(|layer| (layer + 1) % 6 != 0).collect(),
+            ))
+            .with_qk_norm(Some(QkNormConfig::new().with_unit_offset(true)))
+    }
+
+    /// What every Gemma shares: Gemma's RMSNorm in sandwich blocks, GeGLU (tanh),
+    /// embeddings scaled by `√d_model` and tied, the attention scaled by
+    /// `query_pre_attn_scalar^-½` (the head width).
+    fn gemma(
+        vocab_size: usize,
+        d_model: usize,
+        n_layers: usize,
+        n_heads: usize,
+        n_kv_heads: usize,
+        d_ff: usize,
+        rope: RopeConfig,
+    ) -> Self {
+        let head_dim = rope.head_dim;
+        Self::new(vocab_size, d_model, n_layers, n_heads, d_ff, rope)
+            .with_n_kv_heads(Some(n_kv_heads))
+            .with_head_dim(Some(head_dim))
+            .with_norm_eps(1e-6)
+            .with_norm_unit_offset(true)
+            .with_block_kind(BlockKind::Sandwich)
+            .with_activation(Activation::GeluTanh)
+            .with_embed_scale(Some((d_model as f64).sqrt()))
+            .with_attention_scale(Some((head_dim as f64).powf(-0.5)))
+            .with_tie_word_embeddings(true)
     }
 
     /// `mistralai/Mixtral-8x7B-v0.1`: 32 layers, width 4096, GQA 32/8, every layer a
@@ -289,6 +363,19 @@ mod tests {
         assert_eq!(billions(&CausalLmConfig::qwen3_8b(), 1).0, 8.2);
         assert_eq!(billions(&CausalLmConfig::qwen3_8b(), 2).1, 6.95);
         assert_eq!(CausalLmConfig::qwen3_8b().head_width(), 128);
+    }
+
+    #[test]
+    fn gemma_presets_have_the_published_parameter_counts() {
+        // The model cards: Gemma-2-2B 2.61B, Gemma-2-9B 9.24B, Gemma-3-1B 1.0B.
+        assert_eq!(billions(&CausalLmConfig::gemma2_2b(), 2).0, 2.61);
+        assert_eq!(billions(&CausalLmConfig::gemma2_9b(), 2).0, 9.24);
+        assert_eq!(billions(&CausalLmConfig::gemma3_1b(), 2).0, 1.0);
+        let gemma3 = CausalLmConfig::gemma3_1b();
+        assert_eq!(
+            (gemma3.window_of(4), gemma3.window_of(5)),
+            (Some(512), None)
+        );
     }
 
     #[test]

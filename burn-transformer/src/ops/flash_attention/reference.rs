@@ -45,7 +45,7 @@ fn scores(q: Tensor<4>, k: Tensor<4>) -> Tensor<4> {
 fn logits(scores: Tensor<4>, options: &ScoreOptions) -> Tensor<4> {
     let scaled = scores * options.scale;
     match options.softcap {
-        Some(cap) => (scaled / cap).tanh() * cap,
+        Some(cap) => crate::ops::soft_cap::soft_cap(scaled, cap),
         None => scaled,
     }
 }
