@@ -200,6 +200,30 @@ def mixtral():
     )
 
 
+def qwen3_moe():
+    # Qwen3 attention; 6 experts, 2 per token with renormalized weights, no shared
+    # expert; layer 0 sparse, layer 1 dense (mlp_only_layers), a third sparse layer by
+    # decoder_sparse_step 1; a window on the last layer.
+    common = {k: v for k, v in COMMON.items() if k != "num_hidden_layers"}
+    return transformers.Qwen3MoeConfig(
+        **common,
+        num_hidden_layers=3,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_experts=6,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[1],
+        router_aux_loss_coef=0.01,
+        use_sliding_window=True,
+        sliding_window=4,
+        max_window_layers=2,
+        tie_word_embeddings=False,
+    )
+
+
 def deepseek_v3():
     common = {k: v for k, v in COMMON.items() if k != "intermediate_size"}
     return transformers.DeepseekV3Config(
@@ -275,6 +299,7 @@ MODELS = {
     "gemma2": (gemma2, {}),
     "gemma3_text": (gemma3_text, {}),
     "mixtral": (mixtral, {}),
+    "qwen3_moe": (qwen3_moe, {}),
     "deepseek_v3": (deepseek_v3, {}),
     "deepseek_v2": (deepseek_v2, {}),
 }

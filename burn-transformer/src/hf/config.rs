@@ -304,7 +304,9 @@ impl ModelKeys {
     /// projections.
     fn qk_norm(&self, family: ModelType) -> Option<QkNormConfig> {
         let placement = match family {
-            ModelType::Qwen3 | ModelType::Gemma3Text => QkNormPlacement::PerHead,
+            ModelType::Qwen3 | ModelType::Qwen3Moe | ModelType::Gemma3Text => {
+                QkNormPlacement::PerHead
+            }
             ModelType::Olmo2 => QkNormPlacement::AcrossHeads,
             _ => return None,
         };
@@ -318,7 +320,9 @@ impl ModelKeys {
 
     /// `(sliding_window, sliding_layers)`: Mistral and Mixtral slide on every layer
     /// when `sliding_window` is set; Qwen2 and Qwen3 only with `use_sliding_window`, on the
-    /// layers `layer_types` (or `max_window_layers`) names; LLaMA never.
+    /// layers `layer_types` (or `max_window_layers`) names; Qwen3-MoE with
+    /// `use_sliding_window` on every layer; other families on the layers `layer_types`
+    /// names, or every layer; LLaMA never.
     fn sliding_window(
         &self,
         family: ModelType,
@@ -328,7 +332,9 @@ impl ModelKeys {
             return Err(KeyError::new("sliding_window", "must be positive"));
         }
         let window = match family {
-            ModelType::Qwen2 | ModelType::Qwen3 if !self.use_sliding_window.unwrap_or(false) => {
+            ModelType::Qwen2 | ModelType::Qwen3 | ModelType::Qwen3Moe
+                if !self.use_sliding_window.unwrap_or(false) =>
+            {
                 None
             }
             ModelType::Llama => None,
@@ -361,6 +367,7 @@ impl ModelKeys {
                     .collect::<Result<Vec<_>, _>>()?;
                 Some(flags)
             }
+            // Qwen3-MoE slides on every layer: it has no max_window_layers rule.
             None if matches!(family, ModelType::Qwen2 | ModelType::Qwen3) => {
                 let first = self.max_window_layers.unwrap_or(28);
                 Some((0..n_layers).map(|layer| layer >= first).collect())

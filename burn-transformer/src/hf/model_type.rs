@@ -10,6 +10,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "gemma2",
     "gemma3_text",
     "mixtral",
+    "qwen3_moe",
     "deepseek_v2",
     "deepseek_v3",
 ];
@@ -36,6 +37,9 @@ pub(crate) enum ModelType {
     Gemma3Text,
     /// Mixtral: Mistral with every feed-forward a mixture of experts.
     Mixtral,
+    /// Qwen3-MoE: Qwen3's attention, softmax top-k routing without shared experts,
+    /// sparse layers by `decoder_sparse_step` and `mlp_only_layers`.
+    Qwen3Moe,
     /// DeepSeek-V2: latent attention, dense first layers, then experts.
     DeepseekV2,
     /// DeepSeek-V3: V2 with sigmoid, bias-corrected routing.
@@ -43,7 +47,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 10] = [
+    const ALL: [Self; 11] = [
         Self::Llama,
         Self::Mistral,
         Self::Qwen2,
@@ -52,6 +56,7 @@ impl ModelType {
         Self::Gemma2,
         Self::Gemma3Text,
         Self::Mixtral,
+        Self::Qwen3Moe,
         Self::DeepseekV2,
         Self::DeepseekV3,
     ];
@@ -67,6 +72,7 @@ impl ModelType {
             Self::Gemma2 => "gemma2",
             Self::Gemma3Text => "gemma3_text",
             Self::Mixtral => "mixtral",
+            Self::Qwen3Moe => "qwen3_moe",
             Self::DeepseekV2 => "deepseek_v2",
             Self::DeepseekV3 => "deepseek_v3",
         }
@@ -80,7 +86,10 @@ impl ModelType {
     /// Whether every layer's feed-forward, or all after the first dense ones, is a
     /// mixture of experts.
     pub(crate) fn is_sparse(self) -> bool {
-        matches!(self, Self::Mixtral | Self::DeepseekV2 | Self::DeepseekV3)
+        matches!(
+            self,
+            Self::Mixtral | Self::Qwen3Moe | Self::DeepseekV2 | Self::DeepseekV3
+        )
     }
 
     /// Whether the family is Gemma's (sandwich norms, Gemma's RMSNorm, scaled

@@ -79,6 +79,8 @@ pub(crate) struct MoeKeys {
     hidden_act: Option<Activation>,
     first_k_dense_replace: Option<usize>,
     moe_layer_freq: Option<usize>,
+    decoder_sparse_step: Option<usize>,
+    mlp_only_layers: Option<Vec<usize>>,
 }
 
 impl MoeKeys {
@@ -149,9 +151,16 @@ impl MoeKeys {
     pub(crate) fn moe_layer_plan(&self) -> Result<MoeLayerPlan, KeyError> {
         let plan = MoeLayerPlan::new()
             .with_first_k_dense_replace(self.first_k_dense_replace.unwrap_or(0))
-            .with_moe_layer_freq(self.moe_layer_freq.unwrap_or(1));
-        if plan.moe_layer_freq == 0 {
-            return Err(KeyError::new("moe_layer_freq", "must be greater than 0"));
+            .with_moe_layer_freq(self.moe_layer_freq.unwrap_or(1))
+            .with_decoder_sparse_step(self.decoder_sparse_step.unwrap_or(1))
+            .with_dense_layers(self.mlp_only_layers.clone().unwrap_or_default());
+        for (key, value) in [
+            ("moe_layer_freq", plan.moe_layer_freq),
+            ("decoder_sparse_step", plan.decoder_sparse_step),
+        ] {
+            if value == 0 {
+                return Err(KeyError::new(key, "must be greater than 0"));
+            }
         }
         Ok(plan)
     }

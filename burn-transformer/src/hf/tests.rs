@@ -184,6 +184,11 @@ fn mixtral_sparse_moe_matches_transformers() {
 }
 
 #[test]
+fn qwen3_moe_with_dense_layers_between_sparse_ones_matches_transformers() {
+    matches_transformers("qwen3_moe");
+}
+
+#[test]
 fn deepseek_v3_mla_yarn_and_grouped_sigmoid_routing_matches_transformers() {
     matches_transformers("deepseek_v3");
 }
@@ -208,6 +213,7 @@ fn cached_decoding_equals_the_full_forward() {
         "qwen2",
         "qwen3",
         "mixtral",
+        "qwen3_moe",
         "deepseek_v3",
     ] {
         let reference = reference(name);

@@ -96,6 +96,14 @@ impl CausalLmConfig {
         Self::qwen3(4096, 36, 32, 12_288)
     }
 
+    /// `Qwen/Qwen3-30B-A3B`: 48 layers, width 2048, GQA 32/4 of width 128, QK-norm,
+    /// every layer a mixture of 128 experts of width 768, top-8 renormalized.
+    pub fn qwen3_30b_a3b() -> Self {
+        Self::qwen3(2048, 48, 32, 6144)
+            .with_n_kv_heads(Some(4))
+            .with_moe(Some(MoeConfig::mixtral(2048, 768, 128, 8)))
+    }
+
     /// The Qwen3 dense family: heads of width 128 whatever the width, 8 key/value
     /// heads, QK-norm per head, RoPE θ 1e6 over 40960 positions.
     fn qwen3(d_model: usize, n_layers: usize, n_heads: usize, d_ff: usize) -> Self {
@@ -363,6 +371,8 @@ mod tests {
         assert_eq!(billions(&CausalLmConfig::qwen3_8b(), 1).0, 8.2);
         assert_eq!(billions(&CausalLmConfig::qwen3_8b(), 2).1, 6.95);
         assert_eq!(CausalLmConfig::qwen3_8b().head_width(), 128);
+        // Qwen3-30B-A3B: "30.5B in total, non-embedding 29.9B".
+        assert_eq!(billions(&CausalLmConfig::qwen3_30b_a3b(), 1), (30.5, 29.9));
     }
 
     #[test]

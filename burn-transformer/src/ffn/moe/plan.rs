@@ -1,6 +1,8 @@
 //! Which decoder layers are sparse: Mixtral makes every layer a mixture of experts;
 //! DeepSeek-V2/V3 keep the first `first_k_dense_replace` layers dense (3 in V3), then
-//! use MoE every `moe_layer_freq` layers.
+//! use MoE every `moe_layer_freq` layers; Qwen3-MoE makes every
+//! `decoder_sparse_step`-th layer sparse (counting from 1) except the layers it lists
+//! as dense (`mlp_only_layers`).
 //!
 //! A layer's feed-forward is then a [`FeedForwardConfig::SwiGlu`] or a
 //! [`FeedForwardConfig::Moe`] ([`MoeLayerPlan::layer_config`]).
@@ -20,6 +22,14 @@ pub struct MoeLayerPlan {
     /// `moe_layer_freq`). Default: 1 (every layer).
     #[config(default = 1)]
     pub moe_layer_freq: usize,
+    /// Layer `i` is sparse only when `(i + 1) % decoder_sparse_step == 0` (HF
+    /// `decoder_sparse_step`, Qwen3-MoE). Default: 1 (every layer).
+    #[config(default = 1)]
+    pub decoder_sparse_step: usize,
+    /// Layers that stay dense whatever the rules above say (HF `mlp_only_layers`).
+    /// Default: none.
+    #[config(default = "Vec::new()")]
+    pub dense_layers: Vec<usize>,
 }
 
 impl MoeLayerPlan {
@@ -30,7 +40,10 @@ impl MoeLayerPlan {
 
     /// Whether layer `layer` (0-based) is a mixture of experts.
     pub fn is_moe(&self, layer: usize) -> bool {
-        layer >= self.first_k_dense_replace && layer.is_multiple_of(self.moe_layer_freq.max(1))
+        layer >= self.first_k_dense_replace
+            && layer.is_multiple_of(self.moe_layer_freq.max(1))
+            && (layer + 1).is_multiple_of(self.decoder_sparse_step.max(1))
+            && !self.dense_layers.contains(&layer)
     }
 
     /// The feed-forward config of layer `layer`: `moe` where sparse, else `dense`.
@@ -67,6 +80,12 @@ mod tests {
             .with_moe_layer_freq(2);
         let sparse: Vec<bool> = (0..5).map(|layer| every_other.is_moe(layer)).collect();
         assert_eq!(sparse, [false, false, true, false, true]);
+        // Qwen3-MoE: every second layer counting from 1, layer 3 kept dense.
+        let qwen = MoeLayerPlan::new()
+            .with_decoder_sparse_step(2)
+            .with_dense_layers(vec![3]);
+        let sparse: Vec<bool> = (0..6).map(|layer| qwen.is_moe(layer)).collect();
+        assert_eq!(sparse, [false, true, false, false, false, true]);
     }
 
     #[test]
