@@ -382,3 +382,35 @@ fn damaged_or_foreign_checkpoints_never_panic() {
     std::fs::write(run.join("run.json"), "[1, 2").unwrap();
     assert_clear_error(&resume("8"), "not a run file");
 }
+
+/// Every `--arch` builds a model whose validation loss falls in a few steps.
+#[test]
+fn every_arch_learns() {
+    let dir = TempDir::with_prefix("arch").unwrap();
+    let text = corpus(dir.path());
+    for arch in ["qwen3", "olmo2", "gemma"] {
+        let out = dir.path().join(arch);
+        let mut args = vec![
+            "--data",
+            text.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--arch",
+            arch,
+            "--steps",
+            "40",
+            "--eval-interval",
+            "20",
+            "--sample-tokens",
+            "0",
+            "--lr",
+            "1e-2",
+        ];
+        args.extend_from_slice(TINY);
+        let stdout = assert_success(&common::run(TRAIN_LM, &args));
+        assert!(stdout.contains(&format!("model ({arch})")), "{stdout}");
+        let (_, validation) = losses(&out);
+        let (first, last) = (validation[0].1, validation[validation.len() - 1].1);
+        assert!(last < first, "{arch}: validation loss {first} -> {last}");
+    }
+}

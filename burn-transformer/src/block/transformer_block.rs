@@ -926,62 +926,75 @@ mod tests {
         decoder_layer_trains_identically_through_the_kernel_on(crate::test_utils::cuda_device());
     }
 
+    /// A LLaMA-style layer, and a Gemma-style one (sandwich norms, QK-norm, soft-capped
+    /// scores, a window shorter than the sequence), train with the same losses through
+    /// the fused kernel as through the reference path.
     #[cfg(all(feature = "cube", feature = "train"))]
     fn decoder_layer_trains_identically_through_the_kernel_on(device: burn::tensor::Device) {
+        use crate::attention::QkNormConfig;
         use burn::optim::{AdamWConfig, GradientsParams};
 
         let device = device.autodiff();
         device.seed(17);
-        let config = |implementation| {
-            let mut config = config(BlockKind::PreNorm);
-            config.self_attention = SelfAttentionConfig::MultiHead(
-                attention(None)
+        for kind in [BlockKind::PreNorm, BlockKind::Sandwich] {
+            let gemma_style = kind == BlockKind::Sandwich;
+            let config = |implementation| {
+                let mut config = config(kind);
+                let attention = attention(gemma_style.then_some(12))
                     .with_head_dim(Some(32))
                     .with_rope(Some(RopeConfig::new(32)))
-                    .with_implementation(implementation),
-            );
-            config
-        };
-        let initial = config(AttentionImpl::Fused).init(&device);
-        // [batch, seq, d_model] with a sequence that is not a multiple of any tile.
-        let x = Tensor::<3>::random([2, 37, D_MODEL], Distribution::Normal(0.0, 1.0), &device);
-        let target = Tensor::<3>::random([2, 37, D_MODEL], Distribution::Normal(0.0, 1.0), &device);
+                    .with_implementation(implementation);
+                let attention = if gemma_style {
+                    attention
+                        .with_softcap(Some(5.0))
+                        .with_qk_norm(Some(QkNormConfig::new().with_unit_offset(true)))
+                } else {
+                    attention
+                };
+                config.self_attention = SelfAttentionConfig::MultiHead(attention);
+                config
+            };
+            let initial = config(AttentionImpl::Fused).init(&device);
+            // [batch, seq, d_model] with a sequence that is not a multiple of any tile.
+            let x = Tensor::<3>::random([2, 37, D_MODEL], Distribution::Normal(0.0, 1.0), &device);
+            let target =
+                Tensor::<3>::random([2, 37, D_MODEL], Distribution::Normal(0.0, 1.0), &device);
 
-        let train = |implementation| {
-            // Same initial weights; only the attention path differs.
-            let mut block = initial
-                .clone()
-                .with_attention_implementation(implementation);
-            let mut optimizer = AdamWConfig::new().init();
-            let mut losses = Vec::new();
-            for _ in 0..5 {
-                let output =
-                    block.forward(BlockState::new(x.clone(), BlockKind::PreNorm), None, None);
-                let loss = (output.hidden - target.clone()).powi_scalar(2).mean();
-                losses.push(loss.clone().into_scalar::<f32>());
-                let grads = GradientsParams::from_grads(loss.backward(), &block);
-                block = optimizer.step(1e-2, block, grads);
-            }
-            losses
-        };
-        let launches = || {
-            crate::ops::flash_attention::op::FORWARD_LAUNCHES
-                .load(std::sync::atomic::Ordering::SeqCst)
-        };
-        let before = launches();
-        let fused = train(AttentionImpl::Fused);
-        assert!(
-            launches() >= before + 5,
-            "the fused run must launch the CubeCL kernel"
-        );
-        let reference = train(AttentionImpl::Reference);
-        assert!(fused[4] < fused[0], "the layer learns: {fused:?}");
-        for (step, (a, b)) in fused.iter().zip(&reference).enumerate() {
-            let relative = (a - b).abs() / b.abs();
+            let train = |implementation| {
+                // Same initial weights; only the attention path differs.
+                let mut block = initial
+                    .clone()
+                    .with_attention_implementation(implementation);
+                let mut optimizer = AdamWConfig::new().init();
+                let mut losses = Vec::new();
+                for _ in 0..5 {
+                    let output = block.forward(BlockState::new(x.clone(), kind), None, None);
+                    let loss = (output.hidden - target.clone()).powi_scalar(2).mean();
+                    losses.push(loss.clone().into_scalar::<f32>());
+                    let grads = GradientsParams::from_grads(loss.backward(), &block);
+                    block = optimizer.step(1e-2, block, grads);
+                }
+                losses
+            };
+            let launches = || {
+                crate::ops::flash_attention::op::FORWARD_LAUNCHES
+                    .load(std::sync::atomic::Ordering::SeqCst)
+            };
+            let before = launches();
+            let fused = train(AttentionImpl::Fused);
             assert!(
-                relative <= 1e-4,
-                "step {step}: fused loss {a} vs reference {b} (relative {relative:e})"
+                launches() >= before + 5,
+                "{kind:?}: the fused run must launch the CubeCL kernel"
             );
+            let reference = train(AttentionImpl::Reference);
+            assert!(fused[4] < fused[0], "{kind:?}: the layer learns: {fused:?}");
+            for (step, (a, b)) in fused.iter().zip(&reference).enumerate() {
+                let relative = (a - b).abs() / b.abs();
+                assert!(
+                    relative <= 1e-4,
+                    "{kind:?} step {step}: fused loss {a} vs reference {b} (relative {relative:e})"
+                );
+            }
         }
     }
 

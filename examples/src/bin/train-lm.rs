@@ -14,6 +14,9 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use burn_transformer::attention::{QkNormConfig, QkNormPlacement};
+use burn_transformer::block::BlockKind;
+use burn_transformer::ffn::Activation;
 use burn_transformer::generate::{GenerationConfig, SamplingConfig, generate};
 use burn_transformer::io::{read_bytes, write_atomically};
 use burn_transformer::model::CausalLmConfig;
@@ -67,6 +70,13 @@ struct Args {
     #[serde(default)]
     overwrite: bool,
 
+    /// The block design: llama (Pre-LN, SwiGLU), qwen3 (llama with QK-norm per head),
+    /// olmo2 (norms on the sublayers' outputs, QK-norm across heads) or gemma (sandwich
+    /// norms with Gemma's RMSNorm, GeGLU, scaled embeddings, QK-norm, soft-capped
+    /// logits, a sliding window of context/4 on every other layer).
+    #[arg(long, default_value = "llama", value_parser = ["llama", "qwen3", "olmo2", "gemma"])]
+    #[serde(default = "default_arch")]
+    arch: String,
     /// Decoder layers.
     #[arg(long, default_value_t = 4)]
     layers: usize,
@@ -141,6 +151,43 @@ struct Args {
     /// Sample among the k most likely tokens (0: all); needs a --temperature above 0.
     #[arg(long, default_value_t = 40)]
     top_k: usize,
+}
+
+/// The `--arch` of runs saved before the flag existed.
+fn default_arch() -> String {
+    "llama".into()
+}
+
+/// `model` with the block design of `--arch` (see [`Args::arch`]).
+fn with_arch(model: CausalLmConfig, arch: &str, context: usize) -> CausalLmConfig {
+    let eps = model.norm_eps;
+    match arch {
+        "qwen3" => model.with_qk_norm(Some(QkNormConfig::new().with_eps(eps))),
+        "olmo2" => model
+            .with_block_kind(BlockKind::OutputNorm)
+            .with_qk_norm(Some(
+                QkNormConfig::new()
+                    .with_placement(QkNormPlacement::AcrossHeads)
+                    .with_eps(eps),
+            )),
+        "gemma" => {
+            let layers = model.n_layers;
+            let d_model = model.d_model;
+            model
+                .with_block_kind(BlockKind::Sandwich)
+                .with_norm_unit_offset(true)
+                .with_activation(Activation::GeluTanh)
+                .with_embed_scale(Some((d_model as f64).sqrt()))
+                .with_qk_norm(Some(
+                    QkNormConfig::new().with_eps(eps).with_unit_offset(true),
+                ))
+                .with_attention_softcap(Some(50.0))
+                .with_final_logit_softcap(Some(30.0))
+                .with_sliding_window(Some((context / 4).max(1)))
+                .with_sliding_layers(Some((0..layers).map(|layer| layer % 2 == 0).collect()))
+        }
+        _ => model,
+    }
 }
 
 /// What `--resume` reads back: the run's identity and the settings that shape the
@@ -265,6 +312,7 @@ fn configs(args: &Args, vocab_size: usize) -> (CausalLmConfig, LmTrainingConfig)
     .with_n_kv_heads(Some(kv_heads))
     .with_norm_eps(1e-5)
     .with_tie_word_embeddings(true);
+    let model = with_arch(model, &args.arch, args.context);
     let training = LmTrainingConfig::new()
         .with_batch_size(args.batch_size)
         .with_context(args.context)
@@ -392,10 +440,11 @@ fn run(args: Args, matches: &clap::ArgMatches) -> Result<(), String> {
         tokenizer.describe()
     );
     println!(
-        "split: {} training and {} validation tokens; model: {} layers, width {}, {} heads \
-         ({} kv), SwiGLU {}; device: {}",
+        "split: {} training and {} validation tokens; model ({}): {} layers, width {}, {} \
+         heads ({} kv), feed-forward {}; device: {}",
         split.train.len(),
         split.validation.len(),
+        args.arch,
         model.n_layers,
         model.d_model,
         model.n_heads,
