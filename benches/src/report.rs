@@ -298,8 +298,13 @@ fn attention_section(records: &[Record], out_dir: &Path) -> Result<Option<Sectio
                     |r| r.ms_median,
                 );
                 if !points.is_empty() {
-                    let name = format!("{name} {pass}");
-                    series.push(line(name, points, colour, pass == "fwd_bwd"));
+                    let backward = pass == "fwd_bwd";
+                    let name = if backward {
+                        format!("{name} forward+backward (dashed)")
+                    } else {
+                        format!("{name} forward")
+                    };
+                    series.push(line(name, points, colour, backward));
                 }
             }
         }

@@ -228,8 +228,14 @@ impl LinePlot {
             }
             .map_err(|e| e.to_string())?;
             if let (true, Some(name)) = (text, &series.name) {
+                // The legend's sample is drawn in the line's own style, so that a
+                // dashed line reads as dashed there too.
+                let [first, second] = legend_sample(series.dashed);
                 drawn.label(name.clone()).legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2))
+                    let style = colour.stroke_width(2);
+                    EmptyElement::at((x, y))
+                        + PathElement::new(vec![(first.0, 0), (first.1, 0)], style)
+                        + PathElement::new(vec![(second.0, 0), (second.1, 0)], style)
                 });
             }
             if series.markers {
@@ -260,6 +266,16 @@ impl LinePlot {
     }
 }
 
+/// The two strokes, `(from, to)` in pixels along a 20-pixel sample, that show a
+/// series in the legend: touching for a solid line, with a gap for a dashed one.
+fn legend_sample(dashed: bool) -> [(i32, i32); 2] {
+    if dashed {
+        [(0, 7), (13, 20)]
+    } else {
+        [(0, 10), (10, 20)]
+    }
+}
+
 /// `1.5k`, `2M`, `4.8`, `2.50e-1`: axis labels that fit.
 fn short_number(value: f64) -> String {
     let magnitude = value.abs();
@@ -286,6 +302,19 @@ fn short_number(value: f64) -> String {
 mod tests {
     use super::*;
     use crate::io::tests::TempDir;
+
+    #[test]
+    fn legend_samples_show_dashed_lines_dashed() {
+        let [a, b] = legend_sample(false);
+        assert_eq!(
+            (a.0, a.1, b.0, b.1),
+            (0, 10, 10, 20),
+            "solid: one unbroken stroke"
+        );
+        let [a, b] = legend_sample(true);
+        assert!(b.0 > a.1, "dashed: a gap between the strokes");
+        assert_eq!((a.0, b.1), (0, 20), "the same length as a solid sample");
+    }
 
     fn quadratic(log_log: bool) -> LinePlot {
         LinePlot {
