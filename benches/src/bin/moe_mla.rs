@@ -88,6 +88,14 @@ fn parse_args() -> Result<Args, String> {
             other => return Err(format!("unknown flag {other} (see --help)")),
         }
     }
+    if args.iters == 0 {
+        return Err("--iters must be at least 1".into());
+    }
+    if let Some(only) = &args.only
+        && !matches!(only.as_str(), "moe" | "mla")
+    {
+        return Err(format!("--only takes moe or mla, got `{only}`"));
+    }
     if args.quick {
         args.iters = args.iters.min(3);
         args.warmup = args.warmup.min(1);
@@ -102,33 +110,45 @@ fn device_named(name: &str) -> Result<Device, String> {
     }
 }
 
-/// Forces the computation of `tensor` by reading one value.
+/// Forces the computation of `tensor` by reading one value; NaN when the device
+/// failed to compute it.
 fn read_one(tensor: Tensor<3>) -> f32 {
     tensor
         .slice([0..1, 0..1, 0..1])
-        .into_data()
-        .convert::<f32>()
-        .try_to_vec::<f32>()
-        .map(|v| v[0])
-        .unwrap_or(f32::NAN)
+        .try_into_data()
+        .ok()
+        .and_then(|data| data.convert::<f32>().try_to_vec::<f32>().ok())
+        .map_or(f32::NAN, |v| v[0])
 }
 
-/// Median and minimum milliseconds of `iters` runs of `step` after `warmup` runs.
-fn time(iters: usize, warmup: usize, mut step: impl FnMut() -> f32) -> (f64, f64) {
-    for _ in 0..warmup {
-        step();
-    }
-    let mut times: Vec<f64> = (0..iters.max(1))
-        .map(|_| {
-            let start = Instant::now();
-            let value = step();
-            let elapsed = start.elapsed().as_secs_f64() * 1e3;
-            assert!(value.is_finite(), "benchmark produced a non-finite value");
-            elapsed
-        })
-        .collect();
+/// Cells that could not be measured (the device failed, or gave a non-finite value).
+static FAILED_CELLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Median and minimum milliseconds of `iters` runs of `step` after `warmup` runs, or
+/// `None` (reported on stderr as the cell `what`) when a run fails.
+fn time(
+    what: &str,
+    iters: usize,
+    warmup: usize,
+    mut step: impl FnMut() -> f32,
+) -> Option<(f64, f64)> {
+    let mut run = || {
+        let start = Instant::now();
+        let value = step();
+        let elapsed = start.elapsed().as_secs_f64() * 1e3;
+        value.is_finite().then_some(elapsed)
+    };
+    let warm = (0..warmup).all(|_| run().is_some());
+    let times: Option<Vec<f64>> = warm
+        .then(|| (0..iters.max(1)).map(|_| run()).collect())
+        .flatten();
+    let Some(mut times) = times else {
+        eprintln!("moe_mla: {what} failed (the device failed or gave a non-finite value)");
+        FAILED_CELLS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        return None;
+    };
     times.sort_by(|a, b| a.total_cmp(b));
-    (times[times.len() / 2], times[0])
+    Some((times[times.len() / 2], times[0]))
 }
 
 /// The JSON lines of this run: printed as they come, written to `--json` at the end.
@@ -197,13 +217,16 @@ fn bench_moe(args: &Args, backend: &str, device: &Device, out: &mut Output) {
         } else {
             (args.iters, args.warmup)
         };
-        let (median, min) = time(iters, warmup, || {
+        let cell = format!("moe {implementation} {n_experts} experts top-{top_k} on {backend}");
+        let Some((median, min)) = time(&cell, iters, warmup, || {
             if dense {
                 read_one(moe.forward_dense_reference(x.clone()))
             } else {
                 read_one(moe.forward(x.clone()).output)
             }
-        });
+        }) else {
+            continue;
+        };
         if implementation == "sparse_per_expert" && n_experts == 8 && top_k == 2 {
             baseline = Some(median);
         }
@@ -295,13 +318,16 @@ fn bench_mla(args: &Args, backend: &str, device: &Device, out: &mut Output) {
             let mut template = latent.clone();
             mla.forward_cached_path(x.clone(), &mut template, None, path);
             let mut after = None;
-            let (median, min) = time(args.iters, args.warmup, || {
+            let cell = format!("mla_decode {name} seq {seq} on {backend}");
+            let Some((median, min)) = time(&cell, args.iters, args.warmup, || {
                 let mut cache = latent_with_weights(&latent, &template);
                 let y = mla.forward_cached_path(x.clone(), &mut cache, None, path);
                 let value = read_one(y);
                 after = Some(cache.bytes());
                 value
-            });
+            }) else {
+                continue;
+            };
             rows.push((
                 name.into(),
                 1,
@@ -324,13 +350,16 @@ fn bench_mla(args: &Args, backend: &str, device: &Device, out: &mut Output) {
                 None,
             );
             let mut after = None;
-            let (median, min) = time(args.iters, args.warmup, || {
+            let cell = format!("mla_decode {name} seq {seq} on {backend}");
+            let Some((median, min)) = time(&cell, args.iters, args.warmup, || {
                 let mut step_cache = cache.clone();
                 let y = attention.forward_cached(x.clone(), &mut step_cache, None);
                 let value = read_one(y);
                 after = Some(step_cache.bytes());
                 value
-            });
+            }) else {
+                continue;
+            };
             rows.push((
                 name.into(),
                 kv_heads,
@@ -386,15 +415,21 @@ fn main() {
             std::process::exit(2);
         }
     };
+    // A backend named that this build lacks is an error before anything runs.
+    let devices: Result<Vec<Device>, String> = args
+        .backends
+        .iter()
+        .map(|name| device_named(name))
+        .collect();
+    let devices = match devices {
+        Ok(devices) => devices,
+        Err(message) => {
+            eprintln!("moe_mla: --backends: {message}");
+            std::process::exit(2);
+        }
+    };
     let mut out = Output::default();
-    for backend in &args.backends {
-        let device = match device_named(backend) {
-            Ok(device) => device,
-            Err(message) => {
-                eprintln!("moe_mla: skipping {backend}: {message}");
-                continue;
-            }
-        };
+    for (backend, device) in args.backends.iter().zip(devices) {
         if args.only.as_deref() != Some("mla") {
             bench_moe(&args, backend, &device, &mut out);
         }
@@ -406,6 +441,11 @@ fn main() {
         && let Err(message) = out.write(Path::new(path))
     {
         eprintln!("moe_mla: {message}");
+        std::process::exit(1);
+    }
+    let failed = FAILED_CELLS.load(std::sync::atomic::Ordering::SeqCst);
+    if failed > 0 {
+        eprintln!("moe_mla: {failed} cells could not be measured (see above)");
         std::process::exit(1);
     }
 }

@@ -104,6 +104,18 @@ fn main() -> ExitCode {
 
 fn run() -> Result<(), String> {
     let args = parse_args()?;
+    // Every flag is checked before anything is printed or trained.
+    if args.steps == Some(0) {
+        return Err("invalid setting `steps`: must be greater than 0".into());
+    }
+    if args.eval_interval == 0 {
+        return Err("invalid setting `eval-interval`: must be greater than 0".into());
+    }
+    let devices = args
+        .devices
+        .iter()
+        .map(|name| parse_device(name).map_err(|e| e.to_string()))
+        .collect::<Result<Vec<_>, _>>()?;
     let (corpus, corpus_name) = match &args.data {
         Some(path) => (
             Corpus::load(path).map_err(|e| e.to_string())?,
@@ -152,8 +164,7 @@ fn run() -> Result<(), String> {
     println!(
         "| backend | steps | ms/iter | tokens/s | final val loss | wall s |\n|---|---|---|---|---|---|"
     );
-    for name in &args.devices {
-        let device = parse_device(name).map_err(|e| e.to_string())?;
+    for (name, device) in args.devices.iter().zip(devices) {
         let recipe_steps = if args.quick { 100 } else { 2000 };
         let emulated = adapter_name(&device).is_some_and(|adapter| emulates_gpu_on_cpu(&adapter));
         let steps = args.steps.unwrap_or(if emulated {
