@@ -627,6 +627,53 @@ def attention_gqa_causal_window_padding() -> Fixture:
     )
 
 
+@fixture("attention_sinks")
+def attention_sinks() -> Fixture:
+    """Learned attention sinks (gpt-oss's eager attention): GQA 6/2, sliding window 3 with
+    key padding (lengths 7, 5), a sink logit per head; the output and the gradients of
+    q, k, v and the sinks for an upstream gradient `dout`."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    name = "attention_sinks"
+    generator = seeded(name)
+    batch, seq = 2, 7
+    q = randn(generator, batch, ATTN_HEADS, seq, ATTN_HEAD_DIM).requires_grad_()
+    k = randn(generator, batch, ATTN_KV_HEADS, seq, ATTN_HEAD_DIM).requires_grad_()
+    v = randn(generator, batch, ATTN_KV_HEADS, seq, ATTN_HEAD_DIM).requires_grad_()
+    # Sinks from well below to well above the scores, so that some rows give the sink
+    # most of their weight.
+    sinks = (randn(generator, ATTN_HEADS, scale=2.0) + 0.5).requires_grad_()
+    allowed = hf_mask("sliding_window", batch, seq, 3, [7, 5])
+    additive = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+
+    class Module:
+        num_key_value_groups = ATTN_HEADS // ATTN_KV_HEADS
+        training = False
+
+    module = Module()
+    module.sinks = sinks
+    out, _ = eager_attention_forward(
+        module, q, k, v, additive, scaling=ATTN_HEAD_DIM**-0.5, dropout=0.0
+    )
+    out = out.transpose(1, 2)  # [batch, heads, seq, head_dim]
+    dout = randn(generator, *out.shape)
+    (out * dout).sum().backward()
+    tensors = {
+        "q": q.detach(),
+        "k": k.detach(),
+        "v": v.detach(),
+        "sinks": sinks.detach(),
+        "dout": dout,
+        "out": out.detach(),
+        "dq": q.grad,
+        "dk": k.grad,
+        "dv": v.grad,
+        "dsinks": sinks.grad,
+        "lengths": torch.tensor([7, 5], dtype=torch.int64),
+    }
+    return Fixture(tensors, notes={"mask": "sliding window 3, causal, key padding lengths 7 and 5"})
+
+
 @fixture("block_pre_ln")
 def block_pre_ln() -> Fixture:
     """A Pre-LN decoder block: HF LlamaDecoderLayer (RMSNorm, GQA + RoPE, SwiGLU), causal."""

@@ -94,6 +94,10 @@ pub struct AttentionOptions {
     /// it is training; the core applies it only on autodiff devices and then always
     /// takes the reference path (the kernel has no dropout). Default: 0.
     pub dropout: f64,
+    /// Learned attention sinks (gpt-oss): one logit per query head, `[n_heads]`, that
+    /// joins every row's softmax and takes no value, so a row may attend to nothing.
+    /// Calls with sinks take the reference path. Default: none.
+    pub sinks: Option<Tensor<1>>,
     /// Which implementation to use. Default: [`AttentionImpl::Auto`].
     pub implementation: AttentionImpl,
 }
@@ -111,6 +115,8 @@ crate::builders::setters!(AttentionOptions {
     with_softcap => softcap: Option<f64>,
     /// Sets the dropout probability on attention probabilities.
     with_dropout => dropout: f64,
+    /// Sets the attention sinks (`[n_heads]` logits).
+    with_sinks => sinks: Option<Tensor<1>>,
     /// Chooses the implementation.
     with_implementation => implementation: AttentionImpl,
 });
@@ -186,7 +192,7 @@ fn checked_score_options(
 /// `Auto` takes the fused op on CubeCL devices (wgpu, CUDA) and the reference path
 /// elsewhere; `Fused` takes it on every backend that has it (the portable version on
 /// flex and ndarray); `Reference` never. Dropout on the probabilities during training
-/// always takes the reference path: the fused op has none.
+/// and attention sinks always take the reference path: the fused op has neither.
 fn wants_fused_path(q: &Tensor<4>, options: &AttentionOptions) -> bool {
     let device = q.device();
     let wanted = match options.implementation.resolve() {
@@ -196,6 +202,10 @@ fn wants_fused_path(q: &Tensor<4>, options: &AttentionOptions) -> bool {
     };
     if wanted && options.dropout > 0.0 && device.is_autodiff() {
         log::debug!("attention: dropout on probabilities runs on the reference path");
+        return false;
+    }
+    if wanted && options.sinks.is_some() {
+        log::debug!("attention: attention sinks run on the reference path");
         return false;
     }
     wanted
@@ -219,7 +229,8 @@ pub fn reference_attention(
 ) -> Tensor<4> {
     let scores = checked_score_options(&q, &k, &v, options);
     let padding = options.key_padding.clone();
-    reference::attention(q, k, v, padding, &scores, options.dropout).0
+    let sinks = options.sinks.as_ref();
+    reference::attention(q, k, v, padding, &scores, sinks, options.dropout).0
 }
 
 /// The attention probabilities `softmax(q·kᵀ·scale + mask)` of one call, as the
@@ -239,7 +250,13 @@ pub fn reference_attention(
 /// If the shapes disagree (as [`attention`], with `k` standing in for `v`).
 pub fn attention_weights(q: Tensor<4>, k: Tensor<4>, options: &AttentionOptions) -> Tensor<4> {
     let scores = checked_score_options(&q, &k, &k, options);
-    reference::probabilities(q, k, options.key_padding.clone(), &scores)
+    reference::probabilities(
+        q,
+        k,
+        options.key_padding.clone(),
+        &scores,
+        options.sinks.as_ref(),
+    )
 }
 
 /// [`attention`] on the reference path together with its probabilities (see
@@ -257,7 +274,8 @@ pub fn attention_with_weights(
     options: &AttentionOptions,
 ) -> (Tensor<4>, Tensor<4>) {
     let scores = checked_score_options(&q, &k, &v, options);
-    reference::attention(q, k, v, options.key_padding.clone(), &scores, 0.0)
+    let sinks = options.sinks.as_ref();
+    reference::attention(q, k, v, options.key_padding.clone(), &scores, sinks, 0.0)
 }
 
 #[cfg(test)]
@@ -270,6 +288,41 @@ mod tests {
 
     fn random(shape: [usize; 4], device: &Device) -> Tensor<4> {
         Tensor::random(shape, Distribution::Normal(0.0, 1.0), device)
+    }
+
+    /// Attention sinks against gpt-oss's eager attention in transformers
+    /// (tools/make_fixtures.py): GQA with a causal window and key padding, the output
+    /// and the gradients of q, k, v and the sinks, whichever implementation is asked
+    /// for (sinks always run on the reference path).
+    #[test]
+    fn attention_sinks_match_gpt_oss_forward_and_gradients() {
+        let fixture = crate::test_utils::Fixture::load("attention_sinks");
+        for device in test_devices() {
+            let device = device.autodiff();
+            for implementation in [AttentionImpl::Auto, AttentionImpl::Fused] {
+                let tracked = |key: &str| fixture.tensor::<4>(key, &device).require_grad();
+                let (q, k, v) = (tracked("q"), tracked("k"), tracked("v"));
+                let sinks = fixture.tensor::<1>("sinks", &device).require_grad();
+                let options = AttentionOptions::new()
+                    .with_causal(true)
+                    .with_window(Some(3))
+                    .with_key_padding(Some(padding_mask_from_lengths(&[7, 5], 7, &device)))
+                    .with_sinks(Some(sinks.clone()))
+                    .with_implementation(implementation);
+                let out = attention(q.clone(), k.clone(), v.clone(), &options);
+                let name = format!("{implementation:?} on {device:?}");
+                assert_close(out.clone(), fixture.tensor("out", &device), 1e-5, &name);
+                let grads = (out * fixture.tensor::<4>("dout", &device))
+                    .sum()
+                    .backward();
+                for (tensor, key) in [(&q, "dq"), (&k, "dk"), (&v, "dv")] {
+                    let grad = tensor.grad(&grads).expect("tracked");
+                    assert_close(grad, fixture.tensor(key, &device), 1e-4, key);
+                }
+                let dsinks = sinks.grad(&grads).expect("tracked");
+                assert_close(dsinks, fixture.tensor("dsinks", &device), 1e-4, "dsinks");
+            }
+        }
     }
 
     /// Every implementation choice gives the oracle's output, GQA with a causal

@@ -7,7 +7,7 @@
 //! cache) and cross-attention over an encoder's output.
 
 use burn::config::Config;
-use burn::module::{Initializer, Module};
+use burn::module::{Initializer, Module, Param};
 use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
 use burn::tensor::{Bool, Device, Tensor};
 
@@ -64,6 +64,10 @@ pub struct MultiHeadAttentionConfig {
     /// Default: none.
     #[config(default = "None")]
     pub qk_norm: Option<QkNormConfig>,
+    /// A learned sink logit per query head (gpt-oss `sinks`): it joins every row's
+    /// softmax and takes no value (see [`AttentionOptions::sinks`]). Default: false.
+    #[config(default = false)]
+    pub sinks: bool,
     /// Which attention implementation to use. Default: automatic.
     #[config(default = "AttentionImpl::Auto")]
     pub implementation: AttentionImpl,
@@ -91,6 +95,8 @@ pub struct MultiHeadAttention {
     pub q_norm: Option<RmsNorm>,
     /// QK-norm of the keys (HF `k_norm`), if any.
     pub k_norm: Option<RmsNorm>,
+    /// The attention sinks, `[n_heads]` (HF `sinks`), if any.
+    pub sinks: Option<Param<Tensor<1>>>,
     /// Dropout on attention probabilities (inactive in eval / without autodiff).
     pub dropout: Dropout,
     #[module(skip)]
@@ -205,6 +211,9 @@ impl MultiHeadAttentionConfig {
                 .transpose()?,
             q_norm,
             k_norm,
+            sinks: self
+                .sinks
+                .then(|| self.initializer.init([self.n_heads], device)),
             dropout: DropoutConfig::new(self.dropout).init(),
             n_heads: self.n_heads,
             n_kv_heads,
@@ -397,6 +406,7 @@ impl MultiHeadAttention {
             .with_key_padding(key_padding)
             .with_softcap(self.softcap)
             .with_dropout(dropout)
+            .with_sinks(self.sinks.as_ref().map(|sinks| sinks.val()))
             .with_implementation(self.implementation)
     }
 

@@ -111,6 +111,10 @@ pub struct CausalLmConfig {
     /// `final_logit_softcapping`). Default: none.
     #[config(default = "None")]
     pub final_logit_softcap: Option<f64>,
+    /// A learned attention sink per head in every grouped-attention layer (gpt-oss).
+    /// Default: false.
+    #[config(default = false)]
+    pub attention_sinks: bool,
     /// QK-norm in every grouped-attention layer (Qwen3: per head, with `norm_eps`).
     /// Not available with `latent`. Default: none.
     #[config(default = "None")]
@@ -193,6 +197,7 @@ impl CausalLmConfig {
             .with_window(self.window_of(layer))
             .with_scale(self.attention_scale)
             .with_softcap(self.attention_softcap)
+            .with_sinks(self.attention_sinks)
             .with_qk_norm(self.qk_norm.clone())
             .with_implementation(self.implementation)
             .with_initializer(self.initializer.clone())
@@ -619,6 +624,7 @@ pub(crate) mod tests {
                 small(BlockKind::ResiDual),
                 small(BlockKind::OutputNorm),
                 small(BlockKind::Sandwich),
+                small(BlockKind::PreNorm).with_attention_sinks(true),
                 small_latent_moe(),
             ];
             for config in configs {

@@ -136,12 +136,40 @@ pub(crate) fn probabilities(
     k: Tensor<4>,
     key_padding: Option<Tensor<2, Bool>>,
     options: &ScoreOptions,
+    sinks: Option<&Tensor<1>>,
 ) -> Tensor<4> {
     let scores = scores(q, k);
+    if let Some(sinks) = sinks {
+        return softmax_with_sinks(scores, key_padding, options, sinks.clone());
+    }
     match fused_softmax(scores.clone(), key_padding.clone(), options) {
         Some(probabilities) => probabilities,
         None => composed_softmax(scores, key_padding, options),
     }
+}
+
+/// [`composed_softmax`] with a learned sink per head (gpt-oss): one more logit in
+/// every row, `sinks[h]`, that joins the normalization and takes no value, so a row's
+/// probabilities over the keys sum to less than 1 (and a fully hidden row gives the
+/// sink everything). Differentiated by autodiff, the sinks' gradient included.
+///
+/// # Shapes
+/// - scores: `[batch, heads, seq_q, seq_k]`, sinks: `[heads]`
+/// - output: `[batch, heads, seq_q, seq_k]`
+fn softmax_with_sinks(
+    scores: Tensor<4>,
+    key_padding: Option<Tensor<2, Bool>>,
+    options: &ScoreOptions,
+    sinks: Tensor<1>,
+) -> Tensor<4> {
+    let [batch, heads, seq_q, seq_k] = scores.dims();
+    let masked = masked_logits(logits(scores, options), key_padding, options);
+    let sinks = sinks
+        .cast(masked.dtype())
+        .reshape([1, heads, 1, 1])
+        .expand([batch, heads, seq_q, 1]);
+    let (_, exponentials, sum) = shifted_exponentials(Tensor::cat(vec![masked, sinks], 3));
+    (exponentials / sum).narrow(3, 0, seq_k)
 }
 
 /// `probabilities · v` per query head, through its key/value head.
@@ -157,7 +185,7 @@ fn weighted_values(probabilities: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
 
 /// The reference attention and the probabilities it weighted the values with (after
 /// dropout, which `dropout > 0` applies only on autodiff devices: the caller decides
-/// whether it is training).
+/// whether it is training), with the attention sinks `sinks` (`[heads]`) when given.
 ///
 /// # Shapes
 /// - q: `[batch, heads, seq_q, d_qk]`
@@ -170,9 +198,10 @@ pub(crate) fn attention(
     v: Tensor<4>,
     key_padding: Option<Tensor<2, Bool>>,
     options: &ScoreOptions,
+    sinks: Option<&Tensor<1>>,
     dropout: f64,
 ) -> (Tensor<4>, Tensor<4>) {
-    let probabilities = probabilities(q, k, key_padding, options);
+    let probabilities = probabilities(q, k, key_padding, options, sinks);
     let probabilities = if dropout > 0.0 && probabilities.device().is_autodiff() {
         let keep = 1.0 - dropout;
         let kept = probabilities.random_like(Distribution::Bernoulli(keep));

@@ -240,7 +240,16 @@ pub(super) fn run(
         Path::Fused => flash_attention(q.clone(), k.clone(), v.clone(), padding, &options)
             .unwrap_or_else(|reason| panic!("{case:?}: fused op unsupported: {reason}")),
         Path::Reference => {
-            reference::attention(q.clone(), k.clone(), v.clone(), padding, &options, 0.0).0
+            reference::attention(
+                q.clone(),
+                k.clone(),
+                v.clone(),
+                padding,
+                &options,
+                None,
+                0.0,
+            )
+            .0
         }
     };
     let grads = (output.clone() * grad).sum().backward();
