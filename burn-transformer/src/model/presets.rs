@@ -5,7 +5,7 @@
 
 use super::causal_lm::CausalLmConfig;
 use super::encoder_decoder::TransformerConfig;
-use crate::attention::{LatentAttentionConfig, QkNormConfig};
+use crate::attention::{LatentAttentionConfig, QkNormConfig, QkNormPlacement};
 use crate::block::BlockKind;
 use crate::ffn::Activation;
 use crate::ffn::moe::{RouterConfig, RouterScoring};
@@ -115,6 +115,22 @@ impl CausalLmConfig {
             .with_head_dim(Some(128))
             .with_norm_eps(1e-6)
             .with_qk_norm(Some(QkNormConfig::new().with_eps(1e-6)))
+    }
+
+    /// `allenai/OLMo-2-1124-7B`: 32 layers, width 4096, 32 heads, norms on the
+    /// sublayers' outputs, QK-norm across heads, untied embeddings.
+    pub fn olmo2_7b() -> Self {
+        let rope = RopeConfig::new(128)
+            .with_theta(500_000.0)
+            .with_max_position_embeddings(4096);
+        Self::new(100_352, 4096, 32, 32, 11_008, rope)
+            .with_norm_eps(1e-6)
+            .with_block_kind(BlockKind::OutputNorm)
+            .with_qk_norm(Some(
+                QkNormConfig::new()
+                    .with_placement(QkNormPlacement::AcrossHeads)
+                    .with_eps(1e-6),
+            ))
     }
 
     /// `google/gemma-2-2b`: 26 layers, width 2304, GQA 8/4 of width 256, sandwich
@@ -373,6 +389,12 @@ mod tests {
         assert_eq!(CausalLmConfig::qwen3_8b().head_width(), 128);
         // Qwen3-30B-A3B: "30.5B in total, non-embedding 29.9B".
         assert_eq!(billions(&CausalLmConfig::qwen3_30b_a3b(), 1), (30.5, 29.9));
+    }
+
+    #[test]
+    fn olmo2_preset_has_the_published_parameter_count() {
+        // The model card: OLMo-2-1124-7B, 7.3B parameters.
+        assert_eq!(billions(&CausalLmConfig::olmo2_7b(), 1).0, 7.3);
     }
 
     #[test]
