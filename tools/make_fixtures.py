@@ -674,6 +674,47 @@ def attention_sinks() -> Fixture:
     return Fixture(tensors, notes={"mask": "sliding window 3, causal, key padding lengths 7 and 5"})
 
 
+@fixture("moe_gpt_oss")
+def moe_gpt_oss() -> Fixture:
+    """gpt-oss's MoE (transformers' GptOssMLP): router with bias, softmax over the top-2
+    logits, experts with biases and the clamped SwiGLU (alpha 1.702, limit 7), in
+    transformers' layout (`gate_up_proj` [E, hidden, 2·I] with gate and up interleaved)."""
+    from transformers import GptOssConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
+
+    name = "moe_gpt_oss"
+    generator = seeded(name)
+    config = GptOssConfig(
+        hidden_size=16, intermediate_size=8, num_local_experts=4, num_experts_per_tok=2
+    )
+    mlp = GptOssMLP(config).eval()
+    with torch.no_grad():
+        mlp.router.weight.copy_(randn(generator, 4, 16, scale=0.5))
+        mlp.router.bias.copy_(randn(generator, 4, scale=0.5))
+        # Large enough that some gates pass the limit of 7 and some ups its bounds.
+        mlp.experts.gate_up_proj.copy_(randn(generator, 4, 16, 16, scale=2.0))
+        mlp.experts.gate_up_proj_bias.copy_(randn(generator, 4, 16, scale=0.5))
+        mlp.experts.down_proj.copy_(randn(generator, 4, 8, 16, scale=0.3))
+        mlp.experts.down_proj_bias.copy_(randn(generator, 4, 16, scale=0.2))
+        x = randn(generator, 2, 5, 16)
+        y, _ = mlp(x)
+        gate_up = x.reshape(-1, 16) @ mlp.experts.gate_up_proj[0]
+    clamped = float((gate_up[..., ::2] > 7).float().mean())
+    return Fixture(
+        {
+            "x": x,
+            "y": y,
+            "router.weight": mlp.router.weight.detach(),
+            "router.bias": mlp.router.bias.detach(),
+            "experts.gate_up_proj": mlp.experts.gate_up_proj.detach(),
+            "experts.gate_up_proj_bias": mlp.experts.gate_up_proj_bias.detach(),
+            "experts.down_proj": mlp.experts.down_proj.detach(),
+            "experts.down_proj_bias": mlp.experts.down_proj_bias.detach(),
+        },
+        notes={"clamped_gates_expert0": repr(clamped)},
+    )
+
+
 @fixture("block_pre_ln")
 def block_pre_ln() -> Fixture:
     """A Pre-LN decoder block: HF LlamaDecoderLayer (RMSNorm, GQA + RoPE, SwiGLU), causal."""

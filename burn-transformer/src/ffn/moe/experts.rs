@@ -54,6 +54,12 @@ pub struct ExpertsConfig {
     /// The gate's activation. Default: SiLU (SwiGLU).
     #[config(default = "Activation::Silu")]
     pub activation: Activation,
+    /// How the gate and up halves combine. Default: `activation(gate) · up`.
+    #[config(default = "ExpertGlu::Gated")]
+    pub glu: ExpertGlu,
+    /// Biases on both projections (gpt-oss). Default: false.
+    #[config(default = false)]
+    pub bias: bool,
     /// Initializer of both weights. Default: Burn's Linear default (Kaiming uniform,
     /// gain 1/√3, over each projection's fan-in).
     #[config(
@@ -80,6 +86,7 @@ impl ExpertsConfig {
     pub fn try_init(&self, device: &Device) -> Result<Experts, ConfigError> {
         self.validate()?;
         let (e, d, f) = (self.n_experts, self.d_model, self.d_ff);
+        let zeros = |shape: [usize; 2]| Param::from_tensor(Tensor::zeros(shape, device));
         Ok(Experts {
             gate_up_proj: self
                 .initializer
@@ -87,7 +94,10 @@ impl ExpertsConfig {
             down_proj: self
                 .initializer
                 .init_with([e, d, f], Some(f), Some(d), device),
+            gate_up_proj_bias: self.bias.then(|| zeros([e, 2 * f])),
+            down_proj_bias: self.bias.then(|| zeros([e, d])),
             activation: self.activation,
+            glu: self.glu,
         })
     }
 }
@@ -103,9 +113,50 @@ pub struct Experts {
     pub gate_up_proj: Param<Tensor<3>>,
     /// `[n_experts, d_model, d_ff]`: per expert, `down_proj.weight` (torch `[out, in]`).
     pub down_proj: Param<Tensor<3>>,
+    /// `[n_experts, 2·d_ff]`: per expert, the gate's bias then the up's (gpt-oss).
+    pub gate_up_proj_bias: Option<Param<Tensor<2>>>,
+    /// `[n_experts, d_model]`: per expert, the down projection's bias (gpt-oss).
+    pub down_proj_bias: Option<Param<Tensor<2>>>,
     /// The gate's activation.
     #[module(skip)]
     pub activation: Activation,
+    /// How the gate and up halves combine.
+    #[module(skip)]
+    pub glu: ExpertGlu,
+}
+
+/// How an expert combines the gate and up halves of its first projection.
+#[derive(Config, Debug, Copy, PartialEq)]
+pub enum ExpertGlu {
+    /// `activation(gate) · up` (SwiGLU, GeGLU).
+    Gated,
+    /// gpt-oss's clamped SwiGLU: with `g = min(gate, limit)` and
+    /// `u = clamp(up, -limit, limit)`, `(u + 1) · g · σ(alpha · g)` (the activation is
+    /// not used).
+    Clamped {
+        /// Slope inside the sigmoid (gpt-oss: 1.702).
+        alpha: f64,
+        /// Bound of both halves (gpt-oss: 7).
+        limit: f64,
+    },
+}
+
+impl ExpertGlu {
+    /// Combines `hidden`'s halves along its last axis: `[.., 2·d_ff] -> [.., d_ff]`.
+    fn combine<const D: usize>(self, hidden: Tensor<D>, activation: Activation) -> Tensor<D> {
+        let d_ff = hidden.dims()[D - 1] / 2;
+        let gate = hidden.clone().narrow(D - 1, 0, d_ff);
+        let up = hidden.narrow(D - 1, d_ff, d_ff);
+        match self {
+            Self::Gated => activation.forward(gate) * up,
+            Self::Clamped { alpha, limit } => {
+                let gate = gate.clamp_max(limit);
+                let up = up.clamp(-limit, limit);
+                let glu = gate.clone() * burn::tensor::activation::sigmoid(gate * alpha);
+                (up + 1.0) * glu
+            }
+        }
+    }
 }
 
 impl Experts {
@@ -142,7 +193,45 @@ impl Experts {
         Self {
             gate_up_proj: Param::from_tensor(gate_up_proj),
             down_proj: Param::from_tensor(down_proj),
+            gate_up_proj_bias: None,
+            down_proj_bias: None,
             activation,
+            glu: ExpertGlu::Gated,
+        }
+    }
+
+    /// gpt-oss's experts from transformers' layout: `gate_up_proj` `[n_experts,
+    /// d_model, 2·d_ff]` (`x @ w`, gate and up interleaved by column), its bias
+    /// `[n_experts, 2·d_ff]` (interleaved too), `down_proj` `[n_experts, d_ff,
+    /// d_model]` and its bias `[n_experts, d_model]`; with the clamped gating `glu`.
+    ///
+    /// # Panics
+    /// If the shapes disagree.
+    pub fn from_gpt_oss(
+        gate_up_proj: Tensor<3>,
+        gate_up_proj_bias: Tensor<2>,
+        down_proj: Tensor<3>,
+        down_proj_bias: Tensor<2>,
+        glu: ExpertGlu,
+    ) -> Self {
+        let [n_experts, d_model, two_d_ff] = gate_up_proj.dims();
+        let d_ff = two_d_ff / 2;
+        // Column 2i is gate unit i and column 2i+1 up unit i: split the pairs, put the
+        // gates' rows first, in torch's [out, in].
+        let gate_up = gate_up_proj
+            .reshape([n_experts, d_model, d_ff, 2])
+            .permute([0, 3, 2, 1]) // [n_experts, 2, d_ff, d_model]
+            .reshape([n_experts, two_d_ff, d_model]);
+        let gate_up_bias = gate_up_proj_bias
+            .reshape([n_experts, d_ff, 2])
+            .swap_dims(1, 2)
+            .reshape([n_experts, two_d_ff]);
+        let down = down_proj.swap_dims(1, 2); // [n_experts, d_model, d_ff]
+        Self {
+            gate_up_proj_bias: Some(Param::from_tensor(gate_up_bias)),
+            down_proj_bias: Some(Param::from_tensor(down_proj_bias)),
+            glu,
+            ..Self::from_fused(gate_up, down, Activation::Silu)
         }
     }
 
@@ -190,8 +279,14 @@ impl Experts {
     /// Expert `index` as a standalone SwiGLU (for references and inspection).
     ///
     /// # Panics
-    /// If `index >= n_experts`.
+    /// If `index >= n_experts`, or the experts have biases or gpt-oss's clamped
+    /// gating, which a [`SwiGlu`] cannot express (use
+    /// [`forward_expert`](Self::forward_expert)).
     pub fn expert(&self, index: usize) -> SwiGlu {
+        assert!(
+            self.gate_up_proj_bias.is_none() && self.glu == ExpertGlu::Gated,
+            "Experts: biased or clamped experts are not plain SwiGLUs"
+        );
         let [n_experts, two_d_ff, d_model] = self.gate_up_proj.dims();
         assert!(
             index < n_experts,
@@ -246,9 +341,23 @@ impl Experts {
             .narrow(0, index, 1)
             .reshape([d_model, d_ff])
             .cast(dtype); // [d_model, d_ff]
+        let row = |bias: &Option<Param<Tensor<2>>>| {
+            bias.as_ref()
+                .map(|bias| bias.val().narrow(0, index, 1).cast(dtype)) // [1, width]
+        };
         let hidden = x.matmul(gate_up.transpose()); // [tokens, 2·d_ff]
-        let gate = self.activation.forward(hidden.clone().narrow(1, 0, d_ff));
-        (gate * hidden.narrow(1, d_ff, d_ff)).matmul(down.transpose())
+        let hidden = match row(&self.gate_up_proj_bias) {
+            Some(bias) => hidden + bias,
+            None => hidden,
+        };
+        let output = self
+            .glu
+            .combine(hidden, self.activation)
+            .matmul(down.transpose()); // [tokens, d_model]
+        match row(&self.down_proj_bias) {
+            Some(bias) => output + bias,
+            None => output,
+        }
     }
 
     /// Runs each expert on its tokens and sums the weighted outputs per token, with the
@@ -320,15 +429,25 @@ impl Experts {
                 let gathered = x
                     .select(0, token_index.clone())
                     .reshape([n_experts, rows, d_model]); // [n_experts, rows, d_model]
-                let d_ff = self.d_ff();
                 let gate_up = self.gate_up_proj.val().cast(dtype); // [n_experts, 2·d_ff, d_model]
                 let down = self.down_proj.val().cast(dtype); // [n_experts, d_model, d_ff]
+                // [n_experts, 1, width]: each expert's bias over its rows.
+                let per_expert = |bias: &Option<Param<Tensor<2>>>| {
+                    bias.as_ref()
+                        .map(|bias| bias.val().cast(dtype).unsqueeze_dim::<3>(1))
+                };
                 let hidden = gathered.matmul(gate_up.swap_dims(1, 2)); // [n_experts, rows, 2·d_ff]
-                let gate = self.activation.forward(hidden.clone().narrow(2, 0, d_ff));
-                let hidden = gate * hidden.narrow(2, d_ff, d_ff); // [n_experts, rows, d_ff]
-                let outputs = hidden
-                    .matmul(down.swap_dims(1, 2)) // [n_experts, rows, d_model]
-                    .reshape([n_experts * rows, d_model]);
+                let hidden = match per_expert(&self.gate_up_proj_bias) {
+                    Some(bias) => hidden + bias,
+                    None => hidden,
+                };
+                let hidden = self.glu.combine(hidden, self.activation); // [n_experts, rows, d_ff]
+                let outputs = hidden.matmul(down.swap_dims(1, 2)); // [n_experts, rows, d_model]
+                let outputs = match per_expert(&self.down_proj_bias) {
+                    Some(bias) => outputs + bias,
+                    None => outputs,
+                };
+                let outputs = outputs.reshape([n_experts * rows, d_model]);
                 (token_index, layout.slots, outputs)
             }
         };

@@ -24,7 +24,7 @@ use burn::config::Config;
 use burn::module::Module;
 use burn::tensor::{Device, Int, Tensor};
 
-use super::experts::{DispatchPlan, ExpertDispatch, Experts, ExpertsConfig};
+use super::experts::{DispatchPlan, ExpertDispatch, ExpertGlu, Experts, ExpertsConfig};
 use super::router::{Router, RouterConfig, load_balancing_loss, router_z_loss};
 use crate::error::ConfigError;
 use crate::ffn::{Activation, SwiGlu, SwiGluConfig};
@@ -55,6 +55,13 @@ pub struct MoeConfig {
     /// How the routed experts are evaluated. Default: one expert at a time.
     #[config(default = "ExpertDispatch::PerExpert")]
     pub dispatch: ExpertDispatch,
+    /// How each routed expert combines its gate and up halves. Default:
+    /// `activation(gate) · up`; gpt-oss clamps ([`ExpertGlu::Clamped`]).
+    #[config(default = "ExpertGlu::Gated")]
+    pub expert_glu: ExpertGlu,
+    /// Biases on the routed experts' projections (gpt-oss). Default: false.
+    #[config(default = false)]
+    pub expert_bias: bool,
 }
 
 impl MoeConfig {
@@ -83,6 +90,8 @@ impl MoeConfig {
             gate: self.router.try_init(device)?,
             experts: ExpertsConfig::new(d_model, self.d_ff, self.router.n_experts)
                 .with_activation(self.activation)
+                .with_glu(self.expert_glu)
+                .with_bias(self.expert_bias)
                 .try_init(device)?,
             shared_experts: (self.n_shared_experts > 0).then(|| {
                 SwiGluConfig::new(d_model, self.n_shared_experts * self.d_ff)
@@ -238,6 +247,52 @@ mod tests {
     /// A softmax-routed layer without shared experts (Mixtral's kind).
     fn softmax_moe(d_model: usize, d_ff: usize, n_experts: usize, top_k: usize) -> MoeConfig {
         MoeConfig::new(RouterConfig::new(d_model, n_experts, top_k), d_ff)
+    }
+
+    /// gpt-oss's MoE against transformers' `GptOssMLP` (tools/make_fixtures.py): router
+    /// with bias and softmax over the selected logits, experts with biases and the
+    /// clamped SwiGLU (some gates past the limit), both dispatch strategies.
+    #[test]
+    fn matches_gpt_oss_mlp() {
+        use super::super::experts::ExpertGlu;
+        use burn::module::Param;
+        let fixture = crate::test_utils::Fixture::load("moe_gpt_oss");
+        let glu = ExpertGlu::Clamped {
+            alpha: 1.702,
+            limit: 7.0,
+        };
+        for device in test_devices() {
+            for dispatch in [ExpertDispatch::PerExpert, ExpertDispatch::Batched] {
+                let mut moe = MoeConfig::new(RouterConfig::new(16, 4, 2).with_bias(true), 8)
+                    .with_expert_glu(glu)
+                    .with_expert_bias(true)
+                    .with_dispatch(dispatch)
+                    .init(&device);
+                moe.gate.weight = Param::from_tensor(fixture.tensor("router.weight", &device));
+                moe.gate.bias = Some(Param::from_tensor(fixture.tensor("router.bias", &device)));
+                moe.experts = Experts::from_gpt_oss(
+                    fixture.tensor("experts.gate_up_proj", &device),
+                    fixture.tensor("experts.gate_up_proj_bias", &device),
+                    fixture.tensor("experts.down_proj", &device),
+                    fixture.tensor("experts.down_proj_bias", &device),
+                    glu,
+                );
+                let x = fixture.tensor::<3>("x", &device);
+                let name = format!("{dispatch:?} on {device:?}");
+                assert_close(
+                    moe.forward(x.clone()).output,
+                    fixture.tensor("y", &device),
+                    1e-4,
+                    &name,
+                );
+                assert_close(
+                    moe.forward_dense_reference(x),
+                    fixture.tensor("y", &device),
+                    1e-4,
+                    "dense reference",
+                );
+            }
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@ mod layer;
 mod plan;
 mod router;
 
-pub use experts::{ExpertDispatch, Experts, ExpertsConfig};
+pub use experts::{ExpertDispatch, ExpertGlu, Experts, ExpertsConfig};
 pub use layer::{Moe, MoeConfig, MoeOutput};
 pub use plan::MoeLayerPlan;
 pub use router::{

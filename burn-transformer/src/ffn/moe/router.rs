@@ -73,6 +73,9 @@ pub struct RouterConfig {
     /// load balancing) to the selection scores. Default: false.
     #[config(default = false)]
     pub score_correction_bias: bool,
+    /// A learned bias on the logits (gpt-oss's `router.bias`). Default: false.
+    #[config(default = false)]
+    pub bias: bool,
     /// Initializer of the router weight. Default: normal, std 0.02 (HF
     /// `initializer_range`).
     #[config(default = "Initializer::Normal { mean: 0.0, std: 0.02 }")]
@@ -142,6 +145,9 @@ impl RouterConfig {
         });
         Ok(Router {
             weight,
+            bias: self
+                .bias
+                .then(|| Param::from_tensor(Tensor::zeros([self.n_experts], device))),
             e_score_correction_bias,
             top_k: self.top_k,
             scoring: self.scoring,
@@ -164,6 +170,8 @@ crate::builders::init_or_panic!(RouterConfig => Router);
 pub struct Router {
     /// `[n_experts, d_model]`.
     pub weight: Param<Tensor<2>>,
+    /// `[n_experts]`: added to the logits (gpt-oss), if any.
+    pub bias: Option<Param<Tensor<1>>>,
     /// `[n_experts]`: added to the scores for selection only (DeepSeek-V3).
     pub e_score_correction_bias: Option<Param<Tensor<1>>>,
     #[module(skip)]
@@ -221,6 +229,10 @@ impl Router {
         let x = x.cast(DType::F32);
         let weight = self.weight.val().cast(DType::F32);
         let logits = x.matmul(weight.transpose()); // [tokens, n_experts]
+        let logits = match &self.bias {
+            Some(bias) => logits + bias.val().cast(DType::F32).unsqueeze_dim::<2>(0),
+            None => logits,
+        };
         let scores = match self.scoring {
             RouterScoring::Softmax => softmax(logits.clone(), 1),
             RouterScoring::Sigmoid => sigmoid(logits.clone()),
