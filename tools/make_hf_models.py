@@ -224,6 +224,33 @@ def qwen3_moe():
     )
 
 
+def gpt_oss():
+    # Attention sinks and biases, a window of 4 on the first layer only, YaRN; 4 experts
+    # top-2 with router and expert biases and the clamped SwiGLU.
+    common = {k: v for k, v in COMMON.items() if k != "intermediate_size"}
+    return transformers.GptOssConfig(
+        **common,
+        intermediate_size=16,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters=dict(
+            rope_type="yarn",
+            rope_theta=150000.0,
+            factor=4.0,
+            original_max_position_embeddings=16,
+            beta_fast=32.0,
+            beta_slow=1.0,
+            truncate=False,
+        ),
+        router_aux_loss_coef=0.02,
+        tie_word_embeddings=False,
+    )
+
+
 def deepseek_v3():
     common = {k: v for k, v in COMMON.items() if k != "intermediate_size"}
     return transformers.DeepseekV3Config(
@@ -300,6 +327,7 @@ MODELS = {
     "gemma3_text": (gemma3_text, {}),
     "mixtral": (mixtral, {}),
     "qwen3_moe": (qwen3_moe, {}),
+    "gpt_oss": (gpt_oss, {}),
     "deepseek_v3": (deepseek_v3, {}),
     "deepseek_v2": (deepseek_v2, {}),
 }

@@ -199,6 +199,7 @@ pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
     let n_layers = config.model.n_layers;
     let mtp_layers = n_layers..n_layers + config.mtp_layers;
     let mixtral = config.model_type == "mixtral";
+    let gpt_oss = config.model_type == "gpt_oss";
     move |key: &str| {
         if key.ends_with(".rotary_emb.inv_freq") || (tied && key == "lm_head.weight") {
             return KeyAction::Ignore;
@@ -212,6 +213,9 @@ pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
         }
         if mixtral {
             KeyAction::Load(key.replacen(".block_sparse_moe.", ".mlp.", 1))
+        } else if gpt_oss {
+            // gpt-oss names its router `router`, ours (like every other family) `gate`.
+            KeyAction::Load(key.replacen(".mlp.router.", ".mlp.gate.", 1))
         } else {
             KeyAction::Load(key.to_string())
         }
@@ -358,6 +362,88 @@ fn stack_experts(
         }
     }
     Ok(tensors)
+}
+
+/// gpt-oss's experts into our layout (see
+/// [`Experts::from_gpt_oss`](crate::ffn::moe::Experts::from_gpt_oss), the same
+/// reordering on tensors): `gate_up_proj` `[E, d_model, 2·d_ff]` with gate and up
+/// interleaved by column becomes `[E, 2·d_ff, d_model]`, gates first; its bias is split
+/// the same way; `down_proj` `[E, d_ff, d_model]` becomes `[E, d_model, d_ff]`. Other
+/// tensors pass unchanged.
+fn reorder_gpt_oss_experts(
+    tensors: BTreeMap<String, FileTensor>,
+) -> Result<BTreeMap<String, FileTensor>, HfError> {
+    tensors
+        .into_iter()
+        .map(|(key, entry)| {
+            let shape = entry.tensor.shape.as_slice().to_vec();
+            // Where each element of the reordered tensor comes from, as a flat index.
+            let reorder: Option<(Vec<usize>, Box<dyn Fn(usize) -> usize>)> =
+                match (key.rsplit_once(".experts."), shape.as_slice()) {
+                    (Some((_, "gate_up_proj")), &[e, d, two_f]) => {
+                        let f = two_f / 2;
+                        let source = move |index: usize| {
+                            let (expert, rest) = (index / (two_f * d), index % (two_f * d));
+                            let (row, column) = (rest / d, rest % d);
+                            let unit = if row < f { 2 * row } else { 2 * (row - f) + 1 };
+                            expert * d * two_f + column * two_f + unit
+                        };
+                        Some((vec![e, two_f, d], Box::new(source)))
+                    }
+                    (Some((_, "gate_up_proj_bias")), &[e, two_f]) => {
+                        let f = two_f / 2;
+                        let source = move |index: usize| {
+                            let (expert, row) = (index / two_f, index % two_f);
+                            let unit = if row < f { 2 * row } else { 2 * (row - f) + 1 };
+                            expert * two_f + unit
+                        };
+                        Some((vec![e, two_f], Box::new(source)))
+                    }
+                    (Some((_, "down_proj")), &[e, f, d]) => {
+                        let source = move |index: usize| {
+                            let (expert, rest) = (index / (d * f), index % (d * f));
+                            let (row, column) = (rest / f, rest % f);
+                            expert * f * d + column * d + row
+                        };
+                        Some((vec![e, d, f], Box::new(source)))
+                    }
+                    _ => None,
+                };
+            let Some((new_shape, source)) = reorder else {
+                return Ok((key, entry));
+            };
+            let dtype = entry.tensor.dtype;
+            let bytes = entry
+                .tensor
+                .to_bytes()
+                .map_err(|error| HfError::Safetensors {
+                    path: entry.file.clone(),
+                    message: format!("{key}: {error}"),
+                })?;
+            let size = dtype.size();
+            let count = bytes.len() / size;
+            let mut reordered = vec![0u8; bytes.len()];
+            for index in 0..count {
+                let from = source(index) * size;
+                reordered[index * size..(index + 1) * size]
+                    .copy_from_slice(&bytes[from..from + size]);
+            }
+            let tensor = PackTensor::new(
+                key.clone(),
+                dtype,
+                new_shape,
+                None,
+                burn::store::burn_pack::Bytes::from_bytes_vec(reordered),
+            );
+            Ok((
+                key,
+                FileTensor {
+                    file: entry.file,
+                    tensor,
+                },
+            ))
+        })
+        .collect()
 }
 
 /// One tensor of the checkpoint, with the file it is in.
@@ -544,7 +630,13 @@ fn apply_weights<M: Module>(
 
     let mut renamed: BTreeMap<String, (String, FileTensor)> = BTreeMap::new();
     let mut unexpected: Vec<(String, FileTensor)> = Vec::new();
-    for (key, entry) in stack_experts(tensors)? {
+    let tensors = stack_experts(tensors)?;
+    let tensors = if model_type == "gpt_oss" {
+        reorder_gpt_oss_experts(tensors)?
+    } else {
+        tensors
+    };
+    for (key, entry) in tensors {
         match key_map.action(&key) {
             KeyAction::Ignore => log::debug!("{key}: ignored"),
             KeyAction::Load(path) if expected.contains_key(&path) => {

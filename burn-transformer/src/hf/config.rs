@@ -22,6 +22,7 @@ use super::rope::RopeKeys;
 use crate::attention::{QkNormConfig, QkNormPlacement};
 use crate::block::BlockKind;
 use crate::ffn::Activation;
+use crate::ffn::moe::ExpertGlu;
 use crate::model::CausalLmConfig;
 
 /// A model configuration read from a Hugging Face `config.json`.
@@ -141,6 +142,9 @@ struct ModelKeys {
     /// Gemma-3's RoPE base of the sliding layers, in configs without a
     /// `rope_parameters` object per layer type.
     rope_local_base_freq: Option<f64>,
+    /// gpt-oss's clamped SwiGLU.
+    swiglu_alpha: Option<f64>,
+    swiglu_limit: Option<f64>,
     sliding_window: Option<usize>,
     use_sliding_window: Option<bool>,
     /// Checked only where a sliding window is in use: other families list other kinds.
@@ -269,6 +273,7 @@ impl ModelKeys {
                 .powf(-0.5)
         }))
         .with_attention_softcap(self.attn_logit_softcapping.filter(|_| gemma))
+        .with_attention_sinks(family == ModelType::GptOss)
         .with_final_logit_softcap(self.final_logit_softcapping.filter(|_| gemma))
         .with_qk_norm(self.qk_norm(family))
         .with_block_kind(match family {
@@ -282,8 +287,17 @@ impl ModelKeys {
         });
         if family.is_sparse() {
             let moe = read_keys::<MoeKeys>(config, None)?;
+            let mut moe_config = moe.moe_config()?;
+            if family == ModelType::GptOss {
+                moe_config.router.bias = true;
+                moe_config.expert_bias = true;
+                moe_config.expert_glu = ExpertGlu::Clamped {
+                    alpha: self.swiglu_alpha.unwrap_or(1.702),
+                    limit: self.swiglu_limit.unwrap_or(7.0),
+                };
+            }
             model = model
-                .with_moe(Some(moe.moe_config()?))
+                .with_moe(Some(moe_config))
                 .with_moe_layers(moe.moe_layer_plan()?);
             if let Some(coef) = self.router_aux_loss_coef.or(self.aux_loss_alpha) {
                 model.aux_loss_coef = coef;

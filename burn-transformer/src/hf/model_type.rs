@@ -11,6 +11,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "gemma3_text",
     "mixtral",
     "qwen3_moe",
+    "gpt_oss",
     "deepseek_v2",
     "deepseek_v3",
 ];
@@ -40,6 +41,10 @@ pub(crate) enum ModelType {
     /// Qwen3-MoE: Qwen3's attention, softmax top-k routing without shared experts,
     /// sparse layers by `decoder_sparse_step` and `mlp_only_layers`.
     Qwen3Moe,
+    /// gpt-oss: attention sinks and biases, alternating sliding and full layers, YaRN;
+    /// every layer a mixture of experts with router and expert biases and the clamped
+    /// SwiGLU.
+    GptOss,
     /// DeepSeek-V2: latent attention, dense first layers, then experts.
     DeepseekV2,
     /// DeepSeek-V3: V2 with sigmoid, bias-corrected routing.
@@ -47,7 +52,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 11] = [
+    const ALL: [Self; 12] = [
         Self::Llama,
         Self::Mistral,
         Self::Qwen2,
@@ -57,6 +62,7 @@ impl ModelType {
         Self::Gemma3Text,
         Self::Mixtral,
         Self::Qwen3Moe,
+        Self::GptOss,
         Self::DeepseekV2,
         Self::DeepseekV3,
     ];
@@ -73,6 +79,7 @@ impl ModelType {
             Self::Gemma3Text => "gemma3_text",
             Self::Mixtral => "mixtral",
             Self::Qwen3Moe => "qwen3_moe",
+            Self::GptOss => "gpt_oss",
             Self::DeepseekV2 => "deepseek_v2",
             Self::DeepseekV3 => "deepseek_v3",
         }
@@ -88,7 +95,7 @@ impl ModelType {
     pub(crate) fn is_sparse(self) -> bool {
         matches!(
             self,
-            Self::Mixtral | Self::Qwen3Moe | Self::DeepseekV2 | Self::DeepseekV3
+            Self::Mixtral | Self::Qwen3Moe | Self::GptOss | Self::DeepseekV2 | Self::DeepseekV3
         )
     }
 

@@ -102,7 +102,7 @@ impl MoeKeys {
         };
         let norm_topk_prob = self
             .norm_topk_prob
-            .unwrap_or(matches!(model_type, "mixtral" | "deepseek_v3"));
+            .unwrap_or(matches!(model_type, "mixtral" | "deepseek_v3" | "gpt_oss"));
         let n_experts = self
             .n_routed_experts
             .or(self.num_local_experts)

@@ -189,6 +189,11 @@ fn qwen3_moe_with_dense_layers_between_sparse_ones_matches_transformers() {
 }
 
 #[test]
+fn gpt_oss_with_sinks_biased_clamped_experts_and_alternating_windows_matches_transformers() {
+    matches_transformers("gpt_oss");
+}
+
+#[test]
 fn deepseek_v3_mla_yarn_and_grouped_sigmoid_routing_matches_transformers() {
     matches_transformers("deepseek_v3");
 }
@@ -214,6 +219,7 @@ fn cached_decoding_equals_the_full_forward() {
         "qwen3",
         "mixtral",
         "qwen3_moe",
+        "gpt_oss",
         "deepseek_v3",
     ] {
         let reference = reference(name);

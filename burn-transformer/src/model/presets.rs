@@ -8,7 +8,7 @@ use super::encoder_decoder::TransformerConfig;
 use crate::attention::{LatentAttentionConfig, QkNormConfig, QkNormPlacement};
 use crate::block::BlockKind;
 use crate::ffn::Activation;
-use crate::ffn::moe::{RouterConfig, RouterScoring};
+use crate::ffn::moe::{ExpertGlu, RouterConfig, RouterScoring};
 use crate::ffn::{MoeConfig, MoeLayerPlan};
 use crate::position::{RopeConfig, RopeLayout, RopeScaling};
 
@@ -131,6 +131,53 @@ impl CausalLmConfig {
                     .with_placement(QkNormPlacement::AcrossHeads)
                     .with_eps(1e-6),
             ))
+    }
+
+    /// `openai/gpt-oss-20b`: 24 layers of 32 experts (top-4).
+    pub fn gpt_oss_20b() -> Self {
+        Self::gpt_oss(24, 32)
+    }
+
+    /// `openai/gpt-oss-120b`: 36 layers of 128 experts (top-4).
+    pub fn gpt_oss_120b() -> Self {
+        Self::gpt_oss(36, 128)
+    }
+
+    /// The gpt-oss family: width 2880, 64 query heads of 64 sharing 8 key/value heads,
+    /// attention sinks and biases, a window of 128 on every other layer, YaRN ×32 over
+    /// 4096 positions; every layer a mixture of experts of width 2880 with router and
+    /// expert biases and the clamped SwiGLU; vocabulary 201088, untied.
+    fn gpt_oss(n_layers: usize, n_experts: usize) -> Self {
+        let rope = RopeConfig::new(64)
+            .with_theta(150_000.0)
+            .with_max_position_embeddings(131_072)
+            .with_scaling(RopeScaling::Yarn {
+                factor: 32.0,
+                original_max_position_embeddings: Some(4096),
+                attention_factor: None,
+                beta_fast: Some(32.0),
+                beta_slow: Some(1.0),
+                mscale: None,
+                mscale_all_dim: None,
+                truncate: Some(false),
+            });
+        let router = RouterConfig::new(2880, n_experts, 4).with_bias(true);
+        let moe = MoeConfig::new(router, 2880)
+            .with_expert_bias(true)
+            .with_expert_glu(ExpertGlu::Clamped {
+                alpha: 1.702,
+                limit: 7.0,
+            });
+        Self::new(201_088, 2880, n_layers, 64, 2880, rope)
+            .with_n_kv_heads(Some(8))
+            .with_head_dim(Some(64))
+            .with_norm_eps(1e-5)
+            .with_qkv_bias(true)
+            .with_o_bias(true)
+            .with_attention_sinks(true)
+            .with_sliding_window(Some(128))
+            .with_sliding_layers(Some((0..n_layers).map(|layer| layer % 2 == 0).collect()))
+            .with_moe(Some(moe))
     }
 
     /// `google/gemma-2-2b`: 26 layers, width 2304, GQA 8/4 of width 256, sandwich
@@ -389,6 +436,13 @@ mod tests {
         assert_eq!(CausalLmConfig::qwen3_8b().head_width(), 128);
         // Qwen3-30B-A3B: "30.5B in total, non-embedding 29.9B".
         assert_eq!(billions(&CausalLmConfig::qwen3_30b_a3b(), 1), (30.5, 29.9));
+    }
+
+    #[test]
+    fn gpt_oss_presets_have_the_published_parameter_counts() {
+        // The model cards: gpt-oss-20b "21B parameters", gpt-oss-120b "117B".
+        assert_eq!(billions(&CausalLmConfig::gpt_oss_20b(), 0).0, 21.0);
+        assert_eq!(billions(&CausalLmConfig::gpt_oss_120b(), 0).0, 117.0);
     }
 
     #[test]
