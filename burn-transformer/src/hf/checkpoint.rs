@@ -377,8 +377,7 @@ fn reorder_gpt_oss_experts(
         .into_iter()
         .map(|(key, entry)| {
             let shape = entry.tensor.shape.as_slice().to_vec();
-            // Where each element of the reordered tensor comes from, as a flat index.
-            let reorder: Option<(Vec<usize>, Box<dyn Fn(usize) -> usize>)> =
+            let reorder: Option<(Vec<usize>, SourceIndex)> =
                 match (key.rsplit_once(".experts."), shape.as_slice()) {
                     (Some((_, "gate_up_proj")), &[e, d, two_f]) => {
                         let f = two_f / 2;
@@ -445,6 +444,9 @@ fn reorder_gpt_oss_experts(
         })
         .collect()
 }
+
+/// Where each element of a reordered tensor comes from, as a flat index.
+type SourceIndex = Box<dyn Fn(usize) -> usize>;
 
 /// One tensor of the checkpoint, with the file it is in.
 struct FileTensor {
