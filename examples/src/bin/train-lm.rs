@@ -16,7 +16,8 @@ use std::process::ExitCode;
 
 use burn_transformer::attention::{QkNormConfig, QkNormPlacement};
 use burn_transformer::block::BlockKind;
-use burn_transformer::ffn::Activation;
+use burn_transformer::ffn::moe::{ExpertGlu, RouterConfig};
+use burn_transformer::ffn::{Activation, MoeConfig};
 use burn_transformer::generate::{GenerationConfig, SamplingConfig, generate};
 use burn_transformer::io::{read_bytes, write_atomically};
 use burn_transformer::model::CausalLmConfig;
@@ -71,10 +72,16 @@ struct Args {
     overwrite: bool,
 
     /// The block design: llama (Pre-LN, SwiGLU), qwen3 (llama with QK-norm per head),
-    /// olmo2 (norms on the sublayers' outputs, QK-norm across heads) or gemma (sandwich
+    /// olmo2 (norms on the sublayers' outputs, QK-norm across heads), gemma (sandwich
     /// norms with Gemma's RMSNorm, GeGLU, scaled embeddings, QK-norm, soft-capped
-    /// logits, a sliding window of context/4 on every other layer).
-    #[arg(long, default_value = "llama", value_parser = ["llama", "qwen3", "olmo2", "gemma"])]
+    /// logits, a sliding window of context/4 on every other layer) or gpt-oss
+    /// (attention sinks and biases, the same windows, 4 experts per layer, top-2, with
+    /// router and expert biases and the clamped SwiGLU).
+    #[arg(
+        long,
+        default_value = "llama",
+        value_parser = ["llama", "qwen3", "olmo2", "gemma", "gpt-oss"]
+    )]
     #[serde(default = "default_arch")]
     arch: String,
     /// Decoder layers.
@@ -183,6 +190,24 @@ fn with_arch(model: CausalLmConfig, arch: &str, context: usize) -> CausalLmConfi
                 ))
                 .with_attention_softcap(Some(50.0))
                 .with_final_logit_softcap(Some(30.0))
+                .with_sliding_window(Some((context / 4).max(1)))
+                .with_sliding_layers(Some((0..layers).map(|layer| layer % 2 == 0).collect()))
+        }
+        "gpt-oss" => {
+            let layers = model.n_layers;
+            let (d_model, d_ff) = (model.d_model, model.d_ff);
+            let router = RouterConfig::new(d_model, 4, 2).with_bias(true);
+            let moe = MoeConfig::new(router, d_ff / 2)
+                .with_expert_bias(true)
+                .with_expert_glu(ExpertGlu::Clamped {
+                    alpha: 1.702,
+                    limit: 7.0,
+                });
+            model
+                .with_attention_sinks(true)
+                .with_qkv_bias(true)
+                .with_o_bias(true)
+                .with_moe(Some(moe))
                 .with_sliding_window(Some((context / 4).max(1)))
                 .with_sliding_layers(Some((0..layers).map(|layer| layer % 2 == 0).collect()))
         }
