@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use burn::module::Module;
 use burn_transformer::io::{read_text, write_atomically};
-use burn_transformer::train::{History, RunOptions, clear_run, holds_run, save_module};
+use burn_transformer::train::{History, RunOptions, clear_run, holds_run, new_run_id, save_module};
 use clap::ArgMatches;
 use clap::parser::ValueSource;
 use serde::Serialize;
@@ -68,6 +68,33 @@ pub fn start_new_run(out: &Path, overwrite: bool) -> Result<(), String> {
         ));
     }
     clear_run(out, &OUTPUTS).map_err(|e| e.to_string())
+}
+
+/// Records the run in `out` before training and returns its identity: a resumed run's
+/// settings `resumed` are saved again (a new end is kept for the next resumption); a
+/// new run gets a fresh identity ([`new_run_id`]), its folder made ready
+/// ([`start_new_run`]) and the settings `new(identity)` saved.
+///
+/// # Errors
+/// A message from [`start_new_run`] or [`save_settings`].
+pub fn record_run<T: Serialize>(
+    out: &Path,
+    overwrite: bool,
+    resumed: Option<(T, Option<String>)>,
+    new: impl FnOnce(String) -> T,
+) -> Result<Option<String>, String> {
+    match resumed {
+        Some((settings, run_id)) => {
+            save_settings(out, &settings)?;
+            Ok(run_id)
+        }
+        None => {
+            start_new_run(out, overwrite)?;
+            let run_id = new_run_id();
+            save_settings(out, &new(run_id.clone()))?;
+            Ok(Some(run_id))
+        }
+    }
 }
 
 /// The flags given on the command line of a resumed run whose values differ from the

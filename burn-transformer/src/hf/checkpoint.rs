@@ -345,20 +345,8 @@ fn stack_experts(
         ];
         for (name, shape, bytes) in stacked {
             let key = format!("{prefix}.experts.{name}");
-            let tensor = PackTensor::new(
-                key.clone(),
-                dtype,
-                shape,
-                None,
-                burn::store::burn_pack::Bytes::from_bytes_vec(bytes),
-            );
-            tensors.insert(
-                key,
-                FileTensor {
-                    file: file.clone(),
-                    tensor,
-                },
-            );
+            let tensor = FileTensor::new(&key, dtype, shape, bytes, file.clone());
+            tensors.insert(key, tensor);
         }
     }
     Ok(tensors)
@@ -427,20 +415,8 @@ fn reorder_gpt_oss_experts(
                 reordered[index * size..(index + 1) * size]
                     .copy_from_slice(&bytes[from..from + size]);
             }
-            let tensor = PackTensor::new(
-                key.clone(),
-                dtype,
-                new_shape,
-                None,
-                burn::store::burn_pack::Bytes::from_bytes_vec(reordered),
-            );
-            Ok((
-                key,
-                FileTensor {
-                    file: entry.file,
-                    tensor,
-                },
-            ))
+            let tensor = FileTensor::new(&key, dtype, new_shape, reordered, entry.file);
+            Ok((key, tensor))
         })
         .collect()
 }
@@ -452,6 +428,23 @@ type SourceIndex = Box<dyn Fn(usize) -> usize>;
 struct FileTensor {
     file: PathBuf,
     tensor: PackTensor,
+}
+
+impl FileTensor {
+    /// A tensor made while loading (stacked or reordered) from the checkpoint's `file`.
+    fn new(
+        key: &str,
+        dtype: burn::tensor::DType,
+        shape: Vec<usize>,
+        bytes: Vec<u8>,
+        file: PathBuf,
+    ) -> Self {
+        let bytes = burn::store::burn_pack::Bytes::from_bytes_vec(bytes);
+        Self {
+            file,
+            tensor: PackTensor::new(key.to_string(), dtype, shape, None, bytes),
+        }
+    }
 }
 
 /// The keys of `model.safetensors.index.json` that loading reads.

@@ -23,8 +23,7 @@ use burn_transformer::io::{read_bytes, write_atomically};
 use burn_transformer::model::CausalLmConfig;
 use burn_transformer::position::RopeConfig;
 use burn_transformer::train::{
-    CharTokenizer, Corpus, LmTrainingConfig, TokenSplit, Tokenizer, new_run_id,
-    train_language_model,
+    CharTokenizer, Corpus, LmTrainingConfig, TokenSplit, Tokenizer, train_language_model,
 };
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser};
@@ -32,8 +31,7 @@ use examples::StreamedText;
 use examples::device::open_device;
 use examples::hf_tokenizer::HfTokenizer;
 use examples::run::{
-    absolute, changed_flags, load_settings, options, refuse_changes, save_outputs, save_settings,
-    start_new_run,
+    absolute, changed_flags, load_settings, options, record_run, refuse_changes, save_outputs,
 };
 use serde::{Deserialize, Serialize};
 
@@ -478,25 +476,16 @@ fn run(args: Args, matches: &clap::ArgMatches) -> Result<(), String> {
         args.device
     );
 
-    let run_id = match saved {
-        Some(saved) => {
-            // A new end is kept for the next resumption.
-            save_settings(&out, &saved)?;
-            saved.run_id
-        }
-        None => {
-            start_new_run(&out, args.overwrite)?;
-            let run_id = new_run_id();
-            let saved = SavedRun {
-                run_id: Some(run_id.clone()),
-                args: args.clone(),
-                model: model.clone(),
-                training: training.clone(),
-            };
-            save_settings(&out, &saved)?;
-            Some(run_id)
-        }
-    };
+    let resumed = saved.map(|saved| {
+        let run_id = saved.run_id.clone();
+        (saved, run_id)
+    });
+    let run_id = record_run(&out, args.overwrite, resumed, |run_id| SavedRun {
+        run_id: Some(run_id),
+        args: args.clone(),
+        model: model.clone(),
+        training: training.clone(),
+    })?;
     if !args.resume {
         match &args.tokenizer {
             Some(path) => read_bytes(path)

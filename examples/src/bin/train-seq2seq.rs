@@ -17,15 +17,13 @@ use burn_transformer::io::write_atomically;
 use burn_transformer::model::TransformerConfig;
 use burn_transformer::train::digits::VOCAB_SIZE;
 use burn_transformer::train::{
-    DigitTask, Seq2SeqTrainingConfig, evaluate_exact_match, new_run_id, test_examples,
-    train_seq2seq,
+    DigitTask, Seq2SeqTrainingConfig, evaluate_exact_match, test_examples, train_seq2seq,
 };
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser};
 use examples::device::open_device;
 use examples::run::{
-    changed_flags, load_settings, options, refuse_changes, save_outputs, save_settings,
-    start_new_run,
+    changed_flags, load_settings, options, record_run, refuse_changes, save_outputs,
 };
 use serde::{Deserialize, Serialize};
 
@@ -273,23 +271,14 @@ fn run(args: Args, matches: &clap::ArgMatches) -> Result<(), String> {
         norm,
         args.device
     );
-    let run_id = match saved {
-        Some(saved) => {
-            // A new end is kept for the next resumption.
-            save_settings(&out, &saved)?;
-            saved.run_id
-        }
-        None => {
-            start_new_run(&out, args.overwrite)?;
-            let run_id = new_run_id();
-            let saved = SavedRun {
-                run_id: Some(run_id.clone()),
-                args: args.clone(),
-            };
-            save_settings(&out, &saved)?;
-            Some(run_id)
-        }
-    };
+    let resumed = saved.map(|saved| {
+        let run_id = saved.run_id.clone();
+        (saved, run_id)
+    });
+    let run_id = record_run(&out, args.overwrite, resumed, |run_id| SavedRun {
+        run_id: Some(run_id),
+        args: args.clone(),
+    })?;
 
     let options = options(&out, run_id, args.resume, args.overwrite, args.log_every);
     let result = train_seq2seq(&model, &training, &device, &options).map_err(|e| e.to_string())?;
