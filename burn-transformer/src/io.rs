@@ -89,18 +89,27 @@ pub fn write_atomically_with<E: Display>(
     write: impl FnOnce(&Path) -> Result<(), E>,
 ) -> Result<(), FileError> {
     replace(path, |temporary| {
+        let failed = |source| FileError::Write {
+            path: path.to_path_buf(),
+            source,
+        };
+        // The permissions of a file created here (the umask's). A writer may replace the
+        // file with one of its own, private to its user (safetensors renames a 0600
+        // temporary over it): the result gets these back.
+        let permissions = std::fs::File::create(temporary)
+            .and_then(|file| file.metadata())
+            .map_err(failed)?
+            .permissions();
         write(temporary).map_err(|error| FileError::Writer {
             path: path.to_path_buf(),
             reason: error.to_string(),
         })?;
+        std::fs::set_permissions(temporary, permissions).map_err(failed)?;
         // The writer closed the file without flushing it to disk: do that before the
         // rename, or a crash could leave an empty file under the final name.
         std::fs::File::open(temporary)
             .and_then(|file| file.sync_all())
-            .map_err(|source| FileError::Write {
-                path: path.to_path_buf(),
-                source,
-            })
+            .map_err(failed)
     })
 }
 
@@ -329,8 +338,24 @@ pub(crate) mod tests {
         write_atomically(&direct, b"x").unwrap();
         let with = dir.path().join("with.safetensors");
         write_atomically_with(&with, |temporary| std::fs::write(temporary, b"y")).unwrap();
+        // A writer that replaces the file with a private one of its own, as safetensors
+        // does (a 0600 temporary renamed over it).
+        let private = dir.path().join("private.safetensors");
+        write_atomically_with(&private, |temporary| {
+            use std::os::unix::fs::OpenOptionsExt;
+            let own = temporary.with_extension("own");
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&own)?;
+            std::fs::rename(own, temporary)
+        })
+        .unwrap();
         assert_eq!(mode(&direct), mode(&plain));
         assert_eq!(mode(&with), mode(&plain));
+        assert_eq!(mode(&private), mode(&plain));
     }
 
     #[test]

@@ -67,6 +67,17 @@ fn check_family(name: &str, device: &str) {
         "{name} on {device}: {}",
         String::from_utf8_lossy(&output.stderr)
     );
+    // The output has the permissions of any file created here, not the safetensors
+    // writer's private 0600.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let plain = scratch.path().join("plain");
+        std::fs::File::create(&plain).unwrap();
+        let mode =
+            |path: &std::path::Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&out), mode(&plain), "{name}: output permissions");
+    }
     let reference = model.join("reference.safetensors");
     let (shape, logits) = read(&out, "logits");
     let (expected_shape, expected) = read(&reference, "logits");
