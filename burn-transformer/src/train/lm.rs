@@ -695,6 +695,9 @@ mod tests {
             "{:?}",
             point.warnings
         );
+        // Round 4 was the last, shortened one: the run resumes at its end, step 10.
+        let finished = run(dir.path(), 10, true, "seven").unwrap();
+        assert_eq!(finished.start_step, 10);
         for epoch in [3, 4] {
             let model_file = crate::train::checkpoint_path(&checkpoints, "model", epoch);
             let bytes = std::fs::read(&model_file).unwrap();

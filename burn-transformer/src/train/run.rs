@@ -204,8 +204,11 @@ pub(crate) fn prepare(options: &RunOptions, schedule: Schedule) -> Result<Prepar
                 eprintln!("warning: {warning}");
             }
         }
-        // Checkpoints without a manifest were taken at the end of full rounds.
-        let step = point.step.unwrap_or(point.epoch * per_round);
+        // Checkpoints without a manifest (older versions) were taken at the end of a
+        // round: a full one, or the last, shortened to the run's end.
+        let step = point
+            .step
+            .unwrap_or((point.epoch * per_round).min(schedule.steps));
         if step > schedule.steps {
             return Err(TrainError::Checkpoint {
                 path: checkpoint_path(&checkpoints, "model", point.epoch),
