@@ -80,7 +80,7 @@ impl Impl {
             Impl::Fused => {
                 let scale = 1.0 / (q.dims()[3] as f64).sqrt();
                 let options = ScoreOptions::new(scale, None, MaskRule::new(causal, None));
-                flash_attention(q, k, v, None, &options)
+                flash_attention(q, k, v, None, None, &options)
                     .map_err(|reason| format!("the fused op does not take this call: {reason}"))?
             }
             Impl::Reference => {

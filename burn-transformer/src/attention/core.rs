@@ -96,7 +96,7 @@ pub struct AttentionOptions {
     pub dropout: f64,
     /// Learned attention sinks (gpt-oss): one logit per query head, `[n_heads]`, that
     /// joins every row's softmax and takes no value, so a row may attend to nothing.
-    /// Calls with sinks take the reference path. Default: none.
+    /// The fused op takes them (and trains them). Default: none.
     pub sinks: Option<Tensor<1>>,
     /// Which implementation to use. Default: [`AttentionImpl::Auto`].
     pub implementation: AttentionImpl,
@@ -166,7 +166,8 @@ pub fn attention(
     if wants_fused_path(&q, options) {
         let scores = checked_score_options(&q, &k, &v, options);
         let padding = options.key_padding.clone();
-        match flash_attention(q.clone(), k.clone(), v.clone(), padding, &scores) {
+        let sinks = options.sinks.clone();
+        match flash_attention(q.clone(), k.clone(), v.clone(), padding, sinks, &scores) {
             Ok(output) => return output,
             Err(reason) => log::info!("attention: fused op not used ({reason}); reference path"),
         }
@@ -192,7 +193,7 @@ fn checked_score_options(
 /// `Auto` takes the fused op on CubeCL devices (wgpu, CUDA) and the reference path
 /// elsewhere; `Fused` takes it on every backend that has it (the portable version on
 /// flex and ndarray); `Reference` never. Dropout on the probabilities during training
-/// and attention sinks always take the reference path: the fused op has neither.
+/// always takes the reference path: the fused op has none.
 fn wants_fused_path(q: &Tensor<4>, options: &AttentionOptions) -> bool {
     let device = q.device();
     let wanted = match options.implementation.resolve() {
@@ -202,10 +203,6 @@ fn wants_fused_path(q: &Tensor<4>, options: &AttentionOptions) -> bool {
     };
     if wanted && options.dropout > 0.0 && device.is_autodiff() {
         log::debug!("attention: dropout on probabilities runs on the reference path");
-        return false;
-    }
-    if wanted && options.sinks.is_some() {
-        log::debug!("attention: attention sinks run on the reference path");
         return false;
     }
     wanted
@@ -292,14 +289,18 @@ mod tests {
 
     /// Attention sinks against gpt-oss's eager attention in transformers
     /// (tools/make_fixtures.py): GQA with a causal window and key padding, the output
-    /// and the gradients of q, k, v and the sinks, whichever implementation is asked
-    /// for (sinks always run on the reference path).
+    /// and the gradients of q, k, v and the sinks, on every implementation (the
+    /// CubeCL kernel on wgpu, the portable op on flex and ndarray, the reference).
     #[test]
     fn attention_sinks_match_gpt_oss_forward_and_gradients() {
         let fixture = crate::test_utils::Fixture::load("attention_sinks");
         for device in test_devices() {
             let device = device.autodiff();
-            for implementation in [AttentionImpl::Auto, AttentionImpl::Fused] {
+            for implementation in [
+                AttentionImpl::Auto,
+                AttentionImpl::Fused,
+                AttentionImpl::Reference,
+            ] {
                 let tracked = |key: &str| fixture.tensor::<4>(key, &device).require_grad();
                 let (q, k, v) = (tracked("q"), tracked("k"), tracked("v"));
                 let sinks = fixture.tensor::<1>("sinks", &device).require_grad();

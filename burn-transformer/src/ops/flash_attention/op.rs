@@ -34,13 +34,15 @@ mod extension {
         Fusion: cfg(feature = "cube"),
     )]
     pub(crate) trait FlashAttentionOps: Backend {
-        /// Forward: returns the output and the per-row log-sum-exp (f32).
+        /// Forward: returns the output and the per-row log-sum-exp (f32, the sink
+        /// included).
         ///
         /// # Shapes
         /// - q: `[batch, heads, seq_q, d_qk]`
         /// - k: `[batch, kv_heads, seq_k, d_qk]`
         /// - v: `[batch, kv_heads, seq_k, d_v]`
         /// - key_mask: `[batch, seq_k]` (`1` = padded) or a `[1, 1]` placeholder, q's dtype
+        /// - sinks: `[heads]` sink logits or a `[1]` placeholder, f32
         /// - output: `[batch, heads, seq_q, d_v]`, q's dtype
         /// - lse: `[batch, heads, seq_q]`, f32
         #[fusion(meta = forward_meta)]
@@ -49,10 +51,14 @@ mod extension {
             k: FloatTensor<Self>,
             v: FloatTensor<Self>,
             key_mask: FloatTensor<Self>,
+            sinks: FloatTensor<Self>,
             options: ScoreOptions,
         ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
         /// Backward: the gradients of q, k and v from the saved output and log-sum-exp.
+        /// Sinks need nothing here: with the sink inside the log-sum-exp, the
+        /// recomputed probabilities and `D = rowsum(dO ∘ O)` are already those of the
+        /// call with sinks (the sinks' own gradient is taken in `autodiff.rs`).
         ///
         /// # Shapes
         /// As the forward; `output` and `grad_output` are `[batch, heads, seq_q, d_v]`,
@@ -83,6 +89,7 @@ fn forward_meta(
     _k: &TensorSpec,
     v: &TensorSpec,
     _key_mask: &TensorSpec,
+    _sinks: &TensorSpec,
     _options: &ScoreOptions,
 ) -> (TensorSpec, TensorSpec) {
     use burn::tensor::{DType, Shape};
@@ -127,9 +134,10 @@ macro_rules! implement_flash_attention {
                 k: FloatTensor<Self>,
                 v: FloatTensor<Self>,
                 key_mask: FloatTensor<Self>,
+                sinks: FloatTensor<Self>,
                 options: ScoreOptions,
             ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-                $forward(q, k, v, key_mask, &options)
+                $forward(q, k, v, key_mask, sinks, &options)
             }
 
             fn flash_attention_backward(
@@ -219,11 +227,19 @@ mod portable {
         k: FloatTensor<B>,
         v: FloatTensor<B>,
         key_mask: FloatTensor<B>,
+        sinks: FloatTensor<B>,
         options: &ScoreOptions,
     ) -> (FloatTensor<B>, FloatTensor<B>) {
         let padding = key_padding::<B>(key_mask, options);
-        let (output, lse) =
-            reference::forward_with_lse(B::tensor(q), B::tensor(k), B::tensor(v), padding, options);
+        let sinks = options.has_sinks.then(|| B::tensor::<1>(sinks));
+        let (output, lse) = reference::forward_with_lse(
+            B::tensor(q),
+            B::tensor(k),
+            B::tensor(v),
+            padding,
+            sinks,
+            options,
+        );
         (B::primitive(output), B::primitive(lse))
     }
 

@@ -9,7 +9,7 @@ use crate::ops::mask::MaskRule;
 
 /// The non-tensor arguments of the attention ops: how the scores `q·kᵀ` become logits
 /// (scale, soft-cap), which of them are hidden (the [`MaskRule`]), and whether a key
-/// padding tensor comes with the call.
+/// padding tensor and learned sinks come with the call.
 ///
 /// ```rust
 /// use burn_transformer::ops::flash_attention::ScoreOptions;
@@ -30,6 +30,10 @@ pub struct ScoreOptions {
     /// (`1` = padded). Without one the ops receive a `[1, 1]` placeholder: tensors only
     /// cross the backend-extension boundary, and a real `[1, 1]` mask exists too.
     pub has_key_mask: bool,
+    /// Whether the call's sinks tensor holds real per-head sink logits (gpt-oss):
+    /// one more logit per row that joins the softmax's normalization and takes no
+    /// value. Without them the ops receive a `[1]` placeholder.
+    pub has_sinks: bool,
 }
 
 impl ScoreOptions {
@@ -41,7 +45,13 @@ impl ScoreOptions {
             softcap,
             mask,
             has_key_mask: false,
+            has_sinks: false,
         }
+    }
+
+    /// These options for a call with (or without) attention sinks.
+    pub(crate) fn with_sinks(self, has_sinks: bool) -> Self {
+        Self { has_sinks, ..self }
     }
 
     /// These options for a call with (or without) a key padding tensor.

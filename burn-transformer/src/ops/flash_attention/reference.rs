@@ -162,14 +162,25 @@ fn softmax_with_sinks(
     options: &ScoreOptions,
     sinks: Tensor<1>,
 ) -> Tensor<4> {
-    let [batch, heads, seq_q, seq_k] = scores.dims();
+    let seq_k = scores.dims()[3];
     let masked = masked_logits(logits(scores, options), key_padding, options);
+    let (_, exponentials, sum) = shifted_exponentials(with_sink_column(masked, sinks));
+    (exponentials / sum).narrow(3, 0, seq_k)
+}
+
+/// Masked logits with the sink of each head appended as one more column: the
+/// softmax over it is the softmax with sinks (drop the last column afterwards).
+///
+/// # Shapes
+/// - masked: `[batch, heads, seq_q, seq_k]`, sinks: `[heads]`
+/// - output: `[batch, heads, seq_q, seq_k + 1]`
+fn with_sink_column(masked: Tensor<4>, sinks: Tensor<1>) -> Tensor<4> {
+    let [batch, heads, seq_q, _] = masked.dims();
     let sinks = sinks
         .cast(masked.dtype())
         .reshape([1, heads, 1, 1])
         .expand([batch, heads, seq_q, 1]);
-    let (_, exponentials, sum) = shifted_exponentials(Tensor::cat(vec![masked, sinks], 3));
-    (exponentials / sum).narrow(3, 0, seq_k)
+    Tensor::cat(vec![masked, sinks], 3)
 }
 
 /// `probabilities · v` per query head, through its key/value head.
@@ -213,7 +224,8 @@ pub(crate) fn attention(
 }
 
 /// The fused op's forward in tensor ops, in f32 whatever the input type: the output
-/// and the per-row log-sum-exp ([`MASKED_ROW_LSE`] for rows that see no key).
+/// and the per-row log-sum-exp, the sink included when `sinks` (`[heads]`) are given
+/// ([`MASKED_ROW_LSE`] for rows that see no key and have no sink).
 ///
 /// # Shapes
 /// - as [`attention`]; the log-sum-exp is `[batch, heads, seq_q]`, f32
@@ -222,17 +234,23 @@ pub(crate) fn forward_with_lse(
     k: Tensor<4>,
     v: Tensor<4>,
     key_padding: Option<Tensor<2, Bool>>,
+    sinks: Option<Tensor<1>>,
     options: &ScoreOptions,
 ) -> (Tensor<4>, Tensor<3>) {
     let dtype = q.dtype();
     let [batch, heads, seq_q, _] = q.dims();
+    let seq_k = k.dims()[2];
     let masked = masked_logits(
         logits(scores(q.cast(DType::F32), k.cast(DType::F32)), options),
         key_padding,
         options,
     );
+    let masked = match sinks {
+        Some(sinks) => with_sink_column(masked, sinks.cast(DType::F32)),
+        None => masked,
+    };
     let (max, exponentials, sum) = shifted_exponentials(masked);
-    let probabilities = exponentials / sum.clone().clamp_min(SUM_FLOOR);
+    let probabilities = (exponentials / sum.clone().clamp_min(SUM_FLOOR)).narrow(3, 0, seq_k);
     let output = weighted_values(probabilities, v.cast(DType::F32));
     let sees_nothing = sum.clone().lower_equal_elem(0.0);
     let lse = (max + sum.clamp_min(SUM_FLOOR).log()).mask_fill(sees_nothing, MASKED_ROW_LSE);
@@ -243,6 +261,7 @@ pub(crate) fn forward_with_lse(
 /// log-sum-exp, then `dV = Pᵀ·dO`, `dS = P ∘ (dO·Vᵀ − D)` with `D = rowsum(dO ∘ O)`
 /// (times the soft-cap's derivative `1 − (s/c)²` and the scale), `dQ = dS·K`,
 /// `dK = dSᵀ·Q`. Query heads of a group sum into their shared key/value head.
+/// With attention sinks, `lse` includes them and nothing else changes.
 ///
 /// # Shapes
 /// - q, k, v, key_padding: as [`attention`]

@@ -3,7 +3,8 @@
 //! Tolerance rule (DESIGN.md, as flash-attention's own suite): the error of the fused
 //! path against the f64 oracle must not exceed twice the error of the naive
 //! reference path run at the same precision, plus a small floor so that exact
-//! agreement passes. Outputs and the gradients of q, k and v are all checked.
+//! agreement passes. Outputs and the gradients of q, k, v and the sinks are all
+//! checked.
 
 use burn::tensor::{Bool, DType, Device, Distribution, Tensor, TensorData};
 
@@ -26,6 +27,8 @@ pub(crate) struct Case {
     pub lengths: Option<Vec<usize>>,
     pub softcap: Option<f64>,
     pub scale: Option<f64>,
+    /// A learned sink logit per query head (gpt-oss), drawn with the inputs.
+    pub sinks: bool,
 }
 
 impl Case {
@@ -49,6 +52,7 @@ impl Case {
             lengths: None,
             softcap: None,
             scale: None,
+            sinks: false,
         }
     }
 
@@ -99,12 +103,14 @@ impl Case {
     }
 }
 
-/// Host data of one case: q, k, v and the output gradient.
+/// Host data of one case: q, k, v, the output gradient and a sink logit per head
+/// (used when the case has sinks).
 pub(crate) struct Inputs {
     pub q: Vec<f32>,
     pub k: Vec<f32>,
     pub v: Vec<f32>,
     pub grad: Vec<f32>,
+    pub sinks: Vec<f32>,
 }
 
 impl Inputs {
@@ -120,17 +126,29 @@ impl Inputs {
                 .unwrap()
         };
         let [sq, sk, sv, so] = case.shapes();
+        let (q, k, v, grad) = (draw(sq), draw(sk), draw(sv), draw(so));
+        // Sinks of the size of a row's log-sum-exp (≈ ln seq_k for these inputs), so
+        // that they take a real share of every row.
+        let sinks = draw([1, 1, 1, case.heads])
+            .into_iter()
+            .map(|x| x + (case.seq_k as f32).ln())
+            .collect();
         Self {
-            q: draw(sq).into_iter().map(|x| x * q_scale).collect(),
-            k: draw(sk),
-            v: draw(sv),
-            grad: draw(so),
+            q: q.into_iter().map(|x| x * q_scale).collect(),
+            k,
+            v,
+            grad,
+            sinks,
         }
     }
 }
 
-/// Output and gradients `(out, dq, dk, dv)` as f64 host vectors.
-pub(crate) type Results = [Vec<f64>; 4];
+/// Output and gradients `(out, dq, dk, dv, dsinks)` as f64 host vectors (`dsinks`
+/// empty without sinks).
+pub(crate) type Results = [Vec<f64>; 5];
+
+/// Names of the [`Results`] entries.
+const QUANTITIES: [&str; 5] = ["out", "dq", "dk", "dv", "dsinks"];
 
 /// The float64 oracle: direct loops over the masking rule of [`MaskRule::is_hidden`].
 pub(crate) fn oracle(case: &Case, inputs: &Inputs) -> Results {
@@ -144,6 +162,8 @@ pub(crate) fn oracle(case: &Case, inputs: &Inputs) -> Results {
     let mut dq = vec![0.0; q.len()];
     let mut dk = vec![0.0; k.len()];
     let mut dv = vec![0.0; v.len()];
+    let sinks: Vec<f64> = inputs.sinks.iter().map(|&x| x as f64).collect();
+    let mut dsinks = vec![0.0; if case.sinks { case.heads } else { 0 }];
     for b in 0..case.batch {
         let length = case.lengths.as_ref().map_or(seq_k, |l| l[b]);
         for h in 0..case.heads {
@@ -168,9 +188,16 @@ pub(crate) fn oracle(case: &Case, inputs: &Inputs) -> Results {
                         }
                     })
                     .collect();
-                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                // The sink is one more logit of the row, with no value.
+                let sink = case.sinks.then(|| sinks[h]);
+                let max = scores
+                    .iter()
+                    .chain(&sink)
+                    .cloned()
+                    .fold(f64::NEG_INFINITY, f64::max);
                 let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-                let total: f64 = weights.iter().sum();
+                let sink_weight = sink.map_or(0.0, |s| (s - max).exp());
+                let total: f64 = weights.iter().sum::<f64>() + sink_weight;
                 let probs: Vec<f64> = weights.iter().map(|w| w / total).collect();
                 let g_row = &grad[row * d_v..(row + 1) * d_v];
                 let mut dps = Vec::with_capacity(visible.len());
@@ -183,6 +210,10 @@ pub(crate) fn oracle(case: &Case, inputs: &Inputs) -> Results {
                     dps.push(g_row.iter().zip(v_row).map(|(a, b)| a * b).sum::<f64>());
                 }
                 let delta: f64 = probs.iter().zip(&dps).map(|(p, dp)| p * dp).sum();
+                if case.sinks {
+                    // ∂L/∂sink = p_sink · (0 − delta): the sink's value is 0.
+                    dsinks[h] -= sink_weight / total * delta;
+                }
                 for ((p, dp), (&j, s)) in probs.iter().zip(&dps).zip(visible.iter().zip(&scores)) {
                     let cap = case.softcap.map_or(1.0, |c| 1.0 - (s / c) * (s / c));
                     let ds = p * (dp - delta) * cap * scale;
@@ -195,7 +226,7 @@ pub(crate) fn oracle(case: &Case, inputs: &Inputs) -> Results {
             }
         }
     }
-    [out, dq, dk, dv]
+    [out, dq, dk, dv, dsinks]
 }
 
 /// Which implementation a run uses.
@@ -207,7 +238,7 @@ pub(super) enum Path {
     Reference,
 }
 
-fn host(tensor: Tensor<4>) -> Vec<f64> {
+fn host<const D: usize>(tensor: Tensor<D>) -> Vec<f64> {
     tensor
         .into_data()
         .convert::<f64>()
@@ -235,10 +266,21 @@ pub(super) fn run(
     let v = load(&inputs.v, sv);
     let grad =
         Tensor::<4>::from_data(TensorData::new(inputs.grad.clone(), so), &device).cast(dtype);
+    let sinks = case.sinks.then(|| {
+        Tensor::<1>::from_data(TensorData::new(inputs.sinks.clone(), [case.heads]), &device)
+            .require_grad()
+    });
     let (options, padding) = (case.options(), case.padding(&device));
     let output = match path {
-        Path::Fused => flash_attention(q.clone(), k.clone(), v.clone(), padding, &options)
-            .unwrap_or_else(|reason| panic!("{case:?}: fused op unsupported: {reason}")),
+        Path::Fused => flash_attention(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            padding,
+            sinks.clone(),
+            &options,
+        )
+        .unwrap_or_else(|reason| panic!("{case:?}: fused op unsupported: {reason}")),
         Path::Reference => {
             reference::attention(
                 q.clone(),
@@ -246,7 +288,7 @@ pub(super) fn run(
                 v.clone(),
                 padding,
                 &options,
-                None,
+                sinks.as_ref(),
                 0.0,
             )
             .0
@@ -258,11 +300,18 @@ pub(super) fn run(
             .map(host)
             .unwrap_or_else(|| vec![0.0; t.shape().num_elements()])
     };
+    let dsinks = sinks.map_or_else(Vec::new, |sinks| {
+        sinks
+            .grad(&grads)
+            .map(host)
+            .unwrap_or_else(|| vec![0.0; case.heads])
+    });
     [
         host(output.inner()),
         gradient(&q),
         gradient(&k),
         gradient(&v),
+        dsinks,
     ]
 }
 
@@ -293,7 +342,7 @@ fn max_error(actual: &[f64], expected: &[f64]) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// Asserts the tolerance rule for the output and the three gradients.
+/// Asserts the tolerance rule for the output and the gradients.
 ///
 /// `floor` is relative to the largest magnitude of the expected values.
 pub(super) fn assert_rule(
@@ -307,7 +356,7 @@ pub(super) fn assert_rule(
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// The quantities (output, dq, dk, dv) that break the tolerance rule: the fused
+/// The quantities (output, dq, dk, dv, dsinks) that break the tolerance rule: the fused
 /// error against the oracle at most twice the naive path's plus `floor` times the
 /// largest expected magnitude.
 pub(super) fn rule_failures(
@@ -318,10 +367,7 @@ pub(super) fn rule_failures(
     floor: f64,
 ) -> Vec<String> {
     let mut failures = Vec::new();
-    for (name, ((f, n), o)) in ["out", "dq", "dk", "dv"]
-        .iter()
-        .zip(fused.iter().zip(naive).zip(oracle))
-    {
+    for (name, ((f, n), o)) in QUANTITIES.iter().zip(fused.iter().zip(naive).zip(oracle)) {
         let magnitude = o.iter().fold(1.0f64, |m, x| m.max(x.abs()));
         let fused_error = max_error(f, o);
         let naive_error = max_error(n, o);
@@ -340,7 +386,8 @@ pub(super) fn rule_failures(
 type MaskCase = (usize, usize, bool, Option<usize>, bool, Option<f64>);
 
 /// The f32 parity grid: at least 100 configurations covering MHA/GQA/MQA, causal or
-/// not, windows, padding (with fully padded entries), seq lengths 1, 17, 64, 129
+/// not, windows, padding (with fully padded entries), soft-capping, attention sinks
+/// (a quarter of the cases, with and without windows), seq lengths 1, 17, 64, 129
 /// and 1000 with seq_q ≠ seq_k, head dims 32, 64, 80, 128 and 192/128.
 pub(super) fn parity_grid() -> Vec<Case> {
     let dims = [(32, 32), (64, 64), (80, 80), (128, 128), (192, 128)];
@@ -377,6 +424,8 @@ pub(super) fn parity_grid() -> Vec<Case> {
                 if (d + h + m) % 5 == 0 {
                     case.scale = Some(0.3);
                 }
+                // Sinks are a runtime flag of the kernels: no new compiled kernel.
+                case.sinks = (d + 2 * h + m) % 4 == 1;
                 cases.push(case);
             }
         }
@@ -387,6 +436,7 @@ pub(super) fn parity_grid() -> Vec<Case> {
     cases.push(long);
     let mut long = Case::new(2, 2, 1000, 999, (128, 128));
     long.window = Some(100);
+    long.sinks = true;
     cases.push(long);
     let mut long = Case::new(1, 1, 129, 1000, (192, 128));
     long.lengths = Some(vec![700]);
@@ -416,10 +466,7 @@ fn reference_matches_the_oracle() {
             let inputs = Inputs::random(case, *index as u64, 1.0);
             let expected = oracle(case, &inputs);
             let naive = run(case, &inputs, &device, DType::F32, Path::Reference);
-            for (name, (actual, expected)) in ["out", "dq", "dk", "dv"]
-                .iter()
-                .zip(naive.iter().zip(&expected))
-            {
+            for (name, (actual, expected)) in QUANTITIES.iter().zip(naive.iter().zip(&expected)) {
                 let magnitude = expected.iter().fold(1.0f64, |m, x| m.max(x.abs()));
                 let error = max_error(actual, expected);
                 assert!(
@@ -507,7 +554,7 @@ mod on_device {
             failures.is_empty(),
             "{} of {} quantities break the rule:\n{}",
             failures.len(),
-            4 * cases.len(),
+            QUANTITIES.len() * cases.len(),
             failures.join("\n")
         );
         // The CubeCL kernel really ran for these calls (under Fusion, at execution).

@@ -79,6 +79,9 @@ pub struct Sizes {
     pub key_mask: u32,
     /// 1 with logit soft-capping.
     pub softcap: u32,
+    /// 1 when per-head sink logits are read (forward only: the backward reads them
+    /// through the log-sum-exp, which includes them).
+    pub sinks: u32,
 }
 
 /// Whether key `key` is visible from absolute query position `pos` by the causal
@@ -190,6 +193,7 @@ pub fn flash_forward<F: Float, N: Size>(
     k: &Tensor<Vector<F, N>>,
     v: &Tensor<Vector<F, N>>,
     key_mask: &Tensor<F>,
+    sinks: &Tensor<f32>,
     out: &mut Tensor<Vector<F, N>>,
     lse: &mut Tensor<f32>,
     sizes: Sizes,
@@ -333,16 +337,32 @@ pub fn flash_forward<F: Float, N: Size>(
         start += block as i32;
     }
 
+    // A head's sink joins every row's normalization once, after the keys: one more
+    // online-softmax step with a logit and no value (a row that saw no key then
+    // gives the sink everything: output 0, LSE = sink).
+    let mut sink = f32::new(HIDDEN);
+    if sizes.sinks != 0 {
+        sink = sinks[head % heads];
+    }
     #[unroll]
     for r in 0..rows {
         let row = first_row + r;
         if row < seq_q {
             let out_row = head * seq_q + row;
+            let mut total = running_sum[r];
+            let mut max = running_max[r];
+            let mut kept_share = 1.0f32;
+            if sizes.sinks != 0 {
+                let new_max = f32::max(max, sink);
+                kept_share = f32::exp(max - new_max);
+                total = total * kept_share + f32::exp(sink - new_max);
+                max = new_max;
+            }
             let mut inverse = 0.0f32;
             let mut row_lse = f32::new(MASKED_ROW_LSE);
-            if running_sum[r] > 0.0f32 {
-                inverse = 1.0f32 / running_sum[r];
-                row_lse = running_max[r] + f32::ln(running_sum[r]);
+            if total > 0.0f32 {
+                inverse = kept_share / total;
+                row_lse = max + f32::ln(total);
             }
             let inverse = Vector::<f32, N>::new(inverse);
             #[unroll]

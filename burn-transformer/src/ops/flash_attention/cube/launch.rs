@@ -50,6 +50,7 @@ fn sizes(problem: &Problem, options: &ScoreOptions) -> SizesLaunch {
         problem.mask.window.is_some() as u32,
         problem.has_key_mask as u32,
         options.softcap.is_some() as u32,
+        options.has_sinks as u32,
     )
 }
 
@@ -70,6 +71,7 @@ pub(crate) fn forward(
     k: CubeTensor,
     v: CubeTensor,
     key_mask: CubeTensor,
+    sinks: CubeTensor,
     options: &ScoreOptions,
 ) -> (CubeTensor, CubeTensor) {
     #[cfg(test)]
@@ -79,6 +81,7 @@ pub(crate) fn forward(
     let k = into_contiguous(k);
     let v = into_contiguous(v);
     let key_mask = into_contiguous(key_mask);
+    let sinks = into_contiguous(sinks);
     let problem = Problem::from_shapes(&q.shape(), &k.shape(), &v.shape(), options);
     let tiling = plan_or_panic(&problem, &q);
     let client = q.client.clone();
@@ -116,6 +119,7 @@ pub(crate) fn forward(
             k.into_tensor_arg(),
             v.into_tensor_arg(),
             key_mask.into_tensor_arg(),
+            sinks.into_tensor_arg(),
             output.clone().into_tensor_arg(),
             lse.clone().into_tensor_arg(),
             sizes(&problem, options),
