@@ -117,13 +117,26 @@ impl CausalLmConfig {
             .with_qk_norm(Some(QkNormConfig::new().with_eps(1e-6)))
     }
 
-    /// `allenai/OLMo-2-1124-7B`: 32 layers, width 4096, 32 heads, norms on the
-    /// sublayers' outputs, QK-norm across heads, untied embeddings.
+    /// `allenai/OLMo-2-0425-1B`: 16 layers, width 2048, 16 heads of width 128, FFN
+    /// width 8192.
+    pub fn olmo2_1b() -> Self {
+        Self::olmo2(2048, 16, 16, 8192)
+    }
+
+    /// `allenai/OLMo-2-1124-7B`: 32 layers, width 4096, 32 heads of width 128, FFN
+    /// width 11008.
     pub fn olmo2_7b() -> Self {
-        let rope = RopeConfig::new(128)
+        Self::olmo2(4096, 32, 32, 11_008)
+    }
+
+    /// The OLMo-2 family: norms on the sublayers' outputs, QK-norm across heads,
+    /// multi-head attention, RoPE θ 5e5 over 4096 positions, vocabulary 100352, untied
+    /// embeddings.
+    fn olmo2(d_model: usize, n_layers: usize, n_heads: usize, d_ff: usize) -> Self {
+        let rope = RopeConfig::new(d_model / n_heads)
             .with_theta(500_000.0)
             .with_max_position_embeddings(4096);
-        Self::new(100_352, 4096, 32, 32, 11_008, rope)
+        Self::new(100_352, d_model, n_layers, n_heads, d_ff, rope)
             .with_norm_eps(1e-6)
             .with_block_kind(BlockKind::OutputNorm)
             .with_qk_norm(Some(
@@ -221,6 +234,27 @@ impl CausalLmConfig {
         Self::gemma(262_144, 1152, n_layers, 4, 1, 6912, rope.clone())
             .with_sliding_rope(Some(rope.with_theta(10_000.0)))
             .with_sliding_window(Some(512))
+            .with_sliding_layers(Some(
+                (0..n_layers).map(|layer| (layer + 1) % 6 != 0).collect(),
+            ))
+            .with_qk_norm(Some(QkNormConfig::new().with_unit_offset(true)))
+    }
+
+    /// `google/gemma-3-4b-pt` (its text model): 34 layers, width 2560, GQA 8/4 of
+    /// width 256, QK-norm, five sliding layers (window 1024, RoPE base 10000) to one
+    /// full layer (RoPE base 1e6, linear scaling ×8).
+    pub fn gemma3_4b() -> Self {
+        let n_layers = 34;
+        let local = RopeConfig::new(256)
+            .with_theta(10_000.0)
+            .with_max_position_embeddings(131_072);
+        let global = local
+            .clone()
+            .with_theta(1_000_000.0)
+            .with_scaling(RopeScaling::Linear { factor: 8.0 });
+        Self::gemma(262_208, 2560, n_layers, 8, 4, 10_240, global)
+            .with_sliding_rope(Some(local))
+            .with_sliding_window(Some(1024))
             .with_sliding_layers(Some(
                 (0..n_layers).map(|layer| (layer + 1) % 6 != 0).collect(),
             ))
@@ -449,6 +483,9 @@ mod tests {
     fn olmo2_preset_has_the_published_parameter_count() {
         // The model card: OLMo-2-1124-7B, 7.3B parameters.
         assert_eq!(billions(&CausalLmConfig::olmo2_7b(), 1).0, 7.3);
+        // OLMo-2-0425-1B: 1.48B parameters (the Hub's count of its safetensors).
+        assert_eq!(billions(&CausalLmConfig::olmo2_1b(), 2).0, 1.48);
+        assert_eq!(CausalLmConfig::olmo2_1b().head_width(), 128);
     }
 
     #[test]
@@ -457,6 +494,14 @@ mod tests {
         assert_eq!(billions(&CausalLmConfig::gemma2_2b(), 2).0, 2.61);
         assert_eq!(billions(&CausalLmConfig::gemma2_9b(), 2).0, 9.24);
         assert_eq!(billions(&CausalLmConfig::gemma3_1b(), 2).0, 1.0);
+        // Gemma 3's report (its parameter table): the 4B model's language part has
+        // 3,209M non-embedding parameters.
+        assert_eq!(billions(&CausalLmConfig::gemma3_4b(), 2).1, 3.21);
+        let gemma3_4b = CausalLmConfig::gemma3_4b();
+        assert_eq!(
+            (gemma3_4b.window_of(10), gemma3_4b.window_of(11)),
+            (Some(1024), None)
+        );
         let gemma3 = CausalLmConfig::gemma3_1b();
         assert_eq!(
             (gemma3.window_of(4), gemma3.window_of(5)),
