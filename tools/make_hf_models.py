@@ -16,6 +16,12 @@ model. A model is rejected and redrawn with the next seed when a greedy step's t
 logits or a router's top-k scores are nearly tied, so that float32 rounding in another
 implementation cannot flip a token or an expert choice.
 
+`deepseek_v3_mtp` is `deepseek_v3`'s config with the checkpoint also holding DeepSeek-V3's
+multi-token-prediction (MTP) layer at `model.layers.{num_hidden_layers}.*` (transformers
+ignores those keys), saved in shards that each stay under 200 KiB; its reference adds
+`mtp_hidden` f32 [batch, seq - 1, hidden] and `mtp_logits` f32 [batch, seq - 1, vocab]
+(see `mtp_forward`).
+
 The `tokenizer` fixture is a small byte-level BPE `tokenizer.json` trained with the
 `tokenizers` library, with the ids it gives for a few texts (`cases.json`) and a tiny
 llama over its vocabulary (for the `generate` program).
@@ -37,7 +43,13 @@ from pathlib import Path
 
 import torch
 import transformers
+from safetensors import safe_open
 from safetensors.torch import save_file
+from transformers.masking_utils import create_causal_mask
+from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
+    DeepseekV3DecoderLayer,
+    DeepseekV3RMSNorm,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "burn-transformer" / "tests" / "fixtures" / "hf"
@@ -312,7 +324,8 @@ def deepseek_v2():
     )
 
 
-# name -> (config builder, save options)
+# name -> (config builder, options: `dtype` and `max_shard_size` for saving, `mtp` to
+# add DeepSeek-V3's multi-token-prediction layer to the checkpoint and the reference)
 MODELS = {
     "llama": (llama, {}),
     "llama_sharded": (llama_sharded, {"max_shard_size": "20KB"}),
@@ -329,6 +342,8 @@ MODELS = {
     "qwen3_moe": (qwen3_moe, {}),
     "gpt_oss": (gpt_oss, {}),
     "deepseek_v3": (deepseek_v3, {}),
+    # The MTP layer makes the checkpoint ~270 KiB: two shards keep each file < 200 KiB.
+    "deepseek_v3_mtp": (deepseek_v3, {"mtp": True, "max_shard_size": "150KB"}),
     "deepseek_v2": (deepseek_v2, {}),
 }
 
@@ -429,6 +444,157 @@ def gap(scores: torch.Tensor, k: int) -> float:
     return float((top[:, k - 1] - top[:, k]).min())
 
 
+class DeepseekV3MTPLayer(DeepseekV3DecoderLayer):
+    """DeepSeek-V3's multi-token-prediction (MTP) module, as its checkpoints store it.
+
+    transformers has no MTP, so this is transformers' own decoder layer for index
+    `layer_idx = num_hidden_layers` (input_layernorm, self_attn.*, post_attention_layernorm,
+    mlp.*: an MoE layer since layer_idx >= first_k_dense_replace) plus the MTP's own
+    weights, under the names of the published checkpoint (and of vLLM's / SGLang's
+    DeepSeek MTP loaders):
+    - `enorm`, `hnorm`: RMSNorms of the next token's embedding and of the main model's
+      hidden state;
+    - `eh_proj`: Linear 2d -> d without bias, over `cat([enorm(embedding), hnorm(hidden)])`;
+    - `embed_tokens`, `shared_head.head`: copies of the main model's `embed_tokens` and
+      `lm_head` (shared in DeepSeek-V3, stored again in the checkpoint);
+    - `shared_head.norm`: the RMSNorm before the head.
+
+    Appended to `model.model.layers`, it is saved by `save_pretrained` like any layer (same
+    key names, experts stored per expert as transformers writes them); transformers'
+    forward only runs `layers[:num_hidden_layers]`, so the main model is unchanged.
+    """
+
+    def __init__(self, config, layer_idx: int):
+        super().__init__(config, layer_idx)
+        d, eps = config.hidden_size, config.rms_norm_eps
+        self.enorm = DeepseekV3RMSNorm(d, eps=eps)
+        self.hnorm = DeepseekV3RMSNorm(d, eps=eps)
+        self.eh_proj = torch.nn.Linear(2 * d, d, bias=False)
+        self.embed_tokens = torch.nn.Embedding(config.vocab_size, d)
+        self.shared_head = torch.nn.Module()
+        self.shared_head.norm = DeepseekV3RMSNorm(d, eps=eps)
+        self.shared_head.head = torch.nn.Linear(d, config.vocab_size, bias=False)
+
+
+def add_mtp_layer(model) -> DeepseekV3MTPLayer:
+    """Appends an MTP layer at index num_hidden_layers to `model.model.layers`."""
+    config = model.config
+    mtp = DeepseekV3MTPLayer(config, layer_idx=config.num_hidden_layers).eval()
+    model.model.layers.append(mtp)
+    assert len(model.model.layers) == config.num_hidden_layers + 1
+    return mtp
+
+
+def share_mtp_weights(model, mtp: DeepseekV3MTPLayer) -> None:
+    """The MTP's embedding and head are exact copies of the main model's (not tied)."""
+    with torch.no_grad():
+        mtp.embed_tokens.weight.copy_(model.model.embed_tokens.weight)
+        mtp.shared_head.head.weight.copy_(model.lm_head.weight)
+
+
+def mtp_forward(model, mtp: DeepseekV3MTPLayer, tokens: torch.Tensor):
+    """DeepSeek-V3's MTP over a prompt (depth 1, no cache), as vLLM / SGLang run it.
+
+    With `hidden = model.model(tokens).last_hidden_state` (after the final norm),
+    [batch, T, d], for i in 0..T-2:
+        u_i = eh_proj(cat([enorm(embed_tokens(tokens[:, i + 1])), hnorm(hidden[:, i])], -1))
+    (the embedding first). The decoder layer runs over u (length T-1) at positions
+    0..T-2 with a causal mask and the main model's rotary embedding (eager attention):
+        h1 = layer(u);  mtp_logits = shared_head.head(shared_head.norm(h1))
+    so that mtp_logits[:, i] predicts tokens[:, i + 2]. (vLLM also zeroes the
+    embedding at position 0; this reference does not.)
+
+    Returns (h1 [batch, T-1, d], mtp_logits [batch, T-1, vocab]).
+    """
+    config = model.config
+    hidden = model.model(tokens).last_hidden_state
+    embedding = mtp.embed_tokens(tokens[:, 1:])
+    u = mtp.eh_proj(torch.cat([mtp.enorm(embedding), mtp.hnorm(hidden[:, :-1])], dim=-1))
+    positions = torch.arange(u.shape[1]).unsqueeze(0)
+    mask = create_causal_mask(
+        config=config,
+        inputs_embeds=u,
+        attention_mask=None,
+        past_key_values=None,
+        position_ids=positions,
+    )
+    position_embeddings = model.model.rotary_emb(u, positions)
+    h1 = mtp(
+        u, attention_mask=mask, position_ids=positions, position_embeddings=position_embeddings
+    )
+    mtp_logits = mtp.shared_head.head(mtp.shared_head.norm(h1))
+    return h1.float(), mtp_logits.float()
+
+
+def read_checkpoint(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a saved model, single file or shards, read with safetensors."""
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    tensors = {}
+    for file in files:
+        with safe_open(folder / file, "pt") as f:
+            assert f.metadata() == {"format": "pt"}, (file, f.metadata())
+            for key in f.keys():
+                assert key not in tensors, key
+                tensors[key] = f.get_tensor(key)
+    return tensors
+
+
+def check_mtp(out: Path) -> None:
+    """Reloads a saved MTP model and recomputes its reference from the files alone.
+
+    transformers must load the folder (reporting the MTP keys as unexpected and nothing
+    missing) and reproduce `logits`; an MTP layer filled from a second, independent read
+    of the safetensors files (per-expert weights fused by hand) must reproduce
+    `mtp_hidden` and `mtp_logits` exactly."""
+    reference = {}
+    with safe_open(out / "reference.safetensors", "pt") as f:
+        for key in f.keys():
+            reference[key] = f.get_tensor(key)
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(
+        out, attn_implementation="eager", output_loading_info=True
+    )
+    model.eval()
+    config = model.config
+    layer = config.num_hidden_layers
+    prefix = f"model.layers.{layer}."
+    assert not info["missing_keys"], info["missing_keys"]
+    assert info["unexpected_keys"] and all(
+        key.startswith(prefix) for key in info["unexpected_keys"]
+    ), info["unexpected_keys"]
+
+    stored = read_checkpoint(out)
+    own = {k[len(prefix) :]: v for k, v in stored.items() if k.startswith(prefix)}
+    assert torch.equal(own["embed_tokens.weight"], stored["model.embed_tokens.weight"])
+    assert torch.equal(own["shared_head.head.weight"], stored["lm_head.weight"])
+    # The file keeps one tensor per expert; transformers' module fuses them.
+    experts = config.n_routed_experts
+    expert = "mlp.experts.{}.{}.weight"
+    own["mlp.experts.gate_up_proj"] = torch.stack(
+        [
+            torch.cat([own.pop(expert.format(e, proj)) for proj in ("gate_proj", "up_proj")])
+            for e in range(experts)
+        ]
+    )
+    own["mlp.experts.down_proj"] = torch.stack(
+        [own.pop(expert.format(e, "down_proj")) for e in range(experts)]
+    )
+    mtp = DeepseekV3MTPLayer(config, layer_idx=layer).eval()
+    mtp.load_state_dict(own, strict=True)
+
+    with torch.no_grad():
+        tokens = reference["tokens"]
+        assert torch.equal(model(tokens).logits.float(), reference["logits"])
+        mtp_hidden, mtp_logits = mtp_forward(model, mtp, tokens)
+    assert torch.equal(mtp_hidden, reference["mtp_hidden"])
+    assert torch.equal(mtp_logits, reference["mtp_logits"])
+    assert mtp_logits.shape == (tokens.shape[0], tokens.shape[1] - 1, config.vocab_size)
+    print(f"{out.name}: reloaded; logits and MTP reference reproduced from the files")
+
+
 def build(name: str) -> None:
     make_config, save_options = MODELS[name]
     for attempt in range(50):
@@ -438,7 +604,10 @@ def build(name: str) -> None:
         config = make_config()
         config._attn_implementation = "eager"
         model = transformers.AutoModelForCausalLM.from_config(config).eval()
+        mtp = add_mtp_layer(model) if save_options.get("mtp") else None
         perturb(model, generator)
+        if mtp is not None:
+            share_mtp_weights(model, mtp)
         dtype = save_options.get("dtype")
         if dtype is not None:
             # The reference is the f32 model whose weights went through the file's
@@ -452,9 +621,14 @@ def build(name: str) -> None:
         with torch.no_grad():
             logits = model(tokens).logits.float()
             greedy, steps = greedy_with_cache(model, tokens, NEW_TOKENS)
+            # The MTP layer's router is hooked too (it is one of model.model.layers).
+            if mtp is not None:
+                mtp_hidden, mtp_logits = mtp_forward(model, mtp, tokens)
         gaps.close()
         logit_gap = gap(steps.reshape(-1, steps.shape[-1]), 1)
         full_gap = gap(logits.reshape(-1, logits.shape[-1]), 1)
+        if mtp is not None:
+            full_gap = min(full_gap, gap(mtp_logits.reshape(-1, mtp_logits.shape[-1]), 1))
         if min(logit_gap, full_gap) < MIN_LOGIT_GAP or gaps.smallest < MIN_ROUTER_GAP:
             print(
                 f"{name}: seed {seed} has near ties (logits {min(logit_gap, full_gap):.2e}, "
@@ -473,12 +647,16 @@ def build(name: str) -> None:
     to_save.save_pretrained(out, max_shard_size=save_options.get("max_shard_size", "50MB"))
     # transformers writes a generation_config.json we do not read.
     (out / "generation_config.json").unlink(missing_ok=True)
+    reference = {
+        "tokens": tokens.to(torch.int64).contiguous(),
+        "logits": logits.contiguous(),
+        "greedy": greedy.to(torch.int64).contiguous(),
+    }
+    if mtp is not None:
+        reference["mtp_hidden"] = mtp_hidden.contiguous()
+        reference["mtp_logits"] = mtp_logits.contiguous()
     save_file(
-        {
-            "tokens": tokens.to(torch.int64).contiguous(),
-            "logits": logits.contiguous(),
-            "greedy": greedy.to(torch.int64).contiguous(),
-        },
+        reference,
         out / "reference.safetensors",
         metadata={
             "transformers": transformers.__version__,
@@ -489,6 +667,11 @@ def build(name: str) -> None:
     (out / "input.json").write_text(
         json.dumps({"tokens": tokens.tolist(), "max_new_tokens": NEW_TOKENS}) + "\n"
     )
+    for file in out.iterdir():
+        if file.stat().st_size >= 200 * 1024:
+            raise SystemExit(f"{name}: {file.name} is {file.stat().st_size} bytes (>= 200 KiB)")
+    if mtp is not None:
+        check_mtp(out)
     size = sum(f.stat().st_size for f in out.iterdir())
     print(
         f"{name}: seed {seed}, logit gap {min(logit_gap, full_gap):.2e}, router gap "

@@ -58,6 +58,24 @@ fn nanogpt_refuses_bad_flags_before_printing() {
 }
 
 #[test]
+fn speculative_refuses_bad_flags_before_training() {
+    let exe = env!("CARGO_BIN_EXE_speculative");
+    assert_refused(&run(exe, &["--steps", "0"]), "--steps must be at least 1");
+    assert_refused(
+        &run(exe, &["--new-tokens", "500"]),
+        "--new-tokens must be at most",
+    );
+    assert_refused(&run(exe, &["--backends", "tpu"]), "unknown device `tpu`");
+    assert_refused(&run(exe, &["--bogus"]), "unknown flag `--bogus`");
+    let dir = tempfile::TempDir::with_prefix("speculative-bad").unwrap();
+    let missing = dir.path().join("missing.txt");
+    assert_refused(
+        &run(exe, &["--data", missing.to_str().unwrap()]),
+        "no such file or directory",
+    );
+}
+
+#[test]
 fn bench_report_of_damaged_results_is_a_clear_error() {
     let exe = env!("CARGO_BIN_EXE_bench");
     let dir = tempfile::TempDir::with_prefix("bench-bad").unwrap();

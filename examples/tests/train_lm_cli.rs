@@ -414,3 +414,63 @@ fn every_arch_learns() {
         assert!(last < first, "{arch}: validation loss {first} -> {last}");
     }
 }
+
+/// `--mtp-depth 1` trains a multi-token-prediction module: its validation loss falls
+/// (printed before and after), and `generate --speculative` drafts with it, giving the
+/// run's greedy text.
+#[test]
+fn multi_token_prediction_learns_and_drafts() {
+    let dir = TempDir::with_prefix("mtp").unwrap();
+    let text = corpus(dir.path());
+    let out = dir.path().join("mtp");
+    let mut args = vec![
+        "--data",
+        text.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--mtp-depth",
+        "1",
+        "--steps",
+        "40",
+        "--eval-interval",
+        "20",
+        "--sample-tokens",
+        "0",
+        "--lr",
+        "1e-2",
+    ];
+    args.extend_from_slice(TINY);
+    let stdout = assert_success(&common::run(TRAIN_LM, &args));
+    let line = stdout
+        .lines()
+        .find(|line| line.starts_with("multi-token prediction (1 modules): validation loss"))
+        .unwrap_or_else(|| panic!("no multi-token prediction line in: {stdout}"));
+    let numbers: Vec<f64> = line
+        .rsplit(": validation loss ")
+        .next()
+        .unwrap()
+        .split(" -> ")
+        .map(|n| n.trim().parse().unwrap())
+        .collect();
+    assert!(numbers[1] < numbers[0], "{line}");
+
+    let generate = env!("CARGO_BIN_EXE_generate");
+    let model = out.to_str().unwrap();
+    let flags = ["--model", model, "--prompt", "ab", "--max-new-tokens", "6"];
+    let greedy = assert_success(&common::run(generate, &flags));
+    let mut speculative_flags = flags.to_vec();
+    speculative_flags.push("--speculative");
+    let output = common::run(generate, &speculative_flags);
+    let speculative = assert_success(&output);
+    assert_eq!(speculative, greedy);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("drafts accepted"), "{stderr}");
+    // A model without the module, or greedy-only flags, are refused clearly.
+    assert_clear_error(
+        &common::run(
+            generate,
+            &[&flags[..], &["--speculative", "--temperature", "0.5"]].concat(),
+        ),
+        "--speculative decodes greedily",
+    );
+}

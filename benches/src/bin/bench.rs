@@ -175,6 +175,7 @@ fn run_child(arguments: &[&str], timeout: Duration) -> Result<ChildOutput, Strin
 const COMPANIONS: &[(&str, &str)] = &[
     ("moe_mla", "MoE dispatch and MLA decoding"),
     ("nanogpt", "nanoGPT training recipe"),
+    ("speculative", "Self-speculative decoding"),
 ];
 
 /// Runs the companion benchmark `name` and writes its results into `out`.

@@ -225,7 +225,7 @@ pub struct RoutingLosses {
 
 impl RoutingLosses {
     /// Adds one layer's losses (either may be absent).
-    fn add(self, aux_loss: Option<Tensor<1>>, z_loss: Option<Tensor<1>>) -> Self {
+    pub(crate) fn add(self, aux_loss: Option<Tensor<1>>, z_loss: Option<Tensor<1>>) -> Self {
         let sum = |total: Option<Tensor<1>>, loss: Option<Tensor<1>>| match (total, loss) {
             (Some(total), Some(loss)) => Some(total + loss),
             (total, loss) => total.or(loss),
@@ -926,9 +926,10 @@ mod tests {
         decoder_layer_trains_identically_through_the_kernel_on(crate::test_utils::cuda_device());
     }
 
-    /// A LLaMA-style layer, and a Gemma-style one (sandwich norms, QK-norm, soft-capped
-    /// scores, a window shorter than the sequence), train with the same losses through
-    /// the fused kernel as through the reference path.
+    /// A gpt-oss-style layer (Pre-LN, learned attention sinks) and a Gemma-style one
+    /// (sandwich norms, QK-norm, soft-capped scores), both with a window shorter than
+    /// the sequence, train with the same losses through the fused kernel as through the
+    /// reference path (the sinks train through the kernel too).
     #[cfg(all(feature = "cube", feature = "train"))]
     fn decoder_layer_trains_identically_through_the_kernel_on(device: burn::tensor::Device) {
         use crate::attention::QkNormConfig;
@@ -940,7 +941,7 @@ mod tests {
             let gemma_style = kind == BlockKind::Sandwich;
             let config = |implementation| {
                 let mut config = config(kind);
-                let attention = attention(gemma_style.then_some(12))
+                let attention = attention(Some(12))
                     .with_head_dim(Some(32))
                     .with_rope(Some(RopeConfig::new(32)))
                     .with_implementation(implementation);
@@ -949,7 +950,7 @@ mod tests {
                         .with_softcap(Some(5.0))
                         .with_qk_norm(Some(QkNormConfig::new().with_unit_offset(true)))
                 } else {
-                    attention
+                    attention.with_sinks(true)
                 };
                 config.self_attention = SelfAttentionConfig::MultiHead(attention);
                 config

@@ -1,5 +1,6 @@
 //! Text generation: greedy decoding, sampling (temperature, top-k, top-p, repetition
-//! penalty) and batched beam search, all through the models' KV caches.
+//! penalty), batched beam search and self-speculative greedy decoding with a model's
+//! multi-token-prediction module, all through the models' KV caches.
 //!
 //! ```rust,no_run
 //! # use burn_transformer::model::CausalLmConfig;
@@ -18,11 +19,13 @@ mod beam;
 mod generation;
 mod language_model;
 mod sampler;
+mod speculative;
 
 pub use beam::{BeamSearchConfig, EarlyStopping, Hypothesis, beam_search};
 pub use generation::{Generated, GenerationConfig, StopReason, TokenEvent, generate};
 pub use language_model::{LanguageModel, Seq2SeqDecoding};
 pub use sampler::{Sampler, SamplingConfig};
+pub use speculative::{SpeculativeOutput, generate_speculative};
 #[cfg(test)]
 pub(crate) use {generation::left_pad, sampler::log_softmax};
 

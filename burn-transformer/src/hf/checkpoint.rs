@@ -99,6 +99,12 @@ pub enum KeyAction {
 pub trait KeyMap {
     /// The action for one checkpoint key.
     fn action(&self, key: &str) -> KeyAction;
+
+    /// The checkpoint key that loads into our parameter `path` (how errors name a
+    /// missing tensor). Default: the path itself.
+    fn checkpoint_key(&self, path: &str) -> String {
+        path.to_string()
+    }
 }
 
 impl<F: Fn(&str) -> KeyAction> KeyMap for F {
@@ -139,7 +145,19 @@ pub fn load_causal_lm_with(
 ) -> Result<(CausalLm, HfConfig, LoadReport), HfError> {
     let dir = dir.as_ref();
     let config_path = dir.join(CONFIG_FILE);
-    let config = HfConfig::from_file(&config_path)?;
+    let mut config = HfConfig::from_file(&config_path)?;
+    let tensors = checkpoint_tensors(dir)?;
+    check_layer_count(&config, &config_path, tensors.keys())?;
+    // Multi-token-prediction layers load when the checkpoint has them (many copies of
+    // DeepSeek-V3 drop them while their config.json still counts them).
+    let first_mtp_layer = config.model.n_layers;
+    if config.mtp_layers > 0
+        && tensors
+            .keys()
+            .any(|key| layer_index(key) == Some(first_mtp_layer))
+    {
+        config.model.mtp_depth = config.mtp_layers;
+    }
     let mut model = config
         .model
         .try_init(device)
@@ -147,8 +165,6 @@ pub fn load_causal_lm_with(
             path: config_path.clone(),
             source,
         })?;
-    let tensors = checkpoint_tensors(dir)?;
-    check_layer_count(&config, &config_path, tensors.keys())?;
     let key_map = causal_lm_key_map(&config);
     let report = apply_weights(
         &mut model,
@@ -191,34 +207,96 @@ fn check_layer_count<'a>(
 /// HF's `model.embed_tokens` is our `embed_tokens`; Mixtral names its sparse block
 /// `block_sparse_moe` where our layer (like DeepSeek's) says `mlp`; DeepSeek-V3
 /// checkpoints append multi-token-prediction layers after the last decoder layer
-/// ([`HfConfig::mtp_layers`]), which inference does not use. Layers beyond those are
-/// loaded as any other key, so that a checkpoint deeper than its `config.json` is an
-/// error, not a model silently missing layers.
+/// ([`HfConfig::mtp_layers`]): `model.layers.{n_layers + k}.{enorm, hnorm, eh_proj,
+/// shared_head.norm}` are our `mtp.{k}.…`, the layer's decoder keys our
+/// `mtp.{k}.block.…`, and its copies of the embedding and output head
+/// (`embed_tokens`, `shared_head.head`) are the model's own, so ignored. Without
+/// multi-token prediction in the model (`mtp_depth` 0) those layers are ignored. Layers
+/// beyond them are loaded as any other key, so that a checkpoint deeper than its
+/// `config.json` is an error, not a model silently missing layers.
 pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
-    let tied = config.model.tie_word_embeddings;
-    let n_layers = config.model.n_layers;
-    let mtp_layers = n_layers..n_layers + config.mtp_layers;
-    let mixtral = config.model_type == "mixtral";
-    let gpt_oss = config.model_type == "gpt_oss";
-    move |key: &str| {
-        if key.ends_with(".rotary_emb.inv_freq") || (tied && key == "lm_head.weight") {
+    CausalLmKeys {
+        tied: config.model.tie_word_embeddings,
+        n_layers: config.model.n_layers,
+        mtp_layers: config.mtp_layers,
+        load_mtp: config.model.mtp_depth > 0,
+        mixtral: config.model_type == "mixtral",
+        gpt_oss: config.model_type == "gpt_oss",
+    }
+}
+
+/// The rename table of [`causal_lm_key_map`].
+struct CausalLmKeys {
+    tied: bool,
+    n_layers: usize,
+    mtp_layers: usize,
+    load_mtp: bool,
+    mixtral: bool,
+    gpt_oss: bool,
+}
+
+impl KeyMap for CausalLmKeys {
+    fn action(&self, key: &str) -> KeyAction {
+        if key.ends_with(".rotary_emb.inv_freq") || (self.tied && key == "lm_head.weight") {
             return KeyAction::Ignore;
         }
-        if layer_index(key).is_some_and(|layer| mtp_layers.contains(&layer)) {
-            return KeyAction::Ignore;
+        let mtp_layers = self.n_layers..self.n_layers + self.mtp_layers;
+        if let Some(layer) = layer_index(key).filter(|layer| mtp_layers.contains(layer)) {
+            return match self.load_mtp {
+                true => mtp_key_action(key, layer, layer - self.n_layers),
+                false => KeyAction::Ignore,
+            };
         }
         // Our token embedding sits beside the stack (`embed_tokens`), HF's inside it.
         if let Some(rest) = key.strip_prefix("model.embed_tokens.") {
             return KeyAction::Load(format!("embed_tokens.{rest}"));
         }
-        if mixtral {
+        if self.mixtral {
             KeyAction::Load(key.replacen(".block_sparse_moe.", ".mlp.", 1))
-        } else if gpt_oss {
+        } else if self.gpt_oss {
             // gpt-oss names its router `router`, ours (like every other family) `gate`.
             KeyAction::Load(key.replacen(".mlp.router.", ".mlp.gate.", 1))
         } else {
             KeyAction::Load(key.to_string())
         }
+    }
+
+    fn checkpoint_key(&self, path: &str) -> String {
+        if let Some(rest) = path.strip_prefix("embed_tokens.") {
+            return format!("model.embed_tokens.{rest}");
+        }
+        if let Some((depth_index, rest)) = path
+            .strip_prefix("mtp.")
+            .and_then(|rest| rest.split_once('.'))
+            && let Ok(depth_index) = depth_index.parse::<usize>()
+        {
+            let rest = rest.strip_prefix("block.").unwrap_or(rest);
+            return format!("model.layers.{}.{rest}", self.n_layers + depth_index);
+        }
+        if self.mixtral {
+            path.replacen(".mlp.", ".block_sparse_moe.", 1)
+        } else if self.gpt_oss {
+            path.replacen(".mlp.gate.", ".mlp.router.", 1)
+        } else {
+            path.to_string()
+        }
+    }
+}
+
+/// Where a key of multi-token-prediction layer `layer` (our module `depth_index`)
+/// goes (see [`causal_lm_key_map`]).
+fn mtp_key_action(key: &str, layer: usize, depth_index: usize) -> KeyAction {
+    let rest = key
+        .strip_prefix(&format!("model.layers.{layer}."))
+        .expect("a key of this layer");
+    const OWN: [&str; 4] = ["enorm.", "hnorm.", "eh_proj.", "shared_head.norm."];
+    const SHARED: [&str; 2] = ["embed_tokens.", "shared_head.head."];
+    if SHARED.iter().any(|prefix| rest.starts_with(prefix)) {
+        KeyAction::Ignore
+    } else if OWN.iter().any(|prefix| rest.starts_with(prefix)) {
+        KeyAction::Load(format!("mtp.{depth_index}.{rest}"))
+    } else {
+        KeyAction::Load(format!("mtp.{depth_index}.block.{rest}"))
     }
 }
 
@@ -657,7 +735,7 @@ fn apply_weights<M: Module>(
     if let Some((path, want)) = missing.first() {
         return Err(HfError::MissingTensor {
             dir: dir.to_path_buf(),
-            key: (*path).clone(),
+            key: key_map.checkpoint_key(path),
             expected: want.shape.clone(),
             others: missing.len() - 1,
         });

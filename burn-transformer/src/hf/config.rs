@@ -38,9 +38,10 @@ pub struct HfConfig {
     pub eos_token_ids: Vec<u32>,
     /// `pad_token_id`, if set.
     pub pad_token_id: Option<u32>,
-    /// Layers a checkpoint may hold after the `num_hidden_layers` decoder layers, which
-    /// inference does not run: DeepSeek-V3's multi-token-prediction layers
-    /// (`num_nextn_predict_layers`). 0 for every other family.
+    /// Layers a checkpoint may hold after the `num_hidden_layers` decoder layers:
+    /// DeepSeek-V3's multi-token-prediction layers (`num_nextn_predict_layers`),
+    /// loaded as the model's [`mtp`](crate::model::CausalLm::mtp) modules when the
+    /// checkpoint has them. 0 for every other family.
     pub mtp_layers: usize,
 }
 

@@ -203,6 +203,36 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
     matches_transformers("deepseek_v2");
 }
 
+/// A DeepSeek-V3 checkpoint with its multi-token-prediction layer: the model matches
+/// transformers (which ignores that layer), and the loaded module gives the PyTorch
+/// reference's states and logits (tools/make_hf_models.py: transformers' decoder layer
+/// with DeepSeek-V3's `enorm`/`hnorm`/`eh_proj`/`shared_head`, embedding first).
+/// Self-speculative decoding with it gives transformers' greedy tokens.
+#[test]
+fn deepseek_v3_multi_token_prediction_layer_matches_the_pytorch_reference() {
+    matches_transformers("deepseek_v3_mtp");
+    let reference = reference("deepseek_v3_mtp");
+    let prompts = rows(&reference.data("tokens"));
+    let expected_greedy = rows(&reference.data("greedy"));
+    for device in model_test_devices() {
+        let (model, config) = load_causal_lm(model_dir("deepseek_v3_mtp"), &device).unwrap();
+        assert_eq!((config.mtp_layers, model.mtp_depth()), (1, 1));
+        let output = model.forward_with_mtp(int_tensor(&prompts, &device));
+        assert_close(
+            output.mtp_logits[0].clone(),
+            reference.tensor::<3>("mtp_logits", &device),
+            LOGIT_TOLERANCE,
+            &format!("mtp logits on {device:?}"),
+        );
+        let greedy = GenerationConfig::greedy(expected_greedy[0].len());
+        for (prompt, expected) in prompts.iter().zip(&expected_greedy) {
+            let output =
+                crate::generate::generate_speculative(&model, prompt, &greedy, |_| {}).unwrap();
+            assert_eq!(&output.generated.tokens, expected, "on {device:?}");
+        }
+    }
+}
+
 #[test]
 fn bf16_checkpoint_loads_as_f32_and_matches_transformers() {
     matches_transformers("qwen2_bf16");
@@ -763,11 +793,13 @@ fn a_config_with_fewer_layers_than_its_checkpoint_is_an_error_for_every_family()
     );
 }
 
-/// DeepSeek-V3 checkpoints hold `num_nextn_predict_layers` multi-token-prediction
-/// layers after the decoder layers: those load as ignored, a layer more is an error.
+/// DeepSeek-V3 checkpoints may hold `num_nextn_predict_layers` multi-token-prediction
+/// layers after the decoder layers: a checkpoint without them loads a model without
+/// multi-token prediction, an incomplete one names what is missing, and a layer more
+/// than declared is an error.
 #[test]
-fn deepseek_v3_skips_its_multi_token_prediction_layers_only() {
-    let with_mtp = |label_layers: &[usize]| {
+fn deepseek_v3_multi_token_prediction_layers_are_checked() {
+    let with_layers = |label_layers: &[usize]| {
         let layers = label_layers.to_vec();
         ScratchModel::copy("deepseek_v3").edit_tensors(move |tensors| {
             for &layer in &layers {
@@ -783,19 +815,17 @@ fn deepseek_v3_skips_its_multi_token_prediction_layers_only() {
         })
     };
     let device = Device::flex();
-    let one = with_mtp(&[2]);
-    let (model, config) = load_causal_lm(one.path(), &device).unwrap();
-    assert_eq!((config.mtp_layers, model.n_layers()), (1, 2));
-    let reference = reference("deepseek_v3");
-    let prompts = rows(&reference.data("tokens"));
-    assert_close(
-        model.forward(int_tensor(&prompts, &device), None),
-        reference.tensor::<3>("logits", &device),
-        LOGIT_TOLERANCE,
-        "deepseek_v3 with an MTP layer",
+    let (model, config) = load_causal_lm(model_dir("deepseek_v3"), &device).unwrap();
+    assert_eq!((config.mtp_layers, model.mtp_depth()), (1, 0));
+
+    let error = with_layers(&[2]).load();
+    assert!(
+        matches!(&error, HfError::MissingTensor { key, .. } if key.contains("model.layers.2.")
+            && ["enorm", "hnorm", "shared_head"].iter().any(|part| key.contains(part))),
+        "{error}"
     );
 
-    let error = with_mtp(&[2, 3]).load();
+    let error = with_layers(&[2, 3]).load();
     assert!(
         matches!(
             &error,

@@ -2,7 +2,8 @@
 //! ([Touvron et al. 2023](https://arxiv.org/abs/2307.09288)), Mistral (sliding window,
 //! [Jiang et al. 2023](https://arxiv.org/abs/2310.06825)), Qwen2 (q/k/v biases),
 //! Mixtral (sparse mixture of experts) and DeepSeek-V2/V3 (multi-head latent attention,
-//! dense first layers then mixture of experts with shared experts).
+//! dense first layers then mixture of experts with shared experts, multi-token
+//! prediction).
 //!
 //! ```text
 //! tokens ─► embed_tokens ─► model.layers × N ─► model.norm ─► lm_head ─► logits
@@ -13,6 +14,7 @@
 //! every block option applies: Pre-LN (the default, as LLaMA), Post-LN, parallel or
 //! ResiDual blocks, stochastic depth, grouped or latent attention, dense or MoE
 //! feed-forwards (whose load-balancing and z-losses the training loss can include).
+//! Multi-token-prediction modules ([`super::multi_token`]) may follow the stack.
 //! The module tree carries Hugging Face's names (`model.layers.N.self_attn.q_proj`,
 //! `model.norm`, `lm_head`; HF's `model.embed_tokens` is our `embed_tokens`), so a
 //! checkpoint loads with a rename table: see [`crate::hf`]. Presets of published
@@ -29,13 +31,16 @@ use crate::attention::{
     SelfAttentionConfig,
 };
 use crate::block::{
-    BlockKind, RoutingLosses, StackCache, TransformerBlockConfig, TransformerStack,
+    BlockCache, BlockKind, RoutingLosses, StackCache, TransformerBlock, TransformerBlockConfig,
+    TransformerStack,
 };
 use crate::error::ConfigError;
 use crate::ffn::{Activation, FeedForwardConfig, MoeConfig, MoeLayerPlan, SwiGluConfig};
 use crate::norm::{NormConfig, RmsNormConfig};
 use crate::ops::soft_cap::soft_cap;
 use crate::position::RopeConfig;
+
+use super::multi_token::MultiTokenPredictor;
 
 const MODULE: &str = "CausalLmConfig";
 
@@ -144,6 +149,16 @@ pub struct CausalLmConfig {
     /// `router_z_loss_coef`; 0.001 is the paper's choice). Default: 0 (off).
     #[config(default = 0.0)]
     pub router_z_loss_coef: f64,
+    /// Multi-token-prediction modules after the stack (DeepSeek-V3's
+    /// `num_nextn_predict_layers`): module `k` (from 1) predicts the token `k + 1`
+    /// ahead; each is a block configured as layer `n_layers + k − 1` would be. Not
+    /// available with ResiDual blocks. Default: 0.
+    #[config(default = 0)]
+    pub mtp_depth: usize,
+    /// Weight `λ` of the multi-token-prediction loss `λ/D · Σₖ CEₖ` in training
+    /// (DeepSeek-V3: 0.3, then 0.1 for the last part of training). Default: 0.3.
+    #[config(default = 0.3)]
+    pub mtp_loss_weight: f64,
     /// Arrangement of norms and residuals in every block. Default: Pre-LN (LLaMA).
     #[config(default = "BlockKind::PreNorm")]
     pub block_kind: BlockKind,
@@ -278,6 +293,16 @@ impl CausalLmConfig {
         ConfigError::check_non_negative(MODULE, "aux_loss_coef", self.aux_loss_coef)?;
         ConfigError::check_non_negative(MODULE, "router_z_loss_coef", self.router_z_loss_coef)?;
         ConfigError::check_probability(MODULE, "drop_path", self.drop_path)?;
+        ConfigError::check_non_negative(MODULE, "mtp_loss_weight", self.mtp_loss_weight)?;
+        if self.mtp_depth > 0 && self.block_kind == BlockKind::ResiDual {
+            return Err(ConfigError::Invalid {
+                module: MODULE,
+                field: "mtp_depth",
+                reason: "multi-token prediction reads the stack's normed output, which \
+                         ResiDual blocks only form at the end; use another block_kind"
+                    .into(),
+            });
+        }
         if let Some(latent) = &self.latent {
             if self.qk_norm.is_some() {
                 return Err(ConfigError::Invalid {
@@ -368,16 +393,27 @@ impl CausalLmConfig {
             (None, Some(sliding)) => Some(sliding.try_init(device)?),
             _ => rope.clone(),
         };
+        let block = |layer: usize| -> Result<TransformerBlock, ConfigError> {
+            let mut block = self.block_config(layer).try_init(device)?;
+            if let SelfAttention::MultiHead(attention) = &mut block.self_attn {
+                attention.rope = match self.window_of(layer) {
+                    Some(_) => sliding_rope.clone(),
+                    None => rope.clone(),
+                };
+            }
+            Ok(block)
+        };
         let layers = (0..self.n_layers)
+            .map(block)
+            .collect::<Result<Vec<_>, ConfigError>>()?;
+        let mtp = (self.n_layers..self.n_layers + self.mtp_depth)
             .map(|layer| {
-                let mut block = self.block_config(layer).try_init(device)?;
-                if let SelfAttention::MultiHead(attention) = &mut block.self_attn {
-                    attention.rope = match self.window_of(layer) {
-                        Some(_) => sliding_rope.clone(),
-                        None => rope.clone(),
-                    };
-                }
-                Ok(block)
+                MultiTokenPredictor::try_new(
+                    block(layer)?,
+                    &self.norm_config(),
+                    self.initializer.clone(),
+                    device,
+                )
             })
             .collect::<Result<Vec<_>, ConfigError>>()?;
         let norm = self
@@ -398,7 +434,9 @@ impl CausalLmConfig {
             embed_tokens,
             model: TransformerStack::new(layers, norm)?,
             lm_head,
+            mtp,
             vocab_size: self.vocab_size,
+            mtp_loss_weight: self.mtp_loss_weight,
             aux_loss_coef: self.aux_loss_coef,
             router_z_loss_coef: self.router_z_loss_coef,
             embed_scale: self.embed_scale,
@@ -418,8 +456,12 @@ pub struct CausalLm {
     pub model: TransformerStack,
     /// The output projection; `None` when tied to `embed_tokens`.
     pub lm_head: Option<Linear>,
+    /// The multi-token-prediction modules, depth 1 first (empty without).
+    pub mtp: Vec<MultiTokenPredictor>,
     #[module(skip)]
     vocab_size: usize,
+    #[module(skip)]
+    mtp_loss_weight: f64,
     #[module(skip)]
     aux_loss_coef: f64,
     #[module(skip)]
@@ -439,6 +481,10 @@ pub struct CausalLmOutput {
     /// router_z_loss_coef · Σ z-loss`, `[1]`. `None` for dense models, or when both
     /// weights are 0. Add it to the language-modelling loss when training.
     pub routing_loss: Option<Tensor<1>>,
+    /// The logits of the multi-token-prediction modules, depth 1 first, from
+    /// [`CausalLm::forward_with_mtp`] (empty from the other forwards): depth `k`
+    /// gives `[batch, seq − k, vocab_size]`, position `i` predicting token `i + k + 1`.
+    pub mtp_logits: Vec<Tensor<3>>,
 }
 
 impl CausalLm {
@@ -450,6 +496,17 @@ impl CausalLm {
     /// Number of layers.
     pub fn n_layers(&self) -> usize {
         self.model.layers.len()
+    }
+
+    /// Number of multi-token-prediction modules.
+    pub fn mtp_depth(&self) -> usize {
+        self.mtp.len()
+    }
+
+    /// Weight `λ` of the multi-token-prediction loss (see
+    /// [`CausalLmConfig::mtp_loss_weight`]).
+    pub fn mtp_loss_weight(&self) -> f64 {
+        self.mtp_loss_weight
     }
 
     /// The device the parameters live on.
@@ -491,6 +548,37 @@ impl CausalLm {
         self.output(hidden, losses)
     }
 
+    /// [`forward_full`](Self::forward_full) that also runs the multi-token-prediction
+    /// modules (see [`CausalLmOutput::mtp_logits`]); their routing losses join the
+    /// stack's. Depths that reach past the sequence are left out.
+    ///
+    /// # Shapes
+    /// - tokens: `[batch, seq]`
+    /// - output: logits `[batch, seq, vocab_size]`; depth `k`: `[batch, seq − k, vocab_size]`
+    pub fn forward_with_mtp(&self, tokens: Tensor<2, Int>) -> CausalLmOutput {
+        let seq = tokens.dims()[1];
+        let x = self.embed(tokens);
+        let (hidden, mut losses) = self.model.forward_with_losses(x.clone(), None, None);
+        let mut mtp_logits = Vec::with_capacity(self.mtp.len());
+        let mut previous = hidden.clone();
+        for (index, module) in self.mtp.iter().enumerate() {
+            let depth = index + 1;
+            if depth >= seq {
+                break;
+            }
+            let len = seq - depth;
+            // Position i combines h(i) with the embedding of token i + depth.
+            let out = module.forward(previous.narrow(1, 0, len), x.clone().narrow(1, depth, len));
+            losses = losses.add(out.losses.aux_loss, out.losses.z_loss);
+            mtp_logits.push(self.logits(out.head_input));
+            previous = out.hidden;
+        }
+        CausalLmOutput {
+            mtp_logits,
+            ..self.output(hidden, losses)
+        }
+    }
+
     /// Logits of the new positions `tokens`, attending to everything in `cache`,
     /// which is then extended with them. Prefill with the whole prompt, then call it
     /// with one token per step: the result equals [`forward`](Self::forward) on the
@@ -509,9 +597,57 @@ impl CausalLm {
         cache: &mut StackCache,
         key_padding: Option<Tensor<2, Bool>>,
     ) -> Tensor<3> {
+        self.forward_cached_with_hidden(tokens, cache, key_padding)
+            .0
+    }
+
+    /// [`forward_cached`](Self::forward_cached) that also returns the stack's output
+    /// states (what the output head and the first multi-token-prediction module read).
+    ///
+    /// # Shapes
+    /// - as [`forward_cached`](Self::forward_cached); the states are
+    ///   `[batch, new, d_model]`
+    ///
+    /// # Panics
+    /// As [`forward_cached`](Self::forward_cached).
+    pub fn forward_cached_with_hidden(
+        &self,
+        tokens: Tensor<2, Int>,
+        cache: &mut StackCache,
+        key_padding: Option<Tensor<2, Bool>>,
+    ) -> (Tensor<3>, Tensor<3>) {
         let x = self.embed(tokens);
-        let (hidden, losses) = self.model.forward_cached(x, cache, key_padding, None);
-        self.output(hidden, losses).logits
+        let (hidden, _) = self.model.forward_cached(x, cache, key_padding, None);
+        (self.logits(hidden.clone()), hidden)
+    }
+
+    /// Empty decoding caches for the multi-token-prediction modules, depth 1 first.
+    pub fn new_mtp_caches(&self) -> Vec<BlockCache> {
+        self.mtp
+            .iter()
+            .map(MultiTokenPredictor::new_cache)
+            .collect()
+    }
+
+    /// The first multi-token-prediction module over new positions, through its
+    /// cache: position `i` combines the stack's output state at `i` with token
+    /// `i + 1` and predicts token `i + 2` (the draft of self-speculative decoding).
+    /// `None` for a model without multi-token prediction.
+    ///
+    /// # Shapes
+    /// - hidden: `[batch, new, d_model]`, from
+    ///   [`forward_cached_with_hidden`](Self::forward_cached_with_hidden)
+    /// - next_tokens: `[batch, new]`, the tokens one ahead of those states
+    /// - output: `[batch, new, vocab_size]`
+    pub fn draft_cached(
+        &self,
+        hidden: Tensor<3>,
+        next_tokens: Tensor<2, Int>,
+        cache: &mut BlockCache,
+    ) -> Option<Tensor<3>> {
+        let module = self.mtp.first()?;
+        let out = module.forward_cached(hidden, self.embed(next_tokens), cache);
+        Some(self.logits(out.head_input))
     }
 
     /// The model with every attention switched to `implementation` (the weights are
@@ -523,6 +659,12 @@ impl CausalLm {
             .into_iter()
             .map(|block| block.with_attention_implementation(implementation))
             .collect();
+        for module in &mut self.mtp {
+            module.block = module
+                .block
+                .clone()
+                .with_attention_implementation(implementation);
+        }
         self
     }
 
@@ -547,14 +689,19 @@ impl CausalLm {
             (Some(aux), Some(z)) => Some(aux + z),
             (aux, z) => aux.or(z),
         };
+        CausalLmOutput {
+            logits: self.logits(hidden),
+            routing_loss,
+            mtp_logits: Vec::new(),
+        }
+    }
+
+    /// The output head with the final soft-cap: `[batch, seq, d_model] -> [batch, seq, vocab_size]`.
+    fn logits(&self, hidden: Tensor<3>) -> Tensor<3> {
         let logits = self.lm_head(hidden);
-        let logits = match self.final_logit_softcap {
+        match self.final_logit_softcap {
             Some(cap) => soft_cap(logits, cap),
             None => logits,
-        };
-        CausalLmOutput {
-            logits,
-            routing_loss,
         }
     }
 

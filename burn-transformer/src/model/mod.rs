@@ -1,9 +1,10 @@
 //! Models, each a stack of [`crate::block`] blocks: decoder-only causal language
-//! models (the LLaMA family and its relatives), the encoder-decoder Transformer, and
-//! presets of published sizes.
+//! models (the LLaMA family and its relatives) with optional multi-token prediction,
+//! the encoder-decoder Transformer, and presets of published sizes.
 
 mod causal_lm;
 mod encoder_decoder;
+pub mod multi_token;
 mod presets;
 
 pub use causal_lm::{CausalLm, CausalLmConfig, CausalLmOutput};

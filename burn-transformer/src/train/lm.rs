@@ -13,7 +13,7 @@ use std::sync::Arc;
 use burn::config::Config;
 use burn::module::Module;
 use burn::optim::ModuleOptimizer;
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{Device, Int, Tensor};
 use burn::train::metric::PerplexityMetric;
 use burn::train::{InferenceStep, Learner, SequenceOutput, TrainOutput, TrainStep};
 
@@ -155,24 +155,61 @@ impl LmTask {
         Self { model, settings }
     }
 
-    /// The training loss of a batch: cross entropy (smoothed) plus the auxiliary
-    /// loss, and the logits.
+    /// The training loss of a batch: cross entropy (smoothed), plus the routing
+    /// losses of MoE layers and the weighted multi-token-prediction loss
+    /// ([`mtp_loss`](Self::mtp_loss)) when the model has them, and the logits.
     ///
     /// # Shapes
     /// - output: (`[1]`, `[batch, context, vocab]`)
     pub fn training_loss(&self, batch: &LmBatch) -> (Tensor<1>, Tensor<3>) {
-        let output = self.model.forward_full(batch.inputs.clone(), None);
-        let loss = cross_entropy(
+        let output = match self.model.mtp_depth() {
+            0 => self.model.forward_full(batch.inputs.clone(), None),
+            _ => self.model.forward_with_mtp(batch.inputs.clone()),
+        };
+        let smoothing = self.settings.label_smoothing;
+        let mut loss = cross_entropy(
             output.logits.clone(),
             batch.targets.clone(),
-            self.settings.label_smoothing,
+            smoothing,
             None,
         );
-        let loss = match output.routing_loss {
-            Some(routing) => loss + routing,
-            None => loss,
-        };
+        if let Some(routing) = output.routing_loss {
+            loss = loss + routing;
+        }
+        if let Some(mtp) = Self::mtp_loss(&output.mtp_logits, &batch.targets, smoothing) {
+            loss = loss + mtp * self.model.mtp_loss_weight();
+        }
         (loss, output.logits)
+    }
+
+    /// The multi-token-prediction loss before its weight: the mean over depths of
+    /// each depth's cross entropy, `1/D · Σₖ CE(logitsᵏ, targets[k..])` (depth `k`
+    /// predicts `k` tokens further than the next one). `None` without depths.
+    ///
+    /// # Shapes
+    /// - mtp_logits: depth `k` (from 1) `[batch, context − k, vocab]`
+    /// - targets: `[batch, context]`
+    /// - output: `[1]`
+    pub fn mtp_loss(
+        mtp_logits: &[Tensor<3>],
+        targets: &Tensor<2, Int>,
+        label_smoothing: f64,
+    ) -> Option<Tensor<1>> {
+        let context = targets.dims()[1];
+        let depths = mtp_logits.len();
+        let total = mtp_logits
+            .iter()
+            .enumerate()
+            .fold(None, |total, (index, logits)| {
+                let depth = index + 1;
+                let targets = targets.clone().narrow(1, depth, context - depth);
+                let loss = cross_entropy(logits.clone(), targets, label_smoothing, None);
+                Some(match total {
+                    Some(total) => total + loss,
+                    None => loss,
+                })
+            });
+        total.map(|total: Tensor<1>| total / depths as f64)
     }
 }
 
@@ -301,6 +338,43 @@ pub fn train_language_model_from(
         history,
         start_step: prepared.start_step,
     })
+}
+
+/// The multi-token-prediction loss of `model` on the validation batches a run of
+/// `training` validates on: the mean over batches of `1/D · Σₖ CEₖ` (unweighted, no
+/// label smoothing; see [`LmTask::mtp_loss`]). `None` for a model without
+/// multi-token prediction.
+///
+/// # Errors
+/// [`TrainError`] for a validation split too short for the context.
+pub fn mtp_validation_loss(
+    model: &CausalLm,
+    split: &TokenSplit,
+    training: &LmTrainingConfig,
+    device: &Device,
+) -> Result<Option<f64>, TrainError> {
+    if model.mtp_depth() == 0 {
+        return Ok(None);
+    }
+    split.check_context(training.context)?;
+    let model = model.clone().to_device(device);
+    let loader = WindowLoader::validation(
+        Arc::new(split.validation.clone()),
+        training.batch_size,
+        training.context,
+        training.eval_batches,
+        training.seed,
+        device,
+    );
+    let total: f64 = (0..training.eval_batches)
+        .map(|index| {
+            let batch = loader.batch(index);
+            let output = model.forward_with_mtp(batch.inputs);
+            LmTask::mtp_loss(&output.mtp_logits, &batch.targets, 0.0)
+                .map_or(0.0, |loss| loss.into_scalar::<f64>())
+        })
+        .sum();
+    Ok(Some(total / training.eval_batches as f64))
 }
 
 /// Checks that every token id is below the model's vocabulary size.

@@ -37,7 +37,8 @@ pub use data::{
 };
 pub use error::TrainError;
 pub use lm::{
-    LmRunResult, LmTask, LmTrainingConfig, train_language_model, train_language_model_from,
+    LmRunResult, LmTask, LmTrainingConfig, mtp_validation_loss, train_language_model,
+    train_language_model_from,
 };
 pub use loss::cross_entropy;
 pub use manifest::{CheckpointManifest, FileDigest, ResumePoint, find_resume_point, manifest_path};

@@ -4,15 +4,19 @@
 //! ```text
 //! generate --model DIR --prompt TEXT [--tokenizer tokenizer.json] [--max-new-tokens N]
 //!          [--temperature T [--top-k K] [--top-p P] [--seed S]] [--repetition-penalty R]
-//!          [--num-beams B [--length-penalty L]] [--device flex|ndarray|wgpu|cuda]
-//!          [--dtype f32|f16|bf16]
+//!          [--num-beams B [--length-penalty L]] [--speculative]
+//!          [--device flex|ndarray|wgpu|cuda] [--dtype f32|f16|bf16]
 //! ```
 //!
 //! `DIR` is a Hugging Face model folder (its `tokenizer.json`, or `--tokenizer`) or the
 //! `--out` folder of a finished `train-lm` run (its own tokenizer). Greedy by default;
 //! `--temperature` above 0 samples (with optional top-k / top-p), reproducibly for a
 //! given `--seed`. `--num-beams` above 1 runs beam search and prints the best
-//! hypothesis at the end. Generation stops at a Hugging Face model's `eos_token_id`s or
+//! hypothesis at the end. `--speculative` decodes greedily with self-speculative
+//! decoding: the model's multi-token-prediction module (a DeepSeek-V3 checkpoint that
+//! has one, or a `train-lm --mtp-depth 1` run) drafts the token after next and the
+//! model verifies it; the tokens are greedy decoding's, and the acceptance rate and
+//! speed are printed at the end. Generation stops at a Hugging Face model's `eos_token_id`s or
 //! after `--max-new-tokens`; a run's tokens are each predicted from at most the
 //! `--context` it was trained with. Every flag is checked before anything is loaded.
 
@@ -20,7 +24,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use burn_transformer::generate::{
-    BeamSearchConfig, GenerationConfig, SamplingConfig, beam_search, generate,
+    BeamSearchConfig, GenerationConfig, SamplingConfig, beam_search, generate, generate_speculative,
 };
 use clap::Parser;
 use examples::{ModelFlags, StreamedText};
@@ -66,12 +70,18 @@ struct Args {
     /// Length penalty of beam search (with --num-beams above 1). Default: 1.
     #[arg(long, allow_negative_numbers = true)]
     length_penalty: Option<f32>,
+    /// Greedy decoding drafted by the model's multi-token-prediction module and
+    /// verified by the model (same tokens as greedy decoding).
+    #[arg(long)]
+    speculative: bool,
 }
 
 /// How tokens are chosen, as the flags ask.
 enum Decoding {
     /// One token at a time, printed as it comes.
     Stream(SamplingConfig),
+    /// Greedy, drafted by the multi-token-prediction module, printed as it comes.
+    Speculative,
     /// Beam search, printed at the end.
     Beams {
         num_beams: usize,
@@ -122,6 +132,18 @@ fn decoding(args: &Args) -> Result<Decoding, String> {
     }
 
     let sampling = temperature > 0.0;
+    if args.speculative {
+        let others = [
+            ("--temperature", sampling),
+            ("--repetition-penalty", args.repetition_penalty.is_some()),
+            ("--num-beams", args.num_beams > 1),
+        ];
+        if let Some((flag, _)) = others.iter().find(|(_, given)| *given) {
+            return Err(format!(
+                "--speculative decodes greedily: it cannot be combined with {flag}"
+            ));
+        }
+    }
     let sampling_flags = [
         ("--top-k", args.top_k.is_some()),
         ("--top-p", args.top_p.is_some()),
@@ -156,6 +178,9 @@ fn decoding(args: &Args) -> Result<Decoding, String> {
     if args.length_penalty.is_some() {
         return Err("--length-penalty applies to beam search: add --num-beams B (B > 1)".into());
     }
+    if args.speculative {
+        return Ok(Decoding::Speculative);
+    }
     let config = if sampling {
         SamplingConfig::sample(temperature, args.seed.unwrap_or(0))
             .with_top_k(args.top_k)
@@ -189,6 +214,24 @@ fn run(args: &Args) -> Result<(), String> {
         ));
     }
 
+    if matches!(decoding, Decoding::Speculative) {
+        if loaded.model.mtp_depth() == 0 {
+            return Err(
+                "--speculative: the model has no multi-token-prediction module to draft                  with (train one with train-lm --mtp-depth 1, or use a DeepSeek-V3                  checkpoint that holds its MTP layer)"
+                    .into(),
+            );
+        }
+        if let Some(context) = loaded.max_context
+            && prompt.len() + args.max_new_tokens > context
+        {
+            return Err(format!(
+                "--speculative keeps the whole context, and the model was trained on                  windows of {context} tokens: the prompt ({} tokens) and --max-new-tokens                  ({}) must fit in them",
+                prompt.len(),
+                args.max_new_tokens
+            ));
+        }
+    }
+
     print!("{}", args.prompt);
     examples::flush();
     let generation = match decoding {
@@ -210,6 +253,9 @@ fn run(args: &Args) -> Result<(), String> {
             }
             return Ok(());
         }
+        Decoding::Speculative => GenerationConfig::greedy(args.max_new_tokens)
+            .with_stop_tokens(loaded.stop_tokens.clone())
+            .with_pad_token(loaded.pad_token),
         Decoding::Stream(sampling) => GenerationConfig::greedy(args.max_new_tokens)
             .with_stop_tokens(loaded.stop_tokens.clone())
             .with_pad_token(loaded.pad_token)
@@ -219,13 +265,34 @@ fn run(args: &Args) -> Result<(), String> {
 
     let mut stream = StreamedText::default();
     let mut decode_error = None;
-    generate(&loaded.model, &[prompt], &generation, |event| {
-        if let Err(error) = stream.push(event.token, |tokens| tokenizer.decode(tokens)) {
+    let mut print = |token| {
+        if let Err(error) = stream.push(token, |tokens| tokenizer.decode(tokens)) {
             decode_error = Some(error);
         }
-    })
-    .map_err(|error| error.to_string())?;
-    println!();
+    };
+    if args.speculative {
+        let start = std::time::Instant::now();
+        let output = generate_speculative(&loaded.model, &prompt, &generation, &mut print)
+            .map_err(|error| error.to_string())?;
+        let seconds = start.elapsed().as_secs_f64();
+        println!();
+        eprintln!(
+            "speculative: {} tokens in {} passes of the model, {} of {} drafts accepted \
+             ({:.0}%), {:.1} tokens/s",
+            output.generated.tokens.len(),
+            output.model_passes,
+            output.accepted,
+            output.drafted,
+            100.0 * output.acceptance_rate(),
+            output.generated.tokens.len() as f64 / seconds.max(1e-9)
+        );
+    } else {
+        generate(&loaded.model, &[prompt], &generation, |event| {
+            print(event.token)
+        })
+        .map_err(|error| error.to_string())?;
+        println!();
+    }
     match decode_error {
         Some(error) => Err(format!("cannot decode: {error}")),
         None => Ok(()),

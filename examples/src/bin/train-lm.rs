@@ -23,7 +23,8 @@ use burn_transformer::io::{read_bytes, write_atomically};
 use burn_transformer::model::CausalLmConfig;
 use burn_transformer::position::RopeConfig;
 use burn_transformer::train::{
-    CharTokenizer, Corpus, LmTrainingConfig, TokenSplit, Tokenizer, train_language_model,
+    CharTokenizer, Corpus, LmTrainingConfig, TokenSplit, Tokenizer, host_init, mtp_validation_loss,
+    train_language_model,
 };
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser};
@@ -99,6 +100,15 @@ struct Args {
     /// count of a 4 · d_model GELU MLP).
     #[arg(long)]
     d_ff: Option<usize>,
+    /// Multi-token-prediction modules (DeepSeek-V3): module k also learns the token
+    /// k + 1 ahead; the first one drafts tokens for `generate --speculative`.
+    #[arg(long, default_value_t = 0)]
+    #[serde(default)]
+    mtp_depth: usize,
+    /// Weight λ of the multi-token-prediction loss, λ/D · Σₖ CEₖ.
+    #[arg(long, default_value_t = 0.3)]
+    #[serde(default = "default_mtp_weight")]
+    mtp_weight: f64,
 
     /// Optimizer steps; default: 2000 with --data, 600 on the default corpus.
     #[arg(long)]
@@ -161,6 +171,11 @@ struct Args {
 /// The `--arch` of runs saved before the flag existed.
 fn default_arch() -> String {
     "llama".into()
+}
+
+/// The `--mtp-weight` of runs saved before the flag existed.
+fn default_mtp_weight() -> f64 {
+    0.3
 }
 
 /// `model` with the block design of `--arch` (see [`Args::arch`]).
@@ -287,6 +302,12 @@ fn check_flags(args: &Args, matches: &clap::ArgMatches) -> Result<(), String> {
             args.grad_clip
         ));
     }
+    if !(args.mtp_weight.is_finite() && args.mtp_weight >= 0.0) {
+        return Err(format!(
+            "--mtp-weight must be a non-negative number, got {}",
+            args.mtp_weight
+        ));
+    }
     if !(args.validation_fraction > 0.0 && args.validation_fraction < 1.0) {
         return Err(format!(
             "--validation-fraction must be between 0 and 1, got {}",
@@ -335,7 +356,9 @@ fn configs(args: &Args, vocab_size: usize) -> (CausalLmConfig, LmTrainingConfig)
     .with_n_kv_heads(Some(kv_heads))
     .with_norm_eps(1e-5)
     .with_tie_word_embeddings(true);
-    let model = with_arch(model, &args.arch, args.context);
+    let model = with_arch(model, &args.arch, args.context)
+        .with_mtp_depth(args.mtp_depth)
+        .with_mtp_loss_weight(args.mtp_weight);
     let training = LmTrainingConfig::new()
         .with_batch_size(args.batch_size)
         .with_context(args.context)
@@ -498,8 +521,26 @@ fn run(args: Args, matches: &clap::ArgMatches) -> Result<(), String> {
     }
 
     let options = options(&out, run_id, args.resume, args.overwrite, args.log_every);
+    // The multi-token-prediction loss of the initial model, to show it fall.
+    let initial_mtp_loss = match model.mtp_depth > 0 && !args.resume {
+        true => {
+            let initial =
+                host_init(training.seed, |host| model.try_init(host)).map_err(|e| e.to_string())?;
+            mtp_validation_loss(&initial, &split, &training, &device).map_err(|e| e.to_string())?
+        }
+        false => None,
+    };
     let result = train_language_model(&model, &training, &split, &device, &options)
         .map_err(|e| e.to_string())?;
+    let final_mtp_loss = mtp_validation_loss(&result.model, &split, &training, &device)
+        .map_err(|e| e.to_string())?;
+    if let Some(last) = final_mtp_loss {
+        let start = initial_mtp_loss.map_or_else(String::new, |first| format!("{first:.4} -> "));
+        println!(
+            "multi-token prediction ({} modules): validation loss {start}{last:.4}",
+            model.mtp_depth
+        );
+    }
     let history = &result.history;
     if let (Some(first), Some(last)) = (history.validation.first(), history.validation.last()) {
         println!(
