@@ -20,8 +20,10 @@ use crate::ops::mask::MaskRule;
 /// Which implementation computes the attention core.
 #[derive(Config, Debug, Copy, PartialEq, Eq, Hash)]
 pub enum AttentionImpl {
-    /// The fused flash-attention kernel where it supports the call (CubeCL devices:
-    /// wgpu, cuda), the reference path elsewhere. The environment variable
+    /// The fused flash-attention op where it supports the call and pays: every call on
+    /// CubeCL devices (wgpu, cuda); on flex (its tiled CPU flash attention), f32 calls of
+    /// more than [`DECODE_QUERIES`] query rows over at least [`FLEX_FLASH_MIN_KEYS`]
+    /// keys; the reference path elsewhere. The environment variable
     /// `BURN_TRANSFORMER_ATTENTION=reference|fused|auto` overrides `Auto` for a whole
     /// process, which is how tests and benchmarks force one path.
     Auto,
@@ -163,7 +165,7 @@ pub fn attention(
     v: Tensor<4>,
     options: &AttentionOptions,
 ) -> Tensor<4> {
-    if wants_fused_path(&q, options) {
+    if wants_fused_path(&q, &k, options) {
         let scores = checked_score_options(&q, &k, &v, options);
         let padding = options.key_padding.clone();
         let sinks = options.sinks.clone();
@@ -187,19 +189,39 @@ fn checked_score_options(
     scores
 }
 
+/// Query rows up to which `Auto` keeps decode-shaped calls on flex on the reference
+/// path: there a group's query heads are one matrix product against their shared key
+/// head, which reads each key once, while the CPU flash attention streams the keys
+/// once per query head (a GQA or MLA decode step reads them 8–16 times).
+pub const DECODE_QUERIES: usize = 16;
+
+/// Keys from which `Auto` takes the CPU flash attention on flex. Below, the reference
+/// path's scores are small and its one-pass CPU softmax keeps up (the nanoGPT recipe at
+/// context 64 takes the same time per step on both paths); from 256 keys on the flash
+/// attention is faster in every causal cell of `docs/benchmarks.md` (forward 1.2× and
+/// more, forward and backward 1.7× and more) and its memory grows linearly.
+pub const FLEX_FLASH_MIN_KEYS: usize = 256;
+
 /// Whether a call should take the fused op: the choice between the two paths, made
 /// here and nowhere else (a call the op does not support then still falls back).
 ///
-/// `Auto` takes the fused op on CubeCL devices (wgpu, CUDA) and the reference path
-/// elsewhere; `Fused` takes it on every backend that has it (the portable version on
-/// flex and ndarray); `Reference` never. Dropout on the probabilities during training
+/// `Auto` takes the fused op on CubeCL devices (wgpu, CUDA) and, on flex, for f32
+/// calls of more than [`DECODE_QUERIES`] query rows over at least
+/// [`FLEX_FLASH_MIN_KEYS`] keys, and the reference path elsewhere;
+/// `Fused` takes it on every backend that has it (the portable version on ndarray);
+/// `Reference` never. Dropout on the probabilities during training
 /// always takes the reference path: the fused op has none.
-fn wants_fused_path(q: &Tensor<4>, options: &AttentionOptions) -> bool {
+fn wants_fused_path(q: &Tensor<4>, k: &Tensor<4>, options: &AttentionOptions) -> bool {
     let device = q.device();
     let wanted = match options.implementation.resolve() {
         AttentionImpl::Reference => false,
         AttentionImpl::Fused => true,
-        AttentionImpl::Auto => crate::device::is_cube_device(&device),
+        AttentionImpl::Auto => {
+            crate::device::is_cube_device(&device)
+                || (crate::ops::simd::runs_fused_on_cpu(&device, q.dtype())
+                    && q.dims()[2] > DECODE_QUERIES
+                    && k.dims()[2] >= FLEX_FLASH_MIN_KEYS)
+        }
     };
     if wanted && options.dropout > 0.0 && device.is_autodiff() {
         log::debug!("attention: dropout on probabilities runs on the reference path");

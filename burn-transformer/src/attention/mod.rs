@@ -9,8 +9,8 @@ mod self_attention;
 
 pub use self::cache::{CrossKvCache, KvCache};
 pub use self::core::{
-    AttentionImpl, AttentionOptions, attention, attention_weights, attention_with_weights,
-    reference_attention,
+    AttentionImpl, AttentionOptions, DECODE_QUERIES, attention, attention_weights,
+    attention_with_weights, reference_attention,
 };
 pub use self::latent::{
     AbsorbedWeights, CacheFootprint, LatentAttention, LatentAttentionConfig, LatentKvCache,

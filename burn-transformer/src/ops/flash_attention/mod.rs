@@ -10,8 +10,10 @@
 //! - [`ScoreOptions`] and [`Problem`] describe a call apart from its data
 //!   (`problem.rs`); the masking rule is [`crate::ops::mask`].
 //! - `op.rs` is the backend-extension trait and its implementations: the CubeCL
-//!   kernels of `cube/` on wgpu and CUDA (through Burn's fusion wrapper), the portable
-//!   tensor-op version on flex and ndarray; `autodiff.rs` its backward under autodiff.
+//!   kernels of `cube/` on wgpu and CUDA (through Burn's fusion wrapper), the tiled
+//!   CPU flash attention of `cpu_flash.rs` on flex (f32), the portable tensor-op
+//!   version elsewhere (ndarray, half types on flex); `autodiff.rs` its backward under
+//!   autodiff.
 //! - [`flash_attention`] and [`flash_attention_with_lse`] call it; [`check_support`]
 //!   says whether a device, dtype and problem can take it (`fused.rs`).
 //! - `reference.rs` is the reference attention in tensor ops (the oracle, and the path
@@ -22,6 +24,8 @@
 //! ([`crate::attention::attention`]), made there once.
 
 mod autodiff;
+#[cfg(feature = "flex")]
+mod cpu_flash;
 pub(crate) mod cpu_softmax;
 #[cfg(feature = "cube")]
 mod cube;

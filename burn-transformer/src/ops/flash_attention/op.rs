@@ -4,9 +4,12 @@
 //! - `Fusion<CubeBackend>` registers the op as a custom fusion operation that runs the
 //!   kernels when the fusion stream executes (generated from the metadata functions
 //!   below);
-//! - `Flex` and `NdArray` run the portable version: the reference forward and the
-//!   flash backward in tensor ops (`reference.rs`), with the op's memory behaviour
-//!   under autodiff (only `O` and `LSE` are saved);
+//! - `Flex` runs the tiled CPU flash attention of `cpu_flash.rs` on f32 (the
+//!   `[seq_q, seq_k]` scores never exist, forward or backward), the portable version
+//!   on half types;
+//! - `NdArray` runs the portable version: the reference forward and the flash backward
+//!   in tensor ops (`reference.rs`), with the op's memory behaviour under autodiff
+//!   (only `O` and `LSE` are saved);
 //! - `Autodiff<B, C>` wraps any of them (`autodiff.rs`).
 
 use super::ScoreOptions;
@@ -164,11 +167,136 @@ implement_flash_attention!(
 );
 
 #[cfg(feature = "flex")]
-implement_flash_attention!(
-    burn::backend::Flex,
-    portable::forward::<burn::backend::Flex>,
-    portable::backward::<burn::backend::Flex>
-);
+implement_flash_attention!(burn::backend::Flex, flex::forward, flex::backward);
+
+/// The op on flex: the tiled CPU flash attention on the tensors' own memory for f32,
+/// the portable version for half types.
+#[cfg(feature = "flex")]
+mod flex {
+    use burn::backend::flex::FlexTensor;
+    use burn::backend::{Flex, TensorMetadata};
+    use burn::tensor::{DType, Device, TensorData};
+
+    use super::super::cpu_flash::{self, CpuAttention};
+    use super::super::{Problem, ScoreOptions};
+    use super::portable;
+    use crate::device::on_compute_pool;
+    use crate::ops::mask::MASKED_ROW_LSE;
+    use crate::ops::simd::flex_values;
+
+    /// The kernel's description of a call.
+    fn attention(problem: &Problem, options: &ScoreOptions) -> CpuAttention {
+        CpuAttention {
+            batch: problem.batch,
+            heads: problem.heads,
+            kv_heads: problem.kv_heads,
+            seq_q: problem.seq_q,
+            seq_k: problem.seq_k,
+            d_qk: problem.d_qk,
+            d_v: problem.d_v,
+            scale: options.scale as f32,
+            softcap: options.softcap.map(|cap| cap as f32),
+            causal: problem.mask.causal,
+            window: problem.mask.window,
+            masked_row_lse: MASKED_ROW_LSE,
+        }
+    }
+
+    /// The key padding of the op's `key_mask` (`1` = padded), `None` for the placeholder.
+    fn key_padding(key_mask: FlexTensor, options: &ScoreOptions) -> Option<Vec<bool>> {
+        options.has_key_mask.then(|| {
+            let mask = key_mask.to_contiguous();
+            flex_values(&mask).iter().map(|&x| x > 0.5).collect()
+        })
+    }
+
+    /// A dense f32 tensor of `values`.
+    fn tensor(values: Vec<f32>, shape: Vec<usize>) -> FlexTensor {
+        FlexTensor::from_data(TensorData::new(values, shape))
+    }
+
+    /// The forward: `(output, lse)`.
+    pub(super) fn forward(
+        q: FlexTensor,
+        k: FlexTensor,
+        v: FlexTensor,
+        key_mask: FlexTensor,
+        sinks: FlexTensor,
+        options: &ScoreOptions,
+    ) -> (FlexTensor, FlexTensor) {
+        if q.dtype() != DType::F32 {
+            return portable::forward::<Flex>(q, k, v, key_mask, sinks, options);
+        }
+        let (q, k, v) = (q.to_contiguous(), k.to_contiguous(), v.to_contiguous());
+        let problem = Problem::from_shapes(&q.shape(), &k.shape(), &v.shape(), options);
+        let padding = key_padding(key_mask, options);
+        let sinks = options
+            .has_sinks
+            .then(|| flex_values(&sinks.to_contiguous()).to_vec());
+        let (output, lse) = on_compute_pool(&Device::flex(), || {
+            cpu_flash::forward(
+                &attention(&problem, options),
+                flex_values(&q),
+                flex_values(&k),
+                flex_values(&v),
+                padding.as_deref(),
+                sinks.as_deref(),
+            )
+        });
+        let rows = vec![problem.batch, problem.heads, problem.seq_q];
+        let output_shape = [rows.as_slice(), &[problem.d_v]].concat();
+        (tensor(output, output_shape), tensor(lse, rows))
+    }
+
+    /// The backward: `(dq, dk, dv)`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn backward(
+        q: FlexTensor,
+        k: FlexTensor,
+        v: FlexTensor,
+        output: FlexTensor,
+        lse: FlexTensor,
+        grad_output: FlexTensor,
+        key_mask: FlexTensor,
+        options: &ScoreOptions,
+    ) -> (FlexTensor, FlexTensor, FlexTensor) {
+        if q.dtype() != DType::F32 {
+            return portable::backward::<Flex>(
+                q,
+                k,
+                v,
+                output,
+                lse,
+                grad_output,
+                key_mask,
+                options,
+            );
+        }
+        let (q, k, v) = (q.to_contiguous(), k.to_contiguous(), v.to_contiguous());
+        let (output, lse) = (output.to_contiguous(), lse.to_contiguous());
+        let grad_output = grad_output.to_contiguous();
+        let problem = Problem::from_shapes(&q.shape(), &k.shape(), &v.shape(), options);
+        let padding = key_padding(key_mask, options);
+        let (dq, dk, dv) = on_compute_pool(&Device::flex(), || {
+            cpu_flash::backward(
+                &attention(&problem, options),
+                flex_values(&q),
+                flex_values(&k),
+                flex_values(&v),
+                flex_values(&output),
+                flex_values(&lse),
+                flex_values(&grad_output),
+                padding.as_deref(),
+            )
+        });
+        let shape = |t: &FlexTensor| t.shape().as_slice().to_vec();
+        (
+            tensor(dq, shape(&q)),
+            tensor(dk, shape(&k)),
+            tensor(dv, shape(&v)),
+        )
+    }
+}
 
 #[cfg(feature = "ndarray")]
 implement_flash_attention!(
@@ -222,6 +350,7 @@ mod portable {
     }
 
     /// The forward: `(output, lse)`.
+    #[cfg_attr(not(feature = "ndarray"), allow(dead_code))]
     pub(super) fn forward<B: Wrap>(
         q: FloatTensor<B>,
         k: FloatTensor<B>,
