@@ -13,6 +13,8 @@
 //! Timings are never asserted anywhere: CI only builds the runner. The plots are the
 //! library's line charts (`burn_transformer::plot`).
 
+#[cfg(feature = "train")]
+pub mod corpus;
 pub mod machine;
 pub mod measure;
 pub mod record;

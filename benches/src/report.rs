@@ -686,9 +686,9 @@ fn train_step_section(records: &[Record]) -> Option<Section> {
          SwiGLU, tied embeddings): forward, cross entropy, backward, global gradient \
          clipping and the AdamW update, the step `train-lm` runs. Small: width 128, 4 \
          layers; medium: width 256, 6 layers; batch 8. `auto` is the automatic attention \
-         (the fused CubeCL kernel on wgpu and cuda, the reference tensor ops on flex and \
-         ndarray); on kernel backends `reference` forces the tensor-op path in the same \
-         run, its peer.\n\n{}",
+         (the fused CubeCL kernel on wgpu and cuda, the tiled CPU flash attention on \
+         flex, the reference tensor ops on ndarray); where `auto` takes a fused op, \
+         `reference` forces the tensor-op path in the same run, its peer.\n\n{}",
         table.markdown()
     );
     Some(Section {

@@ -23,7 +23,7 @@
 //! `benches/nanogpt_torch.py`; compare timings of runs made one after the other on
 //! the same machine.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use benches::machine::{adapter_name, emulates_gpu_on_cpu};
@@ -32,15 +32,11 @@ use burn_transformer::io::write_atomically;
 use burn_transformer::model::CausalLmConfig;
 use burn_transformer::position::RopeConfig;
 use burn_transformer::train::{
-    CharTokenizer, Corpus, LmTrainingConfig, RunOptions, TokenSplit, Tokenizer,
-    train_language_model,
+    CharTokenizer, LmTrainingConfig, RunOptions, TokenSplit, Tokenizer, train_language_model,
 };
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// The recipe's corpus, relative to the repository root (where the runner runs).
-const SHAKESPEARE: &str = "../shared/data/tinyshakespeare.txt";
 
 struct Args {
     /// `None`: Shakespeare where this machine has it, else this checkout's own text.
@@ -116,28 +112,7 @@ fn run() -> Result<(), String> {
         .iter()
         .map(|name| parse_device(name).map_err(|e| e.to_string()))
         .collect::<Result<Vec<_>, _>>()?;
-    let (corpus, corpus_name) = match &args.data {
-        Some(path) => (
-            Corpus::load(path).map_err(|e| e.to_string())?,
-            path.display().to_string(),
-        ),
-        None if Path::new(SHAKESPEARE).is_file() => (
-            Corpus::load(Path::new(SHAKESPEARE)).map_err(|e| e.to_string())?,
-            "tinyshakespeare".to_string(),
-        ),
-        None => {
-            // The timings need a corpus, not this one: any text keeps the runner
-            // working on a machine without the benchmark data.
-            eprintln!(
-                "nanogpt: {SHAKESPEARE} not found; training on this checkout's own text \
-                 instead (pass --data FILE for the recipe's corpus)"
-            );
-            (
-                Corpus::repository_text().map_err(|e| e.to_string())?,
-                "this checkout's text".to_string(),
-            )
-        }
-    };
+    let (corpus, corpus_name) = benches::corpus::load(args.data.as_deref(), "nanogpt")?;
     println!(
         "Corpus: {corpus_name}, {} characters.\n",
         corpus.text.chars().count()

@@ -13,7 +13,7 @@
 //! repository root) where the machine has it, else on this checkout's own text, and
 //! says so. The two decodings must give the same tokens: a difference is an error.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -25,15 +25,12 @@ use burn_transformer::io::write_atomically;
 use burn_transformer::model::{CausalLm, CausalLmConfig};
 use burn_transformer::position::RopeConfig;
 use burn_transformer::train::{
-    CharTokenizer, Corpus, LmTrainingConfig, RunOptions, TokenSplit, Tokenizer,
-    train_language_model,
+    CharTokenizer, LmTrainingConfig, RunOptions, TokenSplit, Tokenizer, train_language_model,
 };
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// The corpus, relative to the repository root (where the runner runs).
-const SHAKESPEARE: &str = "../shared/data/tinyshakespeare.txt";
 /// Prompts (taken from the validation text) and tokens decoded from each.
 const PROMPTS: usize = 4;
 const PROMPT_TOKENS: usize = 16;
@@ -166,26 +163,7 @@ fn run() -> Result<(), String> {
         .iter()
         .map(|name| parse_device(name).map_err(|e| e.to_string()))
         .collect::<Result<Vec<_>, _>>()?;
-    let (corpus, corpus_name) = match &args.data {
-        Some(path) => (
-            Corpus::load(path).map_err(|e| e.to_string())?,
-            path.display().to_string(),
-        ),
-        None if Path::new(SHAKESPEARE).is_file() => (
-            Corpus::load(Path::new(SHAKESPEARE)).map_err(|e| e.to_string())?,
-            "tinyshakespeare".to_string(),
-        ),
-        None => {
-            eprintln!(
-                "speculative: {SHAKESPEARE} not found; training on this checkout's own text \
-                 instead (pass --data FILE to choose)"
-            );
-            (
-                Corpus::repository_text().map_err(|e| e.to_string())?,
-                "this checkout's text".to_string(),
-            )
-        }
-    };
+    let (corpus, corpus_name) = benches::corpus::load(args.data.as_deref(), "speculative")?;
     let tokenizer = CharTokenizer::from_text(&corpus.text).map_err(|e| e.to_string())?;
     let split = TokenSplit::new(&corpus.text, &tokenizer, 0.1).map_err(|e| e.to_string())?;
     split.check_context(CONTEXT).map_err(|e| e.to_string())?;

@@ -2,7 +2,8 @@
 //! forward and forward+backward, with peak memory.
 //!
 //! Implementations: `fused` (our flash-attention op: the CubeCL kernels on wgpu and
-//! cuda, the extension's portable tensor-op implementation on flex and ndarray),
+//! cuda, the tiled CPU flash attention on flex, the extension's portable tensor-op
+//! implementation on ndarray),
 //! `reference` (our tensor-op path, which materializes the scores) and `burn` (Burn's
 //! own `burn::tensor::module::attention`), each measured in the same run on the same
 //! shapes. Every forward cell checks its output once against a peer.
@@ -46,8 +47,8 @@ impl Impl {
     /// Whether this implementation materializes the `seq × seq` scores on `backend`.
     fn is_naive(self, backend: &str) -> bool {
         match self {
-            // The portable implementation on CPU backends materializes scores too.
-            Impl::Fused => !matches!(backend, "wgpu" | "cuda"),
+            // The portable implementation (ndarray) materializes scores too.
+            Impl::Fused => !matches!(backend, "wgpu" | "cuda" | "flex"),
             Impl::Reference => true,
             // Burn's own op falls back to a score-materializing path where it has no
             // fused kernel; count it as naive for the memory budget.

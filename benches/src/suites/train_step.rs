@@ -114,7 +114,8 @@ pub struct Case {
 
 /// The cases of `mode` on `backend`: both sizes, and on kernel backends both paths.
 pub fn jobs(mode: Mode, backend: &str) -> Vec<Job> {
-    let kernel = matches!(backend, "wgpu" | "cuda" | "vulkan");
+    // Backends where `auto` takes the fused op: the reference path is its peer there.
+    let kernel = matches!(backend, "wgpu" | "cuda" | "vulkan" | "flex");
     let paths: &[&str] = if kernel {
         &["auto", "reference"]
     } else {
