@@ -125,6 +125,24 @@ impl LmTrainingConfig {
             .with_min_lr(self.min_lr)
     }
 
+    /// The loader of the batches every validation of a run uses (and
+    /// [`mtp_validation_loss`] reads): `eval_batches` seeded windows of the split's
+    /// validation tokens.
+    ///
+    /// # Panics
+    /// If the validation tokens hold no window of `context + 1` (check with
+    /// [`TokenSplit::check_context`] first).
+    pub fn validation_loader(&self, split: &TokenSplit, device: &Device) -> WindowLoader {
+        WindowLoader::validation(
+            Arc::new(split.validation.clone()),
+            self.batch_size,
+            self.context,
+            self.eval_batches,
+            self.seed,
+            device,
+        )
+    }
+
     /// AdamW with decoupled weight decay on every parameter except norm weights and
     /// biases (their paths contain `norm`, or end in `bias`), as nanoGPT and LLaMA.
     /// Gradient clipping is not the optimizer's: the training step clips the
@@ -315,14 +333,7 @@ pub fn train_language_model_from(
     )
     .with_first_step(prepared.start_step)
     .with_total_steps(training.steps);
-    let valid_loader = WindowLoader::validation(
-        Arc::new(split.validation.clone()),
-        training.batch_size,
-        training.context,
-        training.eval_batches,
-        training.seed,
-        device,
-    );
+    let valid_loader = training.validation_loader(split, device);
     let (task, history) = launch(
         learner,
         Arc::new(train_loader),
@@ -358,14 +369,7 @@ pub fn mtp_validation_loss(
     }
     split.check_context(training.context)?;
     let model = model.clone().to_device(device);
-    let loader = WindowLoader::validation(
-        Arc::new(split.validation.clone()),
-        training.batch_size,
-        training.context,
-        training.eval_batches,
-        training.seed,
-        device,
-    );
+    let loader = training.validation_loader(split, device);
     let total: f64 = (0..training.eval_batches)
         .map(|index| {
             let batch = loader.batch(index);
