@@ -24,7 +24,7 @@ use burn_transformer::model::CausalLmConfig;
 use burn_transformer::position::RopeConfig;
 use burn_transformer::train::{
     CharTokenizer, Corpus, LmTrainingConfig, TokenSplit, Tokenizer, host_init, mtp_validation_loss,
-    train_language_model,
+    train_language_model_from,
 };
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser};
@@ -521,16 +521,17 @@ fn run(args: Args, matches: &clap::ArgMatches) -> Result<(), String> {
     }
 
     let options = options(&out, run_id, args.resume, args.overwrite, args.log_every);
-    // The multi-token-prediction loss of the initial model, to show it fall.
-    let initial_mtp_loss = match model.mtp_depth > 0 && !args.resume {
-        true => {
-            let initial =
-                host_init(training.seed, |host| model.try_init(host)).map_err(|e| e.to_string())?;
+    // Initialized here rather than by `train_language_model`, so that the
+    // multi-token-prediction loss of the initial model can show it fall.
+    let initial =
+        host_init(training.seed, |host| model.try_init(host)).map_err(|e| e.to_string())?;
+    let initial_mtp_loss = match args.resume {
+        false => {
             mtp_validation_loss(&initial, &split, &training, &device).map_err(|e| e.to_string())?
         }
-        false => None,
+        true => None,
     };
-    let result = train_language_model(&model, &training, &split, &device, &options)
+    let result = train_language_model_from(initial, &training, &split, &device, &options)
         .map_err(|e| e.to_string())?;
     let final_mtp_loss = mtp_validation_loss(&result.model, &split, &training, &device)
         .map_err(|e| e.to_string())?;

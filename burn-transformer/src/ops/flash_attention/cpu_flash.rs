@@ -65,6 +65,7 @@
 use rayon::prelude::*;
 
 use crate::ops::mask::MaskRule;
+use crate::ops::simd::lanes::dot;
 
 /// The shape and options of one call.
 #[derive(Clone, Copy, Debug)]
@@ -1223,25 +1224,6 @@ fn grad_row<const FMA: bool>(
             }
         }
     }
-}
-
-/// `Σ a·b` over 8 lanes.
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; LANES];
-    let (a_chunks, b_chunks) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let tail: f32 = a_chunks
-        .remainder()
-        .iter()
-        .zip(b_chunks.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (a, b) in a_chunks.zip(b_chunks) {
-        for ((lane, &x), &y) in lanes.iter_mut().zip(a).zip(b) {
-            *lane += x * y;
-        }
-    }
-    lanes.iter().sum::<f32>() + tail
 }
 
 /// `dst[c·width + j] = src[j·d + c]` for `j < len` (a block of `len` rows of width
