@@ -19,6 +19,7 @@ pub mod ffn;
 pub mod generate;
 pub mod hf;
 pub mod io;
+pub mod lora;
 pub mod model;
 pub mod norm;
 pub mod ops;
