@@ -22,6 +22,16 @@ ignores those keys), saved in shards that each stay under 200 KiB; its reference
 `mtp_hidden` f32 [batch, seq - 1, hidden] and `mtp_logits` f32 [batch, seq - 1, vocab]
 (see `mtp_forward`).
 
+`llama_lora` and `deepseek_v3_lora` are PEFT LoRA adapters over the saved `llama` and
+`deepseek_v3` fixtures (built after them; needs `peft`), as `PeftModel.save_pretrained`
+writes them (`adapter_config.json` with `base_model_name_or_path` "../<base>",
+`adapter_model.safetensors` in float32) with A ~ N(0, 1/in) and B ~ N(0, std) drawn from
+seeded generators (PEFT starts B at 0), plus the base's `input.json` and a
+`reference.safetensors` with `tokens`, `logits` (adapter on), `merged_logits` (after
+`merge_and_unload`), `base_logits` (adapter disabled) and `greedy` (adapter on). The script
+checks merged against unmerged logits, reloads the folder with PEFT, and applies the file's
+adapter to the base by hand (`apply_adapter_by_hand`, which spells out the layout).
+
 The `tokenizer` fixture is a small byte-level BPE `tokenizer.json` trained with the
 `tokenizers` library, with the ids it gives for a few texts (`cases.json`) and a tiny
 llama over its vocabulary (for the `generate` program).
@@ -29,6 +39,7 @@ llama over its vocabulary (for the `generate` program).
 Usage:
     /work/venv/bin/python tools/make_hf_models.py            # everything
     /work/venv/bin/python tools/make_hf_models.py llama mixtral   # just these
+    /work/venv/bin/python tools/make_hf_models.py llama_lora deepseek_v3_lora
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import shutil
 import sys
 import zlib
@@ -679,6 +691,259 @@ def build(name: str) -> None:
     )
 
 
+# PEFT LoRA adapters over saved base fixtures: name -> (base fixture, LoraConfig arguments
+# beyond task_type CAUSAL_LM / lora_dropout 0 / bias "none", std of the random lora_B).
+LORA_ADAPTERS = {
+    "llama_lora": (
+        "llama",
+        dict(
+            r=4,
+            lora_alpha=8,
+            target_modules=[
+                "q_proj",
+                "k_proj",
+                "v_proj",
+                "o_proj",
+                "gate_proj",
+                "up_proj",
+                "down_proj",
+            ],
+        ),
+        0.003,
+    ),
+    # With transformers 5, PEFT turns gate_proj / up_proj / down_proj into
+    # `target_parameters` on the fused routed experts (gate_up_proj with rank and alpha
+    # doubled) and drops them from `target_modules`, so the dense MLP of layer 0 and the
+    # shared experts get no adapter; see `check_lora_files` and tools/README.md.
+    "deepseek_v3_lora": (
+        "deepseek_v3",
+        dict(
+            r=2,
+            lora_alpha=4,
+            use_rslora=True,
+            target_modules=[
+                "q_a_proj",
+                "q_b_proj",
+                "kv_a_proj_with_mqa",
+                "kv_b_proj",
+                "o_proj",
+                "gate_proj",
+                "up_proj",
+                "down_proj",
+            ],
+        ),
+        0.0005,
+    ),
+}
+# Largest accepted difference between the PEFT model's logits and those of the merged
+# model, or of the base model with the file's adapter applied by hand.
+LORA_TOLERANCE = 1e-5
+
+
+def load_base(folder: Path):
+    """A saved fixture model in float32 with eager attention, in eval mode."""
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    with safe_open(path, "pt") as f:
+        return {key: f.get_tensor(key) for key in f.keys()}
+
+
+def lora_scale(config: dict, target: str, rank: int) -> float:
+    """PEFT's scaling of one adapted module or parameter: alpha / r, or alpha / sqrt(r)
+    with `use_rslora`; alpha from the first `alpha_pattern` regex that matches the
+    target's full name, else `lora_alpha`."""
+    alpha = config["lora_alpha"]
+    for pattern, value in (config.get("alpha_pattern") or {}).items():
+        if re.fullmatch(pattern, target):
+            alpha = value
+            break
+    return alpha / math.sqrt(rank) if config["use_rslora"] else alpha / rank
+
+
+def apply_adapter_by_hand(model, folder: Path) -> list[str]:
+    """Adds the adapter in `folder` to `model`'s weights, from the files alone.
+
+    Keys are `base_model.model.<module>.lora_A.weight` / `.lora_B.weight`. For an
+    `nn.Linear` (weight [out, in]): A [r, in], B [out, r], W += scale * B @ A.
+    For a targeted 3-D parameter of fused MoE experts (`target_parameters`, weight
+    [E, out, in] in transformers 5), A is [E * r, in] with expert-major rows and B is
+    [out, r * E] with expert-minor columns:
+        W[e] += scale * B.view(out, r, E)[:, :, e] @ A.view(E, r, in)[e].
+    Several parameters of one module nest: `<module>.base_layer.lora_A` adapts the one
+    registered first (`gate_up_proj`), `<module>.lora_A` the next (`down_proj`).
+    Returns the names of the adapted parameters."""
+    config = json.loads((folder / "adapter_config.json").read_text())
+    weights = read_safetensors(folder / "adapter_model.safetensors")
+    targeted = set(config.get("target_parameters") or [])
+    adapted = []
+    with torch.no_grad():
+        for key in sorted(k for k in weights if k.endswith(".lora_A.weight")):
+            a = weights[key]
+            b = weights[key.replace(".lora_A.", ".lora_B.")]
+            path = key.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
+            depth = 0
+            while path.endswith(".base_layer"):
+                path, depth = path.removesuffix(".base_layer"), depth + 1
+            module = model.get_submodule(path)
+            if isinstance(module, torch.nn.Linear):
+                name, weight = f"{path}.weight", module.weight
+                rank = a.shape[0]
+                delta = b @ a
+            else:
+                params = [n for n, _ in module.named_parameters(recurse=False) if n in targeted]
+                param = params[len(params) - 1 - depth]
+                name, weight = f"{path}.{param}", getattr(module, param)
+                experts, out, inp = weight.shape
+                rank = a.shape[0] // experts
+                delta = torch.einsum(
+                    "ore,eri->eoi", b.view(out, rank, experts), a.view(experts, rank, inp)
+                )
+            assert delta.shape == weight.shape, (key, delta.shape, weight.shape)
+            weight.add_(lora_scale(config, name, rank) * delta)
+            adapted.append(name)
+    assert len(adapted) * 2 == len(weights), sorted(weights)
+    return adapted
+
+
+def check_lora_files(name: str, base: Path, out: Path) -> None:
+    """Recomputes the reference from the saved files: PEFT's own loader must reproduce
+    `logits` exactly, and the adapter applied by hand (`apply_adapter_by_hand`) within
+    LORA_TOLERANCE; the base model alone gives `base_logits` exactly."""
+    from peft import PeftModel
+
+    reference = read_safetensors(out / "reference.safetensors")
+    tokens = reference["tokens"]
+    with torch.no_grad():
+        peft_model = PeftModel.from_pretrained(load_base(base), out).eval()
+        assert torch.equal(peft_model(tokens).logits.float(), reference["logits"])
+        model = load_base(base)
+        assert torch.equal(model(tokens).logits.float(), reference["base_logits"])
+        adapted = apply_adapter_by_hand(model, out)
+        by_hand = (model(tokens).logits.float() - reference["logits"]).abs().max().item()
+    assert by_hand <= LORA_TOLERANCE, by_hand
+    layer0 = sorted(n.removeprefix("model.layers.0.") for n in adapted if ".layers.0." in n)
+    layer1 = sorted(n.removeprefix("model.layers.1.") for n in adapted if ".layers.1." in n)
+    print(
+        f"{name}: reloaded with PEFT (logits reproduced), applied by hand "
+        f"(max |Δ| {by_hand:.1e}); adapted in layer 0: {layer0}; layer 1: {layer1}"
+    )
+
+
+def build_lora(name: str) -> None:
+    """A PEFT LoRA adapter with random A and B over the saved base fixture (see the
+    module docstring)."""
+    from peft import LoraConfig, __version__ as peft_version, get_peft_model
+
+    base_name, lora_options, b_std = LORA_ADAPTERS[name]
+    base = OUT_DIR / base_name
+    base_reference = read_safetensors(base / "reference.safetensors")
+    tokens = base_reference["tokens"]
+    for attempt in range(50):
+        seed = seed_of(name, attempt)
+        generator = torch.Generator().manual_seed(seed)
+        model = load_base(base)
+        config = model.config
+        lora_config = LoraConfig(
+            task_type="CAUSAL_LM", lora_dropout=0.0, bias="none", **lora_options
+        )
+        peft_model = get_peft_model(model, lora_config).eval()
+        with torch.no_grad():
+            for param_name, param in peft_model.named_parameters():
+                if ".lora_A." in param_name:
+                    fan_in = param.shape[-1]
+                    std = 1.0 / math.sqrt(fan_in)
+                elif ".lora_B." in param_name:
+                    std = b_std
+                else:
+                    continue
+                param.copy_(torch.randn(param.shape, generator=generator) * std)
+        gaps = RouterGaps(peft_model, config)
+        with torch.no_grad():
+            logits = peft_model(tokens).logits.float()
+            greedy, steps = greedy_with_cache(peft_model, tokens, NEW_TOKENS)
+        gaps.close()
+        logit_gap = min(
+            gap(steps.reshape(-1, steps.shape[-1]), 1),
+            gap(logits.reshape(-1, logits.shape[-1]), 1),
+        )
+        if logit_gap < MIN_LOGIT_GAP or gaps.smallest < MIN_ROUTER_GAP:
+            print(
+                f"{name}: seed {seed} has near ties (logits {logit_gap:.2e}, "
+                f"router {gaps.smallest:.2e}); redrawing"
+            )
+            continue
+        break
+    else:
+        raise SystemExit(f"{name}: no seed without near ties")
+
+    with torch.no_grad():
+        with peft_model.disable_adapter():
+            base_logits = peft_model(tokens).logits.float()
+    # Not bit for bit: the base reference came from the model before it was saved.
+    moved = (base_logits - base_reference["logits"]).abs().max().item()
+    assert moved <= LORA_TOLERANCE, f"{name}: base logits moved by {moved:.1e}"
+    change = (logits - base_logits).abs().max().item()
+    assert change > 1e-3, f"{name}: the adapter changes the logits by only {change:.1e}"
+
+    out = OUT_DIR / name
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    peft_model.save_pretrained(out)
+    # PEFT's model card carries nothing we read.
+    (out / "README.md").unlink(missing_ok=True)
+    # PEFT writes the path the base was loaded from and its sets in hash order.
+    adapter_config = json.loads((out / "adapter_config.json").read_text())
+    adapter_config["base_model_name_or_path"] = f"../{base_name}"
+    for key in ("target_modules", "target_parameters"):
+        if isinstance(adapter_config.get(key), list):
+            adapter_config[key] = sorted(adapter_config[key])
+    (out / "adapter_config.json").write_text(
+        json.dumps(adapter_config, indent=2, sort_keys=True) + "\n"
+    )
+    adapter = read_safetensors(out / "adapter_model.safetensors")
+    assert all(t.dtype == torch.float32 for t in adapter.values())
+    with safe_open(out / "adapter_model.safetensors", "pt") as f:
+        assert f.metadata() == {"format": "pt"}, f.metadata()
+
+    with torch.no_grad():
+        merged_logits = peft_model.merge_and_unload()(tokens).logits.float()
+    merge_error = (merged_logits - logits).abs().max().item()
+    assert merge_error <= LORA_TOLERANCE, f"{name}: merged logits differ by {merge_error:.1e}"
+
+    save_file(
+        {
+            "tokens": tokens.to(torch.int64).contiguous(),
+            "logits": logits.contiguous(),
+            "merged_logits": merged_logits.contiguous(),
+            "base_logits": base_logits.contiguous(),
+            "greedy": greedy.to(torch.int64).contiguous(),
+        },
+        out / "reference.safetensors",
+        metadata={
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+            "peft": peft_version,
+            "seed": str(seed),
+        },
+    )
+    shutil.copyfile(base / "input.json", out / "input.json")
+    for file in out.iterdir():
+        if file.stat().st_size >= 200 * 1024:
+            raise SystemExit(f"{name}: {file.name} is {file.stat().st_size} bytes (>= 200 KiB)")
+    check_lora_files(name, base, out)
+    size = sum(f.stat().st_size for f in out.iterdir())
+    print(
+        f"{name}: seed {seed}, logits vs base max |Δ| {change:.2e}, merged vs unmerged "
+        f"{merge_error:.1e}, logit gap {logit_gap:.2e}, router gap {gaps.smallest:.2e}, "
+        f"{size / 1024:.0f} KiB, files {sorted(f.name for f in out.iterdir())}"
+    )
+
+
 TOKENIZER_TEXTS = [
     "Hello, world! Transformers generate text one token at a time.",
     "Burn runs the same model on flex, ndarray and wgpu.",
@@ -728,16 +993,20 @@ def build_tokenizer() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("names", nargs="*", help=f"any of {', '.join(MODELS)}, tokenizer")
+    choices = [*MODELS, "tokenizer", *LORA_ADAPTERS]
+    parser.add_argument("names", nargs="*", help=f"any of {', '.join(choices)}")
     args = parser.parse_args()
-    names = args.names or [*MODELS, "tokenizer"]
+    # The adapters read their base fixtures from disk, so they come after them.
+    names = args.names or [*MODELS, "tokenizer", *LORA_ADAPTERS]
     for name in names:
         if name == "tokenizer":
             build_tokenizer()
         elif name in MODELS:
             build(name)
+        elif name in LORA_ADAPTERS:
+            build_lora(name)
         else:
-            sys.exit(f"unknown fixture {name}; choose from {', '.join(MODELS)}, tokenizer")
+            sys.exit(f"unknown fixture {name}; choose from {', '.join(choices)}")
 
 
 if __name__ == "__main__":

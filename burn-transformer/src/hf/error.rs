@@ -165,6 +165,23 @@ pub enum HfError {
         /// The dtype found.
         dtype: String,
     },
+    /// A file of an export could not be written.
+    #[error("{}: cannot write: {message}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The reason.
+        message: String,
+    },
+    /// The model cannot be saved in Hugging Face's format, or an adapter folder holds
+    /// an adapter this crate does not implement.
+    #[error("{what}: {reason}")]
+    Unsupported {
+        /// What was being saved or read (a model type, a file).
+        what: String,
+        /// Why, and what to do instead.
+        reason: String,
+    },
     /// Burn refused to load a tensor after the checks above passed.
     #[error("{}: tensor `{key}`: {message}", dir.display())]
     Apply {

@@ -20,11 +20,14 @@ mod activation;
 mod checkpoint;
 mod config;
 mod error;
+mod export;
 mod keys;
 mod latent;
 mod model_type;
 mod moe;
+mod peft;
 mod rope;
+mod tensors;
 
 pub use checkpoint::{
     CONFIG_FILE, INDEX_FILE, KeyAction, KeyMap, LoadOptions, LoadReport, WEIGHTS_FILE,
@@ -32,10 +35,17 @@ pub use checkpoint::{
 };
 pub use config::HfConfig;
 pub use error::HfError;
+pub use export::{ExportOptions, ExportReport, dtype_name, hf_config_json, save_causal_lm};
 pub use latent::latent_attention_config;
 pub use model_type::SUPPORTED_MODEL_TYPES;
 pub use moe::{moe_config, moe_layer_plan, swiglu_config};
+pub use peft::{
+    ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, load_peft_adapters, read_peft_config,
+    save_peft_adapters,
+};
 pub use rope::{rope_config, rope_config_of_layer_type};
 
+#[cfg(test)]
+mod export_tests;
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,439 @@
+//! Saving a [`CausalLm`] as a Hugging Face model folder: `config.json` and
+//! `model.safetensors` (or shards with `model.safetensors.index.json`) in
+//! transformers' names and layouts, so that transformers, vLLM and our own loader
+//! read it.
+//!
+//! The inverse of loading: our parameter paths become checkpoint keys through the
+//! family's [`KeyMap::checkpoint_key`]; linear weights are transposed to torch's
+//! `[out, in]`; our stacked experts are written per expert (`experts.E.gate_proj`, or
+//! Mixtral's `w1`/`w3`/`w2`) or, for gpt-oss, back in its interleaved
+//! `gate_up_proj` `[E, d_model, 2·d_ff]`; DeepSeek-V3's multi-token-prediction modules
+//! go to the layers after the decoder with copies of the embedding and head, as its
+//! checkpoints hold them. LoRA adapters are merged first.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use burn::module::Module;
+use burn::tensor::DType;
+use serde_json::{Value, json};
+
+use super::checkpoint::{CONFIG_FILE, INDEX_FILE, KeyMap, WEIGHTS_FILE, causal_lm_key_map};
+use super::config::HfConfig;
+use super::error::HfError;
+use super::tensors::{HostTensor, encode, host_parameters, write_safetensors};
+use crate::attention::QkNormPlacement;
+use crate::block::BlockKind;
+use crate::ffn::Activation;
+use crate::io::write_atomically;
+use crate::model::{CausalLm, CausalLmConfig};
+use crate::position::{RopeLayout, RopeScaling};
+
+/// How to save a model.
+#[derive(Debug, Clone)]
+pub struct ExportOptions {
+    /// The float type of the saved tensors: f32, bf16 or f16. Default: f32.
+    pub dtype: DType,
+    /// Shards hold at most this many bytes of tensors (a larger tensor gets a shard of
+    /// its own); a model that fits is one `model.safetensors`. Default: 5 GB
+    /// (transformers' `max_shard_size`).
+    pub max_shard_bytes: usize,
+}
+
+impl Default for ExportOptions {
+    fn default() -> Self {
+        Self {
+            dtype: DType::F32,
+            max_shard_bytes: 5_000_000_000,
+        }
+    }
+}
+
+/// What [`save_causal_lm`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportReport {
+    /// The files written, `config.json` first.
+    pub files: Vec<PathBuf>,
+    /// Tensors saved.
+    pub tensors: usize,
+    /// Bytes of tensor data.
+    pub bytes: usize,
+}
+
+/// The `config.json` value transformers writes for a float type.
+pub fn dtype_name(dtype: DType) -> &'static str {
+    match dtype {
+        DType::BF16 => "bfloat16",
+        DType::F16 => "float16",
+        _ => "float32",
+    }
+}
+
+/// Saves `model` into `dir` as a Hugging Face model described by `config_json` (the
+/// `config.json` the model was loaded from, or [`hf_config_json`] of a model built
+/// here); its `dtype` key is set to the saved type. Adapters are merged into the
+/// weights. Every file is written under a temporary name and renamed.
+///
+/// # Errors
+/// [`HfError`] when `config_json` is not a supported configuration, describes another
+/// model than `model` (a parameter has no checkpoint key of its family, or two share
+/// one), the dtype is not a float type, or a file cannot be written.
+pub fn save_causal_lm(
+    model: &CausalLm,
+    config_json: &Value,
+    dir: &Path,
+    options: &ExportOptions,
+) -> Result<ExportReport, HfError> {
+    if !matches!(options.dtype, DType::F32 | DType::BF16 | DType::F16) {
+        return Err(HfError::Unsupported {
+            what: dir.display().to_string(),
+            reason: format!(
+                "cannot save tensors as {:?}: use f32, bf16 or f16",
+                options.dtype
+            ),
+        });
+    }
+    let config_path = dir.join(CONFIG_FILE);
+    let config = HfConfig::from_value(config_json, &config_path)?;
+    let keys = causal_lm_key_map(&config);
+    let merged = model.clone().valid().materialize();
+    let parameters = host_parameters(&merged);
+    let tensors = checkpoint_tensors(parameters, merged.mtp_depth(), &config, &keys, &config_path)?;
+
+    let mut config_json = config_json.clone();
+    if let Some(object) = config_json.as_object_mut() {
+        object.remove("torch_dtype");
+        object.insert("dtype".into(), Value::from(dtype_name(options.dtype)));
+    }
+    let text = serde_json::to_string_pretty(&config_json).expect("JSON values serialize");
+    write_atomically(&config_path, format!("{text}\n")).map_err(|error| HfError::Write {
+        path: config_path.clone(),
+        message: error.to_string(),
+    })?;
+
+    let element = match options.dtype {
+        DType::F32 => 4,
+        _ => 2,
+    };
+    let mut shards: Vec<Vec<(String, HostTensor)>> = vec![Vec::new()];
+    let mut shard_bytes = 0;
+    let mut total = 0;
+    for (key, tensor) in tensors {
+        let bytes = tensor.values.len() * element;
+        if shard_bytes > 0 && shard_bytes + bytes > options.max_shard_bytes {
+            shards.push(Vec::new());
+            shard_bytes = 0;
+        }
+        shard_bytes += bytes;
+        total += bytes;
+        shards.last_mut().expect("one shard").push((key, tensor));
+    }
+    let count: usize = shards.iter().map(Vec::len).sum();
+    let mut files = vec![config_path];
+    let n_shards = shards.len();
+    let mut weight_map = BTreeMap::new();
+    for (index, shard) in shards.into_iter().enumerate() {
+        let name = match n_shards {
+            1 => WEIGHTS_FILE.to_string(),
+            n => format!("model-{:05}-of-{n:05}.safetensors", index + 1),
+        };
+        let encoded: Vec<(String, Vec<usize>, Vec<u8>)> = shard
+            .into_iter()
+            .map(|(key, tensor)| {
+                weight_map.insert(key.clone(), name.clone());
+                (key, tensor.shape, encode(&tensor.values, options.dtype))
+            })
+            .collect();
+        let path = dir.join(&name);
+        write_safetensors(&path, &encoded, options.dtype)?;
+        files.push(path);
+    }
+    if n_shards > 1 {
+        let index = json!({"metadata": {"total_size": total}, "weight_map": weight_map});
+        let path = dir.join(INDEX_FILE);
+        let text = serde_json::to_string_pretty(&index).expect("JSON values serialize");
+        write_atomically(&path, format!("{text}\n")).map_err(|error| HfError::Write {
+            path: path.clone(),
+            message: error.to_string(),
+        })?;
+        files.push(path);
+    }
+    Ok(ExportReport {
+        files,
+        tensors: count,
+        bytes: total,
+    })
+}
+
+/// Our parameters as checkpoint tensors, sorted by key.
+fn checkpoint_tensors(
+    parameters: Vec<(String, HostTensor)>,
+    mtp_depth: usize,
+    config: &HfConfig,
+    keys: &impl KeyMap,
+    config_path: &Path,
+) -> Result<BTreeMap<String, HostTensor>, HfError> {
+    let mixtral = config.model_type == "mixtral";
+    let gpt_oss = config.model_type == "gpt_oss";
+    let mut tensors = BTreeMap::new();
+    let mut insert = |key: String, tensor: HostTensor| -> Result<(), HfError> {
+        match tensors.insert(key.clone(), tensor) {
+            None => Ok(()),
+            Some(_) => Err(HfError::Unsupported {
+                what: config_path.display().to_string(),
+                reason: format!("two parameters of the model map to the checkpoint key `{key}`"),
+            }),
+        }
+    };
+    let mut embedding = None;
+    let mut head = None;
+    for (path, tensor) in parameters {
+        let key = keys.checkpoint_key(&path);
+        if path == "embed_tokens.weight" {
+            embedding = Some(tensor.values.clone());
+        } else if path == "lm_head.weight" {
+            head = Some(tensor.values.clone());
+        }
+        let expert = [
+            "gate_up_proj",
+            "down_proj",
+            "gate_up_proj_bias",
+            "down_proj_bias",
+        ]
+        .into_iter()
+        .find(|part| key.ends_with(&format!(".experts.{part}")));
+        match expert {
+            Some(part) if gpt_oss => {
+                let (key, tensor) = (key.clone(), to_gpt_oss(part, tensor));
+                insert(key, tensor)?;
+            }
+            Some(part) => {
+                let prefix = key.trim_end_matches(&format!(".{part}")).to_string();
+                for (key, tensor) in per_expert(&prefix, part, tensor, mixtral) {
+                    insert(key, tensor)?;
+                }
+            }
+            None => insert(key, tensor)?,
+        }
+    }
+    // DeepSeek-V3 stores each multi-token-prediction layer with copies of the
+    // embedding and of the output head.
+    let n_layers = config.model.n_layers;
+    for depth in 0..mtp_depth {
+        let layer = format!("model.layers.{}", n_layers + depth);
+        let vocab = config.model.vocab_size;
+        let d_model = config.model.d_model;
+        if let Some(values) = &embedding {
+            let shape = vec![vocab, d_model];
+            insert(
+                format!("{layer}.embed_tokens.weight"),
+                HostTensor {
+                    values: values.clone(),
+                    shape: shape.clone(),
+                },
+            )?;
+            let head = head.clone().unwrap_or_else(|| values.clone());
+            insert(
+                format!("{layer}.shared_head.head.weight"),
+                HostTensor {
+                    values: head,
+                    shape,
+                },
+            )?;
+        }
+    }
+    Ok(tensors)
+}
+
+/// Our stacked experts of `part` as per-expert tensors: `gate_up_proj` `[E, 2F, D]`
+/// is each expert's gate rows then up rows; `down_proj` `[E, D, F]`.
+fn per_expert(
+    prefix: &str,
+    part: &str,
+    tensor: HostTensor,
+    mixtral: bool,
+) -> Vec<(String, HostTensor)> {
+    let shape = &tensor.shape;
+    let experts = shape[0];
+    let per = tensor.values.len() / experts.max(1);
+    let names = match (part, mixtral) {
+        ("gate_up_proj", false) => vec!["gate_proj", "up_proj"],
+        ("gate_up_proj", true) => vec!["w1", "w3"],
+        (_, false) => vec!["down_proj"],
+        (_, true) => vec!["w2"],
+    };
+    let rows = shape[1] / names.len();
+    let mut out = Vec::new();
+    for expert in 0..experts {
+        let values = &tensor.values[expert * per..(expert + 1) * per];
+        let chunk = values.len() / names.len();
+        for (index, name) in names.iter().enumerate() {
+            out.push((
+                format!("{prefix}.{expert}.{name}.weight"),
+                HostTensor {
+                    values: values[index * chunk..(index + 1) * chunk].to_vec(),
+                    shape: vec![rows, shape[2]],
+                },
+            ));
+        }
+    }
+    out
+}
+
+/// Our gpt-oss expert tensors in its checkpoint layout: `gate_up_proj` `[E, 2F, D]`
+/// (gates first) → `[E, D, 2F]` with gate and up interleaved by column; its bias
+/// `[E, 2F]` interleaved the same way; `down_proj` `[E, D, F]` → `[E, F, D]`.
+fn to_gpt_oss(part: &str, tensor: HostTensor) -> HostTensor {
+    let shape = tensor.shape.clone();
+    let v = &tensor.values;
+    match (part, shape.as_slice()) {
+        ("gate_up_proj", &[e, two_f, d]) => {
+            let f = two_f / 2;
+            let mut out = vec![0.0; v.len()];
+            for expert in 0..e {
+                for row in 0..two_f {
+                    let unit = if row < f { 2 * row } else { 2 * (row - f) + 1 };
+                    for column in 0..d {
+                        out[expert * d * two_f + column * two_f + unit] =
+                            v[expert * two_f * d + row * d + column];
+                    }
+                }
+            }
+            HostTensor {
+                values: out,
+                shape: vec![e, d, two_f],
+            }
+        }
+        ("gate_up_proj_bias", &[e, two_f]) => {
+            let f = two_f / 2;
+            let mut out = vec![0.0; v.len()];
+            for expert in 0..e {
+                for row in 0..two_f {
+                    let unit = if row < f { 2 * row } else { 2 * (row - f) + 1 };
+                    out[expert * two_f + unit] = v[expert * two_f + row];
+                }
+            }
+            HostTensor { values: out, shape }
+        }
+        ("down_proj", &[e, d, f]) => {
+            let mut out = vec![0.0; v.len()];
+            for expert in 0..e {
+                for row in 0..d {
+                    for column in 0..f {
+                        out[expert * f * d + column * d + row] =
+                            v[expert * d * f + row * f + column];
+                    }
+                }
+            }
+            HostTensor {
+                values: out,
+                shape: vec![e, f, d],
+            }
+        }
+        _ => tensor,
+    }
+}
+
+/// The `config.json` of a model built here (not loaded from a checkpoint), as the
+/// transformers family that computes the same function: `llama` (Pre-LN, SwiGLU,
+/// RoPE; biases on all four attention projections or none), `qwen2` (biases on q, k,
+/// v only) or `qwen3` (QK-norm per head).
+///
+/// # Errors
+/// [`HfError::Unsupported`] naming the first option no such family has (latent
+/// attention, experts, other block kinds, soft-capping, sliding windows, sinks,
+/// multi-token prediction, a RoPE scaling or layout other than LLaMA's), so that an
+/// export never silently computes something else.
+pub fn hf_config_json(config: &CausalLmConfig) -> Result<Value, HfError> {
+    let refuse = |option: &str| {
+        Err(HfError::Unsupported {
+            what: "config.json".into(),
+            reason: format!(
+                "the model uses {option}, which the LLaMA, Qwen2 and Qwen3 families of \
+                 transformers do not have: only models of those families can be exported \
+                 from a configuration built here"
+            ),
+        })
+    };
+    let rope = &config.rope;
+    let head_dim = config.head_width();
+    match () {
+        _ if config.latent.is_some() => refuse("latent attention (MLA)"),
+        _ if config.moe.is_some() => refuse("a mixture of experts"),
+        _ if config.mtp_depth > 0 => refuse("multi-token prediction (mtp_depth > 0)"),
+        _ if config.block_kind != BlockKind::PreNorm => refuse("a block kind other than Pre-LN"),
+        _ if config.norm_unit_offset => refuse("Gemma's RMSNorm (1 + weight)"),
+        _ if config.embed_scale.is_some() => refuse("scaled embeddings"),
+        _ if config.attention_softcap.is_some() || config.final_logit_softcap.is_some() => {
+            refuse("logit soft-capping")
+        }
+        _ if config.sliding_window.is_some() => refuse("a sliding window"),
+        _ if config.attention_sinks => refuse("attention sinks"),
+        _ if config.activation != Activation::Silu => refuse("an activation other than SiLU"),
+        _ if config.qkv_bias != config.o_bias && (!config.qkv_bias || config.qk_norm.is_some()) => {
+            refuse("a bias on the output projection without q/k/v biases")
+        }
+        _ if config
+            .attention_scale
+            .is_some_and(|scale| (scale - 1.0 / (head_dim as f64).sqrt()).abs() > 1e-12) =>
+        {
+            refuse("an attention scale other than 1/sqrt(head_dim)")
+        }
+        _ if rope.scaling != RopeScaling::Default => refuse("a RoPE scaling"),
+        _ if rope.layout != RopeLayout::HalfSplit || rope.partial_rotary_factor != 1.0 => {
+            refuse("an interleaved or partial RoPE")
+        }
+        _ if config
+            .qk_norm
+            .as_ref()
+            .is_some_and(|qk| qk.placement != QkNormPlacement::PerHead || qk.unit_offset) =>
+        {
+            refuse("QK-norm across heads or with a unit offset")
+        }
+        _ => {
+            let (model_type, architecture) =
+                match (&config.qk_norm, config.qkv_bias && !config.o_bias) {
+                    (Some(_), _) => ("qwen3", "Qwen3ForCausalLM"),
+                    (None, true) => ("qwen2", "Qwen2ForCausalLM"),
+                    (None, false) => ("llama", "LlamaForCausalLM"),
+                };
+            let mut value = json!({
+                "architectures": [architecture],
+                "model_type": model_type,
+                "vocab_size": config.vocab_size,
+                "hidden_size": config.d_model,
+                "intermediate_size": config.d_ff,
+                "num_hidden_layers": config.n_layers,
+                "num_attention_heads": config.n_heads,
+                "num_key_value_heads": config.kv_heads(),
+                "head_dim": head_dim,
+                "hidden_act": "silu",
+                "max_position_embeddings": rope.max_position_embeddings,
+                "rms_norm_eps": config.norm_eps,
+                "tie_word_embeddings": config.tie_word_embeddings,
+                "rope_parameters": {"rope_type": "default", "rope_theta": rope.theta},
+                "attention_dropout": 0.0,
+                "use_cache": true,
+                "dtype": "float32",
+            });
+            let object = value.as_object_mut().expect("an object");
+            match model_type {
+                "llama" => {
+                    object.insert("attention_bias".into(), config.qkv_bias.into());
+                    object.insert("mlp_bias".into(), config.mlp_bias.into());
+                }
+                "qwen3" => {
+                    object.insert("attention_bias".into(), config.qkv_bias.into());
+                }
+                _ => {}
+            }
+            if config.mlp_bias && model_type != "llama" {
+                return refuse("biases in the feed-forward");
+            }
+            if model_type == "qwen3" && config.qkv_bias != config.o_bias {
+                return refuse("a bias on q/k/v but not on the output projection with QK-norm");
+            }
+            Ok(value)
+        }
+    }
+}

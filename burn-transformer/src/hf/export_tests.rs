@@ -1,0 +1,299 @@
+//! Export and PEFT tests: every fixture family saved by [`save_causal_lm`] holds the
+//! keys and shapes transformers saved and loads back to the same logits; PEFT's own
+//! adapters (made by `tools/make_hf_models.py` with peft) give PEFT's logits here, and
+//! our adapters round-trip through PEFT's layout.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use burn::module::Module;
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+
+use super::tensors::read_safetensors;
+use super::*;
+use crate::block::BlockKind;
+use crate::io::tests::TempDir;
+use crate::lora::{LoraConfig, attach_lora};
+use crate::model::{CausalLm, CausalLmConfig};
+use crate::position::RopeConfig;
+use crate::test_utils::{Fixture, fixture_dir, max_abs_diff};
+
+fn model_dir(name: &str) -> PathBuf {
+    fixture_dir().join("hf").join(name)
+}
+
+fn tokens(name: &str, device: &Device) -> Tensor<2, Int> {
+    let reference = Fixture::load(&format!("hf/{name}/reference"));
+    let data = reference.data("tokens").convert::<i64>();
+    Tensor::from_data(data, device)
+}
+
+fn config_json(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join(CONFIG_FILE)).unwrap()).unwrap()
+}
+
+/// Every tensor of a model folder: key → shape.
+fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
+    let mut shapes = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        if name.ends_with(".safetensors") && name != "reference.safetensors" {
+            for (key, tensor) in read_safetensors(&path).unwrap() {
+                shapes.insert(key, tensor.shape);
+            }
+        }
+    }
+    shapes
+}
+
+const FAMILIES: [&str; 17] = [
+    "llama",
+    "llama_sharded",
+    "mistral",
+    "qwen2",
+    "qwen2_bf16",
+    "qwen3",
+    "qwen3_mqa",
+    "olmo2",
+    "olmo2_mqa",
+    "gemma2",
+    "gemma3_text",
+    "mixtral",
+    "qwen3_moe",
+    "gpt_oss",
+    "deepseek_v2",
+    "deepseek_v3",
+    "deepseek_v3_mtp",
+];
+
+#[test]
+fn every_family_exports_transformers_keys_and_loads_back_to_the_same_logits() {
+    let device = Device::flex();
+    for name in FAMILIES {
+        let source = model_dir(name);
+        let (model, _) = load_causal_lm(&source, &device).unwrap();
+        let out = TempDir::new().unwrap();
+        let report = save_causal_lm(
+            &model,
+            &config_json(&source),
+            out.path(),
+            &ExportOptions::default(),
+        )
+        .unwrap_or_else(|error| panic!("{name}: {error}"));
+        assert_eq!(report.files.len(), 2, "{name}: config.json and one file");
+        assert_eq!(
+            checkpoint_shapes(out.path()),
+            checkpoint_shapes(&source),
+            "{name}: the keys and shapes transformers saved"
+        );
+        let (reloaded, _) = load_causal_lm(out.path(), &device).unwrap();
+        let prompt = tokens(name, &device);
+        let before = model.forward_with_mtp(prompt.clone());
+        let after = reloaded.forward_with_mtp(prompt);
+        assert_eq!(max_abs_diff(before.logits, after.logits), 0.0, "{name}");
+        assert_eq!(before.mtp_logits.len(), after.mtp_logits.len(), "{name}");
+        for (a, b) in before.mtp_logits.into_iter().zip(after.mtp_logits) {
+            assert_eq!(max_abs_diff(a, b), 0.0, "{name} multi-token prediction");
+        }
+    }
+}
+
+#[test]
+fn sharded_half_precision_exports_index_their_shards_and_round_to_the_type() {
+    let device = Device::flex();
+    let source = model_dir("qwen3_moe");
+    let (model, _) = load_causal_lm(&source, &device).unwrap();
+    let prompt = tokens("qwen3_moe", &device);
+    let logits = model.forward(prompt.clone(), None);
+    for (dtype, tolerance) in [(DType::BF16, 0.1), (DType::F16, 0.02)] {
+        let out = TempDir::new().unwrap();
+        let options = ExportOptions {
+            dtype,
+            max_shard_bytes: 40_000,
+        };
+        let report = save_causal_lm(&model, &config_json(&source), out.path(), &options).unwrap();
+        let shards = report.files.len() - 2;
+        assert!(shards >= 3, "{} files", report.files.len());
+        assert!(out.path().join(INDEX_FILE).is_file());
+        assert!(
+            out.path()
+                .join(format!("model-00001-of-{shards:05}.safetensors"))
+                .is_file()
+        );
+        let config = config_json(out.path());
+        assert_eq!(config["dtype"], dtype_name(dtype));
+        let (reloaded, _) = load_causal_lm(out.path(), &device).unwrap();
+        let error = max_abs_diff(logits.clone(), reloaded.forward(prompt.clone(), None));
+        assert!(error > 0.0 && error < tolerance, "{dtype:?}: {error}");
+    }
+}
+
+/// A LLaMA-style model as `train-lm` builds it.
+fn scratch_config() -> CausalLmConfig {
+    CausalLmConfig::new(50, 32, 2, 4, 64, RopeConfig::new(8).with_theta(5e5))
+        .with_n_kv_heads(Some(2))
+        .with_norm_eps(1e-5)
+        .with_tie_word_embeddings(true)
+}
+
+#[test]
+fn models_built_here_export_as_their_transformers_family() {
+    let device = Device::flex();
+    let qk_norm = crate::attention::QkNormConfig::new().with_eps(1e-5);
+    let cases = [
+        (scratch_config(), "llama"),
+        (
+            scratch_config()
+                .with_qkv_bias(true)
+                .with_o_bias(true)
+                .with_tie_word_embeddings(false),
+            "llama",
+        ),
+        (scratch_config().with_qkv_bias(true), "qwen2"),
+        (scratch_config().with_qk_norm(Some(qk_norm)), "qwen3"),
+    ];
+    for (config, family) in cases {
+        let model = crate::train::host_init(7, |host| config.try_init(host)).unwrap();
+        let json = hf_config_json(&config).unwrap();
+        assert_eq!(json["model_type"], family);
+        let out = TempDir::new().unwrap();
+        save_causal_lm(&model, &json, out.path(), &ExportOptions::default()).unwrap();
+        let (reloaded, hf) = load_causal_lm(out.path(), &device).unwrap();
+        assert_eq!(hf.model_type, family);
+        let prompt = Tensor::<2, Int>::from_data(
+            TensorData::new(vec![1i64, 7, 3, 9, 40, 2], [1, 6]),
+            &device,
+        );
+        let error = max_abs_diff(
+            model.forward(prompt.clone(), None),
+            reloaded.forward(prompt, None),
+        );
+        assert_eq!(error, 0.0, "{family}");
+    }
+    let gemma = scratch_config().with_block_kind(BlockKind::Sandwich);
+    let error = hf_config_json(&gemma).unwrap_err().to_string();
+    assert!(error.contains("a block kind other than Pre-LN"), "{error}");
+}
+
+/// Logits of `model` on the fixture's tokens.
+fn logits(model: &CausalLm, name: &str) -> Tensor<3> {
+    model.forward(tokens(name, &model.device()), None)
+}
+
+#[test]
+fn peft_adapters_give_peft_logits_and_merge_into_peft_merged_logits() {
+    let device = Device::flex();
+    let (model, config) = load_causal_lm(model_dir("llama"), &device).unwrap();
+    let reference = Fixture::load("hf/llama_lora/reference");
+    let (adapted, lora, summary) =
+        load_peft_adapters(model, &config, &model_dir("llama_lora")).unwrap();
+    assert_eq!((lora.rank, lora.alpha, lora.rslora), (4, 8.0, false));
+    assert_eq!(summary.adapted.len(), 14);
+    let expected = reference.tensor::<3>("logits", &device);
+    let error = max_abs_diff(logits(&adapted, "llama_lora"), expected);
+    assert!(error < 1e-4, "{error}");
+    let merged = adapted.clone().valid().materialize();
+    let error = max_abs_diff(
+        logits(&merged, "llama_lora"),
+        reference.tensor::<3>("merged_logits", &device),
+    );
+    assert!(error < 1e-4, "{error}");
+
+    // Saved in PEFT's layout, the same adapters come back.
+    let out = TempDir::new().unwrap();
+    let pairs = save_peft_adapters(&adapted, &lora, &config, "llama", out.path()).unwrap();
+    assert_eq!(pairs, 14);
+    let ours = read_safetensors(&out.path().join(ADAPTER_WEIGHTS_FILE)).unwrap();
+    let peft = read_safetensors(&model_dir("llama_lora").join(ADAPTER_WEIGHTS_FILE)).unwrap();
+    assert_eq!(ours.len(), peft.len());
+    for ((key, a), (peft_key, b)) in ours.iter().zip(&peft) {
+        assert_eq!((key, &a.shape), (peft_key, &b.shape));
+        let close = a
+            .values
+            .iter()
+            .zip(&b.values)
+            .all(|(x, y)| (x - y).abs() < 1e-7);
+        assert!(close, "{key}");
+    }
+    assert_eq!(read_peft_config(out.path()).unwrap(), lora);
+    let (base, _) = load_causal_lm(model_dir("llama"), &device).unwrap();
+    let (again, _, _) = load_peft_adapters(base, &config, out.path()).unwrap();
+    assert_eq!(
+        max_abs_diff(logits(&again, "llama_lora"), logits(&adapted, "llama_lora")),
+        0.0
+    );
+}
+
+#[test]
+fn adapters_trained_here_round_trip_on_latent_attention_models() {
+    let device = Device::flex();
+    let (model, config) = load_causal_lm(model_dir("deepseek_v3"), &device).unwrap();
+    let lora = LoraConfig::new(2, 4.0).with_rslora(true);
+    let (adapted, summary) = attach_lora(model, &lora).unwrap();
+    // Make B non-zero: a trained adapter.
+    let adapted = adapted.map(&mut RandomB);
+    let out = TempDir::new().unwrap();
+    let pairs = save_peft_adapters(&adapted, &lora, &config, "deepseek_v3", out.path()).unwrap();
+    assert_eq!(pairs, summary.adapted.len());
+    let keys: Vec<String> = read_safetensors(&out.path().join(ADAPTER_WEIGHTS_FILE))
+        .unwrap()
+        .into_iter()
+        .map(|(key, _)| key)
+        .collect();
+    assert!(keys.contains(
+        &"base_model.model.model.layers.0.self_attn.kv_b_proj.lora_A.weight".to_string()
+    ));
+    let (base, _) = load_causal_lm(model_dir("deepseek_v3"), &device).unwrap();
+    let (again, read, _) = load_peft_adapters(base, &config, out.path()).unwrap();
+    assert_eq!(read.scale(), lora.scale());
+    let error = max_abs_diff(
+        logits(&again, "deepseek_v3"),
+        logits(&adapted, "deepseek_v3"),
+    );
+    assert_eq!(error, 0.0);
+    assert!(
+        max_abs_diff(logits(&again, "deepseek_v3"), {
+            let (base, _) = load_causal_lm(model_dir("deepseek_v3"), &device).unwrap();
+            logits(&base, "deepseek_v3")
+        }) > 1e-4
+    );
+}
+
+#[test]
+fn peft_features_not_implemented_here_are_named() {
+    let device = Device::flex();
+    let (model, config) = load_causal_lm(model_dir("deepseek_v3"), &device).unwrap();
+    // PEFT with transformers 5 adapts DeepSeek-V3's fused experts as parameters.
+    let error = load_peft_adapters(model, &config, &model_dir("deepseek_v3_lora"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("`rank_pattern`") || error.contains("`target_parameters`"),
+        "{error}"
+    );
+}
+
+/// Draws every adapter's `B` anew.
+struct RandomB;
+
+impl burn::module::ModuleMapper for RandomB {
+    fn map_float<const D: usize>(
+        &mut self,
+        param: burn::module::Param<Tensor<D>>,
+    ) -> burn::module::Param<Tensor<D>> {
+        param.map(|value| {
+            let dims = value.dims();
+            // Adapter B factors are the zero tensors of the model.
+            let zero = value.clone().abs().max().into_scalar::<f32>() == 0.0;
+            match zero && D == 2 {
+                true => Tensor::random(
+                    dims,
+                    burn::tensor::Distribution::Normal(0.0, 0.05),
+                    &value.device(),
+                ),
+                false => value,
+            }
+        })
+    }
+}
