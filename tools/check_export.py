@@ -89,10 +89,18 @@ def main() -> int:
     parser.add_argument(
         "--tolerance", type=float, default=1e-4, help="largest accepted max |Δlogits|"
     )
+    parser.add_argument(
+        "--peft-base",
+        type=Path,
+        help="EXPORT_DIR holds LoRA adapters (export-hf --adapters-only): load this base "
+        "model folder and the adapters on top with peft",
+    )
     args = parser.parse_args()
 
-    if not (args.export_dir / "config.json").is_file():
+    if args.peft_base is None and not (args.export_dir / "config.json").is_file():
         fail_usage(f"{args.export_dir} has no config.json")
+    if args.peft_base is not None and not (args.export_dir / "adapter_config.json").is_file():
+        fail_usage(f"{args.export_dir} has no adapter_config.json")
     request = json.loads(args.input.read_text())
     try:
         tokens = torch.tensor(request["tokens"], dtype=torch.int64)
@@ -108,17 +116,23 @@ def main() -> int:
             fail_usage(f"{args.ours} has no `{key}` (it holds {sorted(ours)})")
 
     model, info = transformers.AutoModelForCausalLM.from_pretrained(
-        args.export_dir,
+        args.peft_base or args.export_dir,
         dtype=torch.float32,
         attn_implementation="eager",
         output_loading_info=True,
     )
+    if args.peft_base is not None:
+        import peft
+
+        model = peft.PeftModel.from_pretrained(model, args.export_dir)
+        print(f"adapters: {args.export_dir} loaded by peft {peft.__version__} on {args.peft_base}")
     model.eval()
     config = model.config
     print(f"model: {type(model).__name__} (model_type {config.model_type})")
+    weights_dir = args.peft_base or args.export_dir
     print(
-        f"stored dtype: config {config_dtype(args.export_dir)}, weight files "
-        f"{', '.join(stored_dtypes(args.export_dir))}; compared in float32"
+        f"stored dtype: config {config_dtype(weights_dir)}, weight files "
+        f"{', '.join(stored_dtypes(weights_dir))}; compared in float32"
     )
 
     problems = []

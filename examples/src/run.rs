@@ -39,8 +39,12 @@ pub fn save_settings<T: Serialize>(out: &Path, settings: &T) -> Result<(), Strin
 }
 
 /// What the programs write in a run folder besides training's own files.
-const OUTPUTS: [&str; 7] = [
+const OUTPUTS: [&str; 11] = [
     RUN_FILE,
+    crate::trained::BASE_CONFIG_FILE,
+    crate::trained::BASE_EXTRA_FILES[0],
+    crate::trained::BASE_EXTRA_FILES[1],
+    crate::trained::BASE_EXTRA_FILES[2],
     "model.bpk",
     "model.json",
     "vocab.json",

@@ -14,6 +14,7 @@ use burn_transformer::hf::{
     CONFIG_FILE, LoadOptions, LoadReport, load_causal_lm_with, non_finite_parameters,
 };
 use burn_transformer::io::{read_bytes, read_text};
+use burn_transformer::lora::{LoraConfig, attach_lora};
 use burn_transformer::model::{CausalLm, CausalLmConfig};
 use burn_transformer::train::{CharTokenizer, Tokenizer, TrainError, load_module};
 use serde_json::Value;
@@ -26,7 +27,17 @@ const RUN_WEIGHTS: &str = "model.bpk";
 /// A run's character vocabulary (`train-lm` without `--tokenizer`).
 const RUN_VOCABULARY: &str = "vocab.json";
 /// A run's copy of its `--tokenizer`, and a Hugging Face model's tokenizer.
-const TOKENIZER_FILE: &str = "tokenizer.json";
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+/// A fine-tuning run's copy of its base model's `config.json` (`train-lm
+/// --init-from`), under another name so that the run folder is not taken for a
+/// Hugging Face model.
+pub const BASE_CONFIG_FILE: &str = "hf-config.json";
+/// The base model's other files a fine-tuning run keeps for its export.
+pub const BASE_EXTRA_FILES: [&str; 3] = [
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+];
 
 /// A model folder whose kind and settings are known, its weights not yet loaded.
 #[derive(Debug, Clone)]
@@ -48,6 +59,8 @@ pub struct RunFolder {
     context: Option<usize>,
     /// The run's tokenizer file: `vocab.json` or `tokenizer.json`.
     tokenizer: PathBuf,
+    /// The LoRA adapters the run trained (`run.json`'s `lora`), if any.
+    lora: Option<LoraConfig>,
 }
 
 /// A loaded model with what generation needs to know about it.
@@ -191,6 +204,17 @@ impl RunFolder {
         config
             .validate()
             .map_err(|e| format!("{}: `model`: {e}", path.display()))?;
+        let lora = match settings.get("lora").filter(|lora| !lora.is_null()) {
+            Some(lora) => Some(serde_json::from_value::<LoraConfig>(lora.clone()).map_err(
+                |e| {
+                    format!(
+                        "{}: `lora` is not a LoRA configuration: {e}",
+                        path.display()
+                    )
+                },
+            )?),
+            None => None,
+        };
         let context = settings
             .pointer("/training/context")
             .and_then(Value::as_u64)
@@ -220,17 +244,56 @@ impl RunFolder {
             config,
             context,
             tokenizer,
+            lora,
         })
     }
 
-    /// The trained model in `dtype`, and its non-finite parameters.
-    fn load(&self, device: &Device, dtype: DType) -> Result<(CausalLm, LoadReport), String> {
+    /// The run's folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The model's configuration.
+    pub fn config(&self) -> &CausalLmConfig {
+        &self.config
+    }
+
+    /// The LoRA adapters the run trained, if any.
+    pub fn lora(&self) -> Option<&LoraConfig> {
+        self.lora.as_ref()
+    }
+
+    /// The run's tokenizer file (`vocab.json` or `tokenizer.json`).
+    pub fn tokenizer_file(&self) -> &Path {
+        &self.tokenizer
+    }
+
+    /// The trained model with its adapters unmerged, in f32.
+    ///
+    /// # Errors
+    /// A message naming the file that could not be loaded.
+    pub fn load_unmerged(&self, device: &Device) -> Result<CausalLm, String> {
         let path = self.dir.join(RUN_FILE);
         let model = self
             .config
             .try_init(device)
             .map_err(|e| format!("{}: `model`: {e}", path.display()))?;
-        let model = load_module(model, &self.dir.join(RUN_WEIGHTS)).map_err(|e| e.to_string())?;
+        // The adapters' values come from the weights file.
+        let model = match &self.lora {
+            Some(lora) => {
+                attach_lora(model, lora)
+                    .map_err(|e| format!("{}: `lora`: {e}", path.display()))?
+                    .0
+            }
+            None => model,
+        };
+        load_module(model, &self.dir.join(RUN_WEIGHTS)).map_err(|e| e.to_string())
+    }
+
+    /// The trained model in `dtype`, and its non-finite parameters.
+    fn load(&self, device: &Device, dtype: DType) -> Result<(CausalLm, LoadReport), String> {
+        // Adapters are merged: generation runs the plain weights.
+        let model = self.load_unmerged(device)?.materialize();
         // Runs are saved in f32; a narrower type is a conversion after loading.
         let model = if dtype == DType::F32 {
             model

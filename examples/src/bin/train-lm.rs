@@ -5,7 +5,13 @@
 //! cargo run --release -p examples --bin train-lm                     # this repository's own text
 //! cargo run --release -p examples --bin train-lm -- --data shakespeare.txt --steps 2000
 //! cargo run --release -p examples --bin train-lm -- --resume          # continue the run in --out
+//! cargo run --release -p examples --bin train-lm -- --init-from MODEL_DIR --lora-rank 8
 //! ```
+//!
+//! `--init-from` fine-tunes a Hugging Face model folder (any family the crate loads)
+//! with its own tokenizer; `--lora-rank` trains low-rank adapters instead of every
+//! weight, `--freeze` leaves chosen weights unchanged. `export-hf` turns the run into
+//! a Hugging Face folder.
 //!
 //! With no `--data`, the corpus is this checkout's documentation and library
 //! sources, so the command works anywhere. The defaults for `--data` runs are
@@ -14,13 +20,18 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use burn::tensor::Device;
 use burn_transformer::attention::{QkNormConfig, QkNormPlacement};
 use burn_transformer::block::BlockKind;
 use burn_transformer::ffn::moe::{ExpertGlu, RouterConfig};
 use burn_transformer::ffn::{Activation, MoeConfig};
 use burn_transformer::generate::{GenerationConfig, SamplingConfig, generate};
+use burn_transformer::hf::{
+    CONFIG_FILE, HfConfig, KeyMap, causal_lm_key_map, hf_config_json, load_causal_lm,
+};
 use burn_transformer::io::{read_bytes, write_atomically};
-use burn_transformer::model::CausalLmConfig;
+use burn_transformer::lora::{LoraConfig, attach_lora, freeze_matching};
+use burn_transformer::model::{CausalLm, CausalLmConfig};
 use burn_transformer::position::RopeConfig;
 use burn_transformer::train::{
     CharTokenizer, Corpus, LmTrainingConfig, TokenSplit, Tokenizer, host_init, mtp_validation_loss,
@@ -34,6 +45,7 @@ use examples::hf_tokenizer::HfTokenizer;
 use examples::run::{
     absolute, changed_flags, load_settings, options, record_run, refuse_changes, save_outputs,
 };
+use examples::trained::{BASE_CONFIG_FILE, BASE_EXTRA_FILES};
 use serde::{Deserialize, Serialize};
 
 #[global_allocator]
@@ -154,6 +166,38 @@ struct Args {
     #[arg(long, default_value_t = 50)]
     log_every: usize,
 
+    /// Fine-tune this Hugging Face model folder (config.json and safetensors weights,
+    /// any family the crate loads) instead of training a new model. Its tokenizer.json
+    /// is the tokenizer unless --tokenizer is given; the model flags (--arch, --layers,
+    /// --heads, --kv-heads, --d-model, --d-ff, --mtp-depth) do not apply.
+    #[arg(long)]
+    #[serde(default)]
+    init_from: Option<PathBuf>,
+    /// Weights to keep unchanged, as comma-separated globs over their checkpoint keys
+    /// (`model.embed_tokens.weight,model.layers.0.*`); the rest trains.
+    #[arg(long, value_delimiter = ',')]
+    #[serde(default)]
+    freeze: Vec<String>,
+    /// Train LoRA adapters of this rank on the model's linear layers instead of its
+    /// weights (which stay frozen).
+    #[arg(long)]
+    #[serde(default)]
+    lora_rank: Option<usize>,
+    /// LoRA alpha: the adapters' update is scaled by alpha / rank. Default: 2 · rank.
+    #[arg(long, requires = "lora_rank")]
+    #[serde(default)]
+    lora_alpha: Option<f64>,
+    /// Dropout on the adapters' input features while training.
+    #[arg(long, default_value_t = 0.0, requires = "lora_rank")]
+    #[serde(default)]
+    lora_dropout: f64,
+    /// The linear layers to adapt, comma-separated, by Hugging Face name. Default:
+    /// q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj and the latent-attention
+    /// projections (q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj).
+    #[arg(long, value_delimiter = ',', requires = "lora_rank")]
+    #[serde(default)]
+    lora_targets: Vec<String>,
+
     /// Tokens to sample at the end (0: none).
     #[arg(long, default_value_t = 400)]
     sample_tokens: usize,
@@ -239,6 +283,9 @@ struct SavedRun {
     args: Args,
     model: CausalLmConfig,
     training: LmTrainingConfig,
+    /// The LoRA adapters the run trains (`--lora-rank`), if any.
+    #[serde(default)]
+    lora: Option<LoraConfig>,
 }
 
 /// The flags a resumed run may change: where it runs, what it prints and samples at
@@ -320,10 +367,129 @@ fn check_flags(args: &Args, matches: &clap::ArgMatches) -> Result<(), String> {
             args.temperature
         ));
     }
+    if args.init_from.is_some() {
+        let model_flags = [
+            "arch",
+            "layers",
+            "heads",
+            "kv_heads",
+            "d_model",
+            "d_ff",
+            "mtp_depth",
+        ];
+        if let Some(flag) = model_flags
+            .iter()
+            .find(|flag| matches.value_source(flag) == Some(ValueSource::CommandLine))
+        {
+            return Err(format!(
+                "--{} does not apply with --init-from: the model is the one in that folder",
+                flag.replace('_', "-")
+            ));
+        }
+    }
+    if args.lora_rank.is_some() && !args.freeze.is_empty() {
+        return Err(
+            "--freeze applies to training the model's weights: with --lora-rank only \
+                    the adapters train, every weight is frozen"
+                .into(),
+        );
+    }
+    if let Some(lora) = lora_config(args) {
+        lora.validate().map_err(|e| format!("--lora-*: {e}"))?;
+    }
     if args.temperature == 0.0 && matches.value_source("top_k") == Some(ValueSource::CommandLine) {
         return Err("--top-k applies to sampling: give a --temperature above 0 with it".into());
     }
     Ok(())
+}
+
+/// The LoRA adapters of `--lora-rank`, `--lora-alpha`, `--lora-dropout` and
+/// `--lora-targets`.
+fn lora_config(args: &Args) -> Option<LoraConfig> {
+    let rank = args.lora_rank?;
+    let mut lora = LoraConfig::new(rank, args.lora_alpha.unwrap_or(2.0 * rank as f64))
+        .with_dropout(args.lora_dropout);
+    if !args.lora_targets.is_empty() {
+        lora = lora.with_targets(args.lora_targets.clone());
+    }
+    Some(lora)
+}
+
+/// The checkpoint key of each parameter path, for `--freeze` and for messages: the
+/// key of the model's Hugging Face family (the folder's, or the family a model built
+/// here exports as), else the path itself.
+fn checkpoint_names(
+    model: &CausalLmConfig,
+    base: Option<&HfConfig>,
+) -> Box<dyn Fn(&str) -> String> {
+    let config = base.cloned().or_else(|| {
+        let json = hf_config_json(model).ok()?;
+        HfConfig::from_value(&json, CONFIG_FILE).ok()
+    });
+    match config {
+        Some(config) => {
+            let keys = causal_lm_key_map(&config);
+            Box::new(move |path: &str| keys.checkpoint_key(path))
+        }
+        None => Box::new(str::to_string),
+    }
+}
+
+/// `model` ready to train as the flags say: adapters attached (everything else
+/// frozen), or the `--freeze` weights frozen. Prints what trains.
+fn trainable(
+    model: CausalLm,
+    args: &Args,
+    lora: Option<&LoraConfig>,
+    names: &dyn Fn(&str) -> String,
+    seed: u64,
+) -> Result<CausalLm, String> {
+    let total: usize = burn::module::Module::num_params(&model);
+    if let Some(lora) = lora {
+        let mut summary = None;
+        // Adapters are drawn on the host from the run's seed, as a new model is.
+        let model = host_init(seed, |host| {
+            attach_lora(burn::module::Module::to_device(model, host), lora).map(|(model, s)| {
+                summary = Some(s);
+                model
+            })
+        })
+        .map_err(|e| format!("--lora-*: {e}"))?;
+        let summary = summary.expect("attach_lora ran");
+        let mut layers: Vec<&str> = summary
+            .adapted
+            .iter()
+            .filter_map(|path| path.rsplit('.').nth(1))
+            .collect();
+        layers.sort_unstable();
+        layers.dedup();
+        println!(
+            "LoRA: rank {}, alpha {} (scale {:.3}), dropout {}, on {} linear layers ({}): \
+             {} trainable parameters of {} ({:.2}%)",
+            lora.rank,
+            lora.alpha,
+            lora.scale(),
+            lora.dropout,
+            summary.adapted.len(),
+            layers.join(","),
+            summary.trainable,
+            summary.total,
+            100.0 * summary.trainable as f64 / summary.total as f64
+        );
+        return Ok(model);
+    }
+    if args.freeze.is_empty() {
+        return Ok(model);
+    }
+    let (model, frozen, elements) = freeze_matching(model, &args.freeze, names)?;
+    println!(
+        "frozen: {} weights ({} parameters); {} of {} parameters train",
+        frozen.len(),
+        elements,
+        total - elements,
+        total
+    );
+    Ok(model)
 }
 
 /// The configurations of a new run: the model for `vocab_size` ids and the training.
@@ -383,6 +549,7 @@ fn resumed(args: &Args, matches: &clap::ArgMatches) -> Result<SavedRun, String> 
     let mut given = args.clone();
     given.data = given.data.as_deref().map(absolute).transpose()?;
     given.tokenizer = given.tokenizer.as_deref().map(absolute).transpose()?;
+    given.init_from = given.init_from.as_deref().map(absolute).transpose()?;
     refuse_changes(
         &args.out,
         &changed_flags(matches, &given, &saved.args, &FREE_ON_RESUME)?,
@@ -417,6 +584,34 @@ fn resumed(args: &Args, matches: &clap::ArgMatches) -> Result<SavedRun, String> 
 
 fn run(args: Args, matches: &clap::ArgMatches) -> Result<(), String> {
     check_flags(&args, matches)?;
+    // A fine-tuned model brings its configuration and tokenizer.
+    let base = match (&args.init_from, args.resume) {
+        (Some(dir), false) => Some(dir.join(CONFIG_FILE)),
+        // A resumed run reads the copy it made (its folder may have moved).
+        (_, true) if args.out.join(BASE_CONFIG_FILE).is_file() => {
+            Some(args.out.join(BASE_CONFIG_FILE))
+        }
+        _ => None,
+    }
+    .map(|path| HfConfig::from_file(path).map_err(|e| e.to_string()))
+    .transpose()?;
+    let args = match (&args.init_from, &args.tokenizer, args.resume) {
+        (Some(dir), None, false) => {
+            let path = dir.join("tokenizer.json");
+            if !path.is_file() {
+                return Err(format!(
+                    "--init-from {}: no tokenizer.json in the model folder: give the model's \
+                     tokenizer with --tokenizer FILE",
+                    dir.display()
+                ));
+            }
+            Args {
+                tokenizer: Some(path),
+                ..args
+            }
+        }
+        _ => args,
+    };
     let out = args.out.clone();
     // A resumed run takes everything that shapes training from its run.json.
     let saved = if args.resume {
@@ -431,6 +626,7 @@ fn run(args: Args, matches: &clap::ArgMatches) -> Result<(), String> {
         None => Args {
             data: args.data.as_deref().map(absolute).transpose()?,
             tokenizer: args.tokenizer.as_deref().map(absolute).transpose()?,
+            init_from: args.init_from.as_deref().map(absolute).transpose()?,
             ..args
         },
     };
@@ -468,9 +664,14 @@ fn run(args: Args, matches: &clap::ArgMatches) -> Result<(), String> {
         .check_context(args.context)
         .map_err(|e| e.to_string())?;
 
-    let (model, training) = match &saved {
-        Some(saved) => (saved.model.clone(), saved.training.clone()),
-        None => configs(&args, tokenizer.vocab_size()),
+    let (model, training) = match (&saved, &base) {
+        (Some(saved), _) => (saved.model.clone(), saved.training.clone()),
+        (None, Some(base)) => (base.model.clone(), configs(&args, tokenizer.vocab_size()).1),
+        (None, None) => configs(&args, tokenizer.vocab_size()),
+    };
+    let lora = match &saved {
+        Some(saved) => saved.lora.clone(),
+        None => lora_config(&args),
     };
     training.validate().map_err(|e| e.to_string())?;
     model.validate().map_err(|e| e.to_string())?;
@@ -485,12 +686,17 @@ fn run(args: Args, matches: &clap::ArgMatches) -> Result<(), String> {
         corpus.text.chars().count(),
         tokenizer.describe()
     );
+    let family = match (&args.init_from, &base) {
+        (Some(dir), Some(base)) => format!("{} from {}", base.model_type, dir.display()),
+        (Some(dir), None) => format!("fine-tuned from {}", dir.display()),
+        (None, _) => args.arch.clone(),
+    };
     println!(
         "split: {} training and {} validation tokens; model ({}): {} layers, width {}, {} \
          heads ({} kv), feed-forward {}; device: {}",
         split.train.len(),
         split.validation.len(),
-        args.arch,
+        family,
         model.n_layers,
         model.d_model,
         model.n_heads,
@@ -499,6 +705,18 @@ fn run(args: Args, matches: &clap::ArgMatches) -> Result<(), String> {
         args.device
     );
 
+    // The model is made ready before anything is written, so that a bad --freeze or
+    // --lora-* leaves no run behind.
+    let initial = match (&args.init_from, args.resume) {
+        (Some(dir), false) => {
+            let (model, _) = load_causal_lm(dir, &Device::flex()).map_err(|e| e.to_string())?;
+            model
+        }
+        // A resumed run's weights come from its checkpoint.
+        _ => host_init(training.seed, |host| model.try_init(host)).map_err(|e| e.to_string())?,
+    };
+    let names = checkpoint_names(&model, base.as_ref());
+    let initial = trainable(initial, &args, lora.as_ref(), &*names, training.seed)?;
     let resumed = saved.map(|saved| {
         let run_id = saved.run_id.clone();
         (saved, run_id)
@@ -508,6 +726,7 @@ fn run(args: Args, matches: &clap::ArgMatches) -> Result<(), String> {
         args: args.clone(),
         model: model.clone(),
         training: training.clone(),
+        lora: lora.clone(),
     })?;
     if !args.resume {
         match &args.tokenizer {
@@ -518,13 +737,26 @@ fn run(args: Args, matches: &clap::ArgMatches) -> Result<(), String> {
                 .and_then(|t| t.save(&out.join("vocab.json")))
                 .map_err(|e| e.to_string())?,
         }
+        // What `export-hf` writes beside the weights: the base model's configuration
+        // and its tokenizer's other files.
+        if let Some(dir) = &args.init_from {
+            read_bytes(&dir.join(CONFIG_FILE))
+                .and_then(|bytes| write_atomically(&out.join(BASE_CONFIG_FILE), bytes))
+                .map_err(|e| e.to_string())?;
+            for name in BASE_EXTRA_FILES {
+                let path = dir.join(name);
+                if path.is_file() {
+                    read_bytes(&path)
+                        .and_then(|bytes| write_atomically(&out.join(name), bytes))
+                        .map_err(|e| e.to_string())?;
+                }
+            }
+        }
     }
 
     let options = options(&out, run_id, args.resume, args.overwrite, args.log_every);
     // Initialized here rather than by `train_language_model`, so that the
     // multi-token-prediction loss of the initial model can show it fall.
-    let initial =
-        host_init(training.seed, |host| model.try_init(host)).map_err(|e| e.to_string())?;
     let initial_mtp_loss = match args.resume {
         false => {
             mtp_validation_loss(&initial, &split, &training, &device).map_err(|e| e.to_string())?
