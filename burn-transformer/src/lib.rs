@@ -65,6 +65,8 @@ mod book {
     mod models {}
     #[doc = include_str!("../../docs/training.md")]
     mod training {}
+    #[doc = include_str!("../../docs/fine-tuning.md")]
+    mod fine_tuning {}
     #[doc = include_str!("../../docs/benchmarks.md")]
     mod benchmarks {}
 }

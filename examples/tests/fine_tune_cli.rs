@@ -107,9 +107,18 @@ fn lora_fine_tuning_lowers_the_loss_and_exports_a_model_with_the_runs_logits() {
         "{stdout}"
     );
     assert!(stdout.contains("on 14 linear layers"), "{stdout}");
+    let loaded: f64 = stdout
+        .split("validation loss of the loaded model: ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no loss of the loaded model in {stdout}"));
     let (_, validation) = losses(&run);
     let (first, last) = (validation[0].1, validation.last().unwrap().1);
-    assert!(last < first - 0.05, "validation loss {first} -> {last}");
+    assert!(
+        last < first && first < loaded,
+        "validation loss {loaded} -> {first} -> {last}"
+    );
 
     let export = dir.path().join("export");
     let stdout = assert_success(&common::run(

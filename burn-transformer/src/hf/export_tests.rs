@@ -297,3 +297,60 @@ impl burn::module::ModuleMapper for RandomB {
         })
     }
 }
+
+/// Fine-tuning a loaded latent-attention MoE model with LoRA through burn-train: the
+/// loss falls, the adapters move and every base weight stays as loaded.
+#[cfg(feature = "train")]
+#[test]
+fn lora_fine_tuning_of_a_loaded_mla_moe_model_trains_only_the_adapters() {
+    use crate::train::{LmTrainingConfig, RunOptions, TokenSplit, train_language_model_from};
+
+    let device = Device::flex();
+    let (model, _) = load_causal_lm(model_dir("deepseek_v3"), &device).unwrap();
+    let before: BTreeMap<String, Vec<f32>> = super::tensors::host_parameters(&model)
+        .into_iter()
+        .map(|(path, tensor)| (path, tensor.values))
+        .collect();
+    let (model, summary) = attach_lora(model, &LoraConfig::new(4, 8.0)).unwrap();
+    assert_eq!(summary.adapted.len(), 16, "{:?}", summary.adapted);
+    // A repeating stream the random model has not learned.
+    let stream: Vec<u32> = (0..3000u32).map(|i| (i * 7 + i / 5) % 96).collect();
+    let split = TokenSplit {
+        train: stream[..2700].to_vec(),
+        validation: stream[2700..].to_vec(),
+    };
+    let training = LmTrainingConfig::new()
+        .with_steps(60)
+        .with_eval_interval(30)
+        .with_batch_size(4)
+        .with_context(16)
+        .with_eval_batches(2)
+        .with_warmup_steps(5)
+        .with_lr(1e-2);
+    let dir = TempDir::new().unwrap();
+    let result = train_language_model_from(
+        model,
+        &training,
+        &split,
+        &device,
+        &RunOptions::quiet(dir.path()),
+    )
+    .unwrap();
+    let validation = &result.history.validation;
+    assert!(
+        validation.last().unwrap().loss < validation[0].loss,
+        "{validation:?}"
+    );
+    let after = super::tensors::host_parameters(&result.model);
+    let mut adapters_moved = 0;
+    for (path, tensor) in after {
+        match before.get(&path) {
+            Some(values) => assert_eq!(values, &tensor.values, "{path} is frozen"),
+            None if path.ends_with(".lora.b") => {
+                adapters_moved += usize::from(tensor.values.iter().any(|v| *v != 0.0))
+            }
+            None => {}
+        }
+    }
+    assert_eq!(adapters_moved, summary.adapted.len());
+}

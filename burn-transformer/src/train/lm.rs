@@ -381,6 +381,35 @@ pub fn mtp_validation_loss(
     Ok(Some(total / training.eval_batches as f64))
 }
 
+/// The validation loss of `model` as a run of `training` measures it (the mean over
+/// its validation batches of the plain cross entropy): for example a loaded model's
+/// before fine-tuning.
+///
+/// # Errors
+/// [`TrainError`] for a validation split too short for the context, or token ids
+/// outside the model's vocabulary.
+pub fn validation_loss(
+    model: &CausalLm,
+    split: &TokenSplit,
+    training: &LmTrainingConfig,
+    device: &Device,
+) -> Result<f64, TrainError> {
+    split.check_context(training.context)?;
+    check_vocabulary(split, model.vocab_size())?;
+    let model = model.clone().valid().to_device(device);
+    let loader = training.validation_loader(split, device);
+    let total: f64 = (0..training.eval_batches)
+        .map(|index| {
+            let batch = loader.batch(index);
+            let logits = model.forward(batch.inputs, None);
+            validation_output(logits, batch.targets, None)
+                .loss
+                .into_scalar::<f64>()
+        })
+        .sum();
+    Ok(total / training.eval_batches as f64)
+}
+
 /// Checks that every token id is below the model's vocabulary size.
 fn check_vocabulary(split: &TokenSplit, vocab_size: usize) -> Result<(), TrainError> {
     let max = split

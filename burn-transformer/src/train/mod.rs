@@ -38,7 +38,7 @@ pub use data::{
 pub use error::TrainError;
 pub use lm::{
     LmRunResult, LmTask, LmTrainingConfig, mtp_validation_loss, train_language_model,
-    train_language_model_from,
+    train_language_model_from, validation_loss,
 };
 pub use loss::cross_entropy;
 pub use manifest::{CheckpointManifest, FileDigest, ResumePoint, find_resume_point, manifest_path};

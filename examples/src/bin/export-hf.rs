@@ -94,8 +94,7 @@ fn run(args: &Args) -> Result<(), String> {
     let max_shard_bytes = parse_size(&args.max_shard_size)?;
     let folder = ModelFolder::open(&args.checkpoint)?;
     if args.out.exists() && !args.overwrite {
-        let empty =
-            std::fs::read_dir(&args.out).map_or(false, |mut entries| entries.next().is_none());
+        let empty = std::fs::read_dir(&args.out).is_ok_and(|mut entries| entries.next().is_none());
         if !empty {
             return Err(format!(
                 "{} exists and is not empty: choose another --out, or --overwrite replaces it",

@@ -35,7 +35,7 @@ use burn_transformer::model::{CausalLm, CausalLmConfig};
 use burn_transformer::position::RopeConfig;
 use burn_transformer::train::{
     CharTokenizer, Corpus, LmTrainingConfig, TokenSplit, Tokenizer, host_init, mtp_validation_loss,
-    train_language_model_from,
+    train_language_model_from, validation_loss,
 };
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser};
@@ -757,6 +757,12 @@ fn run(args: Args, matches: &clap::ArgMatches) -> Result<(), String> {
     let options = options(&out, run_id, args.resume, args.overwrite, args.log_every);
     // Initialized here rather than by `train_language_model`, so that the
     // multi-token-prediction loss of the initial model can show it fall.
+    // A fine-tuning run states where it starts from.
+    if args.init_from.is_some() && !args.resume {
+        let loss =
+            validation_loss(&initial, &split, &training, &device).map_err(|e| e.to_string())?;
+        println!("validation loss of the loaded model: {loss:.4}");
+    }
     let initial_mtp_loss = match args.resume {
         false => {
             mtp_validation_loss(&initial, &split, &training, &device).map_err(|e| e.to_string())?

@@ -1,0 +1,203 @@
+//! Full fine-tuning against LoRA on the same model, same run: peak memory and time
+//! of AdamW training steps, with the trainable parameters and the optimizer state
+//! each keeps, for the "Fine-tuning" section of docs/benchmarks.md.
+//!
+//! ```text
+//! cargo run --release -p benches --bin fine_tune                      # flex
+//! cargo run --release -p benches --bin fine_tune -- --backend wgpu --rank 16
+//! ```
+//!
+//! Each variant runs in a process of its own, so that on CPU backends the peak is the
+//! growth of that process's peak resident set (on wgpu and cuda: the device pool's
+//! high-water mark). The model is LLaMA-style, 8 layers of width 512, vocabulary 8192
+//! (31.6M parameters), trained on windows of random tokens.
+
+use std::process::{Command, ExitCode};
+use std::sync::Arc;
+
+use benches::measure::{PeakMemory, Runs, finish, time_runs};
+use burn::module::Module;
+use burn::train::TrainStep;
+use burn_transformer::lora::{LoraConfig, attach_lora};
+use burn_transformer::model::CausalLmConfig;
+use burn_transformer::position::RopeConfig;
+use burn_transformer::train::{
+    LmTask, StepSettings, WindowLoader, adamw, host_init, to_training_device,
+};
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const VOCAB: usize = 8192;
+const BATCH: usize = 4;
+const CONTEXT: usize = 256;
+
+fn config() -> CausalLmConfig {
+    CausalLmConfig::new(
+        VOCAB,
+        512,
+        8,
+        8,
+        1376,
+        RopeConfig::new(64).with_max_position_embeddings(CONTEXT),
+    )
+    .with_n_kv_heads(Some(4))
+    .with_norm_eps(1e-5)
+}
+
+fn main() -> ExitCode {
+    let result = match std::env::args().nth(1).as_deref() {
+        Some("--child") => child(),
+        _ => parent(),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Flags: `--backend NAME` (flex), `--rank R` (8), `--steps N` (5 timed, 2 warm-up).
+fn flags(args: &[String]) -> Result<(String, usize, usize), String> {
+    let (mut backend, mut rank, mut steps) = ("flex".to_string(), 8, 5);
+    let mut iter = args.iter();
+    while let Some(flag) = iter.next() {
+        let mut value = || {
+            iter.next()
+                .cloned()
+                .ok_or_else(|| format!("{flag} needs a value"))
+        };
+        match flag.as_str() {
+            "--backend" => backend = value()?,
+            "--rank" => rank = value()?.parse().map_err(|e| format!("--rank: {e}"))?,
+            "--steps" => steps = value()?.parse().map_err(|e| format!("--steps: {e}"))?,
+            "-h" | "--help" => {
+                println!("fine_tune [--backend flex|ndarray|wgpu|cuda] [--rank R] [--steps N]");
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown flag `{other}`")),
+        }
+    }
+    if rank == 0 || steps == 0 {
+        return Err("--rank and --steps must be at least 1".into());
+    }
+    Ok((backend, rank, steps))
+}
+
+fn parent() -> Result<(), String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (backend, rank, _) = flags(&args)?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    println!(
+        "fine-tuning steps on {backend}: LLaMA-style, 8 layers, width 512, vocab {VOCAB}, \
+         batch {BATCH} × {CONTEXT} tokens, AdamW; LoRA rank {rank} on q,k,v,o,gate,up,down"
+    );
+    println!(
+        "| variant | trainable parameters | AdamW state | ms/step (median) | peak memory | measured as |"
+    );
+    println!("|---|---:|---:|---:|---:|---|");
+    let mut rows = Vec::new();
+    for variant in ["full", "lora"] {
+        let output = Command::new(&exe)
+            .arg("--child")
+            .arg(variant)
+            .args(&args)
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !output.status.success() {
+            return Err(format!(
+                "{variant}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            ));
+        }
+        let line = String::from_utf8_lossy(&output.stdout).trim().to_string();
+        let fields: Vec<&str> = line.split('\t').collect();
+        let [trainable, total, ms, peak, how] = fields[..] else {
+            return Err(format!("{variant}: unexpected output {line}"));
+        };
+        let trainable: usize = trainable.parse().map_err(|e| format!("{e}"))?;
+        let total: usize = total.parse().map_err(|e| format!("{e}"))?;
+        let peak: f64 = peak.parse().map_err(|e| format!("{e}"))?;
+        println!(
+            "| {variant} | {trainable} of {total} | {:.1} MiB | {ms} | {:.0} MiB | {how} |",
+            // Adam keeps two f32 moments per trainable parameter.
+            (2 * 4 * trainable) as f64 / (1 << 20) as f64,
+            peak / (1 << 20) as f64
+        );
+        rows.push((variant, peak, ms.parse::<f64>().unwrap_or(f64::NAN)));
+    }
+    if let [(_, full_peak, full_ms), (_, lora_peak, lora_ms)] = rows[..] {
+        println!(
+            "LoRA / full: peak memory {:.2}×, time per step {:.2}×",
+            lora_peak / full_peak,
+            lora_ms / full_ms
+        );
+    }
+    Ok(())
+}
+
+/// One variant: prints `trainable \t total \t ms \t peak bytes \t how`.
+fn child() -> Result<(), String> {
+    let args: Vec<String> = std::env::args().skip(2).collect();
+    let variant = args.first().cloned().ok_or("--child needs a variant")?;
+    let (backend, rank, steps) = flags(&args[1..])?;
+    let device = burn_transformer::device::parse_device(&backend)
+        .map_err(|e| e.to_string())?
+        .autodiff();
+    let mut memory = PeakMemory::start(&device);
+    let model = host_init(0, |host| config().try_init(host)).map_err(|e| e.to_string())?;
+    let total = model.num_params();
+    let (model, trainable) = match variant.as_str() {
+        "lora" => {
+            let (model, summary) = attach_lora(model, &LoraConfig::new(rank, 2.0 * rank as f64))
+                .map_err(|e| e.to_string())?;
+            (model, summary.trainable)
+        }
+        _ => (model, total),
+    };
+    let mut task = Some(LmTask::new(
+        to_training_device(model, &device),
+        StepSettings {
+            label_smoothing: 0.0,
+            grad_clip: Some(1.0),
+            seed: 0,
+        },
+    ));
+    let mut optimizer = adamw(0.9, 0.99, 1e-8, 0.1);
+    let stream: Vec<u32> = (0..(BATCH * CONTEXT * 4) as u64)
+        .map(|i| ((i.wrapping_mul(2_654_435_761) >> 7) % VOCAB as u64) as u32)
+        .collect();
+    let loader = WindowLoader::training(Arc::new(stream), BATCH, CONTEXT, 1, 0, 0, &device);
+    let mut step = 0;
+    let timing = burn_transformer::device::on_compute_pool(&device, || {
+        time_runs(
+            &device,
+            Runs::new(2, steps),
+            || {
+                step += 1;
+                Ok(loader.batch(step))
+            },
+            |batch| {
+                let current = task.take().ok_or("the model was lost in a failed step")?;
+                let output = TrainStep::step(&current, batch);
+                let updated = optimizer.step(1e-3, current, output.grads);
+                // Reading a weight back waits for the step's queued work.
+                let weight = updated.model.embed_tokens.weight.val();
+                task = Some(updated);
+                finish(weight)?;
+                memory.sample();
+                Ok(())
+            },
+        )
+    })?;
+    let (peak, how) = memory.peak();
+    println!(
+        "{trainable}\t{}\t{:.1}\t{}\t{how}",
+        total + if variant == "lora" { trainable } else { 0 },
+        timing.median_ms,
+        peak.unwrap_or(0)
+    );
+    Ok(())
+}
