@@ -34,6 +34,59 @@ impl HfTokenizer {
     }
 }
 
+impl HfTokenizer {
+    /// Trains a byte-level BPE tokenizer (GPT-2's design: any text, 256 byte tokens
+    /// then merges) of at most `vocab_size` tokens on `text`, line by line, with
+    /// `tokenizers`' trainer. Deterministic for a given text.
+    ///
+    /// # Errors
+    /// [`TrainError::Tokenizer`] when `vocab_size` is below the 256 bytes, or the
+    /// trainer fails.
+    pub fn train_bpe(text: &str, vocab_size: usize, path: &Path) -> Result<Self, TrainError> {
+        use tokenizers::models::TrainerWrapper;
+        use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
+        use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+
+        if vocab_size < 256 {
+            return Err(TrainError::Tokenizer(format!(
+                "bpe:{vocab_size}: a byte-level BPE has at least the 256 byte tokens; give \
+                 bpe:N with N >= 256"
+            )));
+        }
+        // No space is added before the text: it is one long document, not sentences.
+        let byte_level = ByteLevel::new(false, true, true);
+        let mut inner = tokenizers::Tokenizer::new(BPE::default());
+        inner.with_pre_tokenizer(Some(byte_level));
+        inner.with_decoder(Some(byte_level));
+        let mut trainer: TrainerWrapper = BpeTrainerBuilder::new()
+            .vocab_size(vocab_size)
+            .min_frequency(2)
+            .show_progress(false)
+            .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+            .build()
+            .into();
+        inner
+            .train(&mut trainer, text.split_inclusive('\n'))
+            .map_err(|error| {
+                TrainError::Tokenizer(format!("training bpe:{vocab_size}: {error}"))
+            })?;
+        Ok(Self {
+            inner,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The tokenizer as the text of a `tokenizer.json`.
+    ///
+    /// # Errors
+    /// [`TrainError::Tokenizer`] when it cannot be serialized.
+    pub fn to_json(&self) -> Result<String, TrainError> {
+        self.inner
+            .to_string(true)
+            .map_err(|error| TrainError::Tokenizer(format!("{}: {error}", self.path.display())))
+    }
+}
+
 impl Tokenizer for HfTokenizer {
     fn encode(&self, text: &str) -> Result<Vec<u32>, TrainError> {
         let mut ids = Vec::new();
@@ -76,5 +129,39 @@ impl Tokenizer for HfTokenizer {
             self.path.display(),
             self.inner.get_vocab_size(true)
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trained_byte_level_bpe_round_trips_any_text_within_its_vocabulary() {
+        let text = "the cat sat on the mat; the cat ate the rat. naïve café 東京\n".repeat(50);
+        let path = Path::new("tokenizer.json");
+        let bpe = HfTokenizer::train_bpe(&text, 300, path).unwrap();
+        assert!(
+            bpe.vocab_size() <= 300 && bpe.vocab_size() > 256,
+            "{}",
+            bpe.vocab_size()
+        );
+        let ids = bpe.encode(&text).unwrap();
+        assert!(
+            ids.len() < text.len() / 2,
+            "merges shorten the text: {}",
+            ids.len()
+        );
+        assert_eq!(bpe.decode(&ids), text);
+        // Text it never saw still round-trips: every byte is a token.
+        let unseen = "Zürich 🦀 {x: 1}";
+        assert_eq!(bpe.decode(&bpe.encode(unseen).unwrap()), unseen);
+        let again = HfTokenizer::train_bpe(&text, 300, path).unwrap();
+        assert_eq!(again.to_json().unwrap(), bpe.to_json().unwrap());
+        let loaded = tokenizers::Tokenizer::from_bytes(bpe.to_json().unwrap().as_bytes()).unwrap();
+        assert_eq!(
+            loaded.encode(unseen, false).unwrap().get_ids(),
+            bpe.encode(unseen).unwrap()
+        );
     }
 }

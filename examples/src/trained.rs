@@ -16,7 +16,7 @@ use burn_transformer::hf::{
 use burn_transformer::io::{read_bytes, read_text};
 use burn_transformer::lora::{LoraConfig, attach_lora};
 use burn_transformer::model::{CausalLm, CausalLmConfig};
-use burn_transformer::train::{CharTokenizer, Tokenizer, TrainError, load_module};
+use burn_transformer::train::{ByteTokenizer, CharTokenizer, Tokenizer, TrainError, load_module};
 use serde_json::Value;
 
 use crate::hf_tokenizer::HfTokenizer;
@@ -57,8 +57,9 @@ pub struct RunFolder {
     config: CausalLmConfig,
     /// The window the model was trained on (`run.json`'s `training.context`).
     context: Option<usize>,
-    /// The run's tokenizer file: `vocab.json` or `tokenizer.json`.
-    tokenizer: PathBuf,
+    /// The run's tokenizer file: `vocab.json` or `tokenizer.json`; `None` for a run
+    /// on bytes (`--tokenizer bytes`), which needs no file.
+    tokenizer: Option<PathBuf>,
     /// The LoRA adapters the run trained (`run.json`'s `lora`), if any.
     lora: Option<LoraConfig>,
 }
@@ -163,7 +164,9 @@ impl ModelFolder {
                     "--tokenizer {}: a train-lm run uses the tokenizer it was trained with \
                      ({})",
                     path.display(),
-                    run.tokenizer.display()
+                    run.tokenizer
+                        .as_ref()
+                        .map_or_else(|| "bytes".into(), |file| file.display().to_string())
                 )),
                 None => run.tokenizer().map(TextTokenizer::Run),
             },
@@ -228,17 +231,22 @@ impl RunFolder {
                 dir.display()
             ));
         }
+        let on_bytes = settings.pointer("/args/tokenizer").and_then(Value::as_str) == Some("bytes");
         let tokenizer = [RUN_VOCABULARY, TOKENIZER_FILE]
             .into_iter()
             .map(|name| dir.join(name))
-            .find(|path| path.is_file())
-            .ok_or_else(|| {
-                format!(
+            .find(|path| path.is_file());
+        let tokenizer = match (tokenizer, on_bytes) {
+            (_, true) => None,
+            (Some(path), false) => Some(path),
+            (None, false) => {
+                return Err(format!(
                     "{}: no tokenizer: a train-lm run holds {RUN_VOCABULARY} (its characters) \
                      or {TOKENIZER_FILE} (its --tokenizer)",
                     dir.display()
-                )
-            })?;
+                ));
+            }
+        };
         Ok(Self {
             dir: dir.to_path_buf(),
             config,
@@ -263,9 +271,10 @@ impl RunFolder {
         self.lora.as_ref()
     }
 
-    /// The run's tokenizer file (`vocab.json` or `tokenizer.json`).
-    pub fn tokenizer_file(&self) -> &Path {
-        &self.tokenizer
+    /// The run's tokenizer file (`vocab.json` or `tokenizer.json`); `None` for a run
+    /// on bytes.
+    pub fn tokenizer_file(&self) -> Option<&Path> {
+        self.tokenizer.as_deref()
     }
 
     /// The trained model with its adapters unmerged, in f32.
@@ -308,11 +317,12 @@ impl RunFolder {
 
     /// The run's tokenizer.
     fn tokenizer(&self) -> Result<Box<dyn Tokenizer>, String> {
-        let path = &self.tokenizer;
-        let tokenizer: Box<dyn Tokenizer> = if path.ends_with(RUN_VOCABULARY) {
-            Box::new(CharTokenizer::load(path).map_err(|e| e.to_string())?)
-        } else {
-            Box::new(HfTokenizer::load(path).map_err(|e| e.to_string())?)
+        let tokenizer: Box<dyn Tokenizer> = match &self.tokenizer {
+            None => Box::new(ByteTokenizer),
+            Some(path) if path.ends_with(RUN_VOCABULARY) => {
+                Box::new(CharTokenizer::load(path).map_err(|e| e.to_string())?)
+            }
+            Some(path) => Box::new(HfTokenizer::load(path).map_err(|e| e.to_string())?),
         };
         Ok(tokenizer)
     }

@@ -166,6 +166,83 @@ fn trains_with_a_tokenizer_json() {
 }
 
 #[test]
+fn trains_on_bytes_or_a_bpe_it_trains_and_resumes_with_them() {
+    let dir = TempDir::with_prefix("tokenizers").unwrap();
+    // Non-ASCII text: bytes and the byte-level BPE take any text.
+    std::fs::write(
+        dir.path().join("corpus.txt"),
+        "naïve café, 東京 ab cab\n".repeat(60),
+    )
+    .unwrap();
+    let bytes = tiny_run(dir.path(), "bytes", &["--tokenizer", "bytes"]);
+    let settings = std::fs::read_to_string(bytes.join("run.json")).unwrap();
+    assert!(settings.contains(r#""tokenizer": "bytes""#), "{settings}");
+    assert!(!bytes.join("vocab.json").exists() && !bytes.join("tokenizer.json").exists());
+    let resumed = run_with(
+        TRAIN_LM,
+        &[
+            "--resume",
+            "--out",
+            "bytes",
+            "--steps",
+            "6",
+            "--sample-tokens",
+            "0",
+        ],
+        Some(dir.path()),
+        &[],
+    );
+    assert!(assert_success(&resumed).contains("bytes (256 ids)"));
+
+    let bpe = tiny_run(dir.path(), "bpe", &["--tokenizer", "bpe:300"]);
+    let saved = std::fs::read_to_string(bpe.join("tokenizer.json")).unwrap();
+    let resumed = run_with(
+        TRAIN_LM,
+        &[
+            "--resume",
+            "--out",
+            "bpe",
+            "--steps",
+            "6",
+            "--sample-tokens",
+            "0",
+        ],
+        Some(dir.path()),
+        &[],
+    );
+    let stdout = assert_success(&resumed);
+    assert!(
+        !stdout.contains("trained a byte-level BPE"),
+        "a resumed run reuses it: {stdout}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(bpe.join("tokenizer.json")).unwrap(),
+        saved
+    );
+    let again = tiny_run(dir.path(), "bpe-again", &["--tokenizer", "bpe:300"]);
+    assert_eq!(
+        std::fs::read_to_string(again.join("tokenizer.json")).unwrap(),
+        saved,
+        "training the BPE is deterministic"
+    );
+    let output = run_with(
+        TRAIN_LM,
+        &[
+            "--data",
+            "corpus.txt",
+            "--tokenizer",
+            "bpe:12",
+            "--out",
+            "small",
+        ],
+        Some(dir.path()),
+        &[],
+    );
+    assert_clear_error(&output, "give bpe:N with N >= 256");
+    assert!(!dir.path().join("small").exists());
+}
+
+#[test]
 fn resume_continues_exactly() {
     let dir = TempDir::with_prefix("resume").unwrap();
     let text = corpus(dir.path());

@@ -32,8 +32,8 @@ pub use checkpoint::{CHECKPOINT_RECORDS, checkpoint_path, load_module, save_modu
 pub use clip::clip_grad_norm;
 pub use data::digits;
 pub use data::{
-    CharTokenizer, Corpus, DigitTask, Example, LmBatch, Seq2SeqBatch, Seq2SeqLoader, TokenSplit,
-    Tokenizer, WindowLoader, test_examples,
+    ByteTokenizer, CharTokenizer, Corpus, DigitTask, Example, LmBatch, Seq2SeqBatch, Seq2SeqLoader,
+    TokenSplit, Tokenizer, WindowLoader, test_examples,
 };
 pub use error::TrainError;
 pub use lm::{

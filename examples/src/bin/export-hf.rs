@@ -258,10 +258,11 @@ fn write_folder(
             copied.push(name);
         }
     }
-    if let Some(run) = run
-        && run.tokenizer_file().ends_with("vocab.json")
+    if let Some(vocabulary) = run
+        .and_then(|run| run.tokenizer_file())
+        .filter(|file| file.ends_with("vocab.json"))
     {
-        read_bytes(run.tokenizer_file())
+        read_bytes(vocabulary)
             .and_then(|bytes| write_atomically(&dir.join("vocab.json"), bytes))
             .map_err(|e| e.to_string())?;
         println!(

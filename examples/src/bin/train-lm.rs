@@ -34,8 +34,8 @@ use burn_transformer::lora::{LoraConfig, attach_lora, freeze_matching};
 use burn_transformer::model::{CausalLm, CausalLmConfig};
 use burn_transformer::position::RopeConfig;
 use burn_transformer::train::{
-    CharTokenizer, Corpus, LmTrainingConfig, TokenSplit, Tokenizer, host_init, mtp_validation_loss,
-    train_language_model_from, validation_loss,
+    ByteTokenizer, CharTokenizer, Corpus, LmTrainingConfig, TokenSplit, Tokenizer, host_init,
+    mtp_validation_loss, train_language_model_from, validation_loss,
 };
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser};
@@ -67,7 +67,10 @@ struct Args {
     /// Backend: flex, ndarray, wgpu or cuda.
     #[arg(long, default_value = "flex")]
     device: String,
-    /// A Hugging Face tokenizer.json (BPE); default: one token per character.
+    /// The tokenizer: `char` (one token per character of the corpus, the default),
+    /// `bytes` (256 byte tokens), `bpe:VOCAB` (a byte-level BPE of at most VOCAB tokens
+    /// trained on the training text, saved in the run as tokenizer.json) or a Hugging
+    /// Face tokenizer.json file.
     #[arg(long)]
     tokenizer: Option<PathBuf>,
     /// The run's folder: checkpoints, history.json, loss.png, sample.txt.
@@ -403,6 +406,42 @@ fn check_flags(args: &Args, matches: &clap::ArgMatches) -> Result<(), String> {
     Ok(())
 }
 
+/// What `--tokenizer` names.
+enum TokenizerChoice {
+    Char,
+    Bytes,
+    Bpe(usize),
+    File(PathBuf),
+}
+
+impl TokenizerChoice {
+    /// Reads `--tokenizer` (`char`, `bytes`, `bpe:VOCAB`; anything else is a file).
+    fn of(arg: Option<&std::path::Path>) -> Result<Self, String> {
+        let Some(arg) = arg else {
+            return Ok(Self::Char);
+        };
+        Ok(match arg.to_str() {
+            Some("char") => Self::Char,
+            Some("bytes") => Self::Bytes,
+            Some(spec) if spec.starts_with("bpe:") => {
+                let vocab = spec["bpe:".len()..].parse::<usize>().map_err(|_| {
+                    format!("--tokenizer {spec}: expected bpe:VOCAB with a number, e.g. bpe:4096")
+                })?;
+                Self::Bpe(vocab)
+            }
+            _ => Self::File(arg.to_path_buf()),
+        })
+    }
+}
+
+/// `--tokenizer` with a file made absolute (a run resumed elsewhere finds it).
+fn absolute_tokenizer(arg: Option<&std::path::Path>) -> Result<Option<PathBuf>, String> {
+    match TokenizerChoice::of(arg)? {
+        TokenizerChoice::File(path) => absolute(&path).map(Some),
+        _ => Ok(arg.map(std::path::Path::to_path_buf)),
+    }
+}
+
 /// The LoRA adapters of `--lora-rank`, `--lora-alpha`, `--lora-dropout` and
 /// `--lora-targets`.
 fn lora_config(args: &Args) -> Option<LoraConfig> {
@@ -548,7 +587,7 @@ fn resumed(args: &Args, matches: &clap::ArgMatches) -> Result<SavedRun, String> 
     let mut saved: SavedRun = load_settings(&args.out)?;
     let mut given = args.clone();
     given.data = given.data.as_deref().map(absolute).transpose()?;
-    given.tokenizer = given.tokenizer.as_deref().map(absolute).transpose()?;
+    given.tokenizer = absolute_tokenizer(given.tokenizer.as_deref())?;
     given.init_from = given.init_from.as_deref().map(absolute).transpose()?;
     refuse_changes(
         &args.out,
@@ -625,7 +664,7 @@ fn run(args: Args, matches: &clap::ArgMatches) -> Result<(), String> {
         Some(saved) => saved.args.clone(),
         None => Args {
             data: args.data.as_deref().map(absolute).transpose()?,
-            tokenizer: args.tokenizer.as_deref().map(absolute).transpose()?,
+            tokenizer: absolute_tokenizer(args.tokenizer.as_deref())?,
             init_from: args.init_from.as_deref().map(absolute).transpose()?,
             ..args
         },
@@ -637,16 +676,44 @@ fn run(args: Args, matches: &clap::ArgMatches) -> Result<(), String> {
         None => Corpus::repository_text(),
     }
     .map_err(|e| e.to_string())?;
-    let tokenizer: Box<dyn Tokenizer> = match (&args.tokenizer, args.resume) {
-        (Some(path), false) => Box::new(HfTokenizer::load(path).map_err(|e| e.to_string())?),
-        (Some(_), true) => {
-            Box::new(HfTokenizer::load(&out.join("tokenizer.json")).map_err(|e| e.to_string())?)
-        }
-        (None, false) => {
+    let choice = TokenizerChoice::of(args.tokenizer.as_deref())?;
+    // A trained BPE is saved with the run, once it is recorded.
+    let mut trained_bpe = None;
+    let tokenizer: Box<dyn Tokenizer> = match (&choice, args.resume) {
+        (TokenizerChoice::Char, false) => {
             Box::new(CharTokenizer::from_text(&corpus.text).map_err(|e| e.to_string())?)
         }
-        (None, true) => {
+        (TokenizerChoice::Char, true) => {
             Box::new(CharTokenizer::load(&out.join("vocab.json")).map_err(|e| e.to_string())?)
+        }
+        (TokenizerChoice::Bytes, _) => Box::new(ByteTokenizer),
+        (TokenizerChoice::Bpe(vocab), false) => {
+            // Trained on the training part only: validation text stays unseen.
+            let chars = corpus.text.chars().count();
+            let kept = (chars as f64 * (1.0 - args.validation_fraction)) as usize;
+            let end = corpus
+                .text
+                .char_indices()
+                .nth(kept)
+                .map_or(corpus.text.len(), |(i, _)| i);
+            let started = std::time::Instant::now();
+            let bpe =
+                HfTokenizer::train_bpe(&corpus.text[..end], *vocab, &out.join("tokenizer.json"))
+                    .map_err(|e| e.to_string())?;
+            println!(
+                "trained a byte-level BPE of {} tokens on {} characters in {:.1} s",
+                bpe.vocab_size(),
+                kept,
+                started.elapsed().as_secs_f64()
+            );
+            trained_bpe = Some(bpe.to_json().map_err(|e| e.to_string())?);
+            Box::new(bpe)
+        }
+        (TokenizerChoice::File(path), false) => {
+            Box::new(HfTokenizer::load(path).map_err(|e| e.to_string())?)
+        }
+        (TokenizerChoice::Bpe(_) | TokenizerChoice::File(_), true) => {
+            Box::new(HfTokenizer::load(&out.join("tokenizer.json")).map_err(|e| e.to_string())?)
         }
     };
     // The sample's prompt is checked now, not after training.
@@ -729,13 +796,18 @@ fn run(args: Args, matches: &clap::ArgMatches) -> Result<(), String> {
         lora: lora.clone(),
     })?;
     if !args.resume {
-        match &args.tokenizer {
-            Some(path) => read_bytes(path)
+        match (&choice, &trained_bpe) {
+            (TokenizerChoice::File(path), _) => read_bytes(path)
                 .and_then(|bytes| write_atomically(&out.join("tokenizer.json"), bytes))
                 .map_err(|e| e.to_string())?,
-            None => CharTokenizer::from_text(&corpus.text)
+            (TokenizerChoice::Bpe(_), Some(json)) => {
+                write_atomically(&out.join("tokenizer.json"), json).map_err(|e| e.to_string())?
+            }
+            (TokenizerChoice::Char, _) => CharTokenizer::from_text(&corpus.text)
                 .and_then(|t| t.save(&out.join("vocab.json")))
                 .map_err(|e| e.to_string())?,
+            // Bytes need no file: the run's settings name them.
+            _ => {}
         }
         // What `export-hf` writes beside the weights: the base model's configuration
         // and its tokenizer's other files.

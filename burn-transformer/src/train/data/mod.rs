@@ -9,6 +9,6 @@ mod windows;
 
 pub use corpus::{Corpus, TokenSplit};
 pub use digits::{DigitTask, Example, Seq2SeqBatch, Seq2SeqLoader, test_examples};
-pub use tokenizer::{CharTokenizer, Tokenizer};
+pub use tokenizer::{ByteTokenizer, CharTokenizer, Tokenizer};
 pub(crate) use windows::SplitMix64;
 pub use windows::{LmBatch, WindowLoader};

@@ -119,9 +119,51 @@ impl Tokenizer for CharTokenizer {
     }
 }
 
+/// One token per byte of the UTF-8 text: 256 ids, any text, no vocabulary to save.
+/// Decoding replaces bytes that do not form UTF-8 (an incomplete character at a
+/// sample's end) with U+FFFD.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ByteTokenizer;
+
+impl Tokenizer for ByteTokenizer {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, TrainError> {
+        Ok(text.bytes().map(u32::from).collect())
+    }
+
+    fn decode(&self, tokens: &[u32]) -> String {
+        let bytes: Vec<u8> = tokens
+            .iter()
+            .filter_map(|&id| u8::try_from(id).ok())
+            .collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    fn vocab_size(&self) -> usize {
+        256
+    }
+
+    fn describe(&self) -> String {
+        "bytes (256 ids)".into()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bytes_round_trip_any_text() {
+        let text = "naïve café — 東京, emoji 🦀\n";
+        let ids = ByteTokenizer.encode(text).unwrap();
+        assert_eq!(ids.len(), text.len());
+        assert!(ids.iter().all(|&id| id < 256));
+        assert_eq!(ByteTokenizer.decode(&ids), text);
+        // A cut inside a character decodes to the replacement character, no panic.
+        assert_eq!(
+            ByteTokenizer.decode(&ids[..ids.len() - 3]).chars().last(),
+            Some('\u{FFFD}')
+        );
+    }
 
     #[test]
     fn char_vocabulary_is_sorted_and_round_trips() {
