@@ -68,6 +68,9 @@ fn bad_input_is_a_clear_message() {
     let output = train_lm(&["--data", short.to_str().unwrap(), "--out", out]);
     assert_clear_error(&output, "too few for a context of 64");
 
+    let output = train_lm(&["--grad-accum", "0", "--out", out]);
+    assert_clear_error(&output, "--grad-accum must be at least 1");
+
     let output = train_lm(&["--device", "tpu", "--out", out]);
     assert_clear_error(&output, "unknown device `tpu`");
 

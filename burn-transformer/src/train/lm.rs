@@ -75,6 +75,12 @@ pub struct LmTrainingConfig {
     /// Seed of the initialization, the batches and any dropout. Default: 1337.
     #[config(default = 1337)]
     pub seed: u64,
+    /// Micro-batches per optimizer step (gradient accumulation): each step draws
+    /// `batch_size · grad_accumulation` windows and backpropagates them
+    /// `batch_size` at a time, so the update is that of the large batch with the
+    /// activations of a small one. Default: 1.
+    #[config(default = 1)]
+    pub grad_accumulation: usize,
 }
 
 impl LmTrainingConfig {
@@ -83,9 +89,9 @@ impl LmTrainingConfig {
         self.steps.div_ceil(self.eval_interval.max(1))
     }
 
-    /// Tokens seen per step.
+    /// Tokens seen per step (every micro-batch).
     pub fn tokens_per_step(&self) -> usize {
-        self.batch_size * self.context
+        self.batch_size * self.grad_accumulation * self.context
     }
 
     /// Checks the settings.
@@ -99,6 +105,7 @@ impl LmTrainingConfig {
             ("steps", self.steps),
             ("eval-interval", self.eval_interval),
             ("eval-batches", self.eval_batches),
+            ("grad-accum", self.grad_accumulation),
         ])?;
         self.step_settings().validate()?;
         if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
@@ -165,12 +172,25 @@ pub struct LmTask {
     pub model: CausalLm,
     #[module(skip)]
     settings: StepSettings,
+    #[module(skip)]
+    micro_batches: usize,
 }
 
 impl LmTask {
-    /// Wraps `model` for training.
+    /// Wraps `model` for training, one backward pass per batch.
     pub fn new(model: CausalLm, settings: StepSettings) -> Self {
-        Self { model, settings }
+        Self {
+            model,
+            settings,
+            micro_batches: 1,
+        }
+    }
+
+    /// The task backpropagating each batch in `micro_batches` equal parts
+    /// (gradient accumulation: [`LmTrainingConfig::grad_accumulation`]).
+    pub fn with_micro_batches(mut self, micro_batches: usize) -> Self {
+        self.micro_batches = micro_batches.max(1);
+        self
     }
 
     /// The training loss of a batch: cross entropy (smoothed), plus the routing
@@ -237,13 +257,23 @@ impl TrainStep for LmTask {
 
     fn step(&self, batch: LmBatch) -> TrainOutput<SequenceOutput> {
         let device = batch.inputs.device();
+        let parts = self.micro_batches;
+        let rows = batch.targets.dims()[0] / parts;
         train_step(
             self,
             &self.settings,
             &device,
             batch.step,
+            parts,
             batch.targets.clone(),
-            || self.training_loss(&batch),
+            |part| match parts {
+                1 => self.training_loss(&batch),
+                _ => self.training_loss(&LmBatch {
+                    inputs: batch.inputs.clone().narrow(0, part * rows, rows),
+                    targets: batch.targets.clone().narrow(0, part * rows, rows),
+                    step: batch.step,
+                }),
+            },
         )
     }
 }
@@ -315,7 +345,8 @@ pub fn train_language_model_from(
         tokens_per_step: training.tokens_per_step(),
     };
     let prepared = prepare(options, schedule)?;
-    let task = LmTask::new(model, training.step_settings());
+    let task =
+        LmTask::new(model, training.step_settings()).with_micro_batches(training.grad_accumulation);
     check_resumed_model(&task, options, &prepared)?;
 
     let autodiff = device.clone().autodiff();
@@ -324,7 +355,7 @@ pub fn train_language_model_from(
 
     let train_loader = WindowLoader::training(
         Arc::new(split.train.clone()),
-        training.batch_size,
+        training.batch_size * training.grad_accumulation,
         training.context,
         training.eval_interval,
         training.seed,
@@ -858,6 +889,62 @@ mod tests {
         }
         // And the loss fell.
         assert!(reference[19] < reference[0], "{reference:?}");
+    }
+
+    /// Two micro-batches of 4 windows update the model as one batch of 8: the same
+    /// windows, the same losses and, step after step, the same weights (to float
+    /// rounding: the gradients are summed in another order).
+    #[test]
+    fn accumulated_micro_batches_equal_one_large_batch() {
+        let text = corpus();
+        let (tokenizer, split) = split(&text);
+        let large = tiny_training(8, 8).with_eval_batches(1).with_batch_size(8);
+        let accumulated = large.clone().with_batch_size(4).with_grad_accumulation(2);
+        assert_eq!(large.tokens_per_step(), accumulated.tokens_per_step());
+        let model = host_init(large.seed, |host| {
+            tiny_model(tokenizer.vocab_size()).try_init(host)
+        })
+        .unwrap();
+        for device in model_test_devices() {
+            let run = |training: &LmTrainingConfig| {
+                let dir = TempDir::with_prefix("lm-accumulation").unwrap();
+                train_language_model_from(
+                    model.clone(),
+                    training,
+                    &split,
+                    &device,
+                    &RunOptions::quiet(dir.path()),
+                )
+                .unwrap()
+            };
+            let (one, two) = (run(&large), run(&accumulated));
+            for (a, b) in one.history.train.iter().zip(&two.history.train) {
+                assert!(
+                    (a.loss - b.loss).abs() <= 1e-4 * a.loss,
+                    "{device:?} step {}: {} vs {}",
+                    a.step,
+                    a.loss,
+                    b.loss
+                );
+            }
+            for (a, b) in parameters(&one.model).iter().zip(parameters(&two.model)) {
+                let error = a
+                    .iter()
+                    .zip(&b)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0.0f32, f32::max);
+                assert!(error < 1e-4, "{device:?}: weights differ by {error}");
+            }
+            // Not a test that cannot fail: one micro-batch of 4 trains otherwise.
+            let small = run(&large.clone().with_batch_size(4));
+            let differs = one
+                .history
+                .train
+                .iter()
+                .zip(&small.history.train)
+                .any(|(a, b)| (a.loss - b.loss).abs() > 1e-3);
+            assert!(differs);
+        }
     }
 
     #[test]

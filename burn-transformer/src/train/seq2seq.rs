@@ -60,16 +60,24 @@ impl TrainStep for Seq2SeqTask {
 
     fn step(&self, batch: Seq2SeqBatch) -> TrainOutput<SequenceOutput> {
         let (device, targets) = (batch.source.device(), batch.target_output.clone());
-        train_step(self, &self.settings, &device, batch.step, targets, || {
-            let logits = self.logits(&batch);
-            let loss = cross_entropy(
-                logits.clone(),
-                batch.target_output.clone(),
-                self.settings.label_smoothing,
-                Some(PAD),
-            );
-            (loss, logits)
-        })
+        train_step(
+            self,
+            &self.settings,
+            &device,
+            batch.step,
+            1,
+            targets,
+            |_| {
+                let logits = self.logits(&batch);
+                let loss = cross_entropy(
+                    logits.clone(),
+                    batch.target_output.clone(),
+                    self.settings.label_smoothing,
+                    Some(PAD),
+                );
+                (loss, logits)
+            },
+        )
     }
 }
 

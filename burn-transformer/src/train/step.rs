@@ -2,7 +2,7 @@
 //! backward pass, global-norm gradient clipping and the AdamW optimizer.
 
 use burn::module::{Module, ParamGroup};
-use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer};
+use burn::optim::{AdamWConfig, GradientsAccumulator, GradientsParams, ModuleOptimizer};
 use burn::tensor::{Device, Int, Tensor};
 use burn::train::{SequenceOutput, TrainOutput};
 
@@ -65,23 +65,62 @@ pub(crate) fn step_seed(seed: u64, step: usize) -> u64 {
 
 /// One training step of `module`: seeds `device`'s generator from
 /// `(settings.seed, step)`, so the dropout masks of step `s` depend on nothing else
-/// and a resumed run replays them; runs `forward` (the loss and the logits);
-/// backpropagates the loss and clips the gradients' global norm.
+/// and a resumed run replays them; runs `forward` (the loss and the logits) on each of
+/// `micro_batches` parts of the batch, backpropagating each part's loss divided by
+/// their number as soon as it is computed (so only one part's activations are alive)
+/// and summing the gradients: the mean loss of equal parts is the whole batch's, so
+/// the update is the whole batch's. Then clips the summed gradients' global norm.
 ///
 /// # Shapes
-/// - `forward` returns the loss `[1]` and the logits `[batch, seq, vocab]`
+/// - `forward(part)` returns the part's loss `[1]` and logits `[batch / micro_batches,
+///   seq, vocab]`
 /// - targets: `[batch, seq]`
 pub(crate) fn train_step<M: Module>(
     module: &M,
     settings: &StepSettings,
     device: &Device,
     step: usize,
+    micro_batches: usize,
     targets: Tensor<2, Int>,
-    forward: impl FnOnce() -> (Tensor<1>, Tensor<3>),
+    mut forward: impl FnMut(usize) -> (Tensor<1>, Tensor<3>),
 ) -> TrainOutput<SequenceOutput> {
     device.seed(step_seed(settings.seed, step));
-    let (loss, logits) = forward();
-    let mut grads = GradientsParams::from_grads(loss.backward(), module);
+    let (mut grads, loss, logits, targets) = if micro_batches <= 1 {
+        let (loss, logits) = forward(0);
+        (
+            GradientsParams::from_grads(loss.backward(), module),
+            loss,
+            logits,
+            targets,
+        )
+    } else {
+        let mut accumulator = GradientsAccumulator::<M>::new();
+        let mut total: Option<Tensor<1>> = None;
+        let mut last_logits = None;
+        for part in 0..micro_batches {
+            let (loss, logits) = forward(part);
+            let grads = (loss.clone() / micro_batches as f64).backward();
+            accumulator.accumulate(module, GradientsParams::from_grads(grads, module));
+            let loss = loss.detach();
+            total = Some(match total {
+                Some(total) => total + loss,
+                None => loss,
+            });
+            last_logits = Some(logits.detach());
+        }
+        let loss = total.expect("at least one part") / micro_batches as f64;
+        // The metrics read the loss; the logits are the last part's.
+        let parts = targets.dims()[0] / micro_batches;
+        let last = targets
+            .clone()
+            .narrow(0, parts * (micro_batches - 1), parts);
+        (
+            accumulator.grads(),
+            loss,
+            last_logits.expect("at least one part"),
+            last,
+        )
+    };
     if let Some(max_norm) = settings.grad_clip {
         clip_grad_norm(module, &mut grads, max_norm);
     }

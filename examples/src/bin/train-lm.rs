@@ -131,6 +131,12 @@ struct Args {
     /// Windows per batch.
     #[arg(long, default_value_t = 12)]
     batch_size: usize,
+    /// Micro-batches per optimizer step (gradient accumulation): each step trains on
+    /// --batch-size × N windows, backpropagated --batch-size at a time, so the update
+    /// is the large batch's with the memory of a small one.
+    #[arg(long, default_value_t = 1)]
+    #[serde(default = "one")]
+    grad_accum: usize,
     /// Context length (tokens per window).
     #[arg(long, default_value_t = 64)]
     context: usize,
@@ -218,6 +224,11 @@ struct Args {
 /// The `--arch` of runs saved before the flag existed.
 fn default_arch() -> String {
     "llama".into()
+}
+
+/// The `--grad-accum` of runs saved before the flag existed.
+fn one() -> usize {
+    1
 }
 
 /// The `--mtp-weight` of runs saved before the flag existed.
@@ -324,6 +335,7 @@ fn check_flags(args: &Args, matches: &clap::ArgMatches) -> Result<(), String> {
         ("steps", args.steps),
         ("eval-interval", args.eval_interval),
         ("batch-size", Some(args.batch_size)),
+        ("grad-accum", Some(args.grad_accum)),
         ("context", Some(args.context)),
         ("eval-batches", Some(args.eval_batches)),
     ];
@@ -566,6 +578,7 @@ fn configs(args: &Args, vocab_size: usize) -> (CausalLmConfig, LmTrainingConfig)
         .with_mtp_loss_weight(args.mtp_weight);
     let training = LmTrainingConfig::new()
         .with_batch_size(args.batch_size)
+        .with_grad_accumulation(args.grad_accum)
         .with_context(args.context)
         .with_steps(steps)
         .with_eval_interval(eval_interval)
