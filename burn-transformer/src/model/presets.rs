@@ -29,6 +29,24 @@ impl CausalLmConfig {
         .with_norm_eps(1e-5)
     }
 
+    /// A 50M-parameter LLaMA-style model to train from scratch on a CPU or one GPU
+    /// (`train-lm --preset 50m`): 10 layers, width 640, 10 query heads of 64 sharing 5
+    /// key/value heads, SwiGLU 1728, tied embeddings; 45.5M parameters besides the
+    /// embedding, 50.7M in all with a vocabulary of 8192 (a `bpe:8192` tokenizer).
+    pub fn llama_50m(vocab_size: usize) -> Self {
+        Self::new(
+            vocab_size,
+            640,
+            10,
+            10,
+            1728,
+            RopeConfig::new(64).with_max_position_embeddings(2048),
+        )
+        .with_n_kv_heads(Some(5))
+        .with_norm_eps(1e-5)
+        .with_tie_word_embeddings(true)
+    }
+
     /// `meta-llama/Llama-3.2-1B`: 16 layers, width 2048, GQA 32/8, Llama 3 RoPE
     /// scaling, tied embeddings.
     pub fn llama_3_2_1b() -> Self {
@@ -458,6 +476,17 @@ mod tests {
             (n as f64 / 1e9 * scale).round() / scale
         };
         (round(total), round(total - embedding))
+    }
+
+    #[test]
+    fn the_50m_preset_has_50m_parameters_with_a_vocabulary_of_8192() {
+        let config = CausalLmConfig::llama_50m(8192);
+        config.validate().unwrap();
+        assert_eq!(config.head_width(), 64);
+        let model = config.try_init(&burn::tensor::Device::flex()).unwrap();
+        let total = burn::module::Module::num_params(&model);
+        assert_eq!((total as f64 / 1e5).round() / 10.0, 50.7);
+        assert_eq!(((total - 8192 * 640) as f64 / 1e5).round() / 10.0, 45.5);
     }
 
     #[test]

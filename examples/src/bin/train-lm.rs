@@ -98,6 +98,12 @@ struct Args {
     )]
     #[serde(default = "default_arch")]
     arch: String,
+    /// A named model size instead of --layers, --heads, --kv-heads, --d-model and
+    /// --d-ff: `50m` (10 layers, width 640, 10 heads sharing 5 key/value heads, SwiGLU
+    /// 1728: 50.7M parameters with a vocabulary of 8192, e.g. `--tokenizer bpe:8192`).
+    #[arg(long, value_parser = ["50m"], conflicts_with_all = ["layers", "heads", "kv_heads", "d_model", "d_ff"])]
+    #[serde(default)]
+    preset: Option<String>,
     /// Decoder layers.
     #[arg(long, default_value_t = 4)]
     layers: usize,
@@ -573,6 +579,14 @@ fn configs(args: &Args, vocab_size: usize) -> (CausalLmConfig, LmTrainingConfig)
     .with_n_kv_heads(Some(kv_heads))
     .with_norm_eps(1e-5)
     .with_tie_word_embeddings(true);
+    let model = match args.preset.as_deref() {
+        Some("50m") => {
+            let mut preset = CausalLmConfig::llama_50m(vocab_size);
+            preset.rope.max_position_embeddings = args.context.max(2048);
+            preset
+        }
+        _ => model,
+    };
     let model = with_arch(model, &args.arch, args.context)
         .with_mtp_depth(args.mtp_depth)
         .with_mtp_loss_weight(args.mtp_weight);
