@@ -167,6 +167,30 @@ pub fn on_compute_pool<R: Send>(device: &Device, work: impl FnOnce() -> R + Send
     work()
 }
 
+/// `tensor` (a module's constant, such as a RoPE table) in the autodiff context of
+/// `device`, where that device checkpoints gradients: operations refuse operands of
+/// different checkpointing strategies, and a constant moved with the module keeps the
+/// context it was made in. Elsewhere `tensor` is returned as it is.
+pub fn with_checkpointing_of<const D: usize>(
+    tensor: burn::tensor::Tensor<D>,
+    device: &Device,
+) -> burn::tensor::Tensor<D> {
+    use burn::tensor::GradientCheckpointingStrategy;
+    match device.gradient_checkpointing_strategy() {
+        Some(strategy)
+            if strategy != GradientCheckpointingStrategy::Disabled
+                && tensor.gradient_checkpointing_strategy() != Some(strategy) =>
+        {
+            let tensor = match tensor.is_autodiff() {
+                true => tensor,
+                false => tensor.autodiff(),
+            };
+            tensor.with_gradient_checkpointing_strategy(strategy)
+        }
+        _ => tensor,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

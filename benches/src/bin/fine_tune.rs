@@ -1,16 +1,21 @@
-//! Full fine-tuning against LoRA on the same model, same run: peak memory and time
-//! of AdamW training steps, with the trainable parameters and the optimizer state
-//! each keeps, for the "Fine-tuning" section of docs/benchmarks.md.
+//! Two ways to train the same model, same run: peak memory and time of AdamW training
+//! steps. `--compare lora` (the default): full fine-tuning against LoRA, with the
+//! trainable parameters and the optimizer state each keeps, for the "Fine-tuning"
+//! section of docs/benchmarks.md. `--compare checkpointing`: stored activations against
+//! activation checkpointing (Burn's balanced strategy) on a 6-layer model at context
+//! 1024, for the "Training" section.
 //!
 //! ```text
 //! cargo run --release -p benches --bin fine_tune                      # flex
 //! cargo run --release -p benches --bin fine_tune -- --backend wgpu --rank 16
+//! cargo run --release -p benches --bin fine_tune -- --compare checkpointing
 //! ```
 //!
 //! Each variant runs in a process of its own, so that on CPU backends the peak is the
 //! growth of that process's peak resident set (on wgpu and cuda: the device pool's
-//! high-water mark). The model is LLaMA-style, 8 layers of width 512, vocabulary 8192
-//! (31.6M parameters), trained on windows of random tokens.
+//! high-water mark). The model is LLaMA-style, width 512, vocabulary 8192 (8 layers,
+//! 31.6M parameters, for LoRA; 6 layers for checkpointing), trained on windows of
+//! random tokens.
 
 use std::process::{Command, ExitCode};
 use std::sync::Arc;
@@ -29,17 +34,23 @@ use burn_transformer::train::{
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const VOCAB: usize = 8192;
-const BATCH: usize = 4;
-const CONTEXT: usize = 256;
 
-fn config() -> CausalLmConfig {
+/// Layers, batch and context of a comparison.
+fn shape(compare: &str) -> (usize, usize, usize) {
+    match compare {
+        "checkpointing" => (6, 2, 1024),
+        _ => (8, 4, 256),
+    }
+}
+
+fn config(layers: usize, context: usize) -> CausalLmConfig {
     CausalLmConfig::new(
         VOCAB,
         512,
-        8,
+        layers,
         8,
         1376,
-        RopeConfig::new(64).with_max_position_embeddings(CONTEXT),
+        RopeConfig::new(64).with_max_position_embeddings(context),
     )
     .with_n_kv_heads(Some(4))
     .with_norm_eps(1e-5)
@@ -59,9 +70,11 @@ fn main() -> ExitCode {
     }
 }
 
-/// Flags: `--backend NAME` (flex), `--rank R` (8), `--steps N` (5 timed, 2 warm-up).
-fn flags(args: &[String]) -> Result<(String, usize, usize), String> {
+/// Flags: `--backend NAME` (flex), `--rank R` (8), `--steps N` (5 timed, 2 warm-up),
+/// `--compare lora|checkpointing` (lora).
+fn flags(args: &[String]) -> Result<(String, usize, usize, String), String> {
     let (mut backend, mut rank, mut steps) = ("flex".to_string(), 8, 5);
+    let mut compare = "lora".to_string();
     let mut iter = args.iter();
     while let Some(flag) = iter.next() {
         let mut value = || {
@@ -73,8 +86,19 @@ fn flags(args: &[String]) -> Result<(String, usize, usize), String> {
             "--backend" => backend = value()?,
             "--rank" => rank = value()?.parse().map_err(|e| format!("--rank: {e}"))?,
             "--steps" => steps = value()?.parse().map_err(|e| format!("--steps: {e}"))?,
+            "--compare" => {
+                compare = value()?;
+                if !["lora", "checkpointing"].contains(&compare.as_str()) {
+                    return Err(format!(
+                        "--compare {compare}: expected lora or checkpointing"
+                    ));
+                }
+            }
             "-h" | "--help" => {
-                println!("fine_tune [--backend flex|ndarray|wgpu|cuda] [--rank R] [--steps N]");
+                println!(
+                    "fine_tune [--backend flex|ndarray|wgpu|cuda] [--rank R] [--steps N] \
+                     [--compare lora|checkpointing]"
+                );
                 std::process::exit(0);
             }
             other => return Err(format!("unknown flag `{other}`")),
@@ -83,23 +107,33 @@ fn flags(args: &[String]) -> Result<(String, usize, usize), String> {
     if rank == 0 || steps == 0 {
         return Err("--rank and --steps must be at least 1".into());
     }
-    Ok((backend, rank, steps))
+    Ok((backend, rank, steps, compare))
 }
 
 fn parent() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (backend, rank, _) = flags(&args)?;
+    let (backend, rank, _, compare) = flags(&args)?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let (layers, batch, context) = shape(&compare);
+    let variants = match compare.as_str() {
+        "checkpointing" => ["stored", "checkpointed"],
+        _ => ["full", "lora"],
+    };
     println!(
-        "fine-tuning steps on {backend}: LLaMA-style, 8 layers, width 512, vocab {VOCAB}, \
-         batch {BATCH} × {CONTEXT} tokens, AdamW; LoRA rank {rank} on q,k,v,o,gate,up,down"
+        "training steps on {backend}: LLaMA-style, {layers} layers, width 512, vocab {VOCAB}, \
+         batch {batch} × {context} tokens, AdamW; {}",
+        match compare.as_str() {
+            "checkpointing" =>
+                "activations stored vs recomputed (balanced checkpointing)".to_string(),
+            _ => format!("full fine-tuning vs LoRA rank {rank} on q,k,v,o,gate,up,down"),
+        }
     );
     println!(
         "| variant | trainable parameters | AdamW state | ms/step (median) | peak memory | measured as |"
     );
     println!("|---|---:|---:|---:|---:|---|");
     let mut rows = Vec::new();
-    for variant in ["full", "lora"] {
+    for variant in variants {
         let output = Command::new(&exe)
             .arg("--child")
             .arg(variant)
@@ -128,9 +162,9 @@ fn parent() -> Result<(), String> {
         );
         rows.push((variant, peak, ms.parse::<f64>().unwrap_or(f64::NAN)));
     }
-    if let [(_, full_peak, full_ms), (_, lora_peak, lora_ms)] = rows[..] {
+    if let [(first, full_peak, full_ms), (second, lora_peak, lora_ms)] = rows[..] {
         println!(
-            "LoRA / full: peak memory {:.2}×, time per step {:.2}×",
+            "{second} / {first}: peak memory {:.2}×, time per step {:.2}×",
             lora_peak / full_peak,
             lora_ms / full_ms
         );
@@ -142,12 +176,18 @@ fn parent() -> Result<(), String> {
 fn child() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(2).collect();
     let variant = args.first().cloned().ok_or("--child needs a variant")?;
-    let (backend, rank, steps) = flags(&args[1..])?;
+    let (backend, rank, steps, compare) = flags(&args[1..])?;
+    let (layers, batch, context) = shape(&compare);
     let device = burn_transformer::device::parse_device(&backend)
         .map_err(|e| e.to_string())?
         .autodiff();
+    let device = match variant.as_str() {
+        "checkpointed" => device.gradient_checkpointing(),
+        _ => device,
+    };
     let mut memory = PeakMemory::start(&device);
-    let model = host_init(0, |host| config().try_init(host)).map_err(|e| e.to_string())?;
+    let model =
+        host_init(0, |host| config(layers, context).try_init(host)).map_err(|e| e.to_string())?;
     let total = model.num_params();
     let (model, trainable) = match variant.as_str() {
         "lora" => {
@@ -166,10 +206,10 @@ fn child() -> Result<(), String> {
         },
     ));
     let mut optimizer = adamw(0.9, 0.99, 1e-8, 0.1);
-    let stream: Vec<u32> = (0..(BATCH * CONTEXT * 4) as u64)
+    let stream: Vec<u32> = (0..(batch * context * 4) as u64)
         .map(|i| ((i.wrapping_mul(2_654_435_761) >> 7) % VOCAB as u64) as u32)
         .collect();
-    let loader = WindowLoader::training(Arc::new(stream), BATCH, CONTEXT, 1, 0, 0, &device);
+    let loader = WindowLoader::training(Arc::new(stream), batch, context, 1, 0, 0, &device);
     let mut step = 0;
     let timing = burn_transformer::device::on_compute_pool(&device, || {
         time_runs(

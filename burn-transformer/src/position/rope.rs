@@ -295,11 +295,15 @@ impl Rope {
         if end <= table_positions && self.frequencies.is_base(end) {
             let cos = self.cos.clone().narrow(0, offset, seq);
             let sin = self.sin.clone().narrow(0, offset, seq);
-            if cos.device() == *device {
+            let (cos, sin) = if cos.device() == *device {
                 (cos, sin)
             } else {
                 (cos.to_device(device), sin.to_device(device))
-            }
+            };
+            (
+                crate::device::with_checkpointing_of(cos, device),
+                crate::device::with_checkpointing_of(sin, device),
+            )
         } else {
             let (cos, sin) = cos_sin_data(
                 &self.frequencies.for_length(end),

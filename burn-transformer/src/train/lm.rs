@@ -81,6 +81,12 @@ pub struct LmTrainingConfig {
     /// activations of a small one. Default: 1.
     #[config(default = 1)]
     pub grad_accumulation: usize,
+    /// Activation checkpointing (burn-train's `gradient_checkpointing`, Burn's balanced
+    /// strategy): the results of compute-heavy operations (matrix products, fused
+    /// attention) are kept, the cheap ones recomputed in the backward pass instead of
+    /// stored. Default: false.
+    #[config(default = false)]
+    pub checkpoint_activations: bool,
 }
 
 impl LmTrainingConfig {
@@ -343,14 +349,18 @@ pub fn train_language_model_from(
         steps: training.steps,
         eval_interval: training.eval_interval,
         tokens_per_step: training.tokens_per_step(),
+        checkpoint_activations: training.checkpoint_activations,
     };
     let prepared = prepare(options, schedule)?;
     let task =
         LmTask::new(model, training.step_settings()).with_micro_batches(training.grad_accumulation);
     check_resumed_model(&task, options, &prepared)?;
 
-    let autodiff = device.clone().autodiff();
-    let task = to_training_device(task, device);
+    let autodiff = match training.checkpoint_activations {
+        true => device.clone().autodiff().gradient_checkpointing(),
+        false => device.clone().autodiff(),
+    };
+    let task = to_training_device(task, &autodiff);
     let learner = Learner::new(task, training.optimizer(), training.schedule().init()?);
 
     let train_loader = WindowLoader::training(
@@ -889,6 +899,52 @@ mod tests {
         }
         // And the loss fell.
         assert!(reference[19] < reference[0], "{reference:?}");
+    }
+
+    /// Recomputing activations in the backward pass changes no loss and no weight
+    /// beyond float rounding (the memory it saves is measured by the `fine_tune`
+    /// benchmark, `--compare checkpointing`).
+    #[test]
+    fn checkpointed_activations_train_as_stored_ones() {
+        let text = corpus();
+        let (tokenizer, split) = split(&text);
+        let stored = tiny_training(6, 6).with_eval_batches(1);
+        let checkpointed = stored.clone().with_checkpoint_activations(true);
+        let model = host_init(stored.seed, |host| {
+            tiny_model(tokenizer.vocab_size()).try_init(host)
+        })
+        .unwrap();
+        for device in model_test_devices() {
+            let run = |training: &LmTrainingConfig| {
+                let dir = TempDir::with_prefix("lm-checkpointing").unwrap();
+                train_language_model_from(
+                    model.clone(),
+                    training,
+                    &split,
+                    &device,
+                    &RunOptions::quiet(dir.path()),
+                )
+                .unwrap()
+            };
+            let (one, two) = (run(&stored), run(&checkpointed));
+            for (a, b) in one.history.train.iter().zip(&two.history.train) {
+                assert!(
+                    (a.loss - b.loss).abs() <= 1e-5 * a.loss,
+                    "{device:?} step {}: {} vs {}",
+                    a.step,
+                    a.loss,
+                    b.loss
+                );
+            }
+            for (a, b) in parameters(&one.model).iter().zip(parameters(&two.model)) {
+                let error = a
+                    .iter()
+                    .zip(&b)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0.0f32, f32::max);
+                assert!(error < 1e-5, "{device:?}: weights differ by {error}");
+            }
+        }
     }
 
     /// Two micro-batches of 4 windows update the model as one batch of 8: the same

@@ -99,13 +99,36 @@ where
 /// Parameters drawn on a plain (non-autodiff) device only remember that they are
 /// trainable; `train()` turns that into tracked tensors once they are on an autodiff
 /// device. Without it the loss would have no graph to differentiate.
+///
+/// On a device with gradient checkpointing (`device.autodiff().gradient_checkpointing()`)
+/// the parameters take its strategy: a tensor keeps the strategy it was made with when
+/// it moves, and operations refuse to mix strategies.
 pub fn to_training_device<M: burn::module::Module>(module: M, device: &Device) -> M {
     let autodiff = if device.is_autodiff() {
         device.clone()
     } else {
         device.clone().autodiff()
     };
-    module.to_device(&autodiff).train()
+    let module = module.to_device(&autodiff).train();
+    match autodiff.gradient_checkpointing_strategy() {
+        Some(strategy) if strategy != burn::tensor::GradientCheckpointingStrategy::Disabled => {
+            module.map(&mut WithCheckpointing(strategy))
+        }
+        _ => module,
+    }
+}
+
+/// Gives every float parameter a gradient-checkpointing strategy.
+struct WithCheckpointing(burn::tensor::GradientCheckpointingStrategy);
+
+impl burn::module::ModuleMapper for WithCheckpointing {
+    fn map_float<const D: usize>(
+        &mut self,
+        param: burn::module::Param<burn::tensor::Tensor<D>>,
+    ) -> burn::module::Param<burn::tensor::Tensor<D>> {
+        let strategy = self.0;
+        param.map(|tensor| tensor.with_gradient_checkpointing_strategy(strategy))
+    }
 }
 
 /// Reads every parameter once, which initializes lazy ones.
@@ -122,6 +145,26 @@ impl burn::module::ModuleVisitor for Materialize {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    /// Parameters and the model's constants (RoPE tables) take the strategy of a
+    /// checkpointing device, so a forward and backward run there (operations refuse
+    /// operands of different strategies).
+    #[test]
+    fn a_checkpointing_device_gives_its_strategy_to_parameters_and_constants() {
+        use burn::tensor::{Device, GradientCheckpointingStrategy, Int, Tensor};
+        let device = Device::flex();
+        let model = crate::model::CausalLmConfig::tiny().init(&device);
+        let checkpointing = device.autodiff().gradient_checkpointing();
+        let model = super::to_training_device(model, &checkpointing);
+        let weight = model.embed_tokens.weight.val();
+        assert_eq!(
+            weight.gradient_checkpointing_strategy(),
+            Some(GradientCheckpointingStrategy::Balanced)
+        );
+        let tokens = Tensor::<2, Int>::from_data([[1, 2, 3, 4, 5]], &checkpointing);
+        let grads = model.forward(tokens, None).square().mean().backward();
+        assert!(model.embed_tokens.weight.val().grad(&grads).is_some());
+    }
+
     use std::path::Path;
 
     /// Makes `crashed` the folder of a run like `straight` killed during its third

@@ -148,12 +148,15 @@ pub fn clear_run(directory: &Path, outputs: &[&str]) -> Result<(), TrainError> {
     Ok(())
 }
 
-/// The schedule of a run in steps.
+/// The schedule of a run in steps, and how its steps run.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Schedule {
     pub steps: usize,
     pub eval_interval: usize,
     pub tokens_per_step: usize,
+    /// burn-train's gradient checkpointing (Burn's balanced strategy on the
+    /// training device).
+    pub checkpoint_activations: bool,
 }
 
 /// A run about to start: where it resumes and what it has done so far.
@@ -347,6 +350,9 @@ fn configure<M: LearnerModel>(
         .renderer(Box::new(renderer));
     if !options.experiment_log {
         builder = builder.with_application_logger(None);
+    }
+    if schedule.checkpoint_activations {
+        builder = builder.gradient_checkpointing();
     }
     if let Some(epoch) = prepared.resumed_epoch {
         builder = builder.checkpoint(epoch);

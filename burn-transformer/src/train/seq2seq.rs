@@ -212,6 +212,7 @@ pub fn train_seq2seq(
         steps: training.steps,
         eval_interval: training.eval_interval,
         tokens_per_step: training.batch_size * (training.task.max_target_len(training.max_len) + 1),
+        checkpoint_activations: false,
     };
     let prepared = prepare(options, schedule)?;
     let model = host_init(training.seed, |host| model_config.try_init(host))?;

@@ -143,6 +143,11 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     #[serde(default = "one")]
     grad_accum: usize,
+    /// Recompute cheap activations in the backward pass instead of storing them
+    /// (Burn's balanced gradient checkpointing): less memory, more time.
+    #[arg(long)]
+    #[serde(default)]
+    checkpoint_activations: bool,
     /// Context length (tokens per window).
     #[arg(long, default_value_t = 64)]
     context: usize,
@@ -593,6 +598,7 @@ fn configs(args: &Args, vocab_size: usize) -> (CausalLmConfig, LmTrainingConfig)
     let training = LmTrainingConfig::new()
         .with_batch_size(args.batch_size)
         .with_grad_accumulation(args.grad_accum)
+        .with_checkpoint_activations(args.checkpoint_activations)
         .with_context(args.context)
         .with_steps(steps)
         .with_eval_interval(eval_interval)
