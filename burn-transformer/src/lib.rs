@@ -21,6 +21,7 @@ pub mod hf;
 pub mod io;
 pub mod lora;
 pub mod model;
+mod module_path;
 pub mod norm;
 pub mod ops;
 #[cfg(feature = "plot")]

@@ -18,17 +18,14 @@
 //! random tokens.
 
 use std::process::{Command, ExitCode};
-use std::sync::Arc;
 
-use benches::measure::{PeakMemory, Runs, finish, time_runs};
+use benches::measure::{PeakMemory, Runs};
+use benches::suites::train_step::time_train_steps;
 use burn::module::Module;
-use burn::train::TrainStep;
 use burn_transformer::lora::{LoraConfig, attach_lora};
 use burn_transformer::model::CausalLmConfig;
 use burn_transformer::position::RopeConfig;
-use burn_transformer::train::{
-    LmTask, StepSettings, WindowLoader, adamw, host_init, to_training_device,
-};
+use burn_transformer::train::host_init;
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -197,41 +194,15 @@ fn child() -> Result<(), String> {
         }
         _ => (model, total),
     };
-    let mut task = Some(LmTask::new(
-        to_training_device(model, &device),
-        StepSettings {
-            label_smoothing: 0.0,
-            grad_clip: Some(1.0),
-            seed: 0,
-        },
-    ));
-    let mut optimizer = adamw(0.9, 0.99, 1e-8, 0.1);
-    let stream: Vec<u32> = (0..(batch * context * 4) as u64)
-        .map(|i| ((i.wrapping_mul(2_654_435_761) >> 7) % VOCAB as u64) as u32)
-        .collect();
-    let loader = WindowLoader::training(Arc::new(stream), batch, context, 1, 0, 0, &device);
-    let mut step = 0;
-    let timing = burn_transformer::device::on_compute_pool(&device, || {
-        time_runs(
-            &device,
-            Runs::new(2, steps),
-            || {
-                step += 1;
-                Ok(loader.batch(step))
-            },
-            |batch| {
-                let current = task.take().ok_or("the model was lost in a failed step")?;
-                let output = TrainStep::step(&current, batch);
-                let updated = optimizer.step(1e-3, current, output.grads);
-                // Reading a weight back waits for the step's queued work.
-                let weight = updated.model.embed_tokens.weight.val();
-                task = Some(updated);
-                finish(weight)?;
-                memory.sample();
-                Ok(())
-            },
-        )
-    })?;
+    let timing = time_train_steps(
+        model,
+        &device,
+        VOCAB,
+        batch,
+        context,
+        Runs::new(2, steps),
+        || memory.sample(),
+    )?;
     let (peak, how) = memory.peak();
     println!(
         "{trainable}\t{}\t{:.1}\t{}\t{how}",

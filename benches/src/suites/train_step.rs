@@ -8,9 +8,10 @@
 use std::sync::Arc;
 
 use burn::module::Module;
+use burn::tensor::Device;
 use burn::train::TrainStep;
 use burn_transformer::attention::AttentionImpl;
-use burn_transformer::model::CausalLmConfig;
+use burn_transformer::model::{CausalLm, CausalLmConfig};
 use burn_transformer::position::RopeConfig;
 use burn_transformer::train::{
     LmTask, StepSettings, WindowLoader, adamw, host_init, to_training_device,
@@ -18,7 +19,7 @@ use burn_transformer::train::{
 use serde::{Deserialize, Serialize};
 
 use super::{Job, Mode, device_named};
-use crate::measure::{Runs, finish, time_runs};
+use crate::measure::{Runs, Timing, finish, time_runs};
 use crate::record::Record;
 
 /// A model size of the suite.
@@ -184,44 +185,66 @@ impl Case {
         } = self.size.shape();
         let model = host_init(0, |host| config.try_init(host)).map_err(|e| e.to_string())?;
         let params = model.num_params();
-        let mut task = Some(LmTask::new(
-            to_training_device(model, &device),
-            StepSettings {
-                label_smoothing: 0.0,
-                grad_clip: Some(1.0),
-                seed: 0,
-            },
-        ));
-        let mut optimizer = adamw(0.9, 0.99, 1e-8, 0.1);
-        // A token stream long enough for every window of every run.
-        let stream: Vec<u32> = (0..(batch * context * 4) as u64)
-            .map(|i| ((i.wrapping_mul(2_654_435_761) >> 7) % vocab as u64) as u32)
-            .collect();
-        let loader = WindowLoader::training(Arc::new(stream), batch, context, 1, 0, 0, &device);
-        let mut step = 0;
-        // As `train-lm` runs its steps: on flex's own pool (no-op elsewhere).
-        let timing = burn_transformer::device::on_compute_pool(&device, || {
-            time_runs(
-                &device,
-                self.runs,
-                || {
-                    step += 1;
-                    Ok(loader.batch(step))
-                },
-                |batch| {
-                    let current = task.take().ok_or("the model was lost in a failed step")?;
-                    let output = TrainStep::step(&current, batch);
-                    let updated = optimizer.step(1e-3, current, output.grads);
-                    let weight = updated.model.embed_tokens.weight.val();
-                    task = Some(updated);
-                    finish(weight)?;
-                    Ok(())
-                },
-            )
-        })?;
+        let timing = time_train_steps(model, &device, vocab, batch, context, self.runs, || {})?;
         let mut record = self.record().with_timing(&timing);
         record.tokens_per_s = Some((batch * context) as f64 / (timing.median_ms / 1e3));
         record.params = Some(params);
         Ok(vec![record])
     }
+}
+
+/// Times whole training steps of `model` on the autodiff `device` (with its
+/// checkpointing, if any): the loss, backward, global gradient clipping at 1 and the
+/// AdamW update that `train-lm` runs, on fresh windows of a pseudo-random stream of
+/// `vocab` ids. The clock stops after an updated weight is read back; `after_each`
+/// runs after every step (to sample memory, say).
+///
+/// # Errors
+/// Why a step could not be measured.
+pub fn time_train_steps(
+    model: CausalLm,
+    device: &Device,
+    vocab: usize,
+    batch: usize,
+    context: usize,
+    runs: Runs,
+    mut after_each: impl FnMut() + Send,
+) -> Result<Timing, String> {
+    let mut task = Some(LmTask::new(
+        to_training_device(model, device),
+        StepSettings {
+            label_smoothing: 0.0,
+            grad_clip: Some(1.0),
+            seed: 0,
+        },
+    ));
+    let mut optimizer = adamw(0.9, 0.99, 1e-8, 0.1);
+    // A token stream long enough for every window of every run.
+    let stream: Vec<u32> = (0..(batch * context * 4) as u64)
+        .map(|i| ((i.wrapping_mul(2_654_435_761) >> 7) % vocab as u64) as u32)
+        .collect();
+    let loader = WindowLoader::training(Arc::new(stream), batch, context, 1, 0, 0, device);
+    let mut step = 0;
+    // As `train-lm` runs its steps: on flex's own pool (no-op elsewhere).
+    burn_transformer::device::on_compute_pool(device, || {
+        time_runs(
+            device,
+            runs,
+            || {
+                step += 1;
+                Ok(loader.batch(step))
+            },
+            |batch| {
+                let current = task.take().ok_or("the model was lost in a failed step")?;
+                let output = TrainStep::step(&current, batch);
+                let updated = optimizer.step(1e-3, current, output.grads);
+                // Reading a weight back waits for the step's queued work.
+                let weight = updated.model.embed_tokens.weight.val();
+                task = Some(updated);
+                finish(weight)?;
+                after_each();
+                Ok(())
+            },
+        )
+    })
 }

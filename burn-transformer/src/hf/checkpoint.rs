@@ -24,6 +24,7 @@ use super::config::HfConfig;
 use super::error::HfError;
 use super::keys::{KeyError, read_keys, required};
 use crate::model::CausalLm;
+use crate::module_path::ParamPath;
 
 /// The single-file checkpoint name.
 pub const WEIGHTS_FILE: &str = "model.safetensors";
@@ -623,40 +624,25 @@ struct Expected {
 /// Face checkpoint stores them in, without materializing lazily initialized ones.
 #[derive(Default)]
 struct ExpectedParams {
-    path: Vec<String>,
-    containers: Vec<String>,
+    path: ParamPath,
     params: BTreeMap<String, Expected>,
 }
 
 impl ModuleVisitor for ExpectedParams {
     fn enter_module(&mut self, name: &str, container_type: &str) {
-        self.containers.push(container_type.to_string());
-        // Enum variants are not part of checkpoint keys.
-        if !container_type.starts_with("Enum:") {
-            self.path.push(name.to_string());
-        }
+        self.path.enter(name, container_type);
     }
 
     fn exit_module(&mut self, _name: &str, container_type: &str) {
-        self.containers.pop();
-        if !container_type.starts_with("Enum:") {
-            self.path.pop();
-        }
+        self.path.exit(container_type);
     }
 
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
         let mut shape = param.lazy_shape().as_slice().to_vec();
-        let in_linear = self
-            .containers
-            .iter()
-            .rev()
-            .find(|c| c.starts_with("Struct:") || c.starts_with("Enum:"))
-            .is_some_and(|c| c == "Struct:Linear");
-        // Burn stores a linear weight [in, out]; PyTorch [out, in].
-        if in_linear && self.path.last().is_some_and(|p| p == "weight") && D == 2 {
+        if self.path.is_linear_weight() && D == 2 {
             shape.reverse();
         }
-        self.params.insert(self.path.join("."), Expected { shape });
+        self.params.insert(self.path.joined(), Expected { shape });
     }
 }
 
@@ -832,7 +818,7 @@ pub fn non_finite_parameters<M: Module>(module: &M) -> Vec<String> {
 /// Collects, per float parameter, its path and whether all its values are finite.
 #[derive(Default)]
 struct FiniteCheck {
-    path: Vec<String>,
+    path: ParamPath,
     paths: Vec<String>,
     /// `[1]` each: 1 when every value is finite.
     flags: Vec<Tensor<1, burn::tensor::Int>>,
@@ -840,20 +826,15 @@ struct FiniteCheck {
 
 impl ModuleVisitor for FiniteCheck {
     fn enter_module(&mut self, name: &str, container_type: &str) {
-        // Enum variants are not part of parameter paths.
-        if !container_type.starts_with("Enum:") {
-            self.path.push(name.to_string());
-        }
+        self.path.enter(name, container_type);
     }
 
     fn exit_module(&mut self, _name: &str, container_type: &str) {
-        if !container_type.starts_with("Enum:") {
-            self.path.pop();
-        }
+        self.path.exit(container_type);
     }
 
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        self.paths.push(self.path.join("."));
+        self.paths.push(self.path.joined());
         self.flags.push(param.val().is_finite().all().int());
     }
 }

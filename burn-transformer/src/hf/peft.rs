@@ -18,6 +18,7 @@ use super::tensors::{HostTensor, encode, host_parameters, read_safetensors, writ
 use crate::io::{read_text, write_atomically};
 use crate::lora::{LORA_TARGETS, LoraConfig, LoraSummary, attach_lora};
 use crate::model::CausalLm;
+use crate::module_path::ParamPath;
 
 /// PEFT's adapter configuration file.
 pub const ADAPTER_CONFIG_FILE: &str = "adapter_config.json";
@@ -279,7 +280,7 @@ pub fn load_peft_adapters(
         });
     }
     let model = model.map(&mut SetFactors {
-        path: Vec::new(),
+        path: ParamPath::default(),
         values,
     });
     Ok((model, lora, summary))
@@ -288,25 +289,21 @@ pub fn load_peft_adapters(
 /// Replaces adapter factors by path with loaded values (torch layout, transposed
 /// back to ours).
 struct SetFactors {
-    path: Vec<String>,
+    path: ParamPath,
     values: BTreeMap<String, HostTensor>,
 }
 
 impl ModuleMapper for SetFactors {
     fn enter_module(&mut self, name: &str, container_type: &str) {
-        if !container_type.starts_with("Enum:") {
-            self.path.push(name.to_string());
-        }
+        self.path.enter(name, container_type);
     }
 
     fn exit_module(&mut self, _name: &str, container_type: &str) {
-        if !container_type.starts_with("Enum:") {
-            self.path.pop();
-        }
+        self.path.exit(container_type);
     }
 
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-        let Some(tensor) = self.values.remove(&self.path.join(".")) else {
+        let Some(tensor) = self.values.remove(&self.path.joined()) else {
             return param;
         };
         param.map(|value| {

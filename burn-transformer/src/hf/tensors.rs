@@ -9,6 +9,7 @@ use burn::tensor::{DType, Tensor, TensorData};
 
 use super::error::HfError;
 use crate::io::write_atomically;
+use crate::module_path::ParamPath;
 
 /// One parameter, read back to the host.
 pub(crate) struct HostTensor {
@@ -41,33 +42,24 @@ pub(crate) fn host_parameters<M: Module>(module: &M) -> Vec<(String, HostTensor)
 
 #[derive(Default)]
 struct Collect {
-    path: Vec<String>,
-    containers: Vec<String>,
+    path: ParamPath,
     tensors: Vec<(String, HostTensor)>,
 }
 
 impl ModuleVisitor for Collect {
     fn enter_module(&mut self, name: &str, container_type: &str) {
-        self.containers.push(container_type.to_string());
-        if !container_type.starts_with("Enum:") {
-            self.path.push(name.to_string());
-        }
+        self.path.enter(name, container_type);
     }
 
     fn exit_module(&mut self, _name: &str, container_type: &str) {
-        self.containers.pop();
-        if !container_type.starts_with("Enum:") {
-            self.path.pop();
-        }
+        self.path.exit(container_type);
     }
 
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        let path = self.path.join(".");
-        let in_linear = self.containers.last().is_some_and(|c| c == "Struct:Linear");
-        let linear_weight = in_linear && path.ends_with("weight");
+        let path = self.path.joined();
         let factor = path.ends_with(".lora.a") || path.ends_with(".lora.b");
         let value = param.val();
-        let value = if D == 2 && (linear_weight || factor) {
+        let value = if D == 2 && (self.path.is_linear_weight() || factor) {
             value.transpose()
         } else {
             value

@@ -9,6 +9,7 @@ use burn::tensor::{Distribution, Tensor};
 
 use super::config::LoraConfig;
 use crate::error::ConfigError;
+use crate::module_path::ParamPath;
 
 /// The adapter of one weight `[d_in, d_out]`: its value is `W + scale · A·B`.
 #[derive(Module, Debug)]
@@ -188,8 +189,7 @@ fn same_path(ours: &str, burns: &str) -> bool {
 /// the layer's name.
 #[derive(Default)]
 struct LinearLayers {
-    path: Vec<String>,
-    containers: Vec<String>,
+    path: ParamPath,
     weights: Vec<(String, String)>,
     /// `[d_in, d_out]` of each weight.
     shapes: Vec<[usize; 2]>,
@@ -199,26 +199,21 @@ struct LinearLayers {
 
 impl burn::module::ModuleVisitor for LinearLayers {
     fn enter_module(&mut self, name: &str, container_type: &str) {
-        self.containers.push(container_type.to_string());
-        if !container_type.starts_with("Enum:") {
-            self.path.push(name.to_string());
-        }
+        self.path.enter(name, container_type);
     }
 
     fn exit_module(&mut self, _name: &str, container_type: &str) {
-        self.containers.pop();
-        if !container_type.starts_with("Enum:") {
-            self.path.pop();
-        }
+        self.path.exit(container_type);
     }
 
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
         let shape = param.lazy_shape();
         self.total += shape.num_elements();
-        let in_linear = self.containers.last().is_some_and(|c| c == "Struct:Linear");
-        if D == 2 && in_linear && self.path.last().is_some_and(|p| p == "weight") {
-            let name = self.path[self.path.len().saturating_sub(2)].clone();
-            self.weights.push((self.path.join("."), name));
+        if D == 2
+            && self.path.is_linear_weight()
+            && let Some(name) = self.path.layer_name()
+        {
+            self.weights.push((self.path.joined(), name.to_string()));
             self.shapes.push([shape[0], shape[1]]);
         }
     }
@@ -240,7 +235,7 @@ pub fn freeze_matching<M: Module>(
     let mut mapper = Freeze {
         patterns,
         name_of: &name_of,
-        path: Vec::new(),
+        path: ParamPath::default(),
         matched: vec![false; patterns.len()],
         frozen: Vec::new(),
         frozen_elements: 0,
@@ -261,7 +256,7 @@ pub fn freeze_matching<M: Module>(
 struct Freeze<'a, F> {
     patterns: &'a [String],
     name_of: &'a F,
-    path: Vec<String>,
+    path: ParamPath,
     matched: Vec<bool>,
     frozen: Vec<String>,
     frozen_elements: usize,
@@ -270,19 +265,15 @@ struct Freeze<'a, F> {
 
 impl<F: Fn(&str) -> String> ModuleMapper for Freeze<'_, F> {
     fn enter_module(&mut self, name: &str, container_type: &str) {
-        if !container_type.starts_with("Enum:") {
-            self.path.push(name.to_string());
-        }
+        self.path.enter(name, container_type);
     }
 
     fn exit_module(&mut self, _name: &str, container_type: &str) {
-        if !container_type.starts_with("Enum:") {
-            self.path.pop();
-        }
+        self.path.exit(container_type);
     }
 
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-        let name = (self.name_of)(&self.path.join("."));
+        let name = (self.name_of)(&self.path.joined());
         let mut hit = false;
         for (pattern, matched) in self.patterns.iter().zip(self.matched.iter_mut()) {
             if glob_matches(pattern, &name) {
@@ -340,26 +331,22 @@ mod tests {
     /// `….weight.lora.a` and `.b`).
     #[derive(Default)]
     struct Parameters {
-        path: Vec<String>,
+        path: ParamPath,
         values: BTreeMap<String, Tensor<2>>,
     }
 
     impl ModuleVisitor for Parameters {
         fn enter_module(&mut self, name: &str, container_type: &str) {
-            if !container_type.starts_with("Enum:") {
-                self.path.push(name.to_string());
-            }
+            self.path.enter(name, container_type);
         }
         fn exit_module(&mut self, _name: &str, container_type: &str) {
-            if !container_type.starts_with("Enum:") {
-                self.path.pop();
-            }
+            self.path.exit(container_type);
         }
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
             let value = param.val();
             let columns = value.dims().last().copied().unwrap_or(1);
             self.values
-                .insert(self.path.join("."), value.reshape([-1, columns as i32]));
+                .insert(self.path.joined(), value.reshape([-1, columns as i32]));
         }
     }
 
@@ -579,28 +566,20 @@ mod tests {
             .square()
             .mean()
             .backward();
-        struct Check<'a>(
-            &'a burn::tensor::Gradients,
-            Vec<String>,
-            Vec<(String, bool)>,
-        );
+        struct Check<'a>(&'a burn::tensor::Gradients, ParamPath, Vec<(String, bool)>);
         impl ModuleVisitor for Check<'_> {
             fn enter_module(&mut self, name: &str, container: &str) {
-                if !container.starts_with("Enum:") {
-                    self.1.push(name.to_string());
-                }
+                self.1.enter(name, container);
             }
             fn exit_module(&mut self, _: &str, container: &str) {
-                if !container.starts_with("Enum:") {
-                    self.1.pop();
-                }
+                self.1.exit(container);
             }
             fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
                 self.2
-                    .push((self.1.join("."), param.val().grad(self.0).is_some()));
+                    .push((self.1.joined(), param.val().grad(self.0).is_some()));
             }
         }
-        let mut check = Check(&grads, Vec::new(), Vec::new());
+        let mut check = Check(&grads, ParamPath::default(), Vec::new());
         frozen.visit(&mut check);
         for (path, has_gradient) in check.2 {
             assert_eq!(has_gradient, !names.contains(&path), "{path}");

@@ -409,17 +409,12 @@ pub fn mtp_validation_loss(
         return Ok(None);
     }
     split.check_context(training.context)?;
-    let model = model.clone().to_device(device);
-    let loader = training.validation_loader(split, device);
-    let total: f64 = (0..training.eval_batches)
-        .map(|index| {
-            let batch = loader.batch(index);
-            let output = model.forward_with_mtp(batch.inputs);
-            LmTask::mtp_loss(&output.mtp_logits, &batch.targets, 0.0)
-                .map_or(0.0, |loss| loss.into_scalar::<f64>())
-        })
-        .sum();
-    Ok(Some(total / training.eval_batches as f64))
+    let loss = mean_over_validation(model, split, training, device, |model, batch| {
+        let output = model.forward_with_mtp(batch.inputs);
+        LmTask::mtp_loss(&output.mtp_logits, &batch.targets, 0.0)
+            .map_or(0.0, |loss| loss.into_scalar::<f64>())
+    });
+    Ok(Some(loss))
 }
 
 /// The validation loss of `model` as a run of `training` measures it (the mean over
@@ -437,18 +432,35 @@ pub fn validation_loss(
 ) -> Result<f64, TrainError> {
     split.check_context(training.context)?;
     check_vocabulary(split, model.vocab_size())?;
-    let model = model.clone().valid().to_device(device);
-    let loader = training.validation_loader(split, device);
-    let total: f64 = (0..training.eval_batches)
-        .map(|index| {
-            let batch = loader.batch(index);
+    Ok(mean_over_validation(
+        model,
+        split,
+        training,
+        device,
+        |model, batch| {
             let logits = model.forward(batch.inputs, None);
             validation_output(logits, batch.targets, None)
                 .loss
                 .into_scalar::<f64>()
-        })
+        },
+    ))
+}
+
+/// The mean of `loss` over the validation batches a run of `training` uses, with
+/// `model` (in eval mode) on `device`. The split must hold a window of the context.
+fn mean_over_validation(
+    model: &CausalLm,
+    split: &TokenSplit,
+    training: &LmTrainingConfig,
+    device: &Device,
+    loss: impl Fn(&CausalLm, LmBatch) -> f64,
+) -> f64 {
+    let model = model.clone().valid().to_device(device);
+    let loader = training.validation_loader(split, device);
+    let total: f64 = (0..training.eval_batches)
+        .map(|index| loss(&model, loader.batch(index)))
         .sum();
-    Ok(total / training.eval_batches as f64)
+    total / training.eval_batches as f64
 }
 
 /// Checks that every token id is below the model's vocabulary size.
@@ -901,6 +913,49 @@ mod tests {
         assert!(reference[19] < reference[0], "{reference:?}");
     }
 
+    /// Trains a copy of `model` with `training` in a fresh folder.
+    fn train_copy(
+        model: &CausalLm,
+        training: &LmTrainingConfig,
+        split: &TokenSplit,
+        device: &Device,
+    ) -> LmRunResult {
+        let dir = TempDir::with_prefix("lm-run").unwrap();
+        train_language_model_from(
+            model.clone(),
+            training,
+            split,
+            device,
+            &RunOptions::quiet(dir.path()),
+        )
+        .unwrap()
+    }
+
+    /// Asserts that two runs took the same steps: training losses within `tolerance`
+    /// relative, final weights within `tolerance` absolute.
+    fn assert_same_training(one: &LmRunResult, two: &LmRunResult, tolerance: f64, device: &Device) {
+        for (a, b) in one.history.train.iter().zip(&two.history.train) {
+            assert!(
+                (a.loss - b.loss).abs() <= tolerance * a.loss,
+                "{device:?} step {}: {} vs {}",
+                a.step,
+                a.loss,
+                b.loss
+            );
+        }
+        for (a, b) in parameters(&one.model).iter().zip(parameters(&two.model)) {
+            let error = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0f32, f32::max);
+            assert!(
+                (error as f64) < tolerance,
+                "{device:?}: weights differ by {error}"
+            );
+        }
+    }
+
     /// Recomputing activations in the backward pass changes no loss and no weight
     /// beyond float rounding (the memory it saves is measured by the `fine_tune`
     /// benchmark, `--compare checkpointing`).
@@ -915,35 +970,9 @@ mod tests {
         })
         .unwrap();
         for device in model_test_devices() {
-            let run = |training: &LmTrainingConfig| {
-                let dir = TempDir::with_prefix("lm-checkpointing").unwrap();
-                train_language_model_from(
-                    model.clone(),
-                    training,
-                    &split,
-                    &device,
-                    &RunOptions::quiet(dir.path()),
-                )
-                .unwrap()
-            };
+            let run = |training: &LmTrainingConfig| train_copy(&model, training, &split, &device);
             let (one, two) = (run(&stored), run(&checkpointed));
-            for (a, b) in one.history.train.iter().zip(&two.history.train) {
-                assert!(
-                    (a.loss - b.loss).abs() <= 1e-5 * a.loss,
-                    "{device:?} step {}: {} vs {}",
-                    a.step,
-                    a.loss,
-                    b.loss
-                );
-            }
-            for (a, b) in parameters(&one.model).iter().zip(parameters(&two.model)) {
-                let error = a
-                    .iter()
-                    .zip(&b)
-                    .map(|(x, y)| (x - y).abs())
-                    .fold(0.0f32, f32::max);
-                assert!(error < 1e-5, "{device:?}: weights differ by {error}");
-            }
+            assert_same_training(&one, &two, 1e-5, &device);
         }
     }
 
@@ -962,35 +991,9 @@ mod tests {
         })
         .unwrap();
         for device in model_test_devices() {
-            let run = |training: &LmTrainingConfig| {
-                let dir = TempDir::with_prefix("lm-accumulation").unwrap();
-                train_language_model_from(
-                    model.clone(),
-                    training,
-                    &split,
-                    &device,
-                    &RunOptions::quiet(dir.path()),
-                )
-                .unwrap()
-            };
+            let run = |training: &LmTrainingConfig| train_copy(&model, training, &split, &device);
             let (one, two) = (run(&large), run(&accumulated));
-            for (a, b) in one.history.train.iter().zip(&two.history.train) {
-                assert!(
-                    (a.loss - b.loss).abs() <= 1e-4 * a.loss,
-                    "{device:?} step {}: {} vs {}",
-                    a.step,
-                    a.loss,
-                    b.loss
-                );
-            }
-            for (a, b) in parameters(&one.model).iter().zip(parameters(&two.model)) {
-                let error = a
-                    .iter()
-                    .zip(&b)
-                    .map(|(x, y)| (x - y).abs())
-                    .fold(0.0f32, f32::max);
-                assert!(error < 1e-4, "{device:?}: weights differ by {error}");
-            }
+            assert_same_training(&one, &two, 1e-4, &device);
             // Not a test that cannot fail: one micro-batch of 4 trains otherwise.
             let small = run(&large.clone().with_batch_size(4));
             let differs = one
