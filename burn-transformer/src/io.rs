@@ -55,6 +55,14 @@ pub enum FileError {
         /// Bytes before the first invalid one.
         valid_up_to: usize,
     },
+    /// A file this library wrote does not hold what its manifest says.
+    #[error("{}: {reason}", path.display())]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What does not match, and what to do.
+        reason: String,
+    },
 }
 
 /// Writes `bytes` to `path` atomically: to a temporary file in the same folder,

@@ -170,7 +170,11 @@ fn run() -> Result<(), String> {
     // Prompts spread over the validation text.
     let stride = (split.validation.len() - PROMPT_TOKENS) / PROMPTS;
     let prompts: Vec<Vec<u32>> = (0..PROMPTS)
-        .map(|i| split.validation[i * stride..i * stride + PROMPT_TOKENS].to_vec())
+        .map(|i| {
+            split
+                .validation
+                .to_vec(i * stride..i * stride + PROMPT_TOKENS)
+        })
         .collect();
     let model = CausalLmConfig::new(
         tokenizer.vocab_size(),

@@ -5,8 +5,6 @@
 //! On backends with the fused kernel (wgpu, cuda) each size is also measured with the
 //! attention forced onto the reference path, its peer in the same run.
 
-use std::sync::Arc;
-
 use burn::module::Module;
 use burn::tensor::Device;
 use burn::train::TrainStep;
@@ -223,7 +221,7 @@ pub fn time_train_steps(
     let stream: Vec<u32> = (0..(batch * context * 4) as u64)
         .map(|i| ((i.wrapping_mul(2_654_435_761) >> 7) % vocab as u64) as u32)
         .collect();
-    let loader = WindowLoader::training(Arc::new(stream), batch, context, 1, 0, 0, device);
+    let loader = WindowLoader::training(stream.into(), batch, context, 1, 0, 0, device);
     let mut step = 0;
     // As `train-lm` runs its steps: on flex's own pool (no-op elsewhere).
     burn_transformer::device::on_compute_pool(device, || {

@@ -316,8 +316,8 @@ fn lora_fine_tuning_of_a_loaded_mla_moe_model_trains_only_the_adapters() {
     // A repeating stream the random model has not learned.
     let stream: Vec<u32> = (0..3000u32).map(|i| (i * 7 + i / 5) % 96).collect();
     let split = TokenSplit {
-        train: stream[..2700].to_vec(),
-        validation: stream[2700..].to_vec(),
+        train: stream[..2700].to_vec().into(),
+        validation: stream[2700..].to_vec().into(),
     };
     let training = LmTrainingConfig::new()
         .with_steps(60)

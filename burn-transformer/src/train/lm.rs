@@ -147,7 +147,7 @@ impl LmTrainingConfig {
     /// [`TokenSplit::check_context`] first).
     pub fn validation_loader(&self, split: &TokenSplit, device: &Device) -> WindowLoader {
         WindowLoader::validation(
-            Arc::new(split.validation.clone()),
+            split.validation.clone(),
             self.batch_size,
             self.context,
             self.eval_batches,
@@ -364,7 +364,7 @@ pub fn train_language_model_from(
     let learner = Learner::new(task, training.optimizer(), training.schedule().init()?);
 
     let train_loader = WindowLoader::training(
-        Arc::new(split.train.clone()),
+        split.train.clone(),
         training.batch_size * training.grad_accumulation,
         training.context,
         training.eval_interval,
@@ -465,13 +465,7 @@ fn mean_over_validation(
 
 /// Checks that every token id is below the model's vocabulary size.
 fn check_vocabulary(split: &TokenSplit, vocab_size: usize) -> Result<(), TrainError> {
-    let max = split
-        .train
-        .iter()
-        .chain(&split.validation)
-        .copied()
-        .max()
-        .unwrap_or(0);
+    let max = split.max_id().unwrap_or(0);
     if max as usize >= vocab_size {
         return Err(TrainError::setting(
             "vocab-size",
@@ -575,7 +569,7 @@ mod tests {
         let text = corpus();
         let (_, split) = split(&text);
         let device = Device::flex().autodiff();
-        let config = tiny_model(split.train.iter().max().map_or(1, |&m| m as usize + 1));
+        let config = tiny_model(split.train.max_id().map_or(1, |m| m as usize + 1));
         let model =
             to_training_device(host_init(3, |host| config.try_init(host)).unwrap(), &device);
         let mut task = LmTask::new(
@@ -586,7 +580,7 @@ mod tests {
                 seed: 3,
             },
         );
-        let batch = WindowLoader::training(Arc::new(split.train), 4, 16, 1, 3, 0, &device).batch(0);
+        let batch = WindowLoader::training(split.train, 4, 16, 1, 3, 0, &device).batch(0);
         let mut optimizer = adamw(0.9, 0.99, 1e-8, 0.0);
         let mut losses = Vec::new();
         for step in 0..40 {
@@ -614,9 +608,9 @@ mod tests {
 
         let text = corpus();
         let (_, split) = split(&text);
-        let vocab = split.train.iter().max().map_or(1, |&m| m as usize + 1);
+        let vocab = split.train.max_id().map_or(1, |m| m as usize + 1);
         let device = Device::flex().autodiff();
-        let batch = WindowLoader::training(Arc::new(split.train), 4, 16, 1, 5, 0, &device).batch(0);
+        let batch = WindowLoader::training(split.train, 4, 16, 1, 5, 0, &device).batch(0);
         // The same model and batch with the balancing loss weighted 0 and 1: only the
         // auxiliary term differs, so a different router gradient is the aux loss's.
         let router_gradient = |coef: f64| {
@@ -762,6 +756,67 @@ mod tests {
         let steps = |history: &History| history.train.iter().map(|p| p.step).collect::<Vec<_>>();
         assert_eq!(steps(&fresh.history), steps(&full.history), "a fresh run");
         assert!(!old.exists() && !stale.exists());
+    }
+
+    /// A corpus prepared into memory-mapped shards trains exactly as its text in
+    /// memory (the same stream, the same windows), and a run interrupted between two
+    /// checkpoints resumes to the uninterrupted run's losses and weights: its windows
+    /// are drawn from the middle of shards and across their boundaries.
+    #[test]
+    fn prepared_shards_train_as_text_in_memory_and_resume_to_the_same_run() {
+        use crate::train::{PrepareConfig, open_shards, prepare_shards, text_files};
+        let text = corpus();
+        let (tokenizer, memory) = split(&text);
+        let dir = TempDir::with_prefix("lm-shards").unwrap();
+        std::fs::write(dir.path().join("corpus.txt"), &text).unwrap();
+        let config = PrepareConfig {
+            shard_tokens: 700,
+            chunk_bytes: 300,
+            ..PrepareConfig::new("vocab.json")
+        };
+        let sources = text_files(&dir.path().join("corpus.txt")).unwrap();
+        let shards = dir.path().join("shards");
+        let manifest = prepare_shards(&sources, &tokenizer, &shards, &config, |_| {
+            std::ops::ControlFlow::Continue(())
+        })
+        .unwrap();
+        assert!(
+            manifest.shards.len() >= 10,
+            "{} shards",
+            manifest.shards.len()
+        );
+        let (_, mapped) = open_shards(&shards).unwrap();
+
+        let device = Device::flex();
+        let model = host_init(1, |host| tiny_model(tokenizer.vocab_size()).try_init(host)).unwrap();
+        let training = tiny_training(12, 4);
+        let run = |split: &TokenSplit, directory: &Path, resume: bool| {
+            let options = RunOptions {
+                resume,
+                ..RunOptions::quiet(directory)
+            };
+            train_language_model_from(model.clone(), &training, split, &device, &options).unwrap()
+        };
+        let in_memory = TempDir::with_prefix("lm-memory").unwrap();
+        let from_text = run(&memory, in_memory.path(), false);
+        let straight = TempDir::with_prefix("lm-shards-straight").unwrap();
+        let from_shards = run(&mapped, straight.path(), false);
+        assert_eq!(
+            train_points(&from_shards.history),
+            train_points(&from_text.history)
+        );
+        assert_eq!(from_shards.history.validation, from_text.history.validation);
+
+        let crashed = TempDir::with_prefix("lm-shards-crashed").unwrap();
+        interrupted_copy(straight.path(), crashed.path());
+        let resumed = run(&mapped, crashed.path(), true);
+        assert_eq!(resumed.start_step, 8);
+        assert_eq!(
+            train_points(&resumed.history),
+            train_points(&from_shards.history)
+        );
+        assert_eq!(resumed.history.validation, from_shards.history.validation);
+        assert_eq!(parameters(&resumed.model), parameters(&from_shards.model));
     }
 
     /// (step, loss, learning rate) of every training step.

@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! corpus ─► Tokenizer ─► TokenSplit (train | validation) ─► WindowLoader (seeded windows)
+//!   (or corpus ─► prepare_shards ─► memory-mapped shards ─► open_shards ─► TokenSplit)
 //!   ─► LmTask (CausalLm + cross entropy [+ MoE aux loss]) ─► burn-train Learner
 //! DigitTask ─► Seq2SeqLoader (seeded batches) ─► Seq2SeqTask (Transformer) ─► Learner
 //!        AdamW · WarmupCosine / Noam · global-norm clipping · label smoothing
@@ -32,8 +33,10 @@ pub use checkpoint::{CHECKPOINT_RECORDS, checkpoint_path, load_module, save_modu
 pub use clip::clip_grad_norm;
 pub use data::digits;
 pub use data::{
-    ByteTokenizer, CharTokenizer, Corpus, DigitTask, Example, LmBatch, Seq2SeqBatch, Seq2SeqLoader,
-    TokenSplit, Tokenizer, WindowLoader, test_examples,
+    ByteTokenizer, CharTokenizer, Corpus, DigitTask, Example, LmBatch, PrepareConfig,
+    PrepareCursor, PrepareProgress, SHARDS_MANIFEST, Seq2SeqBatch, Seq2SeqLoader, ShardFile,
+    ShardManifest, SourceFile, TokenSplit, Tokenizer, Tokens, WindowLoader, check_prepare_folder,
+    is_prepared, open_shards, prepare_shards, test_examples, text_files,
 };
 pub use error::TrainError;
 pub use lm::{

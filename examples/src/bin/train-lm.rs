@@ -34,8 +34,9 @@ use burn_transformer::lora::{LoraConfig, attach_lora, freeze_matching};
 use burn_transformer::model::{CausalLm, CausalLmConfig};
 use burn_transformer::position::RopeConfig;
 use burn_transformer::train::{
-    ByteTokenizer, CharTokenizer, Corpus, LmTrainingConfig, TokenSplit, Tokenizer, host_init,
-    mtp_validation_loss, train_language_model_from, validation_loss,
+    ByteTokenizer, CharTokenizer, Corpus, LmTrainingConfig, ShardManifest, TokenSplit, Tokenizer,
+    host_init, is_prepared, mtp_validation_loss, open_shards, train_language_model_from,
+    validation_loss,
 };
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser};
@@ -60,8 +61,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
     about = "Train a LLaMA-style language model on a text file or folder"
 )]
 struct Args {
-    /// A UTF-8 text file, or a folder whose UTF-8 files are concatenated. Default:
-    /// this repository's README, docs and library sources.
+    /// A UTF-8 text file, a folder whose UTF-8 files are concatenated, or a folder of
+    /// token shards made by `prepare-data` (corpora larger than memory). Default: this
+    /// repository's README, docs and library sources.
     #[arg(long)]
     data: Option<PathBuf>,
     /// Backend: flex, ndarray, wgpu or cuda.
@@ -413,6 +415,19 @@ fn check_flags(args: &Args, matches: &clap::ArgMatches) -> Result<(), String> {
             ));
         }
     }
+    if let Some(dir) = args.data.as_deref().filter(|dir| is_prepared(dir)) {
+        for flag in ["tokenizer", "validation_fraction"] {
+            if matches.value_source(flag) == Some(ValueSource::CommandLine) && !args.resume {
+                return Err(format!(
+                    "--{} does not apply to {}: a prepared corpus keeps the tokenizer and \
+                     the validation split it was prepared with (prepare it again to change \
+                     them)",
+                    flag.replace('_', "-"),
+                    dir.display()
+                ));
+            }
+        }
+    }
     if args.lora_rank.is_some() && !args.freeze.is_empty() {
         return Err(
             "--freeze applies to training the model's weights: with --lora-rank only \
@@ -654,6 +669,70 @@ fn resumed(args: &Args, matches: &clap::ArgMatches) -> Result<SavedRun, String> 
     Ok(saved)
 }
 
+/// What `--data` names: text, read whole, or a folder `prepare-data` made.
+enum Data {
+    Text(Corpus),
+    Prepared {
+        dir: PathBuf,
+        manifest: ShardManifest,
+        split: TokenSplit,
+    },
+}
+
+impl Data {
+    /// Reads `--data` (this checkout's text without it).
+    fn open(path: Option<&std::path::Path>) -> Result<Self, String> {
+        match path {
+            Some(dir) if is_prepared(dir) => {
+                let (manifest, split) = open_shards(dir).map_err(|e| e.to_string())?;
+                Ok(Self::Prepared {
+                    dir: dir.to_path_buf(),
+                    manifest,
+                    split,
+                })
+            }
+            Some(path) => Corpus::load(path).map(Self::Text),
+            None => Corpus::repository_text().map(Self::Text),
+        }
+        .map_err(|e| e.to_string())
+    }
+
+    /// What the corpus is, for the log.
+    fn describe(&self, path: Option<&std::path::Path>) -> String {
+        let name = path.map_or_else(
+            || "this repository's docs and sources".into(),
+            |p| p.display().to_string(),
+        );
+        match self {
+            Self::Text(corpus) => format!(
+                "{name} ({} files, {} characters)",
+                corpus.files.len(),
+                corpus.text.chars().count()
+            ),
+            Self::Prepared { manifest, .. } => format!(
+                "{name} (prepared: {} ids in {} {} shards from {} files)",
+                manifest.tokens,
+                manifest.shards.len(),
+                manifest.dtype,
+                manifest.sources.len()
+            ),
+        }
+    }
+}
+
+/// The tokenizer a prepared folder's shards were made with.
+fn prepared_tokenizer(
+    dir: &std::path::Path,
+    manifest: &ShardManifest,
+) -> Result<Box<dyn Tokenizer>, String> {
+    let file = dir.join(&manifest.tokenizer);
+    Ok(match manifest.tokenizer.as_str() {
+        "bytes" => Box::new(ByteTokenizer),
+        "vocab.json" => Box::new(CharTokenizer::load(&file).map_err(|e| e.to_string())?),
+        _ => Box::new(HfTokenizer::load(&file).map_err(|e| e.to_string())?),
+    })
+}
+
 fn run(args: Args, matches: &clap::ArgMatches) -> Result<(), String> {
     check_flags(&args, matches)?;
     // A fine-tuned model brings its configuration and tokenizer.
@@ -704,23 +783,20 @@ fn run(args: Args, matches: &clap::ArgMatches) -> Result<(), String> {
     };
     let device = open_device(&args.device)?;
 
-    let corpus = match &args.data {
-        Some(path) => Corpus::load(path),
-        None => Corpus::repository_text(),
-    }
-    .map_err(|e| e.to_string())?;
+    let data = Data::open(args.data.as_deref())?;
     let choice = TokenizerChoice::of(args.tokenizer.as_deref())?;
     // A trained BPE is saved with the run, once it is recorded.
     let mut trained_bpe = None;
-    let tokenizer: Box<dyn Tokenizer> = match (&choice, args.resume) {
-        (TokenizerChoice::Char, false) => {
+    let tokenizer: Box<dyn Tokenizer> = match (&data, &choice, args.resume) {
+        (Data::Prepared { dir, manifest, .. }, _, _) => prepared_tokenizer(dir, manifest)?,
+        (Data::Text(corpus), TokenizerChoice::Char, false) => {
             Box::new(CharTokenizer::from_text(&corpus.text).map_err(|e| e.to_string())?)
         }
-        (TokenizerChoice::Char, true) => {
+        (_, TokenizerChoice::Char, true) => {
             Box::new(CharTokenizer::load(&out.join("vocab.json")).map_err(|e| e.to_string())?)
         }
-        (TokenizerChoice::Bytes, _) => Box::new(ByteTokenizer),
-        (TokenizerChoice::Bpe(vocab), false) => {
+        (_, TokenizerChoice::Bytes, _) => Box::new(ByteTokenizer),
+        (Data::Text(corpus), TokenizerChoice::Bpe(vocab), false) => {
             // Trained on the training part only: validation text stays unseen.
             let chars = corpus.text.chars().count();
             let kept = (chars as f64 * (1.0 - args.validation_fraction)) as usize;
@@ -742,10 +818,10 @@ fn run(args: Args, matches: &clap::ArgMatches) -> Result<(), String> {
             trained_bpe = Some(bpe.to_json().map_err(|e| e.to_string())?);
             Box::new(bpe)
         }
-        (TokenizerChoice::File(path), false) => {
+        (_, TokenizerChoice::File(path), false) => {
             Box::new(HfTokenizer::load(path).map_err(|e| e.to_string())?)
         }
-        (TokenizerChoice::Bpe(_) | TokenizerChoice::File(_), true) => {
+        (_, TokenizerChoice::Bpe(_) | TokenizerChoice::File(_), true) => {
             Box::new(HfTokenizer::load(&out.join("tokenizer.json")).map_err(|e| e.to_string())?)
         }
     };
@@ -758,8 +834,13 @@ fn run(args: Args, matches: &clap::ArgMatches) -> Result<(), String> {
         ),
         None => None,
     };
-    let split = TokenSplit::new(&corpus.text, tokenizer.as_ref(), args.validation_fraction)
-        .map_err(|e| e.to_string())?;
+    let split = match &data {
+        Data::Text(corpus) => {
+            TokenSplit::new(&corpus.text, tokenizer.as_ref(), args.validation_fraction)
+                .map_err(|e| e.to_string())?
+        }
+        Data::Prepared { split, .. } => split.clone(),
+    };
     split
         .check_context(args.context)
         .map_err(|e| e.to_string())?;
@@ -777,13 +858,8 @@ fn run(args: Args, matches: &clap::ArgMatches) -> Result<(), String> {
     model.validate().map_err(|e| e.to_string())?;
 
     println!(
-        "corpus: {} ({} files, {} characters); tokenizer: {}",
-        args.data.as_ref().map_or_else(
-            || "this repository's docs and sources".into(),
-            |p| p.display().to_string()
-        ),
-        corpus.files.len(),
-        corpus.text.chars().count(),
+        "corpus: {}; tokenizer: {}",
+        data.describe(args.data.as_deref()),
         tokenizer.describe()
     );
     let family = match (&args.init_from, &base) {
@@ -830,15 +906,29 @@ fn run(args: Args, matches: &clap::ArgMatches) -> Result<(), String> {
     })?;
     if !args.resume {
         match (&choice, &trained_bpe) {
+            // A prepared folder's tokenizer file (if it has one) goes with the run.
+            _ if matches!(data, Data::Prepared { .. }) => {
+                if let Data::Prepared { dir, manifest, .. } = &data
+                    && manifest.tokenizer != "bytes"
+                {
+                    read_bytes(&dir.join(&manifest.tokenizer))
+                        .and_then(|bytes| write_atomically(&out.join(&manifest.tokenizer), bytes))
+                        .map_err(|e| e.to_string())?;
+                }
+            }
             (TokenizerChoice::File(path), _) => read_bytes(path)
                 .and_then(|bytes| write_atomically(&out.join("tokenizer.json"), bytes))
                 .map_err(|e| e.to_string())?,
             (TokenizerChoice::Bpe(_), Some(json)) => {
                 write_atomically(&out.join("tokenizer.json"), json).map_err(|e| e.to_string())?
             }
-            (TokenizerChoice::Char, _) => CharTokenizer::from_text(&corpus.text)
-                .and_then(|t| t.save(&out.join("vocab.json")))
-                .map_err(|e| e.to_string())?,
+            (TokenizerChoice::Char, _) => {
+                if let Data::Text(corpus) = &data {
+                    CharTokenizer::from_text(&corpus.text)
+                        .and_then(|t| t.save(&out.join("vocab.json")))
+                        .map_err(|e| e.to_string())?
+                }
+            }
             // Bytes need no file: the run's settings name them.
             _ => {}
         }
@@ -914,7 +1004,7 @@ fn run(args: Args, matches: &clap::ArgMatches) -> Result<(), String> {
                 .encode("\n")
                 .ok()
                 .filter(|ids| !ids.is_empty())
-                .unwrap_or_else(|| split.train[..1].to_vec()),
+                .unwrap_or_else(|| split.train.to_vec(0..1)),
         };
         // The model saw windows of --context tokens: each sampled token is predicted
         // from at most that many.

@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::Tokenizer;
+use super::{Tokenizer, Tokens};
 use crate::io::{FileError, read_bytes, read_error, read_text};
 use crate::train::TrainError;
 
@@ -121,7 +121,7 @@ impl Corpus {
 
 /// Every regular file under `dir`, sorted by path, without hidden entries and
 /// without following symbolic links to folders (no cycles).
-fn collect_files(dir: &Path, files: &mut Vec<PathBuf>) -> Result<(), TrainError> {
+pub(crate) fn collect_files(dir: &Path, files: &mut Vec<PathBuf>) -> Result<(), TrainError> {
     let io = |source| FileError::Read {
         path: dir.to_path_buf(),
         source,
@@ -152,13 +152,14 @@ fn collect_files(dir: &Path, files: &mut Vec<PathBuf>) -> Result<(), TrainError>
     Ok(())
 }
 
-/// A tokenized corpus split into training and validation tokens.
+/// A tokenized corpus split into training and validation tokens (in memory, or
+/// mapped from a prepared folder: [`open_shards`](super::open_shards)).
 #[derive(Debug, Clone)]
 pub struct TokenSplit {
     /// The first part of the corpus.
-    pub train: Vec<u32>,
+    pub train: Tokens,
     /// The last part of the corpus.
-    pub validation: Vec<u32>,
+    pub validation: Tokens,
 }
 
 impl TokenSplit {
@@ -190,9 +191,14 @@ impl TokenSplit {
         let train_len = (tokens.len() as f64 * (1.0 - validation_fraction)) as usize;
         let validation = tokens.split_off(train_len);
         Ok(Self {
-            train: tokens,
-            validation,
+            train: tokens.into(),
+            validation: validation.into(),
         })
+    }
+
+    /// The largest id of either part (see [`Tokens::max_id`]).
+    pub fn max_id(&self) -> Option<u32> {
+        self.train.max_id().max(self.validation.max_id())
     }
 
     /// Checks that both parts hold at least one window of `context + 1` tokens.
@@ -225,14 +231,15 @@ mod tests {
         let tokenizer = CharTokenizer::from_text(&text).unwrap();
         let a = TokenSplit::new(&text, &tokenizer, 0.1).unwrap();
         let b = TokenSplit::new(&text, &tokenizer, 0.1).unwrap();
-        assert_eq!(a.train, b.train);
-        assert_eq!(a.validation, b.validation);
+        let all = |tokens: &Tokens| tokens.to_vec(0..tokens.len());
+        assert_eq!(all(&a.train), all(&b.train));
+        assert_eq!(all(&a.validation), all(&b.validation));
         let n = text.chars().count();
         assert_eq!(a.train.len(), n * 9 / 10);
         assert_eq!(a.train.len() + a.validation.len(), n);
         // Training text is the head of the corpus, validation its tail.
-        let all = tokenizer.encode(&text).unwrap();
-        assert_eq!([a.train.clone(), a.validation.clone()].concat(), all);
+        let tokens = tokenizer.encode(&text).unwrap();
+        assert_eq!([all(&a.train), all(&a.validation)].concat(), tokens);
         assert!(TokenSplit::new(&text, &tokenizer, 1.0).is_err());
     }
 

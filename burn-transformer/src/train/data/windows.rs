@@ -8,10 +8,9 @@
 //! sees exactly the batches an uninterrupted run would have seen (see
 //! [`steps`](super::steps) for the passes).
 
-use std::sync::Arc;
-
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
+use super::Tokens;
 use super::steps::{Steps, step_loader};
 
 /// Salt of the validation windows' seed, so they differ from any training step's.
@@ -77,11 +76,13 @@ fn window_starts(
 }
 
 /// The inputs and targets of the windows at `starts`, as `i64` rows.
-fn gather_windows(tokens: &[u32], starts: &[usize], context: usize) -> (Vec<i64>, Vec<i64>) {
+fn gather_windows(tokens: &Tokens, starts: &[usize], context: usize) -> (Vec<i64>, Vec<i64>) {
     let mut inputs = Vec::with_capacity(starts.len() * context);
     let mut targets = Vec::with_capacity(starts.len() * context);
+    let mut window = Vec::with_capacity(context + 1);
     for &start in starts {
-        let window = &tokens[start..start + context + 1];
+        window.clear();
+        tokens.extend_into(start..start + context + 1, &mut window);
         inputs.extend(window[..context].iter().map(|&t| t as i64));
         targets.extend(window[1..].iter().map(|&t| t as i64));
     }
@@ -91,7 +92,7 @@ fn gather_windows(tokens: &[u32], starts: &[usize], context: usize) -> (Vec<i64>
 /// A burn-train data loader of [`LmBatch`]es over one split's tokens.
 #[derive(Debug, Clone)]
 pub struct WindowLoader {
-    tokens: Arc<Vec<u32>>,
+    tokens: Tokens,
     batch_size: usize,
     context: usize,
     seed: u64,
@@ -110,7 +111,7 @@ impl WindowLoader {
     /// [`TokenSplit::check_context`](super::TokenSplit::check_context) first) or a
     /// size is zero.
     pub fn training(
-        tokens: Arc<Vec<u32>>,
+        tokens: Tokens,
         batch_size: usize,
         context: usize,
         steps_per_epoch: usize,
@@ -127,7 +128,7 @@ impl WindowLoader {
     /// # Panics
     /// As [`WindowLoader::training`].
     pub fn validation(
-        tokens: Arc<Vec<u32>>,
+        tokens: Tokens,
         batch_size: usize,
         context: usize,
         batches: usize,
@@ -146,7 +147,7 @@ impl WindowLoader {
     }
 
     fn new(
-        tokens: Arc<Vec<u32>>,
+        tokens: Tokens,
         batch_size: usize,
         context: usize,
         seed: u64,
@@ -213,7 +214,7 @@ mod tests {
 
     #[test]
     fn windows_are_next_token_pairs_and_depend_only_on_seed_and_step() {
-        let tokens: Arc<Vec<u32>> = Arc::new((0..100).collect());
+        let tokens = Tokens::from((0..100).collect::<Vec<u32>>());
         let device = Device::flex();
         let loader = WindowLoader::training(tokens.clone(), 4, 8, 3, 7, 0, &device);
         let batch = loader.batch(5);
