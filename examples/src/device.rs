@@ -54,3 +54,35 @@ pub fn open_device(name: &str) -> Result<Device, String> {
         }
     }
 }
+
+/// The devices of a run: `--device` alone, or the `--devices` list (its first is the
+/// main device, where validation and the optimizer run; the rest share each training
+/// step). Each is opened and checked as [`open_device`] does.
+///
+/// # Errors
+/// As [`open_device`], naming the device; a list that mixes backends.
+pub fn open_devices(device: &str, devices: &[String]) -> Result<(Device, Vec<Device>), String> {
+    let Some((first, rest)) = devices.split_first() else {
+        return Ok((open_device(device)?, Vec::new()));
+    };
+    let backend = |name: &str| {
+        name.trim()
+            .to_ascii_lowercase()
+            .split(':')
+            .next()
+            .map(str::to_string)
+    };
+    if let Some(other) = rest.iter().find(|name| backend(name) != backend(first)) {
+        return Err(format!(
+            "--devices {}: `{other}` is another backend than `{first}`: the devices of a run \
+             share one backend",
+            devices.join(",")
+        ));
+    }
+    let main = open_device(first)?;
+    let extra = rest
+        .iter()
+        .map(|name| open_device(name))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((main, extra))
+}

@@ -176,6 +176,7 @@ pub fn options(
         verbose: true,
         log_every,
         experiment_log: true,
+        extra_devices: Vec::new(),
     }
 }
 

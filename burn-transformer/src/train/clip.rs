@@ -20,13 +20,30 @@ pub fn clip_grad_norm<M: Module>(
     grads: &mut GradientsParams,
     max_norm: f64,
 ) -> Option<Tensor<1>> {
-    let mut squares = SumOfSquares { grads, total: None };
-    module.visit(&mut squares);
-    let norm = squares.total?.sqrt();
+    let norm = grad_norm(module, grads)?;
     // min(1, max_norm / (norm + 1e-6)), PyTorch's coefficient.
     let factor = (norm.clone().add_scalar(1e-6).recip() * max_norm).clamp_max(1.0);
     module.visit(&mut Scale { grads, factor });
     Some(norm)
+}
+
+/// The global L2 norm of the gradients of `module`'s parameters; `None` without any.
+///
+/// # Shapes
+/// - output: `[1]`
+pub(crate) fn grad_norm<M: Module>(module: &M, grads: &GradientsParams) -> Option<Tensor<1>> {
+    let mut squares = SumOfSquares { grads, total: None };
+    module.visit(&mut squares);
+    Some(squares.total?.sqrt())
+}
+
+/// Multiplies every gradient of `module`'s parameters by `factor`.
+pub(crate) fn scale_grads<M: Module>(module: &M, grads: &mut GradientsParams, factor: f64) {
+    let Some(norm) = grad_norm(module, grads) else {
+        return;
+    };
+    let factor = norm.zeros_like().add_scalar(factor);
+    module.visit(&mut Scale { grads, factor });
 }
 
 struct SumOfSquares<'a> {

@@ -22,6 +22,7 @@ mod error;
 mod lm;
 mod loss;
 mod manifest;
+mod precision;
 mod progress;
 mod record_layout;
 mod run;
@@ -45,6 +46,7 @@ pub use lm::{
 };
 pub use loss::cross_entropy;
 pub use manifest::{CheckpointManifest, FileDigest, ResumePoint, find_resume_point, manifest_path};
+pub use precision::Precision;
 pub use progress::{History, TrainPoint, ValidationPoint};
 pub use run::{RunOptions, checkpoint_dir, clear_run, history_file, holds_run, new_run_id};
 pub use schedule::{WarmupCosine, WarmupCosineConfig, noam};

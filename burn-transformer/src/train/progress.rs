@@ -101,6 +101,9 @@ impl History {
 /// What the renderer needs to know about the run.
 #[derive(Debug, Clone)]
 pub(crate) struct ProgressSettings {
+    /// burn-train items per optimizer step: one per device sharing the step (each
+    /// reports its part's loss; the step's loss is their mean).
+    pub(crate) items_per_step: usize,
     /// Steps already taken (a resumed run's start).
     pub(crate) start_step: usize,
     /// The last step of the run.
@@ -130,7 +133,9 @@ pub(crate) struct ProgressRenderer {
     names: HashMap<MetricId, String>,
     phase: Phase,
     step: usize,
+    /// Sums of the values of the current step's items, and how many items were seen.
     pending_train: HashMap<String, f64>,
+    items_this_step: usize,
     pending_valid: HashMap<String, f64>,
     split_started: Option<Instant>,
     split_seconds_before: f64,
@@ -147,6 +152,7 @@ impl ProgressRenderer {
             names: HashMap::new(),
             phase: Phase::Idle,
             pending_train: HashMap::new(),
+            items_this_step: 0,
             pending_valid: HashMap::new(),
             split_started: None,
             split_seconds_before: 0.0,
@@ -172,7 +178,7 @@ impl ProgressRenderer {
             // Per-step values; burn-train's end-of-split summaries are `Final`.
             (false, NumericEntry::Final(_)) => {}
             (false, value) => {
-                self.pending_train.insert(name, value.current());
+                *self.pending_train.entry(name).or_insert(0.0) += value.current();
             }
             (true, NumericEntry::Final(value)) => {
                 self.pending_valid.insert(name, value);
@@ -181,14 +187,21 @@ impl ProgressRenderer {
         }
     }
 
+    /// Counts an item of the current step; the step ends with its last item.
+    fn finish_train_item(&mut self) {
+        self.items_this_step += 1;
+        if self.items_this_step >= self.settings.items_per_step.max(1) {
+            self.finish_train_step();
+        }
+    }
+
     fn finish_train_step(&mut self) {
         self.step += 1;
-        let loss = self.pending_train.get(LOSS).copied().unwrap_or(f64::NAN);
-        let lr = self
-            .pending_train
-            .get(LEARNING_RATE)
-            .copied()
-            .unwrap_or(0.0);
+        let items = std::mem::take(&mut self.items_this_step).max(1) as f64;
+        let mut mean = |name: &str| self.pending_train.remove(name).map(|sum| sum / items);
+        let loss = mean(LOSS).unwrap_or(f64::NAN);
+        let lr = mean(LEARNING_RATE).unwrap_or(0.0);
+        self.pending_train.clear();
         let now = Instant::now();
         let elapsed = self
             .split_started
@@ -310,7 +323,7 @@ impl TrainingProgressLogger for ProgressRenderer {
 
     fn update_split(&mut self, _items_processed: usize) {
         if self.phase == Phase::Train {
-            self.finish_train_step();
+            self.finish_train_item();
         }
     }
 

@@ -42,6 +42,10 @@ pub struct RunOptions {
     /// Let burn-train install its `experiment.log` application logger (once per
     /// process).
     pub experiment_log: bool,
+    /// More devices that share every training step with the run's device, data
+    /// parallel: each computes the gradient of its rows of the batch and the
+    /// gradients are summed ([`parallel_strategy`]). Empty: the run's device alone.
+    pub extra_devices: Vec<Device>,
 }
 
 impl RunOptions {
@@ -55,7 +59,57 @@ impl RunOptions {
             verbose: false,
             log_every: 0,
             experiment_log: false,
+            extra_devices: Vec::new(),
         }
+    }
+
+    /// Every device of the run: `device`, then the extra ones.
+    pub fn devices(&self, device: &Device) -> Vec<Device> {
+        std::iter::once(device.clone())
+            .chain(self.extra_devices.iter().cloned())
+            .collect()
+    }
+
+    /// Checks that `batch_size` rows split evenly over the run's devices.
+    ///
+    /// # Errors
+    /// [`TrainError::InvalidSetting`] naming `--batch-size`.
+    pub(crate) fn check_parallel_batch(&self, batch_size: usize) -> Result<(), TrainError> {
+        let devices = 1 + self.extra_devices.len();
+        if !batch_size.is_multiple_of(devices) {
+            return Err(TrainError::setting(
+                "batch-size",
+                format!(
+                    "{batch_size} rows do not split evenly over {devices} devices: give a \
+                     multiple of {devices}"
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// How burn-train runs a step on several devices: DDP (gradients all-reduced by
+/// collective operations between the devices, as Burn 0.22 offers them on CUDA) when
+/// every device is a CUDA device, else the multi-device strategy (each device's
+/// gradient is moved to the first, where they are summed and the optimizer steps).
+/// Both sum the devices' gradients; each device's loss is weighted by its share of the
+/// batch ([`LmBatch::share`](super::LmBatch::share)), so the sum is the one-device
+/// gradient.
+pub fn parallel_strategy(devices: Vec<Device>) -> burn::train::ExecutionStrategy {
+    use burn::tensor::distributed::{DistributedConfig, ReduceOperation};
+    use burn::train::{ExecutionStrategy, MultiDeviceOptim};
+    let collective = devices
+        .iter()
+        .all(|device| crate::device::backend_name(device) == "cuda");
+    match collective {
+        true => ExecutionStrategy::ddp(
+            devices,
+            DistributedConfig {
+                all_reduce_op: ReduceOperation::Sum,
+            },
+        ),
+        false => ExecutionStrategy::multi(devices, MultiDeviceOptim::OptimMainDevice),
     }
 }
 
@@ -312,7 +366,7 @@ where
             .metric_train_numeric(LearningRateMetric::new())
             .metric_valid_numeric(LossMetric::new())
             .metric_valid_numeric(validation_metric);
-        configure(builder, options, schedule, prepared).launch(learner)
+        configure(builder, device, options, schedule, prepared).launch(learner)
     });
     finish(result, prepared)
 }
@@ -323,6 +377,7 @@ where
 /// caller's.
 fn configure<M: LearnerModel>(
     builder: SupervisedTraining<M>,
+    device: &Device,
     options: &RunOptions,
     schedule: Schedule,
     prepared: &Prepared,
@@ -330,6 +385,7 @@ fn configure<M: LearnerModel>(
     let checkpoints = checkpoint_dir(&options.directory);
     let renderer = ProgressRenderer::new(
         ProgressSettings {
+            items_per_step: 1 + options.extra_devices.len(),
             start_step: prepared.start_step,
             total_steps: schedule.steps,
             tokens_per_step: schedule.tokens_per_step,
@@ -356,6 +412,12 @@ fn configure<M: LearnerModel>(
     }
     if let Some(epoch) = prepared.resumed_epoch {
         builder = builder.checkpoint(epoch);
+    }
+    if !options.extra_devices.is_empty() {
+        let devices = options.devices(device);
+        builder = builder.with_training_strategy(burn::train::TrainingStrategy::Default(
+            parallel_strategy(devices),
+        ));
     }
     builder
 }

@@ -19,7 +19,7 @@ use super::data::digits::{BOS, EOS, PAD, VOCAB_SIZE, pad_rows};
 use super::data::{DigitTask, Example, Seq2SeqBatch, Seq2SeqLoader};
 use super::progress::History;
 use super::run::{RunOptions, Schedule, check_resumed_model, launch, prepare};
-use super::step::{StepSettings, adamw, require_positive, train_step, validation_output};
+use super::step::{StepPart, StepSettings, adamw, require_positive, train_step, validation_output};
 use super::{TrainError, cross_entropy, host_init, noam, to_training_device};
 use crate::generate::{BeamSearchConfig, GenerationConfig, Seq2SeqDecoding, beam_search, generate};
 use crate::model::{Transformer, TransformerConfig};
@@ -64,8 +64,12 @@ impl TrainStep for Seq2SeqTask {
             self,
             &self.settings,
             &device,
-            batch.step,
-            1,
+            StepPart {
+                step: batch.step,
+                share: batch.share,
+                micro_batches: 1,
+                scaler: None,
+            },
             targets,
             |_| {
                 let logits = self.logits(&batch);
@@ -201,6 +205,7 @@ pub fn train_seq2seq(
     options: &RunOptions,
 ) -> Result<Seq2SeqRunResult, TrainError> {
     training.validate()?;
+    options.check_parallel_batch(training.batch_size)?;
     model_config.validate()?;
     if model_config.src_vocab_size != VOCAB_SIZE || model_config.tgt_vocab_size != VOCAB_SIZE {
         return Err(TrainError::setting(

@@ -6,7 +6,9 @@ use burn::optim::{AdamWConfig, GradientsAccumulator, GradientsParams, ModuleOpti
 use burn::tensor::{Device, Int, Tensor};
 use burn::train::{SequenceOutput, TrainOutput};
 
+use super::clip::{grad_norm, scale_grads};
 use super::data::SplitMix64;
+use super::precision::LossScaler;
 use super::{TrainError, clip_grad_norm, cross_entropy};
 
 /// What a training step needs besides the model.
@@ -63,6 +65,19 @@ pub(crate) fn step_seed(seed: u64, step: usize) -> u64 {
     SplitMix64::new(seed, step as u64).next_u64()
 }
 
+/// Which step a batch is for and how its gradient is formed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StepPart<'a> {
+    /// The global step.
+    pub step: usize,
+    /// The fraction of the step's batch this batch is (see [`train_step`]).
+    pub share: f64,
+    /// Micro-batches the batch is backpropagated in.
+    pub micro_batches: usize,
+    /// The dynamic loss scale of f16 training.
+    pub scaler: Option<&'a LossScaler>,
+}
+
 /// One training step of `module`: seeds `device`'s generator from
 /// `(settings.seed, step)`, so the dropout masks of step `s` depend on nothing else
 /// and a resumed run replays them; runs `forward` (the loss and the logits) on each of
@@ -70,6 +85,15 @@ pub(crate) fn step_seed(seed: u64, step: usize) -> u64 {
 /// their number as soon as it is computed (so only one part's activations are alive)
 /// and summing the gradients: the mean loss of equal parts is the whole batch's, so
 /// the update is the whole batch's. Then clips the summed gradients' global norm.
+///
+/// `share` is the fraction of the step's batch this one is (`1/n` on each of `n`
+/// devices sharing the step, whose gradients burn-train then sums): the loss is
+/// backpropagated with that weight, so the summed gradient is the whole batch's, and
+/// each part is clipped to its share of the norm (their sum then stays within it).
+///
+/// With a `scaler` (f16 training), the loss is multiplied by its scale before the
+/// backward pass and the gradients divided by it after; a step whose gradients are not
+/// finite hands the optimizer no gradient (it is skipped) and the scale is lowered.
 ///
 /// # Shapes
 /// - `forward(part)` returns the part's loss `[1]` and logits `[batch / micro_batches,
@@ -79,16 +103,27 @@ pub(crate) fn train_step<M: Module>(
     module: &M,
     settings: &StepSettings,
     device: &Device,
-    step: usize,
-    micro_batches: usize,
+    part: StepPart<'_>,
     targets: Tensor<2, Int>,
     mut forward: impl FnMut(usize) -> (Tensor<1>, Tensor<3>),
 ) -> TrainOutput<SequenceOutput> {
+    let StepPart {
+        step,
+        share,
+        micro_batches,
+        scaler,
+    } = part;
     device.seed(step_seed(settings.seed, step));
+    let loss_scale = scaler.map_or(1.0, LossScaler::scale);
+    let share = share * loss_scale;
+    let weighted = |loss: &Tensor<1>, weight: f64| match weight == 1.0 {
+        true => loss.clone(),
+        false => loss.clone() * weight,
+    };
     let (mut grads, loss, logits, targets) = if micro_batches <= 1 {
         let (loss, logits) = forward(0);
         (
-            GradientsParams::from_grads(loss.backward(), module),
+            GradientsParams::from_grads(weighted(&loss, share).backward(), module),
             loss,
             logits,
             targets,
@@ -99,7 +134,7 @@ pub(crate) fn train_step<M: Module>(
         let mut last_logits = None;
         for part in 0..micro_batches {
             let (loss, logits) = forward(part);
-            let grads = (loss.clone() / micro_batches as f64).backward();
+            let grads = weighted(&loss, share / micro_batches as f64).backward();
             accumulator.accumulate(module, GradientsParams::from_grads(grads, module));
             let loss = loss.detach();
             total = Some(match total {
@@ -121,8 +156,17 @@ pub(crate) fn train_step<M: Module>(
             last,
         )
     };
+    if let Some(scaler) = scaler {
+        let finite =
+            grad_norm(module, &grads).is_none_or(|norm| norm.into_scalar::<f64>().is_finite());
+        scaler.update(finite);
+        match finite {
+            true => scale_grads(module, &mut grads, 1.0 / loss_scale),
+            false => grads = GradientsParams::new(),
+        }
+    }
     if let Some(max_norm) = settings.grad_clip {
-        clip_grad_norm(module, &mut grads, max_norm);
+        clip_grad_norm(module, &mut grads, max_norm * share / loss_scale);
     }
     TrainOutput {
         grads,

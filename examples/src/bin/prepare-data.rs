@@ -66,12 +66,12 @@ fn main() -> ExitCode {
     examples::exit_with(run(Args::parse()))
 }
 
-/// The tokenizer, how the folder keeps it, and the file's content.
-fn tokenizer(
-    args: &Args,
-    sources: &[SourceFile],
-    reuse: bool,
-) -> Result<(Box<dyn Tokenizer>, String, Option<Vec<u8>>), String> {
+/// A tokenizer, how the folder keeps it (`bytes` or a file name), and that file's
+/// content.
+type KeptTokenizer = (Box<dyn Tokenizer>, String, Option<Vec<u8>>);
+
+/// The tokenizer of `--tokenizer` (an unfinished preparation's, when `reuse`).
+fn tokenizer(args: &Args, sources: &[SourceFile], reuse: bool) -> Result<KeptTokenizer, String> {
     let err = |e: burn_transformer::train::TrainError| e.to_string();
     let saved = |name: &str| reuse.then(|| args.out.join(name)).filter(|p| p.is_file());
     Ok(match args.tokenizer.as_str() {
@@ -282,7 +282,13 @@ fn run(args: Args) -> Result<(), String> {
     })
     .map_err(|e| e.to_string())?;
     if let Some(progress) = last {
-        line.show(&progress, true);
+        // The last shard is written after the last chunk's report.
+        let finished = PrepareProgress {
+            tokens: manifest.tokens,
+            shards: manifest.shards.len(),
+            ..progress
+        };
+        line.show(&finished, true);
     }
     let train = manifest.train_tokens.unwrap_or(0);
     println!(

@@ -34,14 +34,14 @@ use burn_transformer::lora::{LoraConfig, attach_lora, freeze_matching};
 use burn_transformer::model::{CausalLm, CausalLmConfig};
 use burn_transformer::position::RopeConfig;
 use burn_transformer::train::{
-    ByteTokenizer, CharTokenizer, Corpus, LmTrainingConfig, ShardManifest, TokenSplit, Tokenizer,
-    host_init, is_prepared, mtp_validation_loss, open_shards, train_language_model_from,
-    validation_loss,
+    ByteTokenizer, CharTokenizer, Corpus, LmTrainingConfig, Precision, RunOptions, ShardManifest,
+    TokenSplit, Tokenizer, host_init, is_prepared, mtp_validation_loss, open_shards,
+    train_language_model_from, validation_loss,
 };
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser};
 use examples::StreamedText;
-use examples::device::open_device;
+use examples::device::open_devices;
 use examples::hf_tokenizer::HfTokenizer;
 use examples::run::{
     absolute, changed_flags, load_settings, options, record_run, refuse_changes, save_outputs,
@@ -69,6 +69,14 @@ struct Args {
     /// Backend: flex, ndarray, wgpu or cuda.
     #[arg(long, default_value = "flex")]
     device: String,
+    /// Several devices sharing every training step, comma-separated, instead of
+    /// --device: `cuda:0,cuda:1` (all-reduced with collective operations), or
+    /// `flex,flex`, `wgpu,wgpu` (two workers on one backend). Each takes an equal part
+    /// of every batch (--batch-size must divide evenly); the first validates and runs
+    /// the optimizer.
+    #[arg(long, value_delimiter = ',', conflicts_with = "device")]
+    #[serde(default)]
+    devices: Vec<String>,
     /// The tokenizer: `char` (one token per character of the corpus, the default),
     /// `bytes` (256 byte tokens), `bpe:VOCAB` (a byte-level BPE of at most VOCAB tokens
     /// trained on the training text, saved in the run as tokenizer.json) or a Hugging
@@ -150,6 +158,12 @@ struct Args {
     #[arg(long)]
     #[serde(default)]
     checkpoint_activations: bool,
+    /// The floating-point type of the forward and backward passes: f32, bf16 or f16
+    /// (mixed precision: f32 master weights and optimizer state; f16 with dynamic loss
+    /// scaling). wgpu has f16 only; flex and cuda have both.
+    #[arg(long, default_value = "f32", value_parser = ["f32", "bf16", "f16"])]
+    #[serde(default = "default_precision")]
+    precision: String,
     /// Context length (tokens per window).
     #[arg(long, default_value_t = 64)]
     context: usize,
@@ -239,6 +253,11 @@ fn default_arch() -> String {
     "llama".into()
 }
 
+/// The `--precision` of runs saved before the flag existed.
+fn default_precision() -> String {
+    "f32".into()
+}
+
 /// The `--grad-accum` of runs saved before the flag existed.
 fn one() -> usize {
     1
@@ -317,8 +336,9 @@ struct SavedRun {
 
 /// The flags a resumed run may change: where it runs, what it prints and samples at
 /// the end. `--steps` may change too: it moves the run's end.
-const FREE_ON_RESUME: [&str; 10] = [
+const FREE_ON_RESUME: [&str; 11] = [
     "device",
+    "devices",
     "out",
     "resume",
     "overwrite",
@@ -427,6 +447,16 @@ fn check_flags(args: &Args, matches: &clap::ArgMatches) -> Result<(), String> {
                 ));
             }
         }
+    }
+    let on_wgpu = std::iter::once(&args.device)
+        .chain(&args.devices)
+        .any(|name| name.starts_with("wgpu") || name.starts_with("vulkan"));
+    if on_wgpu && args.precision == "bf16" && !args.resume {
+        return Err(
+            "--precision bf16: wgpu has no bf16 type; use --precision f16 there (bf16 runs \
+             on flex and cuda)"
+                .into(),
+        );
     }
     if args.lora_rank.is_some() && !args.freeze.is_empty() {
         return Err(
@@ -614,6 +644,7 @@ fn configs(args: &Args, vocab_size: usize) -> (CausalLmConfig, LmTrainingConfig)
         .with_batch_size(args.batch_size)
         .with_grad_accumulation(args.grad_accum)
         .with_checkpoint_activations(args.checkpoint_activations)
+        .with_precision(Precision::parse(&args.precision).unwrap_or_default())
         .with_context(args.context)
         .with_steps(steps)
         .with_eval_interval(eval_interval)
@@ -656,6 +687,7 @@ fn resumed(args: &Args, matches: &clap::ArgMatches) -> Result<SavedRun, String> 
     }
     saved.args = Args {
         device: args.device.clone(),
+        devices: args.devices.clone(),
         out: args.out.clone(),
         resume: true,
         overwrite: false,
@@ -674,7 +706,7 @@ enum Data {
     Text(Corpus),
     Prepared {
         dir: PathBuf,
-        manifest: ShardManifest,
+        manifest: Box<ShardManifest>,
         split: TokenSplit,
     },
 }
@@ -687,7 +719,7 @@ impl Data {
                 let (manifest, split) = open_shards(dir).map_err(|e| e.to_string())?;
                 Ok(Self::Prepared {
                     dir: dir.to_path_buf(),
-                    manifest,
+                    manifest: Box::new(manifest),
                     split,
                 })
             }
@@ -781,7 +813,7 @@ fn run(args: Args, matches: &clap::ArgMatches) -> Result<(), String> {
             ..args
         },
     };
-    let device = open_device(&args.device)?;
+    let (device, extra_devices) = open_devices(&args.device, &args.devices)?;
 
     let data = Data::open(args.data.as_deref())?;
     let choice = TokenizerChoice::of(args.tokenizer.as_deref())?;
@@ -949,7 +981,10 @@ fn run(args: Args, matches: &clap::ArgMatches) -> Result<(), String> {
         }
     }
 
-    let options = options(&out, run_id, args.resume, args.overwrite, args.log_every);
+    let options = RunOptions {
+        extra_devices,
+        ..options(&out, run_id, args.resume, args.overwrite, args.log_every)
+    };
     // Initialized here rather than by `train_language_model`, so that the
     // multi-token-prediction loss of the initial model can show it fall.
     // A fine-tuning run states where it starts from.

@@ -17,11 +17,12 @@ use burn_transformer::io::write_atomically;
 use burn_transformer::model::TransformerConfig;
 use burn_transformer::train::digits::VOCAB_SIZE;
 use burn_transformer::train::{
-    DigitTask, Seq2SeqTrainingConfig, evaluate_exact_match, test_examples, train_seq2seq,
+    DigitTask, RunOptions, Seq2SeqTrainingConfig, evaluate_exact_match, test_examples,
+    train_seq2seq,
 };
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser};
-use examples::device::open_device;
+use examples::device::open_devices;
 use examples::run::{
     changed_flags, load_settings, options, record_run, refuse_changes, save_outputs,
 };
@@ -39,6 +40,14 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
     about = "Train an encoder-decoder Transformer on a digit task"
 )]
 struct Args {
+    /// Several devices sharing every training step, comma-separated, instead of
+    /// --device: `cuda:0,cuda:1` (all-reduced with collective operations), or
+    /// `flex,flex`, `wgpu,wgpu` (two workers on one backend). Each takes an equal part
+    /// of every batch (--batch-size must divide evenly); the first validates and runs
+    /// the optimizer.
+    #[arg(long, value_delimiter = ',', conflicts_with = "device")]
+    #[serde(default)]
+    devices: Vec<String>,
     /// The task: reverse, sort or add.
     #[arg(long, default_value = "reverse")]
     task: String,
@@ -128,8 +137,9 @@ struct SavedRun {
 
 /// The flags a resumed run may change: where it runs, what it prints and evaluates
 /// at the end. `--steps` may change too: it moves the run's end.
-const FREE_ON_RESUME: [&str; 7] = [
+const FREE_ON_RESUME: [&str; 8] = [
     "device",
+    "devices",
     "out",
     "resume",
     "overwrite",
@@ -197,6 +207,7 @@ fn resumed(args: &Args, matches: &clap::ArgMatches) -> Result<SavedRun, String> 
     };
     saved.args = Args {
         device: args.device.clone(),
+        devices: args.devices.clone(),
         out: args.out.clone(),
         resume: true,
         overwrite: false,
@@ -258,7 +269,7 @@ fn run(args: Args, matches: &clap::ArgMatches) -> Result<(), String> {
         .with_seed(args.seed);
     training.validate().map_err(|e| e.to_string())?;
     model.validate().map_err(|e| e.to_string())?;
-    let device = open_device(&args.device)?;
+    let (device, extra_devices) = open_devices(&args.device, &args.devices)?;
     println!(
         "task: {:?} of {}..={} digits; model: {} + {} layers, width {}, {} heads, {:?}; device: {}",
         task,
@@ -280,7 +291,10 @@ fn run(args: Args, matches: &clap::ArgMatches) -> Result<(), String> {
         args: args.clone(),
     })?;
 
-    let options = options(&out, run_id, args.resume, args.overwrite, args.log_every);
+    let options = RunOptions {
+        extra_devices,
+        ..options(&out, run_id, args.resume, args.overwrite, args.log_every)
+    };
     let result = train_seq2seq(&model, &training, &device, &options).map_err(|e| e.to_string())?;
     // The architecture beside the weights, so that other programs (attention-plot) can
     // rebuild the model without this program's flags.

@@ -221,6 +221,11 @@ pub struct Seq2SeqBatch {
     pub target_padding: Tensor<2, Bool>,
     /// The global step (training) or batch index (validation).
     pub step: usize,
+    /// The fraction of the step's examples this batch holds: 1, or `1/n` on each of
+    /// `n` devices sharing the step. Each device's loss is the mean over its own
+    /// target tokens, so the summed gradient is the whole batch's when the devices
+    /// hold as many target tokens each.
+    pub share: f64,
 }
 
 /// Pads `rows` on the right to their longest length.
@@ -274,6 +279,7 @@ impl Seq2SeqBatch {
             target_output,
             target_padding,
             step,
+            share: 1.0,
         }
     }
 }
@@ -387,7 +393,11 @@ impl Seq2SeqLoader {
                 )
             })
             .collect();
-        Seq2SeqBatch::new(&examples, step, &self.device)
+        // A device's part of the step: its rows of the examples the step draws.
+        Seq2SeqBatch {
+            share: self.steps.share(),
+            ..Seq2SeqBatch::new(&examples[self.steps.rows()], step, &self.device)
+        }
     }
 }
 

@@ -8,6 +8,12 @@
 //! resumes after a last pass that may have been shortened: its passes then count
 //! from the step it stopped at ([`Steps::with_first_step`]). A validation loader hands out the same `n`
 //! batches at every pass, so validations compare like with like.
+//!
+//! Several devices share each step (burn-train's multi-device and DDP strategies
+//! slice a loader once per device): a slice of a pass's items is the same rows of
+//! every batch, so the devices together see each step's whole batch, the step count
+//! stays the same, and the gradient they sum is the one-device gradient (each part's
+//! loss is weighted by its [`share`](Steps::share) of the batch).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -37,8 +43,9 @@ pub(crate) struct Steps {
     batch_size: usize,
     /// Batches per pass (per epoch).
     batches: usize,
-    /// The first batch of a pass, for `slice`.
-    first_batch: usize,
+    /// The rows of every batch this loader hands out (all of them, or one device's
+    /// part: see `slice`).
+    rows: Range<usize>,
     /// The run's last step: the last pass stops there.
     total_steps: Option<usize>,
     passes: Passes,
@@ -75,7 +82,7 @@ impl Steps {
         Self {
             batch_size,
             batches,
-            first_batch: 0,
+            rows: 0..batch_size,
             total_steps: None,
             passes,
             items,
@@ -111,7 +118,7 @@ impl Steps {
             }
             Passes::Validation => 0,
         };
-        let start = base + self.first_batch;
+        let start = base;
         let count = match (&self.passes, self.total_steps) {
             (Passes::Training { .. }, Some(total)) => self.batches.min(total.saturating_sub(start)),
             _ => self.batches,
@@ -134,16 +141,45 @@ impl Steps {
 
     /// Items of a pass.
     pub(crate) fn num_items(&self) -> usize {
-        self.batches * self.batch_size
+        self.batches * self.rows.len()
     }
 
-    /// The batches holding items `start..end` of each pass.
+    /// The rows of each batch this loader hands out.
+    pub(crate) fn rows(&self) -> Range<usize> {
+        self.rows.clone()
+    }
+
+    /// The fraction of each step's batch this loader hands out (1 unless sliced).
+    pub(crate) fn share(&self) -> f64 {
+        self.rows.len() as f64 / self.batch_size as f64
+    }
+
+    /// Items `start..end` of each pass, of `num_items`: the same fraction of the rows
+    /// of every batch. burn-train's `split_dataloader` gives device `i` of `n` the
+    /// items `i·N/n .. (i+1)·N/n`, so with a batch size divisible by `n` each device
+    /// gets `batch_size / n` rows of every step.
     pub(crate) fn slice(&self, start: usize, end: usize) -> Self {
-        let first = start / self.batch_size;
-        let last = end.div_ceil(self.batch_size).min(self.batches);
+        let items = self.num_items().max(1);
+        let rows = self.rows.len();
+        let from = self.rows.start + start * rows / items;
+        let to = self.rows.start + (end * rows).div_ceil(items).min(rows);
+        // Each device's slice counts its own passes (from where the loader is), so
+        // that every device hands out the same steps in each epoch.
+        let passes = match &self.passes {
+            Passes::Training {
+                next_epoch,
+                first_epoch,
+                first_step,
+            } => Passes::Training {
+                next_epoch: Arc::new(AtomicUsize::new(next_epoch.load(Ordering::SeqCst))),
+                first_epoch: *first_epoch,
+                first_step: *first_step,
+            },
+            Passes::Validation => Passes::Validation,
+        };
         Self {
-            first_batch: self.first_batch + first,
-            batches: last.saturating_sub(first).max(1),
+            rows: from..to.max(from + 1).min(self.rows.end),
+            passes,
             ..self.clone()
         }
     }
@@ -245,13 +281,24 @@ mod tests {
     }
 
     #[test]
-    fn validation_passes_repeat_and_slices_keep_their_offset() {
+    fn validation_passes_repeat_and_slices_hold_rows_of_every_batch() {
         let steps = Steps::validation(4, 5, "items");
         assert_eq!(pass(&steps), vec![0, 1, 2, 3, 4]);
         assert_eq!(pass(&steps), vec![0, 1, 2, 3, 4]);
         assert_eq!(steps.num_items(), 20);
-        // Items 8..16 are batches 2 and 3.
-        assert_eq!(pass(&steps.slice(8, 16)), vec![2, 3]);
+        // Two devices: each gets two of the four rows of every batch, at every step.
+        let halves = [steps.slice(0, 10), steps.slice(10, 20)];
+        assert_eq!((halves[0].rows(), halves[1].rows()), (0..2, 2..4));
+        assert_eq!(pass(&halves[1]), vec![0, 1, 2, 3, 4]);
+        assert_eq!((halves[0].share(), halves[0].num_items()), (0.5, 10));
+        // Training slices hand out the same steps, pass after pass.
+        let training = Steps::training(4, 3, 0, "items");
+        let devices = [training.slice(0, 6), training.slice(6, 12)];
+        for pass_steps in [vec![0, 1, 2], vec![3, 4, 5]] {
+            assert_eq!(pass(&devices[0]), pass_steps);
+            assert_eq!(pass(&devices[1]), pass_steps);
+        }
+        assert_eq!(steps.share(), 1.0);
         let mut iter = steps.iter(|index| index);
         let _ = iter.next();
         let progress = iter.progress();

@@ -26,6 +26,10 @@ pub struct LmBatch {
     /// The global training step this batch is for (0-based); for validation
     /// batches, their index in the fixed validation set.
     pub step: usize,
+    /// The fraction of the step's windows this batch holds: 1, or `1/n` on each of
+    /// `n` devices sharing the step (their gradients are summed, so each part's loss
+    /// counts with this weight).
+    pub share: f64,
 }
 
 /// SplitMix64 (Steele, Lea and Flood 2014): a tiny generator with good mixing, used
@@ -197,12 +201,15 @@ impl WindowLoader {
             self.seed,
             step as u64,
         );
-        let (inputs, targets) = gather_windows(&self.tokens, &starts, self.context);
-        let shape = [self.batch_size, self.context];
+        // A device's part of the step: its rows of the windows the step draws.
+        let starts = &starts[self.steps.rows()];
+        let (inputs, targets) = gather_windows(&self.tokens, starts, self.context);
+        let shape = [starts.len(), self.context];
         LmBatch {
             inputs: Tensor::from_data(TensorData::new(inputs, shape), &self.device),
             targets: Tensor::from_data(TensorData::new(targets, shape), &self.device),
             step,
+            share: self.steps.share(),
         }
     }
 }
