@@ -13,33 +13,19 @@ use std::path::Path;
 const PREPARE: &str = env!("CARGO_BIN_EXE_prepare-data");
 const TRAIN_LM: &str = env!("CARGO_BIN_EXE_train-lm");
 
-/// A tiny model, a few steps.
-const TINY: &[&str] = &[
-    "--layers",
-    "1",
-    "--heads",
-    "2",
-    "--d-model",
-    "16",
-    "--d-ff",
-    "32",
-    "--context",
-    "8",
-    "--batch-size",
-    "2",
-    "--eval-batches",
-    "1",
-    "--warmup",
-    "1",
-    "--log-every",
-    "0",
-    "--sample-tokens",
-    "0",
-    "--steps",
-    "6",
-    "--eval-interval",
-    "2",
-];
+/// A tiny model, a few steps, no sample.
+fn tiny() -> Vec<&'static str> {
+    let mut flags = common::TINY.to_vec();
+    flags.extend([
+        "--sample-tokens",
+        "0",
+        "--steps",
+        "6",
+        "--eval-interval",
+        "2",
+    ]);
+    flags
+}
 
 /// A folder of two text files.
 fn corpus(dir: &Path) -> String {
@@ -83,7 +69,7 @@ fn prepared_shards_train_as_the_text_and_resume_exactly() {
     let on_shards = dir.path().join("on-shards");
     for (data, out) in [(text.as_str(), &on_text), (shards, &on_shards)] {
         let mut args = vec!["--data", data, "--out", out.to_str().unwrap()];
-        args.extend_from_slice(TINY);
+        args.extend(tiny());
         let stdout = assert_success(&common::run(TRAIN_LM, &args));
         if data == shards {
             assert!(stdout.contains("prepared:"), "{stdout}");
@@ -100,7 +86,7 @@ fn prepared_shards_train_as_the_text_and_resume_exactly() {
     let resume_root = dir.path().join("resume");
     std::fs::create_dir_all(&resume_root).unwrap();
     let mut args = vec!["--data", shards];
-    args.extend_from_slice(TINY);
+    args.extend(tiny());
     assert_resume_continues_exactly(
         TRAIN_LM,
         &resume_root,

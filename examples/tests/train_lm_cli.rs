@@ -20,27 +20,7 @@ fn train_lm(args: &[&str]) -> Output {
     common::run(TRAIN_LM, args)
 }
 
-/// A tiny model, a few steps: fast on any backend.
-const TINY: &[&str] = &[
-    "--layers",
-    "1",
-    "--heads",
-    "2",
-    "--d-model",
-    "16",
-    "--d-ff",
-    "32",
-    "--context",
-    "8",
-    "--batch-size",
-    "2",
-    "--eval-batches",
-    "1",
-    "--warmup",
-    "1",
-    "--log-every",
-    "0",
-];
+use common::TINY;
 
 fn corpus(dir: &Path) -> PathBuf {
     let path = dir.join("corpus.txt");

@@ -133,3 +133,25 @@ pub fn assert_resume_continues_exactly(
     assert_eq!(losses(&crashed), expected);
     stdout
 }
+
+/// train-lm flags of a tiny model and a few steps: fast on any backend.
+pub const TINY: &[&str] = &[
+    "--layers",
+    "1",
+    "--heads",
+    "2",
+    "--d-model",
+    "16",
+    "--d-ff",
+    "32",
+    "--context",
+    "8",
+    "--batch-size",
+    "2",
+    "--eval-batches",
+    "1",
+    "--warmup",
+    "1",
+    "--log-every",
+    "0",
+];
