@@ -3,12 +3,14 @@
 //! trainable parameters and the optimizer state each keeps, for the "Fine-tuning"
 //! section of docs/benchmarks.md. `--compare checkpointing`: stored activations against
 //! activation checkpointing (Burn's balanced strategy) on a 6-layer model at context
-//! 1024, for the "Training" section.
+//! 1024, for the "Training" section. `--compare precision`: f32 against bf16 and f16
+//! mixed precision (f32 master weights; wgpu has no bf16), same model as LoRA's.
 //!
 //! ```text
 //! cargo run --release -p benches --bin fine_tune                      # flex
 //! cargo run --release -p benches --bin fine_tune -- --backend wgpu --rank 16
 //! cargo run --release -p benches --bin fine_tune -- --compare checkpointing
+//! cargo run --release -p benches --bin fine_tune -- --compare precision --backend wgpu
 //! ```
 //!
 //! Each variant runs in a process of its own, so that on CPU backends the peak is the
@@ -25,7 +27,7 @@ use burn::module::Module;
 use burn_transformer::lora::{LoraConfig, attach_lora};
 use burn_transformer::model::CausalLmConfig;
 use burn_transformer::position::RopeConfig;
-use burn_transformer::train::host_init;
+use burn_transformer::train::{Precision, host_init};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -68,7 +70,7 @@ fn main() -> ExitCode {
 }
 
 /// Flags: `--backend NAME` (flex), `--rank R` (8), `--steps N` (5 timed, 2 warm-up),
-/// `--compare lora|checkpointing` (lora).
+/// `--compare lora|checkpointing|precision` (lora).
 fn flags(args: &[String]) -> Result<(String, usize, usize, String), String> {
     let (mut backend, mut rank, mut steps) = ("flex".to_string(), 8, 5);
     let mut compare = "lora".to_string();
@@ -85,16 +87,16 @@ fn flags(args: &[String]) -> Result<(String, usize, usize, String), String> {
             "--steps" => steps = value()?.parse().map_err(|e| format!("--steps: {e}"))?,
             "--compare" => {
                 compare = value()?;
-                if !["lora", "checkpointing"].contains(&compare.as_str()) {
+                if !["lora", "checkpointing", "precision"].contains(&compare.as_str()) {
                     return Err(format!(
-                        "--compare {compare}: expected lora or checkpointing"
+                        "--compare {compare}: expected lora, checkpointing or precision"
                     ));
                 }
             }
             "-h" | "--help" => {
                 println!(
                     "fine_tune [--backend flex|ndarray|wgpu|cuda] [--rank R] [--steps N] \
-                     [--compare lora|checkpointing]"
+                     [--compare lora|checkpointing|precision]"
                 );
                 std::process::exit(0);
             }
@@ -112,9 +114,11 @@ fn parent() -> Result<(), String> {
     let (backend, rank, _, compare) = flags(&args)?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let (layers, batch, context) = shape(&compare);
-    let variants = match compare.as_str() {
-        "checkpointing" => ["stored", "checkpointed"],
-        _ => ["full", "lora"],
+    let variants: &[&str] = match compare.as_str() {
+        "checkpointing" => &["stored", "checkpointed"],
+        "precision" if backend.starts_with("wgpu") => &["f32", "f16"],
+        "precision" => &["f32", "bf16", "f16"],
+        _ => &["full", "lora"],
     };
     println!(
         "training steps on {backend}: LLaMA-style, {layers} layers, width 512, vocab {VOCAB}, \
@@ -122,6 +126,7 @@ fn parent() -> Result<(), String> {
         match compare.as_str() {
             "checkpointing" =>
                 "activations stored vs recomputed (balanced checkpointing)".to_string(),
+            "precision" => "f32 vs mixed precision (f32 master weights)".to_string(),
             _ => format!("full fine-tuning vs LoRA rank {rank} on q,k,v,o,gate,up,down"),
         }
     );
@@ -130,7 +135,7 @@ fn parent() -> Result<(), String> {
     );
     println!("|---|---:|---:|---:|---:|---|");
     let mut rows = Vec::new();
-    for variant in variants {
+    for &variant in variants {
         let output = Command::new(&exe)
             .arg("--child")
             .arg(variant)
@@ -159,12 +164,14 @@ fn parent() -> Result<(), String> {
         );
         rows.push((variant, peak, ms.parse::<f64>().unwrap_or(f64::NAN)));
     }
-    if let [(first, full_peak, full_ms), (second, lora_peak, lora_ms)] = rows[..] {
-        println!(
-            "{second} / {first}: peak memory {:.2}×, time per step {:.2}×",
-            lora_peak / full_peak,
-            lora_ms / full_ms
-        );
+    if let [(first, first_peak, first_ms), rest @ ..] = &rows[..] {
+        for (other, peak, ms) in rest {
+            println!(
+                "{other} / {first}: peak memory {:.2}×, time per step {:.2}×",
+                peak / first_peak,
+                ms / first_ms
+            );
+        }
     }
     Ok(())
 }
@@ -194,8 +201,10 @@ fn child() -> Result<(), String> {
         }
         _ => (model, total),
     };
+    let precision = Precision::parse(&variant).unwrap_or_default();
     let timing = time_train_steps(
         model,
+        precision,
         &device,
         VOCAB,
         batch,

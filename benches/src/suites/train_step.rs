@@ -12,7 +12,7 @@ use burn_transformer::attention::AttentionImpl;
 use burn_transformer::model::{CausalLm, CausalLmConfig};
 use burn_transformer::position::RopeConfig;
 use burn_transformer::train::{
-    LmTask, StepSettings, WindowLoader, adamw, host_init, to_training_device,
+    LmTask, Precision, StepSettings, WindowLoader, adamw, host_init, to_training_device,
 };
 use serde::{Deserialize, Serialize};
 
@@ -183,7 +183,16 @@ impl Case {
         } = self.size.shape();
         let model = host_init(0, |host| config.try_init(host)).map_err(|e| e.to_string())?;
         let params = model.num_params();
-        let timing = time_train_steps(model, &device, vocab, batch, context, self.runs, || {})?;
+        let timing = time_train_steps(
+            model,
+            Precision::F32,
+            &device,
+            vocab,
+            batch,
+            context,
+            self.runs,
+            || {},
+        )?;
         let mut record = self.record().with_timing(&timing);
         record.tokens_per_s = Some((batch * context) as f64 / (timing.median_ms / 1e3));
         record.params = Some(params);
@@ -201,6 +210,7 @@ impl Case {
 /// Why a step could not be measured.
 pub fn time_train_steps(
     model: CausalLm,
+    precision: Precision,
     device: &Device,
     vocab: usize,
     batch: usize,
@@ -208,14 +218,17 @@ pub fn time_train_steps(
     runs: Runs,
     mut after_each: impl FnMut() + Send,
 ) -> Result<Timing, String> {
-    let mut task = Some(LmTask::new(
-        to_training_device(model, device),
-        StepSettings {
-            label_smoothing: 0.0,
-            grad_clip: Some(1.0),
-            seed: 0,
-        },
-    ));
+    let mut task = Some(
+        LmTask::new(
+            to_training_device(model, device),
+            StepSettings {
+                label_smoothing: 0.0,
+                grad_clip: Some(1.0),
+                seed: 0,
+            },
+        )
+        .with_precision(precision),
+    );
     let mut optimizer = adamw(0.9, 0.99, 1e-8, 0.1);
     // A token stream long enough for every window of every run.
     let stream: Vec<u32> = (0..(batch * context * 4) as u64)
