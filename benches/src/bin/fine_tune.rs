@@ -207,8 +207,7 @@ fn child() -> Result<(), String> {
         precision,
         &device,
         VOCAB,
-        batch,
-        context,
+        [batch, context],
         Runs::new(2, steps),
         || memory.sample(),
     )?;

@@ -188,8 +188,7 @@ impl Case {
             Precision::F32,
             &device,
             vocab,
-            batch,
-            context,
+            [batch, context],
             self.runs,
             || {},
         )?;
@@ -203,7 +202,7 @@ impl Case {
 /// Times whole training steps of `model` on the autodiff `device` (with its
 /// checkpointing, if any): the loss, backward, global gradient clipping at 1 and the
 /// AdamW update that `train-lm` runs, on fresh windows of a pseudo-random stream of
-/// `vocab` ids. The clock stops after an updated weight is read back; `after_each`
+/// `vocab` ids, `windows = [batch, context]` a step. The clock stops after an updated weight is read back; `after_each`
 /// runs after every step (to sample memory, say).
 ///
 /// # Errors
@@ -213,11 +212,11 @@ pub fn time_train_steps(
     precision: Precision,
     device: &Device,
     vocab: usize,
-    batch: usize,
-    context: usize,
+    windows: [usize; 2],
     runs: Runs,
     mut after_each: impl FnMut() + Send,
 ) -> Result<Timing, String> {
+    let [batch, context] = windows;
     let mut task = Some(
         LmTask::new(
             to_training_device(model, device),
