@@ -16,6 +16,9 @@
 //!   autodiff.
 //! - [`flash_attention`] and [`flash_attention_with_lse`] call it; [`check_support`]
 //!   says whether a device, dtype and problem can take it (`fused.rs`).
+//! - `kernel_variants` (CubeCL runtimes) lists every kernel a device compiles for
+//!   the op, as CubeCL kernel definitions, for tools that measure them without the
+//!   device (`cube/variants.rs`).
 //! - `reference.rs` is the reference attention in tensor ops (the oracle, and the path
 //!   of every call the fused op does not take), `cpu_softmax.rs` its softmax fused
 //!   into one pass on flex.
@@ -34,6 +37,11 @@ pub(crate) mod op;
 mod problem;
 pub(crate) mod reference;
 
+#[cfg(feature = "cube")]
+pub use cube::{
+    AttentionKernel, KernelFamily, KernelVariant, VARIANT_DTYPES, VARIANT_HEAD_DIMS,
+    VARIANT_SEQ_LEN, kernel_variants,
+};
 pub use fused::{check_support, flash_attention, flash_attention_with_lse};
 pub use problem::{Problem, ScoreOptions, Unsupported};
 

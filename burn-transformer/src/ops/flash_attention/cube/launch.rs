@@ -25,8 +25,11 @@ use super::super::{Problem, ScoreOptions};
 use super::kernels::{self, AttentionConfig, SizesLaunch};
 use super::tiling::{KernelTile, Tiling, plan_tiling};
 
+/// Units per cube of the backward pre-pass (one unit per query row, on every device).
+pub(super) const PREPASS_UNITS: u32 = 256;
+
 /// The compile-time configuration of one kernel.
-fn config(problem: &Problem, vector_size: usize, tile: &KernelTile) -> AttentionConfig {
+pub(super) fn config(problem: &Problem, vector_size: usize, tile: &KernelTile) -> AttentionConfig {
     AttentionConfig {
         units: tile.units,
         rows: tile.rows,
@@ -169,7 +172,7 @@ pub(crate) fn backward(
         Shape::new([problem.batch, problem.heads, problem.seq_q, 2]),
         DType::F32,
     );
-    let cube_dim = CubeDim::new_1d(256);
+    let cube_dim = CubeDim::new_1d(PREPASS_UNITS);
     let cube_count = calculate_cube_count_elemwise(&client, rows, cube_dim);
     // SAFETY: the kernel checks `row < rows` and the tensors hold `rows` rows.
     unsafe {

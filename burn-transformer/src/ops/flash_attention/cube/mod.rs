@@ -1,6 +1,12 @@
 //! The fused op on CubeCL runtimes (wgpu, cuda): the `#[cube]` kernels, their tile
-//! sizes per device, and their launches.
+//! sizes per device, their launches, and the list of every kernel a device compiles.
 
 mod kernels;
 pub(crate) mod launch;
 pub(crate) mod tiling;
+mod variants;
+
+pub use variants::{
+    AttentionKernel, KernelFamily, KernelVariant, VARIANT_DTYPES, VARIANT_HEAD_DIMS,
+    VARIANT_SEQ_LEN, kernel_variants,
+};

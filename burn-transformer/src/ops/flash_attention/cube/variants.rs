@@ -1,0 +1,478 @@
+//! Every kernel the CubeCL launches compile for a device, as CubeCL kernel definitions
+//! (the IR a runtime's compiler turns into device code), built from the device's
+//! properties alone.
+//!
+//! What a kernel costs on a GPU — registers, spills, shared memory, and with them how
+//! many cubes share a multiprocessor — is decided by the device compiler, which a
+//! runtime only runs at the first launch. [`kernel_variants`] builds the kernels the
+//! launches in `launch.rs` would build, with the tiles `tiling.rs` picks, so that a
+//! tool can compile them ahead of time with the runtime's own compiler and read those
+//! costs from the device toolchain, on a machine without the device
+//! (`benches/src/bin/kernel_source.rs`, `tools/kernel_resources.py`).
+
+use std::fmt;
+use std::sync::Arc;
+
+use burn::backend::cubecl::dtype_to_storage_type;
+use burn::tensor::DType;
+use cubecl::prelude::*;
+use cubecl::{CompilationError, define_kernel};
+
+use super::super::{Problem, Unsupported};
+use super::kernels::{self, SizesCompilationArg};
+use super::launch::{PREPASS_UNITS, config};
+use super::tiling::{KernelTile, Tiling, plan_tiling};
+use crate::ops::mask::MaskRule;
+
+/// Sequence length (queries and keys) the variants are planned for: long enough that
+/// every tile kernel gets its full cube, as in training and prefill (short sequences,
+/// decoding above all, get smaller cubes).
+pub const VARIANT_SEQ_LEN: usize = 4096;
+
+/// Head dims `(d_qk, d_v)` of the variants: the common head sizes, and MLA's
+/// (192/128 in training and prefill, 576/512 in the absorbed decode).
+pub const VARIANT_HEAD_DIMS: [(usize, usize); 6] = [
+    (64, 64),
+    (128, 128),
+    (192, 192),
+    (256, 256),
+    (192, 128),
+    (576, 512),
+];
+
+/// Input types of the variants: the float types the kernels read.
+pub const VARIANT_DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+/// One kernel of the fused op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttentionKernel {
+    /// The forward: output and log-sum-exp.
+    Forward,
+    /// The backward's pre-pass: `(LSE, D)` per query row.
+    BackwardPrepass,
+    /// The backward's query kernel: `dQ`.
+    BackwardDq,
+    /// The backward's key/value kernel: `dK` and `dV`.
+    BackwardDkDv,
+}
+
+impl AttentionKernel {
+    /// The kernel's name in tools' output: `forward`, `backward_prepass`,
+    /// `backward_dq`, `backward_dkdv`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Forward => "forward",
+            Self::BackwardPrepass => "backward_prepass",
+            Self::BackwardDq => "backward_dq",
+            Self::BackwardDkDv => "backward_dkdv",
+        }
+    }
+}
+
+impl fmt::Display for AttentionKernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A family of kernels implementing the fused op: each has its own forward and
+/// backward kernels, and a device may take one family or another.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelFamily {
+    /// Each unit holds its rows in registers and streams the keys (or queries) from
+    /// global memory; no shared memory (see `kernels.rs`).
+    RegisterTile,
+}
+
+impl KernelFamily {
+    /// Every family, in the order tools list them.
+    pub const ALL: [KernelFamily; 1] = [KernelFamily::RegisterTile];
+
+    /// The family's name in tools' output (`register_tile`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::RegisterTile => "register_tile",
+        }
+    }
+}
+
+impl fmt::Display for KernelFamily {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One compiled kernel: which kernel of which family, for which input type and head
+/// dims, with its launch shape; [`define`](Self::define) gives its definition.
+///
+/// The definition is built on demand: each one owns its own IR, which a compiler
+/// consumes, so a tool holds one at a time rather than all of them.
+pub struct KernelVariant {
+    /// Which kernel of the op.
+    pub kernel: AttentionKernel,
+    /// Which family of kernels.
+    pub family: KernelFamily,
+    /// Input (and output) type; the kernels compute in f32 whatever it is.
+    pub dtype: DType,
+    /// Query/key head dim.
+    pub d_qk: usize,
+    /// Value head dim.
+    pub d_v: usize,
+    /// Units per cube (threads per block on CUDA), as launched.
+    pub units_per_cube: u32,
+    /// Elements per vector along the head dims.
+    pub vector_size: usize,
+    /// Rows each unit owns and streamed rows per unrolled step, for the tile
+    /// kernels; `None` for the pre-pass, which has no tile.
+    pub tile: Option<(usize, usize)>,
+    source: Box<dyn CubeKernel>,
+}
+
+impl KernelVariant {
+    /// The kernel's definition, as a runtime defines it before compiling it. Its
+    /// `settings.kernel_name` is the entry point of the compiled code.
+    ///
+    /// # Errors
+    /// The expansion's panic, as a [`CompilationError`], if the kernel's code panics
+    /// for this configuration.
+    pub fn define(&self) -> Result<KernelDefinition, CompilationError> {
+        define_kernel(self.source.as_ref())
+    }
+}
+
+impl fmt::Debug for KernelVariant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KernelVariant")
+            .field("kernel", &self.kernel)
+            .field("family", &self.family)
+            .field("dtype", &self.dtype)
+            .field("d_qk", &self.d_qk)
+            .field("d_v", &self.d_v)
+            .field("units_per_cube", &self.units_per_cube)
+            .field("vector_size", &self.vector_size)
+            .field("tile", &self.tile)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Every kernel a device with `properties` would compile for the fused op, for each
+/// family, dtype of [`VARIANT_DTYPES`] and head dims of [`VARIANT_HEAD_DIMS`], with the
+/// tiles [`plan_tiling`] picks at [`VARIANT_SEQ_LEN`] (the masking options are
+/// runtime flags: they change no compiled kernel). `target` is the runtime's target
+/// properties (its matrix-multiply register layouts).
+///
+/// # Errors
+/// The [`Unsupported`] reason when the device cannot take one of the problems.
+pub fn kernel_variants(
+    properties: &DeviceProperties,
+    target: &TargetProperties,
+) -> Result<Vec<KernelVariant>, Unsupported> {
+    let properties = Arc::new(properties.clone());
+    let target = Arc::new(target.clone());
+    let mut variants = Vec::new();
+    for family in KernelFamily::ALL {
+        for dtype in VARIANT_DTYPES {
+            for (d_qk, d_v) in VARIANT_HEAD_DIMS {
+                let problem = Problem {
+                    batch: 1,
+                    heads: 1,
+                    kv_heads: 1,
+                    seq_q: VARIANT_SEQ_LEN,
+                    seq_k: VARIANT_SEQ_LEN,
+                    d_qk,
+                    d_v,
+                    mask: MaskRule::new(true, None),
+                    has_key_mask: false,
+                };
+                let tiling = plan_tiling(&problem, &properties)?;
+                let build = Build {
+                    problem: &problem,
+                    tiling: &tiling,
+                    dtype,
+                    properties: &properties,
+                    target: &target,
+                };
+                match family {
+                    KernelFamily::RegisterTile => variants.extend(register_tile(&build)),
+                }
+            }
+        }
+    }
+    Ok(variants)
+}
+
+/// What every kernel of one problem is built from.
+struct Build<'a> {
+    problem: &'a Problem,
+    tiling: &'a Tiling,
+    dtype: DType,
+    properties: &'a Arc<DeviceProperties>,
+    target: &'a Arc<TargetProperties>,
+}
+
+impl Build<'_> {
+    /// A variant of this problem; `tile` is `None` for kernels without one.
+    fn variant(
+        &self,
+        family: KernelFamily,
+        kernel: AttentionKernel,
+        units: u32,
+        tile: Option<&KernelTile>,
+        source: Box<dyn CubeKernel>,
+    ) -> KernelVariant {
+        KernelVariant {
+            kernel,
+            family,
+            dtype: self.dtype,
+            d_qk: self.problem.d_qk,
+            d_v: self.problem.d_v,
+            units_per_cube: units,
+            vector_size: self.tiling.vector_size,
+            tile: tile.map(|tile| (tile.rows, tile.block)),
+            source,
+        }
+    }
+
+    /// Settings of a launch with `units` units per cube, as `launch_unchecked` makes
+    /// them (the kernels index with 32-bit addresses).
+    fn settings(&self, units: u32) -> KernelSettings {
+        KernelSettings::new(
+            CubeDim::new_1d(units).into(),
+            ExecutionMode::Unchecked,
+            AddressType::U32,
+        )
+    }
+}
+
+/// The compilation argument of a dense tensor argument (a buffer of its own, not
+/// aliasing another argument).
+fn tensor() -> TensorCompilationArg {
+    TensorCompilationArg {
+        meta: TensorMetaCompilationArg { len: (), rank: () },
+        buffer: BufferCompilationArg { inplace: None },
+    }
+}
+
+/// The compilation argument of the runtime sizes: scalars, so nothing of their values
+/// reaches the compiled code.
+fn sizes() -> SizesCompilationArg {
+    SizesCompilationArg {
+        seq_q: (),
+        seq_k: (),
+        heads: (),
+        group: (),
+        window: (),
+        scale: (),
+        cap: (),
+        causal: (),
+        windowed: (),
+        key_mask: (),
+        softcap: (),
+        sinks: (),
+    }
+}
+
+/// The four kernels of the register-tile family, built as `launch.rs` launches them.
+fn register_tile(build: &Build<'_>) -> [KernelVariant; 4] {
+    let problem = build.problem;
+    let tiling = build.tiling;
+    let vector_size = tiling.vector_size;
+    let elem = dtype_to_storage_type(build.dtype);
+    let properties = || build.properties.clone();
+    let target = || build.target.clone();
+
+    let tile = &tiling.forward;
+    let units = tile.units as u32;
+    let forward = kernels::flash_forward::FlashForward::new(
+        build.settings(units),
+        properties(),
+        target(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        sizes(),
+        vector_size,
+        config(problem, vector_size, tile),
+        elem,
+    );
+    let forward = build.variant(
+        KernelFamily::RegisterTile,
+        AttentionKernel::Forward,
+        units,
+        Some(tile),
+        Box::new(forward),
+    );
+
+    let prepass = kernels::flash_backward_stats::FlashBackwardStats::new(
+        build.settings(PREPASS_UNITS),
+        properties(),
+        target(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        (),
+        vector_size,
+        problem.d_v / vector_size,
+        elem,
+    );
+    let prepass = build.variant(
+        KernelFamily::RegisterTile,
+        AttentionKernel::BackwardPrepass,
+        PREPASS_UNITS,
+        None,
+        Box::new(prepass),
+    );
+
+    let tile = &tiling.backward_q;
+    let units = tile.units as u32;
+    let dq = kernels::flash_backward_q::FlashBackwardQ::new(
+        build.settings(units),
+        properties(),
+        target(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        sizes(),
+        vector_size,
+        config(problem, vector_size, tile),
+        elem,
+    );
+    let dq = build.variant(
+        KernelFamily::RegisterTile,
+        AttentionKernel::BackwardDq,
+        units,
+        Some(tile),
+        Box::new(dq),
+    );
+
+    let tile = &tiling.backward_kv;
+    let units = tile.units as u32;
+    let dkdv = kernels::flash_backward_kv::FlashBackwardKv::new(
+        build.settings(units),
+        properties(),
+        target(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        sizes(),
+        vector_size,
+        config(problem, vector_size, tile),
+        elem,
+    );
+    let dkdv = build.variant(
+        KernelFamily::RegisterTile,
+        AttentionKernel::BackwardDkDv,
+        units,
+        Some(tile),
+        Box::new(dkdv),
+    );
+
+    [forward, prepass, dq, dkdv]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cubecl::ir::{DeviceIdentity, HardwareProperties, MemoryDeviceProperties, VectorSize};
+    use cubecl::profile::TimingMethod;
+
+    /// A GPU as a CUDA runtime describes one: 1024 units per cube, warps of 32.
+    fn gpu() -> DeviceProperties {
+        let hardware = HardwareProperties {
+            load_width: 128,
+            vector_register_count: None,
+            plane_size_min: 32,
+            plane_size_max: 32,
+            max_bindings: 1024,
+            max_shared_memory_size: 227 * 1024,
+            max_cube_count: (i32::MAX as u32, 65535, 65535),
+            max_units_per_cube: 1024,
+            max_cube_dim: (1024, 1024, 64),
+            num_streaming_multiprocessors: Some(132),
+            num_tensor_cores: None,
+            min_tensor_cores_dim: None,
+            num_cpu_cores: None,
+            last_level_cache_size: None,
+            max_vector_size: VectorSize::MAX,
+            cube_mma_reserved_shared_memory: 0,
+        };
+        DeviceProperties::new(
+            Default::default(),
+            MemoryDeviceProperties::new(1 << 30, 512),
+            hardware,
+            TimingMethod::Device,
+            DeviceIdentity {
+                name: "test GPU".to_string(),
+                fingerprint: "test".to_string(),
+                physical: None,
+            },
+        )
+    }
+
+    #[test]
+    fn every_kernel_dtype_and_head_dim_has_a_variant() {
+        let variants = kernel_variants(&gpu(), &TargetProperties::default()).unwrap();
+        assert_eq!(
+            variants.len(),
+            4 * VARIANT_DTYPES.len() * VARIANT_HEAD_DIMS.len()
+        );
+        for kernel in [
+            AttentionKernel::Forward,
+            AttentionKernel::BackwardPrepass,
+            AttentionKernel::BackwardDq,
+            AttentionKernel::BackwardDkDv,
+        ] {
+            for dtype in VARIANT_DTYPES {
+                for (d_qk, d_v) in VARIANT_HEAD_DIMS {
+                    let found = variants.iter().filter(|v| {
+                        v.kernel == kernel && v.dtype == dtype && v.d_qk == d_qk && v.d_v == d_v
+                    });
+                    assert_eq!(found.count(), 1, "{kernel} {dtype:?} {d_qk}x{d_v}");
+                }
+            }
+        }
+        // On a GPU the tile kernels keep one row per unit (see `tiling.rs`).
+        assert!(
+            variants
+                .iter()
+                .all(|v| v.tile.is_none_or(|(rows, _)| rows == 1))
+        );
+    }
+
+    #[test]
+    fn definitions_carry_the_launch_shape() {
+        let variants = kernel_variants(&gpu(), &TargetProperties::default()).unwrap();
+        for variant in variants
+            .iter()
+            .filter(|v| v.dtype == DType::F32 && v.d_qk == 64 && v.d_v == 64)
+        {
+            let definition = variant.define().unwrap();
+            assert_eq!(definition.settings.cube_dim.x, variant.units_per_cube);
+            let base = match variant.kernel {
+                AttentionKernel::Forward => "flash_forward",
+                AttentionKernel::BackwardPrepass => "flash_backward_stats",
+                AttentionKernel::BackwardDq => "flash_backward_q",
+                AttentionKernel::BackwardDkDv => "flash_backward_kv",
+            };
+            assert!(
+                definition.settings.kernel_name.starts_with(base),
+                "{}",
+                definition.settings.kernel_name
+            );
+        }
+    }
+}
