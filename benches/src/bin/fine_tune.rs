@@ -27,7 +27,7 @@
 use std::process::{Command, ExitCode};
 
 use benches::measure::{PeakMemory, Runs};
-use benches::suites::train_step::time_train_steps;
+use benches::suites::train_step::{random_tokens, time_train_steps};
 use burn::module::Module;
 use burn::tensor::Device;
 use burn_transformer::lora::{LoraConfig, attach_lora};
@@ -282,14 +282,9 @@ fn devices_child(
         host_init(0, |host| config(layers, context).try_init(host)).map_err(|e| e.to_string())?;
     let total = model.num_params();
     // Random tokens, as the other comparisons train on; enough for every window.
-    let stream = |len: u64, salt: u64| -> Vec<u32> {
-        (0..len)
-            .map(|i| (((i + salt).wrapping_mul(2_654_435_761) >> 7) % VOCAB as u64) as u32)
-            .collect()
-    };
     let split = TokenSplit {
-        train: stream((batch * context * 16) as u64, 0).into(),
-        validation: stream((batch * context * 2) as u64, 1 << 20).into(),
+        train: random_tokens(batch * context * 16, VOCAB, 0).into(),
+        validation: random_tokens(batch * context * 2, VOCAB, 1 << 20).into(),
     };
     let mut run = |steps: usize| -> Result<f64, String> {
         let training = LmTrainingConfig::new()

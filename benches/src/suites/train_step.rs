@@ -199,6 +199,15 @@ impl Case {
     }
 }
 
+/// `len` pseudo-random token ids below `vocab` (a multiplicative hash of the position
+/// `offset + i`): the stream the training benchmarks train on, the same in every run;
+/// another `offset` gives another stream.
+pub fn random_tokens(len: usize, vocab: usize, offset: u64) -> Vec<u32> {
+    (offset..offset + len as u64)
+        .map(|i| ((i.wrapping_mul(2_654_435_761) >> 7) % vocab as u64) as u32)
+        .collect()
+}
+
 /// Times whole training steps of `model` on the autodiff `device` (with its
 /// checkpointing, if any): the loss, backward, global gradient clipping at 1 and the
 /// AdamW update that `train-lm` runs, on fresh windows of a pseudo-random stream of
@@ -230,9 +239,7 @@ pub fn time_train_steps(
     );
     let mut optimizer = adamw(0.9, 0.99, 1e-8, 0.1);
     // A token stream long enough for every window of every run.
-    let stream: Vec<u32> = (0..(batch * context * 4) as u64)
-        .map(|i| ((i.wrapping_mul(2_654_435_761) >> 7) % vocab as u64) as u32)
-        .collect();
+    let stream = random_tokens(batch * context * 4, vocab, 0);
     let loader = WindowLoader::training(stream.into(), batch, context, 1, 0, 0, device);
     let mut step = 0;
     // As `train-lm` runs its steps: on flex's own pool (no-op elsewhere).

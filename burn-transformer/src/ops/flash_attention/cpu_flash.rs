@@ -2341,68 +2341,59 @@ mod tests {
         }
     }
 
-    /// [`gemm`] as the build for `isa` compiles it (`isa` must be available).
-    #[allow(clippy::too_many_arguments)]
-    fn gemm_for(
-        isa: Isa,
+    /// One [`gemm`] call's operands but `C` (see [`gemm`] for their meaning).
+    struct Product<'a> {
         m: usize,
         n: usize,
         cols: usize,
-        a: &[f32],
+        a: &'a [f32],
         ars: usize,
         ats: usize,
-        b: &[f32],
+        b: &'a [f32],
         ldb: usize,
-        c: &mut [f32],
         ldc: usize,
         accumulate: bool,
-    ) {
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = "avx2,fma")]
-        #[allow(clippy::too_many_arguments)]
-        fn avx2(
-            m: usize,
-            n: usize,
-            cols: usize,
-            a: &[f32],
-            ars: usize,
-            ats: usize,
-            b: &[f32],
-            ldb: usize,
-            c: &mut [f32],
-            ldc: usize,
-            accumulate: bool,
-        ) {
-            gemm::<true, false>(m, n, cols, a, ars, ats, b, ldb, c, ldc, accumulate)
-        }
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = "avx512f,avx2,fma")]
-        #[allow(clippy::too_many_arguments)]
-        fn avx512(
-            m: usize,
-            n: usize,
-            cols: usize,
-            a: &[f32],
-            ars: usize,
-            ats: usize,
-            b: &[f32],
-            ldb: usize,
-            c: &mut [f32],
-            ldc: usize,
-            accumulate: bool,
-        ) {
-            gemm::<true, true>(m, n, cols, a, ars, ats, b, ldb, c, ldc, accumulate)
-        }
-        match isa {
-            Isa::Baseline => {
-                gemm::<false, false>(m, n, cols, a, ars, ats, b, ldb, c, ldc, accumulate)
+    }
+
+    impl Product<'_> {
+        /// Runs the product into `c` as the build for `isa` compiles it (`isa` must be
+        /// available).
+        fn run(&self, isa: Isa, c: &mut [f32]) {
+            #[inline(always)]
+            fn with<const FMA: bool, const WIDE: bool>(p: &Product, c: &mut [f32]) {
+                let Product {
+                    m,
+                    n,
+                    cols,
+                    a,
+                    ars,
+                    ats,
+                    b,
+                    ldb,
+                    ldc,
+                    accumulate,
+                } = *p;
+                gemm::<FMA, WIDE>(m, n, cols, a, ars, ats, b, ldb, c, ldc, accumulate)
             }
-            // SAFETY: the caller checked that the CPU has AVX2 and FMA.
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2Fma => unsafe { avx2(m, n, cols, a, ars, ats, b, ldb, c, ldc, accumulate) },
-            // SAFETY: the caller checked that the CPU has AVX-512, AVX2 and FMA.
+            #[target_feature(enable = "avx2,fma")]
+            fn avx2(p: &Product, c: &mut [f32]) {
+                with::<true, false>(p, c)
+            }
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => unsafe { avx512(m, n, cols, a, ars, ats, b, ldb, c, ldc, accumulate) },
+            #[target_feature(enable = "avx512f,avx2,fma")]
+            fn avx512(p: &Product, c: &mut [f32]) {
+                with::<true, true>(p, c)
+            }
+            match isa {
+                Isa::Baseline => with::<false, false>(self, c),
+                // SAFETY: the caller checked that the CPU has AVX2 and FMA.
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2Fma => unsafe { avx2(self, c) },
+                // SAFETY: the caller checked that the CPU has AVX-512, AVX2 and FMA.
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512 => unsafe { avx512(self, c) },
+            }
         }
     }
 
@@ -2441,9 +2432,19 @@ mod tests {
                     for &isa in isas {
                         let mut c = c0.clone();
                         let (ldb, ldc) = (cols + 3, cols + 1);
-                        gemm_for(
-                            isa, m, n, cols, &a, ars, ats, &b, ldb, &mut c, ldc, accumulate,
-                        );
+                        let product = Product {
+                            m,
+                            n,
+                            cols,
+                            a: &a,
+                            ars,
+                            ats,
+                            b: &b,
+                            ldb,
+                            ldc,
+                            accumulate,
+                        };
+                        product.run(isa, &mut c);
                         let case = format!("{isa:?} ({m},{n},{cols}) transposed {transposed}");
                         for r in 0..m {
                             for j in 0..cols + 1 {
