@@ -14,7 +14,7 @@
 use burn::config::Config;
 use burn::tensor::{Bool, Tensor};
 
-use crate::ops::flash_attention::{Problem, ScoreOptions, flash_attention, reference};
+use crate::ops::flash_attention::{FlashKernel, Problem, ScoreOptions, flash_attention, reference};
 use crate::ops::mask::MaskRule;
 
 /// Which implementation computes the attention core.
@@ -102,6 +102,9 @@ pub struct AttentionOptions {
     pub sinks: Option<Tensor<1>>,
     /// Which implementation to use. Default: [`AttentionImpl::Auto`].
     pub implementation: AttentionImpl,
+    /// Which kernel family the fused op runs on CubeCL devices. Default:
+    /// [`FlashKernel::Auto`] (register tiles on CPU runtimes, staged tiles on GPUs).
+    pub flash_kernel: FlashKernel,
 }
 
 crate::builders::setters!(AttentionOptions {
@@ -121,6 +124,8 @@ crate::builders::setters!(AttentionOptions {
     with_sinks => sinks: Option<Tensor<1>>,
     /// Chooses the implementation.
     with_implementation => implementation: AttentionImpl,
+    /// Chooses the fused op's kernel family on CubeCL devices.
+    with_flash_kernel => flash_kernel: FlashKernel,
 });
 
 impl AttentionOptions {
@@ -142,6 +147,7 @@ impl AttentionOptions {
             MaskRule::new(self.causal, self.window),
         )
         .with_key_mask(self.key_padding.is_some())
+        .with_kernel(self.flash_kernel)
     }
 }
 
@@ -462,5 +468,27 @@ mod tests {
         let _ = output.into_data();
         let forced = std::env::var("BURN_TRANSFORMER_ATTENTION").is_ok_and(|v| v == "reference");
         assert_eq!(launches() > before, !forced);
+    }
+
+    /// The options' kernel family reaches the launch: the staged kernels run on wgpu
+    /// when asked for, and agree with the default kernels.
+    #[cfg(feature = "wgpu")]
+    #[test]
+    fn flash_kernel_option_reaches_the_launch() {
+        use crate::ops::flash_attention::FlashKernel;
+        use std::sync::atomic::Ordering;
+        let device = crate::test_utils::wgpu_device();
+        let staged = || crate::ops::flash_attention::op::STAGED_LAUNCHES.load(Ordering::Relaxed);
+        let q = random([1, 2, 17, 32], &device);
+        let options = AttentionOptions::new()
+            .with_causal(true)
+            .with_implementation(AttentionImpl::Fused);
+        let before = staged();
+        let default = attention(q.clone(), q.clone(), q.clone(), &options);
+        let asked = options.with_flash_kernel(FlashKernel::Staged);
+        let output = attention(q.clone(), q.clone(), q, &asked);
+        let error: f32 = (output - default).abs().max().into_scalar();
+        assert!(error < 1e-5, "staged and default kernels differ by {error}");
+        assert!(staged() > before);
     }
 }

@@ -43,7 +43,7 @@ pub use cube::{
     VARIANT_SEQ_LEN, kernel_variants,
 };
 pub use fused::{check_support, flash_attention, flash_attention_with_lse};
-pub use problem::{Problem, ScoreOptions, Unsupported};
+pub use problem::{FlashKernel, Problem, ScoreOptions, Unsupported};
 
 #[cfg(test)]
 pub(crate) mod tests;

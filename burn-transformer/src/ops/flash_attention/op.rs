@@ -126,6 +126,12 @@ fn backward_meta(
 pub(crate) static FORWARD_LAUNCHES: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(0);
 
+/// Launches of the staged kernels, forward and backward (tests check that the family
+/// they ask for really ran).
+#[cfg(all(test, feature = "cube"))]
+pub(crate) static STAGED_LAUNCHES: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
 /// Implements the op for `$backend` with a forward and a backward function of the
 /// trait's arguments (the options by reference).
 macro_rules! implement_flash_attention {

@@ -34,6 +34,53 @@ pub struct ScoreOptions {
     /// one more logit per row that joins the softmax's normalization and takes no
     /// value. Without them the ops receive a `[1]` placeholder.
     pub has_sinks: bool,
+    /// Which kernel family runs the call on CubeCL devices (other backends ignore it).
+    pub kernel: FlashKernel,
+}
+
+/// The kernel family of the fused op on CubeCL devices (wgpu, CUDA).
+///
+/// Every family computes the same function (the parity grid checks each); they differ
+/// in how the work meets the hardware. A family a device or problem cannot take falls
+/// back to the next one down: tensor cores → staged → register tiles.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum FlashKernel {
+    /// The device's default: register tiles on CPU runtimes (lavapipe, llvmpipe),
+    /// staged tiles with the plain product on GPUs. The environment variable
+    /// `BURN_TRANSFORMER_FLASH_KERNEL=register|staged|tensor-cores` overrides it for a
+    /// whole process.
+    #[default]
+    Auto,
+    /// Each unit holds its rows in registers and streams keys from global memory
+    /// (fast on CPU runtimes, where shared memory is no faster than global).
+    RegisterTile,
+    /// FlashAttention-2 with Q/K/V tiles staged in shared memory and tile products
+    /// in unit arithmetic.
+    Staged,
+    /// The staged kernels with tensor-core (`cmma`) tile products for f16/bf16 inputs
+    /// whose head dims are multiples of 16 (other calls take [`Self::Staged`]). Off
+    /// by default: it has not yet run on a GPU.
+    StagedTensorCores,
+}
+
+impl FlashKernel {
+    /// Reads `BURN_TRANSFORMER_FLASH_KERNEL`; `None` when unset or `auto`.
+    pub(crate) fn from_env() -> Option<Self> {
+        let value = std::env::var("BURN_TRANSFORMER_FLASH_KERNEL").ok()?;
+        match value.trim().to_ascii_lowercase().as_str() {
+            "register" | "register-tile" => Some(Self::RegisterTile),
+            "staged" => Some(Self::Staged),
+            "tensor-cores" | "cmma" => Some(Self::StagedTensorCores),
+            "" | "auto" => None,
+            other => {
+                log::warn!(
+                    "BURN_TRANSFORMER_FLASH_KERNEL={other} is not one of auto, register, \
+                     staged, tensor-cores; using auto"
+                );
+                None
+            }
+        }
+    }
 }
 
 impl ScoreOptions {
@@ -46,7 +93,13 @@ impl ScoreOptions {
             mask,
             has_key_mask: false,
             has_sinks: false,
+            kernel: FlashKernel::Auto,
         }
+    }
+
+    /// These options with the kernel family `kernel` on CubeCL devices.
+    pub fn with_kernel(self, kernel: FlashKernel) -> Self {
+        Self { kernel, ..self }
     }
 
     /// These options for a call with (or without) attention sinks.

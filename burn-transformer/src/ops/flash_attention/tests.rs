@@ -29,6 +29,8 @@ pub(crate) struct Case {
     pub scale: Option<f64>,
     /// A learned sink logit per query head (gpt-oss), drawn with the inputs.
     pub sinks: bool,
+    /// The kernel family on CubeCL devices.
+    pub kernel: FlashKernel,
 }
 
 impl Case {
@@ -53,6 +55,7 @@ impl Case {
             softcap: None,
             scale: None,
             sinks: false,
+            kernel: FlashKernel::Auto,
         }
     }
 
@@ -71,6 +74,7 @@ impl Case {
             MaskRule::new(self.causal, self.window),
         )
         .with_key_mask(self.lengths.is_some())
+        .with_kernel(self.kernel)
     }
 
     fn padding(&self, device: &Device) -> Option<Tensor<2, Bool>> {
@@ -538,20 +542,23 @@ mod on_device {
     use super::*;
     use std::sync::atomic::Ordering;
 
-    /// Outputs and gradients of the parity grid, fused against the naive f32 path and
-    /// the f64 oracle.
-    pub fn parity_grid_f32(device: &Device, label: &str) {
-        let cases = parity_grid();
-        assert!(cases.len() >= 100, "{} configurations", cases.len());
+    /// Outputs and gradients of `cases` with the kernel family `kernel`, fused against
+    /// the naive f32 path and the f64 oracle.
+    fn parity(device: &Device, label: &str, cases: &[(usize, Case)], kernel: FlashKernel) {
         let launches = super::super::op::FORWARD_LAUNCHES.load(Ordering::Relaxed);
+        let staged = super::super::op::STAGED_LAUNCHES.load(Ordering::Relaxed);
         // Every configuration runs before the verdict, so that a failure shows its
         // whole pattern (which quantities, which shapes), not just the first case.
         let mut failures = Vec::new();
-        for (index, case) in cases.iter().enumerate() {
-            let inputs = Inputs::random(case, index as u64, 1.0);
-            let (fused, naive, expected) = compare(case, &inputs, device, DType::F32);
+        for (index, case) in cases {
+            let case = Case {
+                kernel,
+                ..case.clone()
+            };
+            let inputs = Inputs::random(&case, *index as u64, 1.0);
+            let (fused, naive, expected) = compare(&case, &inputs, device, DType::F32);
             failures.extend(rule_failures(
-                &format!("{label} #{index} {case:?}"),
+                &format!("{label} {kernel:?} #{index} {case:?}"),
                 &fused,
                 &naive,
                 &expected,
@@ -565,10 +572,54 @@ mod on_device {
             QUANTITIES.len() * cases.len(),
             failures.join("\n")
         );
-        // The CubeCL kernel really ran for these calls (under Fusion, at execution).
+        // The CubeCL kernel really ran for these calls (under Fusion, at execution),
+        // and the staged family did when asked for (forward and backward of each).
         assert!(
             super::super::op::FORWARD_LAUNCHES.load(Ordering::Relaxed) >= launches + cases.len()
         );
+        if kernel == FlashKernel::Staged {
+            // Every case but MLA's absorbed 576/512 fits 32 KiB of shared memory
+            // (lavapipe's); larger devices fit those too.
+            let mut fitting = 0;
+            for (index, case) in cases {
+                let (fits, shared) =
+                    super::super::cube::tiling::staged_fits(device, DType::F32, &case.problem());
+                fitting += fits as usize;
+                assert!(
+                    fits || (case.d_qk > 192 && shared < 64 * 1024),
+                    "#{index} {case:?}: the staged tiles do not fit {shared} B"
+                );
+            }
+            assert!(
+                super::super::op::STAGED_LAUNCHES.load(Ordering::Relaxed) >= staged + 2 * fitting
+            );
+        }
+    }
+
+    /// The whole parity grid through the device's default kernels.
+    pub fn parity_grid_f32(device: &Device, label: &str) {
+        let cases: Vec<(usize, Case)> = parity_grid().into_iter().enumerate().collect();
+        assert!(cases.len() >= 100, "{} configurations", cases.len());
+        parity(device, label, &cases, FlashKernel::Auto);
+    }
+
+    /// The parity grid through the staged kernels (GPUs' default; CPU runtimes such
+    /// as lavapipe run them when asked), with plain tile products.
+    ///
+    /// Every mask, head and head-dim configuration of the grid with sequences up to
+    /// 129, and one long causal case: the kernels compile once per head dim and tile,
+    /// whatever the mask, so this covers the staged code without the long cases'
+    /// lavapipe time.
+    pub fn parity_grid_staged(device: &Device, label: &str) {
+        let cases: Vec<(usize, Case)> = parity_grid()
+            .into_iter()
+            .enumerate()
+            .filter(|(index, case)| {
+                let long = case.seq_q.max(case.seq_k) > 129;
+                (index % 2 == 0 && !long) || (long && case.causal && case.d_qk == 64)
+            })
+            .collect();
+        parity(device, label, &cases, FlashKernel::Staged);
     }
 
     pub fn fully_masked_rows_and_large_logits_stay_finite(device: &Device) {
@@ -587,15 +638,22 @@ mod on_device {
         assert!(fused[0][..65 * 64].iter().all(|x| *x == 0.0));
     }
 
+    /// f16 and bf16 (where the device has them) through the default kernels and the
+    /// staged ones.
     pub fn half_precision_subset(device: &Device) {
-        for dtype in [DType::F16, DType::BF16] {
-            let case = Case::new(4, 2, 64, 129, (64, 64)).causal_padded(vec![129, 50]);
+        for (dtype, kernel) in [DType::F16, DType::BF16]
+            .into_iter()
+            .flat_map(|dtype| [(dtype, FlashKernel::Auto), (dtype, FlashKernel::Staged)])
+        {
+            let mut case = Case::new(4, 2, 64, 129, (64, 64)).causal_padded(vec![129, 50]);
+            case.kernel = kernel;
             let inputs = Inputs::random(&case, 5, 1.0);
             let problem = case.problem();
             match check_support(device, dtype, &problem) {
                 Ok(()) => {
                     let (fused, naive, expected) = compare(&case, &inputs, device, dtype);
-                    assert_rule(&format!("{dtype:?}"), &fused, &naive, &expected, 1e-3);
+                    let what = format!("{dtype:?} {kernel:?}");
+                    assert_rule(&what, &fused, &naive, &expected, 1e-3);
                 }
                 Err(reason) => {
                     assert_eq!(reason, Unsupported::DeviceDType(dtype));
@@ -628,6 +686,11 @@ macro_rules! kernel_tests {
             #[test]
             fn parity_grid_f32() {
                 on_device::parity_grid_f32(&$device(), stringify!($runtime));
+            }
+
+            #[test]
+            fn parity_grid_staged() {
+                on_device::parity_grid_staged(&$device(), stringify!($runtime));
             }
 
             #[test]

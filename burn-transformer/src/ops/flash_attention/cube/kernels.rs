@@ -32,10 +32,10 @@ use cubecl::prelude::*;
 use crate::ops::mask::{HIDDEN_SCORE, MASKED_ROW_LSE};
 
 /// Score of a hidden entry (see [`HIDDEN_SCORE`]).
-const HIDDEN: f32 = HIDDEN_SCORE;
+pub(super) const HIDDEN: f32 = HIDDEN_SCORE;
 /// Visible scores are clamped above this, so that a row's max is above `HIDDEN`
 /// exactly when the row sees a key.
-const SCORE_FLOOR: f32 = HIDDEN_SCORE / 10.0;
+pub(super) const SCORE_FLOOR: f32 = HIDDEN_SCORE / 10.0;
 
 /// Compile-time shape of one launch; each distinct value compiles one kernel. The
 /// masking options are runtime flags ([`Sizes`]): one compiled kernel serves every
@@ -87,7 +87,7 @@ pub struct Sizes {
 /// Whether key `key` is visible from absolute query position `pos` by the causal
 /// and window structure (padding is checked apart).
 #[cube]
-fn structurally_visible(pos: i32, key: i32, sizes: &Sizes) -> bool {
+pub(super) fn structurally_visible(pos: i32, key: i32, sizes: &Sizes) -> bool {
     let window = i32::cast_from(sizes.window);
     let causal = sizes.causal != 0;
     let in_window = pos - key < window && (causal || key - pos < window);
@@ -96,7 +96,7 @@ fn structurally_visible(pos: i32, key: i32, sizes: &Sizes) -> bool {
 
 /// Soft-caps a scaled score: `c·tanh(s/c)`.
 #[cube]
-fn cap_score(score: f32, sizes: &Sizes) -> f32 {
+pub(super) fn cap_score(score: f32, sizes: &Sizes) -> f32 {
     let mut out = score;
     if sizes.softcap != 0 {
         out = sizes.cap * f32::tanh(score / sizes.cap);
@@ -106,7 +106,7 @@ fn cap_score(score: f32, sizes: &Sizes) -> f32 {
 
 /// Derivative of the soft-cap at a capped score `s = c·tanh(t/c)`: `1 − (s/c)²`.
 #[cube]
-fn cap_derivative(capped: f32, sizes: &Sizes) -> f32 {
+pub(super) fn cap_derivative(capped: f32, sizes: &Sizes) -> f32 {
     let mut out = 1.0f32;
     if sizes.softcap != 0 {
         let ratio = capped / sizes.cap;
@@ -118,7 +118,7 @@ fn cap_derivative(capped: f32, sizes: &Sizes) -> f32 {
 /// Range `[start, end)` of keys that any of the query rows `[row_first, row_last]`
 /// may see; empty when `end <= start`.
 #[cube]
-fn key_range(row_first: u32, row_last: u32, sizes: &Sizes) -> (i32, i32) {
+pub(super) fn key_range(row_first: u32, row_last: u32, sizes: &Sizes) -> (i32, i32) {
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
     let first_pos = i32::cast_from(row_first) + shift;
     let last_pos = i32::cast_from(row_last) + shift;
@@ -142,7 +142,7 @@ fn key_range(row_first: u32, row_last: u32, sizes: &Sizes) -> (i32, i32) {
 /// Range `[start, end)` of query rows that may see any of the keys
 /// `[key_first, key_last]`; empty when `end <= start`.
 #[cube]
-fn row_range(key_first: u32, key_last: u32, sizes: &Sizes) -> (i32, i32) {
+pub(super) fn row_range(key_first: u32, key_last: u32, sizes: &Sizes) -> (i32, i32) {
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
     let first = i32::cast_from(key_first);
     let last = i32::cast_from(key_last);
@@ -168,7 +168,7 @@ fn row_range(key_first: u32, key_last: u32, sizes: &Sizes) -> (i32, i32) {
 /// Whether the key at `key` is a real, unpadded key (`key < seq_k` and, with a
 /// padding mask, not padded); reads the clamped index `key_c`.
 #[cube]
-fn key_kept<F: Float>(
+pub(super) fn key_kept<F: Float>(
     key_mask: &Tensor<F>,
     key: usize,
     key_c: usize,

@@ -21,9 +21,12 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::calculate_cube_count_elemwise;
 use cubecl::prelude::*;
 
-use super::super::{Problem, ScoreOptions};
+use super::super::{FlashKernel, Problem, ScoreOptions};
 use super::kernels::{self, AttentionConfig, SizesLaunch};
-use super::tiling::{KernelTile, Tiling, plan_tiling};
+use super::staged;
+use super::tiling::{
+    KernelTile, StagedProduct, StagedTiling, Tiling, is_cpu_runtime, plan_staged, plan_tiling,
+};
 
 /// Units per cube of the backward pre-pass (one unit per query row, on every device).
 pub(super) const PREPASS_UNITS: u32 = 256;
@@ -65,6 +68,40 @@ fn plan_or_panic(problem: &Problem, tensor: &CubeTensor) -> Tiling {
     })
 }
 
+/// The kernel family one call runs with, and its tiles.
+enum Family {
+    RegisterTile(Tiling),
+    Staged(StagedTiling),
+}
+
+/// Resolves the call's [`FlashKernel`] on the tensors' device, with its fallbacks:
+/// tensor cores need f16/bf16, head dims multiple of 16 and the device's fragments
+/// (else the plain product); the staged tiles need the device's shared memory (else
+/// register tiles).
+fn choose(problem: &Problem, options: &ScoreOptions, tensor: &CubeTensor) -> Family {
+    let properties = tensor.client.properties();
+    let requested = match options.kernel {
+        FlashKernel::Auto => FlashKernel::from_env().unwrap_or(FlashKernel::Auto),
+        chosen => chosen,
+    };
+    let product = match requested {
+        FlashKernel::RegisterTile => None,
+        FlashKernel::Staged => Some(StagedProduct::Plain),
+        FlashKernel::StagedTensorCores => Some(StagedProduct::TensorCores),
+        // CPU runtimes serve shared memory at the cost of global memory, so the
+        // register tiles' reuse is what pays there (see `kernels.rs`).
+        FlashKernel::Auto => (!is_cpu_runtime(properties)).then_some(StagedProduct::Plain),
+    };
+    if let Some(tiling) =
+        product.and_then(|product| plan_staged(problem, tensor.dtype, product, properties))
+    {
+        #[cfg(test)]
+        super::super::op::STAGED_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return Family::Staged(tiling);
+    }
+    Family::RegisterTile(plan_or_panic(problem, tensor))
+}
+
 /// Runs the forward kernel: `(output, lse)`.
 ///
 /// # Shapes
@@ -86,7 +123,7 @@ pub(crate) fn forward(
     let key_mask = into_contiguous(key_mask);
     let sinks = into_contiguous(sinks);
     let problem = Problem::from_shapes(&q.shape(), &k.shape(), &v.shape(), options);
-    let tiling = plan_or_panic(&problem, &q);
+    let family = choose(&problem, options, &q);
     let client = q.client.clone();
     let dtype = q.dtype;
 
@@ -103,6 +140,37 @@ pub(crate) fn forward(
         Shape::new([problem.batch, problem.heads, problem.seq_q]),
         DType::F32,
     );
+    let tiling = match family {
+        Family::RegisterTile(tiling) => tiling,
+        Family::Staged(tiling) => {
+            let config = tiling.forward;
+            let cube_count = CubeCount::Static(
+                problem.seq_q.div_ceil(config.block_q) as u32,
+                (problem.batch * problem.heads) as u32,
+                1,
+            );
+            // SAFETY: every index the kernel reads or writes is clamped to or checked
+            // against the problem sizes, which match the contiguous tensors above.
+            unsafe {
+                staged::staged_forward::launch_unchecked(
+                    &client,
+                    cube_count,
+                    CubeDim::new_1d(config.units as u32),
+                    q.into_tensor_arg(),
+                    k.into_tensor_arg(),
+                    v.into_tensor_arg(),
+                    key_mask.into_tensor_arg(),
+                    sinks.into_tensor_arg(),
+                    output.clone().into_tensor_arg(),
+                    lse.clone().into_tensor_arg(),
+                    sizes(&problem, options),
+                    config,
+                    dtype_to_storage_type(dtype),
+                );
+            }
+            return (output, lse);
+        }
+    };
     let tile = tiling.forward;
     let config = config(&problem, tiling.vector_size, &tile);
     let cube_count = CubeCount::Static(
@@ -156,7 +224,7 @@ pub(crate) fn backward(
     let grad_output = into_contiguous(grad_output);
     let key_mask = into_contiguous(key_mask);
     let problem = Problem::from_shapes(&q.shape(), &k.shape(), &v.shape(), options);
-    let tiling = plan_or_panic(&problem, &q);
+    let family = choose(&problem, options, &q);
     let client = q.client.clone();
     let device = q.device.clone();
     let dtype = q.dtype;
@@ -174,26 +242,90 @@ pub(crate) fn backward(
     );
     let cube_dim = CubeDim::new_1d(PREPASS_UNITS);
     let cube_count = calculate_cube_count_elemwise(&client, rows, cube_dim);
+    // The staged kernels read every tensor element by element.
+    let vector_size = match &family {
+        Family::RegisterTile(tiling) => tiling.vector_size,
+        Family::Staged(_) => 1,
+    };
     // SAFETY: the kernel checks `row < rows` and the tensors hold `rows` rows.
     unsafe {
         kernels::flash_backward_stats::launch_unchecked(
             &client,
             cube_count,
             cube_dim,
-            tiling.vector_size,
+            vector_size,
             output.into_tensor_arg(),
             grad_output.clone().into_tensor_arg(),
             lse.into_tensor_arg(),
             stats.clone().into_tensor_arg(),
             rows as u32,
-            problem.d_v / tiling.vector_size,
+            problem.d_v / vector_size,
             storage,
         );
     }
 
-    // 2. dK, dV: one unit per key.
     let grad_k = empty(k.shape(), dtype);
     let grad_v = empty(v.shape(), dtype);
+    let grad_q = empty(q.shape(), dtype);
+    let tiling = match family {
+        Family::RegisterTile(tiling) => tiling,
+        Family::Staged(tiling) => {
+            // 2. dK, dV: one cube per block of keys; 3. dQ: one per block of rows.
+            let config = tiling.backward_kv;
+            let cube_count = CubeCount::Static(
+                problem.seq_k.div_ceil(config.block_k) as u32,
+                (problem.batch * problem.kv_heads) as u32,
+                1,
+            );
+            // SAFETY: indices are bounded by the problem sizes of these contiguous
+            // tensors.
+            unsafe {
+                staged::staged_backward_kv::launch_unchecked(
+                    &client,
+                    cube_count,
+                    CubeDim::new_1d(config.units as u32),
+                    q.clone().into_tensor_arg(),
+                    k.clone().into_tensor_arg(),
+                    v.clone().into_tensor_arg(),
+                    grad_output.clone().into_tensor_arg(),
+                    stats.clone().into_tensor_arg(),
+                    key_mask.clone().into_tensor_arg(),
+                    grad_k.clone().into_tensor_arg(),
+                    grad_v.clone().into_tensor_arg(),
+                    sizes(&problem, options),
+                    config,
+                    storage,
+                );
+            }
+            let config = tiling.backward_q;
+            let cube_count = CubeCount::Static(
+                problem.seq_q.div_ceil(config.block_q) as u32,
+                (problem.batch * problem.heads) as u32,
+                1,
+            );
+            // SAFETY: as above.
+            unsafe {
+                staged::staged_backward_q::launch_unchecked(
+                    &client,
+                    cube_count,
+                    CubeDim::new_1d(config.units as u32),
+                    q.into_tensor_arg(),
+                    k.into_tensor_arg(),
+                    v.into_tensor_arg(),
+                    grad_output.into_tensor_arg(),
+                    stats.into_tensor_arg(),
+                    key_mask.into_tensor_arg(),
+                    grad_q.clone().into_tensor_arg(),
+                    sizes(&problem, options),
+                    config,
+                    storage,
+                );
+            }
+            return (grad_q, grad_k, grad_v);
+        }
+    };
+
+    // 2. dK, dV: one unit per key.
     let tile = tiling.backward_kv;
     let kv_config = config(&problem, tiling.vector_size, &tile);
     let cube_count = CubeCount::Static(
@@ -223,7 +355,6 @@ pub(crate) fn backward(
     }
 
     // 3. dQ: one unit per query row.
-    let grad_q = empty(q.shape(), dtype);
     let tile = tiling.backward_q;
     let q_config = config(&problem, tiling.vector_size, &tile);
     let cube_count = CubeCount::Static(

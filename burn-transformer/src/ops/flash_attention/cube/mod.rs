@@ -1,8 +1,12 @@
-//! The fused op on CubeCL runtimes (wgpu, cuda): the `#[cube]` kernels, their tile
-//! sizes per device, their launches, and the list of every kernel a device compiles.
+//! The fused op on CubeCL runtimes (wgpu, cuda): the `#[cube]` kernels of two
+//! families (register tiles; staged shared-memory tiles over one tile product), their
+//! tile sizes per device, their launches, and the list of every kernel a device
+//! compiles.
 
 mod kernels;
 pub(crate) mod launch;
+mod staged;
+mod tile_product;
 pub(crate) mod tiling;
 mod variants;
 

@@ -6,6 +6,8 @@ use burn::tensor::DType;
 use burn_cubecl::{CubeBackend, CubeDevice};
 
 use super::super::{Problem, Unsupported};
+use super::staged::StagedConfig;
+use super::tile_product::{FRAGMENT, TileProduct};
 
 /// Units per cube we aim for.
 const TARGET_UNITS: usize = 64;
@@ -190,4 +192,157 @@ pub(crate) fn check_cube(
         ));
     }
     plan_tiling(problem, properties).map(|_| ())
+}
+
+/// Units per cube of the staged kernels: four planes of 32 on GPUs.
+const STAGED_UNITS: usize = 128;
+/// `(block_q, block_k)` of the staged kernels, largest first: a kernel takes the first
+/// whose shared tiles fit the device. GPUs (100+ KiB per cube) take the first ones; the
+/// tiles of 8 serve devices with 32 KiB (lavapipe), where tensor cores do not exist.
+const STAGED_BLOCKS: [(usize, usize); 7] = [
+    (64, 64),
+    (64, 32),
+    (32, 32),
+    (32, 16),
+    (16, 16),
+    (16, 8),
+    (8, 8),
+];
+
+/// How the staged kernels' tile products run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum StagedProduct {
+    /// Unit arithmetic, on every device.
+    Plain,
+    /// Tensor cores (`cmma`), for f16/bf16 on devices with 16×16×16 fragments.
+    TensorCores,
+}
+
+/// The staged kernels' configurations for one problem on one device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct StagedTiling {
+    /// The forward kernel.
+    pub forward: StagedConfig,
+    /// The dQ kernel.
+    pub backward_q: StagedConfig,
+    /// The dK/dV kernel.
+    pub backward_kv: StagedConfig,
+}
+
+/// Whether the device multiplies 16×16×16 fragments of `dtype` into f32.
+fn has_tensor_cores(properties: &cubecl::ir::DeviceProperties, dtype: DType) -> bool {
+    let elem = match dtype {
+        DType::F16 => cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::F16),
+        DType::BF16 => cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::BF16),
+        _ => return false,
+    };
+    let f32 = cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::F32);
+    let side = FRAGMENT as u32;
+    properties.features.matmul.cmma.iter().any(|c| {
+        c.a_type == elem
+            && c.b_type == elem
+            && c.cd_type == f32
+            && (c.m, c.n, c.k) == (side, side, side)
+    })
+}
+
+/// Chooses the staged kernels' tiles for `problem` in `dtype` on a device with
+/// `properties`, with the tile product `product` where the device and head dims allow
+/// it (the plain product otherwise); `None` when the tiles of some kernel do not fit
+/// the device's shared memory (large head dims on small devices) or the grid is too
+/// large.
+pub(crate) fn plan_staged(
+    problem: &Problem,
+    dtype: DType,
+    product: StagedProduct,
+    properties: &cubecl::ir::DeviceProperties,
+) -> Option<StagedTiling> {
+    let hardware = &properties.hardware;
+    let elem = dtype.size();
+    let shared = hardware.max_shared_memory_size;
+    let tensor_cores = product == StagedProduct::TensorCores
+        && has_tensor_cores(properties, dtype)
+        && hardware.plane_size_min == 32
+        && problem.d_qk.is_multiple_of(FRAGMENT)
+        && problem.d_v.is_multiple_of(FRAGMENT);
+    let units = STAGED_UNITS
+        .min(hardware.max_units_per_cube as usize)
+        .min(hardware.max_cube_dim.0 as usize);
+    if tensor_cores && !units.is_multiple_of(32) {
+        return None;
+    }
+    // Four output columns per unit where the head dims allow it.
+    let cols = [4, 2, 1]
+        .into_iter()
+        .find(|&n| problem.d_qk.is_multiple_of(n) && problem.d_v.is_multiple_of(n))
+        .unwrap_or(1);
+    let tile_product = if tensor_cores {
+        TileProduct::TensorCores
+    } else {
+        TileProduct::Plain { rows: 4, cols }
+    };
+    // Short sequences (decoding) take the smallest tile along them.
+    let fits_q = |block: usize| block <= problem.seq_q.next_power_of_two().max(16);
+    let fits_k = |block: usize| block <= problem.seq_k.next_power_of_two().max(16);
+    let pick = |bytes: &dyn Fn(&StagedConfig) -> usize, short_q: bool| {
+        STAGED_BLOCKS
+            .into_iter()
+            .filter(|&(block_q, block_k)| {
+                // Fragments are 16 × 16.
+                let fragments = block_q.min(block_k) >= FRAGMENT;
+                if tensor_cores && !fragments {
+                    return false;
+                }
+                if short_q {
+                    fits_q(block_q)
+                } else {
+                    fits_k(block_k)
+                }
+            })
+            .map(|(block_q, block_k)| StagedConfig {
+                units,
+                block_q,
+                block_k,
+                d_qk: problem.d_qk,
+                d_v: problem.d_v,
+                product: tile_product,
+            })
+            .find(|config| bytes(config) <= shared)
+    };
+    let tiling = StagedTiling {
+        forward: pick(&|c| c.forward_bytes(elem), true)?,
+        backward_q: pick(&|c| c.backward_q_bytes(elem), true)?,
+        backward_kv: pick(&|c| c.backward_kv_bytes(elem), false)?,
+    };
+    let max_x = hardware.max_cube_count.0 as usize;
+    let max_y = hardware.max_cube_count.1 as usize;
+    let grid_fits = problem.seq_q.div_ceil(tiling.forward.block_q) <= max_x
+        && problem.seq_q.div_ceil(tiling.backward_q.block_q) <= max_x
+        && problem.seq_k.div_ceil(tiling.backward_kv.block_k) <= max_x
+        && problem.batch * problem.heads <= max_y;
+    grid_fits.then_some(tiling)
+}
+
+/// Whether the staged kernels take `problem` in `dtype` on `device`, and the device's
+/// shared memory per cube (tests: which calls of a grid the staged family serves).
+#[cfg(test)]
+pub(crate) fn staged_fits(
+    device: &burn::tensor::Device,
+    dtype: DType,
+    problem: &Problem,
+) -> (bool, usize) {
+    use burn::backend::DispatchDevice;
+    let inner = device.clone().inner();
+    match inner.as_dispatch() {
+        DispatchDevice::Cube(cube) => {
+            let client = cube.client();
+            let properties = client.properties();
+            (
+                plan_staged(problem, dtype, StagedProduct::Plain, properties).is_some(),
+                properties.hardware.max_shared_memory_size,
+            )
+        }
+        #[allow(unreachable_patterns)]
+        _ => (false, 0),
+    }
 }

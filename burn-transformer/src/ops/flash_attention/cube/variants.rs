@@ -21,7 +21,9 @@ use cubecl::{CompilationError, define_kernel};
 use super::super::{Problem, Unsupported};
 use super::kernels::{self, SizesCompilationArg};
 use super::launch::{PREPASS_UNITS, config};
-use super::tiling::{KernelTile, Tiling, plan_tiling};
+use super::staged::{self, StagedConfig};
+use super::tile_product::TileProduct;
+use super::tiling::{KernelTile, StagedProduct, StagedTiling, Tiling, plan_staged, plan_tiling};
 use crate::ops::mask::MaskRule;
 
 /// Sequence length (queries and keys) the variants are planned for: long enough that
@@ -82,16 +84,28 @@ pub enum KernelFamily {
     /// Each unit holds its rows in registers and streams the keys (or queries) from
     /// global memory; no shared memory (see `kernels.rs`).
     RegisterTile,
+    /// FlashAttention-2 with tiles staged in shared memory, tile products in unit
+    /// arithmetic (see `staged.rs`).
+    Staged,
+    /// The staged kernels with tensor-core tile products (f16/bf16 only).
+    StagedTensorCores,
 }
 
 impl KernelFamily {
     /// Every family, in the order tools list them.
-    pub const ALL: [KernelFamily; 1] = [KernelFamily::RegisterTile];
+    pub const ALL: [KernelFamily; 3] = [
+        KernelFamily::RegisterTile,
+        KernelFamily::Staged,
+        KernelFamily::StagedTensorCores,
+    ];
 
-    /// The family's name in tools' output (`register_tile`).
+    /// The family's name in tools' output (`register_tile`, `staged`,
+    /// `staged_tensor_cores`).
     pub fn name(self) -> &'static str {
         match self {
             Self::RegisterTile => "register_tile",
+            Self::Staged => "staged",
+            Self::StagedTensorCores => "staged_tensor_cores",
         }
     }
 }
@@ -122,8 +136,9 @@ pub struct KernelVariant {
     pub units_per_cube: u32,
     /// Elements per vector along the head dims.
     pub vector_size: usize,
-    /// Rows each unit owns and streamed rows per unrolled step, for the tile
-    /// kernels; `None` for the pre-pass, which has no tile.
+    /// The tile kernels' tile: rows each unit owns and streamed rows per unrolled step
+    /// (register tiles), or query rows and keys per shared tile (staged); `None` for
+    /// the pre-pass, which has no tile.
     pub tile: Option<(usize, usize)>,
     source: Box<dyn CubeKernel>,
 }
@@ -157,8 +172,10 @@ impl fmt::Debug for KernelVariant {
 
 /// Every kernel a device with `properties` would compile for the fused op, for each
 /// family, dtype of [`VARIANT_DTYPES`] and head dims of [`VARIANT_HEAD_DIMS`], with the
-/// tiles [`plan_tiling`] picks at [`VARIANT_SEQ_LEN`] (the masking options are
-/// runtime flags: they change no compiled kernel). `target` is the runtime's target
+/// tiles `tiling.rs` picks at [`VARIANT_SEQ_LEN`] (the masking options are runtime
+/// flags: they change no compiled kernel). A staged family appears for the problems
+/// whose tiles fit the device's shared memory, the tensor-core family for the dtypes
+/// and head dims its fragments take. `target` is the runtime's target
 /// properties (its matrix-multiply register layouts).
 ///
 /// # Errors
@@ -194,6 +211,21 @@ pub fn kernel_variants(
                 };
                 match family {
                     KernelFamily::RegisterTile => variants.extend(register_tile(&build)),
+                    KernelFamily::Staged | KernelFamily::StagedTensorCores => {
+                        let product = match family {
+                            KernelFamily::Staged => StagedProduct::Plain,
+                            _ => StagedProduct::TensorCores,
+                        };
+                        let staged_tiling = plan_staged(&problem, dtype, product, &properties);
+                        // The tensor-core family only where its product applies.
+                        let applies = staged_tiling.is_some_and(|t| {
+                            (t.forward.product == TileProduct::TensorCores)
+                                == (family == KernelFamily::StagedTensorCores)
+                        });
+                        if let (Some(staged_tiling), true) = (staged_tiling, applies) {
+                            variants.extend(staged_kernels(&build, family, &staged_tiling));
+                        }
+                    }
                 }
             }
         }
@@ -384,10 +416,119 @@ fn register_tile(build: &Build<'_>) -> [KernelVariant; 4] {
     [forward, prepass, dq, dkdv]
 }
 
+/// The staged kernels of `family` (forward, pre-pass, dQ, dK/dV), built as `launch.rs`
+/// launches them: every tensor read element by element.
+fn staged_kernels(
+    build: &Build<'_>,
+    family: KernelFamily,
+    tiling: &StagedTiling,
+) -> [KernelVariant; 4] {
+    let problem = build.problem;
+    let elem = dtype_to_storage_type(build.dtype);
+    let properties = || build.properties.clone();
+    let target = || build.target.clone();
+    let variant = |kernel, config: &StagedConfig, source: Box<dyn CubeKernel>| KernelVariant {
+        kernel,
+        family,
+        dtype: build.dtype,
+        d_qk: problem.d_qk,
+        d_v: problem.d_v,
+        units_per_cube: config.units as u32,
+        vector_size: 1,
+        tile: Some((config.block_q, config.block_k)),
+        source,
+    };
+
+    let config = tiling.forward;
+    let forward = staged::staged_forward::StagedForward::new(
+        build.settings(config.units as u32),
+        properties(),
+        target(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        sizes(),
+        config,
+        elem,
+    );
+    let forward = variant(AttentionKernel::Forward, &config, Box::new(forward));
+
+    let prepass = kernels::flash_backward_stats::FlashBackwardStats::new(
+        build.settings(PREPASS_UNITS),
+        properties(),
+        target(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        (),
+        1,
+        problem.d_v,
+        elem,
+    );
+    let prepass = KernelVariant {
+        kernel: AttentionKernel::BackwardPrepass,
+        family,
+        dtype: build.dtype,
+        d_qk: problem.d_qk,
+        d_v: problem.d_v,
+        units_per_cube: PREPASS_UNITS,
+        vector_size: 1,
+        tile: None,
+        source: Box::new(prepass),
+    };
+
+    let config = tiling.backward_q;
+    let dq = staged::staged_backward_q::StagedBackwardQ::new(
+        build.settings(config.units as u32),
+        properties(),
+        target(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        sizes(),
+        config,
+        elem,
+    );
+    let dq = variant(AttentionKernel::BackwardDq, &config, Box::new(dq));
+
+    let config = tiling.backward_kv;
+    let dkdv = staged::staged_backward_kv::StagedBackwardKv::new(
+        build.settings(config.units as u32),
+        properties(),
+        target(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        sizes(),
+        config,
+        elem,
+    );
+    let dkdv = variant(AttentionKernel::BackwardDkDv, &config, Box::new(dkdv));
+
+    [forward, prepass, dq, dkdv]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cubecl::ir::{DeviceIdentity, HardwareProperties, MemoryDeviceProperties, VectorSize};
+    use cubecl::ir::{
+        DeviceIdentity, ElemType, FloatKind, HardwareProperties, MemoryDeviceProperties,
+        VectorSize, features::MmaConfig,
+    };
     use cubecl::profile::TimingMethod;
 
     /// A GPU as a CUDA runtime describes one: 1024 units per cube, warps of 32.
@@ -426,31 +567,76 @@ mod tests {
     #[test]
     fn every_kernel_dtype_and_head_dim_has_a_variant() {
         let variants = kernel_variants(&gpu(), &TargetProperties::default()).unwrap();
-        assert_eq!(
-            variants.len(),
-            4 * VARIANT_DTYPES.len() * VARIANT_HEAD_DIMS.len()
-        );
-        for kernel in [
+        let kernels = [
             AttentionKernel::Forward,
             AttentionKernel::BackwardPrepass,
             AttentionKernel::BackwardDq,
             AttentionKernel::BackwardDkDv,
-        ] {
-            for dtype in VARIANT_DTYPES {
-                for (d_qk, d_v) in VARIANT_HEAD_DIMS {
-                    let found = variants.iter().filter(|v| {
-                        v.kernel == kernel && v.dtype == dtype && v.d_qk == d_qk && v.d_v == d_v
-                    });
-                    assert_eq!(found.count(), 1, "{kernel} {dtype:?} {d_qk}x{d_v}");
+        ];
+        // Register tiles and the plain staged kernels everywhere (227 KiB of shared
+        // memory holds even MLA's tiles); tensor cores for f16/bf16 (every head dim
+        // here is a multiple of 16) once the device has fragments: this one has none.
+        for family in [KernelFamily::RegisterTile, KernelFamily::Staged] {
+            for kernel in kernels {
+                for dtype in VARIANT_DTYPES {
+                    for (d_qk, d_v) in VARIANT_HEAD_DIMS {
+                        let found = variants.iter().filter(|v| {
+                            v.family == family
+                                && v.kernel == kernel
+                                && v.dtype == dtype
+                                && v.d_qk == d_qk
+                                && v.d_v == d_v
+                        });
+                        assert_eq!(found.count(), 1, "{family} {kernel} {dtype:?} {d_qk}x{d_v}");
+                    }
                 }
             }
         }
-        // On a GPU the tile kernels keep one row per unit (see `tiling.rs`).
         assert!(
             variants
                 .iter()
-                .all(|v| v.tile.is_none_or(|(rows, _)| rows == 1))
+                .all(|v| v.family != KernelFamily::StagedTensorCores)
         );
+        // On a GPU the register-tile kernels keep one row per unit (see `tiling.rs`),
+        // and the staged ones take the largest tiles at long sequences.
+        for variant in variants.iter().filter(|v| v.tile.is_some()) {
+            let (rows, block) = variant.tile.unwrap();
+            match variant.family {
+                KernelFamily::RegisterTile => assert_eq!(rows, 1),
+                _ => assert!(rows >= 16 && block >= 16, "{variant:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn tensor_core_variants_need_fragments_and_half_types() {
+        let mut properties = gpu();
+        let (f16, bf16, f32) = (
+            ElemType::Float(FloatKind::F16),
+            ElemType::Float(FloatKind::BF16),
+            ElemType::Float(FloatKind::F32),
+        );
+        for half in [f16, bf16] {
+            properties.features.matmul.cmma.insert(MmaConfig {
+                a_type: half,
+                b_type: half,
+                cd_type: f32,
+                m: 16,
+                n: 16,
+                k: 16,
+            });
+        }
+        let variants = kernel_variants(&properties, &TargetProperties::default()).unwrap();
+        let tensor_cores: Vec<_> = variants
+            .iter()
+            .filter(|v| v.family == KernelFamily::StagedTensorCores)
+            .collect();
+        // f16 and bf16, every head dim pair, four kernels each.
+        assert_eq!(tensor_cores.len(), 2 * VARIANT_HEAD_DIMS.len() * 4);
+        assert!(tensor_cores.iter().all(|v| v.dtype != DType::F32));
+        for variant in tensor_cores {
+            variant.define().unwrap();
+        }
     }
 
     #[test]
@@ -462,11 +648,14 @@ mod tests {
         {
             let definition = variant.define().unwrap();
             assert_eq!(definition.settings.cube_dim.x, variant.units_per_cube);
-            let base = match variant.kernel {
-                AttentionKernel::Forward => "flash_forward",
-                AttentionKernel::BackwardPrepass => "flash_backward_stats",
-                AttentionKernel::BackwardDq => "flash_backward_q",
-                AttentionKernel::BackwardDkDv => "flash_backward_kv",
+            let base = match (variant.family, variant.kernel) {
+                (_, AttentionKernel::BackwardPrepass) => "flash_backward_stats",
+                (KernelFamily::RegisterTile, AttentionKernel::Forward) => "flash_forward",
+                (KernelFamily::RegisterTile, AttentionKernel::BackwardDq) => "flash_backward_q",
+                (KernelFamily::RegisterTile, AttentionKernel::BackwardDkDv) => "flash_backward_kv",
+                (_, AttentionKernel::Forward) => "staged_forward",
+                (_, AttentionKernel::BackwardDq) => "staged_backward_q",
+                (_, AttentionKernel::BackwardDkDv) => "staged_backward_kv",
             };
             assert!(
                 definition.settings.kernel_name.starts_with(base),

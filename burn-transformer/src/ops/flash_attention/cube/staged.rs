@@ -1,0 +1,671 @@
+//! The staged kernels: FlashAttention-2 for GPUs, with tiles of Q, K and V staged in
+//! shared memory and every matrix product a [`tile_product`] (tensor cores or unit
+//! arithmetic, chosen at compile time).
+//!
+//! Work split:
+//! - forward and dQ: a cube owns `block_q` query rows of one head and walks the keys
+//!   any of them may see, `block_k` at a time: `S = Q·Kᵀ`, the online softmax on the
+//!   rows of `S` (one unit per row), then `O += P·V` (or `dQ += dS·K`);
+//! - dK/dV: a cube owns `block_k` keys of one key/value head and walks the query rows
+//!   of every query head of its group that may see them, `block_q` at a time. Each key's
+//!   gradient is summed by its own cube in a fixed order: no atomics, deterministic.
+//!
+//! The masks, soft-cap, sinks and the hidden-score conventions are those of the
+//! register-tile kernels (`kernels.rs`), whose helpers these kernels call, so both
+//! families compute the same function; the parity grid checks each against the
+//! oracle. `P` and `dS` are rounded to the input type before their products, as in
+//! FlashAttention-2 (a no-op for f32), so the tensor-core product sees the same
+//! factors as the plain one.
+
+use cubecl::prelude::*;
+
+use super::kernels::{
+    HIDDEN, SCORE_FLOOR, Sizes, cap_derivative, cap_score, key_kept, key_range, row_range,
+    structurally_visible,
+};
+use super::tile_product::{Operand, ProductShape, TileProduct, tile_product};
+use crate::ops::mask::MASKED_ROW_LSE;
+
+/// Byte alignment of every shared tile: tensor-core fragments load from 32-byte
+/// aligned addresses, and 128 keeps tiles on separate cache lines.
+const TILE_ALIGN: usize = 128;
+
+/// Compile-time shape of one staged launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct StagedConfig {
+    /// Units per cube.
+    pub units: usize,
+    /// Query rows per tile.
+    pub block_q: usize,
+    /// Keys per tile.
+    pub block_k: usize,
+    /// Query/key head dim.
+    pub d_qk: usize,
+    /// Value head dim.
+    pub d_v: usize,
+    /// How the tile products are computed.
+    pub product: TileProduct,
+}
+
+impl StagedConfig {
+    /// Shared-memory bytes of the forward kernel for inputs of `elem` bytes.
+    pub fn forward_bytes(&self, elem: usize) -> usize {
+        let (bq, bk) = (self.block_q, self.block_k);
+        elem * (bq * self.d_qk + bk * self.d_qk + bk * self.d_v + bq * bk)
+            + 4 * (bq * bk + bq * self.d_v + 3 * bq + bk)
+    }
+
+    /// Shared-memory bytes of the dQ kernel.
+    pub fn backward_q_bytes(&self, elem: usize) -> usize {
+        let (bq, bk) = (self.block_q, self.block_k);
+        elem * (bq * self.d_qk + bq * self.d_v + bk * self.d_qk + bk * self.d_v + bq * bk)
+            + 4 * (2 * bq * bk + bq * self.d_qk + 2 * bq + bk)
+    }
+
+    /// Shared-memory bytes of the dK/dV kernel.
+    pub fn backward_kv_bytes(&self, elem: usize) -> usize {
+        let (bq, bk) = (self.block_q, self.block_k);
+        elem * (bk * self.d_qk + bk * self.d_v + bq * self.d_qk + bq * self.d_v + 2 * bq * bk)
+            + 4 * (2 * bq * bk + bk * self.d_qk + bk * self.d_v + 3 * bq + bk)
+    }
+}
+
+/// A new shared tile of `len` elements.
+#[cube]
+fn shared_tile<E: CubePrimitive>(#[comptime] len: usize) -> Shared<[E]> {
+    Shared::<[E]>::new_aligned_slice(len, TILE_ALIGN)
+}
+
+/// Copies rows `first .. first + rows` of one head (`head_row = head · seq`) of a
+/// contiguous `[.., seq, d]` tensor into `tile`, row-major; rows past `seq` repeat
+/// the last row (their results are masked or never written).
+#[cube]
+fn stage_rows<F: Float>(
+    source: &Tensor<F>,
+    tile: &mut Shared<[F]>,
+    head_row: usize,
+    first: usize,
+    seq: usize,
+    #[comptime] rows: usize,
+    #[comptime] d: usize,
+) {
+    let mut e = UNIT_POS as usize;
+    while e < rows * d {
+        let r = e / d;
+        let mut row = first + r;
+        if row >= seq {
+            row = seq - 1;
+        }
+        tile[e] = source[(head_row + row) * d + e - r * d];
+        e += CUBE_DIM as usize;
+    }
+}
+
+/// Sets every element of `tile` to zero.
+#[cube]
+fn zero_tile(tile: &mut Shared<[f32]>, #[comptime] len: usize) {
+    let mut e = UNIT_POS as usize;
+    while e < len {
+        tile[e] = 0.0f32;
+        e += CUBE_DIM as usize;
+    }
+}
+
+/// Stores `1` for each of the `block` keys from `first` that is real and unpadded.
+#[cube]
+fn stage_kept_keys<F: Float>(
+    key_mask: &Tensor<F>,
+    kept: &mut Shared<[u32]>,
+    first: usize,
+    batch: usize,
+    sizes: &Sizes,
+    #[comptime] block: usize,
+) {
+    let last_key = sizes.seq_k as usize - 1;
+    let mut t = UNIT_POS as usize;
+    while t < block {
+        let key = first + t;
+        let mut key_c = key;
+        if key > last_key {
+            key_c = last_key;
+        }
+        kept[t] = u32::cast_from(key_kept::<F>(key_mask, key, key_c, batch, sizes));
+        t += CUBE_DIM as usize;
+    }
+}
+
+/// Forward: `O = softmax(q·kᵀ·scale + mask)·v` and the per-row log-sum-exp.
+///
+/// Cube `(x, y)`: query rows `x·block_q ..` of head `y` (flattened `batch·heads`).
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub fn staged_forward<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    key_mask: &Tensor<F>,
+    sinks: &Tensor<f32>,
+    out: &mut Tensor<F>,
+    lse: &mut Tensor<f32>,
+    sizes: Sizes,
+    #[comptime] config: StagedConfig,
+    #[define(F)] _dtype: ElemType,
+) {
+    let bq = config.block_q;
+    let bk = config.block_k;
+    let d_qk = config.d_qk;
+    let d_v = config.d_v;
+    let seq_q = sizes.seq_q as usize;
+    let seq_k = sizes.seq_k as usize;
+    let heads = sizes.heads as usize;
+    let group = sizes.group as usize;
+    let unit = UNIT_POS as usize;
+    let units = CUBE_DIM as usize;
+    let head = CUBE_POS_Y as usize;
+    let batch = head / heads;
+    let kv_head = batch * (heads / group) + (head % heads) / group;
+    let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
+    let first_row = CUBE_POS_X as usize * bq;
+    let mut last_row = first_row + bq - 1;
+    if last_row >= seq_q {
+        last_row = seq_q - 1;
+    }
+    let (kv_start, kv_end) = key_range(first_row as u32, last_row as u32, &sizes);
+
+    let mut q_tile = shared_tile::<F>(bq * d_qk);
+    let mut k_tile = shared_tile::<F>(bk * d_qk);
+    let mut v_tile = shared_tile::<F>(bk * d_v);
+    let mut scores = shared_tile::<f32>(bq * bk);
+    let mut probs = shared_tile::<F>(bq * bk);
+    let mut acc = shared_tile::<f32>(bq * d_v);
+    let mut row_max = shared_tile::<f32>(bq);
+    let mut row_sum = shared_tile::<f32>(bq);
+    let mut row_scale = shared_tile::<f32>(bq);
+    let mut kept = shared_tile::<u32>(bk);
+
+    stage_rows::<F>(q, &mut q_tile, head * seq_q, first_row, seq_q, bq, d_qk);
+    zero_tile(&mut acc, bq * d_v);
+    let mut r = unit;
+    while r < bq {
+        row_max[r] = f32::new(HIDDEN);
+        row_sum[r] = 0.0f32;
+        r += units;
+    }
+
+    let mut start = kv_start;
+    while start < kv_end {
+        let first = start as usize;
+        stage_rows::<F>(k, &mut k_tile, kv_head * seq_k, first, seq_k, bk, d_qk);
+        stage_rows::<F>(v, &mut v_tile, kv_head * seq_k, first, seq_k, bk, d_v);
+        stage_kept_keys::<F>(key_mask, &mut kept, first, batch, &sizes, bk);
+        sync_cube();
+        // S = Q·Kᵀ
+        tile_product::<F>(
+            &q_tile,
+            &k_tile,
+            &mut scores,
+            comptime!(ProductShape::new(
+                bq,
+                bk,
+                d_qk,
+                Operand::rows(d_qk),
+                Operand::transposed(d_qk),
+                false
+            )),
+            config.product,
+        );
+        sync_cube();
+        // Online softmax, one unit per row: P for the block, the row's running max
+        // and sum, and its accumulator rescaled to the new max.
+        let mut r = unit;
+        while r < bq {
+            let pos = i32::cast_from(first_row + r) + shift;
+            let mut block_max = f32::new(HIDDEN);
+            for t in 0..bk {
+                let mut score = cap_score(scores[r * bk + t] * sizes.scale, &sizes);
+                score = f32::max(score, SCORE_FLOOR);
+                let visible = kept[t] != 0 && structurally_visible(pos, start + t as i32, &sizes);
+                score = select(visible, score, HIDDEN);
+                scores[r * bk + t] = score;
+                block_max = f32::max(block_max, score);
+            }
+            let new_max = f32::max(row_max[r], block_max);
+            // A row that has seen no key yet keeps everything at zero.
+            let live = new_max > HIDDEN;
+            let correction = select(live, f32::exp(row_max[r] - new_max), 1.0f32);
+            let mut total = row_sum[r] * correction;
+            for t in 0..bk {
+                let p = select(live, f32::exp(scores[r * bk + t] - new_max), 0.0f32);
+                probs[r * bk + t] = F::cast_from(p);
+                total += p;
+            }
+            row_sum[r] = total;
+            row_max[r] = new_max;
+            for c in 0..d_v {
+                acc[r * d_v + c] *= correction;
+            }
+            r += units;
+        }
+        sync_cube();
+        // O += P·V
+        tile_product::<F>(
+            &probs,
+            &v_tile,
+            &mut acc,
+            comptime!(ProductShape::new(
+                bq,
+                d_v,
+                bk,
+                Operand::rows(bk),
+                Operand::rows(d_v),
+                true
+            )),
+            config.product,
+        );
+        sync_cube();
+        start += bk as i32;
+    }
+
+    // A head's sink joins every row's normalization once, after the keys (see the
+    // register-tile forward).
+    let mut sink = f32::new(HIDDEN);
+    if sizes.sinks != 0 {
+        sink = sinks[head % heads];
+    }
+    let mut r = unit;
+    while r < bq {
+        let mut total = row_sum[r];
+        let mut max = row_max[r];
+        let mut kept_share = 1.0f32;
+        if sizes.sinks != 0 {
+            let new_max = f32::max(max, sink);
+            kept_share = f32::exp(max - new_max);
+            total = total * kept_share + f32::exp(sink - new_max);
+            max = new_max;
+        }
+        let mut inverse = 0.0f32;
+        let mut row_lse = f32::new(MASKED_ROW_LSE);
+        if total > 0.0f32 {
+            inverse = kept_share / total;
+            row_lse = max + f32::ln(total);
+        }
+        row_scale[r] = inverse;
+        let row = first_row + r;
+        if row < seq_q {
+            lse[head * seq_q + row] = row_lse;
+        }
+        r += units;
+    }
+    sync_cube();
+    let mut e = unit;
+    while e < bq * d_v {
+        let r = e / d_v;
+        let row = first_row + r;
+        if row < seq_q {
+            out[(head * seq_q + row) * d_v + e - r * d_v] = F::cast_from(acc[e] * row_scale[r]);
+        }
+        e += units;
+    }
+}
+
+/// Stages `(LSE, D)` of the `block` query rows from `first` of head `head`, and
+/// whether each row exists.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn stage_row_stats(
+    stats: &Tensor<f32>,
+    row_lse: &mut Shared<[f32]>,
+    row_delta: &mut Shared<[f32]>,
+    row_ok: &mut Shared<[u32]>,
+    head: usize,
+    first: usize,
+    seq_q: usize,
+    #[comptime] block: usize,
+) {
+    let mut t = UNIT_POS as usize;
+    while t < block {
+        let row = first + t;
+        let mut row_c = row;
+        if row >= seq_q {
+            row_c = seq_q - 1;
+        }
+        row_lse[t] = stats[(head * seq_q + row_c) * 2];
+        row_delta[t] = stats[(head * seq_q + row_c) * 2 + 1];
+        row_ok[t] = u32::cast_from(row < seq_q);
+        t += CUBE_DIM as usize;
+    }
+}
+
+/// Backward for queries: `dQ = scale·dS·K`, walking keys like the forward.
+///
+/// Cube `(x, y)`: query rows `x·block_q ..` of head `y` (flattened `batch·heads`).
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub fn staged_backward_q<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    grad_out: &Tensor<F>,
+    stats: &Tensor<f32>,
+    key_mask: &Tensor<F>,
+    grad_q: &mut Tensor<F>,
+    sizes: Sizes,
+    #[comptime] config: StagedConfig,
+    #[define(F)] _dtype: ElemType,
+) {
+    let bq = config.block_q;
+    let bk = config.block_k;
+    let d_qk = config.d_qk;
+    let d_v = config.d_v;
+    let seq_q = sizes.seq_q as usize;
+    let seq_k = sizes.seq_k as usize;
+    let heads = sizes.heads as usize;
+    let group = sizes.group as usize;
+    let unit = UNIT_POS as usize;
+    let units = CUBE_DIM as usize;
+    let head = CUBE_POS_Y as usize;
+    let batch = head / heads;
+    let kv_head = batch * (heads / group) + (head % heads) / group;
+    let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
+    let first_row = CUBE_POS_X as usize * bq;
+    let mut last_row = first_row + bq - 1;
+    if last_row >= seq_q {
+        last_row = seq_q - 1;
+    }
+    let (kv_start, kv_end) = key_range(first_row as u32, last_row as u32, &sizes);
+
+    let mut q_tile = shared_tile::<F>(bq * d_qk);
+    let mut do_tile = shared_tile::<F>(bq * d_v);
+    let mut k_tile = shared_tile::<F>(bk * d_qk);
+    let mut v_tile = shared_tile::<F>(bk * d_v);
+    let mut scores = shared_tile::<f32>(bq * bk);
+    let mut dp = shared_tile::<f32>(bq * bk);
+    let mut ds = shared_tile::<F>(bq * bk);
+    let mut dq = shared_tile::<f32>(bq * d_qk);
+    let mut row_lse = shared_tile::<f32>(bq);
+    let mut row_delta = shared_tile::<f32>(bq);
+    let mut row_ok = shared_tile::<u32>(bq);
+    let mut kept = shared_tile::<u32>(bk);
+
+    stage_rows::<F>(q, &mut q_tile, head * seq_q, first_row, seq_q, bq, d_qk);
+    stage_rows::<F>(
+        grad_out,
+        &mut do_tile,
+        head * seq_q,
+        first_row,
+        seq_q,
+        bq,
+        d_v,
+    );
+    stage_row_stats(
+        stats,
+        &mut row_lse,
+        &mut row_delta,
+        &mut row_ok,
+        head,
+        first_row,
+        seq_q,
+        bq,
+    );
+    zero_tile(&mut dq, bq * d_qk);
+
+    let mut start = kv_start;
+    while start < kv_end {
+        let first = start as usize;
+        stage_rows::<F>(k, &mut k_tile, kv_head * seq_k, first, seq_k, bk, d_qk);
+        stage_rows::<F>(v, &mut v_tile, kv_head * seq_k, first, seq_k, bk, d_v);
+        stage_kept_keys::<F>(key_mask, &mut kept, first, batch, &sizes, bk);
+        sync_cube();
+        // S = Q·Kᵀ and dP = dO·Vᵀ
+        tile_product::<F>(
+            &q_tile,
+            &k_tile,
+            &mut scores,
+            comptime!(ProductShape::new(
+                bq,
+                bk,
+                d_qk,
+                Operand::rows(d_qk),
+                Operand::transposed(d_qk),
+                false
+            )),
+            config.product,
+        );
+        tile_product::<F>(
+            &do_tile,
+            &v_tile,
+            &mut dp,
+            comptime!(ProductShape::new(
+                bq,
+                bk,
+                d_v,
+                Operand::rows(d_v),
+                Operand::transposed(d_v),
+                false
+            )),
+            config.product,
+        );
+        sync_cube();
+        // dS = P ∘ (dP − D) ∘ softcap', P = exp(S − LSE) where visible.
+        let mut e = unit;
+        while e < bq * bk {
+            let t = e / bk;
+            let j = e - t * bk;
+            let pos = i32::cast_from(first_row + t) + shift;
+            let capped = cap_score(scores[e] * sizes.scale, &sizes);
+            let visible = kept[j] != 0 && structurally_visible(pos, start + j as i32, &sizes);
+            let p = select(visible, f32::exp(capped - row_lse[t]), 0.0f32);
+            ds[e] = F::cast_from(p * (dp[e] - row_delta[t]) * cap_derivative(capped, &sizes));
+            e += units;
+        }
+        sync_cube();
+        // dQ += dS·K (scaled at the end)
+        tile_product::<F>(
+            &ds,
+            &k_tile,
+            &mut dq,
+            comptime!(ProductShape::new(
+                bq,
+                d_qk,
+                bk,
+                Operand::rows(bk),
+                Operand::rows(d_qk),
+                true
+            )),
+            config.product,
+        );
+        sync_cube();
+        start += bk as i32;
+    }
+
+    let mut e = unit;
+    while e < bq * d_qk {
+        let r = e / d_qk;
+        let row = first_row + r;
+        if row < seq_q && row_ok[r] != 0 {
+            grad_q[(head * seq_q + row) * d_qk + e - r * d_qk] = F::cast_from(dq[e] * sizes.scale);
+        }
+        e += units;
+    }
+}
+
+/// Backward for keys and values: `dV = Pᵀ·dO`, `dK = scale·dSᵀ·Q`.
+///
+/// Cube `(x, y)`: keys `x·block_k ..` of key/value head `y` (flattened
+/// `batch·kv_heads`); it walks every query head of the group.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub fn staged_backward_kv<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    grad_out: &Tensor<F>,
+    stats: &Tensor<f32>,
+    key_mask: &Tensor<F>,
+    grad_k: &mut Tensor<F>,
+    grad_v: &mut Tensor<F>,
+    sizes: Sizes,
+    #[comptime] config: StagedConfig,
+    #[define(F)] _dtype: ElemType,
+) {
+    let bq = config.block_q;
+    let bk = config.block_k;
+    let d_qk = config.d_qk;
+    let d_v = config.d_v;
+    let seq_q = sizes.seq_q as usize;
+    let seq_k = sizes.seq_k as usize;
+    let heads = sizes.heads as usize;
+    let group = sizes.group as usize;
+    let kv_heads = heads / group;
+    let unit = UNIT_POS as usize;
+    let units = CUBE_DIM as usize;
+    let kv_head = CUBE_POS_Y as usize;
+    let batch = kv_head / kv_heads;
+    let first_head = batch * heads + (kv_head % kv_heads) * group;
+    let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
+    let first_key = CUBE_POS_X as usize * bk;
+    let mut last_key = first_key + bk - 1;
+    if last_key >= seq_k {
+        last_key = seq_k - 1;
+    }
+    let (row_start, row_end) = row_range(first_key as u32, last_key as u32, &sizes);
+
+    let mut k_tile = shared_tile::<F>(bk * d_qk);
+    let mut v_tile = shared_tile::<F>(bk * d_v);
+    let mut q_tile = shared_tile::<F>(bq * d_qk);
+    let mut do_tile = shared_tile::<F>(bq * d_v);
+    let mut scores = shared_tile::<f32>(bq * bk);
+    let mut dp = shared_tile::<f32>(bq * bk);
+    let mut probs = shared_tile::<F>(bq * bk);
+    let mut ds = shared_tile::<F>(bq * bk);
+    let mut dk = shared_tile::<f32>(bk * d_qk);
+    let mut dv = shared_tile::<f32>(bk * d_v);
+    let mut row_lse = shared_tile::<f32>(bq);
+    let mut row_delta = shared_tile::<f32>(bq);
+    let mut row_ok = shared_tile::<u32>(bq);
+    let mut kept = shared_tile::<u32>(bk);
+
+    stage_rows::<F>(k, &mut k_tile, kv_head * seq_k, first_key, seq_k, bk, d_qk);
+    stage_rows::<F>(v, &mut v_tile, kv_head * seq_k, first_key, seq_k, bk, d_v);
+    stage_kept_keys::<F>(key_mask, &mut kept, first_key, batch, &sizes, bk);
+    zero_tile(&mut dk, bk * d_qk);
+    zero_tile(&mut dv, bk * d_v);
+
+    for g in 0..group {
+        let head = first_head + g;
+        let mut start = row_start;
+        while start < row_end {
+            let first = start as usize;
+            stage_rows::<F>(q, &mut q_tile, head * seq_q, first, seq_q, bq, d_qk);
+            stage_rows::<F>(grad_out, &mut do_tile, head * seq_q, first, seq_q, bq, d_v);
+            stage_row_stats(
+                stats,
+                &mut row_lse,
+                &mut row_delta,
+                &mut row_ok,
+                head,
+                first,
+                seq_q,
+                bq,
+            );
+            sync_cube();
+            // S = Q·Kᵀ and dP = dO·Vᵀ for `block_q` query rows.
+            tile_product::<F>(
+                &q_tile,
+                &k_tile,
+                &mut scores,
+                comptime!(ProductShape::new(
+                    bq,
+                    bk,
+                    d_qk,
+                    Operand::rows(d_qk),
+                    Operand::transposed(d_qk),
+                    false
+                )),
+                config.product,
+            );
+            tile_product::<F>(
+                &do_tile,
+                &v_tile,
+                &mut dp,
+                comptime!(ProductShape::new(
+                    bq,
+                    bk,
+                    d_v,
+                    Operand::rows(d_v),
+                    Operand::transposed(d_v),
+                    false
+                )),
+                config.product,
+            );
+            sync_cube();
+            // P = exp(S − LSE) where visible; dS = P ∘ (dP − D) ∘ softcap'.
+            let mut e = unit;
+            while e < bq * bk {
+                let t = e / bk;
+                let j = e - t * bk;
+                let pos = start + t as i32 + shift;
+                let key = i32::cast_from(first_key + j);
+                let capped = cap_score(scores[e] * sizes.scale, &sizes);
+                let visible =
+                    row_ok[t] != 0 && kept[j] != 0 && structurally_visible(pos, key, &sizes);
+                let p = select(visible, f32::exp(capped - row_lse[t]), 0.0f32);
+                probs[e] = F::cast_from(p);
+                ds[e] = F::cast_from(p * (dp[e] - row_delta[t]) * cap_derivative(capped, &sizes));
+                e += units;
+            }
+            sync_cube();
+            // dV += Pᵀ·dO and dK += dSᵀ·Q (scaled at the end).
+            tile_product::<F>(
+                &probs,
+                &do_tile,
+                &mut dv,
+                comptime!(ProductShape::new(
+                    bk,
+                    d_v,
+                    bq,
+                    Operand::transposed(bk),
+                    Operand::rows(d_v),
+                    true
+                )),
+                config.product,
+            );
+            tile_product::<F>(
+                &ds,
+                &q_tile,
+                &mut dk,
+                comptime!(ProductShape::new(
+                    bk,
+                    d_qk,
+                    bq,
+                    Operand::transposed(bk),
+                    Operand::rows(d_qk),
+                    true
+                )),
+                config.product,
+            );
+            sync_cube();
+            start += bq as i32;
+        }
+    }
+
+    let mut e = unit;
+    while e < bk * d_qk {
+        let r = e / d_qk;
+        let key = first_key + r;
+        if key < seq_k {
+            grad_k[(kv_head * seq_k + key) * d_qk + e - r * d_qk] =
+                F::cast_from(dk[e] * sizes.scale);
+        }
+        e += units;
+    }
+    let mut e = unit;
+    while e < bk * d_v {
+        let r = e / d_v;
+        let key = first_key + r;
+        if key < seq_k {
+            grad_v[(kv_head * seq_k + key) * d_v + e - r * d_v] = F::cast_from(dv[e]);
+        }
+        e += units;
+    }
+}
