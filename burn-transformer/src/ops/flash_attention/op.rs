@@ -132,6 +132,11 @@ pub(crate) static FORWARD_LAUNCHES: std::sync::atomic::AtomicUsize =
 pub(crate) static STAGED_LAUNCHES: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(0);
 
+/// Forward launches that split the keys (flash-decoding).
+#[cfg(all(test, feature = "cube"))]
+pub(crate) static SPLIT_LAUNCHES: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
 /// Implements the op for `$backend` with a forward and a backward function of the
 /// trait's arguments (the options by reference).
 macro_rules! implement_flash_attention {

@@ -618,8 +618,30 @@ mod on_device {
                 let long = case.seq_q.max(case.seq_k) > 129;
                 (index % 2 == 0 && !long) || (long && case.causal && case.d_qk == 64)
             })
+            .chain(decode_cases().into_iter().map(|case| (1000, case)))
             .collect();
+        let splits = super::super::op::SPLIT_LAUNCHES.load(Ordering::Relaxed);
         parity(device, label, &cases, FlashKernel::Staged);
+        // The decoding cases split their keys (each forward runs at least once).
+        assert!(
+            super::super::op::SPLIT_LAUNCHES.load(Ordering::Relaxed)
+                >= splits + decode_cases().len()
+        );
+    }
+
+    /// Decoding shapes over long caches, which the staged forward splits across cubes
+    /// (flash-decoding): one query row with GQA and sinks; 16 rows with a window,
+    /// padding (a short entry) and soft-capping.
+    fn decode_cases() -> Vec<Case> {
+        let mut single = Case::new(4, 2, 1, 1000, (64, 64));
+        single.causal = true;
+        single.sinks = true;
+        let mut rows = Case::new(4, 1, 16, 999, (32, 32));
+        rows.window = Some(300);
+        rows.softcap = Some(20.0);
+        rows.batch = 2;
+        rows.lengths = Some(vec![999, 500]);
+        vec![single, rows]
     }
 
     pub fn fully_masked_rows_and_large_logits_stay_finite(device: &Device) {

@@ -25,11 +25,14 @@ use super::super::{FlashKernel, Problem, ScoreOptions};
 use super::kernels::{self, AttentionConfig, SizesLaunch};
 use super::staged;
 use super::tiling::{
-    KernelTile, StagedProduct, StagedTiling, Tiling, is_cpu_runtime, plan_staged, plan_tiling,
+    KernelTile, StagedProduct, StagedTiling, Tiling, is_cpu_runtime, plan_key_splits, plan_staged,
+    plan_tiling,
 };
 
 /// Units per cube of the backward pre-pass (one unit per query row, on every device).
 pub(super) const PREPASS_UNITS: u32 = 256;
+/// Units per cube of flash-decoding's merge (one unit per query row).
+pub(super) const MERGE_UNITS: u32 = 256;
 
 /// The compile-time configuration of one kernel.
 pub(super) fn config(problem: &Problem, vector_size: usize, tile: &KernelTile) -> AttentionConfig {
@@ -144,27 +147,76 @@ pub(crate) fn forward(
         Family::RegisterTile(tiling) => tiling,
         Family::Staged(tiling) => {
             let config = tiling.forward;
+            let (splits, split_keys) = plan_key_splits(&problem, &config, q.client.properties());
             let cube_count = CubeCount::Static(
                 problem.seq_q.div_ceil(config.block_q) as u32,
                 (problem.batch * problem.heads) as u32,
-                1,
+                splits as u32,
             );
-            // SAFETY: every index the kernel reads or writes is clamped to or checked
-            // against the problem sizes, which match the contiguous tensors above.
+            let launch = |out: &CubeTensor, lse: &CubeTensor, partial: bool| {
+                // Splits write partials without the sinks, which join in the merge.
+                let split_options = options.with_sinks(options.has_sinks && !partial);
+                // SAFETY: every index the kernel reads or writes is clamped to or
+                // checked against the problem sizes, which match the contiguous
+                // tensors above (and, for partials, `splits` times the rows).
+                unsafe {
+                    staged::staged_forward::launch_unchecked(
+                        &client,
+                        cube_count.clone(),
+                        CubeDim::new_1d(config.units as u32),
+                        q.clone().into_tensor_arg(),
+                        k.clone().into_tensor_arg(),
+                        v.clone().into_tensor_arg(),
+                        key_mask.clone().into_tensor_arg(),
+                        sinks.clone().into_tensor_arg(),
+                        out.clone().into_tensor_arg(),
+                        lse.clone().into_tensor_arg(),
+                        sizes(&problem, &split_options),
+                        split_keys as u32,
+                        partial as u32,
+                        config,
+                        dtype_to_storage_type(dtype),
+                    );
+                }
+            };
+            if splits == 1 {
+                launch(&output, &lse, false);
+                return (output, lse);
+            }
+            #[cfg(test)]
+            super::super::op::SPLIT_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let rows = problem.batch * problem.heads * problem.seq_q;
+            let partial_out = empty_device_contiguous_dtype(
+                client.clone(),
+                q.device.clone(),
+                Shape::new([splits, rows, problem.d_v]),
+                dtype,
+            );
+            let partial_lse = empty_device_contiguous_dtype(
+                client.clone(),
+                q.device.clone(),
+                Shape::new([splits, rows]),
+                DType::F32,
+            );
+            launch(&partial_out, &partial_lse, true);
+            let cube_dim = CubeDim::new_1d(MERGE_UNITS);
+            let cube_count = calculate_cube_count_elemwise(&client, rows, cube_dim);
+            // SAFETY: the kernel checks `row < rows`; the partials hold `splits` times
+            // the rows of the outputs.
             unsafe {
-                staged::staged_forward::launch_unchecked(
+                staged::staged_merge_splits::launch_unchecked(
                     &client,
                     cube_count,
-                    CubeDim::new_1d(config.units as u32),
-                    q.into_tensor_arg(),
-                    k.into_tensor_arg(),
-                    v.into_tensor_arg(),
-                    key_mask.into_tensor_arg(),
+                    cube_dim,
+                    partial_out.into_tensor_arg(),
+                    partial_lse.into_tensor_arg(),
                     sinks.into_tensor_arg(),
                     output.clone().into_tensor_arg(),
                     lse.clone().into_tensor_arg(),
+                    rows as u32,
+                    splits as u32,
                     sizes(&problem, options),
-                    config,
+                    problem.d_v,
                     dtype_to_storage_type(dtype),
                 );
             }

@@ -136,7 +136,12 @@ fn stage_kept_keys<F: Float>(
 
 /// Forward: `O = softmax(q·kᵀ·scale + mask)·v` and the per-row log-sum-exp.
 ///
-/// Cube `(x, y)`: query rows `x·block_q ..` of head `y` (flattened `batch·heads`).
+/// Cube `(x, y, z)`: query rows `x·block_q ..` of head `y` (flattened `batch·heads`),
+/// over the keys `z·split_keys ..` of split `z` (flash-decoding; `split_keys ≥ seq_k`
+/// and one split otherwise). With `partial = 1` each split writes its own normalized
+/// output and log-sum-exp (`HIDDEN` for a split that sees no key) at offset
+/// `z · batch·heads·seq_q` rows, for [`staged_merge_splits`] to combine; sinks then join
+/// in the merge.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub fn staged_forward<F: Float>(
@@ -148,6 +153,8 @@ pub fn staged_forward<F: Float>(
     out: &mut Tensor<F>,
     lse: &mut Tensor<f32>,
     sizes: Sizes,
+    split_keys: u32,
+    partial: u32,
     #[comptime] config: StagedConfig,
     #[define(F)] _dtype: ElemType,
 ) {
@@ -170,7 +177,21 @@ pub fn staged_forward<F: Float>(
     if last_row >= seq_q {
         last_row = seq_q - 1;
     }
-    let (kv_start, kv_end) = key_range(first_row as u32, last_row as u32, &sizes);
+    let visible_keys = key_range(first_row as u32, last_row as u32, &sizes);
+    // This split's share of the keys the tile may see.
+    let split = CUBE_POS_Z as usize;
+    let split_first = i32::cast_from(split * split_keys as usize);
+    let split_end = split_first + i32::cast_from(split_keys);
+    let mut kv_start = visible_keys.0;
+    let mut kv_end = visible_keys.1;
+    if split_first > kv_start {
+        kv_start = split_first;
+    }
+    if split_end < kv_end {
+        kv_end = split_end;
+    }
+    // Rows of one split's output: every row of every head.
+    let split_row = split * CUBE_COUNT_Y as usize * seq_q;
 
     let mut q_tile = shared_tile::<F>(bq * d_qk);
     let mut k_tile = shared_tile::<F>(bk * d_qk);
@@ -224,7 +245,10 @@ pub fn staged_forward<F: Float>(
             for t in 0..bk {
                 let mut score = cap_score(scores[r * bk + t] * sizes.scale, &sizes);
                 score = f32::max(score, SCORE_FLOOR);
-                let visible = kept[t] != 0 && structurally_visible(pos, start + t as i32, &sizes);
+                // Keys past `kv_end` belong to the next split (or are hidden anyway).
+                let key = start + t as i32;
+                let visible =
+                    kept[t] != 0 && key < kv_end && structurally_visible(pos, key, &sizes);
                 score = select(visible, score, HIDDEN);
                 scores[r * bk + t] = score;
                 block_max = f32::max(block_max, score);
@@ -284,7 +308,9 @@ pub fn staged_forward<F: Float>(
             max = new_max;
         }
         let mut inverse = 0.0f32;
-        let mut row_lse = f32::new(MASKED_ROW_LSE);
+        // A row that sees nothing: the masked-row marker, or for a split the score
+        // that gives it no weight in the merge.
+        let mut row_lse = select(partial != 0, f32::new(HIDDEN), f32::new(MASKED_ROW_LSE));
         if total > 0.0f32 {
             inverse = kept_share / total;
             row_lse = max + f32::ln(total);
@@ -292,7 +318,7 @@ pub fn staged_forward<F: Float>(
         row_scale[r] = inverse;
         let row = first_row + r;
         if row < seq_q {
-            lse[head * seq_q + row] = row_lse;
+            lse[split_row + head * seq_q + row] = row_lse;
         }
         r += units;
     }
@@ -302,9 +328,80 @@ pub fn staged_forward<F: Float>(
         let r = e / d_v;
         let row = first_row + r;
         if row < seq_q {
-            out[(head * seq_q + row) * d_v + e - r * d_v] = F::cast_from(acc[e] * row_scale[r]);
+            out[(split_row + head * seq_q + row) * d_v + e - r * d_v] =
+                F::cast_from(acc[e] * row_scale[r]);
         }
         e += units;
+    }
+}
+
+/// Flash-decoding's merge: the output and log-sum-exp of each row from its splits'
+/// (`[splits, rows, d_v]` and `[splits, rows]`, as [`staged_forward`] writes them with
+/// `partial = 1`), each split weighted by `exp(LSE_split − LSE)`; a head's sink joins
+/// here, once.
+///
+/// One unit per row.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub fn staged_merge_splits<F: Float>(
+    partial_out: &Tensor<F>,
+    partial_lse: &Tensor<f32>,
+    sinks: &Tensor<f32>,
+    out: &mut Tensor<F>,
+    lse: &mut Tensor<f32>,
+    rows: u32,
+    splits: u32,
+    sizes: Sizes,
+    #[comptime] d_v: usize,
+    #[define(F)] _dtype: ElemType,
+) {
+    let row = ABSOLUTE_POS;
+    let rows = rows as usize;
+    if row < rows {
+        let splits = splits as usize;
+        let mut max = f32::new(HIDDEN);
+        for s in 0..splits {
+            max = f32::max(max, partial_lse[s * rows + row]);
+        }
+        let mut sink = f32::new(HIDDEN);
+        if sizes.sinks != 0 {
+            let head = row / sizes.seq_q as usize;
+            sink = sinks[head % sizes.heads as usize];
+            max = f32::max(max, sink);
+        }
+        let live = max > HIDDEN;
+        let mut total = 0.0f32;
+        for s in 0..splits {
+            let split_lse = partial_lse[s * rows + row];
+            total += select(
+                live && split_lse > HIDDEN,
+                f32::exp(split_lse - max),
+                0.0f32,
+            );
+        }
+        if sizes.sinks != 0 {
+            total += f32::exp(sink - max);
+        }
+        let mut row_lse = f32::new(MASKED_ROW_LSE);
+        let mut inverse = 0.0f32;
+        if total > 0.0f32 {
+            row_lse = max + f32::ln(total);
+            inverse = 1.0f32 / total;
+        }
+        lse[row] = row_lse;
+        for c in 0..d_v {
+            let mut sum = 0.0f32;
+            for s in 0..splits {
+                let split_lse = partial_lse[s * rows + row];
+                let weight = select(
+                    live && split_lse > HIDDEN,
+                    f32::exp(split_lse - max),
+                    0.0f32,
+                );
+                sum += weight * f32::cast_from(partial_out[(s * rows + row) * d_v + c]);
+            }
+            out[row * d_v + c] = F::cast_from(sum * inverse);
+        }
     }
 }
 

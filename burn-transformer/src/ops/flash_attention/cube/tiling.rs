@@ -346,3 +346,47 @@ pub(crate) fn staged_fits(
         _ => (false, 0),
     }
 }
+
+/// Query rows up to which the staged forward splits the keys across cubes
+/// (flash-decoding).
+const SPLIT_MAX_QUERIES: usize = 16;
+/// Key tiles a split walks at least, so that the merge stays cheap against the splits.
+const SPLIT_MIN_TILES: usize = 4;
+/// Cubes a launch aims for per multiprocessor (or per device where the runtime does
+/// not report multiprocessors, as wgpu does not).
+const SPLIT_CUBES_PER_PROCESSOR: usize = 2;
+const SPLIT_PROCESSORS_UNKNOWN: usize = 16;
+
+/// Flash-decoding for the staged forward: `(splits, keys per split)`. A short query
+/// sequence (`seq_q ≤ 16`, decoding) over a long cache launches too few cubes to fill
+/// a GPU (one per head); splitting the keys across cubes, each writing its partial
+/// output and log-sum-exp for a merge, fills it. `(1, seq_k)` when no split pays.
+pub(crate) fn plan_key_splits(
+    problem: &Problem,
+    forward: &StagedConfig,
+    properties: &cubecl::ir::DeviceProperties,
+) -> (usize, usize) {
+    let unsplit = (1, problem.seq_k);
+    if problem.seq_q > SPLIT_MAX_QUERIES {
+        return unsplit;
+    }
+    let processors = properties
+        .hardware
+        .num_streaming_multiprocessors
+        .map_or(SPLIT_PROCESSORS_UNKNOWN, |n| n as usize);
+    let cubes = problem.seq_q.div_ceil(forward.block_q) * problem.batch * problem.heads;
+    let wanted = (processors * SPLIT_CUBES_PER_PROCESSOR).div_ceil(cubes);
+    let most = problem.seq_k / (SPLIT_MIN_TILES * forward.block_k);
+    let splits = wanted
+        .min(most)
+        .min(properties.hardware.max_cube_count.2 as usize);
+    if splits < 2 {
+        return unsplit;
+    }
+    // Whole key tiles per split; the last split may be shorter.
+    let split_keys = problem
+        .seq_k
+        .div_ceil(splits)
+        .next_multiple_of(forward.block_k);
+    (problem.seq_k.div_ceil(split_keys), split_keys)
+}

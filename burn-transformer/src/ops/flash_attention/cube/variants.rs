@@ -20,7 +20,7 @@ use cubecl::{CompilationError, define_kernel};
 
 use super::super::{Problem, Unsupported};
 use super::kernels::{self, SizesCompilationArg};
-use super::launch::{PREPASS_UNITS, config};
+use super::launch::{MERGE_UNITS, PREPASS_UNITS, config};
 use super::staged::{self, StagedConfig};
 use super::tile_product::TileProduct;
 use super::tiling::{KernelTile, StagedProduct, StagedTiling, Tiling, plan_staged, plan_tiling};
@@ -50,6 +50,8 @@ pub const VARIANT_DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 pub enum AttentionKernel {
     /// The forward: output and log-sum-exp.
     Forward,
+    /// Flash-decoding's merge of the forward's key splits (staged families).
+    DecodeMerge,
     /// The backward's pre-pass: `(LSE, D)` per query row.
     BackwardPrepass,
     /// The backward's query kernel: `dQ`.
@@ -59,11 +61,12 @@ pub enum AttentionKernel {
 }
 
 impl AttentionKernel {
-    /// The kernel's name in tools' output: `forward`, `backward_prepass`,
-    /// `backward_dq`, `backward_dkdv`.
+    /// The kernel's name in tools' output: `forward`, `decode_merge`,
+    /// `backward_prepass`, `backward_dq`, `backward_dkdv`.
     pub fn name(self) -> &'static str {
         match self {
             Self::Forward => "forward",
+            Self::DecodeMerge => "decode_merge",
             Self::BackwardPrepass => "backward_prepass",
             Self::BackwardDq => "backward_dq",
             Self::BackwardDkDv => "backward_dkdv",
@@ -416,13 +419,14 @@ fn register_tile(build: &Build<'_>) -> [KernelVariant; 4] {
     [forward, prepass, dq, dkdv]
 }
 
-/// The staged kernels of `family` (forward, pre-pass, dQ, dK/dV), built as `launch.rs`
+/// The staged kernels of `family` (forward, flash-decoding's merge, pre-pass, dQ,
+/// dK/dV), built as `launch.rs`
 /// launches them: every tensor read element by element.
 fn staged_kernels(
     build: &Build<'_>,
     family: KernelFamily,
     tiling: &StagedTiling,
-) -> [KernelVariant; 4] {
+) -> [KernelVariant; 5] {
     let problem = build.problem;
     let elem = dtype_to_storage_type(build.dtype);
     let properties = || build.properties.clone();
@@ -452,10 +456,39 @@ fn staged_kernels(
         tensor(),
         tensor(),
         sizes(),
+        (),
+        (),
         config,
         elem,
     );
     let forward = variant(AttentionKernel::Forward, &config, Box::new(forward));
+
+    let merge = staged::staged_merge_splits::StagedMergeSplits::new(
+        build.settings(MERGE_UNITS),
+        properties(),
+        target(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        (),
+        (),
+        sizes(),
+        problem.d_v,
+        elem,
+    );
+    let merge = KernelVariant {
+        kernel: AttentionKernel::DecodeMerge,
+        family,
+        dtype: build.dtype,
+        d_qk: problem.d_qk,
+        d_v: problem.d_v,
+        units_per_cube: MERGE_UNITS,
+        vector_size: 1,
+        tile: None,
+        source: Box::new(merge),
+    };
 
     let prepass = kernels::flash_backward_stats::FlashBackwardStats::new(
         build.settings(PREPASS_UNITS),
@@ -519,7 +552,7 @@ fn staged_kernels(
     );
     let dkdv = variant(AttentionKernel::BackwardDkDv, &config, Box::new(dkdv));
 
-    [forward, prepass, dq, dkdv]
+    [forward, merge, prepass, dq, dkdv]
 }
 
 #[cfg(test)]
@@ -592,6 +625,15 @@ mod tests {
                 }
             }
         }
+        // Flash-decoding's merge belongs to the staged family only.
+        let merges = variants
+            .iter()
+            .filter(|v| v.kernel == AttentionKernel::DecodeMerge);
+        assert!(merges.clone().all(|v| v.family == KernelFamily::Staged));
+        assert_eq!(
+            merges.count(),
+            VARIANT_DTYPES.len() * VARIANT_HEAD_DIMS.len()
+        );
         assert!(
             variants
                 .iter()
@@ -631,8 +673,8 @@ mod tests {
             .iter()
             .filter(|v| v.family == KernelFamily::StagedTensorCores)
             .collect();
-        // f16 and bf16, every head dim pair, four kernels each.
-        assert_eq!(tensor_cores.len(), 2 * VARIANT_HEAD_DIMS.len() * 4);
+        // f16 and bf16, every head dim pair, five kernels each.
+        assert_eq!(tensor_cores.len(), 2 * VARIANT_HEAD_DIMS.len() * 5);
         assert!(tensor_cores.iter().all(|v| v.dtype != DType::F32));
         for variant in tensor_cores {
             variant.define().unwrap();
@@ -650,6 +692,7 @@ mod tests {
             assert_eq!(definition.settings.cube_dim.x, variant.units_per_cube);
             let base = match (variant.family, variant.kernel) {
                 (_, AttentionKernel::BackwardPrepass) => "flash_backward_stats",
+                (_, AttentionKernel::DecodeMerge) => "staged_merge_splits",
                 (KernelFamily::RegisterTile, AttentionKernel::Forward) => "flash_forward",
                 (KernelFamily::RegisterTile, AttentionKernel::BackwardDq) => "flash_backward_q",
                 (KernelFamily::RegisterTile, AttentionKernel::BackwardDkDv) => "flash_backward_kv",
