@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """GPU resources of the CubeCL flash-attention kernels on sm_90 (H100), without a GPU.
 
-Every kernel the fused attention launches on CUDA (forward, backward pre-pass, dQ,
-dK/dV; f32, f16, bf16; each head size) is written as CUDA C++ by the `kernel_source`
+Every kernel the fused attention launches on CUDA (each kernel family's forward,
+flash-decoding merge, backward pre-pass, dQ, dK/dV; f32, f16, bf16; each head size)
+is written as CUDA C++ by the `kernel_source`
 program (CubeCL's own C++ backend, as CubeCL's CUDA runtime runs it before NVRTC).
 This script compiles each file to PTX with NVRTC, as that runtime does, assembles it
 with `ptxas -v -arch=sm_90`, and reads what ptxas reports: registers per thread,
@@ -91,6 +92,10 @@ class Tools:
     ptxas: Path
     nvrtc: Path
     include: Path
+    # A CUDA toolkit keeps the compiler's headers (crt/mma.h, which the tensor-core
+    # kernels' mma.h includes) in the same folder; the wheels split them into the
+    # nvcc wheel.
+    compiler_include: Path | None = None
 
 
 def site_packages_nvidia(venv: Path) -> Path:
@@ -130,7 +135,10 @@ def find_tools(args: argparse.Namespace) -> Tools:
         )
     if not os.access(ptxas, os.X_OK):
         raise ToolError(f"{ptxas} is not executable (chmod +x it, or reinstall the nvcc wheel)")
-    return Tools(ptxas=ptxas, nvrtc=nvrtc, include=include)
+    compiler_include = nvidia / "cuda_nvcc" / "include" if nvidia is not None else None
+    if compiler_include is not None and not (compiler_include / "crt" / "mma.h").exists():
+        compiler_include = None
+    return Tools(ptxas=ptxas, nvrtc=nvrtc, include=include, compiler_include=compiler_include)
 
 
 class Nvrtc:
@@ -318,6 +326,8 @@ def measure(
         f"--include-path={tools.include}",
         "-lineinfo",
     ]
+    if tools.compiler_include is not None:
+        options.append(f"--include-path={tools.compiler_include}")
     ptx = nvrtc.compile(source, variant["file"], options)
     ptx_path = work / (Path(variant["file"]).stem + ".ptx")
     ptx_path.write_text(ptx)

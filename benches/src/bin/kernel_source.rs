@@ -8,9 +8,9 @@
 //! defines the kernel for the device's properties, turns it into CUDA C++ with CubeCL's
 //! C++ backend, and hands that to NVRTC. This program does the first two steps without
 //! the device, for every kernel the fused attention would launch
-//! (`burn_transformer::ops::flash_attention::kernel_variants`: forward, backward
-//! pre-pass, dQ, dK/dV; f32, f16, bf16; the head dims of `VARIANT_HEAD_DIMS`; tiles
-//! for a 4096-token sequence), with the properties and compiler options the runtime
+//! (`burn_transformer::ops::flash_attention::kernel_variants`: for each kernel family,
+//! forward, flash-decoding's merge, backward pre-pass, dQ, dK/dV; f32, f16, bf16; the
+//! head dims of `VARIANT_HEAD_DIMS`; tiles for a 4096-token sequence), with the properties and compiler options the runtime
 //! builds for an H100 (compute capability 9.0, CUDA 12.8 or later). It writes
 //! `DIR/<kernel>-<variant>-<dtype>-<d_qk>x<d_v>.cu`, one translation unit per kernel,
 //! and `DIR/variants.json`, which names each file's kernel, dims, units per cube, entry
