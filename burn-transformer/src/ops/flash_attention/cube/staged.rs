@@ -134,6 +134,60 @@ fn stage_kept_keys<F: Float>(
     }
 }
 
+/// `S = Q·Kᵀ` (unscaled) for one `block_q × block_k` tile.
+#[cube]
+fn tile_scores<F: Float>(
+    q_tile: &Shared<[F]>,
+    k_tile: &Shared<[F]>,
+    scores: &mut Shared<[f32]>,
+    #[comptime] config: StagedConfig,
+) {
+    let shape = comptime!(ProductShape::new(
+        config.block_q,
+        config.block_k,
+        config.d_qk,
+        Operand::rows(config.d_qk),
+        Operand::transposed(config.d_qk),
+        false
+    ));
+    tile_product::<F>(q_tile, k_tile, scores, shape, config.product);
+}
+
+/// `dP = dO·Vᵀ` for one `block_q × block_k` tile.
+#[cube]
+fn tile_output_gradient_scores<F: Float>(
+    do_tile: &Shared<[F]>,
+    v_tile: &Shared<[F]>,
+    dp: &mut Shared<[f32]>,
+    #[comptime] config: StagedConfig,
+) {
+    let shape = comptime!(ProductShape::new(
+        config.block_q,
+        config.block_k,
+        config.d_v,
+        Operand::rows(config.d_v),
+        Operand::transposed(config.d_v),
+        false
+    ));
+    tile_product::<F>(do_tile, v_tile, dp, shape, config.product);
+}
+
+/// One entry of the backward: `P = exp(S − LSE)` where visible (0 elsewhere) and
+/// `dS = P ∘ (dP − D) ∘ softcap'`, from the unscaled score `S`.
+#[cube]
+fn probability_and_gradient(
+    score: f32,
+    dp: f32,
+    lse: f32,
+    delta: f32,
+    visible: bool,
+    sizes: &Sizes,
+) -> (f32, f32) {
+    let capped = cap_score(score * sizes.scale, sizes);
+    let p = select(visible, f32::exp(capped - lse), 0.0f32);
+    (p, p * (dp - delta) * cap_derivative(capped, sizes))
+}
+
 /// Forward: `O = softmax(q·kᵀ·scale + mask)·v` and the per-row log-sum-exp.
 ///
 /// Cube `(x, y, z)`: query rows `x·block_q ..` of head `y` (flattened `batch·heads`),
@@ -221,20 +275,7 @@ pub fn staged_forward<F: Float>(
         stage_kept_keys::<F>(key_mask, &mut kept, first, batch, &sizes, bk);
         sync_cube();
         // S = Q·Kᵀ
-        tile_product::<F>(
-            &q_tile,
-            &k_tile,
-            &mut scores,
-            comptime!(ProductShape::new(
-                bq,
-                bk,
-                d_qk,
-                Operand::rows(d_qk),
-                Operand::transposed(d_qk),
-                false
-            )),
-            config.product,
-        );
+        tile_scores::<F>(&q_tile, &k_tile, &mut scores, config);
         sync_cube();
         // Online softmax, one unit per row: P for the block, the row's running max
         // and sum, and its accumulator rescaled to the new max.
@@ -514,34 +555,8 @@ pub fn staged_backward_q<F: Float>(
         stage_kept_keys::<F>(key_mask, &mut kept, first, batch, &sizes, bk);
         sync_cube();
         // S = Q·Kᵀ and dP = dO·Vᵀ
-        tile_product::<F>(
-            &q_tile,
-            &k_tile,
-            &mut scores,
-            comptime!(ProductShape::new(
-                bq,
-                bk,
-                d_qk,
-                Operand::rows(d_qk),
-                Operand::transposed(d_qk),
-                false
-            )),
-            config.product,
-        );
-        tile_product::<F>(
-            &do_tile,
-            &v_tile,
-            &mut dp,
-            comptime!(ProductShape::new(
-                bq,
-                bk,
-                d_v,
-                Operand::rows(d_v),
-                Operand::transposed(d_v),
-                false
-            )),
-            config.product,
-        );
+        tile_scores::<F>(&q_tile, &k_tile, &mut scores, config);
+        tile_output_gradient_scores::<F>(&do_tile, &v_tile, &mut dp, config);
         sync_cube();
         // dS = P ∘ (dP − D) ∘ softcap', P = exp(S − LSE) where visible.
         let mut e = unit;
@@ -549,10 +564,16 @@ pub fn staged_backward_q<F: Float>(
             let t = e / bk;
             let j = e - t * bk;
             let pos = i32::cast_from(first_row + t) + shift;
-            let capped = cap_score(scores[e] * sizes.scale, &sizes);
             let visible = kept[j] != 0 && structurally_visible(pos, start + j as i32, &sizes);
-            let p = select(visible, f32::exp(capped - row_lse[t]), 0.0f32);
-            ds[e] = F::cast_from(p * (dp[e] - row_delta[t]) * cap_derivative(capped, &sizes));
+            let (_, ds_value) = probability_and_gradient(
+                scores[e],
+                dp[e],
+                row_lse[t],
+                row_delta[t],
+                visible,
+                &sizes,
+            );
+            ds[e] = F::cast_from(ds_value);
             e += units;
         }
         sync_cube();
@@ -667,34 +688,8 @@ pub fn staged_backward_kv<F: Float>(
             );
             sync_cube();
             // S = Q·Kᵀ and dP = dO·Vᵀ for `block_q` query rows.
-            tile_product::<F>(
-                &q_tile,
-                &k_tile,
-                &mut scores,
-                comptime!(ProductShape::new(
-                    bq,
-                    bk,
-                    d_qk,
-                    Operand::rows(d_qk),
-                    Operand::transposed(d_qk),
-                    false
-                )),
-                config.product,
-            );
-            tile_product::<F>(
-                &do_tile,
-                &v_tile,
-                &mut dp,
-                comptime!(ProductShape::new(
-                    bq,
-                    bk,
-                    d_v,
-                    Operand::rows(d_v),
-                    Operand::transposed(d_v),
-                    false
-                )),
-                config.product,
-            );
+            tile_scores::<F>(&q_tile, &k_tile, &mut scores, config);
+            tile_output_gradient_scores::<F>(&do_tile, &v_tile, &mut dp, config);
             sync_cube();
             // P = exp(S − LSE) where visible; dS = P ∘ (dP − D) ∘ softcap'.
             let mut e = unit;
@@ -703,12 +698,18 @@ pub fn staged_backward_kv<F: Float>(
                 let j = e - t * bk;
                 let pos = start + t as i32 + shift;
                 let key = i32::cast_from(first_key + j);
-                let capped = cap_score(scores[e] * sizes.scale, &sizes);
                 let visible =
                     row_ok[t] != 0 && kept[j] != 0 && structurally_visible(pos, key, &sizes);
-                let p = select(visible, f32::exp(capped - row_lse[t]), 0.0f32);
+                let (p, ds_value) = probability_and_gradient(
+                    scores[e],
+                    dp[e],
+                    row_lse[t],
+                    row_delta[t],
+                    visible,
+                    &sizes,
+                );
                 probs[e] = F::cast_from(p);
-                ds[e] = F::cast_from(p * (dp[e] - row_delta[t]) * cap_derivative(capped, &sizes));
+                ds[e] = F::cast_from(ds_value);
                 e += units;
             }
             sync_cube();
