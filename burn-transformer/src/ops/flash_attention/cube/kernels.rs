@@ -115,10 +115,36 @@ pub(super) fn cap_derivative(capped: f32, sizes: &Sizes) -> f32 {
     out
 }
 
-/// Range `[start, end)` of keys that any of the query rows `[row_first, row_last]`
-/// may see; empty when `end <= start`.
+/// The batch entry and the key/value head (flattened `batch·kv_heads`) of query head
+/// `head` (flattened `batch·heads`): a group of query heads reads one key/value head,
+/// which is never repeated.
 #[cube]
-pub(super) fn key_range(row_first: u32, row_last: u32, sizes: &Sizes) -> (i32, i32) {
+pub(super) fn kv_head_of(head: usize, sizes: &Sizes) -> (usize, usize) {
+    let heads = sizes.heads as usize;
+    let group = sizes.group as usize;
+    let batch = head / heads;
+    (batch, batch * (heads / group) + (head % heads) / group)
+}
+
+/// The batch entry and the first of the `group` query heads (flattened `batch·heads`)
+/// that read key/value head `kv_head` (flattened `batch·kv_heads`).
+#[cube]
+pub(super) fn query_heads_of(kv_head: usize, sizes: &Sizes) -> (usize, usize) {
+    let heads = sizes.heads as usize;
+    let group = sizes.group as usize;
+    let kv_heads = heads / group;
+    let batch = kv_head / kv_heads;
+    (batch, batch * heads + (kv_head % kv_heads) * group)
+}
+
+/// Range `[start, end)` of keys that any of the `rows` query rows from `row_first`
+/// (cut at `seq_q`) may see; empty when `end <= start`.
+#[cube]
+pub(super) fn key_range(row_first: usize, rows: usize, sizes: &Sizes) -> (i32, i32) {
+    let mut row_last = row_first + rows - 1;
+    if row_last >= sizes.seq_q as usize {
+        row_last = sizes.seq_q as usize - 1;
+    }
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
     let first_pos = i32::cast_from(row_first) + shift;
     let last_pos = i32::cast_from(row_last) + shift;
@@ -139,10 +165,14 @@ pub(super) fn key_range(row_first: u32, row_last: u32, sizes: &Sizes) -> (i32, i
     (start, end)
 }
 
-/// Range `[start, end)` of query rows that may see any of the keys
-/// `[key_first, key_last]`; empty when `end <= start`.
+/// Range `[start, end)` of query rows that may see any of the `keys` keys from
+/// `key_first` (cut at `seq_k`); empty when `end <= start`.
 #[cube]
-pub(super) fn row_range(key_first: u32, key_last: u32, sizes: &Sizes) -> (i32, i32) {
+pub(super) fn row_range(key_first: usize, keys: usize, sizes: &Sizes) -> (i32, i32) {
+    let mut key_last = key_first + keys - 1;
+    if key_last >= sizes.seq_k as usize {
+        key_last = sizes.seq_k as usize - 1;
+    }
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
     let first = i32::cast_from(key_first);
     let last = i32::cast_from(key_last);
@@ -209,20 +239,14 @@ pub fn flash_forward<F: Float, N: Size>(
     let seq_q = sizes.seq_q as usize;
     let seq_k = sizes.seq_k as usize;
     let heads = sizes.heads as usize;
-    let group = sizes.group as usize;
     let unit = UNIT_POS_X as usize;
     let tile = CUBE_POS_X as usize;
     let head = CUBE_POS_Y as usize; // batch * heads + h
-    let batch = head / heads;
-    let kv_head = batch * (heads / group) + (head % heads) / group;
+    let (batch, kv_head) = kv_head_of(head, &sizes);
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
 
     let first_row = tile * tile_rows + unit * rows;
-    let mut last_row = tile * tile_rows + tile_rows - 1;
-    if last_row >= seq_q {
-        last_row = seq_q - 1;
-    }
-    let (kv_start, kv_end) = key_range((tile * tile_rows) as u32, last_row as u32, &sizes);
+    let (kv_start, kv_end) = key_range(tile * tile_rows, tile_rows, &sizes);
 
     // This unit's query rows, pre-multiplied by the scale. Rows past the end
     // compute on the last row and are not written.
@@ -429,22 +453,15 @@ pub fn flash_backward_kv<F: Float, N: Size>(
 
     let seq_q = sizes.seq_q as usize;
     let seq_k = sizes.seq_k as usize;
-    let heads = sizes.heads as usize;
     let group = sizes.group as usize;
-    let kv_heads = heads / group;
     let unit = UNIT_POS_X as usize;
     let tile = CUBE_POS_X as usize;
     let kv_head = CUBE_POS_Y as usize; // batch * kv_heads + kv head
-    let batch = kv_head / kv_heads;
-    let first_head = batch * heads + (kv_head % kv_heads) * group;
+    let (batch, first_head) = query_heads_of(kv_head, &sizes);
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
 
     let first_key = tile * tile_keys + unit * rows;
-    let mut last_key = tile * tile_keys + tile_keys - 1;
-    if last_key >= seq_k {
-        last_key = seq_k - 1;
-    }
-    let (row_start, row_end) = row_range((tile * tile_keys) as u32, last_key as u32, &sizes);
+    let (row_start, row_end) = row_range(tile * tile_keys, tile_keys, &sizes);
 
     // This unit's keys (pre-scaled for the scores) and values; padded keys and keys
     // past the end get no gradient.
@@ -620,21 +637,14 @@ pub fn flash_backward_q<F: Float, N: Size>(
 
     let seq_q = sizes.seq_q as usize;
     let seq_k = sizes.seq_k as usize;
-    let heads = sizes.heads as usize;
-    let group = sizes.group as usize;
     let unit = UNIT_POS_X as usize;
     let tile = CUBE_POS_X as usize;
     let head = CUBE_POS_Y as usize;
-    let batch = head / heads;
-    let kv_head = batch * (heads / group) + (head % heads) / group;
+    let (batch, kv_head) = kv_head_of(head, &sizes);
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
 
     let first_row = tile * tile_rows + unit * rows;
-    let mut last_row = tile * tile_rows + tile_rows - 1;
-    if last_row >= seq_q {
-        last_row = seq_q - 1;
-    }
-    let (kv_start, kv_end) = key_range((tile * tile_rows) as u32, last_row as u32, &sizes);
+    let (kv_start, kv_end) = key_range(tile * tile_rows, tile_rows, &sizes);
 
     let scale = Vector::<f32, N>::new(sizes.scale);
     let mut q_rows = Array::<Vector<f32, N>>::new(rows * qk_vectors);

@@ -20,8 +20,8 @@
 use cubecl::prelude::*;
 
 use super::kernels::{
-    HIDDEN, SCORE_FLOOR, Sizes, cap_derivative, cap_score, key_kept, key_range, row_range,
-    structurally_visible,
+    HIDDEN, SCORE_FLOOR, Sizes, cap_derivative, cap_score, key_kept, key_range, kv_head_of,
+    query_heads_of, row_range, structurally_visible,
 };
 use super::tile_product::{Operand, ProductShape, TileProduct, tile_product};
 use crate::ops::mask::MASKED_ROW_LSE;
@@ -219,19 +219,13 @@ pub fn staged_forward<F: Float>(
     let seq_q = sizes.seq_q as usize;
     let seq_k = sizes.seq_k as usize;
     let heads = sizes.heads as usize;
-    let group = sizes.group as usize;
     let unit = UNIT_POS as usize;
     let units = CUBE_DIM as usize;
     let head = CUBE_POS_Y as usize;
-    let batch = head / heads;
-    let kv_head = batch * (heads / group) + (head % heads) / group;
+    let (batch, kv_head) = kv_head_of(head, &sizes);
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
     let first_row = CUBE_POS_X as usize * bq;
-    let mut last_row = first_row + bq - 1;
-    if last_row >= seq_q {
-        last_row = seq_q - 1;
-    }
-    let visible_keys = key_range(first_row as u32, last_row as u32, &sizes);
+    let visible_keys = key_range(first_row, bq, &sizes);
     // This split's share of the keys the tile may see.
     let split = CUBE_POS_Z as usize;
     let split_first = i32::cast_from(split * split_keys as usize);
@@ -497,20 +491,13 @@ pub fn staged_backward_q<F: Float>(
     let d_v = config.d_v;
     let seq_q = sizes.seq_q as usize;
     let seq_k = sizes.seq_k as usize;
-    let heads = sizes.heads as usize;
-    let group = sizes.group as usize;
     let unit = UNIT_POS as usize;
     let units = CUBE_DIM as usize;
     let head = CUBE_POS_Y as usize;
-    let batch = head / heads;
-    let kv_head = batch * (heads / group) + (head % heads) / group;
+    let (batch, kv_head) = kv_head_of(head, &sizes);
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
     let first_row = CUBE_POS_X as usize * bq;
-    let mut last_row = first_row + bq - 1;
-    if last_row >= seq_q {
-        last_row = seq_q - 1;
-    }
-    let (kv_start, kv_end) = key_range(first_row as u32, last_row as u32, &sizes);
+    let (kv_start, kv_end) = key_range(first_row, bq, &sizes);
 
     let mut q_tile = shared_tile::<F>(bq * d_qk);
     let mut do_tile = shared_tile::<F>(bq * d_v);
@@ -632,21 +619,14 @@ pub fn staged_backward_kv<F: Float>(
     let d_v = config.d_v;
     let seq_q = sizes.seq_q as usize;
     let seq_k = sizes.seq_k as usize;
-    let heads = sizes.heads as usize;
     let group = sizes.group as usize;
-    let kv_heads = heads / group;
     let unit = UNIT_POS as usize;
     let units = CUBE_DIM as usize;
     let kv_head = CUBE_POS_Y as usize;
-    let batch = kv_head / kv_heads;
-    let first_head = batch * heads + (kv_head % kv_heads) * group;
+    let (batch, first_head) = query_heads_of(kv_head, &sizes);
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
     let first_key = CUBE_POS_X as usize * bk;
-    let mut last_key = first_key + bk - 1;
-    if last_key >= seq_k {
-        last_key = seq_k - 1;
-    }
-    let (row_start, row_end) = row_range(first_key as u32, last_key as u32, &sizes);
+    let (row_start, row_end) = row_range(first_key, bk, &sizes);
 
     let mut k_tile = shared_tile::<F>(bk * d_qk);
     let mut v_tile = shared_tile::<F>(bk * d_v);

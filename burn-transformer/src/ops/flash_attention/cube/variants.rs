@@ -21,7 +21,7 @@ use cubecl::{CompilationError, define_kernel};
 use super::super::{Problem, Unsupported};
 use super::kernels::{self, SizesCompilationArg};
 use super::launch::{MERGE_UNITS, PREPASS_UNITS, config};
-use super::staged::{self, StagedConfig};
+use super::staged;
 use super::tile_product::TileProduct;
 use super::tiling::{KernelTile, StagedProduct, StagedTiling, Tiling, plan_staged, plan_tiling};
 use crate::ops::mask::MaskRule;
@@ -431,15 +431,15 @@ fn staged_kernels(
     let elem = dtype_to_storage_type(build.dtype);
     let properties = || build.properties.clone();
     let target = || build.target.clone();
-    let variant = |kernel, config: &StagedConfig, source: Box<dyn CubeKernel>| KernelVariant {
+    let variant = |kernel, units, tile, source: Box<dyn CubeKernel>| KernelVariant {
         kernel,
         family,
         dtype: build.dtype,
         d_qk: problem.d_qk,
         d_v: problem.d_v,
-        units_per_cube: config.units as u32,
+        units_per_cube: units,
         vector_size: 1,
-        tile: Some((config.block_q, config.block_k)),
+        tile,
         source,
     };
 
@@ -461,7 +461,12 @@ fn staged_kernels(
         config,
         elem,
     );
-    let forward = variant(AttentionKernel::Forward, &config, Box::new(forward));
+    let forward = variant(
+        AttentionKernel::Forward,
+        config.units as u32,
+        Some((config.block_q, config.block_k)),
+        Box::new(forward),
+    );
 
     let merge = staged::staged_merge_splits::StagedMergeSplits::new(
         build.settings(MERGE_UNITS),
@@ -478,17 +483,12 @@ fn staged_kernels(
         problem.d_v,
         elem,
     );
-    let merge = KernelVariant {
-        kernel: AttentionKernel::DecodeMerge,
-        family,
-        dtype: build.dtype,
-        d_qk: problem.d_qk,
-        d_v: problem.d_v,
-        units_per_cube: MERGE_UNITS,
-        vector_size: 1,
-        tile: None,
-        source: Box::new(merge),
-    };
+    let merge = variant(
+        AttentionKernel::DecodeMerge,
+        MERGE_UNITS,
+        None,
+        Box::new(merge),
+    );
 
     let prepass = kernels::flash_backward_stats::FlashBackwardStats::new(
         build.settings(PREPASS_UNITS),
@@ -503,17 +503,12 @@ fn staged_kernels(
         problem.d_v,
         elem,
     );
-    let prepass = KernelVariant {
-        kernel: AttentionKernel::BackwardPrepass,
-        family,
-        dtype: build.dtype,
-        d_qk: problem.d_qk,
-        d_v: problem.d_v,
-        units_per_cube: PREPASS_UNITS,
-        vector_size: 1,
-        tile: None,
-        source: Box::new(prepass),
-    };
+    let prepass = variant(
+        AttentionKernel::BackwardPrepass,
+        PREPASS_UNITS,
+        None,
+        Box::new(prepass),
+    );
 
     let config = tiling.backward_q;
     let dq = staged::staged_backward_q::StagedBackwardQ::new(
@@ -531,7 +526,12 @@ fn staged_kernels(
         config,
         elem,
     );
-    let dq = variant(AttentionKernel::BackwardDq, &config, Box::new(dq));
+    let dq = variant(
+        AttentionKernel::BackwardDq,
+        config.units as u32,
+        Some((config.block_q, config.block_k)),
+        Box::new(dq),
+    );
 
     let config = tiling.backward_kv;
     let dkdv = staged::staged_backward_kv::StagedBackwardKv::new(
@@ -550,7 +550,12 @@ fn staged_kernels(
         config,
         elem,
     );
-    let dkdv = variant(AttentionKernel::BackwardDkDv, &config, Box::new(dkdv));
+    let dkdv = variant(
+        AttentionKernel::BackwardDkDv,
+        config.units as u32,
+        Some((config.block_q, config.block_k)),
+        Box::new(dkdv),
+    );
 
     [forward, merge, prepass, dq, dkdv]
 }
