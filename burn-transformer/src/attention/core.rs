@@ -103,7 +103,8 @@ pub struct AttentionOptions {
     /// Which implementation to use. Default: [`AttentionImpl::Auto`].
     pub implementation: AttentionImpl,
     /// Which kernel family the fused op runs on CubeCL devices. Default:
-    /// [`FlashKernel::Auto`] (register tiles on CPU runtimes, staged tiles on GPUs).
+    /// [`FlashKernel::Auto`] (register tiles on CPU runtimes, the fastest family and
+    /// tile size per shape class on GPUs).
     pub flash_kernel: FlashKernel,
 }
 

@@ -3,6 +3,7 @@
 //! take a call ([`Unsupported`]).
 
 use burn::tensor::{Bool, DType, Shape, Tensor};
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::ops::mask::MaskRule;
@@ -42,40 +43,79 @@ pub struct ScoreOptions {
 ///
 /// Every family computes the same function (the parity grid checks each); they differ
 /// in how the work meets the hardware. A family a device or problem cannot take falls
-/// back to the next one down: tensor cores → staged → register tiles.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+/// back to the next one down: tensor cores → staged → register tiles. In configs and
+/// on command lines a family is written by its [`name`](Self::name).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum FlashKernel {
     /// The device's default: register tiles on CPU runtimes (lavapipe, llvmpipe),
-    /// staged tiles with the plain product on GPUs. The environment variable
-    /// `BURN_TRANSFORMER_FLASH_KERNEL=register|staged|tensor-cores` overrides it for a
-    /// whole process.
+    /// where they are the fastest; on GPUs the fastest of the staged tile sizes and
+    /// the register tiles, timed once per shape class ([`Self::Autotune`]). The
+    /// environment variable `BURN_TRANSFORMER_FLASH_KERNEL=register|staged|
+    /// tensor-cores|autotune` overrides it for a whole process.
     #[default]
+    #[serde(rename = "auto")]
     Auto,
     /// Each unit holds its rows in registers and streams keys from global memory
     /// (fast on CPU runtimes, where shared memory is no faster than global).
+    #[serde(rename = "register")]
     RegisterTile,
     /// FlashAttention-2 with Q/K/V tiles staged in shared memory and tile products
     /// in unit arithmetic.
+    #[serde(rename = "staged")]
     Staged,
     /// The staged kernels with tensor-core (`cmma`) tile products for f16/bf16 inputs
     /// whose head dims are multiples of 16 (other calls take [`Self::Staged`]). Off
     /// by default: it has not yet run on a GPU.
+    #[serde(rename = "tensor-cores")]
     StagedTensorCores,
+    /// Times the candidates (staged tiles of 64, 32 and 16 rows and keys, register
+    /// tiles) once per shape class on the device and keeps the fastest, as `Auto` does
+    /// on GPUs; this asks for it on CPU runtimes too. Tensor cores are not among the
+    /// candidates.
+    #[serde(rename = "autotune")]
+    Autotune,
 }
 
 impl FlashKernel {
-    /// Reads `BURN_TRANSFORMER_FLASH_KERNEL`; `None` when unset or `auto`.
+    /// Every family, `Auto` first.
+    pub const ALL: [Self; 5] = [
+        Self::Auto,
+        Self::RegisterTile,
+        Self::Staged,
+        Self::StagedTensorCores,
+        Self::Autotune,
+    ];
+
+    /// The family's name: `auto`, `register`, `staged`, `tensor-cores` or `autotune`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::RegisterTile => "register",
+            Self::Staged => "staged",
+            Self::StagedTensorCores => "tensor-cores",
+            Self::Autotune => "autotune",
+        }
+    }
+
+    /// The family named `name` (any case, surrounding blanks ignored).
+    pub fn parse(name: &str) -> Option<Self> {
+        let name = name.trim().to_ascii_lowercase();
+        Self::ALL.into_iter().find(|kernel| kernel.name() == name)
+    }
+
+    /// Reads `BURN_TRANSFORMER_FLASH_KERNEL`; `None` when unset, empty or `auto`.
     pub(crate) fn from_env() -> Option<Self> {
         let value = std::env::var("BURN_TRANSFORMER_FLASH_KERNEL").ok()?;
-        match value.trim().to_ascii_lowercase().as_str() {
-            "register" | "register-tile" => Some(Self::RegisterTile),
-            "staged" => Some(Self::Staged),
-            "tensor-cores" | "cmma" => Some(Self::StagedTensorCores),
-            "" | "auto" => None,
-            other => {
+        if value.trim().is_empty() {
+            return None;
+        }
+        match Self::parse(&value) {
+            Some(Self::Auto) => None,
+            Some(kernel) => Some(kernel),
+            None => {
                 log::warn!(
-                    "BURN_TRANSFORMER_FLASH_KERNEL={other} is not one of auto, register, \
-                     staged, tensor-cores; using auto"
+                    "BURN_TRANSFORMER_FLASH_KERNEL={value} is not one of auto, register, \
+                     staged, tensor-cores, autotune; using auto"
                 );
                 None
             }

@@ -596,11 +596,12 @@ mod on_device {
         }
     }
 
-    /// The whole parity grid through the device's default kernels.
+    /// The whole parity grid through the register-tile kernels (CPU runtimes'
+    /// default, and the fallback of every other family).
     pub fn parity_grid_f32(device: &Device, label: &str) {
         let cases: Vec<(usize, Case)> = parity_grid().into_iter().enumerate().collect();
         assert!(cases.len() >= 100, "{} configurations", cases.len());
-        parity(device, label, &cases, FlashKernel::Auto);
+        parity(device, label, &cases, FlashKernel::RegisterTile);
     }
 
     /// The parity grid through the staged kernels (GPUs' default; CPU runtimes such
@@ -627,6 +628,56 @@ mod on_device {
             super::super::op::SPLIT_LAUNCHES.load(Ordering::Relaxed)
                 >= splits + decode_cases().len()
         );
+    }
+
+    /// Autotuning: the first call of a shape class times every candidate (forward and
+    /// backward apart) and returns the winner's results; a second call of the class
+    /// (other sizes rounding to the same powers of two) runs the cached winner once;
+    /// `Auto` tunes on GPUs only, so that CPU runtimes keep their register tiles.
+    pub fn autotune_times_each_class_once(device: &Device, label: &str) {
+        use super::super::cube::autotune::{Candidate, candidate_runs};
+        // Head dims of the parity grid (their kernels are compiled once for both); the
+        // lengths (classes 64 × 128) are this test's alone, so its counts are its own.
+        let mut case = Case::new(4, 2, 40, 70, (32, 32)).causal_padded(vec![70, 33]);
+        case.kernel = FlashKernel::Autotune;
+        let runs = |case: &Case| candidate_runs(&case.problem(), DType::F32);
+        let first = runs(&case);
+        let (fused, naive, expected) =
+            compare(&case, &Inputs::random(&case, 31, 1.0), device, DType::F32);
+        assert_rule(&format!("{label} tuned"), &fused, &naive, &expected, 1e-5);
+        let candidates = Candidate::all().len();
+        let tuned = runs(&case) - first;
+        // Each candidate ran at least once in each pass, then the winners on the call.
+        assert!(
+            tuned >= 2 * candidates + 2,
+            "{tuned} runs for {candidates} candidates"
+        );
+
+        let mut again = case.clone();
+        (again.seq_q, again.seq_k) = (57, 100);
+        let (fused, naive, expected) =
+            compare(&again, &Inputs::random(&again, 32, 1.0), device, DType::F32);
+        assert_rule(&format!("{label} cached"), &fused, &naive, &expected, 1e-5);
+        assert_eq!(runs(&again), first + tuned + 2, "the class was timed again");
+
+        let default = Case {
+            kernel: FlashKernel::Auto,
+            ..case
+        };
+        let before = runs(&default);
+        compare(
+            &default,
+            &Inputs::random(&default, 33, 1.0),
+            device,
+            DType::F32,
+        );
+        let properties = match device.clone().inner().as_dispatch() {
+            burn::backend::DispatchDevice::Cube(cube) => cube.client().properties().clone(),
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("kernel tests run on CubeCL devices"),
+        };
+        let cpu = super::super::cube::tiling::is_cpu_runtime(&properties);
+        assert_eq!(runs(&default) > before, !cpu, "Auto tunes on GPUs only");
     }
 
     /// Decoding shapes over long caches, which the staged forward splits across cubes
@@ -713,6 +764,11 @@ macro_rules! kernel_tests {
             #[test]
             fn parity_grid_staged() {
                 on_device::parity_grid_staged(&$device(), stringify!($runtime));
+            }
+
+            #[test]
+            fn autotune_times_each_class_once() {
+                on_device::autotune_times_each_class_once(&$device(), stringify!($runtime));
             }
 
             #[test]

@@ -22,11 +22,12 @@ use cubecl::calculate_cube_count_elemwise;
 use cubecl::prelude::*;
 
 use super::super::{FlashKernel, Problem, ScoreOptions};
+use super::autotune;
 use super::kernels::{self, AttentionConfig, SizesLaunch};
 use super::staged;
 use super::tiling::{
-    KernelTile, StagedProduct, StagedTiling, Tiling, is_cpu_runtime, plan_key_splits, plan_staged,
-    plan_tiling,
+    KernelTile, LARGEST_STAGED_BLOCK, StagedProduct, StagedTiling, Tiling, is_cpu_runtime,
+    plan_key_splits, plan_staged, plan_tiling,
 };
 
 /// Units per cube of the backward pre-pass (one unit per query row, on every device).
@@ -63,25 +64,53 @@ fn sizes(problem: &Problem, options: &ScoreOptions) -> SizesLaunch {
     )
 }
 
-/// Plans a launch, panicking with the reason when the problem is unsupported (the
-/// public entry points check support first and fall back instead).
-fn plan_or_panic(problem: &Problem, tensor: &CubeTensor) -> Tiling {
-    plan_tiling(problem, tensor.client.properties()).unwrap_or_else(|reason| {
-        panic!("flash attention launched on an unsupported problem: {reason}")
-    })
-}
-
 /// The kernel family one call runs with, and its tiles.
-enum Family {
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Family {
     RegisterTile(Tiling),
     Staged(StagedTiling),
+}
+
+impl Family {
+    /// The staged family with `product` and tiles of at most `max_block` rows and keys
+    /// where they fit the device, else register tiles (panicking with the reason when
+    /// the problem is unsupported: the public entry points check support first and
+    /// fall back instead).
+    pub(super) fn staged_or_register(
+        problem: &Problem,
+        dtype: DType,
+        product: Option<StagedProduct>,
+        max_block: usize,
+        properties: &cubecl::ir::DeviceProperties,
+    ) -> Self {
+        if let Some(tiling) =
+            product.and_then(|product| plan_staged(problem, dtype, product, max_block, properties))
+        {
+            #[cfg(test)]
+            super::super::op::STAGED_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return Self::Staged(tiling);
+        }
+        Self::RegisterTile(plan_tiling(problem, properties).unwrap_or_else(|reason| {
+            panic!("flash attention launched on an unsupported problem: {reason}")
+        }))
+    }
+}
+
+/// How one call's family is decided.
+enum Choice {
+    /// By rule (the options' family, with its fallbacks).
+    Fixed(Family),
+    /// By timing the candidates once per shape class on the device (`autotune.rs`).
+    Tuned,
 }
 
 /// Resolves the call's [`FlashKernel`] on the tensors' device, with its fallbacks:
 /// tensor cores need f16/bf16, head dims multiple of 16 and the device's fragments
 /// (else the plain product); the staged tiles need the device's shared memory (else
-/// register tiles).
-fn choose(problem: &Problem, options: &ScoreOptions, tensor: &CubeTensor) -> Family {
+/// register tiles). `Auto` tunes on GPUs and takes register tiles on CPU runtimes,
+/// which serve shared memory at the cost of global memory, so the register tiles'
+/// reuse is what pays there (see `kernels.rs`).
+fn choose(problem: &Problem, options: &ScoreOptions, tensor: &CubeTensor) -> Choice {
     let properties = tensor.client.properties();
     let requested = match options.kernel {
         FlashKernel::Auto => FlashKernel::from_env().unwrap_or(FlashKernel::Auto),
@@ -91,18 +120,48 @@ fn choose(problem: &Problem, options: &ScoreOptions, tensor: &CubeTensor) -> Fam
         FlashKernel::RegisterTile => None,
         FlashKernel::Staged => Some(StagedProduct::Plain),
         FlashKernel::StagedTensorCores => Some(StagedProduct::TensorCores),
-        // CPU runtimes serve shared memory at the cost of global memory, so the
-        // register tiles' reuse is what pays there (see `kernels.rs`).
-        FlashKernel::Auto => (!is_cpu_runtime(properties)).then_some(StagedProduct::Plain),
+        FlashKernel::Auto if is_cpu_runtime(properties) => None,
+        FlashKernel::Auto | FlashKernel::Autotune => return Choice::Tuned,
     };
-    if let Some(tiling) =
-        product.and_then(|product| plan_staged(problem, tensor.dtype, product, properties))
-    {
-        #[cfg(test)]
-        super::super::op::STAGED_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        return Family::Staged(tiling);
-    }
-    Family::RegisterTile(plan_or_panic(problem, tensor))
+    Choice::Fixed(Family::staged_or_register(
+        problem,
+        tensor.dtype,
+        product,
+        LARGEST_STAGED_BLOCK,
+        properties,
+    ))
+}
+
+/// The tensors of one forward call: inputs, and the outputs it writes.
+#[derive(Clone, Debug)]
+pub(super) struct ForwardTensors {
+    pub q: CubeTensor,
+    pub k: CubeTensor,
+    pub v: CubeTensor,
+    pub key_mask: CubeTensor,
+    pub sinks: CubeTensor,
+    /// `[batch, heads, seq_q, d_v]`, written.
+    pub output: CubeTensor,
+    /// `[batch, heads, seq_q]` in f32, written.
+    pub lse: CubeTensor,
+}
+
+/// The tensors of one backward call: inputs, and the gradients it writes.
+#[derive(Clone, Debug)]
+pub(super) struct BackwardTensors {
+    pub q: CubeTensor,
+    pub k: CubeTensor,
+    pub v: CubeTensor,
+    pub output: CubeTensor,
+    pub lse: CubeTensor,
+    pub grad_output: CubeTensor,
+    pub key_mask: CubeTensor,
+    /// Written, shaped as `q`.
+    pub grad_q: CubeTensor,
+    /// Written, shaped as `k`.
+    pub grad_k: CubeTensor,
+    /// Written, shaped as `v`.
+    pub grad_v: CubeTensor,
 }
 
 /// Runs the forward kernel: `(output, lse)`.
@@ -126,7 +185,6 @@ pub(crate) fn forward(
     let key_mask = into_contiguous(key_mask);
     let sinks = into_contiguous(sinks);
     let problem = Problem::from_shapes(&q.shape(), &k.shape(), &v.shape(), options);
-    let family = choose(&problem, options, &q);
     let client = q.client.clone();
     let dtype = q.dtype;
 
@@ -138,11 +196,48 @@ pub(crate) fn forward(
         dtype,
     );
     let lse = empty_device_contiguous_dtype(
-        client.clone(),
+        client,
         q.device.clone(),
         Shape::new([problem.batch, problem.heads, problem.seq_q]),
         DType::F32,
     );
+    let choice = choose(&problem, options, &q);
+    let tensors = ForwardTensors {
+        q,
+        k,
+        v,
+        key_mask,
+        sinks,
+        output: output.clone(),
+        lse: lse.clone(),
+    };
+    match choice {
+        Choice::Fixed(family) => forward_with(family, &problem, options, &tensors),
+        Choice::Tuned => autotune::forward(problem, *options, tensors),
+    }
+    (output, lse)
+}
+
+/// Writes the forward of `problem` into `tensors.output` and `tensors.lse` with the
+/// kernels of `family`.
+pub(super) fn forward_with(
+    family: Family,
+    problem: &Problem,
+    options: &ScoreOptions,
+    tensors: &ForwardTensors,
+) {
+    let ForwardTensors {
+        q,
+        k,
+        v,
+        key_mask,
+        sinks,
+        output,
+        lse,
+    } = tensors;
+    let problem = *problem;
+    let client = q.client.clone();
+    let dtype = q.dtype;
     let tiling = match family {
         Family::RegisterTile(tiling) => tiling,
         Family::Staged(tiling) => {
@@ -180,8 +275,8 @@ pub(crate) fn forward(
                 }
             };
             if splits == 1 {
-                launch(&output, &lse, false);
-                return (output, lse);
+                launch(output, lse, false);
+                return;
             }
             #[cfg(test)]
             super::super::op::SPLIT_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -210,7 +305,7 @@ pub(crate) fn forward(
                     cube_dim,
                     partial_out.into_tensor_arg(),
                     partial_lse.into_tensor_arg(),
-                    sinks.into_tensor_arg(),
+                    sinks.clone().into_tensor_arg(),
                     output.clone().into_tensor_arg(),
                     lse.clone().into_tensor_arg(),
                     rows as u32,
@@ -220,7 +315,7 @@ pub(crate) fn forward(
                     dtype_to_storage_type(dtype),
                 );
             }
-            return (output, lse);
+            return;
         }
     };
     let tile = tiling.forward;
@@ -238,11 +333,11 @@ pub(crate) fn forward(
             cube_count,
             CubeDim::new_1d(tile.units as u32),
             tiling.vector_size,
-            q.into_tensor_arg(),
-            k.into_tensor_arg(),
-            v.into_tensor_arg(),
-            key_mask.into_tensor_arg(),
-            sinks.into_tensor_arg(),
+            q.clone().into_tensor_arg(),
+            k.clone().into_tensor_arg(),
+            v.clone().into_tensor_arg(),
+            key_mask.clone().into_tensor_arg(),
+            sinks.clone().into_tensor_arg(),
             output.clone().into_tensor_arg(),
             lse.clone().into_tensor_arg(),
             sizes(&problem, options),
@@ -250,7 +345,6 @@ pub(crate) fn forward(
             dtype_to_storage_type(dtype),
         );
     }
-    (output, lse)
 }
 
 /// Runs the backward kernels: `(dq, dk, dv)`.
@@ -276,12 +370,56 @@ pub(crate) fn backward(
     let grad_output = into_contiguous(grad_output);
     let key_mask = into_contiguous(key_mask);
     let problem = Problem::from_shapes(&q.shape(), &k.shape(), &v.shape(), options);
-    let family = choose(&problem, options, &q);
+    // Dense buffers, as the kernels index them (see the module docs).
+    let empty = |shape: Shape| {
+        empty_device_contiguous_dtype(q.client.clone(), q.device.clone(), shape, q.dtype)
+    };
+    let (grad_q, grad_k, grad_v) = (empty(q.shape()), empty(k.shape()), empty(v.shape()));
+    let choice = choose(&problem, options, &q);
+    let tensors = BackwardTensors {
+        q,
+        k,
+        v,
+        output,
+        lse,
+        grad_output,
+        key_mask,
+        grad_q: grad_q.clone(),
+        grad_k: grad_k.clone(),
+        grad_v: grad_v.clone(),
+    };
+    match choice {
+        Choice::Fixed(family) => backward_with(family, &problem, options, &tensors),
+        Choice::Tuned => autotune::backward(problem, *options, tensors),
+    }
+    (grad_q, grad_k, grad_v)
+}
+
+/// Writes the gradients of `problem` into `tensors.grad_q`, `grad_k` and `grad_v` with
+/// the kernels of `family`.
+pub(super) fn backward_with(
+    family: Family,
+    problem: &Problem,
+    options: &ScoreOptions,
+    tensors: &BackwardTensors,
+) {
+    let BackwardTensors {
+        q,
+        k,
+        v,
+        output,
+        lse,
+        grad_output,
+        key_mask,
+        grad_q,
+        grad_k,
+        grad_v,
+    } = tensors;
+    let problem = *problem;
     let client = q.client.clone();
     let device = q.device.clone();
     let dtype = q.dtype;
     let storage = dtype_to_storage_type(dtype);
-    // Dense buffers, as the kernels index them (see `forward::forward`).
     let empty = |shape: Shape, dtype: DType| {
         empty_device_contiguous_dtype(client.clone(), device.clone(), shape, dtype)
     };
@@ -306,9 +444,9 @@ pub(crate) fn backward(
             cube_count,
             cube_dim,
             vector_size,
-            output.into_tensor_arg(),
+            output.clone().into_tensor_arg(),
             grad_output.clone().into_tensor_arg(),
-            lse.into_tensor_arg(),
+            lse.clone().into_tensor_arg(),
             stats.clone().into_tensor_arg(),
             rows as u32,
             problem.d_v / vector_size,
@@ -316,9 +454,6 @@ pub(crate) fn backward(
         );
     }
 
-    let grad_k = empty(k.shape(), dtype);
-    let grad_v = empty(v.shape(), dtype);
-    let grad_q = empty(q.shape(), dtype);
     let tiling = match family {
         Family::RegisterTile(tiling) => tiling,
         Family::Staged(tiling) => {
@@ -361,19 +496,19 @@ pub(crate) fn backward(
                     &client,
                     cube_count,
                     CubeDim::new_1d(config.units as u32),
-                    q.into_tensor_arg(),
-                    k.into_tensor_arg(),
-                    v.into_tensor_arg(),
-                    grad_output.into_tensor_arg(),
+                    q.clone().into_tensor_arg(),
+                    k.clone().into_tensor_arg(),
+                    v.clone().into_tensor_arg(),
+                    grad_output.clone().into_tensor_arg(),
                     stats.into_tensor_arg(),
-                    key_mask.into_tensor_arg(),
+                    key_mask.clone().into_tensor_arg(),
                     grad_q.clone().into_tensor_arg(),
                     sizes(&problem, options),
                     config,
                     storage,
                 );
             }
-            return (grad_q, grad_k, grad_v);
+            return;
         }
     };
 
@@ -421,17 +556,16 @@ pub(crate) fn backward(
             cube_count,
             CubeDim::new_1d(tile.units as u32),
             tiling.vector_size,
-            q.into_tensor_arg(),
-            k.into_tensor_arg(),
-            v.into_tensor_arg(),
-            grad_output.into_tensor_arg(),
+            q.clone().into_tensor_arg(),
+            k.clone().into_tensor_arg(),
+            v.clone().into_tensor_arg(),
+            grad_output.clone().into_tensor_arg(),
             stats.into_tensor_arg(),
-            key_mask.into_tensor_arg(),
+            key_mask.clone().into_tensor_arg(),
             grad_q.clone().into_tensor_arg(),
             sizes(&problem, options),
             q_config,
             storage,
         );
     }
-    (grad_q, grad_k, grad_v)
 }

@@ -1,8 +1,9 @@
 //! The fused op on CubeCL runtimes (wgpu, cuda): the `#[cube]` kernels of two
 //! families (register tiles; staged shared-memory tiles over one tile product), their
-//! tile sizes per device, their launches, and the list of every kernel a device
+//! tile sizes per device, the timing that picks among them, their launches, and the list of every kernel a device
 //! compiles.
 
+pub(crate) mod autotune;
 mod kernels;
 pub(crate) mod launch;
 mod staged;

@@ -209,6 +209,14 @@ const STAGED_BLOCKS: [(usize, usize); 7] = [
     (8, 8),
 ];
 
+/// The largest rows or keys of a staged tile.
+pub(crate) const LARGEST_STAGED_BLOCK: usize = STAGED_BLOCKS[0].0;
+
+/// The tile limits autotuning compares (each a candidate of its own): the largest
+/// tiles reuse each load most, smaller ones leave room for more cubes per
+/// multiprocessor (shared memory sets the staged kernels' occupancy).
+pub(crate) const STAGED_BLOCK_LIMITS: [usize; 3] = [64, 32, 16];
+
 /// How the staged kernels' tile products run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum StagedProduct {
@@ -247,14 +255,16 @@ fn has_tensor_cores(properties: &cubecl::ir::DeviceProperties, dtype: DType) -> 
 }
 
 /// Chooses the staged kernels' tiles for `problem` in `dtype` on a device with
-/// `properties`, with the tile product `product` where the device and head dims allow
-/// it (the plain product otherwise); `None` when the tiles of some kernel do not fit
+/// `properties`: the largest of at most `max_block` rows and keys that fit, with the
+/// tile product `product` where the device and head dims allow it (the plain product
+/// otherwise); `None` when the tiles of some kernel do not fit
 /// the device's shared memory (large head dims on small devices) or the grid is too
 /// large.
 pub(crate) fn plan_staged(
     problem: &Problem,
     dtype: DType,
     product: StagedProduct,
+    max_block: usize,
     properties: &cubecl::ir::DeviceProperties,
 ) -> Option<StagedTiling> {
     let hardware = &properties.hardware;
@@ -287,6 +297,7 @@ pub(crate) fn plan_staged(
     let pick = |bytes: &dyn Fn(&StagedConfig) -> usize, short_q: bool| {
         STAGED_BLOCKS
             .into_iter()
+            .filter(|&(block_q, block_k)| block_q.max(block_k) <= max_block)
             .filter(|&(block_q, block_k)| {
                 // Fragments are 16 × 16.
                 let fragments = block_q.min(block_k) >= FRAGMENT;
@@ -338,7 +349,14 @@ pub(crate) fn staged_fits(
             let client = cube.client();
             let properties = client.properties();
             (
-                plan_staged(problem, dtype, StagedProduct::Plain, properties).is_some(),
+                plan_staged(
+                    problem,
+                    dtype,
+                    StagedProduct::Plain,
+                    LARGEST_STAGED_BLOCK,
+                    properties,
+                )
+                .is_some(),
                 properties.hardware.max_shared_memory_size,
             )
         }

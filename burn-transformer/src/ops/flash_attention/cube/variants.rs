@@ -23,7 +23,10 @@ use super::kernels::{self, SizesCompilationArg};
 use super::launch::{MERGE_UNITS, PREPASS_UNITS, config};
 use super::staged;
 use super::tile_product::TileProduct;
-use super::tiling::{KernelTile, StagedProduct, StagedTiling, Tiling, plan_staged, plan_tiling};
+use super::tiling::{
+    KernelTile, LARGEST_STAGED_BLOCK, STAGED_BLOCK_LIMITS, StagedProduct, StagedTiling, Tiling,
+    plan_staged, plan_tiling,
+};
 use crate::ops::mask::MaskRule;
 
 /// Sequence length (queries and keys) the variants are planned for: long enough that
@@ -219,14 +222,33 @@ pub fn kernel_variants(
                             KernelFamily::Staged => StagedProduct::Plain,
                             _ => StagedProduct::TensorCores,
                         };
-                        let staged_tiling = plan_staged(&problem, dtype, product, &properties);
-                        // The tensor-core family only where its product applies.
-                        let applies = staged_tiling.is_some_and(|t| {
-                            (t.forward.product == TileProduct::TensorCores)
-                                == (family == KernelFamily::StagedTensorCores)
-                        });
-                        if let (Some(staged_tiling), true) = (staged_tiling, applies) {
-                            variants.extend(staged_kernels(&build, family, &staged_tiling));
+                        // The plain family's tiles are autotuning candidates: every
+                        // distinct tiling under the limits is a kernel of its own.
+                        let limits: &[usize] = match family {
+                            KernelFamily::Staged => &STAGED_BLOCK_LIMITS,
+                            _ => &[LARGEST_STAGED_BLOCK],
+                        };
+                        // Each kernel once per tile (tilings of two limits may share
+                        // some kernels' tiles; the untiled ones are shared by all).
+                        let mut built: Vec<(AttentionKernel, Option<(usize, usize)>)> = Vec::new();
+                        for &limit in limits {
+                            let staged_tiling =
+                                plan_staged(&problem, dtype, product, limit, &properties);
+                            // The tensor-core family only where its product applies.
+                            let applies = staged_tiling.is_some_and(|t| {
+                                (t.forward.product == TileProduct::TensorCores)
+                                    == (family == KernelFamily::StagedTensorCores)
+                            });
+                            let Some(staged_tiling) = staged_tiling.filter(|_| applies) else {
+                                continue;
+                            };
+                            for variant in staged_kernels(&build, family, &staged_tiling) {
+                                let id = (variant.kernel, variant.tile);
+                                if !built.contains(&id) {
+                                    built.push(id);
+                                    variants.push(variant);
+                                }
+                            }
                         }
                     }
                 }
@@ -612,20 +634,41 @@ mod tests {
             AttentionKernel::BackwardDkDv,
         ];
         // Register tiles and the plain staged kernels everywhere (227 KiB of shared
-        // memory holds even MLA's tiles); tensor cores for f16/bf16 (every head dim
+        // memory holds even MLA's tiles), the staged ones at each tile size autotuning
+        // compares; tensor cores for f16/bf16 (every head dim
         // here is a multiple of 16) once the device has fragments: this one has none.
         for family in [KernelFamily::RegisterTile, KernelFamily::Staged] {
             for kernel in kernels {
                 for dtype in VARIANT_DTYPES {
                     for (d_qk, d_v) in VARIANT_HEAD_DIMS {
-                        let found = variants.iter().filter(|v| {
-                            v.family == family
-                                && v.kernel == kernel
-                                && v.dtype == dtype
-                                && v.d_qk == d_qk
-                                && v.d_v == d_v
-                        });
-                        assert_eq!(found.count(), 1, "{family} {kernel} {dtype:?} {d_qk}x{d_v}");
+                        let found: Vec<&KernelVariant> = variants
+                            .iter()
+                            .filter(|v| {
+                                v.family == family
+                                    && v.kernel == kernel
+                                    && v.dtype == dtype
+                                    && v.d_qk == d_qk
+                                    && v.d_v == d_v
+                            })
+                            .collect();
+                        let what = format!("{family} {kernel} {dtype:?} {d_qk}x{d_v}");
+                        let tiled = kernel != AttentionKernel::BackwardPrepass;
+                        if family == KernelFamily::Staged && tiled {
+                            // Autotuning's candidates: distinct tiles, down to 16 × 16.
+                            let tiles: Vec<_> = found.iter().map(|v| v.tile).collect();
+                            let distinct: std::collections::BTreeSet<_> = tiles.iter().collect();
+                            assert_eq!(distinct.len(), tiles.len(), "{what}: {tiles:?}");
+                            assert!(
+                                (1..=STAGED_BLOCK_LIMITS.len()).contains(&tiles.len()),
+                                "{what}: {tiles:?}"
+                            );
+                            assert!(
+                                tiles.iter().any(|t| t.is_some_and(|(r, b)| r.max(b) <= 16)),
+                                "{what}: {tiles:?}"
+                            );
+                        } else {
+                            assert_eq!(found.len(), 1, "{what}");
+                        }
                     }
                 }
             }
