@@ -73,6 +73,7 @@ KEYS = [
     "dtype",
     "d_qk",
     "d_v",
+    "tile",
     "arch",
     "registers",
     "spill_stores_bytes",
@@ -341,6 +342,8 @@ def measure(
         "dtype": variant["dtype"],
         "d_qk": variant["d_qk"],
         "d_v": variant["d_v"],
+        # Query rows (keys, for dK/dV) × keys (queries) of a tiled kernel's cube.
+        "tile": tile(variant),
         "arch": arch,
         "registers": resources["registers"],
         "spill_stores_bytes": resources["spill_stores_bytes"],
@@ -352,16 +355,24 @@ def measure(
     return {"line": {key: line[key] for key in KEYS}, "blocks": blocks, "limiter": limiter}
 
 
+def tile(variant: dict) -> str | None:
+    """`rows×block` of a staged kernel's cube tile (`None` for the others, whose launch
+    shape `units_per_cube` says)."""
+    if variant["variant"].startswith("staged") and variant.get("block") is not None:
+        return f"{variant['rows_per_unit']}x{variant['block']}"
+    return None
+
+
 def markdown(rows: list[dict]) -> str:
     lines = [
-        "| kernel | variant | dtype | d_qk × d_v | units/cube | registers "
+        "| kernel | variant | tile | dtype | d_qk × d_v | units/cube | registers "
         "| spill stores / loads (B) | shared (B) | blocks/SM | occupancy | limited by |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|",
+        "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in rows:
         line = row["line"]
         lines.append(
-            f"| {line['kernel']} | {line['variant']} | {line['dtype']} "
+            f"| {line['kernel']} | {line['variant']} | {line['tile'] or '–'} | {line['dtype']} "
             f"| {line['d_qk']} × {line['d_v']} | {line['units_per_cube']} | {line['registers']} "
             f"| {line['spill_stores_bytes']} / {line['spill_loads_bytes']} "
             f"| {line['shared_bytes']} "

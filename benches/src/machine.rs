@@ -84,6 +84,21 @@ impl Machine {
         }
     }
 
+    /// What a record measured on `backend` by this machine names as its machine: the
+    /// CPU, and the adapter for a GPU backend.
+    pub fn label(&self, backend: &str) -> String {
+        let cpu = format!("{}, {} cores", self.cpu, self.cores);
+        let prefix = format!("{backend}: ");
+        match self
+            .adapters
+            .iter()
+            .find_map(|adapter| adapter.strip_prefix(&prefix))
+        {
+            Some(adapter) => format!("{adapter} on {cpu}"),
+            None => cpu,
+        }
+    }
+
     /// A Markdown list of the fields.
     pub fn markdown(&self) -> String {
         let mut text = format!(
@@ -164,6 +179,18 @@ mod tests {
         assert!(machine.cores >= 1);
         assert_eq!(machine.date_utc.len(), "2026-01-01 00:00".len());
         assert!(machine.markdown().contains("quick mode"));
+    }
+
+    #[test]
+    fn records_name_the_cpu_and_the_adapter_of_their_backend() {
+        let machine = Machine {
+            cpu: "Xeon".into(),
+            cores: 2,
+            adapters: vec!["cuda: NVIDIA H200 (cuda)".into()],
+            ..Machine::default()
+        };
+        assert_eq!(machine.label("cuda"), "NVIDIA H200 (cuda) on Xeon, 2 cores");
+        assert_eq!(machine.label("flex"), "Xeon, 2 cores");
     }
 
     #[test]

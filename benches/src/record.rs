@@ -62,9 +62,26 @@ pub struct Record {
     /// The peer the output was checked against.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checked_against: Option<String>,
+    /// Element type of the inputs (`f32`, `bf16`, `f16`); a record without one
+    /// measured f32.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<String>,
+    /// The variant of an implementation that has several: our fused kernel's family on
+    /// a CubeCL device (`register`, `staged`, `tensor-cores`), the backend PyTorch's
+    /// `scaled_dot_product_attention` ran (`flash`, `efficient`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<String>,
+    /// Arithmetic rate at the median time, TFLOP/s, counted as FlashAttention's papers
+    /// count it (see `attention::flops`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tflops: Option<f64>,
     /// Why the cell did not run (out of memory, unsupported, skipped, timed out).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,
+    /// The machine that measured the cell: its CPU, and the adapter of a GPU backend
+    /// (runs on several machines share one results file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<String>,
     /// Start of the run that measured the cell (UTC, `YYYY-MM-DD HH:MM`): partial runs
     /// keep earlier records, so one report can join several runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -106,6 +123,13 @@ impl Record {
             && (self.seq, self.head_dim, self.causal) == (other.seq, other.head_dim, other.causal)
             && self.pass == other.pass
             && self.d_model == other.d_model
+            && self.dtype_name() == other.dtype_name()
+            && self.kernel == other.kernel
+    }
+
+    /// The inputs' element type: `dtype`, or `f32` where the record has none.
+    pub fn dtype_name(&self) -> &str {
+        self.dtype.as_deref().unwrap_or("f32")
     }
 
     /// Whether the cell produced a time.

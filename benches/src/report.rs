@@ -16,8 +16,28 @@ pub const BEGIN_MARKER: &str =
 /// Marks its end; everything outside the markers belongs to people.
 pub const END_MARKER: &str = "<!-- END GENERATED -->";
 
-/// Attention implementations in column order: the fused kernel first, its peers after.
-const ATTENTION_IMPLS: &[&str] = &["fused", "reference", "burn"];
+/// Attention implementations in column order: the fused kernel first (its kernel
+/// families in the order the fused op falls back through them, reversed), its peers
+/// after.
+const ATTENTION_IMPLS: &[&str] = &[
+    "fused",
+    "fused[register]",
+    "fused[staged]",
+    "fused[tensor-cores]",
+    "reference",
+    "burn",
+    "torch_sdpa",
+];
+
+/// The column of an attention record: its implementation, and the fused op's kernel
+/// family where the run compared them. PyTorch's kernel follows the dtype (flash for
+/// bf16, memory-efficient for f32) and is named in the text instead.
+pub fn attention_column(record: &Record) -> String {
+    match (&record.kernel, record.implementation.as_str()) {
+        (Some(kernel), "fused") => format!("fused[{kernel}]"),
+        _ => record.implementation.clone(),
+    }
+}
 
 /// One section of the report.
 #[derive(Clone, Debug)]
@@ -178,8 +198,8 @@ pub fn sections(records: &[Record], out_dir: &Path) -> Result<Vec<Section>, Stri
     Ok(sections)
 }
 
-/// The attention cells with the same shape and pass, keyed for the table.
-type AttentionKey = (String, String, usize, usize, usize, usize, bool);
+/// The attention cells with the same shape, pass and element type, keyed for the table.
+type AttentionKey = (String, String, usize, usize, usize, usize, bool, String);
 
 fn attention_key(record: &Record) -> AttentionKey {
     (
@@ -190,6 +210,7 @@ fn attention_key(record: &Record) -> AttentionKey {
         record.heads,
         record.seq,
         record.causal,
+        record.dtype_name().to_string(),
     )
 }
 
@@ -198,82 +219,18 @@ fn attention_section(records: &[Record], out_dir: &Path) -> Result<Option<Sectio
     if cells.is_empty() {
         return Ok(None);
     }
-    let impls: Vec<&str> = ATTENTION_IMPLS
-        .iter()
-        .copied()
-        .filter(|name| cells.iter().any(|r| r.implementation == *name))
-        .collect();
-    let base = impls[0];
-    let mixed_runs = runs(cells.iter().copied()).len() > 1;
-    let mut header = vec!["backend", "pass", "batch×heads", "seq", "d", "causal"];
-    let time_headers: Vec<String> = impls.iter().map(|i| format!("{i} ms")).collect();
-    let ratio_headers: Vec<String> = impls[1..].iter().map(|i| format!("{i} / {base}")).collect();
-    let memory_headers: Vec<String> = impls.iter().map(|i| format!("{i} MiB")).collect();
-    header.extend(time_headers.iter().map(String::as_str));
-    header.extend(ratio_headers.iter().map(String::as_str));
-    header.extend(memory_headers.iter().map(String::as_str));
-    if mixed_runs {
-        header.push("run (UTC)");
-    }
-    let mut table = Table::new(&header);
-    let keys: BTreeSet<AttentionKey> = cells.iter().map(|r| attention_key(r)).collect();
-    // Order: backend as run, pass, d, causal, batch×heads, then seq.
-    let order = backends(&cells);
-    let mut keys: Vec<AttentionKey> = keys.into_iter().collect();
-    keys.sort_by_key(|k| {
-        (
-            order.iter().position(|b| *b == k.0),
-            k.1.clone(),
-            k.2,
-            k.6,
-            k.3 * k.4,
-            k.5,
-        )
-    });
-    for key in keys {
-        let find = |name: &str| {
-            cells
-                .iter()
-                .find(|r| attention_key(r) == key && r.implementation == name)
-        };
-        let time = |name: &str| find(name).and_then(|r| r.ms_median);
-        let mut row = vec![
-            key.0.clone(),
-            key.1.clone(),
-            format!("{}×{}", key.3, key.4),
-            key.5.to_string(),
-            key.2.to_string(),
-            key.6.to_string(),
-        ];
-        row.extend(impls.iter().map(|i| ms(time(i))));
-        row.extend(impls[1..].iter().map(|i| ratio(time(i), time(base))));
-        row.extend(
-            impls
-                .iter()
-                .map(|i| mib(find(i).and_then(|r| r.peak_bytes))),
-        );
-        if mixed_runs {
-            let row_runs: BTreeSet<String> = impls
-                .iter()
-                .filter_map(|i| find(i).map(|r| run_label(r)))
-                .collect();
-            row.push(row_runs.into_iter().collect::<Vec<_>>().join(" / "));
-        }
-        table.rows.push(row);
-    }
-
     let mut body = format!(
-        "Median wall time of {} (warm-up first, fresh inputs every run, timed until a \
-         scalar of the result — or of each gradient — is read back). `fwd_bwd` is the \
-         forward pass plus the gradients of q, k and v. Ratios above 1 mean the peer is \
-         slower than `{base}`. Memory is each cell's peak (see [Scaling](#scaling)). \
-         Every forward output was checked against a peer on the same inputs (largest \
-         difference: {}).\n\n",
-        impls
-            .iter()
-            .map(|i| format!("`{i}`"))
-            .collect::<Vec<_>>()
-            .join(", "),
+        "Median wall time (warm-up first, fresh inputs every run, timed until a scalar of \
+         the result — or of each gradient — is read back). `fwd_bwd` is the forward pass \
+         plus the gradients of q, k and v. `fused[family]` is the fused op through one \
+         kernel family (register tiles, staged shared-memory tiles, tensor-core tile \
+         products); `torch_sdpa` is PyTorch's `scaled_dot_product_attention` on the same \
+         device (on CUDA its FlashAttention kernel for bf16/f16, its memory-efficient \
+         kernel for f32). Ratios above 1 mean the peer is slower than the first column. \
+         Memory is each cell's peak (see [Scaling](#scaling)). TFLOP/s counts \
+         FlashAttention's way: 4·batch·heads·seq²·d for a forward, half of it when \
+         causal, 3.5 times it for forward+backward. Every forward output was checked \
+         against a peer on the same inputs (largest difference: {}).\n",
         cells
             .iter()
             .filter_map(|r| r.check_error)
@@ -282,43 +239,22 @@ fn attention_section(records: &[Record], out_dir: &Path) -> Result<Option<Sectio
             ))
             .map_or("none measured".into(), |e| format!("{e:.1e}"))
     );
-    body.push_str(&table.markdown());
-    for backend in order {
-        let mut series = Vec::new();
-        for (colour, name) in impls.iter().enumerate() {
-            for pass in ["fwd", "fwd_bwd"] {
-                let points = by_length(
-                    cells.iter().copied().filter(|r| {
-                        r.backend == backend
-                            && r.implementation == *name
-                            && r.pass == pass
-                            && r.causal
-                            && r.head_dim == 64
-                    }),
-                    |r| r.ms_median,
-                );
-                if !points.is_empty() {
-                    let backward = pass == "fwd_bwd";
-                    let name = if backward {
-                        format!("{name} forward+backward (dashed)")
-                    } else {
-                        format!("{name} forward")
-                    };
-                    series.push(line(name, points, colour, backward));
-                }
-            }
+    for backend in backends(&cells) {
+        let cells: Vec<&Record> = cells
+            .iter()
+            .copied()
+            .filter(|r| r.backend == backend)
+            .collect();
+        body.push_str(&format!("\n### {backend}\n\n"));
+        let machines: BTreeSet<&str> = cells.iter().filter_map(|r| r.machine.as_deref()).collect();
+        if !machines.is_empty() {
+            let machines: Vec<&str> = machines.into_iter().collect();
+            body.push_str(&format!("Measured on {}.\n\n", machines.join("; ")));
         }
-        if series.is_empty() {
-            continue;
+        body.push_str(&attention_table(&cells).markdown());
+        if let Some(plot) = attention_time_plot(&cells, &backend, out_dir)? {
+            body.push_str(&plot);
         }
-        body.push_str(&log_log_plot(
-            out_dir,
-            &format!("attention_time_{backend}.png"),
-            format!("Causal attention, d = 64, on {backend}: time vs sequence length"),
-            "sequence length",
-            "median ms",
-            series,
-        )?);
     }
     Ok(Some(Section {
         stem: "attention",
@@ -327,19 +263,149 @@ fn attention_section(records: &[Record], out_dir: &Path) -> Result<Option<Sectio
     }))
 }
 
-/// The cells of one scaling fit: (backend, impl, d, causal, batch, heads).
+/// The table of one backend's attention cells: a row per shape, pass and element
+/// type; time, ratio to the first column, peak memory and (on GPUs) TFLOP/s per
+/// implementation.
+fn attention_table(cells: &[&Record]) -> Table {
+    let labels: Vec<&str> = ATTENTION_IMPLS
+        .iter()
+        .copied()
+        .filter(|label| cells.iter().any(|r| attention_column(r) == *label))
+        .collect();
+    let base = labels[0];
+    let mixed_runs = runs(cells.iter().copied()).len() > 1;
+    let dtypes = cells.iter().any(|r| r.dtype_name() != "f32");
+    let gpu = cells.iter().any(|r| r.backend == "cuda");
+    let mut header: Vec<String> = ["pass", "batch×heads", "seq", "d", "causal"]
+        .iter()
+        .map(|h| h.to_string())
+        .collect();
+    if dtypes {
+        header.push("dtype".into());
+    }
+    header.extend(labels.iter().map(|l| format!("{l} ms")));
+    header.extend(labels[1..].iter().map(|l| format!("{l} / {base}")));
+    if gpu {
+        header.extend(labels.iter().map(|l| format!("{l} TFLOP/s")));
+    }
+    header.extend(labels.iter().map(|l| format!("{l} MiB")));
+    if mixed_runs {
+        header.push("run (UTC)".into());
+    }
+    let header: Vec<&str> = header.iter().map(String::as_str).collect();
+    let mut table = Table::new(&header);
+    let keys: BTreeSet<AttentionKey> = cells.iter().map(|r| attention_key(r)).collect();
+    // Order: dtype, pass, d, causal, batch×heads, then seq.
+    let mut keys: Vec<AttentionKey> = keys.into_iter().collect();
+    keys.sort_by_key(|k| (k.7.clone(), k.1.clone(), k.2, k.6, k.3 * k.4, k.5));
+    for key in keys {
+        let find = |label: &str| {
+            cells
+                .iter()
+                .find(|r| attention_key(r) == key && attention_column(r) == label)
+        };
+        let time = |label: &str| find(label).and_then(|r| r.ms_median);
+        let mut row = vec![
+            key.1.clone(),
+            format!("{}×{}", key.3, key.4),
+            key.5.to_string(),
+            key.2.to_string(),
+            key.6.to_string(),
+        ];
+        if dtypes {
+            row.push(key.7.clone());
+        }
+        row.extend(labels.iter().map(|l| ms(time(l))));
+        row.extend(labels[1..].iter().map(|l| ratio(time(l), time(base))));
+        if gpu {
+            row.extend(labels.iter().map(|l| rate(find(l).and_then(|r| r.tflops))));
+        }
+        row.extend(
+            labels
+                .iter()
+                .map(|l| mib(find(l).and_then(|r| r.peak_bytes))),
+        );
+        if mixed_runs {
+            let row_runs: BTreeSet<String> = labels
+                .iter()
+                .filter_map(|l| find(l).map(|r| run_label(r)))
+                .collect();
+            row.push(row_runs.into_iter().collect::<Vec<_>>().join(" / "));
+        }
+        table.rows.push(row);
+    }
+    table
+}
+
+/// The time-vs-length plot of one backend's causal cells at its smallest head width
+/// and its first element type, forward solid and forward+backward dashed.
+fn attention_time_plot(
+    cells: &[&Record],
+    backend: &str,
+    out_dir: &Path,
+) -> Result<Option<String>, String> {
+    let causal: Vec<&Record> = cells.iter().copied().filter(|r| r.causal).collect();
+    let (Some(head_dim), Some(dtype)) = (
+        causal.iter().map(|r| r.head_dim).min(),
+        causal.first().map(|r| r.dtype_name().to_string()),
+    ) else {
+        return Ok(None);
+    };
+    let mut series = Vec::new();
+    for (colour, label) in ATTENTION_IMPLS.iter().enumerate() {
+        for pass in ["fwd", "fwd_bwd"] {
+            let points = by_length(
+                causal.iter().copied().filter(|r| {
+                    attention_column(r) == *label
+                        && r.pass == pass
+                        && r.head_dim == head_dim
+                        && r.dtype_name() == dtype
+                }),
+                |r| r.ms_median,
+            );
+            if !points.is_empty() {
+                let backward = pass == "fwd_bwd";
+                let name = if backward {
+                    format!("{label} forward+backward (dashed)")
+                } else {
+                    format!("{label} forward")
+                };
+                series.push(line(name, points, colour, backward));
+            }
+        }
+    }
+    if series.is_empty() {
+        return Ok(None);
+    }
+    let precision = if dtype == "f32" {
+        String::new()
+    } else {
+        format!(", {dtype}")
+    };
+    log_log_plot(
+        out_dir,
+        &format!("attention_time_{backend}.png"),
+        format!(
+            "Causal attention, d = {head_dim}{precision}, on {backend}: time vs sequence length"
+        ),
+        "sequence length",
+        "median ms",
+        series,
+    )
+    .map(Some)
+}
+
+/// The cells of one scaling fit: (backend, impl and dtype, d, causal, batch, heads).
 type ScalingKey = (String, String, usize, bool, usize, usize);
 
 fn scaling_key(r: &Record) -> ScalingKey {
-    let (backend, _, head_dim, batch, heads, _, causal) = attention_key(r);
-    (
-        backend,
-        r.implementation.clone(),
-        head_dim,
-        causal,
-        batch,
-        heads,
-    )
+    let (backend, _, head_dim, batch, heads, _, causal, dtype) = attention_key(r);
+    // f32 cells keep their plain label, as in runs that measured nothing else.
+    let label = match dtype.as_str() {
+        "f32" => attention_column(r),
+        other => format!("{} {other}", attention_column(r)),
+    };
+    (backend, label, head_dim, causal, batch, heads)
 }
 
 fn scaling_section(records: &[Record], out_dir: &Path) -> Result<Option<Section>, String> {
@@ -396,8 +462,8 @@ fn scaling_section(records: &[Record], out_dir: &Path) -> Result<Option<Section>
         if key.3 && key.2 == 64 && memory.len() >= 2 {
             let colour = ATTENTION_IMPLS
                 .iter()
-                .position(|i| *i == key.1)
-                .unwrap_or(3);
+                .position(|i| key.1.split(' ').next() == Some(*i))
+                .unwrap_or(ATTENTION_IMPLS.len());
             let name = format!("{} (exponent {})", key.1, exponent(log_log_slope(&memory)));
             if !plots.iter().any(|(backend, _)| *backend == key.0) {
                 plots.push((key.0.clone(), Vec::new()));

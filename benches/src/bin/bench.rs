@@ -564,6 +564,7 @@ fn measure(args: &Args, mode: Mode) -> Result<(Machine, Vec<Record>, Vec<String>
         }
         records.extend(produced.into_iter().map(|record| Record {
             run: Some(machine.date_utc.clone()),
+            machine: Some(machine.label(&record.backend)),
             ..record
         }));
     }

@@ -24,7 +24,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use burn::tensor::DType;
-use burn_transformer::ops::flash_attention::{KernelVariant, VARIANT_SEQ_LEN, kernel_variants};
+use burn_transformer::ops::flash_attention::{
+    KernelFamily, KernelVariant, VARIANT_SEQ_LEN, kernel_variants,
+};
 use clap::Parser;
 use cubecl::Compiler;
 use cubecl::cmma::MatrixLayout;
@@ -110,8 +112,13 @@ fn run(out: &Path) -> Result<usize, String> {
         .map_err(|reason| format!("the fused attention does not take these problems: {reason}"))?;
     let mut entries = Vec::with_capacity(variants.len());
     for (index, variant) in variants.iter().enumerate() {
+        // The staged family has one kernel per tile size autotuning compares.
+        let tile = match (variant.family, variant.tile) {
+            (KernelFamily::Staged, Some((rows, block))) => format!("-{rows}x{block}"),
+            _ => String::new(),
+        };
         let file = format!(
-            "{}-{}-{}-{}x{}.cu",
+            "{}-{}-{}-{}x{}{tile}.cu",
             variant.kernel,
             variant.family,
             dtype_name(variant.dtype),

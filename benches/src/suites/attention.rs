@@ -5,18 +5,23 @@
 //! cuda, the tiled CPU flash attention on flex, the extension's portable tensor-op
 //! implementation on ndarray),
 //! `reference` (our tensor-op path, which materializes the scores) and `burn` (Burn's
-//! own `burn::tensor::module::attention`), each measured in the same run on the same
-//! shapes. Every forward cell checks its output once against a peer.
+//! own `burn::tensor::module::attention`) and, on cuda and flex, `torch_sdpa` (PyTorch's
+//! `scaled_dot_product_attention`, run by `benches/attention_torch.py` in a child
+//! process), each measured in the same run on the same shapes. Every forward cell
+//! checks its output once against a peer.
+//!
+//! On cuda the grid is the GPU one: batch 4, 16 heads, sequences of 1024–16384 in bf16
+//! (and f32 in full mode), with each kernel family of the fused op as a column of its own.
 
 use burn::tensor::ops::AttentionModuleOptions;
-use burn::tensor::{Distribution, Tensor};
+use burn::tensor::{DType, Distribution, Tensor};
 use burn_transformer::attention::{AttentionOptions, reference_attention};
-use burn_transformer::ops::flash_attention::{ScoreOptions, flash_attention};
+use burn_transformer::ops::flash_attention::{FlashKernel, ScoreOptions, flash_attention};
 use burn_transformer::ops::mask::MaskRule;
 use serde::{Deserialize, Serialize};
 
 use super::{Job, Mode, device_named};
-use crate::measure::{PeakMemory, Runs, finish, max_abs_diff, time_runs};
+use crate::measure::{PeakMemory, Runs, Timing, finish, max_abs_diff, time_runs};
 use crate::record::Record;
 
 /// An implementation of the attention core.
@@ -29,18 +34,18 @@ pub enum Impl {
     Reference,
     /// `burn::tensor::module::attention`.
     Burn,
+    /// PyTorch's `scaled_dot_product_attention`.
+    TorchSdpa,
 }
 
 impl Impl {
-    /// Every implementation, in report order.
-    pub const ALL: [Impl; 3] = [Impl::Fused, Impl::Reference, Impl::Burn];
-
     /// The name in records and tables.
     pub fn name(self) -> &'static str {
         match self {
             Impl::Fused => "fused",
             Impl::Reference => "reference",
             Impl::Burn => "burn",
+            Impl::TorchSdpa => "torch_sdpa",
         }
     }
 
@@ -53,6 +58,8 @@ impl Impl {
             // Burn's own op falls back to a score-materializing path where it has no
             // fused kernel; count it as naive for the memory budget.
             Impl::Burn => true,
+            // FlashAttention's kernels on CUDA, PyTorch's flash CPU kernel on the CPU.
+            Impl::TorchSdpa => false,
         }
     }
 
@@ -62,11 +69,12 @@ impl Impl {
             // Past 4096 the reference path's scores get large: Burn's op checks then.
             Impl::Fused if seq <= 4096 => Impl::Reference,
             Impl::Fused => Impl::Burn,
-            Impl::Reference | Impl::Burn => Impl::Fused,
+            Impl::Reference | Impl::Burn | Impl::TorchSdpa => Impl::Fused,
         }
     }
 
-    /// `softmax(q·kᵀ/√d + mask)·v`.
+    /// `softmax(q·kᵀ/√d + mask)·v`, through the fused op's kernel family `kernel` where
+    /// the implementation is ours.
     ///
     /// # Shapes
     /// - q, k, v: `[batch, heads, seq, head_dim]`; output likewise
@@ -76,14 +84,17 @@ impl Impl {
         k: Tensor<4>,
         v: Tensor<4>,
         causal: bool,
+        kernel: FlashKernel,
     ) -> Result<Tensor<4>, String> {
         Ok(match self {
             Impl::Fused => {
                 let scale = 1.0 / (q.dims()[3] as f64).sqrt();
-                let options = ScoreOptions::new(scale, None, MaskRule::new(causal, None));
+                let options =
+                    ScoreOptions::new(scale, None, MaskRule::new(causal, None)).with_kernel(kernel);
                 flash_attention(q, k, v, None, None, &options)
                     .map_err(|reason| format!("the fused op does not take this call: {reason}"))?
             }
+            Impl::TorchSdpa => return Err("PyTorch runs in a process of its own".into()),
             Impl::Reference => {
                 reference_attention(q, k, v, &AttentionOptions::new().with_causal(causal))
             }
@@ -120,36 +131,102 @@ pub struct Cell {
     pub head_dim: usize,
     /// Causal masking.
     pub causal: bool,
+    /// Element type of q, k and v.
+    pub dtype: DType,
+    /// The fused op's kernel family, where the grid compares them (cuda); `None` for
+    /// the device's default.
+    pub kernel: Option<FlashKernel>,
     /// Forward and backward (gradients of q, k and v) instead of forward only.
     pub backward: bool,
     /// Warm-up and timed runs.
     pub runs: Runs,
 }
 
+/// The shapes, element types and implementations of one backend's grid.
+struct Grid {
+    batch: usize,
+    heads: usize,
+    head_dims: &'static [usize],
+    causals: &'static [bool],
+    dtypes: &'static [DType],
+    fwd_seqs: &'static [usize],
+    bwd_seqs: &'static [usize],
+}
+
+impl Grid {
+    /// The grid of `mode` on `backend`.
+    fn of(mode: Mode, backend: &str) -> Self {
+        match (backend, mode) {
+            // The GPU grid (FlashAttention-2's): long sequences, bf16 first.
+            ("cuda", Mode::Quick) => Self {
+                batch: 4,
+                heads: 16,
+                head_dims: &[128],
+                causals: &[false, true],
+                dtypes: &[DType::BF16],
+                fwd_seqs: &[1024, 4096, 16384],
+                bwd_seqs: &[1024, 4096, 16384],
+            },
+            ("cuda", Mode::Full) => Self {
+                batch: 4,
+                heads: 16,
+                head_dims: &[64, 128],
+                causals: &[false, true],
+                dtypes: &[DType::BF16, DType::F32],
+                fwd_seqs: &[1024, 2048, 4096, 8192, 16384],
+                bwd_seqs: &[1024, 2048, 4096, 8192, 16384],
+            },
+            (_, Mode::Quick) => Self {
+                batch: 1,
+                heads: 8,
+                head_dims: &[64],
+                causals: &[true],
+                dtypes: &[DType::F32],
+                fwd_seqs: &[256, 512, 1024, 2048],
+                bwd_seqs: &[256, 1024],
+            },
+            (_, Mode::Full) => Self {
+                batch: 2,
+                heads: 8,
+                head_dims: &[64, 128],
+                causals: &[false, true],
+                dtypes: &[DType::F32],
+                fwd_seqs: &[256, 512, 1024, 2048, 4096, 8192],
+                bwd_seqs: &[256, 512, 1024, 2048, 4096, 8192],
+            },
+        }
+    }
+}
+
+/// The implementations measured on `backend` for inputs of `dtype`, each with its
+/// kernel family: on cuda every family of the fused op that takes `dtype` (tensor
+/// cores take f16/bf16 only), elsewhere the device's default.
+fn implementations(backend: &str, dtype: DType) -> Vec<(Impl, Option<FlashKernel>)> {
+    let mut list = Vec::new();
+    if backend == "cuda" {
+        list.push((Impl::Fused, Some(FlashKernel::RegisterTile)));
+        list.push((Impl::Fused, Some(FlashKernel::Staged)));
+        if matches!(dtype, DType::BF16 | DType::F16) {
+            list.push((Impl::Fused, Some(FlashKernel::StagedTensorCores)));
+        }
+    } else {
+        list.push((Impl::Fused, None));
+    }
+    list.push((Impl::Reference, None));
+    list.push((Impl::Burn, None));
+    // PyTorch on the same device: the GPU, or the CPU flex runs on.
+    if matches!(backend, "cuda" | "flex") {
+        list.push((Impl::TorchSdpa, None));
+    }
+    list
+}
+
 /// The grid of `mode` on `backend`.
 pub fn jobs(mode: Mode, backend: &str) -> Vec<Job> {
-    // (batch, heads, head dims, causal flags, forward seqs, forward+backward seqs)
-    let (batch, heads, dims, causals, fwd_seqs, bwd_seqs): (
-        _,
-        _,
-        &[usize],
-        &[bool],
-        &[usize],
-        &[usize],
-    ) = match mode {
-        Mode::Quick => (1, 8, &[64], &[true], &[256, 512, 1024, 2048], &[256, 1024]),
-        Mode::Full => (
-            2,
-            8,
-            &[64, 128],
-            &[false, true],
-            &[256, 512, 1024, 2048, 4096, 8192],
-            &[256, 512, 1024, 2048, 4096, 8192],
-        ),
-    };
+    let grid = Grid::of(mode, backend);
     let mut cells = Vec::new();
-    let mut push = |batch, heads, seq, head_dim, causal, backward| {
-        for implementation in Impl::ALL {
+    let mut push = |batch, heads, seq, head_dim, causal, dtype, backward| {
+        for (implementation, kernel) in implementations(backend, dtype) {
             cells.push(Job::Attention(Cell {
                 implementation,
                 backend: backend.to_string(),
@@ -158,31 +235,59 @@ pub fn jobs(mode: Mode, backend: &str) -> Vec<Job> {
                 seq,
                 head_dim,
                 causal,
+                dtype,
+                kernel,
                 backward,
                 runs: mode.runs(),
             }));
         }
     };
-    for &head_dim in dims {
-        for &causal in causals {
-            for (backward, seqs) in [(false, fwd_seqs), (true, bwd_seqs)] {
-                for &seq in seqs {
-                    push(batch, heads, seq, head_dim, causal, backward);
+    for &dtype in grid.dtypes {
+        for &head_dim in grid.head_dims {
+            for &causal in grid.causals {
+                for (backward, seqs) in [(false, grid.fwd_seqs), (true, grid.bwd_seqs)] {
+                    for &seq in seqs {
+                        push(
+                            grid.batch, grid.heads, seq, head_dim, causal, dtype, backward,
+                        );
+                    }
                 }
             }
         }
     }
-    if mode == Mode::Full {
+    if mode == Mode::Full && backend != "cuda" {
         // 1×8 heads, d 64, non-causal: at 2048 its naive scores (128 MiB) still fit
         // lavapipe's largest buffer, where 2×8's do not, so the forward+backward cell at
         // 2048 has peers to compare with on an emulated GPU too.
         for backward in [false, true] {
             for seq in [1024, 2048] {
-                push(1, 8, seq, 64, false, backward);
+                push(1, 8, seq, 64, false, DType::F32, backward);
             }
         }
     }
     cells
+}
+
+/// Floating-point operations of attention at one shape, as FlashAttention's papers
+/// count them: `4·batch·heads·seq²·head_dim` for the two products of the forward, half
+/// of it under a causal mask, and 3.5 times the forward for forward+backward (the
+/// backward's five products cost 2.5 forwards).
+pub fn flops(
+    batch: usize,
+    heads: usize,
+    seq: usize,
+    head_dim: usize,
+    causal: bool,
+    backward: bool,
+) -> f64 {
+    let forward = 4.0 * (batch * heads) as f64 * (seq as f64).powi(2) * head_dim as f64;
+    let masked = if causal { forward / 2.0 } else { forward };
+    if backward { 3.5 * masked } else { masked }
+}
+
+/// The name of an element type in records (`f32`, `bf16`, `f16`).
+fn dtype_name(dtype: DType) -> String {
+    format!("{dtype:?}").to_ascii_lowercase()
 }
 
 impl Cell {
@@ -201,22 +306,47 @@ impl Cell {
             head_dim: self.head_dim,
             causal: self.causal,
             pass: self.pass().into(),
+            dtype: Some(dtype_name(self.dtype)),
+            kernel: self.kernel.map(|kernel| kernel.name().into()),
             ..Record::new("attention", self.implementation.name(), &self.backend)
         }
     }
 
-    /// A progress line.
+    /// The record of this cell with the timing of `timing` and its arithmetic rate.
+    fn timed_record(&self, timing: &crate::measure::Timing) -> Record {
+        let mut record = self.record().with_timing(timing);
+        let flops = flops(
+            self.batch,
+            self.heads,
+            self.seq,
+            self.head_dim,
+            self.causal,
+            self.backward,
+        );
+        record.tflops = Some(flops / (timing.median_ms * 1e-3) / 1e12);
+        record
+    }
+
+    /// A progress line (f32 cells and default kernels leave both unnamed, so that
+    /// `--only` patterns name the same cells as before either existed).
     pub fn describe(&self) -> String {
         format!(
-            "attention {} {} {} {}×{} seq {} d {}{}",
+            "attention {}{} {} {} {}×{} seq {} d {}{}{}",
             self.implementation.name(),
+            self.kernel
+                .map_or(String::new(), |kernel| format!("[{}]", kernel.name())),
             self.backend,
             self.pass(),
             self.batch,
             self.heads,
             self.seq,
             self.head_dim,
-            if self.causal { " causal" } else { "" }
+            if self.causal { " causal" } else { "" },
+            if self.dtype == DType::F32 {
+                String::new()
+            } else {
+                format!(" {}", dtype_name(self.dtype))
+            }
         )
     }
 
@@ -244,6 +374,9 @@ impl Cell {
     /// # Errors
     /// Why it could not be measured.
     pub fn run(&self) -> Result<Record, String> {
+        if self.implementation == Impl::TorchSdpa {
+            return self.run_torch();
+        }
         let base = device_named(&self.backend)?;
         let device = if self.backward {
             base.clone().autodiff()
@@ -251,8 +384,10 @@ impl Cell {
             base.clone()
         };
         let shape = [self.batch, self.heads, self.seq, self.head_dim];
+        let kernel = self.kernel.unwrap_or_default();
         let mut memory = PeakMemory::start(&device);
-        let draw = || Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), &device);
+        let draw =
+            || Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), &device).cast(self.dtype);
         let timing = time_runs(
             &device,
             self.runs,
@@ -265,9 +400,13 @@ impl Cell {
                 })
             },
             |(q, k, v, grad)| {
-                let output =
-                    self.implementation
-                        .attend(q.clone(), k.clone(), v.clone(), self.causal)?;
+                let output = self.implementation.attend(
+                    q.clone(),
+                    k.clone(),
+                    v.clone(),
+                    self.causal,
+                    kernel,
+                )?;
                 if self.backward {
                     let grads = (output * grad).sum().backward();
                     for input in [&q, &k, &v] {
@@ -283,38 +422,100 @@ impl Cell {
         // Peak memory is read before the check below, whose peer may materialize
         // scores this implementation never holds.
         let (peak, method) = memory.peak();
-        let mut record = self.record().with_timing(&timing);
+        let mut record = self.timed_record(&timing);
         record.peak_bytes = peak;
         record.peak_method = Some(method.into());
         if !self.backward {
-            let draw = || Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), &base);
+            let draw = || {
+                Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), &base).cast(self.dtype)
+            };
             let (q, k, v) = (draw(), draw(), draw());
-            let output =
-                self.implementation
-                    .attend(q.clone(), k.clone(), v.clone(), self.causal)?;
+            let attend =
+                |implementation: Impl, q, k, v| implementation.attend(q, k, v, self.causal, kernel);
+            let output = attend(self.implementation, q.clone(), k.clone(), v.clone())?;
             let peer = self.implementation.peer(self.seq);
             if self.peer_fits_on_device(peer) {
-                let expected = peer.attend(q, k, v, self.causal)?;
+                let expected = attend(peer, q, k, v)?;
                 record.check_error = Some(max_abs_diff(output, expected));
                 record.checked_against = Some(peer.name().into());
             } else {
                 // Heads are independent: the first head, recomputed by the reference
-                // path on the host, checks the long cells whose naive peer cannot
-                // allocate its scores on the device.
+                // path on the host in f32, checks the long cells whose naive peer
+                // cannot allocate its scores on the device.
                 let host = device_named("flex")?;
                 let first_head = |tensor: Tensor<4>| {
                     Tensor::<4>::from_data(tensor.slice([0..1, 0..1]).into_data(), &host)
+                        .cast(DType::F32)
                 };
-                let expected = Impl::Reference.attend(
-                    first_head(q),
-                    first_head(k),
-                    first_head(v),
-                    self.causal,
-                )?;
+                let expected =
+                    attend(Impl::Reference, first_head(q), first_head(k), first_head(v))?;
                 record.check_error = Some(max_abs_diff(first_head(output), expected));
                 record.checked_against = Some("reference on flex, first head".into());
             }
         }
+        Ok(record)
+    }
+
+    /// Measures the cell with PyTorch (`benches/attention_torch.py`) in a child process,
+    /// on the GPU for cuda and on the CPU for the CPU backends. The interpreter is
+    /// `python3`, or `BURN_TRANSFORMER_PYTHON`.
+    ///
+    /// # Errors
+    /// Why PyTorch could not measure it (not installed, no GPU, out of memory).
+    fn run_torch(&self) -> Result<Record, String> {
+        let device = match self.backend.as_str() {
+            "cuda" => "cuda",
+            "flex" | "ndarray" => "cpu",
+            other => return Err(format!("PyTorch has no peer device for {other}")),
+        };
+        let request = serde_json::json!({
+            "batch": self.batch,
+            "heads": self.heads,
+            "seq": self.seq,
+            "head_dim": self.head_dim,
+            "causal": self.causal,
+            "backward": self.backward,
+            "dtype": self.dtype,
+            "device": device,
+            "runs": self.runs,
+        });
+        let python = std::env::var("BURN_TRANSFORMER_PYTHON").unwrap_or_else(|_| "python3".into());
+        let output = std::process::Command::new(&python)
+            .arg("-c")
+            .arg(TORCH_SCRIPT)
+            .arg(request.to_string())
+            .output()
+            .map_err(|error| {
+                format!(
+                    "cannot start {python} ({error}): PyTorch's peer needs Python 3 with \
+                     torch (set BURN_TRANSFORMER_PYTHON to choose the interpreter)"
+                )
+            })?;
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let line = stdout
+            .lines()
+            .find_map(|line| line.strip_prefix("RESULT "))
+            .ok_or_else(|| {
+                let stderr = String::from_utf8_lossy(&output.stderr);
+                format!(
+                    "{python} printed no result: {}",
+                    stderr.lines().last().unwrap_or("no output")
+                )
+            })?;
+        let result: TorchResult = serde_json::from_str(line)
+            .map_err(|error| format!("PyTorch's result is malformed ({error}): {line}"))?;
+        if let Some(failure) = result.failure {
+            return Err(failure);
+        }
+        if result.samples_ms.is_empty() {
+            return Err(format!("PyTorch's result has no timed run: {line}"));
+        }
+        let mut record = self.timed_record(&Timing::from_samples(result.samples_ms));
+        record.kernel = result.kernel;
+        record.peak_bytes = result.peak_bytes;
+        record.peak_method = result.peak_method;
+        record.check_error = result.check_error;
+        record.checked_against = result.checked_against;
         Ok(record)
     }
 
@@ -329,6 +530,103 @@ impl Cell {
     }
 }
 
+/// The PyTorch peer's program, run with `python3 -c` so that the runner finds it
+/// wherever it is started from.
+const TORCH_SCRIPT: &str = include_str!("../../attention_torch.py");
+
+/// What `attention_torch.py` prints after `RESULT `.
+#[derive(Debug, Deserialize)]
+struct TorchResult {
+    #[serde(default)]
+    samples_ms: Vec<f64>,
+    peak_bytes: Option<u64>,
+    peak_method: Option<String>,
+    kernel: Option<String>,
+    check_error: Option<f64>,
+    checked_against: Option<String>,
+    failure: Option<String>,
+}
+
 /// Largest `seq × seq` scores buffer (bytes) a naive peer may allocate on a GPU backend
 /// for the output check.
 const PEER_SCORES_LIMIT: u64 = 64 << 20;
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    fn cells(mode: Mode, backend: &str) -> Vec<Cell> {
+        jobs(mode, backend)
+            .into_iter()
+            .map(|job| match job {
+                Job::Attention(cell) => cell,
+                other => panic!("not an attention job: {other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_cuda_grid_compares_every_kernel_family_with_burn_and_pytorch() {
+        let quick = cells(Mode::Quick, "cuda");
+        assert!(quick.iter().all(|c| (c.batch, c.heads) == (4, 16)));
+        assert!(
+            quick
+                .iter()
+                .all(|c| c.dtype == DType::BF16 && c.head_dim == 128)
+        );
+        let seqs: BTreeSet<usize> = quick.iter().map(|c| c.seq).collect();
+        assert_eq!(seqs.into_iter().collect::<Vec<_>>(), [1024, 4096, 16384]);
+        let columns: BTreeSet<String> = quick
+            .iter()
+            .map(|c| crate::report::attention_column(&c.record()))
+            .collect();
+        assert_eq!(
+            columns.into_iter().collect::<Vec<_>>(),
+            [
+                "burn",
+                "fused[register]",
+                "fused[staged]",
+                "fused[tensor-cores]",
+                "reference",
+                "torch_sdpa"
+            ]
+        );
+        // f32 has no tensor-core column; every shape has both passes and both masks.
+        let full = cells(Mode::Full, "cuda");
+        assert!(
+            full.iter()
+                .any(|c| c.dtype == DType::F32 && c.head_dim == 64)
+        );
+        assert!(!full.iter().any(|c| {
+            c.dtype == DType::F32 && c.kernel == Some(FlashKernel::StagedTensorCores)
+        }));
+        assert_eq!(full.len(), 5 * 2 * 2 * 2 * (6 + 5));
+    }
+
+    #[test]
+    fn cpu_grids_keep_their_cells_and_add_pytorch_on_flex_only() {
+        for backend in ["flex", "ndarray", "wgpu"] {
+            let quick = cells(Mode::Quick, backend);
+            assert!(
+                quick
+                    .iter()
+                    .all(|c| c.dtype == DType::F32 && c.kernel.is_none())
+            );
+            let torch = quick.iter().any(|c| c.implementation == Impl::TorchSdpa);
+            assert_eq!(torch, backend == "flex", "{backend}");
+            // Progress lines (and `--only` patterns) name f32 cells as before.
+            assert!(quick.iter().all(|c| !c.describe().contains("f32")));
+        }
+    }
+
+    #[test]
+    fn flops_count_as_flash_attention_does() {
+        // FlashAttention-2's forward at batch 4 × 16 heads, seq 1024, d 128: 4·64·1024²·128.
+        let forward = flops(4, 16, 1024, 128, false, false);
+        assert_eq!(forward, 4.0 * 64.0 * 1024.0 * 1024.0 * 128.0);
+        assert_eq!(flops(4, 16, 1024, 128, true, false), forward / 2.0);
+        assert_eq!(flops(4, 16, 1024, 128, false, true), 3.5 * forward);
+    }
+}
