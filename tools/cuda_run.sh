@@ -14,8 +14,9 @@
 # It writes PACK_DIR/cuda-binaries.tar.xz (stripped and compressed: a few tens of MiB).
 #
 # Offline: cubecl-cuda build-depends on CubeCL's LLVM backend, whose build script
-# downloads an LLVM bundle. DOCS_RS=1 skips that download (as on docs.rs), and the
-# linker is told to leave the LLVM symbols unresolved: the NVRTC path never calls them.
+# downloads an LLVM bundle. DOCS_RS=1 skips that download (as on docs.rs), the linker
+# is told to leave the LLVM symbols unresolved, and a small library of stubs packed
+# with the binaries (preloaded by `run`) defines them: the NVRTC path never calls them.
 # The build uses a target dir of its own (CARGO_TARGET_DIR, suffixed `-cuda`), so the
 # usual one stays warm; copying the usual one there first saves most of a cold build.
 #
@@ -70,7 +71,16 @@ for line in sys.stdin:
     cp "$tests" "$staging/burn_transformer_tests"
     cp "$bench" "$staging/bench"
     strip "$staging/burn_transformer_tests" "$staging/bench"
-    tar -C "$staging" -cJf "$pack/cuda-binaries.tar.xz" burn_transformer_tests bench
+    # The loader resolves every symbol at start: a library that defines the LLVM
+    # backend's symbols (each aborts if called, which the NVRTC path never does) lets
+    # the binaries start.
+    nm -D --undefined-only "$staging/burn_transformer_tests" "$staging/bench" \
+        | awk '$2 ~ /^(LLVM|cubecl_)/ { print $2 }' | sort -u \
+        | awk 'BEGIN { print "#include <stdlib.h>" } { printf "void %s(void) { abort(); }\n", $1 }' \
+            >"$staging/llvm_stubs.c"
+    cc -shared -fPIC -o "$staging/libllvm_stubs.so" "$staging/llvm_stubs.c"
+    tar -C "$staging" -cJf "$pack/cuda-binaries.tar.xz" burn_transformer_tests bench \
+        libllvm_stubs.so
     ls -l "$pack/cuda-binaries.tar.xz"
     ;;
 run)
@@ -80,6 +90,7 @@ run)
     out=$(cd "$out" && pwd)
     binaries=$(mktemp -d)
     tar -C "$binaries" -xJf "$pack/cuda-binaries.tar.xz"
+    export LD_PRELOAD="$binaries/libllvm_stubs.so"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$out/gpu.txt" || true
     {
         echo "=== kernel tests, default kernels"

@@ -13,6 +13,7 @@
 
 use burn::tensor::DType;
 use burn_cubecl::CubeTuneId;
+use burn_cubecl::tensor::CubeTensor;
 use cubecl::AutotuneKey;
 use cubecl::tune::{LocalTuner, Tunable, TunableSet, local_tuner};
 use serde::{Deserialize, Serialize};
@@ -117,65 +118,73 @@ pub(crate) fn candidate_runs(problem: &Problem, dtype: DType) -> usize {
         .unwrap_or(0)
 }
 
-type ForwardInputs = (ForwardTensors, Problem, ScoreOptions);
-type BackwardInputs = (BackwardTensors, Problem, ScoreOptions);
-
 static FORWARD: LocalTuner<ShapeClass, CubeTuneId> = local_tuner!("flash-attention-forward");
 static BACKWARD: LocalTuner<ShapeClass, CubeTuneId> = local_tuner!("flash-attention-backward");
 
 /// The forward through the fastest candidate of its shape class.
 pub(super) fn forward(problem: Problem, options: ScoreOptions, tensors: ForwardTensors) {
-    let client = tensors.q.client.clone();
-    let id = CubeTuneId::new(&client, &tensors.q.device);
-    let set = FORWARD.init(&id, || {
-        let class =
-            |(tensors, problem, _): &ForwardInputs| ShapeClass::of(problem, tensors.q.dtype);
-        // Candidates write the call's own outputs: each writes all of them.
-        let mut set = TunableSet::new(class, |_: &ShapeClass, inputs: &ForwardInputs| {
-            inputs.clone()
-        });
-        for candidate in Candidate::all() {
-            set = set.with(Tunable::new(
-                &candidate.name(),
-                move |(tensors, problem, options): ForwardInputs| {
-                    count_run(&problem, tensors.q.dtype);
-                    let properties = tensors.q.client.properties();
-                    let family = candidate.family(&problem, tensors.q.dtype, properties);
-                    forward_with(family, &problem, &options, &tensors);
-                    Ok::<(), String>(())
-                },
-            ));
-        }
-        set
-    });
-    FORWARD.execute(&id, &client, set, (tensors, problem, options));
+    run_fastest(&FORWARD, problem, options, tensors, forward_with);
 }
 
 /// The backward through the fastest candidate of its shape class.
 pub(super) fn backward(problem: Problem, options: ScoreOptions, tensors: BackwardTensors) {
-    let client = tensors.q.client.clone();
-    let id = CubeTuneId::new(&client, &tensors.q.device);
-    let set = BACKWARD.init(&id, || {
-        let class =
-            |(tensors, problem, _): &BackwardInputs| ShapeClass::of(problem, tensors.q.dtype);
-        let mut set = TunableSet::new(class, |_: &ShapeClass, inputs: &BackwardInputs| {
-            inputs.clone()
-        });
+    run_fastest(&BACKWARD, problem, options, tensors, backward_with);
+}
+
+/// The tensors of one pass: what the candidates read and write.
+pub(super) trait PassTensors: Clone + Send + Sync + 'static {
+    /// The queries, whose device, client and element type are the call's.
+    fn queries(&self) -> &CubeTensor;
+}
+
+impl PassTensors for ForwardTensors {
+    fn queries(&self) -> &CubeTensor {
+        &self.q
+    }
+}
+
+impl PassTensors for BackwardTensors {
+    fn queries(&self) -> &CubeTensor {
+        &self.q
+    }
+}
+
+/// Runs one pass (`launch` with a candidate's kernels) through `tuner`: timing every
+/// candidate on the first call of the shape class, the cached winner after.
+fn run_fastest<T: PassTensors>(
+    tuner: &'static LocalTuner<ShapeClass, CubeTuneId>,
+    problem: Problem,
+    options: ScoreOptions,
+    tensors: T,
+    launch: fn(Family, &Problem, &ScoreOptions, &T),
+) {
+    let client = tensors.queries().client.clone();
+    let id = CubeTuneId::new(&client, &tensors.queries().device);
+    let set = tuner.init(&id, move || {
+        let class = |(tensors, problem, _): &(T, Problem, ScoreOptions)| {
+            ShapeClass::of(problem, tensors.queries().dtype)
+        };
+        // Candidates write the call's own outputs: each writes all of them.
+        let mut set = TunableSet::new(
+            class,
+            |_: &ShapeClass, inputs: &(T, Problem, ScoreOptions)| inputs.clone(),
+        );
         for candidate in Candidate::all() {
             set = set.with(Tunable::new(
                 &candidate.name(),
-                move |(tensors, problem, options): BackwardInputs| {
-                    count_run(&problem, tensors.q.dtype);
-                    let properties = tensors.q.client.properties();
-                    let family = candidate.family(&problem, tensors.q.dtype, properties);
-                    backward_with(family, &problem, &options, &tensors);
+                move |(tensors, problem, options): (T, Problem, ScoreOptions)| {
+                    let queries = tensors.queries();
+                    count_run(&problem, queries.dtype);
+                    let properties = queries.client.properties();
+                    let family = candidate.family(&problem, queries.dtype, properties);
+                    launch(family, &problem, &options, &tensors);
                     Ok::<(), String>(())
                 },
             ));
         }
         set
     });
-    BACKWARD.execute(&id, &client, set, (tensors, problem, options));
+    tuner.execute(&id, &client, set, (tensors, problem, options));
 }
 
 #[cfg_attr(not(test), allow(unused_variables))]
