@@ -138,6 +138,17 @@ impl Record {
     }
 }
 
+/// The name of an element type in records and kernel lists: `f32`, `bf16`, `f16`.
+pub fn dtype_name(dtype: burn::tensor::DType) -> &'static str {
+    use burn::tensor::DType;
+    match dtype {
+        DType::F32 => "f32",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        _ => "other",
+    }
+}
+
 /// Reads records from JSON lines, skipping blank lines.
 ///
 /// # Errors

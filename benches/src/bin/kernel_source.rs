@@ -23,7 +23,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use burn::tensor::DType;
+use benches::record::dtype_name;
 use burn_transformer::ops::flash_attention::{
     KernelFamily, KernelVariant, VARIANT_SEQ_LEN, kernel_variants,
 };
@@ -175,16 +175,6 @@ fn compile(
         .compile(definition, options)
         .map_err(|err| err.to_string())?;
     Ok((entry_point, kernel.source, kernel.shared_memory_size))
-}
-
-/// The dtype's name in the output.
-fn dtype_name(dtype: DType) -> &'static str {
-    match dtype {
-        DType::F32 => "f32",
-        DType::F16 => "f16",
-        DType::BF16 => "bf16",
-        _ => "other",
-    }
 }
 
 /// The device properties and C++ compiler options CubeCL's CUDA runtime builds for an

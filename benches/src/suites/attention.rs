@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Job, Mode, device_named};
 use crate::measure::{PeakMemory, Runs, Timing, finish, max_abs_diff, time_runs};
-use crate::record::Record;
+use crate::record::{Record, dtype_name};
 
 /// An implementation of the attention core.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -142,7 +142,7 @@ pub struct Cell {
     pub runs: Runs,
 }
 
-/// The shapes, element types and implementations of one backend's grid.
+/// The shapes and element types of one backend's grid.
 struct Grid {
     batch: usize,
     heads: usize,
@@ -285,11 +285,6 @@ pub fn flops(
     if backward { 3.5 * masked } else { masked }
 }
 
-/// The name of an element type in records (`f32`, `bf16`, `f16`).
-fn dtype_name(dtype: DType) -> String {
-    format!("{dtype:?}").to_ascii_lowercase()
-}
-
 impl Cell {
     /// `fwd` or `fwd_bwd`.
     pub fn pass(&self) -> &'static str {
@@ -306,14 +301,14 @@ impl Cell {
             head_dim: self.head_dim,
             causal: self.causal,
             pass: self.pass().into(),
-            dtype: Some(dtype_name(self.dtype)),
+            dtype: Some(dtype_name(self.dtype).into()),
             kernel: self.kernel.map(|kernel| kernel.name().into()),
             ..Record::new("attention", self.implementation.name(), &self.backend)
         }
     }
 
     /// The record of this cell with the timing of `timing` and its arithmetic rate.
-    fn timed_record(&self, timing: &crate::measure::Timing) -> Record {
+    fn timed_record(&self, timing: &Timing) -> Record {
         let mut record = self.record().with_timing(timing);
         let flops = flops(
             self.batch,
@@ -327,14 +322,13 @@ impl Cell {
         record
     }
 
-    /// A progress line (f32 cells and default kernels leave both unnamed, so that
-    /// `--only` patterns name the same cells as before either existed).
+    /// A progress line, naming the implementation as the report's column does (f32
+    /// cells and default kernels leave both unnamed, so that `--only` patterns name the
+    /// same cells as before either existed).
     pub fn describe(&self) -> String {
         format!(
-            "attention {}{} {} {} {}×{} seq {} d {}{}{}",
-            self.implementation.name(),
-            self.kernel
-                .map_or(String::new(), |kernel| format!("[{}]", kernel.name())),
+            "attention {} {} {} {}×{} seq {} d {}{}{}",
+            crate::report::attention_column(&self.record()),
             self.backend,
             self.pass(),
             self.batch,

@@ -46,6 +46,7 @@ pub struct ScoreOptions {
 /// back to the next one down: tensor cores → staged → register tiles. In configs and
 /// on command lines a family is written by its [`name`](Self::name).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(into = "&'static str", try_from = "String")]
 pub enum FlashKernel {
     /// The device's default: register tiles on CPU runtimes (lavapipe, llvmpipe),
     /// where they are the fastest; on GPUs the fastest of the staged tile sizes and
@@ -53,26 +54,21 @@ pub enum FlashKernel {
     /// environment variable `BURN_TRANSFORMER_FLASH_KERNEL=register|staged|
     /// tensor-cores|autotune` overrides it for a whole process.
     #[default]
-    #[serde(rename = "auto")]
     Auto,
     /// Each unit holds its rows in registers and streams keys from global memory
     /// (fast on CPU runtimes, where shared memory is no faster than global).
-    #[serde(rename = "register")]
     RegisterTile,
     /// FlashAttention-2 with Q/K/V tiles staged in shared memory and tile products
     /// in unit arithmetic.
-    #[serde(rename = "staged")]
     Staged,
     /// The staged kernels with tensor-core (`cmma`) tile products for f16/bf16 inputs
     /// whose head dims are multiples of 16 (other calls take [`Self::Staged`]). Off
     /// by default: it has not yet run on a GPU.
-    #[serde(rename = "tensor-cores")]
     StagedTensorCores,
     /// Times the candidates (staged tiles of 64, 32 and 16 rows and keys, register
     /// tiles) once per shape class on the device and keeps the fastest, as `Auto` does
     /// on GPUs; this asks for it on CPU runtimes too. Tensor cores are not among the
     /// candidates.
-    #[serde(rename = "autotune")]
     Autotune,
 }
 
@@ -109,17 +105,31 @@ impl FlashKernel {
         if value.trim().is_empty() {
             return None;
         }
-        match Self::parse(&value) {
-            Some(Self::Auto) => None,
-            Some(kernel) => Some(kernel),
-            None => {
-                log::warn!(
-                    "BURN_TRANSFORMER_FLASH_KERNEL={value} is not one of auto, register, \
-                     staged, tensor-cores, autotune; using auto"
-                );
+        match Self::try_from(value) {
+            Ok(Self::Auto) => None,
+            Ok(kernel) => Some(kernel),
+            Err(reason) => {
+                log::warn!("BURN_TRANSFORMER_FLASH_KERNEL: {reason}; using auto");
                 None
             }
         }
+    }
+}
+
+impl From<FlashKernel> for &'static str {
+    fn from(kernel: FlashKernel) -> Self {
+        kernel.name()
+    }
+}
+
+impl TryFrom<String> for FlashKernel {
+    type Error = String;
+
+    fn try_from(name: String) -> Result<Self, String> {
+        Self::parse(&name).ok_or_else(|| {
+            let names: Vec<&str> = Self::ALL.into_iter().map(Self::name).collect();
+            format!("`{name}` is not one of {}", names.join(", "))
+        })
     }
 }
 

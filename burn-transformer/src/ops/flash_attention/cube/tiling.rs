@@ -215,7 +215,7 @@ pub(crate) const LARGEST_STAGED_BLOCK: usize = STAGED_BLOCKS[0].0;
 /// The tile limits autotuning compares (each a candidate of its own): the largest
 /// tiles reuse each load most, smaller ones leave room for more cubes per
 /// multiprocessor (shared memory sets the staged kernels' occupancy).
-pub(crate) const STAGED_BLOCK_LIMITS: [usize; 3] = [64, 32, 16];
+pub(crate) const STAGED_BLOCK_LIMITS: [usize; 3] = [LARGEST_STAGED_BLOCK, 32, 16];
 
 /// How the staged kernels' tile products run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
