@@ -16,6 +16,7 @@ use super::core::{AttentionImpl, AttentionOptions, attention, attention_with_wei
 use super::qk_norm::{QkNormConfig, QkNormPlacement};
 use crate::error::ConfigError;
 use crate::norm::RmsNorm;
+use crate::ops::linear::linear_rows;
 use crate::position::{Rope, RopeConfig};
 
 /// Configuration of [`MultiHeadAttention`].
@@ -420,7 +421,11 @@ impl MultiHeadAttention {
     }
 
     fn project_queries_unrotated(&self, x: Tensor<3>) -> Tensor<4> {
-        self.split_normed(self.q_proj.forward(x), self.n_heads, self.q_norm.as_ref())
+        self.split_normed(
+            linear_rows(&self.q_proj, x),
+            self.n_heads,
+            self.q_norm.as_ref(),
+        )
     }
 
     /// `[batch, seq, heads * head_dim] -> [batch, heads, seq, head_dim]`, with QK-norm
@@ -445,11 +450,11 @@ impl MultiHeadAttention {
         rope_offset: Option<usize>,
     ) -> (Tensor<4>, Tensor<4>) {
         let k = self.split_normed(
-            self.k_proj.forward(x.clone()),
+            linear_rows(&self.k_proj, x.clone()),
             self.n_kv_heads,
             self.k_norm.as_ref(),
         );
-        let v = split_heads(self.v_proj.forward(x), self.n_kv_heads, self.head_dim);
+        let v = split_heads(linear_rows(&self.v_proj, x), self.n_kv_heads, self.head_dim);
         let k = match (&self.rope, rope_offset) {
             (Some(rope), Some(offset)) => rope.forward(k, offset),
             _ => k,
@@ -461,7 +466,7 @@ impl MultiHeadAttention {
     fn merge_heads(&self, x: Tensor<4>) -> Tensor<3> {
         let [batch, n_heads, seq, head_dim] = x.dims();
         let x = x.swap_dims(1, 2).reshape([batch, seq, n_heads * head_dim]); // [batch, seq, n_heads * head_dim]
-        self.o_proj.forward(x)
+        linear_rows(&self.o_proj, x)
     }
 }
 

@@ -13,6 +13,7 @@ use burn::tensor::{Device, Tensor};
 use super::Activation;
 use crate::error::ConfigError;
 use crate::ops::gated_silu::gated_silu;
+use crate::ops::linear::linear_rows;
 
 const MODULE: &str = "SwiGluConfig";
 
@@ -91,14 +92,14 @@ impl SwiGlu {
     /// - x: `[..., d_model]`
     /// - output: `[..., d_model]`
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        let gate = self.gate_proj.forward(x.clone());
-        let up = self.up_proj.forward(x);
+        let gate = linear_rows(&self.gate_proj, x.clone());
+        let up = linear_rows(&self.up_proj, x);
         let hidden = match self.activation {
             // One fused pass forward and backward on flex (see `crate::ops::gated_silu`).
             Activation::Silu => gated_silu(gate, up),
             activation => activation.forward(gate) * up,
         };
-        self.down_proj.forward(hidden)
+        linear_rows(&self.down_proj, hidden)
     }
 }
 

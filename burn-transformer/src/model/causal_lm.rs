@@ -37,6 +37,7 @@ use crate::block::{
 use crate::error::ConfigError;
 use crate::ffn::{Activation, FeedForwardConfig, MoeConfig, MoeLayerPlan, SwiGluConfig};
 use crate::norm::{NormConfig, RmsNormConfig};
+use crate::ops::linear::linear_rows;
 use crate::ops::soft_cap::soft_cap;
 use crate::position::RopeConfig;
 
@@ -708,7 +709,7 @@ impl CausalLm {
     /// `[batch, seq, d_model] -> [batch, seq, vocab_size]`.
     fn lm_head(&self, hidden: Tensor<3>) -> Tensor<3> {
         match &self.lm_head {
-            Some(head) => head.forward(hidden),
+            Some(head) => linear_rows(head, hidden),
             None => {
                 let [batch, seq, d_model] = hidden.dims();
                 // The embedding is [vocab, d_model]; tied logits are hidden · Eᵀ.

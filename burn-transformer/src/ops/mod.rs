@@ -5,11 +5,13 @@
 //! - [`flash_attention`]: the fused attention op (CubeCL kernels, a portable version,
 //!   the autodiff backward) and the reference attention it is tested against.
 //! - [`gated_silu`]: SwiGLU's `silu(gate) · up`, fused into one pass on flex.
+//! - [`linear`]: a projection as one matrix product over all rows.
 //! - [`soft_cap`]: `cap · tanh(x / cap)`, for attention and output logits.
 //! - `simd`: the loops the fused CPU ops are written with.
 
 pub mod flash_attention;
 pub mod gated_silu;
+pub mod linear;
 pub mod mask;
 pub(crate) mod simd;
 pub mod soft_cap;
