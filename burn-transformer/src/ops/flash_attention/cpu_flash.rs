@@ -179,7 +179,10 @@ impl Isa {
         {
             let avx2 = std::arch::is_x86_feature_detected!("avx2")
                 && std::arch::is_x86_feature_detected!("fma");
-            if avx2 && std::arch::is_x86_feature_detected!("avx512f") {
+            if avx2
+                && crate::ops::simd::avx512_allowed()
+                && std::arch::is_x86_feature_detected!("avx512f")
+            {
                 return Isa::Avx512;
             }
             if avx2 {
