@@ -155,10 +155,11 @@ mod autodiff {
     use burn::backend::autodiff::checkpoint::base::Checkpointer;
     use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
     use burn::backend::autodiff::grads::Gradients;
-    use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+    use burn::backend::autodiff::ops::{Backward, Ops};
     use burn::backend::tensor::FloatTensor;
 
     use super::GatedSiluOps;
+    use crate::ops::autodiff::record_binary;
 
     #[derive(Debug)]
     struct GatedSiluBackward;
@@ -187,17 +188,7 @@ mod autodiff {
 
     impl<B: GatedSiluOps, C: CheckpointStrategy> GatedSiluOps for Autodiff<B, C> {
         fn gated_silu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
-            let nodes = [gate.node(), up.node()];
-            let (gate, up) = (gate.into_primitive(), up.into_primitive());
-            let output = B::gated_silu(gate.clone(), up.clone());
-            match GatedSiluBackward
-                .prepare::<C>(nodes)
-                .compute_bound()
-                .stateful()
-            {
-                OpsKind::Tracked(prep) => prep.finish((gate, up), output),
-                OpsKind::UnTracked(prep) => prep.finish(output),
-            }
+            record_binary::<B, C, _>(GatedSiluBackward, gate, up, B::gated_silu)
         }
 
         fn gated_silu_backward(

@@ -156,10 +156,11 @@ mod autodiff {
     use burn::backend::autodiff::checkpoint::base::Checkpointer;
     use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
     use burn::backend::autodiff::grads::Gradients;
-    use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+    use burn::backend::autodiff::ops::{Backward, Ops};
     use burn::backend::tensor::FloatTensor;
 
     use super::RowsMatmulOps;
+    use crate::ops::autodiff::record_binary;
 
     #[derive(Debug)]
     struct RowsMatmulBackward;
@@ -191,17 +192,7 @@ mod autodiff {
 
     impl<B: RowsMatmulOps, C: CheckpointStrategy> RowsMatmulOps for Autodiff<B, C> {
         fn rows_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
-            let nodes = [lhs.node(), rhs.node()];
-            let (lhs, rhs) = (lhs.into_primitive(), rhs.into_primitive());
-            let output = B::rows_matmul(lhs.clone(), rhs.clone());
-            match RowsMatmulBackward
-                .prepare::<C>(nodes)
-                .compute_bound()
-                .stateful()
-            {
-                OpsKind::Tracked(prep) => prep.finish((lhs, rhs), output),
-                OpsKind::UnTracked(prep) => prep.finish(output),
-            }
+            record_binary::<B, C, _>(RowsMatmulBackward, lhs, rhs, B::rows_matmul)
         }
     }
 }

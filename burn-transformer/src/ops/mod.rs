@@ -1,14 +1,16 @@
-//! Leaf ops: tensors in, tensors out. Nothing here knows modules, layers or their
-//! options; the attention modules, blocks and models are built on these.
+//! Leaf ops: tensors in, tensors out. Nothing here knows this crate's modules, layers
+//! or their options; the attention modules, blocks and models are built on these.
 //!
 //! - [`mask`]: the masking rule of attention, stated once.
 //! - [`flash_attention`]: the fused attention op (CubeCL kernels, a portable version,
 //!   the autodiff backward) and the reference attention it is tested against.
 //! - [`gated_silu`]: SwiGLU's `silu(gate) · up`, fused into one pass on flex.
-//! - [`linear`]: a projection as one matrix product over all rows.
+//! - [`linear`]: Burn's `Linear` applied as one matrix product over all rows.
 //! - [`soft_cap`]: `cap · tanh(x / cap)`, for attention and output logits.
-//! - `simd`: the loops the fused CPU ops are written with.
+//! - `simd`: the loops the fused CPU ops are written with; `autodiff`: how those that
+//!   save their two inputs join the autodiff graph.
 
+pub(crate) mod autodiff;
 pub mod flash_attention;
 pub mod gated_silu;
 pub mod linear;

@@ -1,0 +1,30 @@
+//! How a fused CPU op that saves its two inputs joins the autodiff graph.
+
+use burn::backend::Autodiff;
+use burn::backend::Backend;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::ops::{Backward, OpsKind};
+use burn::backend::tensor::FloatTensor;
+
+/// Runs `forward` on the inner tensors of `lhs` and `rhs` and records `backward`
+/// with both inputs as its state (saved, not recomputed: the ops are compute-bound)
+/// when either input is tracked.
+pub(crate) fn record_binary<B, C, S>(
+    backward: S,
+    lhs: FloatTensor<Autodiff<B, C>>,
+    rhs: FloatTensor<Autodiff<B, C>>,
+    forward: impl FnOnce(FloatTensor<B>, FloatTensor<B>) -> FloatTensor<B>,
+) -> FloatTensor<Autodiff<B, C>>
+where
+    B: Backend,
+    C: CheckpointStrategy,
+    S: Backward<B, 2, State = (FloatTensor<B>, FloatTensor<B>)>,
+{
+    let nodes = [lhs.node(), rhs.node()];
+    let (lhs, rhs) = (lhs.into_primitive(), rhs.into_primitive());
+    let output = forward(lhs.clone(), rhs.clone());
+    match backward.prepare::<C>(nodes).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish((lhs, rhs), output),
+        OpsKind::UnTracked(prep) => prep.finish(output),
+    }
+}
