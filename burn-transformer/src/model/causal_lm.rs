@@ -37,7 +37,7 @@ use crate::block::{
 use crate::error::ConfigError;
 use crate::ffn::{Activation, FeedForwardConfig, MoeConfig, MoeLayerPlan, SwiGluConfig};
 use crate::norm::{NormConfig, RmsNormConfig};
-use crate::ops::linear::linear_rows;
+use crate::ops::linear::{linear_rows, matmul_rows};
 use crate::ops::soft_cap::soft_cap;
 use crate::position::RopeConfig;
 
@@ -710,15 +710,8 @@ impl CausalLm {
     fn lm_head(&self, hidden: Tensor<3>) -> Tensor<3> {
         match &self.lm_head {
             Some(head) => linear_rows(head, hidden),
-            None => {
-                let [batch, seq, d_model] = hidden.dims();
-                // The embedding is [vocab, d_model]; tied logits are hidden · Eᵀ.
-                let weight = self.embed_tokens.weight.val();
-                hidden
-                    .reshape([batch * seq, d_model]) // [batch * seq, d_model]
-                    .matmul(weight.transpose())
-                    .reshape([batch, seq, self.vocab_size]) // [batch, seq, vocab_size]
-            }
+            // The embedding is [vocab, d_model]; tied logits are hidden · Eᵀ.
+            None => matmul_rows(hidden, self.embed_tokens.weight.val().transpose()),
         }
     }
 }

@@ -32,6 +32,7 @@ use crate::block::{
 use crate::error::ConfigError;
 use crate::ffn::{Activation, DenseFfnConfig, FeedForwardConfig};
 use crate::norm::{LayerNormConfig, NormConfig};
+use crate::ops::linear::{linear_rows, matmul_rows};
 use crate::position::{SinusoidalPosition, SinusoidalPositionConfig};
 
 const MODULE: &str = "TransformerConfig";
@@ -388,14 +389,9 @@ impl Transformer {
     /// Output projection (the stack already applied its final norm).
     fn project(&self, x: Tensor<3>) -> Tensor<3> {
         match &self.lm_head {
-            Some(head) => head.forward(x),
-            None => {
-                let [batch, seq, d_model] = x.dims();
-                let weight = self.target_embedding().weight.val(); // [vocab, d_model]
-                x.reshape([batch * seq, d_model]) // [batch * seq, d_model]
-                    .matmul(weight.transpose())
-                    .reshape([batch, seq, self.tgt_vocab_size]) // [batch, seq, vocab]
-            }
+            Some(head) => linear_rows(head, x),
+            // The embedding is [vocab, d_model]; tied logits are x · Eᵀ.
+            None => matmul_rows(x, self.target_embedding().weight.val().transpose()),
         }
     }
 }

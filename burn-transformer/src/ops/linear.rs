@@ -1,4 +1,5 @@
-//! `x · W + b` with every leading dim of `x` folded into the rows.
+//! `x · W + b` (and a tied head's `x · Eᵀ`) with every leading dim of `x` folded into
+//! the rows.
 //!
 //! Burn's `Linear` multiplies a `[batch, seq, d_in]` input as `batch` products of
 //! `seq` rows against the shared weight whenever `seq` already fills its row tiles,
@@ -28,7 +29,7 @@ mod ops {
 
     /// A 2-D matrix product as a backend extension: one `gemm` call on flex, its
     /// two products backward under autodiff. Other backends are not listed:
-    /// [`super::linear_rows`] only calls it on flex.
+    /// [`super::linear_rows`] and [`super::matmul_rows`] only call it on flex.
     #[backend_extension(Flex: cfg(feature = "flex"), Autodiff)]
     pub(crate) trait RowsMatmulOps: Backend {
         /// `lhs · rhs`; either factor may be a strided view (a transpose).
@@ -48,27 +49,60 @@ mod ops {
 /// - x: `[..., d_in]`
 /// - output: `[..., d_out]`
 pub fn linear_rows<const D: usize>(linear: &Linear, x: Tensor<D>) -> Tensor<D> {
-    let dims = x.dims();
-    let d_in = dims[D - 1];
-    let rows = dims[..D - 1].iter().product::<usize>();
-    let x = x.reshape([rows, d_in]); // [rows, d_in]
-    let weight = linear.weight.val();
-    let fused = runs_fused_on_cpu(&x.device(), x.dtype()) && weight.dtype() == x.dtype();
-    let y = if fused {
-        let y = Tensor::<2>::from_dispatch(Dispatch::rows_matmul(
-            x.into_dispatch(),
-            weight.into_dispatch(),
-        ));
-        match &linear.bias {
-            Some(bias) => y + bias.val().unsqueeze_dim(0),
-            None => y,
+    on_rows(x, |x| {
+        if runs_fused(&x, &linear.weight.val()) {
+            let y = rows_matmul(x, linear.weight.val());
+            match &linear.bias {
+                Some(bias) => y + bias.val().unsqueeze_dim(0),
+                None => y,
+            }
+        } else {
+            linear.forward(x)
         }
-    } else {
-        linear.forward(x)
-    }; // [rows, d_out]
+    })
+}
+
+/// `x · weight` as one matrix product over all rows of `x`; `weight` may be a
+/// transposed view (a tied output head's `Eᵀ`).
+///
+/// # Shapes
+/// - x: `[..., d_in]`
+/// - weight: `[d_in, d_out]`
+/// - output: `[..., d_out]`
+pub fn matmul_rows<const D: usize>(x: Tensor<D>, weight: Tensor<2>) -> Tensor<D> {
+    on_rows(x, |x| {
+        if runs_fused(&x, &weight) {
+            rows_matmul(x, weight)
+        } else {
+            x.matmul(weight)
+        }
+    })
+}
+
+/// Runs `product` on `x` with its leading dims folded into the rows, and unfolds
+/// the result.
+fn on_rows<const D: usize>(
+    x: Tensor<D>,
+    product: impl FnOnce(Tensor<2>) -> Tensor<2>,
+) -> Tensor<D> {
+    let dims = x.dims();
+    let rows = dims[..D - 1].iter().product::<usize>();
+    let y = product(x.reshape([rows, dims[D - 1]])); // [rows, d_out]
     let mut out_dims = dims;
     out_dims[D - 1] = y.dims()[1];
     y.reshape(out_dims)
+}
+
+/// Whether the product of `x` and `weight` runs as flex's own `gemm` call.
+fn runs_fused(x: &Tensor<2>, weight: &Tensor<2>) -> bool {
+    runs_fused_on_cpu(&x.device(), x.dtype()) && weight.dtype() == x.dtype()
+}
+
+fn rows_matmul(x: Tensor<2>, weight: Tensor<2>) -> Tensor<2> {
+    Tensor::from_dispatch(Dispatch::rows_matmul(
+        x.into_dispatch(),
+        weight.into_dispatch(),
+    ))
 }
 
 #[cfg(feature = "flex")]

@@ -179,10 +179,7 @@ impl Isa {
         {
             let avx2 = std::arch::is_x86_feature_detected!("avx2")
                 && std::arch::is_x86_feature_detected!("fma");
-            if avx2
-                && crate::ops::simd::avx512_allowed()
-                && std::arch::is_x86_feature_detected!("avx512f")
-            {
+            if avx2 && crate::ops::simd::use_avx512() {
                 return Isa::Avx512;
             }
             if avx2 {

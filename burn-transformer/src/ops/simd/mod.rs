@@ -124,15 +124,21 @@ pub(crate) fn for_rows<const N: usize, const M: usize>(
 
 /// The variable that caps the instruction set of the fused CPU kernels.
 #[cfg(all(feature = "flex", target_arch = "x86_64"))]
-pub(crate) const CPU_ISA_ENV: &str = "BURN_TRANSFORMER_CPU_ISA";
+const CPU_ISA_ENV: &str = "BURN_TRANSFORMER_CPU_ISA";
 
-/// Whether the fused CPU kernels use AVX-512 on a CPU that has it: yes, unless
+/// Whether the fused CPU kernels use AVX-512: when the CPU has it, unless
 /// `BURN_TRANSFORMER_CPU_ISA=avx2` keeps them on AVX2 (to measure what an AVX2-only
 /// machine runs, on one that has both). Read once.
 #[cfg(all(feature = "flex", target_arch = "x86_64"))]
-pub(crate) fn avx512_allowed() -> bool {
-    static ALLOWED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ALLOWED.get_or_init(|| match std::env::var(CPU_ISA_ENV) {
+pub(crate) fn use_avx512() -> bool {
+    static USE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *USE.get_or_init(|| avx512_allowed() && std::arch::is_x86_feature_detected!("avx512f"))
+}
+
+/// What `BURN_TRANSFORMER_CPU_ISA` says of AVX-512.
+#[cfg(all(feature = "flex", target_arch = "x86_64"))]
+fn avx512_allowed() -> bool {
+    match std::env::var(CPU_ISA_ENV) {
         Err(_) => true,
         Ok(value) => match value.trim().to_ascii_lowercase().as_str() {
             "" | "auto" | "avx512" => true,
@@ -142,13 +148,13 @@ pub(crate) fn avx512_allowed() -> bool {
                 true
             }
         },
-    })
+    }
 }
 
 /// Defines `fn $name(args)` that runs `$body` compiled for AVX-512, for AVX2 + FMA or
-/// for the baseline, whichever the CPU has (checked at run time, cached by std; see
-/// [`avx512_allowed`]). The
-/// body is written once as plain loops; each copy is vectorized for its instruction set.
+/// for the baseline, whichever the CPU has (checked at run time; see [`use_avx512`]).
+/// The body is written once as plain loops; each copy is vectorized for its
+/// instruction set.
 #[cfg(feature = "flex")]
 macro_rules! simd_kernel {
     ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
@@ -171,9 +177,7 @@ macro_rules! simd_kernel {
 
             #[cfg(target_arch = "x86_64")]
             {
-                if $crate::ops::simd::avx512_allowed()
-                    && std::arch::is_x86_feature_detected!("avx512f")
-                {
+                if $crate::ops::simd::use_avx512() {
                     // SAFETY: the CPU has the instructions `avx512` was compiled for.
                     return unsafe { avx512($($arg),*) };
                 }
