@@ -23,7 +23,8 @@
 # `run` unpacks the binaries and writes into OUT:
 # - gpu.txt: the GPU as nvidia-smi names it;
 # - tests.log: `ops::flash_attention::tests::cuda` through the default kernels (autotuned
-#   on a GPU), then again with BURN_TRANSFORMER_FLASH_KERNEL=tensor-cores;
+#   on a GPU; the fragment forward's grid in bf16 among them), then again with
+#   BURN_TRANSFORMER_FLASH_KERNEL=tensor-cores;
 # - bench.tar.gz: docs/benchmarks/ and docs/benchmarks.md with the attention suite's
 #   CUDA records added (results.jsonl) and the report redrawn, plus bench.log. Unpack it
 #   over docs/ to commit the rows. Set BENCH_ARGS for more (for example `--full`); by

@@ -67,8 +67,8 @@ pub struct Record {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dtype: Option<String>,
     /// The variant of an implementation that has several: our fused kernel's family on
-    /// a CubeCL device (`register`, `staged`, `tensor-cores`), the backend PyTorch's
-    /// `scaled_dot_product_attention` ran (`flash`, `efficient`).
+    /// a CubeCL device (`register`, `staged`, `tensor-cores`, `fragments`), the backend
+    /// PyTorch's `scaled_dot_product_attention` ran (`flash`, `efficient`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel: Option<String>,
     /// Arithmetic rate at the median time, TFLOP/s, counted as FlashAttention's papers

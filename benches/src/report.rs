@@ -24,6 +24,7 @@ const ATTENTION_IMPLS: &[&str] = &[
     "fused[register]",
     "fused[staged]",
     "fused[tensor-cores]",
+    "fused[fragments]",
     "reference",
     "burn",
     "torch_sdpa",

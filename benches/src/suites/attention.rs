@@ -200,7 +200,7 @@ impl Grid {
 
 /// The implementations measured on `backend` for inputs of `dtype`, each with its
 /// kernel family: on cuda every family of the fused op that takes `dtype` (tensor
-/// cores take f16/bf16 only), elsewhere the device's default.
+/// cores and the fragment forward take f16/bf16 only), elsewhere the device's default.
 fn implementations(backend: &str, dtype: DType) -> Vec<(Impl, Option<FlashKernel>)> {
     let mut list = Vec::new();
     if backend == "cuda" {
@@ -208,6 +208,7 @@ fn implementations(backend: &str, dtype: DType) -> Vec<(Impl, Option<FlashKernel
         list.push((Impl::Fused, Some(FlashKernel::Staged)));
         if matches!(dtype, DType::BF16 | DType::F16) {
             list.push((Impl::Fused, Some(FlashKernel::StagedTensorCores)));
+            list.push((Impl::Fused, Some(FlashKernel::Fragments)));
         }
     } else {
         list.push((Impl::Fused, None));
@@ -580,6 +581,7 @@ mod tests {
             columns.into_iter().collect::<Vec<_>>(),
             [
                 "burn",
+                "fused[fragments]",
                 "fused[register]",
                 "fused[staged]",
                 "fused[tensor-cores]",
@@ -587,16 +589,21 @@ mod tests {
                 "torch_sdpa"
             ]
         );
-        // f32 has no tensor-core column; every shape has both passes and both masks.
+        // f32 has no tensor-core and no fragment column; every shape has both passes
+        // and both masks.
         let full = cells(Mode::Full, "cuda");
         assert!(
             full.iter()
                 .any(|c| c.dtype == DType::F32 && c.head_dim == 64)
         );
         assert!(!full.iter().any(|c| {
-            c.dtype == DType::F32 && c.kernel == Some(FlashKernel::StagedTensorCores)
+            c.dtype == DType::F32
+                && matches!(
+                    c.kernel,
+                    Some(FlashKernel::StagedTensorCores | FlashKernel::Fragments)
+                )
         }));
-        assert_eq!(full.len(), 5 * 2 * 2 * 2 * (6 + 5));
+        assert_eq!(full.len(), 5 * 2 * 2 * 2 * (7 + 5));
     }
 
     #[test]

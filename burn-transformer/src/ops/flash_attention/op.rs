@@ -132,6 +132,16 @@ pub(crate) static FORWARD_LAUNCHES: std::sync::atomic::AtomicUsize =
 pub(crate) static STAGED_LAUNCHES: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(0);
 
+/// Launches of the fragment forward.
+#[cfg(all(test, feature = "cube"))]
+pub(crate) static FRAGMENT_LAUNCHES: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
+/// Launches of the fragment backward (its dQ and dK/dV kernels).
+#[cfg(all(test, feature = "cube"))]
+pub(crate) static FRAGMENT_BACKWARD_LAUNCHES: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
 /// Forward launches that split the keys (flash-decoding).
 #[cfg(all(test, feature = "cube"))]
 pub(crate) static SPLIT_LAUNCHES: std::sync::atomic::AtomicUsize =

@@ -52,7 +52,7 @@ pub enum FlashKernel {
     /// where they are the fastest; on GPUs the fastest of the staged tile sizes and
     /// the register tiles, timed once per shape class ([`Self::Autotune`]). The
     /// environment variable `BURN_TRANSFORMER_FLASH_KERNEL=register|staged|
-    /// tensor-cores|autotune` overrides it for a whole process.
+    /// tensor-cores|fragments|autotune` overrides it for a whole process.
     #[default]
     Auto,
     /// Each unit holds its rows in registers and streams keys from global memory
@@ -65,6 +65,15 @@ pub enum FlashKernel {
     /// whose head dims are multiples of 16 (other calls take [`Self::Staged`]). Off
     /// by default: it has not yet run on a GPU.
     StagedTensorCores,
+    /// FlashAttention-2 in registers: each plane keeps the scores and the output (or
+    /// the gradients) of 16 rows in registers as m16n8k16 fragments multiplied on
+    /// tensor cores (`mma.sync`), for f16/bf16 inputs whose query/key head dim is a
+    /// multiple of 16 up to 192 and value head dim a multiple of 8 up to 128 (16 for
+    /// the backward, which otherwise runs the staged kernels). On CPU runtimes the
+    /// fragment operations are emulated through shared memory (the tests' check of
+    /// the kernels); other calls take [`Self::Staged`]. Off by default: it has not
+    /// yet run on a GPU.
+    Fragments,
     /// Times the candidates (staged tiles of 64, 32 and 16 rows and keys, register
     /// tiles) once per shape class on the device and keeps the fastest, as `Auto` does
     /// on GPUs; this asks for it on CPU runtimes too. Tensor cores are not among the
@@ -74,21 +83,24 @@ pub enum FlashKernel {
 
 impl FlashKernel {
     /// Every family, `Auto` first.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::Auto,
         Self::RegisterTile,
         Self::Staged,
         Self::StagedTensorCores,
+        Self::Fragments,
         Self::Autotune,
     ];
 
-    /// The family's name: `auto`, `register`, `staged`, `tensor-cores` or `autotune`.
+    /// The family's name: `auto`, `register`, `staged`, `tensor-cores`, `fragments` or
+    /// `autotune`.
     pub fn name(self) -> &'static str {
         match self {
             Self::Auto => "auto",
             Self::RegisterTile => "register",
             Self::Staged => "staged",
             Self::StagedTensorCores => "tensor-cores",
+            Self::Fragments => "fragments",
             Self::Autotune => "autotune",
         }
     }

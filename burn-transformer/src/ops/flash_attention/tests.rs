@@ -545,6 +545,17 @@ mod on_device {
     /// Outputs and gradients of `cases` with the kernel family `kernel`, fused against
     /// the naive f32 path and the f64 oracle.
     fn parity(device: &Device, label: &str, cases: &[(usize, Case)], kernel: FlashKernel) {
+        parity_in(device, label, cases, kernel, DType::F32);
+    }
+
+    /// [`parity`] with inputs of `dtype` (the naive path runs in it too).
+    fn parity_in(
+        device: &Device,
+        label: &str,
+        cases: &[(usize, Case)],
+        kernel: FlashKernel,
+        dtype: DType,
+    ) {
         let launches = super::super::op::FORWARD_LAUNCHES.load(Ordering::Relaxed);
         let staged = super::super::op::STAGED_LAUNCHES.load(Ordering::Relaxed);
         // Every configuration runs before the verdict, so that a failure shows its
@@ -556,13 +567,15 @@ mod on_device {
                 ..case.clone()
             };
             let inputs = Inputs::random(&case, *index as u64, 1.0);
-            let (fused, naive, expected) = compare(&case, &inputs, device, DType::F32);
+            let (fused, naive, expected) = compare(&case, &inputs, device, dtype);
+            // Half types round every input and output: a floor at their precision.
+            let floor = if dtype == DType::F32 { 1e-5 } else { 1e-3 };
             failures.extend(rule_failures(
-                &format!("{label} {kernel:?} #{index} {case:?}"),
+                &format!("{label} {kernel:?} {dtype:?} #{index} {case:?}"),
                 &fused,
                 &naive,
                 &expected,
-                1e-5,
+                floor,
             ));
         }
         assert!(
@@ -630,6 +643,80 @@ mod on_device {
         );
     }
 
+    /// The parity grid through the fragment kernels (tensor cores on GPUs, in bf16;
+    /// CPU runtimes emulate their operations through shared memory, in f32, which
+    /// checks the fragment layouts and the register reuse of `P` and `dS`): a third of
+    /// the grid's shapes with sequences up to 129 at every head dim they take (all but
+    /// MLA's absorbed 576/512), one long causal case, and the decoding cases, which
+    /// split their keys.
+    pub fn parity_grid_fragments(device: &Device, label: &str) {
+        let cases: Vec<(usize, Case)> = parity_grid()
+            .into_iter()
+            .enumerate()
+            .filter(|(index, case)| {
+                let long = case.seq_q.max(case.seq_k) > 129;
+                case.d_v <= 128
+                    && ((index % 3 == 0 && !long) || (long && case.causal && case.d_qk == 64))
+            })
+            .chain(decode_cases().into_iter().map(|case| (1000, case)))
+            .collect();
+        // The family's input types: bf16 on GPUs (tensor cores), f32 where the
+        // products are emulated.
+        let properties = device_properties(device);
+        let dtype = if super::super::cube::tiling::is_cpu_runtime(&properties) {
+            DType::F32
+        } else {
+            DType::BF16
+        };
+        if !device.supports_dtype(dtype) {
+            return;
+        }
+        let fragments = super::super::op::FRAGMENT_LAUNCHES.load(Ordering::Relaxed);
+        let backwards = super::super::op::FRAGMENT_BACKWARD_LAUNCHES.load(Ordering::Relaxed);
+        let splits = super::super::op::SPLIT_LAUNCHES.load(Ordering::Relaxed);
+        parity_in(device, label, &cases, FlashKernel::Fragments, dtype);
+        // Every case the device's fragments take ran the fragment forward (on lavapipe
+        // and tensor-core GPUs, all of them), those whose backward tiles fit the
+        // fragment backward (at head dims up to 80 on lavapipe's 32 KiB, all on a
+        // GPU), and the decoding cases split their keys.
+        let plans: Vec<_> = cases
+            .iter()
+            .filter_map(|(_, case)| {
+                super::super::cube::tiling::plan_fragments(&case.problem(), dtype, &properties)
+            })
+            .collect();
+        let taken = plans.len();
+        let with_backward = plans.iter().filter(|plan| plan.backward.is_some()).count();
+        assert!(
+            with_backward * 2 >= taken,
+            "{with_backward} of {taken} plan a fragment backward"
+        );
+        assert!(
+            super::super::op::FRAGMENT_BACKWARD_LAUNCHES.load(Ordering::Relaxed)
+                >= backwards + with_backward
+        );
+        let bf16 = cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::BF16);
+        let takes_all = dtype == DType::F32
+            || properties
+                .features
+                .matmul
+                .mma
+                .iter()
+                .any(|m| m.a_type == bf16 && (m.m, m.n, m.k) == (16, 8, 16));
+        assert!(
+            taken == cases.len() || !takes_all,
+            "{taken} of {}: {:?} {:?}",
+            cases.len(),
+            properties.features.plane,
+            properties.hardware
+        );
+        assert!(super::super::op::FRAGMENT_LAUNCHES.load(Ordering::Relaxed) >= fragments + taken);
+        assert!(
+            super::super::op::SPLIT_LAUNCHES.load(Ordering::Relaxed)
+                >= splits + decode_cases().len()
+        );
+    }
+
     /// Autotuning: the first call of a shape class times every candidate (forward and
     /// backward apart) and returns the winner's results; a second call of the class
     /// (other sizes rounding to the same powers of two) runs the cached winner once;
@@ -671,13 +758,18 @@ mod on_device {
             device,
             DType::F32,
         );
-        let properties = match device.clone().inner().as_dispatch() {
+        let properties = device_properties(device);
+        let cpu = super::super::cube::tiling::is_cpu_runtime(&properties);
+        assert_eq!(runs(&default) > before, !cpu, "Auto tunes on GPUs only");
+    }
+
+    /// The properties of a CubeCL device.
+    fn device_properties(device: &Device) -> cubecl::ir::DeviceProperties {
+        match device.clone().inner().as_dispatch() {
             burn::backend::DispatchDevice::Cube(cube) => cube.client().properties().clone(),
             #[allow(unreachable_patterns)]
             _ => unreachable!("kernel tests run on CubeCL devices"),
-        };
-        let cpu = super::super::cube::tiling::is_cpu_runtime(&properties);
-        assert_eq!(runs(&default) > before, !cpu, "Auto tunes on GPUs only");
+        }
     }
 
     /// Decoding shapes over long caches, which the staged forward splits across cubes
@@ -711,13 +803,16 @@ mod on_device {
         assert!(fused[0][..65 * 64].iter().all(|x| *x == 0.0));
     }
 
-    /// f16 and bf16 (where the device has them) through the default kernels and the
-    /// staged ones.
+    /// f16 and bf16 (where the device has them) through the default kernels, the
+    /// staged ones and the fragment forward.
     pub fn half_precision_subset(device: &Device) {
-        for (dtype, kernel) in [DType::F16, DType::BF16]
-            .into_iter()
-            .flat_map(|dtype| [(dtype, FlashKernel::Auto), (dtype, FlashKernel::Staged)])
-        {
+        for (dtype, kernel) in [DType::F16, DType::BF16].into_iter().flat_map(|dtype| {
+            [
+                (dtype, FlashKernel::Auto),
+                (dtype, FlashKernel::Staged),
+                (dtype, FlashKernel::Fragments),
+            ]
+        }) {
             let mut case = Case::new(4, 2, 64, 129, (64, 64)).causal_padded(vec![129, 50]);
             case.kernel = kernel;
             let inputs = Inputs::random(&case, 5, 1.0);
@@ -764,6 +859,11 @@ macro_rules! kernel_tests {
             #[test]
             fn parity_grid_staged() {
                 on_device::parity_grid_staged(&$device(), stringify!($runtime));
+            }
+
+            #[test]
+            fn parity_grid_fragments() {
+                on_device::parity_grid_fragments(&$device(), stringify!($runtime));
             }
 
             #[test]

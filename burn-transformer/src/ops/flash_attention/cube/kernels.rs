@@ -29,7 +29,8 @@
 
 use cubecl::prelude::*;
 
-use crate::ops::mask::{HIDDEN_SCORE, MASKED_ROW_LSE};
+use super::softmax::{finish_row, masked_score, online_max, probability, probability_and_gradient};
+use crate::ops::mask::HIDDEN_SCORE;
 
 /// Score of a hidden entry (see [`HIDDEN_SCORE`]).
 pub(super) const HIDDEN: f32 = HIDDEN_SCORE;
@@ -314,22 +315,17 @@ pub fn flash_forward<F: Float, N: Size>(
             let mut block_max = f32::new(HIDDEN);
             #[unroll]
             for t in 0..block {
-                let mut score = cap_score(scores[r * block + t], &sizes);
-                score = f32::max(score, SCORE_FLOOR);
                 let visible =
                     kept[t] && structurally_visible(positions[r], start + t as i32, &sizes);
-                score = select(visible, score, HIDDEN);
+                let score = masked_score(scores[r * block + t], visible, &sizes);
                 scores[r * block + t] = score;
                 block_max = f32::max(block_max, score);
             }
-            let new_max = f32::max(running_max[r], block_max);
-            // A row that has seen no key yet keeps everything at zero.
-            let live = new_max > HIDDEN;
-            let correction = select(live, f32::exp(running_max[r] - new_max), 1.0f32);
+            let (new_max, correction) = online_max(running_max[r], block_max);
             let mut total = running_sum[r] * correction;
             #[unroll]
             for t in 0..block {
-                let p = select(live, f32::exp(scores[r * block + t] - new_max), 0.0f32);
+                let p = probability(scores[r * block + t], new_max);
                 scores[r * block + t] = p;
                 total += p;
             }
@@ -361,9 +357,7 @@ pub fn flash_forward<F: Float, N: Size>(
         start += block as i32;
     }
 
-    // A head's sink joins every row's normalization once, after the keys: one more
-    // online-softmax step with a logit and no value (a row that saw no key then
-    // gives the sink everything: output 0, LSE = sink).
+    // A head's sink joins every row's normalization once, after the keys.
     let mut sink = f32::new(HIDDEN);
     if sizes.sinks != 0 {
         sink = sinks[head % heads];
@@ -373,21 +367,7 @@ pub fn flash_forward<F: Float, N: Size>(
         let row = first_row + r;
         if row < seq_q {
             let out_row = head * seq_q + row;
-            let mut total = running_sum[r];
-            let mut max = running_max[r];
-            let mut kept_share = 1.0f32;
-            if sizes.sinks != 0 {
-                let new_max = f32::max(max, sink);
-                kept_share = f32::exp(max - new_max);
-                total = total * kept_share + f32::exp(sink - new_max);
-                max = new_max;
-            }
-            let mut inverse = 0.0f32;
-            let mut row_lse = f32::new(MASKED_ROW_LSE);
-            if total > 0.0f32 {
-                inverse = kept_share / total;
-                row_lse = max + f32::ln(total);
-            }
+            let (inverse, row_lse) = finish_row(running_sum[r], running_max[r], sink, 0u32, &sizes);
             let inverse = Vector::<f32, N>::new(inverse);
             #[unroll]
             for c in 0..v_vectors {
@@ -722,12 +702,17 @@ pub fn flash_backward_q<F: Float, N: Size>(
         for t in 0..block {
             #[unroll]
             for r in 0..rows {
-                let capped = cap_score(scores[r * block + t], &sizes);
                 let visible =
                     kept[t] && structurally_visible(positions[r], start + t as i32, &sizes);
-                let p = select(visible, f32::exp(capped - row_lse[r]), 0.0f32);
-                dps[r * block + t] =
-                    p * (dps[r * block + t] - row_delta[r]) * cap_derivative(capped, &sizes);
+                let (_, ds) = probability_and_gradient(
+                    scores[r * block + t],
+                    dps[r * block + t],
+                    row_lse[r],
+                    row_delta[r],
+                    visible,
+                    &sizes,
+                );
+                dps[r * block + t] = ds;
             }
         }
         // dQ += dS·k (scaled at the end).

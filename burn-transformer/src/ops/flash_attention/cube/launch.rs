@@ -23,11 +23,12 @@ use cubecl::prelude::*;
 
 use super::super::{FlashKernel, Problem, ScoreOptions};
 use super::autotune;
+use super::fragments::{self, FragmentTiling};
 use super::kernels::{self, AttentionConfig, SizesLaunch};
 use super::staged;
 use super::tiling::{
     KernelTile, LARGEST_STAGED_BLOCK, StagedProduct, StagedTiling, Tiling, is_cpu_runtime,
-    plan_key_splits, plan_staged, plan_tiling,
+    plan_fragments, plan_key_splits, plan_staged, plan_tiling,
 };
 
 /// Units per cube of the backward pre-pass (one unit per query row, on every device).
@@ -69,6 +70,8 @@ fn sizes(problem: &Problem, options: &ScoreOptions) -> SizesLaunch {
 pub(super) enum Family {
     RegisterTile(Tiling),
     Staged(StagedTiling),
+    /// The fragment kernels; a backward they do not plan runs the staged kernels.
+    Fragments(FragmentTiling, StagedTiling),
 }
 
 impl Family {
@@ -99,15 +102,16 @@ impl Family {
 /// How one call's family is decided.
 enum Choice {
     /// By rule (the options' family, with its fallbacks).
-    Fixed(Family),
+    Fixed(Box<Family>),
     /// By timing the candidates once per shape class on the device (`autotune.rs`).
     Tuned,
 }
 
 /// Resolves the call's [`FlashKernel`] on the tensors' device, with its fallbacks:
-/// tensor cores need f16/bf16, head dims multiple of 16 and the device's fragments
-/// (else the plain product); the staged tiles need the device's shared memory (else
-/// register tiles). `Auto` tunes on GPUs and takes register tiles on CPU runtimes,
+/// the fragment forward needs its head dims, tiles that fit, and tensor cores for the
+/// dtype on GPUs (else the staged kernels); tensor cores need f16/bf16, head dims
+/// multiple of 16 and the device's fragments (else the plain product); the staged
+/// tiles need the device's shared memory (else register tiles). `Auto` tunes on GPUs and takes register tiles on CPU runtimes,
 /// which serve shared memory at the cost of global memory, so the register tiles'
 /// reuse is what pays there (see `kernels.rs`).
 fn choose(problem: &Problem, options: &ScoreOptions, tensor: &CubeTensor) -> Choice {
@@ -116,20 +120,33 @@ fn choose(problem: &Problem, options: &ScoreOptions, tensor: &CubeTensor) -> Cho
         FlashKernel::Auto => FlashKernel::from_env().unwrap_or(FlashKernel::Auto),
         chosen => chosen,
     };
+    if requested == FlashKernel::Fragments {
+        let fragments = plan_fragments(problem, tensor.dtype, properties);
+        let staged = plan_staged(
+            problem,
+            tensor.dtype,
+            StagedProduct::Plain,
+            LARGEST_STAGED_BLOCK,
+            properties,
+        );
+        if let (Some(fragments), Some(staged)) = (fragments, staged) {
+            return Choice::Fixed(Box::new(Family::Fragments(fragments, staged)));
+        }
+    }
     let product = match requested {
         FlashKernel::RegisterTile => None,
-        FlashKernel::Staged => Some(StagedProduct::Plain),
+        FlashKernel::Staged | FlashKernel::Fragments => Some(StagedProduct::Plain),
         FlashKernel::StagedTensorCores => Some(StagedProduct::TensorCores),
         FlashKernel::Auto if is_cpu_runtime(properties) => None,
         FlashKernel::Auto | FlashKernel::Autotune => return Choice::Tuned,
     };
-    Choice::Fixed(Family::staged_or_register(
+    Choice::Fixed(Box::new(Family::staged_or_register(
         problem,
         tensor.dtype,
         product,
         LARGEST_STAGED_BLOCK,
         properties,
-    ))
+    )))
 }
 
 /// The tensors of one forward call: inputs, and the outputs it writes.
@@ -212,7 +229,7 @@ pub(crate) fn forward(
         lse: lse.clone(),
     };
     match choice {
-        Choice::Fixed(family) => forward_with(family, &problem, options, &tensors),
+        Choice::Fixed(family) => forward_with(*family, &problem, options, &tensors),
         Choice::Tuned => autotune::forward(problem, *options, tensors),
     }
     (output, lse)
@@ -226,6 +243,82 @@ pub(super) fn forward_with(
     options: &ScoreOptions,
     tensors: &ForwardTensors,
 ) {
+    let tiling = match family {
+        Family::RegisterTile(tiling) => tiling,
+        Family::Staged(tiling) => {
+            let config = tiling.forward;
+            let launch = |cube_count: CubeCount, split: SplitLaunch| {
+                let t = split.tensors;
+                // SAFETY: every index the kernel reads or writes is clamped to or
+                // checked against the problem sizes, which match the contiguous
+                // tensors (and, for partials, `splits` times the rows).
+                unsafe {
+                    staged::staged_forward::launch_unchecked(
+                        &t.q.client,
+                        cube_count,
+                        CubeDim::new_1d(config.units as u32),
+                        t.q.clone().into_tensor_arg(),
+                        t.k.clone().into_tensor_arg(),
+                        t.v.clone().into_tensor_arg(),
+                        t.key_mask.clone().into_tensor_arg(),
+                        t.sinks.clone().into_tensor_arg(),
+                        split.output.clone().into_tensor_arg(),
+                        split.lse.clone().into_tensor_arg(),
+                        split.sizes,
+                        split.split_keys,
+                        split.partial,
+                        config,
+                        dtype_to_storage_type(t.q.dtype),
+                    );
+                }
+            };
+            forward_splitting(
+                problem,
+                options,
+                tensors,
+                (config.block_q, config.block_k),
+                launch,
+            );
+            return;
+        }
+        Family::Fragments(tiling, _) => {
+            let config = tiling.forward;
+            #[cfg(test)]
+            super::super::op::FRAGMENT_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let launch = |cube_count: CubeCount, split: SplitLaunch| {
+                let t = split.tensors;
+                // SAFETY: as the staged forward's: indices are clamped to or checked
+                // against the problem sizes of these contiguous tensors.
+                unsafe {
+                    fragments::fragment_forward::launch_unchecked(
+                        &t.q.client,
+                        cube_count,
+                        CubeDim::new_1d(config.units() as u32),
+                        t.q.clone().into_tensor_arg(),
+                        t.k.clone().into_tensor_arg(),
+                        t.v.clone().into_tensor_arg(),
+                        t.key_mask.clone().into_tensor_arg(),
+                        t.sinks.clone().into_tensor_arg(),
+                        split.output.clone().into_tensor_arg(),
+                        split.lse.clone().into_tensor_arg(),
+                        split.sizes,
+                        split.split_keys,
+                        split.partial,
+                        config,
+                        dtype_to_storage_type(t.q.dtype),
+                    );
+                }
+            };
+            forward_splitting(
+                problem,
+                options,
+                tensors,
+                (config.rows(), config.block),
+                launch,
+            );
+            return;
+        }
+    };
     let ForwardTensors {
         q,
         k,
@@ -235,91 +328,10 @@ pub(super) fn forward_with(
         output,
         lse,
     } = tensors;
-    let problem = *problem;
     let client = q.client.clone();
     let dtype = q.dtype;
-    let tiling = match family {
-        Family::RegisterTile(tiling) => tiling,
-        Family::Staged(tiling) => {
-            let config = tiling.forward;
-            let (splits, split_keys) = plan_key_splits(&problem, &config, q.client.properties());
-            let cube_count = CubeCount::Static(
-                problem.seq_q.div_ceil(config.block_q) as u32,
-                (problem.batch * problem.heads) as u32,
-                splits as u32,
-            );
-            let launch = |out: &CubeTensor, lse: &CubeTensor, partial: bool| {
-                // Splits write partials without the sinks, which join in the merge.
-                let split_options = options.with_sinks(options.has_sinks && !partial);
-                // SAFETY: every index the kernel reads or writes is clamped to or
-                // checked against the problem sizes, which match the contiguous
-                // tensors above (and, for partials, `splits` times the rows).
-                unsafe {
-                    staged::staged_forward::launch_unchecked(
-                        &client,
-                        cube_count.clone(),
-                        CubeDim::new_1d(config.units as u32),
-                        q.clone().into_tensor_arg(),
-                        k.clone().into_tensor_arg(),
-                        v.clone().into_tensor_arg(),
-                        key_mask.clone().into_tensor_arg(),
-                        sinks.clone().into_tensor_arg(),
-                        out.clone().into_tensor_arg(),
-                        lse.clone().into_tensor_arg(),
-                        sizes(&problem, &split_options),
-                        split_keys as u32,
-                        partial as u32,
-                        config,
-                        dtype_to_storage_type(dtype),
-                    );
-                }
-            };
-            if splits == 1 {
-                launch(output, lse, false);
-                return;
-            }
-            #[cfg(test)]
-            super::super::op::SPLIT_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let rows = problem.batch * problem.heads * problem.seq_q;
-            let partial_out = empty_device_contiguous_dtype(
-                client.clone(),
-                q.device.clone(),
-                Shape::new([splits, rows, problem.d_v]),
-                dtype,
-            );
-            let partial_lse = empty_device_contiguous_dtype(
-                client.clone(),
-                q.device.clone(),
-                Shape::new([splits, rows]),
-                DType::F32,
-            );
-            launch(&partial_out, &partial_lse, true);
-            let cube_dim = CubeDim::new_1d(MERGE_UNITS);
-            let cube_count = calculate_cube_count_elemwise(&client, rows, cube_dim);
-            // SAFETY: the kernel checks `row < rows`; the partials hold `splits` times
-            // the rows of the outputs.
-            unsafe {
-                staged::staged_merge_splits::launch_unchecked(
-                    &client,
-                    cube_count,
-                    cube_dim,
-                    partial_out.into_tensor_arg(),
-                    partial_lse.into_tensor_arg(),
-                    sinks.clone().into_tensor_arg(),
-                    output.clone().into_tensor_arg(),
-                    lse.clone().into_tensor_arg(),
-                    rows as u32,
-                    splits as u32,
-                    sizes(&problem, options),
-                    problem.d_v,
-                    dtype_to_storage_type(dtype),
-                );
-            }
-            return;
-        }
-    };
     let tile = tiling.forward;
-    let config = config(&problem, tiling.vector_size, &tile);
+    let config = config(problem, tiling.vector_size, &tile);
     let cube_count = CubeCount::Static(
         problem.seq_q.div_ceil(tile.cube_rows()) as u32,
         (problem.batch * problem.heads) as u32,
@@ -340,8 +352,101 @@ pub(super) fn forward_with(
             sinks.clone().into_tensor_arg(),
             output.clone().into_tensor_arg(),
             lse.clone().into_tensor_arg(),
-            sizes(&problem, options),
+            sizes(problem, options),
             config,
+            dtype_to_storage_type(dtype),
+        );
+    }
+}
+
+/// What one launch of a splitting forward (staged or fragment kernels) writes, and
+/// with which sizes and split.
+struct SplitLaunch<'a> {
+    tensors: &'a ForwardTensors,
+    /// The output, or the partial outputs of every split.
+    output: &'a CubeTensor,
+    /// The log-sum-exp, or the splits' partial ones.
+    lse: &'a CubeTensor,
+    sizes: SizesLaunch,
+    split_keys: u32,
+    /// 1 when each split writes its partials for the merge.
+    partial: u32,
+}
+
+/// A forward of `block = (query rows, keys)` per tile that may split its keys across
+/// cubes (flash-decoding, [`plan_key_splits`]): `launch` runs the kernel on a grid,
+/// into the outputs of one [`SplitLaunch`]; with several splits, into partials that
+/// [`staged::staged_merge_splits`] combines.
+fn forward_splitting(
+    problem: &Problem,
+    options: &ScoreOptions,
+    tensors: &ForwardTensors,
+    block: (usize, usize),
+    launch: impl Fn(CubeCount, SplitLaunch),
+) {
+    let ForwardTensors {
+        q,
+        sinks,
+        output,
+        lse,
+        ..
+    } = tensors;
+    let client = q.client.clone();
+    let dtype = q.dtype;
+    let (block_q, block_k) = block;
+    let (splits, split_keys) = plan_key_splits(problem, block_q, block_k, client.properties());
+    let cube_count = CubeCount::Static(
+        problem.seq_q.div_ceil(block_q) as u32,
+        (problem.batch * problem.heads) as u32,
+        splits as u32,
+    );
+    let split = |output, lse, partial: bool| SplitLaunch {
+        tensors,
+        output,
+        lse,
+        // Splits write partials without the sinks, which join in the merge.
+        sizes: sizes(problem, &options.with_sinks(options.has_sinks && !partial)),
+        split_keys: split_keys as u32,
+        partial: partial as u32,
+    };
+    if splits == 1 {
+        launch(cube_count, split(output, lse, false));
+        return;
+    }
+    #[cfg(test)]
+    super::super::op::SPLIT_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let rows = problem.batch * problem.heads * problem.seq_q;
+    let partial_out = empty_device_contiguous_dtype(
+        client.clone(),
+        q.device.clone(),
+        Shape::new([splits, rows, problem.d_v]),
+        dtype,
+    );
+    let partial_lse = empty_device_contiguous_dtype(
+        client.clone(),
+        q.device.clone(),
+        Shape::new([splits, rows]),
+        DType::F32,
+    );
+    launch(cube_count, split(&partial_out, &partial_lse, true));
+    let cube_dim = CubeDim::new_1d(MERGE_UNITS);
+    let cube_count = calculate_cube_count_elemwise(&client, rows, cube_dim);
+    // SAFETY: the kernel checks `row < rows`; the partials hold `splits` times the rows
+    // of the outputs.
+    unsafe {
+        staged::staged_merge_splits::launch_unchecked(
+            &client,
+            cube_count,
+            cube_dim,
+            partial_out.into_tensor_arg(),
+            partial_lse.into_tensor_arg(),
+            sinks.clone().into_tensor_arg(),
+            output.clone().into_tensor_arg(),
+            lse.clone().into_tensor_arg(),
+            rows as u32,
+            splits as u32,
+            sizes(problem, options),
+            problem.d_v,
             dtype_to_storage_type(dtype),
         );
     }
@@ -389,7 +494,7 @@ pub(crate) fn backward(
         grad_v: grad_v.clone(),
     };
     match choice {
-        Choice::Fixed(family) => backward_with(family, &problem, options, &tensors),
+        Choice::Fixed(family) => backward_with(*family, &problem, options, &tensors),
         Choice::Tuned => autotune::backward(problem, *options, tensors),
     }
     (grad_q, grad_k, grad_v)
@@ -420,6 +525,7 @@ pub(super) fn backward_with(
     let device = q.device.clone();
     let dtype = q.dtype;
     let storage = dtype_to_storage_type(dtype);
+
     let empty = |shape: Shape, dtype: DType| {
         empty_device_contiguous_dtype(client.clone(), device.clone(), shape, dtype)
     };
@@ -435,7 +541,7 @@ pub(super) fn backward_with(
     // The staged kernels read every tensor element by element.
     let vector_size = match &family {
         Family::RegisterTile(tiling) => tiling.vector_size,
-        Family::Staged(_) => 1,
+        Family::Staged(_) | Family::Fragments(..) => 1,
     };
     // SAFETY: the kernel checks `row < rows` and the tensors hold `rows` rows.
     unsafe {
@@ -456,7 +562,69 @@ pub(super) fn backward_with(
 
     let tiling = match family {
         Family::RegisterTile(tiling) => tiling,
-        Family::Staged(tiling) => {
+        Family::Fragments(
+            FragmentTiling {
+                backward: Some((dq_config, kv_config)),
+                ..
+            },
+            _,
+        ) => {
+            #[cfg(test)]
+            super::super::op::FRAGMENT_BACKWARD_LAUNCHES
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            // 2. dK, dV: one cube per 16·planes keys; 3. dQ: one per 16·planes rows.
+            let cube_count = CubeCount::Static(
+                problem.seq_k.div_ceil(kv_config.rows()) as u32,
+                (problem.batch * problem.kv_heads) as u32,
+                1,
+            );
+            // SAFETY: indices are clamped to or checked against the problem sizes of
+            // these contiguous tensors.
+            unsafe {
+                fragments::fragment_backward_kv::launch_unchecked(
+                    &client,
+                    cube_count,
+                    CubeDim::new_1d(kv_config.units() as u32),
+                    q.clone().into_tensor_arg(),
+                    k.clone().into_tensor_arg(),
+                    v.clone().into_tensor_arg(),
+                    grad_output.clone().into_tensor_arg(),
+                    stats.clone().into_tensor_arg(),
+                    key_mask.clone().into_tensor_arg(),
+                    grad_k.clone().into_tensor_arg(),
+                    grad_v.clone().into_tensor_arg(),
+                    sizes(&problem, options),
+                    kv_config,
+                    storage,
+                );
+            }
+            let cube_count = CubeCount::Static(
+                problem.seq_q.div_ceil(dq_config.rows()) as u32,
+                (problem.batch * problem.heads) as u32,
+                1,
+            );
+            // SAFETY: as above.
+            unsafe {
+                fragments::fragment_backward_q::launch_unchecked(
+                    &client,
+                    cube_count,
+                    CubeDim::new_1d(dq_config.units() as u32),
+                    q.clone().into_tensor_arg(),
+                    k.clone().into_tensor_arg(),
+                    v.clone().into_tensor_arg(),
+                    grad_output.clone().into_tensor_arg(),
+                    stats.into_tensor_arg(),
+                    key_mask.clone().into_tensor_arg(),
+                    grad_q.clone().into_tensor_arg(),
+                    sizes(&problem, options),
+                    dq_config,
+                    storage,
+                );
+            }
+            return;
+        }
+        // The fragment family without a backward of its own takes the staged one.
+        Family::Staged(tiling) | Family::Fragments(_, tiling) => {
             // 2. dK, dV: one cube per block of keys; 3. dQ: one per block of rows.
             let config = tiling.backward_kv;
             let cube_count = CubeCount::Static(

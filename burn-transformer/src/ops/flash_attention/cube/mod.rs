@@ -1,11 +1,15 @@
-//! The fused op on CubeCL runtimes (wgpu, cuda): the `#[cube]` kernels of two
-//! families (register tiles; staged shared-memory tiles over one tile product), their
+//! The fused op on CubeCL runtimes (wgpu, cuda): the `#[cube]` kernels of three
+//! families (register tiles; staged shared-memory tiles over one tile product; the
+//! fragment forward, whose scores and output stay in a plane's registers), their
 //! tile sizes per device, the timing that picks among them, their launches, and the list of every kernel a device
 //! compiles.
 
 pub(crate) mod autotune;
+mod fragment;
+mod fragments;
 mod kernels;
 pub(crate) mod launch;
+mod softmax;
 mod staged;
 mod tile_product;
 pub(crate) mod tiling;

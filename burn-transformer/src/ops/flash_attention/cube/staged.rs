@@ -20,9 +20,9 @@
 use cubecl::prelude::*;
 
 use super::kernels::{
-    HIDDEN, SCORE_FLOOR, Sizes, cap_derivative, cap_score, key_kept, key_range, kv_head_of,
-    query_heads_of, row_range, structurally_visible,
+    HIDDEN, Sizes, key_kept, key_range, kv_head_of, query_heads_of, row_range, structurally_visible,
 };
+use super::softmax::{finish_row, masked_score, online_max, probability, probability_and_gradient};
 use super::tile_product::{Operand, ProductShape, TileProduct, tile_product};
 use crate::ops::mask::MASKED_ROW_LSE;
 
@@ -72,15 +72,17 @@ impl StagedConfig {
 
 /// A new shared tile of `len` elements.
 #[cube]
-fn shared_tile<E: CubePrimitive>(#[comptime] len: usize) -> Shared<[E]> {
+pub(super) fn shared_tile<E: CubePrimitive>(#[comptime] len: usize) -> Shared<[E]> {
     Shared::<[E]>::new_aligned_slice(len, TILE_ALIGN)
 }
 
 /// Copies rows `first .. first + rows` of one head (`head_row = head · seq`) of a
-/// contiguous `[.., seq, d]` tensor into `tile`, row-major; rows past `seq` repeat
-/// the last row (their results are masked or never written).
+/// contiguous `[.., seq, d]` tensor into `tile`, row-major with `stride ≥ d` elements
+/// a row; rows past `seq` repeat the last row (their results are masked or never
+/// written).
 #[cube]
-fn stage_rows<F: Float>(
+#[allow(clippy::too_many_arguments)]
+pub(super) fn stage_rows<F: Float>(
     source: &Tensor<F>,
     tile: &mut Shared<[F]>,
     head_row: usize,
@@ -88,6 +90,7 @@ fn stage_rows<F: Float>(
     seq: usize,
     #[comptime] rows: usize,
     #[comptime] d: usize,
+    #[comptime] stride: usize,
 ) {
     let mut e = UNIT_POS as usize;
     while e < rows * d {
@@ -96,7 +99,8 @@ fn stage_rows<F: Float>(
         if row >= seq {
             row = seq - 1;
         }
-        tile[e] = source[(head_row + row) * d + e - r * d];
+        let col = e - r * d;
+        tile[r * stride + col] = source[(head_row + row) * d + col];
         e += CUBE_DIM as usize;
     }
 }
@@ -113,7 +117,7 @@ fn zero_tile(tile: &mut Shared<[f32]>, #[comptime] len: usize) {
 
 /// Stores `1` for each of the `block` keys from `first` that is real and unpadded.
 #[cube]
-fn stage_kept_keys<F: Float>(
+pub(super) fn stage_kept_keys<F: Float>(
     key_mask: &Tensor<F>,
     kept: &mut Shared<[u32]>,
     first: usize,
@@ -172,20 +176,26 @@ fn tile_output_gradient_scores<F: Float>(
     tile_product::<F>(do_tile, v_tile, dp, shape, config.product);
 }
 
-/// One entry of the backward: `P = exp(S − LSE)` where visible (0 elsewhere) and
-/// `dS = P ∘ (dP − D) ∘ softcap'`, from the unscaled score `S`.
+/// The keys `[start, end)` that the `rows` query rows from `first_row` may see, cut to
+/// the share of key split `CUBE_POS_Z` (flash-decoding: split `z` takes the keys from
+/// `z·split_keys`; one split covers every key).
 #[cube]
-fn probability_and_gradient(
-    score: f32,
-    dp: f32,
-    lse: f32,
-    delta: f32,
-    visible: bool,
+pub(super) fn split_key_range(
+    first_row: usize,
+    rows: usize,
+    split_keys: u32,
     sizes: &Sizes,
-) -> (f32, f32) {
-    let capped = cap_score(score * sizes.scale, sizes);
-    let p = select(visible, f32::exp(capped - lse), 0.0f32);
-    (p, p * (dp - delta) * cap_derivative(capped, sizes))
+) -> (i32, i32) {
+    let (mut start, mut end) = key_range(first_row, rows, sizes);
+    let split_first = i32::cast_from(CUBE_POS_Z as usize * split_keys as usize);
+    let split_end = split_first + i32::cast_from(split_keys);
+    if split_first > start {
+        start = split_first;
+    }
+    if split_end < end {
+        end = split_end;
+    }
+    (start, end)
 }
 
 /// Forward: `O = softmax(q·kᵀ·scale + mask)·v` and the per-row log-sum-exp.
@@ -225,21 +235,9 @@ pub fn staged_forward<F: Float>(
     let (batch, kv_head) = kv_head_of(head, &sizes);
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
     let first_row = CUBE_POS_X as usize * bq;
-    let visible_keys = key_range(first_row, bq, &sizes);
-    // This split's share of the keys the tile may see.
-    let split = CUBE_POS_Z as usize;
-    let split_first = i32::cast_from(split * split_keys as usize);
-    let split_end = split_first + i32::cast_from(split_keys);
-    let mut kv_start = visible_keys.0;
-    let mut kv_end = visible_keys.1;
-    if split_first > kv_start {
-        kv_start = split_first;
-    }
-    if split_end < kv_end {
-        kv_end = split_end;
-    }
+    let (kv_start, kv_end) = split_key_range(first_row, bq, split_keys, &sizes);
     // Rows of one split's output: every row of every head.
-    let split_row = split * CUBE_COUNT_Y as usize * seq_q;
+    let split_row = CUBE_POS_Z as usize * CUBE_COUNT_Y as usize * seq_q;
 
     let mut q_tile = shared_tile::<F>(bq * d_qk);
     let mut k_tile = shared_tile::<F>(bk * d_qk);
@@ -252,7 +250,16 @@ pub fn staged_forward<F: Float>(
     let mut row_scale = shared_tile::<f32>(bq);
     let mut kept = shared_tile::<u32>(bk);
 
-    stage_rows::<F>(q, &mut q_tile, head * seq_q, first_row, seq_q, bq, d_qk);
+    stage_rows::<F>(
+        q,
+        &mut q_tile,
+        head * seq_q,
+        first_row,
+        seq_q,
+        bq,
+        d_qk,
+        d_qk,
+    );
     zero_tile(&mut acc, bq * d_v);
     let mut r = unit;
     while r < bq {
@@ -264,8 +271,17 @@ pub fn staged_forward<F: Float>(
     let mut start = kv_start;
     while start < kv_end {
         let first = start as usize;
-        stage_rows::<F>(k, &mut k_tile, kv_head * seq_k, first, seq_k, bk, d_qk);
-        stage_rows::<F>(v, &mut v_tile, kv_head * seq_k, first, seq_k, bk, d_v);
+        stage_rows::<F>(
+            k,
+            &mut k_tile,
+            kv_head * seq_k,
+            first,
+            seq_k,
+            bk,
+            d_qk,
+            d_qk,
+        );
+        stage_rows::<F>(v, &mut v_tile, kv_head * seq_k, first, seq_k, bk, d_v, d_v);
         stage_kept_keys::<F>(key_mask, &mut kept, first, batch, &sizes, bk);
         sync_cube();
         // S = Q·Kᵀ
@@ -278,23 +294,18 @@ pub fn staged_forward<F: Float>(
             let pos = i32::cast_from(first_row + r) + shift;
             let mut block_max = f32::new(HIDDEN);
             for t in 0..bk {
-                let mut score = cap_score(scores[r * bk + t] * sizes.scale, &sizes);
-                score = f32::max(score, SCORE_FLOOR);
                 // Keys past `kv_end` belong to the next split (or are hidden anyway).
                 let key = start + t as i32;
                 let visible =
                     kept[t] != 0 && key < kv_end && structurally_visible(pos, key, &sizes);
-                score = select(visible, score, HIDDEN);
+                let score = masked_score(scores[r * bk + t] * sizes.scale, visible, &sizes);
                 scores[r * bk + t] = score;
                 block_max = f32::max(block_max, score);
             }
-            let new_max = f32::max(row_max[r], block_max);
-            // A row that has seen no key yet keeps everything at zero.
-            let live = new_max > HIDDEN;
-            let correction = select(live, f32::exp(row_max[r] - new_max), 1.0f32);
+            let (new_max, correction) = online_max(row_max[r], block_max);
             let mut total = row_sum[r] * correction;
             for t in 0..bk {
-                let p = select(live, f32::exp(scores[r * bk + t] - new_max), 0.0f32);
+                let p = probability(scores[r * bk + t], new_max);
                 probs[r * bk + t] = F::cast_from(p);
                 total += p;
             }
@@ -333,23 +344,7 @@ pub fn staged_forward<F: Float>(
     }
     let mut r = unit;
     while r < bq {
-        let mut total = row_sum[r];
-        let mut max = row_max[r];
-        let mut kept_share = 1.0f32;
-        if sizes.sinks != 0 {
-            let new_max = f32::max(max, sink);
-            kept_share = f32::exp(max - new_max);
-            total = total * kept_share + f32::exp(sink - new_max);
-            max = new_max;
-        }
-        let mut inverse = 0.0f32;
-        // A row that sees nothing: the masked-row marker, or for a split the score
-        // that gives it no weight in the merge.
-        let mut row_lse = select(partial != 0, f32::new(HIDDEN), f32::new(MASKED_ROW_LSE));
-        if total > 0.0f32 {
-            inverse = kept_share / total;
-            row_lse = max + f32::ln(total);
-        }
+        let (inverse, row_lse) = finish_row(row_sum[r], row_max[r], sink, partial, &sizes);
         row_scale[r] = inverse;
         let row = first_row + r;
         if row < seq_q {
@@ -444,7 +439,7 @@ pub fn staged_merge_splits<F: Float>(
 /// whether each row exists.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn stage_row_stats(
+pub(super) fn stage_row_stats(
     stats: &Tensor<f32>,
     row_lse: &mut Shared<[f32]>,
     row_delta: &mut Shared<[f32]>,
@@ -512,7 +507,16 @@ pub fn staged_backward_q<F: Float>(
     let mut row_ok = shared_tile::<u32>(bq);
     let mut kept = shared_tile::<u32>(bk);
 
-    stage_rows::<F>(q, &mut q_tile, head * seq_q, first_row, seq_q, bq, d_qk);
+    stage_rows::<F>(
+        q,
+        &mut q_tile,
+        head * seq_q,
+        first_row,
+        seq_q,
+        bq,
+        d_qk,
+        d_qk,
+    );
     stage_rows::<F>(
         grad_out,
         &mut do_tile,
@@ -520,6 +524,7 @@ pub fn staged_backward_q<F: Float>(
         first_row,
         seq_q,
         bq,
+        d_v,
         d_v,
     );
     stage_row_stats(
@@ -537,8 +542,17 @@ pub fn staged_backward_q<F: Float>(
     let mut start = kv_start;
     while start < kv_end {
         let first = start as usize;
-        stage_rows::<F>(k, &mut k_tile, kv_head * seq_k, first, seq_k, bk, d_qk);
-        stage_rows::<F>(v, &mut v_tile, kv_head * seq_k, first, seq_k, bk, d_v);
+        stage_rows::<F>(
+            k,
+            &mut k_tile,
+            kv_head * seq_k,
+            first,
+            seq_k,
+            bk,
+            d_qk,
+            d_qk,
+        );
+        stage_rows::<F>(v, &mut v_tile, kv_head * seq_k, first, seq_k, bk, d_v, d_v);
         stage_kept_keys::<F>(key_mask, &mut kept, first, batch, &sizes, bk);
         sync_cube();
         // S = Q·Kᵀ and dP = dO·Vᵀ
@@ -553,7 +567,7 @@ pub fn staged_backward_q<F: Float>(
             let pos = i32::cast_from(first_row + t) + shift;
             let visible = kept[j] != 0 && structurally_visible(pos, start + j as i32, &sizes);
             let (_, ds_value) = probability_and_gradient(
-                scores[e],
+                scores[e] * sizes.scale,
                 dp[e],
                 row_lse[t],
                 row_delta[t],
@@ -643,8 +657,26 @@ pub fn staged_backward_kv<F: Float>(
     let mut row_ok = shared_tile::<u32>(bq);
     let mut kept = shared_tile::<u32>(bk);
 
-    stage_rows::<F>(k, &mut k_tile, kv_head * seq_k, first_key, seq_k, bk, d_qk);
-    stage_rows::<F>(v, &mut v_tile, kv_head * seq_k, first_key, seq_k, bk, d_v);
+    stage_rows::<F>(
+        k,
+        &mut k_tile,
+        kv_head * seq_k,
+        first_key,
+        seq_k,
+        bk,
+        d_qk,
+        d_qk,
+    );
+    stage_rows::<F>(
+        v,
+        &mut v_tile,
+        kv_head * seq_k,
+        first_key,
+        seq_k,
+        bk,
+        d_v,
+        d_v,
+    );
     stage_kept_keys::<F>(key_mask, &mut kept, first_key, batch, &sizes, bk);
     zero_tile(&mut dk, bk * d_qk);
     zero_tile(&mut dv, bk * d_v);
@@ -654,8 +686,17 @@ pub fn staged_backward_kv<F: Float>(
         let mut start = row_start;
         while start < row_end {
             let first = start as usize;
-            stage_rows::<F>(q, &mut q_tile, head * seq_q, first, seq_q, bq, d_qk);
-            stage_rows::<F>(grad_out, &mut do_tile, head * seq_q, first, seq_q, bq, d_v);
+            stage_rows::<F>(q, &mut q_tile, head * seq_q, first, seq_q, bq, d_qk, d_qk);
+            stage_rows::<F>(
+                grad_out,
+                &mut do_tile,
+                head * seq_q,
+                first,
+                seq_q,
+                bq,
+                d_v,
+                d_v,
+            );
             stage_row_stats(
                 stats,
                 &mut row_lse,
@@ -681,7 +722,7 @@ pub fn staged_backward_kv<F: Float>(
                 let visible =
                     row_ok[t] != 0 && kept[j] != 0 && structurally_visible(pos, key, &sizes);
                 let (p, ds_value) = probability_and_gradient(
-                    scores[e],
+                    scores[e] * sizes.scale,
                     dp[e],
                     row_lse[t],
                     row_delta[t],

@@ -6,6 +6,8 @@ use burn::tensor::DType;
 use burn_cubecl::{CubeBackend, CubeDevice};
 
 use super::super::{Problem, Unsupported};
+use super::fragment::{FragmentOps, LANES, TILE_K, TILE_M, TILE_N};
+use super::fragments::{FragmentConfig, FragmentTiling};
 use super::staged::StagedConfig;
 use super::tile_product::{FRAGMENT, TileProduct};
 
@@ -365,6 +367,123 @@ pub(crate) fn staged_fits(
     }
 }
 
+/// Planes per cube of the fragment kernels (64 query rows, or keys for dK/dV).
+const FRAGMENT_PLANES: usize = 4;
+/// Keys per staged tile of the fragment forward, largest first: a launch takes the
+/// first whose tiles fit the device's shared memory (64 on GPUs; lavapipe's 32 KiB
+/// take smaller ones at the larger head dims).
+const FRAGMENT_BLOCKS: [usize; 3] = [64, 32, 16];
+/// Rows per streamed tile of the fragment backward (keys for dQ, query rows for
+/// dK/dV): 32 keeps its two score tiles (`S` and `dP`) at 16 registers each beside
+/// the gradients' accumulators.
+const FRAGMENT_BACKWARD_BLOCKS: [usize; 2] = [32, 16];
+/// Largest query/key and value head dims of the fragment forward: a lane holds
+/// `d_qk / 4` registers of `Q` and `d_v / 2` of the output beside its scores, which
+/// beyond these would not fit 255 registers without spilling.
+const FRAGMENT_MAX_D_QK: usize = 192;
+const FRAGMENT_MAX_D_V: usize = 128;
+
+/// Whether the device multiplies m16n8k16 fragments of `dtype` into f32 with
+/// `mma.sync`-style manual MMA and shuffles values within planes of 32 lanes.
+fn has_fragment_mma(properties: &cubecl::ir::DeviceProperties, dtype: DType) -> bool {
+    let elem = match dtype {
+        DType::F16 => cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::F16),
+        DType::BF16 => cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::BF16),
+        _ => return false,
+    };
+    let f32 = cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::F32);
+    let hardware = &properties.hardware;
+    hardware.plane_size_min == LANES as u32
+        && hardware.plane_size_max == LANES as u32
+        && properties
+            .features
+            .plane
+            .contains(cubecl::ir::features::Plane::Ops)
+        && properties.features.matmul.mma.iter().any(|c| {
+            c.a_type == elem
+                && c.b_type == elem
+                && c.cd_type == f32
+                && (c.m, c.n, c.k) == (TILE_M as u32, TILE_N as u32, TILE_K as u32)
+        })
+}
+
+/// The fragment kernels' configurations for `problem` in `dtype` on a device with
+/// `properties`: tensor-core products where the device has them for `dtype`, the
+/// emulated ones on CPU runtimes (where the tests run them), and `None` elsewhere (f32
+/// on GPUs: no tensor-core product keeps f32's precision), for head dims the fragments
+/// do not tile, and for a forward whose tiles do not fit the device. The backward is
+/// planned where its tiles fit too (and the value head dim is a multiple of 16).
+pub(crate) fn plan_fragments(
+    problem: &Problem,
+    dtype: DType,
+    properties: &cubecl::ir::DeviceProperties,
+) -> Option<FragmentTiling> {
+    let hardware = &properties.hardware;
+    let tiles = problem.d_qk.is_multiple_of(TILE_K)
+        && problem.d_v.is_multiple_of(TILE_N)
+        && problem.d_qk <= FRAGMENT_MAX_D_QK
+        && problem.d_v <= FRAGMENT_MAX_D_V;
+    if !tiles {
+        return None;
+    }
+    let ops = if has_fragment_mma(properties, dtype) {
+        FragmentOps::TensorCores
+    } else if is_cpu_runtime(properties) {
+        FragmentOps::Emulated
+    } else {
+        return None;
+    };
+    let max_units = (hardware.max_units_per_cube as usize).min(hardware.max_cube_dim.0 as usize);
+    let elem = dtype.size();
+    let shared = hardware.max_shared_memory_size;
+    let config = |planes: usize, block: usize| FragmentConfig {
+        planes,
+        block,
+        d_qk: problem.d_qk,
+        d_v: problem.d_v,
+        ops,
+    };
+    // The first of `blocks` (rows a tile streams) with `planes` planes whose tiles fit,
+    // no longer than the streamed sequence (a decode step's keys, say) needs.
+    let pick =
+        |planes: usize, blocks: &[usize], seq: usize, bytes: &dyn Fn(&FragmentConfig) -> usize| {
+            blocks
+                .iter()
+                .map(|&block| config(planes, block))
+                .filter(|c| c.block <= seq.next_power_of_two().max(TILE_K))
+                .filter(|c| c.units() <= max_units)
+                .find(|c| bytes(c) <= shared)
+        };
+    let forward = pick(FRAGMENT_PLANES, &FRAGMENT_BLOCKS, problem.seq_k, &|c| {
+        c.forward_bytes(elem)
+    })?;
+    let backward_q = pick(
+        FRAGMENT_PLANES,
+        &FRAGMENT_BACKWARD_BLOCKS,
+        problem.seq_k,
+        &|c| c.forward_bytes(elem),
+    );
+    // dK/dV stages its keys and a tile of query rows: fewer planes (keys per cube)
+    // where the largest do not fit.
+    let backward_kv = [FRAGMENT_PLANES, 2, 1].into_iter().find_map(|planes| {
+        pick(planes, &FRAGMENT_BACKWARD_BLOCKS, problem.seq_q, &|c| {
+            c.backward_kv_bytes(elem)
+        })
+    });
+    let backward = backward_q
+        .zip(backward_kv)
+        .filter(|_| problem.d_v.is_multiple_of(TILE_K));
+    let max_x = hardware.max_cube_count.0 as usize;
+    let mut grids = vec![problem.seq_q.div_ceil(forward.rows())];
+    if let Some((dq, dkdv)) = backward {
+        grids.push(problem.seq_q.div_ceil(dq.rows()));
+        grids.push(problem.seq_k.div_ceil(dkdv.rows()));
+    }
+    let grid_fits = grids.iter().all(|&cubes| cubes <= max_x)
+        && problem.batch * problem.heads <= hardware.max_cube_count.1 as usize;
+    grid_fits.then_some(FragmentTiling { forward, backward })
+}
+
 /// Query rows up to which the staged forward splits the keys across cubes
 /// (flash-decoding).
 const SPLIT_MAX_QUERIES: usize = 16;
@@ -375,13 +494,15 @@ const SPLIT_MIN_TILES: usize = 4;
 const SPLIT_CUBES_PER_PROCESSOR: usize = 2;
 const SPLIT_PROCESSORS_UNKNOWN: usize = 16;
 
-/// Flash-decoding for the staged forward: `(splits, keys per split)`. A short query
-/// sequence (`seq_q ≤ 16`, decoding) over a long cache launches too few cubes to fill
-/// a GPU (one per head); splitting the keys across cubes, each writing its partial
-/// output and log-sum-exp for a merge, fills it. `(1, seq_k)` when no split pays.
+/// Flash-decoding for a forward of `block_q` query rows and `block_k` keys per tile
+/// (staged or fragment kernels): `(splits, keys per split)`. A short query sequence
+/// (`seq_q ≤ 16`, decoding) over a long cache launches too few cubes to fill a GPU
+/// (one per head); splitting the keys across cubes, each writing its partial output
+/// and log-sum-exp for a merge, fills it. `(1, seq_k)` when no split pays.
 pub(crate) fn plan_key_splits(
     problem: &Problem,
-    forward: &StagedConfig,
+    block_q: usize,
+    block_k: usize,
     properties: &cubecl::ir::DeviceProperties,
 ) -> (usize, usize) {
     let unsplit = (1, problem.seq_k);
@@ -392,9 +513,9 @@ pub(crate) fn plan_key_splits(
         .hardware
         .num_streaming_multiprocessors
         .map_or(SPLIT_PROCESSORS_UNKNOWN, |n| n as usize);
-    let cubes = problem.seq_q.div_ceil(forward.block_q) * problem.batch * problem.heads;
+    let cubes = problem.seq_q.div_ceil(block_q) * problem.batch * problem.heads;
     let wanted = (processors * SPLIT_CUBES_PER_PROCESSOR).div_ceil(cubes);
-    let most = problem.seq_k / (SPLIT_MIN_TILES * forward.block_k);
+    let most = problem.seq_k / (SPLIT_MIN_TILES * block_k);
     let splits = wanted
         .min(most)
         .min(properties.hardware.max_cube_count.2 as usize);
@@ -402,9 +523,6 @@ pub(crate) fn plan_key_splits(
         return unsplit;
     }
     // Whole key tiles per split; the last split may be shorter.
-    let split_keys = problem
-        .seq_k
-        .div_ceil(splits)
-        .next_multiple_of(forward.block_k);
+    let split_keys = problem.seq_k.div_ceil(splits).next_multiple_of(block_k);
     (problem.seq_k.div_ceil(split_keys), split_keys)
 }

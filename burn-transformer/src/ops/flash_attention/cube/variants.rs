@@ -19,13 +19,15 @@ use cubecl::prelude::*;
 use cubecl::{CompilationError, define_kernel};
 
 use super::super::{Problem, Unsupported};
+use super::fragment::FragmentOps;
+use super::fragments::{self, FragmentConfig, FragmentTiling};
 use super::kernels::{self, SizesCompilationArg};
 use super::launch::{MERGE_UNITS, PREPASS_UNITS, config};
 use super::staged;
 use super::tile_product::TileProduct;
 use super::tiling::{
     KernelTile, LARGEST_STAGED_BLOCK, STAGED_BLOCK_LIMITS, StagedProduct, StagedTiling, Tiling,
-    plan_staged, plan_tiling,
+    plan_fragments, plan_staged, plan_tiling,
 };
 use crate::ops::mask::MaskRule;
 
@@ -95,23 +97,29 @@ pub enum KernelFamily {
     Staged,
     /// The staged kernels with tensor-core tile products (f16/bf16 only).
     StagedTensorCores,
+    /// The fragment kernels with tensor-core products (f16/bf16 only, see
+    /// `fragments.rs`): forward, dQ and dK/dV; their pre-pass and flash-decoding's merge
+    /// are the staged family's.
+    Fragments,
 }
 
 impl KernelFamily {
     /// Every family, in the order tools list them.
-    pub const ALL: [KernelFamily; 3] = [
+    pub const ALL: [KernelFamily; 4] = [
         KernelFamily::RegisterTile,
         KernelFamily::Staged,
         KernelFamily::StagedTensorCores,
+        KernelFamily::Fragments,
     ];
 
     /// The family's name in tools' output (`register_tile`, `staged`,
-    /// `staged_tensor_cores`).
+    /// `staged_tensor_cores`, `fragments`).
     pub fn name(self) -> &'static str {
         match self {
             Self::RegisterTile => "register_tile",
             Self::Staged => "staged",
             Self::StagedTensorCores => "staged_tensor_cores",
+            Self::Fragments => "fragments",
         }
     }
 }
@@ -217,6 +225,16 @@ pub fn kernel_variants(
                 };
                 match family {
                     KernelFamily::RegisterTile => variants.extend(register_tile(&build)),
+                    KernelFamily::Fragments => {
+                        // Only where the launches take it: tensor cores for the dtype.
+                        let tiling = plan_fragments(&problem, dtype, &properties)
+                            .filter(|tiling| tiling.forward.ops == FragmentOps::TensorCores);
+                        variants.extend(
+                            tiling
+                                .into_iter()
+                                .flat_map(|t| fragment_kernels(&build, &t)),
+                        );
+                    }
                     KernelFamily::Staged | KernelFamily::StagedTensorCores => {
                         let product = match family {
                             KernelFamily::Staged => StagedProduct::Plain,
@@ -439,6 +457,94 @@ fn register_tile(build: &Build<'_>) -> [KernelVariant; 4] {
     );
 
     [forward, prepass, dq, dkdv]
+}
+
+/// The fragment kernels (forward, and dQ and dK/dV where the tiling plans them), built
+/// as `launch.rs` launches them; their pre-pass and flash-decoding's merge are the
+/// staged family's.
+fn fragment_kernels(build: &Build<'_>, tiling: &FragmentTiling) -> Vec<KernelVariant> {
+    let elem = dtype_to_storage_type(build.dtype);
+    let properties = || build.properties.clone();
+    let target = || build.target.clone();
+    let variant = |kernel, config: &FragmentConfig, source: Box<dyn CubeKernel>| KernelVariant {
+        kernel,
+        family: KernelFamily::Fragments,
+        dtype: build.dtype,
+        d_qk: build.problem.d_qk,
+        d_v: build.problem.d_v,
+        units_per_cube: config.units() as u32,
+        vector_size: 1,
+        tile: Some((config.rows(), config.block)),
+        source,
+    };
+
+    let config = tiling.forward;
+    let forward = fragments::fragment_forward::FragmentForward::new(
+        build.settings(config.units() as u32),
+        properties(),
+        target(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        tensor(),
+        sizes(),
+        (),
+        (),
+        config,
+        elem,
+    );
+    let mut kernels = vec![variant(
+        AttentionKernel::Forward,
+        &config,
+        Box::new(forward),
+    )];
+    if let Some((dq_config, kv_config)) = tiling.backward {
+        let dq = fragments::fragment_backward_q::FragmentBackwardQ::new(
+            build.settings(dq_config.units() as u32),
+            properties(),
+            target(),
+            tensor(),
+            tensor(),
+            tensor(),
+            tensor(),
+            tensor(),
+            tensor(),
+            tensor(),
+            sizes(),
+            dq_config,
+            elem,
+        );
+        kernels.push(variant(
+            AttentionKernel::BackwardDq,
+            &dq_config,
+            Box::new(dq),
+        ));
+        let dkdv = fragments::fragment_backward_kv::FragmentBackwardKv::new(
+            build.settings(kv_config.units() as u32),
+            properties(),
+            target(),
+            tensor(),
+            tensor(),
+            tensor(),
+            tensor(),
+            tensor(),
+            tensor(),
+            tensor(),
+            tensor(),
+            sizes(),
+            kv_config,
+            elem,
+        );
+        kernels.push(variant(
+            AttentionKernel::BackwardDkDv,
+            &kv_config,
+            Box::new(dkdv),
+        ));
+    }
+    kernels
 }
 
 /// The staged kernels of `family` (forward, flash-decoding's merge, pre-pass, dQ,
@@ -729,6 +835,59 @@ mod tests {
         }
     }
 
+    /// The fragment kernels' tensor-core variants: f16 and bf16 at the head dims their
+    /// registers take, on a device with m16n8k16 manual MMA; each expands (its
+    /// definition is what CUDA compiles). None without the instruction or in f32.
+    #[test]
+    fn fragment_variants_need_mma_and_half_types() {
+        let plain = kernel_variants(&gpu(), &TargetProperties::default()).unwrap();
+        assert!(plain.iter().all(|v| v.family != KernelFamily::Fragments));
+
+        let mut properties = gpu();
+        properties
+            .features
+            .plane
+            .insert(cubecl::ir::features::Plane::Ops);
+        let f32 = ElemType::Float(FloatKind::F32);
+        for half in [FloatKind::F16, FloatKind::BF16] {
+            properties.features.matmul.mma.insert(MmaConfig {
+                a_type: ElemType::Float(half),
+                b_type: ElemType::Float(half),
+                cd_type: f32,
+                m: 16,
+                n: 8,
+                k: 16,
+            });
+        }
+        let variants = kernel_variants(&properties, &TargetProperties::default()).unwrap();
+        let fragments: Vec<_> = variants
+            .iter()
+            .filter(|v| v.family == KernelFamily::Fragments)
+            .collect();
+        // Forward, dQ and dK/dV at each head dim pair the fragments take.
+        let head_dims = [(64, 64), (128, 128), (192, 128)];
+        assert_eq!(fragments.len(), 2 * head_dims.len() * 3, "{fragments:#?}");
+        for variant in fragments {
+            assert_ne!(variant.dtype, DType::F32);
+            assert!(head_dims.contains(&(variant.d_qk, variant.d_v)));
+            // 64 query rows (keys for dK/dV) by 64 keys in the forward, 32 streamed
+            // rows in the backward, on a GPU's shared memory.
+            let (tile, name) = match variant.kernel {
+                AttentionKernel::Forward => ((64, 64), "fragment_forward"),
+                AttentionKernel::BackwardDq => ((64, 32), "fragment_backward_q"),
+                AttentionKernel::BackwardDkDv => ((64, 32), "fragment_backward_kv"),
+                other => panic!("{other} is not a fragment kernel"),
+            };
+            assert_eq!(variant.tile, Some(tile), "{variant:?}");
+            let definition = variant.define().unwrap();
+            assert!(
+                definition.settings.kernel_name.starts_with(name),
+                "{}",
+                definition.settings.kernel_name
+            );
+        }
+    }
+
     #[test]
     fn definitions_carry_the_launch_shape() {
         let variants = kernel_variants(&gpu(), &TargetProperties::default()).unwrap();
@@ -744,6 +903,9 @@ mod tests {
                 (KernelFamily::RegisterTile, AttentionKernel::Forward) => "flash_forward",
                 (KernelFamily::RegisterTile, AttentionKernel::BackwardDq) => "flash_backward_q",
                 (KernelFamily::RegisterTile, AttentionKernel::BackwardDkDv) => "flash_backward_kv",
+                (KernelFamily::Fragments, AttentionKernel::Forward) => "fragment_forward",
+                (KernelFamily::Fragments, AttentionKernel::BackwardDq) => "fragment_backward_q",
+                (KernelFamily::Fragments, AttentionKernel::BackwardDkDv) => "fragment_backward_kv",
                 (_, AttentionKernel::Forward) => "staged_forward",
                 (_, AttentionKernel::BackwardDq) => "staged_backward_q",
                 (_, AttentionKernel::BackwardDkDv) => "staged_backward_kv",

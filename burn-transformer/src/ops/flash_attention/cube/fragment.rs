@@ -1,0 +1,352 @@
+//! The one matrix product of the fragment kernels: `C += A·B` by one plane on
+//! m16n8k16 fragments held in its lanes' registers, with two implementations.
+//!
+//! A plane of 32 lanes multiplies a 16×16 `A` by a 16×8 `B` into a 16×8 f32 `C`. Each
+//! lane holds 8 elements of `A`, 4 of `B` and 4 of `C` as pairs (`Vector<_, 2>`), laid
+//! out as PTX's `mma.sync.m16n8k16` takes 16-bit inputs. CubeCL states that layout once
+//! (`polyfills::mma`), and every position here is read from it. With lane `l = 4g + t`:
+//! - `C`: pair 0 on row `g`, pair 1 on row `g + 8`, both at columns `2t, 2t + 1`;
+//! - `A`: pairs on rows `g, g + 8, g, g + 8`, at columns `2t, 2t + 1` (pairs 0, 1) and
+//!   `2t + 8, 2t + 9` (pairs 2, 3);
+//! - `B`: pair 0 on rows `2t, 2t + 1`, pair 1 on rows `2t + 8, 2t + 9`, column `g`.
+//!
+//! So the four lanes `4g .. 4g + 3` (a quad) hold whole rows of `C` between them, and
+//! two neighbouring `C` tiles (columns 0–7 and 8–15) hold exactly the elements of one
+//! 16×16 `A` tile: a tile of probabilities becomes the left factor of the next product
+//! without leaving registers, as in FlashAttention-2.
+//!
+//! The kernels also reduce a row's values across its quad ([`quad_max`],
+//! [`quad_sum`]). Both operations have two implementations ([`FragmentOps`]):
+//! - [`FragmentOps::TensorCores`]: the `mma.sync` instruction, through CubeCL's
+//!   manual MMA (f16/bf16 inputs, f32 accumulation), and plane shuffles.
+//! - [`FragmentOps::Emulated`]: the plane's lanes write their fragments (or values) to
+//!   shared memory at their positions and each lane computes its results from there.
+//!   Any device runs it, lavapipe included (in f32 too, and without plane operations,
+//!   which CubeCL does not offer there), so the tests check the fragment loads, the
+//!   positions and the register reuse of the kernels; on a GPU only the instruction
+//!   and the shuffles differ. It synchronizes the cube twice an operation: a
+//!   verification path, never a fast one.
+//!
+//! Every unit of the cube calls an operation at the same point (the emulation
+//! synchronizes the cube, and `mma.sync` and the shuffles need their whole plane).
+
+use cubecl::cmma::MatrixIdent;
+use cubecl::prelude::polyfills::mma;
+use cubecl::prelude::*;
+
+/// Lanes of a plane that share one product.
+pub const LANES: usize = 32;
+/// Rows of `A` and `C`.
+pub const TILE_M: usize = 16;
+/// Columns of `B` and `C`.
+pub const TILE_N: usize = 8;
+/// Columns of `A`, rows of `B`.
+pub const TILE_K: usize = 16;
+/// Pairs of `A` a lane holds.
+pub const A_PAIRS: usize = 4;
+/// Pairs of `B` a lane holds.
+pub const B_PAIRS: usize = 2;
+/// Pairs of `C` a lane holds (pair `p` lies on row `g + 8p`).
+pub const C_PAIRS: usize = 2;
+/// Elements a 32-bit register holds of the 16-bit inputs whose layout the fragments
+/// follow.
+const ELEMS_PER_REGISTER: usize = 2;
+/// Shared f32 elements the emulation uses per plane: `A` then `B` (a quad reduction
+/// uses the first [`LANES`]).
+pub const EMULATION_SCRATCH: usize = TILE_M * TILE_K + TILE_K * TILE_N;
+
+/// Two neighbouring elements of a fragment, as one 32-bit register holds two 16-bit
+/// inputs.
+pub type Pair<E> = Vector<E, Const<2>>;
+
+/// How a plane's fragment operations run: the matrix product and the reductions
+/// across a quad.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FragmentOps {
+    /// `mma.sync.m16n8k16` on tensor cores (f16/bf16), and plane shuffles.
+    TensorCores,
+    /// The same operations through shared memory, on any device (see the module docs).
+    Emulated,
+}
+
+/// The lane of the calling unit within its plane of [`LANES`] (units are numbered
+/// plane by plane).
+#[cube]
+pub fn fragment_lane() -> u32 {
+    UNIT_POS % LANES as u32
+}
+
+/// `(row, column)` of element `i` of `lane`'s `A` fragment.
+#[cube]
+pub fn a_position(lane: u32, i: u32) -> (usize, usize) {
+    let row = mma::row_index(lane, i, ELEMS_PER_REGISTER, MatrixIdent::A);
+    let col = mma::col_index(lane, i, ELEMS_PER_REGISTER, MatrixIdent::A);
+    (row as usize, col as usize)
+}
+
+/// `(row, column)` of element `i` of `lane`'s `B` fragment.
+#[cube]
+pub fn b_position(lane: u32, i: u32) -> (usize, usize) {
+    let row = mma::row_index(lane, i, ELEMS_PER_REGISTER, MatrixIdent::B);
+    let col = mma::col_index(lane, i, ELEMS_PER_REGISTER, MatrixIdent::B);
+    (row as usize, col as usize)
+}
+
+/// `(row, column)` of element `i` of `lane`'s `C` fragment.
+#[cube]
+pub fn c_position(lane: u32, i: u32) -> (usize, usize) {
+    let row = mma::row_index(lane, i, ELEMS_PER_REGISTER, MatrixIdent::Accumulator);
+    let col = mma::col_index(lane, i, ELEMS_PER_REGISTER, MatrixIdent::Accumulator);
+    (row as usize, col as usize)
+}
+
+/// The calling lane's `B` fragment of the 16×8 block at rows `k0`, columns `n0` of a
+/// factor stored in shared memory, `stride` elements a stored row: `B(k, n)` is at
+/// `k·stride + n`, or at `n·stride + k` when `transposed` (a row-major tile read as its
+/// transpose, as `Kᵀ` from a tile of keys).
+#[cube]
+pub fn load_b<F: Float>(
+    tile: &Shared<[F]>,
+    k0: usize,
+    n0: usize,
+    #[comptime] stride: usize,
+    #[comptime] transposed: bool,
+) -> Array<Pair<F>> {
+    let lane = fragment_lane();
+    let mut b = Array::<Pair<F>>::new(B_PAIRS);
+    #[unroll]
+    for p in 0..B_PAIRS {
+        let mut pair = Pair::<F>::empty();
+        #[unroll]
+        for e in 0..2 {
+            let (kk, n) = b_position(lane, (2 * p + e) as u32);
+            let mut offset = (k0 + kk) * stride + n0 + n;
+            if transposed {
+                offset = (n0 + n) * stride + k0 + kk;
+            }
+            pair.insert(e, tile[offset]);
+        }
+        b[p] = pair;
+    }
+    b
+}
+
+/// The calling lane's `A` fragment of the 16×16 block at rows `m0`, columns `k0` of a
+/// factor stored row-major in shared memory, `stride` elements a row.
+#[cube]
+pub fn load_a<F: Float>(
+    tile: &Shared<[F]>,
+    m0: usize,
+    k0: usize,
+    #[comptime] stride: usize,
+) -> Array<Pair<F>> {
+    let lane = fragment_lane();
+    let mut a = Array::<Pair<F>>::new(A_PAIRS);
+    #[unroll]
+    for p in 0..A_PAIRS {
+        let mut pair = Pair::<F>::empty();
+        #[unroll]
+        for e in 0..2 {
+            let (m, kk) = a_position(lane, (2 * p + e) as u32);
+            pair.insert(e, tile[(m0 + m) * stride + k0 + kk]);
+        }
+        a[p] = pair;
+    }
+    a
+}
+
+/// The calling lane's `A` fragments of 16 rows of one head of a contiguous
+/// `[.., seq, d]` tensor in global memory, one per 16 columns (`d / 16` fragments of
+/// [`A_PAIRS`] pairs): rows `first .. first + 16` of the head whose first row is
+/// `head_row`; rows past `seq` repeat the last one (their results are never written).
+/// `unrolled` as the caller's loops (see [`fragment_product`]).
+#[cube]
+pub fn load_rows_as_a<F: Float>(
+    source: &Tensor<F>,
+    head_row: usize,
+    first: usize,
+    seq: usize,
+    #[comptime] d: usize,
+    #[comptime] unrolled: bool,
+) -> Array<Pair<F>> {
+    let lane = fragment_lane();
+    let chunks = comptime!(d / TILE_K);
+    let mut fragments = Array::<Pair<F>>::new(chunks * A_PAIRS);
+    #[unroll(unrolled)]
+    for c in 0..chunks {
+        #[unroll(unrolled)]
+        for p in 0..A_PAIRS {
+            let mut pair = Pair::<F>::empty();
+            #[unroll]
+            for e in 0..2 {
+                let (r, col) = a_position(lane, (2 * p + e) as u32);
+                let mut row = first + r;
+                if row >= seq {
+                    row = seq - 1;
+                }
+                pair.insert(e, source[(head_row + row) * d + c * TILE_K + col]);
+            }
+            fragments[c * A_PAIRS + p] = pair;
+        }
+    }
+    fragments
+}
+
+/// The `A` fragment of a 16×16 block that two neighbouring `C` tiles hold (its columns
+/// 0–7 in pairs `c_at, c_at + 1`, 8–15 in `c_at + 2, c_at + 3`), rounded to `F`: the
+/// register reuse of the module docs, as a tile of probabilities (or of their
+/// gradients) becomes the left factor of the next product.
+#[cube]
+pub fn c_tiles_as_a<F: Float>(c: &Array<Pair<f32>>, c_at: usize) -> Array<Pair<F>> {
+    let mut a = Array::<Pair<F>>::new(A_PAIRS);
+    #[unroll]
+    for p in 0..A_PAIRS {
+        a[p] = Pair::<F>::cast_from(c[c_at + p]);
+    }
+    a
+}
+
+/// `C += A·B` on the plane's fragments: `A` is pairs `a_at .. a_at + 4` of `a`, `B` the
+/// pairs of `b`, `C` pairs `c_at .. c_at + 2` of `c`. `scratch` holds
+/// [`EMULATION_SCRATCH`] elements per plane for the emulation (unused by tensor cores).
+///
+/// With tensor cores the callers' loops are unrolled, so that the offsets are
+/// constants and the fragments stay in registers; the emulation runs in loops (the
+/// shader compiler of CPU runtimes slows down with every barrier in the code).
+#[cube]
+pub fn fragment_product<F: Float>(
+    a: &Array<Pair<F>>,
+    a_at: usize,
+    b: &Array<Pair<F>>,
+    c: &mut Array<Pair<f32>>,
+    c_at: usize,
+    scratch: &mut Shared<[f32]>,
+    #[comptime] ops: FragmentOps,
+) {
+    if comptime!(ops == FragmentOps::TensorCores) {
+        tensor_core_product::<F>(a, a_at, b, c, c_at);
+    } else {
+        emulated_product::<F>(a, a_at, b, c, c_at, scratch);
+    }
+}
+
+/// [`FragmentOps::TensorCores`]'s product: one `mma.sync`.
+#[cube]
+fn tensor_core_product<F: Float>(
+    a: &Array<Pair<F>>,
+    a_at: usize,
+    b: &Array<Pair<F>>,
+    c: &mut Array<Pair<f32>>,
+    c_at: usize,
+) {
+    let definition = cmma::MmaDefinition::<F, F, f32>::new(TILE_M, TILE_N, TILE_K);
+    let mut left = Array::<Pair<F>>::new(A_PAIRS);
+    #[unroll]
+    for p in 0..A_PAIRS {
+        left[p] = a[a_at + p];
+    }
+    let mut sums = Array::<Pair<f32>>::new(C_PAIRS);
+    #[unroll]
+    for p in 0..C_PAIRS {
+        sums[p] = c[c_at + p];
+    }
+    let out = definition.execute(&left, b, &sums);
+    #[unroll]
+    for p in 0..C_PAIRS {
+        c[c_at + p] = out[p];
+    }
+}
+
+/// [`FragmentOps::Emulated`]'s product: the plane's `A` and `B` gathered in shared
+/// memory by position, then each lane's four sums in f32.
+#[cube]
+fn emulated_product<F: Float>(
+    a: &Array<Pair<F>>,
+    a_at: usize,
+    b: &Array<Pair<F>>,
+    c: &mut Array<Pair<f32>>,
+    c_at: usize,
+    scratch: &mut Shared<[f32]>,
+) {
+    let lane = fragment_lane();
+    let base = (UNIT_POS as usize / LANES) * EMULATION_SCRATCH;
+    let b_base = base + TILE_M * TILE_K;
+    #[unroll]
+    for p in 0..A_PAIRS {
+        let pair = a[a_at + p];
+        #[unroll]
+        for e in 0..2 {
+            let (row, col) = a_position(lane, (2 * p + e) as u32);
+            scratch[base + row * TILE_K + col] = f32::cast_from(pair.extract(e));
+        }
+    }
+    #[unroll]
+    for p in 0..B_PAIRS {
+        let pair = b[p];
+        #[unroll]
+        for e in 0..2 {
+            let (row, col) = b_position(lane, (2 * p + e) as u32);
+            scratch[b_base + row * TILE_N + col] = f32::cast_from(pair.extract(e));
+        }
+    }
+    sync_cube();
+    #[unroll]
+    for p in 0..C_PAIRS {
+        let mut pair = c[c_at + p];
+        #[unroll]
+        for e in 0..2 {
+            let (row, col) = c_position(lane, (2 * p + e) as u32);
+            let mut sum = pair.extract(e);
+            for kk in 0..TILE_K {
+                sum += scratch[base + row * TILE_K + kk] * scratch[b_base + kk * TILE_N + col];
+            }
+            pair.insert(e, sum);
+        }
+        c[c_at + p] = pair;
+    }
+    sync_cube();
+}
+
+/// The max of `value` over the calling lane's quad (the four lanes that hold one row
+/// of a `C` fragment between them), on every lane of the quad.
+#[cube]
+pub fn quad_max(value: f32, scratch: &mut Shared<[f32]>, #[comptime] ops: FragmentOps) -> f32 {
+    if comptime!(ops == FragmentOps::TensorCores) {
+        let pairs = f32::max(value, plane_shuffle_xor(value, 1));
+        f32::max(pairs, plane_shuffle_xor(pairs, 2))
+    } else {
+        let (a, b, c, d) = emulated_quad(value, scratch);
+        f32::max(f32::max(a, b), f32::max(c, d))
+    }
+}
+
+/// The sum of `value` over the calling lane's quad, on every lane of the quad, added
+/// in the same order by both implementations: `(l0 + l1) + (l2 + l3)`.
+#[cube]
+pub fn quad_sum(value: f32, scratch: &mut Shared<[f32]>, #[comptime] ops: FragmentOps) -> f32 {
+    if comptime!(ops == FragmentOps::TensorCores) {
+        let pairs = value + plane_shuffle_xor(value, 1);
+        pairs + plane_shuffle_xor(pairs, 2)
+    } else {
+        let (a, b, c, d) = emulated_quad(value, scratch);
+        (a + b) + (c + d)
+    }
+}
+
+/// The values of the calling lane's quad, in lane order, through shared memory.
+#[cube]
+fn emulated_quad(value: f32, scratch: &mut Shared<[f32]>) -> (f32, f32, f32, f32) {
+    let lane = fragment_lane() as usize;
+    let base = (UNIT_POS as usize / LANES) * EMULATION_SCRATCH;
+    scratch[base + lane] = value;
+    sync_cube();
+    let first = base + lane - lane % 4;
+    let values = (
+        scratch[first],
+        scratch[first + 1],
+        scratch[first + 2],
+        scratch[first + 3],
+    );
+    sync_cube();
+    values
+}

@@ -1,0 +1,827 @@
+//! The fragment kernels: FlashAttention-2 with the scores, the output and the
+//! gradients in registers, as the fragments of a plane's matrix products
+//! ([`fragment_product`]: tensor cores on GPUs, an emulation elsewhere).
+//!
+//! Forward: a cube of `planes` planes owns `16·planes` query rows of one head, and
+//! each plane 16 of them. Per tile of `block` keys, the cube stages `K` and `V` in
+//! shared memory; each plane then computes its rows' scores `S = Q·Kᵀ` (its `Q`
+//! fragments stay in registers from the start), masks them, runs the online softmax on
+//! them where they lie (the four lanes of a quad hold a row between them, so a row's
+//! max is two shuffles on a GPU), and adds `P·V` to its output accumulator, `P` going
+//! from the scores' registers straight into the product's left factor. Shared memory
+//! holds only the staged tiles; nothing of `S`, `P` or `O` goes through it.
+//!
+//! Backward (after the pre-pass that writes `(LSE, D)` per query row):
+//! - dQ: the forward's walk, with `dP = dO·Vᵀ` beside `S` and `dQ += dS·K`;
+//! - dK/dV: each plane owns 16 keys and computes the transposed `Sᵀ = K·Qᵀ` and
+//!   `dPᵀ = V·dOᵀ`, so that `Pᵀ` and `dSᵀ` are the left factors of `dV += Pᵀ·dO` and
+//!   `dK += dSᵀ·Q` in registers (FlashAttention-2's order). Each key's gradients are
+//!   summed by one plane in a fixed order: no atomics, deterministic.
+//!
+//! The masks, soft-cap, sinks, flash-decoding's key splits (`partial` outputs for
+//! [`staged_merge_splits`](super::staged::staged_merge_splits)) and the hidden-score
+//! conventions are the other families', through the same helpers (`softmax.rs`); the
+//! parity grid checks every family against the oracle. `P` and `dS` are rounded to the
+//! input type before their products, as in the staged kernels.
+
+use cubecl::prelude::*;
+
+use super::fragment::{
+    A_PAIRS, C_PAIRS, EMULATION_SCRATCH, FragmentOps, LANES, Pair, TILE_K, TILE_M, TILE_N,
+    c_position, c_tiles_as_a, fragment_lane, fragment_product, load_a, load_b, load_rows_as_a,
+    quad_max, quad_sum,
+};
+use super::kernels::{
+    HIDDEN, Sizes, key_range, kv_head_of, query_heads_of, row_range, structurally_visible,
+};
+use super::softmax::{finish_row, masked_score, online_max, probability, probability_and_gradient};
+use super::staged::{shared_tile, split_key_range, stage_kept_keys, stage_row_stats, stage_rows};
+
+/// Elements that pad each row of the staged `K` and `V` tiles: 16 bytes of f16/bf16,
+/// so that the 8 rows one fragment load reads from start 4 banks apart and its 32
+/// lanes hit 32 different banks.
+pub const ROW_PAD: usize = 8;
+
+/// Compile-time shape of one fragment launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FragmentConfig {
+    /// Planes per cube, each owning 16 rows: query rows (forward, dQ) or keys (dK/dV).
+    pub planes: usize,
+    /// Rows per staged tile the cube walks (a multiple of 16): keys (forward, dQ) or
+    /// query rows (dK/dV).
+    pub block: usize,
+    /// Query/key head dim (a multiple of 16).
+    pub d_qk: usize,
+    /// Value head dim (a multiple of 8; of 16 for the backward).
+    pub d_v: usize,
+    /// How the fragment products and quad reductions run.
+    pub ops: FragmentOps,
+}
+
+impl FragmentConfig {
+    /// Rows a cube owns.
+    pub fn rows(&self) -> usize {
+        TILE_M * self.planes
+    }
+
+    /// Units per cube.
+    pub fn units(&self) -> usize {
+        LANES * self.planes
+    }
+
+    /// Elements per staged row of `Q` or `K`.
+    pub fn qk_stride(&self) -> usize {
+        self.d_qk + ROW_PAD
+    }
+
+    /// Elements per staged row of `V` or `dO`.
+    pub fn v_stride(&self) -> usize {
+        self.d_v + ROW_PAD
+    }
+
+    /// Shared f32 elements of the emulated operations.
+    fn emulation(&self) -> usize {
+        match self.ops {
+            FragmentOps::Emulated => self.planes * EMULATION_SCRATCH,
+            FragmentOps::TensorCores => 0,
+        }
+    }
+
+    /// Shared-memory bytes of the forward (and of the dQ kernel, which stages the same
+    /// tiles) for inputs of `elem` bytes.
+    pub fn forward_bytes(&self, elem: usize) -> usize {
+        elem * self.block * (self.qk_stride() + self.v_stride())
+            + 4 * (self.block + self.emulation())
+    }
+
+    /// Shared-memory bytes of the dK/dV kernel.
+    pub fn backward_kv_bytes(&self, elem: usize) -> usize {
+        elem * (self.rows() + self.block) * (self.qk_stride() + self.v_stride())
+            + 4 * (self.rows() + 3 * self.block + self.emulation())
+    }
+}
+
+/// The fragment kernels' configurations for one problem on one device: the forward,
+/// and the backward's dQ and dK/dV kernels where their tiles fit (else the staged
+/// backward runs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FragmentTiling {
+    /// The forward kernel.
+    pub forward: FragmentConfig,
+    /// The dQ and dK/dV kernels.
+    pub backward: Option<(FragmentConfig, FragmentConfig)>,
+}
+
+/// A shared scratch of `len` f32 elements for the emulated operations (one element
+/// where they do not run).
+#[cube]
+fn emulation_scratch(#[comptime] len: usize) -> Shared<[f32]> {
+    shared_tile::<f32>(comptime!(len.max(1)))
+}
+
+/// Forward: `O = softmax(q·kᵀ·scale + mask)·v` and the per-row log-sum-exp, as
+/// [`staged_forward`](super::staged::staged_forward) computes them (same arguments,
+/// same outputs, same key splits).
+///
+/// Cube `(x, y, z)`: query rows `x·16·planes ..` of head `y` (flattened
+/// `batch·heads`), over the keys of split `z`, `config.block` keys a tile.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub fn fragment_forward<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    key_mask: &Tensor<F>,
+    sinks: &Tensor<f32>,
+    out: &mut Tensor<F>,
+    lse: &mut Tensor<f32>,
+    sizes: Sizes,
+    split_keys: u32,
+    partial: u32,
+    #[comptime] config: FragmentConfig,
+    #[define(F)] _dtype: ElemType,
+) {
+    let block_q = comptime!(config.rows());
+    let bk = config.block;
+    let d_qk = config.d_qk;
+    let d_v = config.d_v;
+    let k_stride = comptime!(config.qk_stride());
+    let v_stride = comptime!(config.v_stride());
+    // Fragments along each product: Q's column chunks, score tiles, key chunks of
+    // P·V, output tiles.
+    let q_chunks = comptime!(d_qk / TILE_K);
+    let score_tiles = comptime!(bk / TILE_N);
+    let key_chunks = comptime!(bk / TILE_K);
+    let out_tiles = comptime!(d_v / TILE_N);
+    let ops = config.ops;
+    // Unrolled with tensor cores (constant indices keep the fragments in registers),
+    // loops in the emulation (see `fragment_product`).
+    let unrolled = comptime!(ops == FragmentOps::TensorCores);
+
+    let seq_q = sizes.seq_q as usize;
+    let seq_k = sizes.seq_k as usize;
+    let heads = sizes.heads as usize;
+    let lane = fragment_lane();
+    let plane = UNIT_POS as usize / LANES;
+    let head = CUBE_POS_Y as usize;
+    let (batch, kv_head) = kv_head_of(head, &sizes);
+    let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
+    let first_row = CUBE_POS_X as usize * block_q;
+    let (kv_start, kv_end) = split_key_range(first_row, block_q, split_keys, &sizes);
+    // Rows of one split's output: every row of every head.
+    let split_row = CUBE_POS_Z as usize * CUBE_COUNT_Y as usize * seq_q;
+    let plane_row = first_row + plane * TILE_M;
+
+    let mut k_tile = shared_tile::<F>(bk * k_stride);
+    let mut v_tile = shared_tile::<F>(bk * v_stride);
+    let mut kept = shared_tile::<u32>(bk);
+    let mut scratch = emulation_scratch(comptime!(config.emulation()));
+
+    // The plane's Q rows as A fragments, one per 16 columns: loaded once, kept in
+    // registers.
+    let q_fragments = load_rows_as_a::<F>(q, head * seq_q, plane_row, seq_q, d_qk, unrolled);
+
+    // The output accumulator (C fragments, one per 8 value columns) and the running
+    // max and this lane's share of the sum of the lane's two rows (pair 0's and
+    // pair 1's).
+    let mut acc = Array::<Pair<f32>>::new(out_tiles * C_PAIRS);
+    #[unroll(unrolled)]
+    for i in 0..out_tiles * C_PAIRS {
+        acc[i] = Pair::<f32>::new(0.0f32);
+    }
+    let mut row_max = Array::<f32>::new(C_PAIRS);
+    let mut row_sum = Array::<f32>::new(C_PAIRS);
+    #[unroll(unrolled)]
+    for p in 0..C_PAIRS {
+        row_max[p] = f32::new(HIDDEN);
+        row_sum[p] = 0.0f32;
+    }
+
+    let mut start = kv_start;
+    while start < kv_end {
+        let first = start as usize;
+        stage_rows::<F>(
+            k,
+            &mut k_tile,
+            kv_head * seq_k,
+            first,
+            seq_k,
+            bk,
+            d_qk,
+            k_stride,
+        );
+        stage_rows::<F>(
+            v,
+            &mut v_tile,
+            kv_head * seq_k,
+            first,
+            seq_k,
+            bk,
+            d_v,
+            v_stride,
+        );
+        stage_kept_keys::<F>(key_mask, &mut kept, first, batch, &sizes, bk);
+        sync_cube();
+
+        // S = Q·Kᵀ, one C fragment per 8 keys.
+        let mut scores = Array::<Pair<f32>>::new(score_tiles * C_PAIRS);
+        #[unroll(unrolled)]
+        for j in 0..score_tiles {
+            #[unroll(unrolled)]
+            for p in 0..C_PAIRS {
+                scores[j * C_PAIRS + p] = Pair::<f32>::new(0.0f32);
+            }
+            #[unroll(unrolled)]
+            for c in 0..q_chunks {
+                let key_fragment = load_b::<F>(&k_tile, c * TILE_K, j * TILE_N, k_stride, true);
+                fragment_product::<F>(
+                    &q_fragments,
+                    c * A_PAIRS,
+                    &key_fragment,
+                    &mut scores,
+                    j * C_PAIRS,
+                    &mut scratch,
+                    ops,
+                );
+            }
+        }
+
+        // Masked scores and each row's max over the block.
+        let mut block_max = Array::<f32>::new(C_PAIRS);
+        #[unroll(unrolled)]
+        for p in 0..C_PAIRS {
+            block_max[p] = f32::new(HIDDEN);
+        }
+        #[unroll(unrolled)]
+        for j in 0..score_tiles {
+            #[unroll(unrolled)]
+            for p in 0..C_PAIRS {
+                let mut pair = scores[j * C_PAIRS + p];
+                #[unroll]
+                for e in 0..2 {
+                    let (r, col) = c_position(lane, (2 * p + e) as u32);
+                    let t = j * TILE_N + col;
+                    let pos = i32::cast_from(plane_row + r) + shift;
+                    // Keys past `kv_end` belong to the next split (or are hidden anyway).
+                    let key = start + t as i32;
+                    let visible =
+                        kept[t] != 0 && key < kv_end && structurally_visible(pos, key, &sizes);
+                    let score = masked_score(pair.extract(e) * sizes.scale, visible, &sizes);
+                    pair.insert(e, score);
+                    block_max[p] = f32::max(block_max[p], score);
+                }
+                scores[j * C_PAIRS + p] = pair;
+            }
+        }
+        // The online softmax per row: the quad's max, the rescaling of what the lane
+        // summed and accumulated so far, and P in place of the scores.
+        #[unroll(unrolled)]
+        for p in 0..C_PAIRS {
+            let max = quad_max(block_max[p], &mut scratch, ops);
+            let (new_max, correction) = online_max(row_max[p], max);
+            row_max[p] = new_max;
+            row_sum[p] *= correction;
+            let factor = Pair::<f32>::new(correction);
+            #[unroll(unrolled)]
+            for n in 0..out_tiles {
+                acc[n * C_PAIRS + p] *= factor;
+            }
+            #[unroll(unrolled)]
+            for j in 0..score_tiles {
+                let mut pair = scores[j * C_PAIRS + p];
+                #[unroll]
+                for e in 0..2usize {
+                    let prob = probability(pair.extract(e), new_max);
+                    pair.insert(e, prob);
+                    row_sum[p] += prob;
+                }
+                scores[j * C_PAIRS + p] = pair;
+            }
+        }
+
+        // O += P·V, 16 keys at a time: score tiles 2c and 2c + 1 are the A fragment
+        // of keys 16c .. 16c + 15 (see `fragment.rs`).
+        #[unroll(unrolled)]
+        for c in 0..key_chunks {
+            let probs = c_tiles_as_a::<F>(&scores, 2 * c * C_PAIRS);
+            #[unroll(unrolled)]
+            for n in 0..out_tiles {
+                let value_fragment = load_b::<F>(&v_tile, c * TILE_K, n * TILE_N, v_stride, false);
+                fragment_product::<F>(
+                    &probs,
+                    0,
+                    &value_fragment,
+                    &mut acc,
+                    n * C_PAIRS,
+                    &mut scratch,
+                    ops,
+                );
+            }
+        }
+        sync_cube();
+        start += bk as i32;
+    }
+
+    let mut sink = f32::new(HIDDEN);
+    if sizes.sinks != 0 {
+        sink = sinks[head % heads];
+    }
+    #[unroll(unrolled)]
+    for p in 0..C_PAIRS {
+        // The row's sum: the quad's shares.
+        let total = quad_sum(row_sum[p], &mut scratch, ops);
+        let (inverse, row_lse) = finish_row(total, row_max[p], sink, partial, &sizes);
+        let (r, _) = c_position(lane, (2 * p) as u32);
+        let row = plane_row + r;
+        if row < seq_q {
+            if lane.is_multiple_of(4) {
+                lse[split_row + head * seq_q + row] = row_lse;
+            }
+            #[unroll(unrolled)]
+            for n in 0..out_tiles {
+                let pair = acc[n * C_PAIRS + p];
+                #[unroll]
+                for e in 0..2 {
+                    let (_, col) = c_position(lane, (2 * p + e) as u32);
+                    out[(split_row + head * seq_q + row) * d_v + n * TILE_N + col] =
+                        F::cast_from(pair.extract(e) * inverse);
+                }
+            }
+        }
+    }
+}
+
+/// Backward for queries: `dQ = scale·dS·K`, walking keys like the forward, with `Q`,
+/// `dO`, the scores `S = Q·Kᵀ`, `dP = dO·Vᵀ` and the accumulator `dQ` in registers;
+/// `dS` passes from the registers of `dP` into the left factor of `dS·K`.
+///
+/// Cube `(x, y)`: query rows `x·16·planes ..` of head `y` (flattened `batch·heads`),
+/// `config.block` keys a tile.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub fn fragment_backward_q<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    grad_out: &Tensor<F>,
+    stats: &Tensor<f32>,
+    key_mask: &Tensor<F>,
+    grad_q: &mut Tensor<F>,
+    sizes: Sizes,
+    #[comptime] config: FragmentConfig,
+    #[define(F)] _dtype: ElemType,
+) {
+    let block_q = comptime!(config.rows());
+    let bk = config.block;
+    let d_qk = config.d_qk;
+    let d_v = config.d_v;
+    let k_stride = comptime!(config.qk_stride());
+    let v_stride = comptime!(config.v_stride());
+    let q_chunks = comptime!(d_qk / TILE_K);
+    let v_chunks = comptime!(d_v / TILE_K);
+    let score_tiles = comptime!(bk / TILE_N);
+    let key_chunks = comptime!(bk / TILE_K);
+    let grad_tiles = comptime!(d_qk / TILE_N);
+    let ops = config.ops;
+    let unrolled = comptime!(ops == FragmentOps::TensorCores);
+
+    let seq_q = sizes.seq_q as usize;
+    let seq_k = sizes.seq_k as usize;
+    let lane = fragment_lane();
+    let plane = UNIT_POS as usize / LANES;
+    let head = CUBE_POS_Y as usize;
+    let (batch, kv_head) = kv_head_of(head, &sizes);
+    let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
+    let first_row = CUBE_POS_X as usize * block_q;
+    let (kv_start, kv_end) = key_range(first_row, block_q, &sizes);
+    let plane_row = first_row + plane * TILE_M;
+
+    let mut k_tile = shared_tile::<F>(bk * k_stride);
+    let mut v_tile = shared_tile::<F>(bk * v_stride);
+    let mut kept = shared_tile::<u32>(bk);
+    let mut scratch = emulation_scratch(comptime!(config.emulation()));
+
+    let q_fragments = load_rows_as_a::<F>(q, head * seq_q, plane_row, seq_q, d_qk, unrolled);
+    let do_fragments = load_rows_as_a::<F>(grad_out, head * seq_q, plane_row, seq_q, d_v, unrolled);
+    // (LSE, D) of the lane's two rows (pair 0's and pair 1's).
+    let mut row_lse = Array::<f32>::new(C_PAIRS);
+    let mut row_delta = Array::<f32>::new(C_PAIRS);
+    #[unroll(unrolled)]
+    for p in 0..C_PAIRS {
+        let (r, _) = c_position(lane, (2 * p) as u32);
+        let mut row = plane_row + r;
+        if row >= seq_q {
+            row = seq_q - 1;
+        }
+        row_lse[p] = stats[(head * seq_q + row) * 2];
+        row_delta[p] = stats[(head * seq_q + row) * 2 + 1];
+    }
+    let mut grad = Array::<Pair<f32>>::new(grad_tiles * C_PAIRS);
+    #[unroll(unrolled)]
+    for i in 0..grad_tiles * C_PAIRS {
+        grad[i] = Pair::<f32>::new(0.0f32);
+    }
+
+    let mut start = kv_start;
+    while start < kv_end {
+        let first = start as usize;
+        stage_rows::<F>(
+            k,
+            &mut k_tile,
+            kv_head * seq_k,
+            first,
+            seq_k,
+            bk,
+            d_qk,
+            k_stride,
+        );
+        stage_rows::<F>(
+            v,
+            &mut v_tile,
+            kv_head * seq_k,
+            first,
+            seq_k,
+            bk,
+            d_v,
+            v_stride,
+        );
+        stage_kept_keys::<F>(key_mask, &mut kept, first, batch, &sizes, bk);
+        sync_cube();
+
+        // S = Q·Kᵀ and dP = dO·Vᵀ, one C fragment each per 8 keys.
+        let mut scores = Array::<Pair<f32>>::new(score_tiles * C_PAIRS);
+        let mut grads = Array::<Pair<f32>>::new(score_tiles * C_PAIRS);
+        #[unroll(unrolled)]
+        for j in 0..score_tiles {
+            #[unroll(unrolled)]
+            for p in 0..C_PAIRS {
+                scores[j * C_PAIRS + p] = Pair::<f32>::new(0.0f32);
+                grads[j * C_PAIRS + p] = Pair::<f32>::new(0.0f32);
+            }
+            #[unroll(unrolled)]
+            for c in 0..q_chunks {
+                let key_fragment = load_b::<F>(&k_tile, c * TILE_K, j * TILE_N, k_stride, true);
+                fragment_product::<F>(
+                    &q_fragments,
+                    c * A_PAIRS,
+                    &key_fragment,
+                    &mut scores,
+                    j * C_PAIRS,
+                    &mut scratch,
+                    ops,
+                );
+            }
+            #[unroll(unrolled)]
+            for c in 0..v_chunks {
+                let value_fragment = load_b::<F>(&v_tile, c * TILE_K, j * TILE_N, v_stride, true);
+                fragment_product::<F>(
+                    &do_fragments,
+                    c * A_PAIRS,
+                    &value_fragment,
+                    &mut grads,
+                    j * C_PAIRS,
+                    &mut scratch,
+                    ops,
+                );
+            }
+        }
+        // dS = P ∘ (dP − D) ∘ softcap', in place of dP.
+        #[unroll(unrolled)]
+        for j in 0..score_tiles {
+            #[unroll(unrolled)]
+            for p in 0..C_PAIRS {
+                let score = scores[j * C_PAIRS + p];
+                let mut pair = grads[j * C_PAIRS + p];
+                #[unroll]
+                for e in 0..2usize {
+                    let (r, col) = c_position(lane, (2 * p + e) as u32);
+                    let t = j * TILE_N + col;
+                    let pos = i32::cast_from(plane_row + r) + shift;
+                    let visible =
+                        kept[t] != 0 && structurally_visible(pos, start + t as i32, &sizes);
+                    let (_, ds) = probability_and_gradient(
+                        score.extract(e) * sizes.scale,
+                        pair.extract(e),
+                        row_lse[p],
+                        row_delta[p],
+                        visible,
+                        &sizes,
+                    );
+                    pair.insert(e, ds);
+                }
+                grads[j * C_PAIRS + p] = pair;
+            }
+        }
+        // dQ += dS·K, 16 keys at a time (scaled at the end).
+        #[unroll(unrolled)]
+        for c in 0..key_chunks {
+            let ds = c_tiles_as_a::<F>(&grads, 2 * c * C_PAIRS);
+            #[unroll(unrolled)]
+            for n in 0..grad_tiles {
+                let key_fragment = load_b::<F>(&k_tile, c * TILE_K, n * TILE_N, k_stride, false);
+                fragment_product::<F>(
+                    &ds,
+                    0,
+                    &key_fragment,
+                    &mut grad,
+                    n * C_PAIRS,
+                    &mut scratch,
+                    ops,
+                );
+            }
+        }
+        sync_cube();
+        start += bk as i32;
+    }
+
+    #[unroll(unrolled)]
+    for p in 0..C_PAIRS {
+        let (r, _) = c_position(lane, (2 * p) as u32);
+        let row = plane_row + r;
+        if row < seq_q {
+            #[unroll(unrolled)]
+            for n in 0..grad_tiles {
+                let pair = grad[n * C_PAIRS + p];
+                #[unroll]
+                for e in 0..2usize {
+                    let (_, col) = c_position(lane, (2 * p + e) as u32);
+                    grad_q[(head * seq_q + row) * d_qk + n * TILE_N + col] =
+                        F::cast_from(pair.extract(e) * sizes.scale);
+                }
+            }
+        }
+    }
+}
+
+/// Backward for keys and values: `dV = Pᵀ·dO`, `dK = scale·dSᵀ·Q`. Each plane owns 16
+/// keys and computes the transposed scores `Sᵀ = K·Qᵀ` and `dPᵀ = V·dOᵀ`, so that `Pᵀ`
+/// and `dSᵀ` pass from their registers into the left factors of `Pᵀ·dO` and `dSᵀ·Q`
+/// (FlashAttention-2's order); `dK` and `dV` stay in registers, `K` and `V` in shared
+/// memory. Each key's gradient is summed by its own plane in a fixed order: no
+/// atomics, deterministic.
+///
+/// Cube `(x, y)`: keys `x·16·planes ..` of key/value head `y` (flattened
+/// `batch·kv_heads`), walking every query head of its group, `config.block` query
+/// rows a tile.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub fn fragment_backward_kv<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    grad_out: &Tensor<F>,
+    stats: &Tensor<f32>,
+    key_mask: &Tensor<F>,
+    grad_k: &mut Tensor<F>,
+    grad_v: &mut Tensor<F>,
+    sizes: Sizes,
+    #[comptime] config: FragmentConfig,
+    #[define(F)] _dtype: ElemType,
+) {
+    let block_k = comptime!(config.rows());
+    let bq = config.block;
+    let d_qk = config.d_qk;
+    let d_v = config.d_v;
+    let qk_stride = comptime!(config.qk_stride());
+    let v_stride = comptime!(config.v_stride());
+    let qk_chunks = comptime!(d_qk / TILE_K);
+    let v_chunks = comptime!(d_v / TILE_K);
+    let query_tiles = comptime!(bq / TILE_N);
+    let query_chunks = comptime!(bq / TILE_K);
+    let key_grad_tiles = comptime!(d_qk / TILE_N);
+    let value_grad_tiles = comptime!(d_v / TILE_N);
+    let ops = config.ops;
+    let unrolled = comptime!(ops == FragmentOps::TensorCores);
+
+    let seq_q = sizes.seq_q as usize;
+    let seq_k = sizes.seq_k as usize;
+    let group = sizes.group as usize;
+    let lane = fragment_lane();
+    let plane = UNIT_POS as usize / LANES;
+    let kv_head = CUBE_POS_Y as usize;
+    let (batch, first_head) = query_heads_of(kv_head, &sizes);
+    let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
+    let first_key = CUBE_POS_X as usize * block_k;
+    let (row_start, row_end) = row_range(first_key, block_k, &sizes);
+    // The plane's keys: rows `plane_key ..` of the staged tiles.
+    let plane_key = plane * TILE_M;
+
+    let mut k_tile = shared_tile::<F>(block_k * qk_stride);
+    let mut v_tile = shared_tile::<F>(block_k * v_stride);
+    let mut q_tile = shared_tile::<F>(bq * qk_stride);
+    let mut do_tile = shared_tile::<F>(bq * v_stride);
+    let mut kept = shared_tile::<u32>(block_k);
+    let mut row_lse = shared_tile::<f32>(bq);
+    let mut row_delta = shared_tile::<f32>(bq);
+    let mut row_ok = shared_tile::<u32>(bq);
+    let mut scratch = emulation_scratch(comptime!(config.emulation()));
+
+    stage_rows::<F>(
+        k,
+        &mut k_tile,
+        kv_head * seq_k,
+        first_key,
+        seq_k,
+        block_k,
+        d_qk,
+        qk_stride,
+    );
+    stage_rows::<F>(
+        v,
+        &mut v_tile,
+        kv_head * seq_k,
+        first_key,
+        seq_k,
+        block_k,
+        d_v,
+        v_stride,
+    );
+    stage_kept_keys::<F>(key_mask, &mut kept, first_key, batch, &sizes, block_k);
+    let mut grad_key = Array::<Pair<f32>>::new(key_grad_tiles * C_PAIRS);
+    #[unroll(unrolled)]
+    for i in 0..key_grad_tiles * C_PAIRS {
+        grad_key[i] = Pair::<f32>::new(0.0f32);
+    }
+    let mut grad_value = Array::<Pair<f32>>::new(value_grad_tiles * C_PAIRS);
+    #[unroll(unrolled)]
+    for i in 0..value_grad_tiles * C_PAIRS {
+        grad_value[i] = Pair::<f32>::new(0.0f32);
+    }
+
+    for g in 0..group {
+        let head = first_head + g;
+        let mut start = row_start;
+        while start < row_end {
+            let first = start as usize;
+            stage_rows::<F>(
+                q,
+                &mut q_tile,
+                head * seq_q,
+                first,
+                seq_q,
+                bq,
+                d_qk,
+                qk_stride,
+            );
+            stage_rows::<F>(
+                grad_out,
+                &mut do_tile,
+                head * seq_q,
+                first,
+                seq_q,
+                bq,
+                d_v,
+                v_stride,
+            );
+            stage_row_stats(
+                stats,
+                &mut row_lse,
+                &mut row_delta,
+                &mut row_ok,
+                head,
+                first,
+                seq_q,
+                bq,
+            );
+            sync_cube();
+
+            // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, one C fragment each per 8 query rows.
+            let mut scores = Array::<Pair<f32>>::new(query_tiles * C_PAIRS);
+            let mut grads = Array::<Pair<f32>>::new(query_tiles * C_PAIRS);
+            #[unroll(unrolled)]
+            for i in 0..query_tiles * C_PAIRS {
+                scores[i] = Pair::<f32>::new(0.0f32);
+                grads[i] = Pair::<f32>::new(0.0f32);
+            }
+            #[unroll(unrolled)]
+            for c in 0..qk_chunks {
+                let keys = load_a::<F>(&k_tile, plane_key, c * TILE_K, qk_stride);
+                #[unroll(unrolled)]
+                for j in 0..query_tiles {
+                    let queries = load_b::<F>(&q_tile, c * TILE_K, j * TILE_N, qk_stride, true);
+                    fragment_product::<F>(
+                        &keys,
+                        0,
+                        &queries,
+                        &mut scores,
+                        j * C_PAIRS,
+                        &mut scratch,
+                        ops,
+                    );
+                }
+            }
+            #[unroll(unrolled)]
+            for c in 0..v_chunks {
+                let values = load_a::<F>(&v_tile, plane_key, c * TILE_K, v_stride);
+                #[unroll(unrolled)]
+                for j in 0..query_tiles {
+                    let output_grads =
+                        load_b::<F>(&do_tile, c * TILE_K, j * TILE_N, v_stride, true);
+                    fragment_product::<F>(
+                        &values,
+                        0,
+                        &output_grads,
+                        &mut grads,
+                        j * C_PAIRS,
+                        &mut scratch,
+                        ops,
+                    );
+                }
+            }
+            // Pᵀ in place of Sᵀ, dSᵀ in place of dPᵀ.
+            #[unroll(unrolled)]
+            for j in 0..query_tiles {
+                #[unroll(unrolled)]
+                for p in 0..C_PAIRS {
+                    let mut score = scores[j * C_PAIRS + p];
+                    let mut pair = grads[j * C_PAIRS + p];
+                    #[unroll]
+                    for e in 0..2usize {
+                        let (r, col) = c_position(lane, (2 * p + e) as u32);
+                        let t = j * TILE_N + col;
+                        let key = i32::cast_from(first_key + plane_key + r);
+                        let pos = start + t as i32 + shift;
+                        let visible = row_ok[t] != 0
+                            && kept[plane_key + r] != 0
+                            && structurally_visible(pos, key, &sizes);
+                        let (prob, ds) = probability_and_gradient(
+                            score.extract(e) * sizes.scale,
+                            pair.extract(e),
+                            row_lse[t],
+                            row_delta[t],
+                            visible,
+                            &sizes,
+                        );
+                        score.insert(e, prob);
+                        pair.insert(e, ds);
+                    }
+                    scores[j * C_PAIRS + p] = score;
+                    grads[j * C_PAIRS + p] = pair;
+                }
+            }
+            // dV += Pᵀ·dO and dK += dSᵀ·Q, 16 query rows at a time (dK scaled at the end).
+            #[unroll(unrolled)]
+            for c in 0..query_chunks {
+                let probs = c_tiles_as_a::<F>(&scores, 2 * c * C_PAIRS);
+                #[unroll(unrolled)]
+                for n in 0..value_grad_tiles {
+                    let output_grads =
+                        load_b::<F>(&do_tile, c * TILE_K, n * TILE_N, v_stride, false);
+                    fragment_product::<F>(
+                        &probs,
+                        0,
+                        &output_grads,
+                        &mut grad_value,
+                        n * C_PAIRS,
+                        &mut scratch,
+                        ops,
+                    );
+                }
+                let ds = c_tiles_as_a::<F>(&grads, 2 * c * C_PAIRS);
+                #[unroll(unrolled)]
+                for n in 0..key_grad_tiles {
+                    let queries = load_b::<F>(&q_tile, c * TILE_K, n * TILE_N, qk_stride, false);
+                    fragment_product::<F>(
+                        &ds,
+                        0,
+                        &queries,
+                        &mut grad_key,
+                        n * C_PAIRS,
+                        &mut scratch,
+                        ops,
+                    );
+                }
+            }
+            sync_cube();
+            start += bq as i32;
+        }
+    }
+
+    #[unroll(unrolled)]
+    for p in 0..C_PAIRS {
+        let (r, _) = c_position(lane, (2 * p) as u32);
+        let key = first_key + plane_key + r;
+        if key < seq_k {
+            let row = kv_head * seq_k + key;
+            #[unroll(unrolled)]
+            for n in 0..key_grad_tiles {
+                let pair = grad_key[n * C_PAIRS + p];
+                #[unroll]
+                for e in 0..2usize {
+                    let (_, col) = c_position(lane, (2 * p + e) as u32);
+                    grad_k[row * d_qk + n * TILE_N + col] =
+                        F::cast_from(pair.extract(e) * sizes.scale);
+                }
+            }
+            #[unroll(unrolled)]
+            for n in 0..value_grad_tiles {
+                let pair = grad_value[n * C_PAIRS + p];
+                #[unroll]
+                for e in 0..2usize {
+                    let (_, col) = c_position(lane, (2 * p + e) as u32);
+                    grad_v[row * d_v + n * TILE_N + col] = F::cast_from(pair.extract(e));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,86 @@
+//! The softmax of the tiled kernels, stated once for every family: in the forward, a
+//! score under the masks, a row's running max and the factor that rescales its sums,
+//! a probability, and a row's end (the sink logit, the normalization and the
+//! log-sum-exp); in the backward, `P` and `dS` from a score and its log-sum-exp.
+//!
+//! Hidden scores are [`HIDDEN`], a large negative finite value, and visible ones are
+//! floored above it, so that a row's max is above `HIDDEN` exactly when the row sees
+//! a key (see `kernels.rs`).
+
+use cubecl::prelude::*;
+
+use super::kernels::{HIDDEN, SCORE_FLOOR, Sizes, cap_derivative, cap_score};
+use crate::ops::mask::MASKED_ROW_LSE;
+
+/// A scaled score `q·k·scale` under the masks: soft-capped and floored where
+/// `visible`, [`HIDDEN`] elsewhere.
+#[cube]
+pub(super) fn masked_score(scaled: f32, visible: bool, sizes: &Sizes) -> f32 {
+    let score = f32::max(cap_score(scaled, sizes), SCORE_FLOOR);
+    select(visible, score, HIDDEN)
+}
+
+/// One step of the online softmax: a row's new running max after a block whose max is
+/// `block_max`, and the factor that rescales what the row summed under `old_max`. A
+/// row that has seen no key yet keeps the factor 1 (its sums are zero).
+#[cube]
+pub(super) fn online_max(old_max: f32, block_max: f32) -> (f32, f32) {
+    let new_max = f32::max(old_max, block_max);
+    let correction = select(new_max > HIDDEN, f32::exp(old_max - new_max), 1.0f32);
+    (new_max, correction)
+}
+
+/// The unnormalized probability of a score under the row's running max: zero while
+/// the row has seen no key.
+#[cube]
+pub(super) fn probability(score: f32, row_max: f32) -> f32 {
+    select(row_max > HIDDEN, f32::exp(score - row_max), 0.0f32)
+}
+
+/// The end of a row's online softmax: `(1/Σ, LSE)` from its sum `total` under its max
+/// `max`. A head's sink logit (when `sizes.sinks` is on) joins the normalization once,
+/// here, after the keys: one more step with a logit and no value (a row that saw no
+/// key then gives the sink everything: output 0, LSE = sink). A row that sees nothing
+/// at all gets the factor 0 and the masked-row marker, or for a split of
+/// flash-decoding (`partial`) the score that gives it no weight in the merge.
+#[cube]
+pub(super) fn finish_row(
+    total: f32,
+    max: f32,
+    sink: f32,
+    partial: u32,
+    sizes: &Sizes,
+) -> (f32, f32) {
+    let mut total = total;
+    let mut max = max;
+    let mut kept_share = 1.0f32;
+    if sizes.sinks != 0 {
+        let new_max = f32::max(max, sink);
+        kept_share = f32::exp(max - new_max);
+        total = total * kept_share + f32::exp(sink - new_max);
+        max = new_max;
+    }
+    let mut inverse = 0.0f32;
+    let mut row_lse = select(partial != 0, f32::new(HIDDEN), f32::new(MASKED_ROW_LSE));
+    if total > 0.0f32 {
+        inverse = kept_share / total;
+        row_lse = max + f32::ln(total);
+    }
+    (inverse, row_lse)
+}
+
+/// One entry of the backward: `P = exp(S − LSE)` where visible (0 elsewhere) and
+/// `dS = P ∘ (dP − D) ∘ softcap'`, from the scaled score `S = q·k·scale`.
+#[cube]
+pub(super) fn probability_and_gradient(
+    scaled: f32,
+    dp: f32,
+    lse: f32,
+    delta: f32,
+    visible: bool,
+    sizes: &Sizes,
+) -> (f32, f32) {
+    let capped = cap_score(scaled, sizes);
+    let p = select(visible, f32::exp(capped - lse), 0.0f32);
+    (p, p * (dp - delta) * cap_derivative(capped, sizes))
+}
