@@ -94,13 +94,16 @@ impl Tokenizer for HfTokenizer {
         while !rest.is_empty() {
             let mut end = rest.len().min(CHUNK_BYTES);
             if end < rest.len() {
-                // Cut after a newline (or at a char boundary when a line is huge).
-                end = match rest[..end].rfind('\n') {
+                // Cut after the last newline before the limit, or at the last char
+                // boundary before it when a line is huge (the limit itself may fall
+                // inside a character).
+                let boundary = (0..=end)
+                    .rev()
+                    .find(|&i| rest.is_char_boundary(i))
+                    .unwrap_or(0);
+                end = match rest[..boundary].rfind('\n') {
                     Some(newline) => newline + 1,
-                    None => (0..=end)
-                        .rev()
-                        .find(|&i| rest.is_char_boundary(i))
-                        .unwrap_or(0),
+                    None => boundary,
                 };
                 if end == 0 {
                     end = rest.len();
@@ -163,5 +166,24 @@ mod tests {
             loaded.encode(unseen, false).unwrap().get_ids(),
             bpe.encode(unseen).unwrap()
         );
+    }
+
+    /// Text longer than one encoding chunk is cut between characters, whatever lies at
+    /// the chunk limit: a line break just before it, or a character of several bytes
+    /// across it (with and without a line break earlier in the chunk).
+    #[test]
+    fn long_text_is_encoded_in_chunks_cut_between_characters() {
+        let bpe = HfTokenizer::train_bpe("a…b\n".repeat(20).as_str(), 260, Path::new("t")).unwrap();
+        for line_break in [Some(CHUNK_BYTES - 10), None] {
+            // '…' is three bytes, starting one byte before the limit.
+            let mut text = "x".repeat(CHUNK_BYTES - 1);
+            if let Some(at) = line_break {
+                text.replace_range(at..at + 1, "\n");
+            }
+            text.push_str("…yz\n");
+            text.push_str(&"w".repeat(100));
+            let ids = bpe.encode(&text).unwrap();
+            assert_eq!(bpe.decode(&ids), text);
+        }
     }
 }
