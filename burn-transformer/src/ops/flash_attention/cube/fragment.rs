@@ -206,6 +206,111 @@ pub fn c_tiles_as_a<F: Float>(c: &Array<Pair<f32>>, c_at: usize) -> Array<Pair<F
     a
 }
 
+/// Dot products of rows, one C fragment per 8 rows of `tile`: the plane's 16 rows, held
+/// as `A` fragments `rows` (one per 16 columns, `chunks` of them), against `tiles·8`
+/// rows of a tile staged row-major in shared memory (`stride` elements a row, read as
+/// the transposed `B`): `S = Q·Kᵀ` from a tile of keys, `dP = dO·Vᵀ` from one of values.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn row_products<F: Float>(
+    rows: &Array<Pair<F>>,
+    tile: &Shared<[F]>,
+    #[comptime] chunks: usize,
+    #[comptime] tiles: usize,
+    #[comptime] stride: usize,
+    scratch: &mut Shared<[f32]>,
+    #[comptime] ops: FragmentOps,
+) -> Array<Pair<f32>> {
+    let unrolled = comptime!(ops == FragmentOps::TensorCores);
+    let mut out = zero_fragments(tiles, unrolled);
+    #[unroll(unrolled)]
+    for j in 0..tiles {
+        #[unroll(unrolled)]
+        for c in 0..chunks {
+            let columns = load_b::<F>(tile, c * TILE_K, j * TILE_N, stride, true);
+            fragment_product::<F>(
+                rows,
+                c * A_PAIRS,
+                &columns,
+                &mut out,
+                j * C_PAIRS,
+                scratch,
+                ops,
+            );
+        }
+    }
+    out
+}
+
+/// [`row_products`] for 16 rows of a tile staged in shared memory (from row `first`)
+/// instead of fragments in registers: `Sᵀ = K·Qᵀ` and `dPᵀ = V·dOᵀ` for a plane's keys.
+/// Each `A` fragment is loaded once and serves every output tile.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn staged_row_products<F: Float>(
+    rows: &Shared<[F]>,
+    first: usize,
+    tile: &Shared<[F]>,
+    #[comptime] chunks: usize,
+    #[comptime] tiles: usize,
+    #[comptime] stride: usize,
+    scratch: &mut Shared<[f32]>,
+    #[comptime] ops: FragmentOps,
+) -> Array<Pair<f32>> {
+    let unrolled = comptime!(ops == FragmentOps::TensorCores);
+    let mut out = zero_fragments(tiles, unrolled);
+    #[unroll(unrolled)]
+    for c in 0..chunks {
+        let left = load_a::<F>(rows, first, c * TILE_K, stride);
+        #[unroll(unrolled)]
+        for j in 0..tiles {
+            let columns = load_b::<F>(tile, c * TILE_K, j * TILE_N, stride, true);
+            fragment_product::<F>(&left, 0, &columns, &mut out, j * C_PAIRS, scratch, ops);
+        }
+    }
+    out
+}
+
+/// `acc += P·T`: `P` the plane's 16 × `16·chunks` block held as C tiles (probabilities
+/// or their gradients, passed into `A` fragments in registers, see [`c_tiles_as_a`]),
+/// `T` a tile staged row-major in shared memory whose rows are `P`'s columns (`stride`
+/// elements a row), `acc` one C fragment per 8 columns of `T` (`tiles` of them):
+/// `O += P·V`, `dQ += dS·K`, `dV += Pᵀ·dO`, `dK += dSᵀ·Q`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn accumulate_products<F: Float>(
+    block: &Array<Pair<f32>>,
+    tile: &Shared<[F]>,
+    #[comptime] chunks: usize,
+    #[comptime] tiles: usize,
+    #[comptime] stride: usize,
+    acc: &mut Array<Pair<f32>>,
+    scratch: &mut Shared<[f32]>,
+    #[comptime] ops: FragmentOps,
+) {
+    let unrolled = comptime!(ops == FragmentOps::TensorCores);
+    #[unroll(unrolled)]
+    for c in 0..chunks {
+        let left = c_tiles_as_a::<F>(block, 2 * c * C_PAIRS);
+        #[unroll(unrolled)]
+        for n in 0..tiles {
+            let columns = load_b::<F>(tile, c * TILE_K, n * TILE_N, stride, false);
+            fragment_product::<F>(&left, 0, &columns, acc, n * C_PAIRS, scratch, ops);
+        }
+    }
+}
+
+/// `tiles` C fragments of zeros.
+#[cube]
+pub fn zero_fragments(#[comptime] tiles: usize, #[comptime] unrolled: bool) -> Array<Pair<f32>> {
+    let mut out = Array::<Pair<f32>>::new(tiles * C_PAIRS);
+    #[unroll(unrolled)]
+    for i in 0..tiles * C_PAIRS {
+        out[i] = Pair::<f32>::new(0.0f32);
+    }
+    out
+}
+
 /// `C += A·B` on the plane's fragments: `A` is pairs `a_at .. a_at + 4` of `a`, `B` the
 /// pairs of `b`, `C` pairs `c_at .. c_at + 2` of `c`. `scratch` holds
 /// [`EMULATION_SCRATCH`] elements per plane for the emulation (unused by tensor cores).

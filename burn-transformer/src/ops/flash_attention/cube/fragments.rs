@@ -27,9 +27,9 @@
 use cubecl::prelude::*;
 
 use super::fragment::{
-    A_PAIRS, C_PAIRS, EMULATION_SCRATCH, FragmentOps, LANES, Pair, TILE_K, TILE_M, TILE_N,
-    c_position, c_tiles_as_a, fragment_lane, fragment_product, load_a, load_b, load_rows_as_a,
-    quad_max, quad_sum,
+    C_PAIRS, EMULATION_SCRATCH, FragmentOps, LANES, Pair, TILE_K, TILE_M, TILE_N,
+    accumulate_products, c_position, fragment_lane, load_rows_as_a, quad_max, quad_sum,
+    row_products, staged_row_products, zero_fragments,
 };
 use super::kernels::{
     HIDDEN, Sizes, key_range, kv_head_of, query_heads_of, row_range, structurally_visible,
@@ -184,11 +184,7 @@ pub fn fragment_forward<F: Float>(
     // The output accumulator (C fragments, one per 8 value columns) and the running
     // max and this lane's share of the sum of the lane's two rows (pair 0's and
     // pair 1's).
-    let mut acc = Array::<Pair<f32>>::new(out_tiles * C_PAIRS);
-    #[unroll(unrolled)]
-    for i in 0..out_tiles * C_PAIRS {
-        acc[i] = Pair::<f32>::new(0.0f32);
-    }
+    let mut acc = zero_fragments(out_tiles, unrolled);
     let mut row_max = Array::<f32>::new(C_PAIRS);
     let mut row_sum = Array::<f32>::new(C_PAIRS);
     #[unroll(unrolled)]
@@ -224,27 +220,15 @@ pub fn fragment_forward<F: Float>(
         sync_cube();
 
         // S = Q·Kᵀ, one C fragment per 8 keys.
-        let mut scores = Array::<Pair<f32>>::new(score_tiles * C_PAIRS);
-        #[unroll(unrolled)]
-        for j in 0..score_tiles {
-            #[unroll(unrolled)]
-            for p in 0..C_PAIRS {
-                scores[j * C_PAIRS + p] = Pair::<f32>::new(0.0f32);
-            }
-            #[unroll(unrolled)]
-            for c in 0..q_chunks {
-                let key_fragment = load_b::<F>(&k_tile, c * TILE_K, j * TILE_N, k_stride, true);
-                fragment_product::<F>(
-                    &q_fragments,
-                    c * A_PAIRS,
-                    &key_fragment,
-                    &mut scores,
-                    j * C_PAIRS,
-                    &mut scratch,
-                    ops,
-                );
-            }
-        }
+        let mut scores = row_products::<F>(
+            &q_fragments,
+            &k_tile,
+            q_chunks,
+            score_tiles,
+            k_stride,
+            &mut scratch,
+            ops,
+        );
 
         // Masked scores and each row's max over the block.
         let mut block_max = Array::<f32>::new(C_PAIRS);
@@ -299,25 +283,17 @@ pub fn fragment_forward<F: Float>(
             }
         }
 
-        // O += P·V, 16 keys at a time: score tiles 2c and 2c + 1 are the A fragment
-        // of keys 16c .. 16c + 15 (see `fragment.rs`).
-        #[unroll(unrolled)]
-        for c in 0..key_chunks {
-            let probs = c_tiles_as_a::<F>(&scores, 2 * c * C_PAIRS);
-            #[unroll(unrolled)]
-            for n in 0..out_tiles {
-                let value_fragment = load_b::<F>(&v_tile, c * TILE_K, n * TILE_N, v_stride, false);
-                fragment_product::<F>(
-                    &probs,
-                    0,
-                    &value_fragment,
-                    &mut acc,
-                    n * C_PAIRS,
-                    &mut scratch,
-                    ops,
-                );
-            }
-        }
+        // O += P·V, 16 keys at a time.
+        accumulate_products::<F>(
+            &scores,
+            &v_tile,
+            key_chunks,
+            out_tiles,
+            v_stride,
+            &mut acc,
+            &mut scratch,
+            ops,
+        );
         sync_cube();
         start += bk as i32;
     }
@@ -416,11 +392,7 @@ pub fn fragment_backward_q<F: Float>(
         row_lse[p] = stats[(head * seq_q + row) * 2];
         row_delta[p] = stats[(head * seq_q + row) * 2 + 1];
     }
-    let mut grad = Array::<Pair<f32>>::new(grad_tiles * C_PAIRS);
-    #[unroll(unrolled)]
-    for i in 0..grad_tiles * C_PAIRS {
-        grad[i] = Pair::<f32>::new(0.0f32);
-    }
+    let mut grad = zero_fragments(grad_tiles, unrolled);
 
     let mut start = kv_start;
     while start < kv_end {
@@ -449,42 +421,24 @@ pub fn fragment_backward_q<F: Float>(
         sync_cube();
 
         // S = Q·Kᵀ and dP = dO·Vᵀ, one C fragment each per 8 keys.
-        let mut scores = Array::<Pair<f32>>::new(score_tiles * C_PAIRS);
-        let mut grads = Array::<Pair<f32>>::new(score_tiles * C_PAIRS);
-        #[unroll(unrolled)]
-        for j in 0..score_tiles {
-            #[unroll(unrolled)]
-            for p in 0..C_PAIRS {
-                scores[j * C_PAIRS + p] = Pair::<f32>::new(0.0f32);
-                grads[j * C_PAIRS + p] = Pair::<f32>::new(0.0f32);
-            }
-            #[unroll(unrolled)]
-            for c in 0..q_chunks {
-                let key_fragment = load_b::<F>(&k_tile, c * TILE_K, j * TILE_N, k_stride, true);
-                fragment_product::<F>(
-                    &q_fragments,
-                    c * A_PAIRS,
-                    &key_fragment,
-                    &mut scores,
-                    j * C_PAIRS,
-                    &mut scratch,
-                    ops,
-                );
-            }
-            #[unroll(unrolled)]
-            for c in 0..v_chunks {
-                let value_fragment = load_b::<F>(&v_tile, c * TILE_K, j * TILE_N, v_stride, true);
-                fragment_product::<F>(
-                    &do_fragments,
-                    c * A_PAIRS,
-                    &value_fragment,
-                    &mut grads,
-                    j * C_PAIRS,
-                    &mut scratch,
-                    ops,
-                );
-            }
-        }
+        let scores = row_products::<F>(
+            &q_fragments,
+            &k_tile,
+            q_chunks,
+            score_tiles,
+            k_stride,
+            &mut scratch,
+            ops,
+        );
+        let mut grads = row_products::<F>(
+            &do_fragments,
+            &v_tile,
+            v_chunks,
+            score_tiles,
+            v_stride,
+            &mut scratch,
+            ops,
+        );
         // dS = P ∘ (dP − D) ∘ softcap', in place of dP.
         #[unroll(unrolled)]
         for j in 0..score_tiles {
@@ -513,23 +467,16 @@ pub fn fragment_backward_q<F: Float>(
             }
         }
         // dQ += dS·K, 16 keys at a time (scaled at the end).
-        #[unroll(unrolled)]
-        for c in 0..key_chunks {
-            let ds = c_tiles_as_a::<F>(&grads, 2 * c * C_PAIRS);
-            #[unroll(unrolled)]
-            for n in 0..grad_tiles {
-                let key_fragment = load_b::<F>(&k_tile, c * TILE_K, n * TILE_N, k_stride, false);
-                fragment_product::<F>(
-                    &ds,
-                    0,
-                    &key_fragment,
-                    &mut grad,
-                    n * C_PAIRS,
-                    &mut scratch,
-                    ops,
-                );
-            }
-        }
+        accumulate_products::<F>(
+            &grads,
+            &k_tile,
+            key_chunks,
+            grad_tiles,
+            k_stride,
+            &mut grad,
+            &mut scratch,
+            ops,
+        );
         sync_cube();
         start += bk as i32;
     }
@@ -637,16 +584,8 @@ pub fn fragment_backward_kv<F: Float>(
         v_stride,
     );
     stage_kept_keys::<F>(key_mask, &mut kept, first_key, batch, &sizes, block_k);
-    let mut grad_key = Array::<Pair<f32>>::new(key_grad_tiles * C_PAIRS);
-    #[unroll(unrolled)]
-    for i in 0..key_grad_tiles * C_PAIRS {
-        grad_key[i] = Pair::<f32>::new(0.0f32);
-    }
-    let mut grad_value = Array::<Pair<f32>>::new(value_grad_tiles * C_PAIRS);
-    #[unroll(unrolled)]
-    for i in 0..value_grad_tiles * C_PAIRS {
-        grad_value[i] = Pair::<f32>::new(0.0f32);
-    }
+    let mut grad_key = zero_fragments(key_grad_tiles, unrolled);
+    let mut grad_value = zero_fragments(value_grad_tiles, unrolled);
 
     for g in 0..group {
         let head = first_head + g;
@@ -686,48 +625,26 @@ pub fn fragment_backward_kv<F: Float>(
             sync_cube();
 
             // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, one C fragment each per 8 query rows.
-            let mut scores = Array::<Pair<f32>>::new(query_tiles * C_PAIRS);
-            let mut grads = Array::<Pair<f32>>::new(query_tiles * C_PAIRS);
-            #[unroll(unrolled)]
-            for i in 0..query_tiles * C_PAIRS {
-                scores[i] = Pair::<f32>::new(0.0f32);
-                grads[i] = Pair::<f32>::new(0.0f32);
-            }
-            #[unroll(unrolled)]
-            for c in 0..qk_chunks {
-                let keys = load_a::<F>(&k_tile, plane_key, c * TILE_K, qk_stride);
-                #[unroll(unrolled)]
-                for j in 0..query_tiles {
-                    let queries = load_b::<F>(&q_tile, c * TILE_K, j * TILE_N, qk_stride, true);
-                    fragment_product::<F>(
-                        &keys,
-                        0,
-                        &queries,
-                        &mut scores,
-                        j * C_PAIRS,
-                        &mut scratch,
-                        ops,
-                    );
-                }
-            }
-            #[unroll(unrolled)]
-            for c in 0..v_chunks {
-                let values = load_a::<F>(&v_tile, plane_key, c * TILE_K, v_stride);
-                #[unroll(unrolled)]
-                for j in 0..query_tiles {
-                    let output_grads =
-                        load_b::<F>(&do_tile, c * TILE_K, j * TILE_N, v_stride, true);
-                    fragment_product::<F>(
-                        &values,
-                        0,
-                        &output_grads,
-                        &mut grads,
-                        j * C_PAIRS,
-                        &mut scratch,
-                        ops,
-                    );
-                }
-            }
+            let mut scores = staged_row_products::<F>(
+                &k_tile,
+                plane_key,
+                &q_tile,
+                qk_chunks,
+                query_tiles,
+                qk_stride,
+                &mut scratch,
+                ops,
+            );
+            let mut grads = staged_row_products::<F>(
+                &v_tile,
+                plane_key,
+                &do_tile,
+                v_chunks,
+                query_tiles,
+                v_stride,
+                &mut scratch,
+                ops,
+            );
             // Pᵀ in place of Sᵀ, dSᵀ in place of dPᵀ.
             #[unroll(unrolled)]
             for j in 0..query_tiles {
@@ -759,39 +676,28 @@ pub fn fragment_backward_kv<F: Float>(
                     grads[j * C_PAIRS + p] = pair;
                 }
             }
-            // dV += Pᵀ·dO and dK += dSᵀ·Q, 16 query rows at a time (dK scaled at the end).
-            #[unroll(unrolled)]
-            for c in 0..query_chunks {
-                let probs = c_tiles_as_a::<F>(&scores, 2 * c * C_PAIRS);
-                #[unroll(unrolled)]
-                for n in 0..value_grad_tiles {
-                    let output_grads =
-                        load_b::<F>(&do_tile, c * TILE_K, n * TILE_N, v_stride, false);
-                    fragment_product::<F>(
-                        &probs,
-                        0,
-                        &output_grads,
-                        &mut grad_value,
-                        n * C_PAIRS,
-                        &mut scratch,
-                        ops,
-                    );
-                }
-                let ds = c_tiles_as_a::<F>(&grads, 2 * c * C_PAIRS);
-                #[unroll(unrolled)]
-                for n in 0..key_grad_tiles {
-                    let queries = load_b::<F>(&q_tile, c * TILE_K, n * TILE_N, qk_stride, false);
-                    fragment_product::<F>(
-                        &ds,
-                        0,
-                        &queries,
-                        &mut grad_key,
-                        n * C_PAIRS,
-                        &mut scratch,
-                        ops,
-                    );
-                }
-            }
+            // dV += Pᵀ·dO and dK += dSᵀ·Q, 16 query rows at a time (dK scaled at the
+            // end).
+            accumulate_products::<F>(
+                &scores,
+                &do_tile,
+                query_chunks,
+                value_grad_tiles,
+                v_stride,
+                &mut grad_value,
+                &mut scratch,
+                ops,
+            );
+            accumulate_products::<F>(
+                &grads,
+                &q_tile,
+                query_chunks,
+                key_grad_tiles,
+                qk_stride,
+                &mut grad_key,
+                &mut scratch,
+                ops,
+            );
             sync_cube();
             start += bq as i32;
         }
