@@ -239,21 +239,31 @@ pub(crate) struct StagedTiling {
     pub backward_kv: StagedConfig,
 }
 
-/// Whether the device multiplies 16×16×16 fragments of `dtype` into f32.
-fn has_tensor_cores(properties: &cubecl::ir::DeviceProperties, dtype: DType) -> bool {
+/// Whether `products` (a device's cmma or manual MMA list) multiply `m × n × k`
+/// fragments of `dtype` (f16 or bf16) into f32.
+fn multiplies_half_fragments(
+    products: &std::collections::BTreeSet<cubecl::ir::features::MmaConfig>,
+    dtype: DType,
+    (m, n, k): (usize, usize, usize),
+) -> bool {
     let elem = match dtype {
         DType::F16 => cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::F16),
         DType::BF16 => cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::BF16),
         _ => return false,
     };
     let f32 = cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::F32);
-    let side = FRAGMENT as u32;
-    properties.features.matmul.cmma.iter().any(|c| {
+    products.iter().any(|c| {
         c.a_type == elem
             && c.b_type == elem
             && c.cd_type == f32
-            && (c.m, c.n, c.k) == (side, side, side)
+            && (c.m, c.n, c.k) == (m as u32, n as u32, k as u32)
     })
+}
+
+/// Whether the device multiplies 16×16×16 fragments of `dtype` into f32.
+fn has_tensor_cores(properties: &cubecl::ir::DeviceProperties, dtype: DType) -> bool {
+    let side = FRAGMENT;
+    multiplies_half_fragments(&properties.features.matmul.cmma, dtype, (side, side, side))
 }
 
 /// Chooses the staged kernels' tiles for `problem` in `dtype` on a device with
@@ -386,12 +396,6 @@ const FRAGMENT_MAX_D_V: usize = 128;
 /// Whether the device multiplies m16n8k16 fragments of `dtype` into f32 with
 /// `mma.sync`-style manual MMA and shuffles values within planes of 32 lanes.
 fn has_fragment_mma(properties: &cubecl::ir::DeviceProperties, dtype: DType) -> bool {
-    let elem = match dtype {
-        DType::F16 => cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::F16),
-        DType::BF16 => cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::BF16),
-        _ => return false,
-    };
-    let f32 = cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::F32);
     let hardware = &properties.hardware;
     hardware.plane_size_min == LANES as u32
         && hardware.plane_size_max == LANES as u32
@@ -399,12 +403,11 @@ fn has_fragment_mma(properties: &cubecl::ir::DeviceProperties, dtype: DType) -> 
             .features
             .plane
             .contains(cubecl::ir::features::Plane::Ops)
-        && properties.features.matmul.mma.iter().any(|c| {
-            c.a_type == elem
-                && c.b_type == elem
-                && c.cd_type == f32
-                && (c.m, c.n, c.k) == (TILE_M as u32, TILE_N as u32, TILE_K as u32)
-        })
+        && multiplies_half_fragments(
+            &properties.features.matmul.mma,
+            dtype,
+            (TILE_M, TILE_N, TILE_K),
+        )
 }
 
 /// The fragment kernels' configurations for `problem` in `dtype` on a device with
