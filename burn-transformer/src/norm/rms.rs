@@ -13,6 +13,7 @@ use burn::nn::Initializer;
 use burn::tensor::{DType, Device, Tensor};
 
 use crate::error::ConfigError;
+use crate::ops::rms_norm::fused_rms_norm;
 
 const MODULE: &str = "RmsNormConfig";
 
@@ -99,6 +100,12 @@ impl RmsNorm {
             "RmsNorm: input last axis {} differs from d_model {d_model}",
             x.dims()[D - 1]
         );
+        // In f32 both forms are one fused op on flex.
+        if let Some(normed) =
+            fused_rms_norm(x.clone(), self.weight.val(), self.eps, self.unit_offset)
+        {
+            return normed;
+        }
         let dtype = x.dtype();
         let x = x.cast(DType::F32);
         // [..., 1]: one statistic per vector.

@@ -6,6 +6,8 @@
 //!   the autodiff backward) and the reference attention it is tested against.
 //! - [`gated_silu`]: SwiGLU's `silu(gate) · up`, fused into one pass on flex.
 //! - [`linear`]: Burn's `Linear` applied as one matrix product over all rows.
+//! - [`rms_norm`]: RMSNorm, fused into one pass forward and one backward on flex.
+//! - [`rotary`]: rotary position embedding's rotation, fused likewise.
 //! - [`soft_cap`]: `cap · tanh(x / cap)`, for attention and output logits.
 //! - `simd`: the loops the fused CPU ops are written with; `autodiff`: how those that
 //!   save their two inputs join the autodiff graph.
@@ -15,5 +17,7 @@ pub mod flash_attention;
 pub mod gated_silu;
 pub mod linear;
 pub mod mask;
+pub mod rms_norm;
+pub mod rotary;
 pub(crate) mod simd;
 pub mod soft_cap;

@@ -34,14 +34,8 @@ const MODULE: &str = "RopeConfig";
 /// checkpoints that declare 128k positions.
 pub const MAX_TABLE_POSITIONS: usize = 8192;
 
-/// Which features of a head form the rotated pairs.
-#[derive(Config, Debug, Copy, PartialEq, Eq)]
-pub enum RopeLayout {
-    /// Feature `i` pairs with `i + rotary_dim/2` (LLaMA's `rotate_half`).
-    HalfSplit,
-    /// Features `2i` and `2i+1` form a pair (GPT-J's `rotate_every_two`, DeepSeek).
-    Interleaved,
-}
+pub use crate::ops::rotary::RopeLayout;
+use crate::ops::rotary::fused_rotary;
 
 /// Configuration of a [`Rope`].
 #[derive(Config, Debug)]
@@ -219,6 +213,9 @@ impl Rope {
         let dtype = x.dtype();
         let (cos, sin) = self.cos_sin(offset, seq, &x.device());
         let (cos, sin) = (cos.cast(dtype), sin.cast(dtype));
+        if let Some(rotated) = fused_rotary(x.clone(), cos.clone(), sin.clone(), self.layout) {
+            return rotated;
+        }
         let rotary_dim = self.rotary_dim;
         let half = rotary_dim / 2;
 

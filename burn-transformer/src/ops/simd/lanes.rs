@@ -57,6 +57,30 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + tail
 }
 
+/// `Σ a·b·c`.
+#[inline(always)]
+pub(crate) fn dot3(a: &[f32], b: &[f32], c: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; LANES];
+    let (a_chunks, b_chunks, c_chunks) = (
+        a.chunks_exact(LANES),
+        b.chunks_exact(LANES),
+        c.chunks_exact(LANES),
+    );
+    let tail: f32 = a_chunks
+        .remainder()
+        .iter()
+        .zip(b_chunks.remainder())
+        .zip(c_chunks.remainder())
+        .map(|((&x, &y), &z)| x * y * z)
+        .sum();
+    for ((a, b), c) in a_chunks.zip(b_chunks).zip(c_chunks) {
+        for (((lane, &x), &y), &z) in lanes.iter_mut().zip(a).zip(b).zip(c) {
+            *lane += x * y * z;
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -78,6 +102,15 @@ mod tests {
             assert!(
                 (dot(&a, &b) as f64 - expected_dot).abs() < 1e-4,
                 "dot of {len}"
+            );
+            let expected_dot3: f64 = a
+                .iter()
+                .zip(&b)
+                .map(|(&x, &y)| x as f64 * y as f64 * x as f64)
+                .sum();
+            assert!(
+                (dot3(&a, &b, &a) as f64 - expected_dot3).abs() < 1e-4,
+                "dot3 of {len}"
             );
         }
     }

@@ -89,11 +89,23 @@ pub(crate) fn for_rows<const N: usize, const M: usize>(
     outputs: [&mut [f32]; M],
     kernel: impl Fn(usize, [&[f32]; N], [&mut [f32]; M]) + Sync,
 ) {
+    map_rows(row_len, inputs, outputs, kernel);
+}
+
+/// [`for_rows`] whose tasks each return a value (a partial sum over their rows, say),
+/// in the order of their rows. `inputs` and `outputs` have one length, a multiple of
+/// `row_len`.
+#[cfg(feature = "flex")]
+pub(crate) fn map_rows<const N: usize, const M: usize, R: Send>(
+    row_len: usize,
+    inputs: [&[f32]; N],
+    outputs: [&mut [f32]; M],
+    kernel: impl Fn(usize, [&[f32]; N], [&mut [f32]; M]) -> R + Sync,
+) -> Vec<R> {
     use rayon::prelude::*;
     let len = outputs.first().map_or(0, |output| output.len());
     if row_len == 0 || len <= PARALLEL_CHUNK {
-        kernel(0, inputs, outputs);
-        return;
+        return vec![kernel(0, inputs, outputs)];
     }
     let rows_per_task = (PARALLEL_CHUNK / row_len).max(1);
     let task_len = rows_per_task * row_len;
@@ -111,15 +123,16 @@ pub(crate) fn for_rows<const N: usize, const M: usize>(
     tasks
         .into_par_iter()
         .enumerate()
-        .for_each(|(index, chunk)| {
+        .map(|(index, chunk)| {
             let start = index * task_len;
             let range = start..(start + task_len).min(len);
             kernel(
                 index * rows_per_task,
                 inputs.map(|input| &input[range.clone()]),
                 chunk,
-            );
-        });
+            )
+        })
+        .collect()
 }
 
 /// The variable that caps the instruction set of the fused CPU kernels.
