@@ -1,9 +1,11 @@
-//! How a fused CPU op that saves its two inputs joins the autodiff graph.
+//! How a fused CPU op that saves its two inputs joins the autodiff graph, and how its
+//! backward hands both gradients back.
 
 use burn::backend::Autodiff;
 use burn::backend::Backend;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
-use burn::backend::autodiff::ops::{Backward, OpsKind};
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::FloatTensor;
 
 /// Runs `forward` on the inner tensors of `lhs` and `rhs` and records `backward`
@@ -26,5 +28,22 @@ where
     match backward.prepare::<C>(nodes).compute_bound().stateful() {
         OpsKind::Tracked(prep) => prep.finish((lhs, rhs), output),
         OpsKind::UnTracked(prep) => prep.finish(output),
+    }
+}
+
+/// The body of such an op's [`Backward::backward`]: `backward` turns the saved state
+/// and the output's gradient into the gradients of both inputs, which go to the
+/// inputs that are tracked.
+pub(crate) fn backward_binary<B: Backend, S>(
+    ops: Ops<S, 2>,
+    grads: &mut Gradients,
+    backward: impl FnOnce(S, FloatTensor<B>) -> (FloatTensor<B>, FloatTensor<B>),
+) {
+    let grad = grads.consume::<B>(&ops.node);
+    let (d_lhs, d_rhs) = backward(ops.state, grad);
+    for (node, d_input) in ops.parents.into_iter().zip([d_lhs, d_rhs]) {
+        if let Some(node) = node {
+            grads.register::<B>(node.id, d_input);
+        }
     }
 }

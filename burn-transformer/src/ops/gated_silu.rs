@@ -159,7 +159,7 @@ mod autodiff {
     use burn::backend::tensor::FloatTensor;
 
     use super::GatedSiluOps;
-    use crate::ops::autodiff::record_binary;
+    use crate::ops::autodiff::{backward_binary, record_binary};
 
     #[derive(Debug)]
     struct GatedSiluBackward;
@@ -174,15 +174,9 @@ mod autodiff {
             grads: &mut Gradients,
             _checkpointer: &mut Checkpointer,
         ) {
-            let grad = grads.consume::<B>(&ops.node);
-            let (gate, up) = ops.state;
-            let (d_gate, d_up) = B::gated_silu_backward(gate, up, grad);
-            let [node_gate, node_up] = ops.parents;
-            for (node, grad) in [(node_gate, d_gate), (node_up, d_up)] {
-                if let Some(node) = node {
-                    grads.register::<B>(node.id, grad);
-                }
-            }
+            backward_binary::<B, _>(ops, grads, |(gate, up), grad| {
+                B::gated_silu_backward(gate, up, grad)
+            });
         }
     }
 

@@ -216,7 +216,7 @@ mod autodiff {
     use burn::backend::tensor::FloatTensor;
 
     use super::RmsNormOps;
-    use crate::ops::autodiff::record_binary;
+    use crate::ops::autodiff::{backward_binary, record_binary};
 
     #[derive(Debug)]
     struct RmsNormBackward {
@@ -234,15 +234,9 @@ mod autodiff {
             grads: &mut Gradients,
             _checkpointer: &mut Checkpointer,
         ) {
-            let grad = grads.consume::<B>(&ops.node);
-            let (x, weight) = ops.state;
-            let (d_x, d_weight) = B::rms_norm_backward(x, weight, grad, self.eps, self.unit_offset);
-            let [node_x, node_weight] = ops.parents;
-            for (node, grad) in [(node_x, d_x), (node_weight, d_weight)] {
-                if let Some(node) = node {
-                    grads.register::<B>(node.id, grad);
-                }
-            }
+            backward_binary::<B, _>(ops, grads, |(x, weight), grad| {
+                B::rms_norm_backward(x, weight, grad, self.eps, self.unit_offset)
+            });
         }
     }
 
