@@ -1,5 +1,6 @@
-//! How a fused CPU op that saves its two inputs joins the autodiff graph, and how its
-//! backward hands both gradients back.
+//! How the fused CPU ops join the autodiff graph (one that saves its two inputs, one
+//! with a single differentiated input), and how a two-input op's backward hands both
+//! gradients back.
 
 use burn::backend::Autodiff;
 use burn::backend::Backend;
@@ -31,7 +32,28 @@ where
     }
 }
 
-/// The body of such an op's [`Backward::backward`]: `backward` turns the saved state
+/// Runs `forward` on the inner tensor of `input`, which returns the output and the
+/// state `backward` needs, and records `backward` with that state when `input` is
+/// tracked (the state is dropped otherwise). The op's other inputs are constants.
+pub(crate) fn record_unary<B, C, S>(
+    backward: S,
+    input: FloatTensor<Autodiff<B, C>>,
+    forward: impl FnOnce(FloatTensor<B>) -> (FloatTensor<B>, S::State),
+) -> FloatTensor<Autodiff<B, C>>
+where
+    B: Backend,
+    C: CheckpointStrategy,
+    S: Backward<B, 1>,
+{
+    let nodes = [input.node()];
+    let (output, state) = forward(input.into_primitive());
+    match backward.prepare::<C>(nodes).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish(state, output),
+        OpsKind::UnTracked(prep) => prep.finish(output),
+    }
+}
+
+/// The body of a two-input op's [`Backward::backward`]: `backward` turns the saved state
 /// and the output's gradient into the gradients of both inputs, which go to the
 /// inputs that are tracked.
 pub(crate) fn backward_binary<B: Backend, S>(

@@ -262,10 +262,11 @@ mod autodiff {
     use burn::backend::autodiff::checkpoint::base::Checkpointer;
     use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
     use burn::backend::autodiff::grads::Gradients;
-    use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+    use burn::backend::autodiff::ops::{Backward, Ops};
     use burn::backend::tensor::FloatTensor;
 
     use super::{RopeLayout, RotaryOps};
+    use crate::ops::autodiff::record_unary;
 
     #[derive(Debug)]
     struct RotaryBackward {
@@ -299,16 +300,9 @@ mod autodiff {
             layout: RopeLayout,
         ) -> FloatTensor<Self> {
             let (cos, sin) = (cos.into_primitive(), sin.into_primitive());
-            let node = x.node();
-            let x = x.into_primitive();
-            let backward = RotaryBackward { layout };
-            match backward.prepare::<C>([node]).compute_bound().stateful() {
-                OpsKind::Tracked(prep) => {
-                    let output = B::rotary(x, cos.clone(), sin.clone(), layout);
-                    prep.finish((cos, sin), output)
-                }
-                OpsKind::UnTracked(prep) => prep.finish(B::rotary(x, cos, sin, layout)),
-            }
+            record_unary::<B, C, _>(RotaryBackward { layout }, x, |x| {
+                (B::rotary(x, cos.clone(), sin.clone(), layout), (cos, sin))
+            })
         }
 
         fn rotary_backward(

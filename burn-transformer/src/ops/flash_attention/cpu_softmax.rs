@@ -223,10 +223,11 @@ mod autodiff {
     use burn::backend::autodiff::checkpoint::base::Checkpointer;
     use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
     use burn::backend::autodiff::grads::Gradients;
-    use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+    use burn::backend::autodiff::ops::{Backward, Ops};
     use burn::backend::tensor::FloatTensor;
 
     use super::{AttentionSoftmaxOps, ScoreOptions};
+    use crate::ops::autodiff::record_unary;
 
     #[derive(Debug)]
     struct AttentionSoftmaxBackward;
@@ -257,18 +258,12 @@ mod autodiff {
             key_mask: FloatTensor<Self>,
             options: ScoreOptions,
         ) -> FloatTensor<Self> {
-            let nodes = [scores.node()];
             // The padding mask is a constant: never differentiated.
-            let output =
-                B::attention_softmax(scores.into_primitive(), key_mask.into_primitive(), options);
-            match AttentionSoftmaxBackward
-                .prepare::<C>(nodes)
-                .compute_bound()
-                .stateful()
-            {
-                OpsKind::Tracked(prep) => prep.finish((output.clone(), options), output),
-                OpsKind::UnTracked(prep) => prep.finish(output),
-            }
+            let key_mask = key_mask.into_primitive();
+            record_unary::<B, C, _>(AttentionSoftmaxBackward, scores, |scores| {
+                let output = B::attention_softmax(scores, key_mask, options);
+                (output.clone(), (output, options))
+            })
         }
 
         fn attention_softmax_backward(

@@ -35,7 +35,7 @@ use super::kernels::{
     HIDDEN, Sizes, key_range, kv_head_of, query_heads_of, row_range, structurally_visible,
 };
 use super::softmax::{finish_row, masked_score, online_max, probability, probability_and_gradient};
-use super::staged::{shared_tile, split_key_range, stage_kept_keys, stage_row_stats, stage_rows};
+use super::staged::{shared_tile, split_key_range, stage_key_block, stage_row_stats, stage_rows};
 
 /// Elements that pad each row of the staged `K` and `V` tiles: 16 bytes of f16/bf16,
 /// so that the 8 rows one fragment load reads from start 4 banks apart and its 32
@@ -159,7 +159,6 @@ pub fn fragment_forward<F: Float>(
     let unrolled = comptime!(ops == FragmentOps::TensorCores);
 
     let seq_q = sizes.seq_q as usize;
-    let seq_k = sizes.seq_k as usize;
     let heads = sizes.heads as usize;
     let lane = fragment_lane();
     let plane = UNIT_POS as usize / LANES;
@@ -196,27 +195,23 @@ pub fn fragment_forward<F: Float>(
     let mut start = kv_start;
     while start < kv_end {
         let first = start as usize;
-        stage_rows::<F>(
+        stage_key_block::<F>(
             k,
+            v,
+            key_mask,
             &mut k_tile,
-            kv_head * seq_k,
+            &mut v_tile,
+            &mut kept,
+            kv_head,
             first,
-            seq_k,
+            batch,
+            &sizes,
             bk,
             d_qk,
-            k_stride,
-        );
-        stage_rows::<F>(
-            v,
-            &mut v_tile,
-            kv_head * seq_k,
-            first,
-            seq_k,
-            bk,
             d_v,
+            k_stride,
             v_stride,
         );
-        stage_kept_keys::<F>(key_mask, &mut kept, first, batch, &sizes, bk);
         sync_cube();
 
         // S = Q·Kᵀ, one C fragment per 8 keys.
@@ -362,7 +357,6 @@ pub fn fragment_backward_q<F: Float>(
     let unrolled = comptime!(ops == FragmentOps::TensorCores);
 
     let seq_q = sizes.seq_q as usize;
-    let seq_k = sizes.seq_k as usize;
     let lane = fragment_lane();
     let plane = UNIT_POS as usize / LANES;
     let head = CUBE_POS_Y as usize;
@@ -397,27 +391,23 @@ pub fn fragment_backward_q<F: Float>(
     let mut start = kv_start;
     while start < kv_end {
         let first = start as usize;
-        stage_rows::<F>(
+        stage_key_block::<F>(
             k,
+            v,
+            key_mask,
             &mut k_tile,
-            kv_head * seq_k,
+            &mut v_tile,
+            &mut kept,
+            kv_head,
             first,
-            seq_k,
+            batch,
+            &sizes,
             bk,
             d_qk,
-            k_stride,
-        );
-        stage_rows::<F>(
-            v,
-            &mut v_tile,
-            kv_head * seq_k,
-            first,
-            seq_k,
-            bk,
             d_v,
+            k_stride,
             v_stride,
         );
-        stage_kept_keys::<F>(key_mask, &mut kept, first, batch, &sizes, bk);
         sync_cube();
 
         // S = Q·Kᵀ and dP = dO·Vᵀ, one C fragment each per 8 keys.
@@ -563,27 +553,23 @@ pub fn fragment_backward_kv<F: Float>(
     let mut row_ok = shared_tile::<u32>(bq);
     let mut scratch = emulation_scratch(comptime!(config.emulation()));
 
-    stage_rows::<F>(
+    stage_key_block::<F>(
         k,
+        v,
+        key_mask,
         &mut k_tile,
-        kv_head * seq_k,
+        &mut v_tile,
+        &mut kept,
+        kv_head,
         first_key,
-        seq_k,
+        batch,
+        &sizes,
         block_k,
         d_qk,
-        qk_stride,
-    );
-    stage_rows::<F>(
-        v,
-        &mut v_tile,
-        kv_head * seq_k,
-        first_key,
-        seq_k,
-        block_k,
         d_v,
+        qk_stride,
         v_stride,
     );
-    stage_kept_keys::<F>(key_mask, &mut kept, first_key, batch, &sizes, block_k);
     let mut grad_key = zero_fragments(key_grad_tiles, unrolled);
     let mut grad_value = zero_fragments(value_grad_tiles, unrolled);
 

@@ -105,6 +105,35 @@ pub(super) fn stage_rows<F: Float>(
     }
 }
 
+/// Stages the `block` keys from `first` of key/value head `kv_head`: their rows of `k`
+/// and `v` (`k_stride` and `v_stride` elements a row in the tiles) and whether each is
+/// kept (see [`stage_kept_keys`]).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn stage_key_block<F: Float>(
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    key_mask: &Tensor<F>,
+    k_tile: &mut Shared<[F]>,
+    v_tile: &mut Shared<[F]>,
+    kept: &mut Shared<[u32]>,
+    kv_head: usize,
+    first: usize,
+    batch: usize,
+    sizes: &Sizes,
+    #[comptime] block: usize,
+    #[comptime] d_qk: usize,
+    #[comptime] d_v: usize,
+    #[comptime] k_stride: usize,
+    #[comptime] v_stride: usize,
+) {
+    let seq_k = sizes.seq_k as usize;
+    let head_row = kv_head * seq_k;
+    stage_rows::<F>(k, k_tile, head_row, first, seq_k, block, d_qk, k_stride);
+    stage_rows::<F>(v, v_tile, head_row, first, seq_k, block, d_v, v_stride);
+    stage_kept_keys::<F>(key_mask, kept, first, batch, sizes, block);
+}
+
 /// Sets every element of `tile` to zero.
 #[cube]
 fn zero_tile(tile: &mut Shared<[f32]>, #[comptime] len: usize) {
@@ -227,7 +256,6 @@ pub fn staged_forward<F: Float>(
     let d_qk = config.d_qk;
     let d_v = config.d_v;
     let seq_q = sizes.seq_q as usize;
-    let seq_k = sizes.seq_k as usize;
     let heads = sizes.heads as usize;
     let unit = UNIT_POS as usize;
     let units = CUBE_DIM as usize;
@@ -271,18 +299,23 @@ pub fn staged_forward<F: Float>(
     let mut start = kv_start;
     while start < kv_end {
         let first = start as usize;
-        stage_rows::<F>(
+        stage_key_block::<F>(
             k,
+            v,
+            key_mask,
             &mut k_tile,
-            kv_head * seq_k,
+            &mut v_tile,
+            &mut kept,
+            kv_head,
             first,
-            seq_k,
+            batch,
+            &sizes,
             bk,
             d_qk,
+            d_v,
             d_qk,
+            d_v,
         );
-        stage_rows::<F>(v, &mut v_tile, kv_head * seq_k, first, seq_k, bk, d_v, d_v);
-        stage_kept_keys::<F>(key_mask, &mut kept, first, batch, &sizes, bk);
         sync_cube();
         // S = Q·Kᵀ
         tile_scores::<F>(&q_tile, &k_tile, &mut scores, config);
@@ -485,7 +518,6 @@ pub fn staged_backward_q<F: Float>(
     let d_qk = config.d_qk;
     let d_v = config.d_v;
     let seq_q = sizes.seq_q as usize;
-    let seq_k = sizes.seq_k as usize;
     let unit = UNIT_POS as usize;
     let units = CUBE_DIM as usize;
     let head = CUBE_POS_Y as usize;
@@ -542,18 +574,23 @@ pub fn staged_backward_q<F: Float>(
     let mut start = kv_start;
     while start < kv_end {
         let first = start as usize;
-        stage_rows::<F>(
+        stage_key_block::<F>(
             k,
+            v,
+            key_mask,
             &mut k_tile,
-            kv_head * seq_k,
+            &mut v_tile,
+            &mut kept,
+            kv_head,
             first,
-            seq_k,
+            batch,
+            &sizes,
             bk,
             d_qk,
+            d_v,
             d_qk,
+            d_v,
         );
-        stage_rows::<F>(v, &mut v_tile, kv_head * seq_k, first, seq_k, bk, d_v, d_v);
-        stage_kept_keys::<F>(key_mask, &mut kept, first, batch, &sizes, bk);
         sync_cube();
         // S = Q·Kᵀ and dP = dO·Vᵀ
         tile_scores::<F>(&q_tile, &k_tile, &mut scores, config);
@@ -657,27 +694,23 @@ pub fn staged_backward_kv<F: Float>(
     let mut row_ok = shared_tile::<u32>(bq);
     let mut kept = shared_tile::<u32>(bk);
 
-    stage_rows::<F>(
+    stage_key_block::<F>(
         k,
-        &mut k_tile,
-        kv_head * seq_k,
-        first_key,
-        seq_k,
-        bk,
-        d_qk,
-        d_qk,
-    );
-    stage_rows::<F>(
         v,
+        key_mask,
+        &mut k_tile,
         &mut v_tile,
-        kv_head * seq_k,
+        &mut kept,
+        kv_head,
         first_key,
-        seq_k,
+        batch,
+        &sizes,
         bk,
+        d_qk,
         d_v,
+        d_qk,
         d_v,
     );
-    stage_kept_keys::<F>(key_mask, &mut kept, first_key, batch, &sizes, bk);
     zero_tile(&mut dk, bk * d_qk);
     zero_tile(&mut dv, bk * d_v);
 
