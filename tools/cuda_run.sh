@@ -20,15 +20,20 @@
 # The build uses a target dir of its own (CARGO_TARGET_DIR, suffixed `-cuda`), so the
 # usual one stays warm; copying the usual one there first saves most of a cold build.
 #
-# `run` unpacks the binaries and writes into OUT:
-# - gpu.txt: the GPU as nvidia-smi names it;
+# `run` unpacks the binaries, checks that the CUDA device starts (and stops there if
+# not), and writes into OUT, every stage capped so that all of it ends within
+# CUDA_RUN_SECONDS (560 by default: a lease is short), in the order CUDA_RUN_STAGES
+# names them (see below):
+# - gpu.txt: the GPU as nvidia-smi names it, and where NVRTC was found;
 # - tests.log: `ops::flash_attention::tests::cuda` through the default kernels (autotuned
 #   on a GPU; the fragment forward's grid in bf16 among them), then again with
 #   BURN_TRANSFORMER_FLASH_KERNEL=tensor-cores;
 # - bench.tar.gz: docs/benchmarks/ and docs/benchmarks.md with the attention suite's
 #   CUDA records added (results.jsonl) and the report redrawn, plus bench.log. Unpack it
-#   over docs/ to commit the rows. Set BENCH_ARGS for more (for example `--full`); by
-#   default the quick CUDA grid, with room for the score-materializing peers.
+#   over docs/ to commit the rows. The quick CUDA grid runs in batches, the fastest
+#   fused family with Burn and PyTorch first, each job stopped after JOB_SECONDS (60);
+#   a batch stopped by the deadline keeps the jobs it finished. Set BENCH_ARGS for more
+#   (for example `--full`).
 set -euo pipefail
 
 usage() {
@@ -89,28 +94,85 @@ run)
     out=$3
     mkdir -p "$out/bench"
     out=$(cd "$out" && pwd)
+    # Every stage ends by this deadline (CUDA_RUN_SECONDS after the start, 560 by
+    # default), so a lease that has a fixed length always gets its results back.
+    deadline=$(($(date +%s) + ${CUDA_RUN_SECONDS:-560}))
+    # `within CAP COMMAND...`: runs COMMAND for at most CAP seconds or what is left.
+    within() {
+        local cap=$1 left
+        shift
+        left=$((deadline - $(date +%s)))
+        if [ "$left" -lt 15 ]; then
+            echo "skipped (out of time): $*"
+            return 0
+        fi
+        [ "$cap" -lt "$left" ] || cap=$left
+        timeout --kill-after=5 "$cap" "$@" || echo "exit $? (cap ${cap} s): $*"
+        # A runner stopped part-way leaves its job processes behind.
+        pkill -f -- '--job ' 2>/dev/null || true
+    }
     binaries=$(mktemp -d)
     tar -C "$binaries" -xJf "$pack/cuda-binaries.tar.xz"
     export LD_PRELOAD="$binaries/libllvm_stubs.so"
+    # NVRTC is loaded at run time: the CUDA toolkit's copy, or the one in a Python wheel.
+    nvrtc_dirs=$({ find /usr/local/cuda*/ /usr/lib/x86_64-linux-gnu /opt /usr/local/lib \
+        -name 'libnvrtc.so*' -not -path '*/stubs/*' -printf '%h\n' 2>/dev/null || true; } | sort -u | tr '\n' ':')
+    export LD_LIBRARY_PATH="${nvrtc_dirs}${LD_LIBRARY_PATH:-}"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$out/gpu.txt" || true
-    {
-        echo "=== kernel tests, default kernels"
-        BURN_TRANSFORMER_TEST_DEVICES=cuda "$binaries/burn_transformer_tests" \
-            ops::flash_attention::tests::cuda || echo "FAILED: default kernels"
-        echo "=== kernel tests, BURN_TRANSFORMER_FLASH_KERNEL=tensor-cores"
-        BURN_TRANSFORMER_TEST_DEVICES=cuda BURN_TRANSFORMER_FLASH_KERNEL=tensor-cores \
-            "$binaries/burn_transformer_tests" ops::flash_attention::tests::cuda \
-            || echo "FAILED: tensor cores"
-    } >"$out/tests.log" 2>&1
+    echo "NVRTC in: $nvrtc_dirs" >>"$out/gpu.txt"
+    # A device that does not start fails here, in seconds, not in every later stage.
+    if ! timeout 120 "$binaries/bench" --probe cuda >>"$out/gpu.txt" 2>&1; then
+        echo "the cuda probe failed: see gpu.txt"
+        cat "$out/gpu.txt"
+        exit 1
+    fi
+    tests=(env BURN_TRANSFORMER_TEST_DEVICES=cuda "$binaries/burn_transformer_tests"
+        ops::flash_attention::tests::cuda)
     # The committed records and page, so that the report keeps every other backend.
     cp -r docs/benchmarks "$out/bench/benchmarks"
     cp docs/benchmarks.md "$out/bench/benchmarks.md"
-    # shellcheck disable=SC2086 # BENCH_ARGS is a list of arguments
-    "$binaries/bench" --backends cuda --suites attention --out "$out/bench/benchmarks" \
-        --docs "$out/bench/benchmarks.md" --memory-budget-mib 60000 ${BENCH_ARGS:-} \
-        >"$out/bench/bench.log" 2>&1 || echo "bench failed: see bench.log in bench.tar.gz"
+    # `bench_batch CAP TEXTS`: the attention cells whose progress line contains one of
+    # TEXTS (comma separated). Each job's records reach results.jsonl as it ends.
+    bench_batch() {
+        # shellcheck disable=SC2086 # BENCH_ARGS is a list of arguments
+        within "$1" "$binaries/bench" --backends cuda --suites attention \
+            --out "$out/bench/benchmarks" --docs "$out/bench/benchmarks.md" \
+            --memory-budget-mib 60000 --timeout "${JOB_SECONDS:-60}" --only "$2" \
+            ${BENCH_ARGS:-} >>"$out/bench/bench.log" 2>&1
+    }
+    # The stages, in the order CUDA_RUN_STAGES names them (by default the acceptance's
+    # columns first: the fastest fused family against Burn and PyTorch; then the kernel
+    # tests but the f32 grid; the other families; the f32 grid last).
+    : >"$out/tests.log"
+    for stage in ${CUDA_RUN_STAGES:-fragments tests tensor-cores tests-tc families grid-f32}; do
+        case "$stage" in
+        fragments) bench_batch 200 'fused[fragments],burn cuda,torch_sdpa' ;;
+        tensor-cores) bench_batch 70 'fused[tensor-cores]' ;;
+        families) bench_batch 400 'fused[staged],fused[register],reference cuda' ;;
+        tests)
+            echo "=== kernel tests, default kernels, all but the f32 grid" >>"$out/tests.log"
+            within 150 "${tests[@]}" --skip parity_grid_f32 >>"$out/tests.log" 2>&1
+            ;;
+        tests-tc)
+            echo "=== kernel tests, BURN_TRANSFORMER_FLASH_KERNEL=tensor-cores" >>"$out/tests.log"
+            within 60 env BURN_TRANSFORMER_FLASH_KERNEL=tensor-cores "${tests[@]}" \
+                --skip parity_grid_f32 >>"$out/tests.log" 2>&1
+            ;;
+        grid-f32)
+            echo "=== kernel tests, the f32 grid (register tiles)" >>"$out/tests.log"
+            within 400 "${tests[@]}" parity_grid_f32 >>"$out/tests.log" 2>&1
+            ;;
+        *) echo "unknown stage $stage" ;;
+        esac
+    done
+    # The report, redrawn from every record the batches left.
+    "$binaries/bench" --report-only --out "$out/bench/benchmarks" \
+        --docs "$out/bench/benchmarks.md" >>"$out/bench/bench.log" 2>&1 || true
+    # The end of the output: every cell's line, then the tests' verdicts.
+    grep -E "^\[" "$out/bench/bench.log" | cut -c 1-150 || true
     tar -C "$out/bench" -czf "$out/bench.tar.gz" .
     rm -rf "$out/bench"
+    grep -E "^test |test result|FAILED|panicked|^exit|^skipped" "$out/tests.log" | tail -n 30 || true
     ;;
 *)
     usage

@@ -926,10 +926,12 @@ pub fn combined(
     if runs.len() > 1 {
         text.push_str(&format!(
             "\nThese records join {} runs (a run keeps the earlier records of what \
-             it did not measure); the machine above is the latest run's. Runs (UTC): {}. \
+             it did not measure); the machine above is that of the run of {} UTC, and the \
+             attention tables name the machine of each backend's rows. Runs (UTC): {}. \
              Each record's `run` field, and the `run` column where a table mixes runs, \
              says which run measured it; compare rows of one run with each other.\n",
             runs.len(),
+            machine.date_utc,
             runs.join(", ")
         ));
     }

@@ -367,9 +367,11 @@ fn run(args: &Args) -> Result<(), String> {
                 failed_companions.push(name);
             }
         }
-        // A run of companion programs alone measured none of the runner's cells: the
-        // tables keep the machine that measured them (the companions' pages name theirs).
-        let machine = if records.is_empty() {
+        // A run of companion programs alone measured none of the runner's cells, and an
+        // `--only` run re-measured a few (its records name their machine, which the
+        // attention tables show): the pages keep the machine of the run that measured
+        // the rest (the companions' pages name theirs).
+        let machine = if records.is_empty() || args.only.is_some() {
             saved_machine().unwrap_or(machine)
         } else {
             machine
@@ -382,12 +384,7 @@ fn run(args: &Args) -> Result<(), String> {
 
     let json = serde_json::to_string_pretty(&machine).map_err(|e| e.to_string())?;
     write_atomically(&machine_path, format!("{json}\n")).map_err(|e| e.to_string())?;
-    let lines: String = records
-        .iter()
-        .filter_map(|r| serde_json::to_string(r).ok())
-        .map(|line| line + "\n")
-        .collect();
-    write_atomically(&results, lines).map_err(|e| e.to_string())?;
+    write_records(&results, &records)?;
 
     let sections = report::sections(&records, &args.out)?;
     for section in &sections {
@@ -567,9 +564,29 @@ fn measure(args: &Args, mode: Mode) -> Result<(Machine, Vec<Record>, Vec<String>
             machine: Some(machine.label(&record.backend)),
             ..record
         }));
+        // Each job's records reach results.jsonl as it ends, so that a run stopped
+        // part-way (a lease that ends, a killed runner) keeps what it measured.
+        let results = args.out.join("results.jsonl");
+        write_records(
+            &results,
+            &keep_unmeasured(&results, records.clone(), args.only.is_some()),
+        )?;
     }
     eprintln!("bench: measured in {:.0}s", start.elapsed().as_secs_f64());
     Ok((machine, records, backends))
+}
+
+/// Writes `records` to `results` (JSON lines), replacing it whole.
+///
+/// # Errors
+/// Why the file could not be written.
+fn write_records(results: &Path, records: &[Record]) -> Result<(), String> {
+    let lines: String = records
+        .iter()
+        .filter_map(|r| serde_json::to_string(r).ok())
+        .map(|line| line + "\n")
+        .collect();
+    write_atomically(results, lines).map_err(|e| format!("{}: {e}", results.display()))
 }
 
 /// Why a quick run has no number for a cell it left out on a CPU-emulated adapter.
