@@ -49,7 +49,8 @@ pub struct ScoreOptions {
 #[serde(into = "&'static str", try_from = "String")]
 pub enum FlashKernel {
     /// The device's default: register tiles on CPU runtimes (lavapipe, llvmpipe),
-    /// where they are the fastest; on GPUs the fastest of the staged tile sizes and
+    /// where they are the fastest; on GPUs the [`Self::Fragments`] kernels for f16/bf16
+    /// where the tensor cores take them, else the fastest of the staged tile sizes and
     /// the register tiles, timed once per shape class ([`Self::Autotune`]). The
     /// environment variable `BURN_TRANSFORMER_FLASH_KERNEL=register|staged|
     /// tensor-cores|fragments|autotune` overrides it for a whole process.
@@ -62,8 +63,8 @@ pub enum FlashKernel {
     /// in unit arithmetic.
     Staged,
     /// The staged kernels with tensor-core (`cmma`) tile products for f16/bf16 inputs
-    /// whose head dims are multiples of 16 (other calls take [`Self::Staged`]). Off
-    /// by default: it has not yet run on a GPU.
+    /// whose head dims are multiples of 16 (other calls take [`Self::Staged`]). Only
+    /// when asked for: on an H100 it was 3–5 times slower than [`Self::Fragments`].
     StagedTensorCores,
     /// FlashAttention-2 in registers: each plane keeps the scores and the output (or
     /// the gradients) of 16 rows in registers as m16n8k16 fragments multiplied on
@@ -71,13 +72,13 @@ pub enum FlashKernel {
     /// multiple of 16 up to 192 and value head dim a multiple of 8 up to 128 (16 for
     /// the backward, which otherwise runs the staged kernels). On CPU runtimes the
     /// fragment operations are emulated through shared memory (the tests' check of
-    /// the kernels); other calls take [`Self::Staged`]. Off by default: it has not
-    /// yet run on a GPU.
+    /// the kernels); other calls take [`Self::Staged`]. [`Self::Auto`]'s choice for
+    /// f16/bf16 on GPUs with the instruction.
     Fragments,
     /// Times the candidates (staged tiles of 64, 32 and 16 rows and keys, register
     /// tiles) once per shape class on the device and keeps the fastest, as `Auto` does
-    /// on GPUs; this asks for it on CPU runtimes too. Tensor cores are not among the
-    /// candidates.
+    /// on GPUs for what the fragment kernels do not take; this asks for it on CPU
+    /// runtimes too. Tensor cores are not among the candidates.
     Autotune,
 }
 

@@ -27,8 +27,8 @@ use super::fragments::{self, FragmentTiling};
 use super::kernels::{self, AttentionConfig, SizesLaunch};
 use super::staged;
 use super::tiling::{
-    KernelTile, LARGEST_STAGED_BLOCK, StagedProduct, StagedTiling, Tiling, is_cpu_runtime,
-    plan_fragments, plan_key_splits, plan_staged, plan_tiling,
+    KernelTile, LARGEST_STAGED_BLOCK, StagedProduct, StagedTiling, Tiling, has_fragment_mma,
+    is_cpu_runtime, plan_fragments, plan_key_splits, plan_staged, plan_tiling,
 };
 
 /// Units per cube of the backward pre-pass (one unit per query row, on every device).
@@ -107,24 +107,46 @@ enum Choice {
     Tuned,
 }
 
-/// Resolves the call's [`FlashKernel`] on the tensors' device, with its fallbacks:
-/// the fragment forward needs its head dims, tiles that fit, and tensor cores for the
-/// dtype on GPUs (else the staged kernels); tensor cores need f16/bf16, head dims
-/// multiple of 16 and the device's fragments (else the plain product); the staged
-/// tiles need the device's shared memory (else register tiles). `Auto` tunes on GPUs and takes register tiles on CPU runtimes,
-/// which serve shared memory at the cost of global memory, so the register tiles'
-/// reuse is what pays there (see `kernels.rs`).
+/// Resolves the call's [`FlashKernel`] on the tensors' device: [`choose_on`] with the
+/// tensors' element type and device.
 fn choose(problem: &Problem, options: &ScoreOptions, tensor: &CubeTensor) -> Choice {
-    let properties = tensor.client.properties();
-    let requested = match options.kernel {
+    choose_on(
+        problem,
+        options.kernel,
+        tensor.dtype,
+        tensor.client.properties(),
+    )
+}
+
+/// The family of `kernel` for `problem` in `dtype` on a device with `properties`, with
+/// its fallbacks: the fragment kernels need their head dims, tiles that fit, and tensor
+/// cores for the dtype on GPUs (else the staged kernels); tensor cores need f16/bf16,
+/// head dims multiple of 16 and the device's fragments (else the plain product); the
+/// staged tiles need the device's shared memory (else register tiles).
+///
+/// `Auto` takes the fragment kernels on GPUs whose tensor cores multiply the dtype's
+/// m16n8k16 fragments: on an H100, in bf16 at head dim 128, they took 3–70 times less
+/// time than every other family, forward and backward (docs/benchmarks.md, `cuda`).
+/// Other calls on GPUs tune among the staged tiles and the register tiles; CPU runtimes
+/// take register tiles, as they serve shared memory at the cost of global memory, so
+/// the register tiles' reuse is what pays there (see `kernels.rs`).
+fn choose_on(
+    problem: &Problem,
+    kernel: FlashKernel,
+    dtype: DType,
+    properties: &cubecl::ir::DeviceProperties,
+) -> Choice {
+    let requested = match kernel {
         FlashKernel::Auto => FlashKernel::from_env().unwrap_or(FlashKernel::Auto),
         chosen => chosen,
     };
-    if requested == FlashKernel::Fragments {
-        let fragments = plan_fragments(problem, tensor.dtype, properties);
+    let fragments_first = requested == FlashKernel::Fragments
+        || (requested == FlashKernel::Auto && has_fragment_mma(properties, dtype));
+    if fragments_first {
+        let fragments = plan_fragments(problem, dtype, properties);
         let staged = plan_staged(
             problem,
-            tensor.dtype,
+            dtype,
             StagedProduct::Plain,
             LARGEST_STAGED_BLOCK,
             properties,
@@ -142,7 +164,7 @@ fn choose(problem: &Problem, options: &ScoreOptions, tensor: &CubeTensor) -> Cho
     };
     Choice::Fixed(Box::new(Family::staged_or_register(
         problem,
-        tensor.dtype,
+        dtype,
         product,
         LARGEST_STAGED_BLOCK,
         properties,
@@ -735,5 +757,69 @@ pub(super) fn backward_with(
             q_config,
             storage,
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::variants::tests::{gpu, gpu_with_fragments};
+    use super::*;
+    use crate::ops::mask::MaskRule;
+
+    fn problem(d_qk: usize, d_v: usize) -> Problem {
+        Problem {
+            batch: 2,
+            heads: 4,
+            kv_heads: 2,
+            seq_q: 300,
+            seq_k: 300,
+            d_qk,
+            d_v,
+            mask: MaskRule::new(true, None),
+            has_key_mask: false,
+        }
+    }
+
+    fn is_fragments(choice: &Choice) -> bool {
+        matches!(choice, Choice::Fixed(family) if matches!(**family, Family::Fragments(..)))
+    }
+
+    /// `Auto` runs the fragment kernels where the GPU's tensor cores take the inputs'
+    /// type and the head dims fit them, and tunes the other families otherwise; CPU
+    /// runtimes and explicit families keep their own rules.
+    #[test]
+    fn auto_takes_the_fragment_kernels_on_tensor_core_gpus() {
+        if FlashKernel::from_env().is_some() {
+            return; // BURN_TRANSFORMER_FLASH_KERNEL replaces `Auto`'s choice
+        }
+        let tensor_cores = gpu_with_fragments();
+        for dtype in [DType::BF16, DType::F16] {
+            for (d_qk, d_v) in [(64, 64), (128, 128), (192, 128)] {
+                let choice =
+                    choose_on(&problem(d_qk, d_v), FlashKernel::Auto, dtype, &tensor_cores);
+                assert!(is_fragments(&choice), "{dtype:?} {d_qk}x{d_v}");
+            }
+            // MLA's absorbed 576/512 holds more than a lane's registers: tuned.
+            let choice = choose_on(&problem(576, 512), FlashKernel::Auto, dtype, &tensor_cores);
+            assert!(matches!(choice, Choice::Tuned));
+        }
+        // f32 has no half fragments, and a GPU without the instruction none at all.
+        let f32 = choose_on(
+            &problem(128, 128),
+            FlashKernel::Auto,
+            DType::F32,
+            &tensor_cores,
+        );
+        assert!(matches!(f32, Choice::Tuned));
+        let plain = choose_on(&problem(128, 128), FlashKernel::Auto, DType::BF16, &gpu());
+        assert!(matches!(plain, Choice::Tuned));
+        // An explicit family is kept.
+        let staged = choose_on(
+            &problem(128, 128),
+            FlashKernel::Staged,
+            DType::BF16,
+            &tensor_cores,
+        );
+        assert!(matches!(staged, Choice::Fixed(family) if matches!(*family, Family::Staged(_))));
     }
 }

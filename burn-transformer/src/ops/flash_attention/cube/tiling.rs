@@ -395,7 +395,7 @@ const FRAGMENT_MAX_D_V: usize = 128;
 
 /// Whether the device multiplies m16n8k16 fragments of `dtype` into f32 with
 /// `mma.sync`-style manual MMA and shuffles values within planes of 32 lanes.
-fn has_fragment_mma(properties: &cubecl::ir::DeviceProperties, dtype: DType) -> bool {
+pub(crate) fn has_fragment_mma(properties: &cubecl::ir::DeviceProperties, dtype: DType) -> bool {
     let hardware = &properties.hardware;
     hardware.plane_size_min == LANES as u32
         && hardware.plane_size_max == LANES as u32

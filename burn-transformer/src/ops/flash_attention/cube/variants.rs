@@ -689,7 +689,7 @@ fn staged_kernels(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use cubecl::ir::{
         DeviceIdentity, ElemType, FloatKind, HardwareProperties, MemoryDeviceProperties,
@@ -698,7 +698,7 @@ mod tests {
     use cubecl::profile::TimingMethod;
 
     /// A GPU as a CUDA runtime describes one: 1024 units per cube, warps of 32.
-    fn gpu() -> DeviceProperties {
+    pub(in super::super) fn gpu() -> DeviceProperties {
         let hardware = HardwareProperties {
             load_width: 128,
             vector_register_count: None,
@@ -835,14 +835,9 @@ mod tests {
         }
     }
 
-    /// The fragment kernels' tensor-core variants: f16 and bf16 at the head dims their
-    /// registers take, on a device with m16n8k16 manual MMA; each expands (its
-    /// definition is what CUDA compiles). None without the instruction or in f32.
-    #[test]
-    fn fragment_variants_need_mma_and_half_types() {
-        let plain = kernel_variants(&gpu(), &TargetProperties::default()).unwrap();
-        assert!(plain.iter().all(|v| v.family != KernelFamily::Fragments));
-
+    /// [`gpu`] with plane operations and m16n8k16 manual MMA of f16 and bf16 into f32,
+    /// as CUDA describes an sm_80+ GPU.
+    pub(in super::super) fn gpu_with_fragments() -> DeviceProperties {
         let mut properties = gpu();
         properties
             .features
@@ -859,7 +854,19 @@ mod tests {
                 k: 16,
             });
         }
-        let variants = kernel_variants(&properties, &TargetProperties::default()).unwrap();
+        properties
+    }
+
+    /// The fragment kernels' tensor-core variants: f16 and bf16 at the head dims their
+    /// registers take, on a device with m16n8k16 manual MMA; each expands (its
+    /// definition is what CUDA compiles). None without the instruction or in f32.
+    #[test]
+    fn fragment_variants_need_mma_and_half_types() {
+        let plain = kernel_variants(&gpu(), &TargetProperties::default()).unwrap();
+        assert!(plain.iter().all(|v| v.family != KernelFamily::Fragments));
+
+        let variants =
+            kernel_variants(&gpu_with_fragments(), &TargetProperties::default()).unwrap();
         let fragments: Vec<_> = variants
             .iter()
             .filter(|v| v.family == KernelFamily::Fragments)
