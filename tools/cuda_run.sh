@@ -25,6 +25,8 @@
 # CUDA_RUN_SECONDS (560 by default: a lease is short), in the order CUDA_RUN_STAGES
 # names them (see below):
 # - gpu.txt: the GPU as nvidia-smi names it, and where NVRTC was found;
+# - profile.txt, profile.ncu-rep, profile.log: Nsight Compute's details of the fragment
+#   kernels (forward, dQ, dK/dV) at seq 4096, head dim 128, bf16 (stage `profile`);
 # - tests.log: `ops::flash_attention::tests::cuda` through the default kernels (autotuned
 #   on a GPU; the fragment forward's grid in bf16 among them), then again with
 #   BURN_TRANSFORMER_FLASH_KERNEL=tensor-cores;
@@ -141,10 +143,11 @@ run)
             ${BENCH_ARGS:-} >>"$out/bench/bench.log" 2>&1
     }
     # The stages, in the order CUDA_RUN_STAGES names them (by default the acceptance's
-    # columns first: the fastest fused family against Burn and PyTorch; then the kernel
-    # tests but the f32 grid; the other families; the f32 grid last).
+    # columns first: the fastest fused family against Burn and PyTorch; a profile of
+    # its kernels; then the kernel tests but the f32 grid; the other families; the f32
+    # grid last).
     : >"$out/tests.log"
-    for stage in ${CUDA_RUN_STAGES:-fragments tests tensor-cores tests-tc families grid-f32}; do
+    for stage in ${CUDA_RUN_STAGES:-fragments profile tests tensor-cores tests-tc families grid-f32}; do
         case "$stage" in
         fragments) bench_batch 200 'fused[fragments],burn cuda,torch_sdpa' ;;
         tensor-cores) bench_batch 70 'fused[tensor-cores]' ;;
@@ -157,6 +160,28 @@ run)
             echo "=== kernel tests, BURN_TRANSFORMER_FLASH_KERNEL=tensor-cores" >>"$out/tests.log"
             within 60 env BURN_TRANSFORMER_FLASH_KERNEL=tensor-cores "${tests[@]}" \
                 --skip parity_grid_f32 >>"$out/tests.log" 2>&1
+            ;;
+        profile)
+            # Nsight Compute on the fragment kernels of one forward+backward cell: the
+            # first launch of each (forward, dQ, dK/dV), their speed of light,
+            # occupancy, warp stalls and memory traffic, as text and as a report.
+            ncu=$(command -v ncu || find /opt/nvidia /usr/local/cuda*/ -name ncu -type f \
+                2>/dev/null | head -n1 || true)
+            if [ -z "$ncu" ]; then
+                echo "no ncu on this machine" >"$out/profile.txt"
+            else
+                within 120 "$ncu" --target-processes all --kernel-name regex:fragment_ \
+                    --launch-count 3 --section SpeedOfLight --section Occupancy \
+                    --section LaunchStats --section WarpStateStats \
+                    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+                    --section InstructionStats -o "$out/profile" \
+                    "$binaries/bench" --backends cuda --suites attention \
+                    --out "$(mktemp -d)" --docs "$(mktemp)" --timeout 100 \
+                    --only 'fused[fragments] cuda fwd_bwd 4×16 seq 4096 d 128 bf16' \
+                    >"$out/profile.log" 2>&1
+                "$ncu" --import "$out/profile.ncu-rep" --page details \
+                    >"$out/profile.txt" 2>&1 || true
+            fi
             ;;
         grid-f32)
             echo "=== kernel tests, the f32 grid (register tiles)" >>"$out/tests.log"

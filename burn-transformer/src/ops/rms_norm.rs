@@ -333,7 +333,11 @@ mod tests {
                 let (y_ref, d_x_ref, d_w_ref) = run(false).expect("composed");
                 assert_close(y, y_ref, 1e-5, "rms norm");
                 assert_close(d_x, d_x_ref, 1e-5, "rms norm d_x");
-                assert_close(d_w, d_w_ref, 1e-4, "rms norm d_weight");
+                // The weight gradient sums every row (2100 in the second case), in task
+                // order here and in one pass there: f32 rounding grows with the sum's
+                // magnitude, so the bound is relative to it.
+                let magnitude = d_w_ref.clone().abs().max().into_scalar::<f32>();
+                assert_close(d_w, d_w_ref, 1e-5 * magnitude.max(1.0), "rms norm d_weight");
             }
         }
     }
