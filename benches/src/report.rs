@@ -225,9 +225,10 @@ fn attention_section(records: &[Record], out_dir: &Path) -> Result<Option<Sectio
          the result — or of each gradient — is read back). `fwd_bwd` is the forward pass \
          plus the gradients of q, k and v. `fused[family]` is the fused op through one \
          kernel family (register tiles, staged shared-memory tiles, tensor-core tile \
-         products); `torch_sdpa` is PyTorch's `scaled_dot_product_attention` on the same \
+         products, tensor-core fragments); `torch_sdpa` is PyTorch's `scaled_dot_product_attention` on the same \
          device (on CUDA its FlashAttention kernel for bf16/f16, its memory-efficient \
-         kernel for f32). Ratios above 1 mean the peer is slower than the first column. \
+         kernel for f32). Ratios above 1 mean the peer is slower than the first column (where a \
+         table compares kernel families, than the row's fastest family: `best fused`). \
          Memory is each cell's peak (see [Scaling](#scaling)). TFLOP/s counts \
          FlashAttention's way: 4·batch·heads·seq²·d for a forward, half of it when \
          causal, 3.5 times it for forward+backward. Every forward output was checked \
@@ -273,7 +274,26 @@ fn attention_table(cells: &[&Record]) -> Table {
         .copied()
         .filter(|label| cells.iter().any(|r| attention_column(r) == *label))
         .collect();
-    let base = labels[0];
+    // Where the run compared the fused op's kernel families (cuda), each row's ratios
+    // are against the fastest of them, the fused op at its best; elsewhere against the
+    // first column.
+    let families: Vec<&str> = labels
+        .iter()
+        .copied()
+        .filter(|l| l.starts_with("fused["))
+        .collect();
+    let (base, compared): (&str, Vec<&str>) = if families.len() > 1 {
+        (
+            "best fused",
+            labels
+                .iter()
+                .copied()
+                .filter(|l| !families.contains(l))
+                .collect(),
+        )
+    } else {
+        (labels[0], labels[1..].to_vec())
+    };
     let mixed_runs = runs(cells.iter().copied()).len() > 1;
     let dtypes = cells.iter().any(|r| r.dtype_name() != "f32");
     let gpu = cells.iter().any(|r| r.backend == "cuda");
@@ -285,7 +305,7 @@ fn attention_table(cells: &[&Record]) -> Table {
         header.push("dtype".into());
     }
     header.extend(labels.iter().map(|l| format!("{l} ms")));
-    header.extend(labels[1..].iter().map(|l| format!("{l} / {base}")));
+    header.extend(compared.iter().map(|l| format!("{l} / {base}")));
     if gpu {
         header.extend(labels.iter().map(|l| format!("{l} TFLOP/s")));
     }
@@ -317,7 +337,15 @@ fn attention_table(cells: &[&Record]) -> Table {
             row.push(key.7.clone());
         }
         row.extend(labels.iter().map(|l| ms(time(l))));
-        row.extend(labels[1..].iter().map(|l| ratio(time(l), time(base))));
+        let base_time = if families.len() > 1 {
+            families
+                .iter()
+                .filter_map(|l| time(l))
+                .min_by(f64::total_cmp)
+        } else {
+            time(base)
+        };
+        row.extend(compared.iter().map(|l| ratio(time(l), base_time)));
         if gpu {
             row.extend(labels.iter().map(|l| rate(find(l).and_then(|r| r.tflops))));
         }
@@ -1051,6 +1079,56 @@ mod tests {
             "- attention on wgpu, `burn` fwd seq 8192 width 64 causal; `reference` fwd seq \
              8192 width 64 non-causal: skipped\n"
         ));
+    }
+
+    /// Where a table compares the fused op's kernel families, each peer's ratio is
+    /// against the row's fastest family, whichever it is.
+    #[test]
+    fn ratios_compare_peers_with_the_fastest_kernel_family() {
+        let cell = |implementation: &str, kernel: Option<&str>, seq: usize, ms: f64| Record {
+            seq,
+            head_dim: 128,
+            pass: "fwd".into(),
+            kernel: kernel.map(str::to_string),
+            ms_median: Some(ms),
+            ..Record::new("attention", implementation, "cuda")
+        };
+        let records = [
+            cell("fused", Some("fragments"), 1024, 2.0),
+            cell("fused", Some("staged"), 1024, 8.0),
+            cell("burn", None, 1024, 4.0),
+            cell("torch_sdpa", None, 1024, 1.0),
+            // No fragment cell in this row: the staged family is its fastest.
+            cell("fused", Some("staged"), 2048, 10.0),
+            cell("burn", None, 2048, 20.0),
+        ];
+        let refs: Vec<&Record> = records.iter().collect();
+        let table = attention_table(&refs);
+        let column = |name: &str| {
+            table
+                .header
+                .iter()
+                .position(|h| h == name)
+                .unwrap_or_else(|| panic!("no column {name} in {:?}", table.header))
+        };
+        let (burn, torch) = (
+            column("burn / best fused"),
+            column("torch_sdpa / best fused"),
+        );
+        assert!(
+            !table
+                .header
+                .iter()
+                .any(|h| h.starts_with("fused[staged] /"))
+        );
+        assert_eq!(
+            (table.rows[0][burn].as_str(), table.rows[0][torch].as_str()),
+            ("2.00×", "0.50×")
+        );
+        assert_eq!(
+            (table.rows[1][burn].as_str(), table.rows[1][torch].as_str()),
+            ("2.00×", "–")
+        );
     }
 
     #[test]
