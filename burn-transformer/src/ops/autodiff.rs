@@ -1,6 +1,6 @@
 //! How the fused CPU ops join the autodiff graph (one that saves its two inputs, one
-//! with a single differentiated input), and how a two-input op's backward hands both
-//! gradients back.
+//! with a single differentiated input), and how their backwards hand the gradients
+//! back.
 
 use burn::backend::Autodiff;
 use burn::backend::Backend;
@@ -67,5 +67,20 @@ pub(crate) fn backward_binary<B: Backend, S>(
         if let Some(node) = node {
             grads.register::<B>(node.id, d_input);
         }
+    }
+}
+
+/// The body of a one-input op's [`Backward::backward`]: `backward` turns the saved state
+/// and the output's gradient into the input's gradient, computed only when the input
+/// is tracked.
+pub(crate) fn backward_unary<B: Backend, S>(
+    ops: Ops<S, 1>,
+    grads: &mut Gradients,
+    backward: impl FnOnce(S, FloatTensor<B>) -> FloatTensor<B>,
+) {
+    let grad = grads.consume::<B>(&ops.node);
+    let [node] = ops.parents;
+    if let Some(node) = node {
+        grads.register::<B>(node.id, backward(ops.state, grad));
     }
 }

@@ -266,7 +266,7 @@ mod autodiff {
     use burn::backend::tensor::FloatTensor;
 
     use super::{RopeLayout, RotaryOps};
-    use crate::ops::autodiff::record_unary;
+    use crate::ops::autodiff::{backward_unary, record_unary};
 
     #[derive(Debug)]
     struct RotaryBackward {
@@ -283,12 +283,9 @@ mod autodiff {
             grads: &mut Gradients,
             _checkpointer: &mut Checkpointer,
         ) {
-            let grad = grads.consume::<B>(&ops.node);
-            let (cos, sin) = ops.state;
-            let [node] = ops.parents;
-            if let Some(node) = node {
-                grads.register::<B>(node.id, B::rotary_backward(grad, cos, sin, self.layout));
-            }
+            backward_unary::<B, _>(ops, grads, |(cos, sin), grad| {
+                B::rotary_backward(grad, cos, sin, self.layout)
+            });
         }
     }
 

@@ -227,7 +227,7 @@ mod autodiff {
     use burn::backend::tensor::FloatTensor;
 
     use super::{AttentionSoftmaxOps, ScoreOptions};
-    use crate::ops::autodiff::record_unary;
+    use crate::ops::autodiff::{backward_unary, record_unary};
 
     #[derive(Debug)]
     struct AttentionSoftmaxBackward;
@@ -242,13 +242,9 @@ mod autodiff {
             grads: &mut Gradients,
             _checkpointer: &mut Checkpointer,
         ) {
-            let grad = grads.consume::<B>(&ops.node);
-            let (probabilities, options) = ops.state;
-            let [node_scores] = ops.parents;
-            if let Some(node) = node_scores {
-                let d_scores = B::attention_softmax_backward(probabilities, grad, options);
-                grads.register::<B>(node.id, d_scores);
-            }
+            backward_unary::<B, _>(ops, grads, |(probabilities, options), grad| {
+                B::attention_softmax_backward(probabilities, grad, options)
+            });
         }
     }
 
