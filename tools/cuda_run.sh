@@ -36,7 +36,9 @@
 #   kernels (forward, dQ, dK/dV) at seq 4096, head dim 128, bf16 (stage `profile`);
 # - tests.log: `ops::flash_attention::tests::cuda` through the default kernels (autotuned
 #   on a GPU; the fragment forward's grid in bf16 among them), then again with
-#   BURN_TRANSFORMER_FLASH_KERNEL=tensor-cores;
+#   BURN_TRANSFORMER_FLASH_KERNEL=tensor-cores; the fragment grid and the half-type
+#   subset with BURN_TRANSFORMER_FLASH_LDMATRIX=1 (stage `ldmatrix`, which also times
+#   those kernels as the column fused[fragments+ldmatrix]);
 # - bench.tar.gz: docs/benchmarks/ and docs/benchmarks.md with the attention suite's
 #   CUDA records added (results.jsonl) and the report redrawn, plus bench.log. Unpack it
 #   over docs/ to commit the rows. The quick CUDA grid runs in batches, the fastest
@@ -150,13 +152,24 @@ run)
             ${BENCH_ARGS:-} >>"$out/bench/bench.log" 2>&1
     }
     # The stages, in the order CUDA_RUN_STAGES names them (by default the acceptance's
-    # columns first: the fastest fused family against Burn and PyTorch; a profile of
+    # columns first: the fastest fused family against Burn and PyTorch, and its
+    # `ldmatrix` variant beside it; a profile of
     # its kernels; then the kernel tests but the f32 grid; the other families; the f32
     # grid last).
     : >"$out/tests.log"
-    for stage in ${CUDA_RUN_STAGES:-fragments profile tests tensor-cores tests-tc families grid-f32}; do
+    for stage in ${CUDA_RUN_STAGES:-fragments ldmatrix profile tests tensor-cores tests-tc families grid-f32}; do
         case "$stage" in
         fragments) bench_batch 200 'fused[fragments],burn cuda,torch_sdpa' ;;
+        ldmatrix)
+            # The fragment kernels with `ldmatrix` loads (opt-in): their tests first,
+            # then their cells beside the batch above (column fused[fragments+ldmatrix]).
+            echo "=== kernel tests, BURN_TRANSFORMER_FLASH_LDMATRIX=1" >>"$out/tests.log"
+            within 90 env BURN_TRANSFORMER_FLASH_LDMATRIX=1 "${tests[@]}" \
+                parity_grid_fragments half_precision_subset >>"$out/tests.log" 2>&1
+            export BURN_TRANSFORMER_FLASH_LDMATRIX=1
+            bench_batch 120 'fused[fragments+ldmatrix]'
+            unset BURN_TRANSFORMER_FLASH_LDMATRIX
+            ;;
         tensor-cores) bench_batch 70 'fused[tensor-cores]' ;;
         families) bench_batch 400 'fused[staged],fused[register],reference cuda' ;;
         tests)

@@ -25,6 +25,7 @@ const ATTENTION_IMPLS: &[&str] = &[
     "fused[staged]",
     "fused[tensor-cores]",
     "fused[fragments]",
+    "fused[fragments+ldmatrix]",
     "reference",
     "burn",
     "torch_sdpa",

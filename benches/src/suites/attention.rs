@@ -303,7 +303,7 @@ impl Cell {
             causal: self.causal,
             pass: self.pass().into(),
             dtype: Some(dtype_name(self.dtype).into()),
-            kernel: self.kernel.map(|kernel| kernel.name().into()),
+            kernel: self.kernel.map(kernel_label),
             ..Record::new("attention", self.implementation.name(), &self.backend)
         }
     }
@@ -540,6 +540,19 @@ struct TorchResult {
     check_error: Option<f64>,
     checked_against: Option<String>,
     failure: Option<String>,
+}
+
+/// A kernel family's name in records and columns: its own, or `fragments+ldmatrix`
+/// for the fragment kernels when `BURN_TRANSFORMER_FLASH_LDMATRIX=1` gives them
+/// `ldmatrix` loads, so that a run with and one without compare side by side.
+fn kernel_label(kernel: FlashKernel) -> String {
+    if kernel == FlashKernel::Fragments
+        && burn_transformer::ops::flash_attention::matrix_loads_requested()
+    {
+        format!("{}+ldmatrix", kernel.name())
+    } else {
+        kernel.name().into()
+    }
 }
 
 /// Largest `seq × seq` scores buffer (bytes) a naive peer may allocate on a GPU backend

@@ -43,7 +43,9 @@ pub use cube::{
     VARIANT_SEQ_LEN, kernel_variants,
 };
 pub use fused::{check_support, flash_attention, flash_attention_with_lse};
-pub use problem::{FlashKernel, Problem, ScoreOptions, Unsupported};
+pub use problem::{
+    FlashKernel, MATRIX_LOADS_VAR, Problem, ScoreOptions, Unsupported, matrix_loads_requested,
+};
 
 #[cfg(test)]
 pub(crate) mod tests;

@@ -129,6 +129,18 @@ impl FlashKernel {
     }
 }
 
+/// Environment variable that, set to `1`, has the [`FlashKernel::Fragments`] kernels
+/// load their fragments of the tiles staged in shared memory with `ldmatrix` (CUDA,
+/// f16/bf16: one instruction per fragment, the plane naming whole 8×8 matrices)
+/// instead of element by element. Opt-in: no GPU has run the parity grid through
+/// these loads yet.
+pub const MATRIX_LOADS_VAR: &str = "BURN_TRANSFORMER_FLASH_LDMATRIX";
+
+/// Whether [`MATRIX_LOADS_VAR`] asks for `ldmatrix` loads (its value is `1`).
+pub fn matrix_loads_requested() -> bool {
+    std::env::var(MATRIX_LOADS_VAR).is_ok_and(|value| value.trim() == "1")
+}
+
 impl From<FlashKernel> for &'static str {
     fn from(kernel: FlashKernel) -> Self {
         kernel.name()

@@ -69,6 +69,19 @@ pub enum FragmentOps {
     Emulated,
 }
 
+/// How the lanes of a plane load their fragments of a tile staged in shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FragmentLoads {
+    /// Each lane reads its own elements at their positions (any device).
+    Elements,
+    /// `ldmatrix` (CUDA, 16-bit inputs): the plane loads whole 8×8 matrices, each lane
+    /// naming one 16-byte row, and the instruction hands each lane its elements;
+    /// `.trans` for a factor stored across its fragment pairs (`V` in `P·V`). One
+    /// instruction per `B` fragment, or per `A` fragment, in place of four to eight
+    /// loads and their address arithmetic.
+    Matrices,
+}
+
 /// The lane of the calling unit within its plane of [`LANES`] (units are numbered
 /// plane by plane).
 #[cube]
@@ -77,6 +90,11 @@ pub fn fragment_lane() -> u32 {
 }
 
 /// `(row, column)` of element `i` of `lane`'s `A` fragment.
+///
+/// In each fragment layout (`A`, `B`, `C`) a lane's element `i` lies at the lane's
+/// first element plus lane 0's element `i`: the loads below compute the lane's part
+/// once and add constants, which the device compiler folds into the load
+/// instructions' offsets.
 #[cube]
 pub fn a_position(lane: u32, i: u32) -> (usize, usize) {
     let row = mma::row_index(lane, i, ELEMS_PER_REGISTER, MatrixIdent::A);
@@ -111,20 +129,41 @@ pub fn load_b<F: Float>(
     n0: usize,
     #[comptime] stride: usize,
     #[comptime] transposed: bool,
+    #[comptime] loads: FragmentLoads,
 ) -> Array<Pair<F>> {
-    let lane = fragment_lane();
+    if comptime!(loads == FragmentLoads::Matrices) {
+        load_b_matrices::<F>(tile, k0, n0, stride, transposed)
+    } else {
+        load_b_elements::<F>(tile, k0, n0, stride, transposed)
+    }
+}
+
+/// [`load_b`], each lane reading its own elements.
+#[cube]
+fn load_b_elements<F: Float>(
+    tile: &Shared<[F]>,
+    k0: usize,
+    n0: usize,
+    #[comptime] stride: usize,
+    #[comptime] transposed: bool,
+) -> Array<Pair<F>> {
+    let (lane_k, lane_n) = b_position(fragment_lane(), 0);
+    let mut lane_offset = lane_k * stride + lane_n;
+    if transposed {
+        lane_offset = lane_n * stride + lane_k;
+    }
     let mut b = Array::<Pair<F>>::new(B_PAIRS);
     #[unroll]
     for p in 0..B_PAIRS {
         let mut pair = Pair::<F>::empty();
         #[unroll]
         for e in 0..2 {
-            let (kk, n) = b_position(lane, (2 * p + e) as u32);
+            let (kk, n) = b_position(0, (2 * p + e) as u32);
             let mut offset = (k0 + kk) * stride + n0 + n;
             if transposed {
                 offset = (n0 + n) * stride + k0 + kk;
             }
-            pair.insert(e, tile[offset]);
+            pair.insert(e, tile[lane_offset + offset]);
         }
         b[p] = pair;
     }
@@ -139,20 +178,87 @@ pub fn load_a<F: Float>(
     m0: usize,
     k0: usize,
     #[comptime] stride: usize,
+    #[comptime] loads: FragmentLoads,
 ) -> Array<Pair<F>> {
-    let lane = fragment_lane();
+    if comptime!(loads == FragmentLoads::Matrices) {
+        load_a_matrices::<F>(tile, m0, k0, stride)
+    } else {
+        load_a_elements::<F>(tile, m0, k0, stride)
+    }
+}
+
+/// [`load_a`], each lane reading its own elements.
+#[cube]
+fn load_a_elements<F: Float>(
+    tile: &Shared<[F]>,
+    m0: usize,
+    k0: usize,
+    #[comptime] stride: usize,
+) -> Array<Pair<F>> {
+    let (lane_m, lane_k) = a_position(fragment_lane(), 0);
+    let lane_offset = lane_m * stride + lane_k;
     let mut a = Array::<Pair<F>>::new(A_PAIRS);
     #[unroll]
     for p in 0..A_PAIRS {
         let mut pair = Pair::<F>::empty();
         #[unroll]
         for e in 0..2 {
-            let (m, kk) = a_position(lane, (2 * p + e) as u32);
-            pair.insert(e, tile[(m0 + m) * stride + k0 + kk]);
+            let (m, kk) = a_position(0, (2 * p + e) as u32);
+            pair.insert(e, tile[lane_offset + (m0 + m) * stride + k0 + kk]);
         }
         a[p] = pair;
     }
     a
+}
+
+/// [`load_b`] through one `ldmatrix.x2`: matrix 0 holds `B`'s rows `k0 .. k0 + 8`,
+/// matrix 1 rows `k0 + 8 .. k0 + 16`, each 8×8 with columns `n0 .. n0 + 8`; lanes
+/// `8i .. 8i + 8` name matrix `i`'s stored rows. Stored transposed (`Kᵀ` from keys)
+/// a stored row is a column of `B` and the plain instruction hands lane `4g + t`
+/// the pair at `B` rows `2t, 2t + 1`, column `g`; stored as is (`V`), a stored row
+/// is a row of `B` and `.trans` hands it the same pair. Rows are 16 bytes: `stride`
+/// and the offsets are multiples of 8 elements (the tiles are 128-byte aligned).
+#[cube]
+fn load_b_matrices<F: Float>(
+    tile: &Shared<[F]>,
+    k0: usize,
+    n0: usize,
+    #[comptime] stride: usize,
+    #[comptime] transposed: bool,
+) -> Array<Pair<F>> {
+    let lane = fragment_lane() as usize;
+    // Lanes 16–31 name no row of an `.x2` load; they repeat lanes 0–15's.
+    let row = lane % 8;
+    let matrix = (lane / 8) % B_PAIRS;
+    let mut start = (k0 + matrix * 8 + row) * stride + n0;
+    if transposed {
+        start = (n0 + row) * stride + k0 + matrix * 8;
+    }
+    let definition = cmma::MmaDefinition::<F, F, f32>::new(TILE_M, TILE_N, TILE_K);
+    definition.load_matrix::<F, Const<2>>(
+        &tile[start..start + 8],
+        MatrixIdent::B,
+        B_PAIRS,
+        !transposed,
+    )
+}
+
+/// [`load_a`] through one `ldmatrix.x4`: matrices 0–3 hold the 8×8 blocks of the
+/// 16×16 `A` at rows `m0`, `m0 + 8`, `m0`, `m0 + 8` and columns `k0`, `k0`, `k0 + 8`,
+/// `k0 + 8`, in the order of the lane's pairs (see the module docs); lanes
+/// `8i .. 8i + 8` name matrix `i`'s rows.
+#[cube]
+fn load_a_matrices<F: Float>(
+    tile: &Shared<[F]>,
+    m0: usize,
+    k0: usize,
+    #[comptime] stride: usize,
+) -> Array<Pair<F>> {
+    let lane = fragment_lane() as usize;
+    let matrix = lane / 8;
+    let start = (m0 + (matrix % 2) * 8 + lane % 8) * stride + k0 + (matrix / 2) * 8;
+    let definition = cmma::MmaDefinition::<F, F, f32>::new(TILE_M, TILE_N, TILE_K);
+    definition.load_matrix::<F, Const<2>>(&tile[start..start + 8], MatrixIdent::A, A_PAIRS, false)
 }
 
 /// The calling lane's `A` fragments of 16 rows of one head of a contiguous
@@ -220,6 +326,7 @@ pub fn row_products<F: Float>(
     #[comptime] stride: usize,
     scratch: &mut Shared<[f32]>,
     #[comptime] ops: FragmentOps,
+    #[comptime] loads: FragmentLoads,
 ) -> Array<Pair<f32>> {
     let unrolled = comptime!(ops == FragmentOps::TensorCores);
     let mut out = zero_fragments(tiles, unrolled);
@@ -227,7 +334,7 @@ pub fn row_products<F: Float>(
     for j in 0..tiles {
         #[unroll(unrolled)]
         for c in 0..chunks {
-            let columns = load_b::<F>(tile, c * TILE_K, j * TILE_N, stride, true);
+            let columns = load_b::<F>(tile, c * TILE_K, j * TILE_N, stride, true, loads);
             fragment_product::<F>(
                 rows,
                 c * A_PAIRS,
@@ -256,15 +363,16 @@ pub fn staged_row_products<F: Float>(
     #[comptime] stride: usize,
     scratch: &mut Shared<[f32]>,
     #[comptime] ops: FragmentOps,
+    #[comptime] loads: FragmentLoads,
 ) -> Array<Pair<f32>> {
     let unrolled = comptime!(ops == FragmentOps::TensorCores);
     let mut out = zero_fragments(tiles, unrolled);
     #[unroll(unrolled)]
     for c in 0..chunks {
-        let left = load_a::<F>(rows, first, c * TILE_K, stride);
+        let left = load_a::<F>(rows, first, c * TILE_K, stride, loads);
         #[unroll(unrolled)]
         for j in 0..tiles {
-            let columns = load_b::<F>(tile, c * TILE_K, j * TILE_N, stride, true);
+            let columns = load_b::<F>(tile, c * TILE_K, j * TILE_N, stride, true, loads);
             fragment_product::<F>(&left, 0, &columns, &mut out, j * C_PAIRS, scratch, ops);
         }
     }
@@ -287,6 +395,7 @@ pub fn accumulate_products<F: Float>(
     acc: &mut Array<Pair<f32>>,
     scratch: &mut Shared<[f32]>,
     #[comptime] ops: FragmentOps,
+    #[comptime] loads: FragmentLoads,
 ) {
     let unrolled = comptime!(ops == FragmentOps::TensorCores);
     #[unroll(unrolled)]
@@ -294,7 +403,7 @@ pub fn accumulate_products<F: Float>(
         let left = c_tiles_as_a::<F>(block, 2 * c * C_PAIRS);
         #[unroll(unrolled)]
         for n in 0..tiles {
-            let columns = load_b::<F>(tile, c * TILE_K, n * TILE_N, stride, false);
+            let columns = load_b::<F>(tile, c * TILE_K, n * TILE_N, stride, false, loads);
             fragment_product::<F>(&left, 0, &columns, acc, n * C_PAIRS, scratch, ops);
         }
     }

@@ -27,14 +27,18 @@
 use cubecl::prelude::*;
 
 use super::fragment::{
-    C_PAIRS, EMULATION_SCRATCH, FragmentOps, LANES, Pair, TILE_K, TILE_M, TILE_N,
+    C_PAIRS, EMULATION_SCRATCH, FragmentLoads, FragmentOps, LANES, Pair, TILE_K, TILE_M, TILE_N,
     accumulate_products, c_position, fragment_lane, load_rows_as_a, quad_max, quad_sum,
     row_products, staged_row_products, zero_fragments,
 };
 use super::kernels::{
-    HIDDEN, Sizes, key_range, kv_head_of, query_heads_of, row_range, structurally_visible,
+    HIDDEN, Sizes, block_open, key_range, kv_head_of, query_heads_of, row_range,
+    structurally_visible,
 };
-use super::softmax::{finish_row, masked_score, online_max, probability, probability_and_gradient};
+use super::softmax::{
+    finish_row, masked_score, online_max, open_probability_and_gradient, open_score, probability,
+    probability_and_gradient,
+};
 use super::staged::{shared_tile, split_key_range, stage_key_block, stage_row_stats, stage_rows};
 
 /// Elements that pad each row of the staged `K` and `V` tiles: 16 bytes of f16/bf16,
@@ -56,6 +60,11 @@ pub struct FragmentConfig {
     pub d_v: usize,
     /// How the fragment products and quad reductions run.
     pub ops: FragmentOps,
+    /// How lanes load their fragments of the tiles staged in shared memory.
+    pub loads: FragmentLoads,
+    /// Elements a unit copies at once when it stages rows (a divisor of [`ROW_PAD`];
+    /// see [`stage_rows`]).
+    pub staging: usize,
 }
 
 impl FragmentConfig {
@@ -170,6 +179,8 @@ pub fn fragment_forward<F: Float>(
     // Rows of one split's output: every row of every head.
     let split_row = CUBE_POS_Z as usize * CUBE_COUNT_Y as usize * seq_q;
     let plane_row = first_row + plane * TILE_M;
+    // Absolute position of the plane's first query row.
+    let plane_pos = i32::cast_from(plane_row) + shift;
 
     let mut k_tile = shared_tile::<F>(bk * k_stride);
     let mut v_tile = shared_tile::<F>(bk * v_stride);
@@ -211,6 +222,7 @@ pub fn fragment_forward<F: Float>(
             d_v,
             k_stride,
             v_stride,
+            config.staging,
         );
         sync_cube();
 
@@ -223,6 +235,7 @@ pub fn fragment_forward<F: Float>(
             k_stride,
             &mut scratch,
             ops,
+            config.loads,
         );
 
         // Masked scores and each row's max over the block.
@@ -231,25 +244,50 @@ pub fn fragment_forward<F: Float>(
         for p in 0..C_PAIRS {
             block_max[p] = f32::new(HIDDEN);
         }
-        #[unroll(unrolled)]
-        for j in 0..score_tiles {
+        // Keys past `kv_end` belong to the next split (or are hidden anyway).
+        let open = block_open(
+            plane_pos,
+            plane_pos + (TILE_M - 1) as i32,
+            start,
+            start + (bk - 1) as i32,
+            kv_end,
+            &sizes,
+        );
+        if open {
             #[unroll(unrolled)]
-            for p in 0..C_PAIRS {
-                let mut pair = scores[j * C_PAIRS + p];
-                #[unroll]
-                for e in 0..2 {
-                    let (r, col) = c_position(lane, (2 * p + e) as u32);
-                    let t = j * TILE_N + col;
-                    let pos = i32::cast_from(plane_row + r) + shift;
-                    // Keys past `kv_end` belong to the next split (or are hidden anyway).
-                    let key = start + t as i32;
-                    let visible =
-                        kept[t] != 0 && key < kv_end && structurally_visible(pos, key, &sizes);
-                    let score = masked_score(pair.extract(e) * sizes.scale, visible, &sizes);
-                    pair.insert(e, score);
-                    block_max[p] = f32::max(block_max[p], score);
+            for j in 0..score_tiles {
+                #[unroll(unrolled)]
+                for p in 0..C_PAIRS {
+                    let mut pair = scores[j * C_PAIRS + p];
+                    #[unroll]
+                    for e in 0..2usize {
+                        let score = open_score(pair.extract(e) * sizes.scale);
+                        pair.insert(e, score);
+                        block_max[p] = f32::max(block_max[p], score);
+                    }
+                    scores[j * C_PAIRS + p] = pair;
                 }
-                scores[j * C_PAIRS + p] = pair;
+            }
+        } else {
+            #[unroll(unrolled)]
+            for j in 0..score_tiles {
+                #[unroll(unrolled)]
+                for p in 0..C_PAIRS {
+                    let mut pair = scores[j * C_PAIRS + p];
+                    #[unroll]
+                    for e in 0..2 {
+                        let (r, col) = c_position(lane, (2 * p + e) as u32);
+                        let t = j * TILE_N + col;
+                        let pos = plane_pos + r as i32;
+                        let key = start + t as i32;
+                        let visible =
+                            kept[t] != 0 && key < kv_end && structurally_visible(pos, key, &sizes);
+                        let score = masked_score(pair.extract(e) * sizes.scale, visible, &sizes);
+                        pair.insert(e, score);
+                        block_max[p] = f32::max(block_max[p], score);
+                    }
+                    scores[j * C_PAIRS + p] = pair;
+                }
             }
         }
         // The online softmax per row: the quad's max, the rescaling of what the lane
@@ -288,6 +326,7 @@ pub fn fragment_forward<F: Float>(
             &mut acc,
             &mut scratch,
             ops,
+            config.loads,
         );
         sync_cube();
         start += bk as i32;
@@ -365,6 +404,7 @@ pub fn fragment_backward_q<F: Float>(
     let first_row = CUBE_POS_X as usize * block_q;
     let (kv_start, kv_end) = key_range(first_row, block_q, &sizes);
     let plane_row = first_row + plane * TILE_M;
+    let plane_pos = i32::cast_from(plane_row) + shift;
 
     let mut k_tile = shared_tile::<F>(bk * k_stride);
     let mut v_tile = shared_tile::<F>(bk * v_stride);
@@ -407,6 +447,7 @@ pub fn fragment_backward_q<F: Float>(
             d_v,
             k_stride,
             v_stride,
+            config.staging,
         );
         sync_cube();
 
@@ -419,6 +460,7 @@ pub fn fragment_backward_q<F: Float>(
             k_stride,
             &mut scratch,
             ops,
+            config.loads,
         );
         let mut grads = row_products::<F>(
             &do_fragments,
@@ -428,32 +470,63 @@ pub fn fragment_backward_q<F: Float>(
             v_stride,
             &mut scratch,
             ops,
+            config.loads,
         );
         // dS = P ∘ (dP − D) ∘ softcap', in place of dP.
-        #[unroll(unrolled)]
-        for j in 0..score_tiles {
+        let open = block_open(
+            plane_pos,
+            plane_pos + (TILE_M - 1) as i32,
+            start,
+            start + (bk - 1) as i32,
+            kv_end,
+            &sizes,
+        );
+        if open {
             #[unroll(unrolled)]
-            for p in 0..C_PAIRS {
-                let score = scores[j * C_PAIRS + p];
-                let mut pair = grads[j * C_PAIRS + p];
-                #[unroll]
-                for e in 0..2usize {
-                    let (r, col) = c_position(lane, (2 * p + e) as u32);
-                    let t = j * TILE_N + col;
-                    let pos = i32::cast_from(plane_row + r) + shift;
-                    let visible =
-                        kept[t] != 0 && structurally_visible(pos, start + t as i32, &sizes);
-                    let (_, ds) = probability_and_gradient(
-                        score.extract(e) * sizes.scale,
-                        pair.extract(e),
-                        row_lse[p],
-                        row_delta[p],
-                        visible,
-                        &sizes,
-                    );
-                    pair.insert(e, ds);
+            for j in 0..score_tiles {
+                #[unroll(unrolled)]
+                for p in 0..C_PAIRS {
+                    let score = scores[j * C_PAIRS + p];
+                    let mut pair = grads[j * C_PAIRS + p];
+                    #[unroll]
+                    for e in 0..2usize {
+                        let (_, ds) = open_probability_and_gradient(
+                            score.extract(e) * sizes.scale,
+                            pair.extract(e),
+                            row_lse[p],
+                            row_delta[p],
+                        );
+                        pair.insert(e, ds);
+                    }
+                    grads[j * C_PAIRS + p] = pair;
                 }
-                grads[j * C_PAIRS + p] = pair;
+            }
+        } else {
+            #[unroll(unrolled)]
+            for j in 0..score_tiles {
+                #[unroll(unrolled)]
+                for p in 0..C_PAIRS {
+                    let score = scores[j * C_PAIRS + p];
+                    let mut pair = grads[j * C_PAIRS + p];
+                    #[unroll]
+                    for e in 0..2usize {
+                        let (r, col) = c_position(lane, (2 * p + e) as u32);
+                        let t = j * TILE_N + col;
+                        let pos = plane_pos + r as i32;
+                        let visible =
+                            kept[t] != 0 && structurally_visible(pos, start + t as i32, &sizes);
+                        let (_, ds) = probability_and_gradient(
+                            score.extract(e) * sizes.scale,
+                            pair.extract(e),
+                            row_lse[p],
+                            row_delta[p],
+                            visible,
+                            &sizes,
+                        );
+                        pair.insert(e, ds);
+                    }
+                    grads[j * C_PAIRS + p] = pair;
+                }
             }
         }
         // dQ += dS·K, 16 keys at a time (scaled at the end).
@@ -466,6 +539,7 @@ pub fn fragment_backward_q<F: Float>(
             &mut grad,
             &mut scratch,
             ops,
+            config.loads,
         );
         sync_cube();
         start += bk as i32;
@@ -542,6 +616,7 @@ pub fn fragment_backward_kv<F: Float>(
     let (row_start, row_end) = row_range(first_key, block_k, &sizes);
     // The plane's keys: rows `plane_key ..` of the staged tiles.
     let plane_key = plane * TILE_M;
+    let plane_first_key = i32::cast_from(first_key + plane_key);
 
     let mut k_tile = shared_tile::<F>(block_k * qk_stride);
     let mut v_tile = shared_tile::<F>(block_k * v_stride);
@@ -569,6 +644,7 @@ pub fn fragment_backward_kv<F: Float>(
         d_v,
         qk_stride,
         v_stride,
+        config.staging,
     );
     let mut grad_key = zero_fragments(key_grad_tiles, unrolled);
     let mut grad_value = zero_fragments(value_grad_tiles, unrolled);
@@ -587,6 +663,7 @@ pub fn fragment_backward_kv<F: Float>(
                 bq,
                 d_qk,
                 qk_stride,
+                config.staging,
             );
             stage_rows::<F>(
                 grad_out,
@@ -597,6 +674,7 @@ pub fn fragment_backward_kv<F: Float>(
                 bq,
                 d_v,
                 v_stride,
+                config.staging,
             );
             stage_row_stats(
                 stats,
@@ -620,6 +698,7 @@ pub fn fragment_backward_kv<F: Float>(
                 qk_stride,
                 &mut scratch,
                 ops,
+                config.loads,
             );
             let mut grads = staged_row_products::<F>(
                 &v_tile,
@@ -630,36 +709,73 @@ pub fn fragment_backward_kv<F: Float>(
                 v_stride,
                 &mut scratch,
                 ops,
+                config.loads,
             );
-            // Pᵀ in place of Sᵀ, dSᵀ in place of dPᵀ.
-            #[unroll(unrolled)]
-            for j in 0..query_tiles {
+            // Pᵀ in place of Sᵀ, dSᵀ in place of dPᵀ. The block is open when each of
+            // its query rows exists and sees each of the plane's keys.
+            let open = start + (bq as i32) <= row_end
+                && block_open(
+                    start + shift,
+                    start + (bq - 1) as i32 + shift,
+                    plane_first_key,
+                    plane_first_key + (TILE_M - 1) as i32,
+                    i32::cast_from(seq_k),
+                    &sizes,
+                );
+            if open {
                 #[unroll(unrolled)]
-                for p in 0..C_PAIRS {
-                    let mut score = scores[j * C_PAIRS + p];
-                    let mut pair = grads[j * C_PAIRS + p];
-                    #[unroll]
-                    for e in 0..2usize {
-                        let (r, col) = c_position(lane, (2 * p + e) as u32);
-                        let t = j * TILE_N + col;
-                        let key = i32::cast_from(first_key + plane_key + r);
-                        let pos = start + t as i32 + shift;
-                        let visible = row_ok[t] != 0
-                            && kept[plane_key + r] != 0
-                            && structurally_visible(pos, key, &sizes);
-                        let (prob, ds) = probability_and_gradient(
-                            score.extract(e) * sizes.scale,
-                            pair.extract(e),
-                            row_lse[t],
-                            row_delta[t],
-                            visible,
-                            &sizes,
-                        );
-                        score.insert(e, prob);
-                        pair.insert(e, ds);
+                for j in 0..query_tiles {
+                    #[unroll(unrolled)]
+                    for p in 0..C_PAIRS {
+                        let mut score = scores[j * C_PAIRS + p];
+                        let mut pair = grads[j * C_PAIRS + p];
+                        #[unroll]
+                        for e in 0..2usize {
+                            let (_, col) = c_position(lane, (2 * p + e) as u32);
+                            let t = j * TILE_N + col;
+                            let (prob, ds) = open_probability_and_gradient(
+                                score.extract(e) * sizes.scale,
+                                pair.extract(e),
+                                row_lse[t],
+                                row_delta[t],
+                            );
+                            score.insert(e, prob);
+                            pair.insert(e, ds);
+                        }
+                        scores[j * C_PAIRS + p] = score;
+                        grads[j * C_PAIRS + p] = pair;
                     }
-                    scores[j * C_PAIRS + p] = score;
-                    grads[j * C_PAIRS + p] = pair;
+                }
+            } else {
+                #[unroll(unrolled)]
+                for j in 0..query_tiles {
+                    #[unroll(unrolled)]
+                    for p in 0..C_PAIRS {
+                        let mut score = scores[j * C_PAIRS + p];
+                        let mut pair = grads[j * C_PAIRS + p];
+                        #[unroll]
+                        for e in 0..2usize {
+                            let (r, col) = c_position(lane, (2 * p + e) as u32);
+                            let t = j * TILE_N + col;
+                            let key = plane_first_key + r as i32;
+                            let pos = start + t as i32 + shift;
+                            let visible = row_ok[t] != 0
+                                && kept[plane_key + r] != 0
+                                && structurally_visible(pos, key, &sizes);
+                            let (prob, ds) = probability_and_gradient(
+                                score.extract(e) * sizes.scale,
+                                pair.extract(e),
+                                row_lse[t],
+                                row_delta[t],
+                                visible,
+                                &sizes,
+                            );
+                            score.insert(e, prob);
+                            pair.insert(e, ds);
+                        }
+                        scores[j * C_PAIRS + p] = score;
+                        grads[j * C_PAIRS + p] = pair;
+                    }
                 }
             }
             // dV += Pᵀ·dO and dK += dSᵀ·Q, 16 query rows at a time (dK scaled at the
@@ -673,6 +789,7 @@ pub fn fragment_backward_kv<F: Float>(
                 &mut grad_value,
                 &mut scratch,
                 ops,
+                config.loads,
             );
             accumulate_products::<F>(
                 &grads,
@@ -683,6 +800,7 @@ pub fn fragment_backward_kv<F: Float>(
                 &mut grad_key,
                 &mut scratch,
                 ops,
+                config.loads,
             );
             sync_cube();
             start += bq as i32;

@@ -822,4 +822,39 @@ mod tests {
         );
         assert!(matches!(staged, Choice::Fixed(family) if matches!(*family, Family::Staged(_))));
     }
+
+    /// The fragment kernels stage rows as 16-byte vectors where the runtime reads a
+    /// buffer as vectors of another width (CUDA) and element by element where it
+    /// cannot (wgpu), and load their fragments element by element unless `ldmatrix`
+    /// loads are asked for.
+    #[test]
+    fn fragment_staging_copies_vectors_where_the_runtime_retypes_buffers() {
+        use super::super::fragment::FragmentLoads;
+        use super::super::tiling::plan_fragments;
+        let mut cuda = gpu_with_fragments();
+        let f16 = cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::F16);
+        let bf16 = cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::BF16);
+        cuda.features.matmul.ldmatrix.extend([f16, bf16]);
+        let wgpu_like = gpu_with_fragments();
+        cuda.features.memory_reinterpret = true;
+        for dtype in [DType::BF16, DType::F16] {
+            for (d_qk, d_v) in [(64, 64), (128, 128), (192, 128)] {
+                let plan = plan_fragments(&problem(d_qk, d_v), dtype, &cuda).unwrap();
+                let (q, kv) = plan.backward.unwrap();
+                for config in [plan.forward, q, kv] {
+                    // 16 bytes of a 2-byte type.
+                    assert_eq!(config.staging, 8, "{dtype:?} {d_qk}x{d_v}");
+                    if !crate::ops::flash_attention::matrix_loads_requested() {
+                        assert_eq!(config.loads, FragmentLoads::Elements);
+                    }
+                }
+                let plan = plan_fragments(&problem(d_qk, d_v), dtype, &wgpu_like).unwrap();
+                assert_eq!(plan.forward.staging, 1, "{dtype:?} {d_qk}x{d_v}");
+                assert_eq!(plan.forward.loads, FragmentLoads::Elements);
+            }
+        }
+        // Head dims that are odd multiples of 8 still take whole 16-byte vectors.
+        let plan = plan_fragments(&problem(48, 24), DType::BF16, &cuda).unwrap();
+        assert_eq!(plan.forward.staging, 8);
+    }
 }

@@ -16,8 +16,15 @@ use crate::ops::mask::MASKED_ROW_LSE;
 /// `visible`, [`HIDDEN`] elsewhere.
 #[cube]
 pub(super) fn masked_score(scaled: f32, visible: bool, sizes: &Sizes) -> f32 {
-    let score = f32::max(cap_score(scaled, sizes), SCORE_FLOOR);
-    select(visible, score, HIDDEN)
+    select(visible, open_score(cap_score(scaled, sizes)), HIDDEN)
+}
+
+/// A visible (soft-capped) score, floored above [`HIDDEN`]; the whole of
+/// [`masked_score`] in a block where every score is visible and uncapped
+/// ([`block_open`](super::kernels::block_open)).
+#[cube]
+pub(super) fn open_score(score: f32) -> f32 {
+    f32::max(score, SCORE_FLOOR)
 }
 
 /// One step of the online softmax: a row's new running max after a block whose max is
@@ -82,5 +89,27 @@ pub(super) fn probability_and_gradient(
 ) -> (f32, f32) {
     let capped = cap_score(scaled, sizes);
     let p = select(visible, f32::exp(capped - lse), 0.0f32);
-    (p, p * (dp - delta) * cap_derivative(capped, sizes))
+    (
+        p,
+        score_gradient(p, dp, delta) * cap_derivative(capped, sizes),
+    )
+}
+
+/// `dS = P ∘ (dP − D)` of one entry, before the soft-cap's derivative.
+#[cube]
+fn score_gradient(p: f32, dp: f32, delta: f32) -> f32 {
+    p * (dp - delta)
+}
+
+/// [`probability_and_gradient`] of a visible, uncapped score: the whole of it in a
+/// block where every score is ([`block_open`](super::kernels::block_open)).
+#[cube]
+pub(super) fn open_probability_and_gradient(
+    scaled: f32,
+    dp: f32,
+    lse: f32,
+    delta: f32,
+) -> (f32, f32) {
+    let p = f32::exp(scaled - lse);
+    (p, score_gradient(p, dp, delta))
 }

@@ -45,6 +45,8 @@ pub struct StagedConfig {
     pub d_v: usize,
     /// How the tile products are computed.
     pub product: TileProduct,
+    /// Elements a unit copies at once when it stages rows (see [`stage_rows`]).
+    pub staging: usize,
 }
 
 impl StagedConfig {
@@ -79,7 +81,9 @@ pub(super) fn shared_tile<E: CubePrimitive>(#[comptime] len: usize) -> Shared<[E
 /// Copies rows `first .. first + rows` of one head (`head_row = head · seq`) of a
 /// contiguous `[.., seq, d]` tensor into `tile`, row-major with `stride ≥ d` elements
 /// a row; rows past `seq` repeat the last row (their results are masked or never
-/// written).
+/// written). Each unit moves `width` elements at a time (`width` divides `d` and
+/// `stride`): one wide load and store per vector of up to 16 bytes instead of one per
+/// element, where `width > 1`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn stage_rows<F: Float>(
@@ -91,16 +95,60 @@ pub(super) fn stage_rows<F: Float>(
     #[comptime] rows: usize,
     #[comptime] d: usize,
     #[comptime] stride: usize,
+    #[comptime] width: usize,
 ) {
+    if comptime!(width == 8) {
+        stage_row_vectors::<F, Const<8>>(source, tile, head_row, first, seq, rows, d, stride);
+    } else if comptime!(width == 4) {
+        stage_row_vectors::<F, Const<4>>(source, tile, head_row, first, seq, rows, d, stride);
+    } else if comptime!(width == 2) {
+        stage_row_vectors::<F, Const<2>>(source, tile, head_row, first, seq, rows, d, stride);
+    } else {
+        let mut e = UNIT_POS as usize;
+        while e < rows * d {
+            let r = e / d;
+            let mut row = first + r;
+            if row >= seq {
+                row = seq - 1;
+            }
+            let col = e - r * d;
+            tile[r * stride + col] = source[(head_row + row) * d + col];
+            e += CUBE_DIM as usize;
+        }
+    }
+}
+
+/// [`stage_rows`] with vectors of `N` elements: the tensor and the tile are read as
+/// slices of vectors, which needs a runtime that reinterprets memory (CUDA, HIP).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn stage_row_vectors<F: Float, N: Size>(
+    source: &Tensor<F>,
+    tile: &mut Shared<[F]>,
+    head_row: usize,
+    first: usize,
+    seq: usize,
+    #[comptime] rows: usize,
+    #[comptime] d: usize,
+    #[comptime] stride: usize,
+) {
+    let width = N::value();
+    let row_vectors = comptime!(d / width);
+    let tile_stride = comptime!(stride / width);
+    let source = source.as_slice().as_vectorized().with_vector_size::<N>();
+    let tile = tile
+        .inner_mut()
+        .as_vectorized_mut()
+        .with_vector_size_mut::<N>();
     let mut e = UNIT_POS as usize;
-    while e < rows * d {
-        let r = e / d;
+    while e < rows * row_vectors {
+        let r = e / row_vectors;
         let mut row = first + r;
         if row >= seq {
             row = seq - 1;
         }
-        let col = e - r * d;
-        tile[r * stride + col] = source[(head_row + row) * d + col];
+        let col = e - r * row_vectors;
+        tile[r * tile_stride + col] = source[(head_row + row) * row_vectors + col];
         e += CUBE_DIM as usize;
     }
 }
@@ -126,11 +174,16 @@ pub(super) fn stage_key_block<F: Float>(
     #[comptime] d_v: usize,
     #[comptime] k_stride: usize,
     #[comptime] v_stride: usize,
+    #[comptime] width: usize,
 ) {
     let seq_k = sizes.seq_k as usize;
     let head_row = kv_head * seq_k;
-    stage_rows::<F>(k, k_tile, head_row, first, seq_k, block, d_qk, k_stride);
-    stage_rows::<F>(v, v_tile, head_row, first, seq_k, block, d_v, v_stride);
+    stage_rows::<F>(
+        k, k_tile, head_row, first, seq_k, block, d_qk, k_stride, width,
+    );
+    stage_rows::<F>(
+        v, v_tile, head_row, first, seq_k, block, d_v, v_stride, width,
+    );
     stage_kept_keys::<F>(key_mask, kept, first, batch, sizes, block);
 }
 
@@ -287,6 +340,7 @@ pub fn staged_forward<F: Float>(
         bq,
         d_qk,
         d_qk,
+        config.staging,
     );
     zero_tile(&mut acc, bq * d_v);
     let mut r = unit;
@@ -315,6 +369,7 @@ pub fn staged_forward<F: Float>(
             d_v,
             d_qk,
             d_v,
+            config.staging,
         );
         sync_cube();
         // S = Q·Kᵀ
@@ -548,6 +603,7 @@ pub fn staged_backward_q<F: Float>(
         bq,
         d_qk,
         d_qk,
+        config.staging,
     );
     stage_rows::<F>(
         grad_out,
@@ -558,6 +614,7 @@ pub fn staged_backward_q<F: Float>(
         bq,
         d_v,
         d_v,
+        config.staging,
     );
     stage_row_stats(
         stats,
@@ -590,6 +647,7 @@ pub fn staged_backward_q<F: Float>(
             d_v,
             d_qk,
             d_v,
+            config.staging,
         );
         sync_cube();
         // S = Q·Kᵀ and dP = dO·Vᵀ
@@ -710,6 +768,7 @@ pub fn staged_backward_kv<F: Float>(
         d_v,
         d_qk,
         d_v,
+        config.staging,
     );
     zero_tile(&mut dk, bk * d_qk);
     zero_tile(&mut dv, bk * d_v);
@@ -719,7 +778,17 @@ pub fn staged_backward_kv<F: Float>(
         let mut start = row_start;
         while start < row_end {
             let first = start as usize;
-            stage_rows::<F>(q, &mut q_tile, head * seq_q, first, seq_q, bq, d_qk, d_qk);
+            stage_rows::<F>(
+                q,
+                &mut q_tile,
+                head * seq_q,
+                first,
+                seq_q,
+                bq,
+                d_qk,
+                d_qk,
+                config.staging,
+            );
             stage_rows::<F>(
                 grad_out,
                 &mut do_tile,
@@ -729,6 +798,7 @@ pub fn staged_backward_kv<F: Float>(
                 bq,
                 d_v,
                 d_v,
+                config.staging,
             );
             stage_row_stats(
                 stats,

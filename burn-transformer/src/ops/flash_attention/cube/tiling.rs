@@ -6,8 +6,8 @@ use burn::tensor::DType;
 use burn_cubecl::{CubeBackend, CubeDevice};
 
 use super::super::{Problem, Unsupported};
-use super::fragment::{FragmentOps, LANES, TILE_K, TILE_M, TILE_N};
-use super::fragments::{FragmentConfig, FragmentTiling};
+use super::fragment::{FragmentLoads, FragmentOps, LANES, TILE_K, TILE_M, TILE_N};
+use super::fragments::{FragmentConfig, FragmentTiling, ROW_PAD};
 use super::staged::StagedConfig;
 use super::tile_product::{FRAGMENT, TileProduct};
 
@@ -246,10 +246,8 @@ fn multiplies_half_fragments(
     dtype: DType,
     (m, n, k): (usize, usize, usize),
 ) -> bool {
-    let elem = match dtype {
-        DType::F16 => cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::F16),
-        DType::BF16 => cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::BF16),
-        _ => return false,
+    let Some(elem) = half_elem(dtype) else {
+        return false;
     };
     let f32 = cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::F32);
     products.iter().any(|c| {
@@ -258,6 +256,34 @@ fn multiplies_half_fragments(
             && c.cd_type == f32
             && (c.m, c.n, c.k) == (m as u32, n as u32, k as u32)
     })
+}
+
+/// CubeCL's element type of a 16-bit float `dtype` (`None` for the others).
+fn half_elem(dtype: DType) -> Option<cubecl::ir::ElemType> {
+    match dtype {
+        DType::F16 => Some(cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::F16)),
+        DType::BF16 => Some(cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::BF16)),
+        _ => None,
+    }
+}
+
+/// How the fragment kernels with `ops` load fragments of `dtype` from shared memory:
+/// `ldmatrix` when [`MATRIX_LOADS_VAR`](super::super::MATRIX_LOADS_VAR) asks for it,
+/// the products run on tensor cores and the device has the instruction for `dtype`;
+/// element by element otherwise.
+fn fragment_loads(
+    properties: &cubecl::ir::DeviceProperties,
+    dtype: DType,
+    ops: FragmentOps,
+) -> FragmentLoads {
+    let asked = super::super::matrix_loads_requested();
+    let available =
+        half_elem(dtype).is_some_and(|elem| properties.features.matmul.ldmatrix.contains(&elem));
+    if asked && available && ops == FragmentOps::TensorCores {
+        FragmentLoads::Matrices
+    } else {
+        FragmentLoads::Elements
+    }
 }
 
 /// Whether the device multiplies 16×16×16 fragments of `dtype` into f32.
@@ -329,6 +355,9 @@ pub(crate) fn plan_staged(
                 d_qk: problem.d_qk,
                 d_v: problem.d_v,
                 product: tile_product,
+                // Element by element: with vector copies ptxas spills in some of the
+                // smaller-tile f32 kernels (it caps them at 64 registers).
+                staging: 1,
             })
             .find(|config| bytes(config) <= shared)
     };
@@ -344,6 +373,30 @@ pub(crate) fn plan_staged(
         && problem.seq_k.div_ceil(tiling.backward_kv.block_k) <= max_x
         && problem.batch * problem.heads <= max_y;
     grid_fits.then_some(tiling)
+}
+
+/// Elements a unit of the fragment kernels copies at once when it stages rows of
+/// `elem`-byte inputs into shared memory: on runtimes that can read a buffer as
+/// vectors of another width (CubeCL's `memory_reinterpret`: CUDA, HIP), the widest
+/// vector the device reads in one load (16 bytes on CUDA) that divides both head dims
+/// and `pad` (the elements that pad each staged row), so that every vector starts a
+/// whole number of vectors into its row; one element elsewhere (wgpu's shaders cannot
+/// retype a buffer).
+fn staging_width(
+    problem: &Problem,
+    elem: usize,
+    pad: usize,
+    properties: &cubecl::ir::DeviceProperties,
+) -> usize {
+    if !properties.features.memory_reinterpret {
+        return 1;
+    }
+    properties
+        .io_optimized_vector_sizes(elem)
+        .find(|&n| {
+            problem.d_qk.is_multiple_of(n) && problem.d_v.is_multiple_of(n) && pad.is_multiple_of(n)
+        })
+        .unwrap_or(1)
 }
 
 /// Whether the staged kernels take `problem` in `dtype` on `device`, and the device's
@@ -439,12 +492,16 @@ pub(crate) fn plan_fragments(
     let max_units = (hardware.max_units_per_cube as usize).min(hardware.max_cube_dim.0 as usize);
     let elem = dtype.size();
     let shared = hardware.max_shared_memory_size;
+    let staging = staging_width(problem, elem, ROW_PAD, properties);
+    let loads = fragment_loads(properties, dtype, ops);
     let config = |planes: usize, block: usize| FragmentConfig {
         planes,
         block,
         d_qk: problem.d_qk,
         d_v: problem.d_v,
         ops,
+        loads,
+        staging,
     };
     // The first of `blocks` (rows a tile streams) with `planes` planes whose tiles fit,
     // no longer than the streamed sequence (a decode step's keys, say) needs.
