@@ -895,6 +895,50 @@ pub(super) mod tests {
         }
     }
 
+    /// The fragment kernels with `ldmatrix` loads (`FragmentLoads::Matrices`, opt-in,
+    /// CUDA only) expand at every head dim and half type the family takes, as CUDA
+    /// would compile them.
+    #[test]
+    fn fragment_kernels_expand_with_matrix_loads() {
+        use super::super::fragment::FragmentLoads;
+        let properties = Arc::new(gpu_with_fragments());
+        let target = Arc::new(TargetProperties::default());
+        for dtype in [DType::BF16, DType::F16] {
+            for (d_qk, d_v) in [(64, 64), (128, 128), (192, 128)] {
+                let problem = Problem {
+                    batch: 1,
+                    heads: 1,
+                    kv_heads: 1,
+                    seq_q: VARIANT_SEQ_LEN,
+                    seq_k: VARIANT_SEQ_LEN,
+                    d_qk,
+                    d_v,
+                    mask: MaskRule::new(true, None),
+                    has_key_mask: false,
+                };
+                let tiling = plan_tiling(&problem, &properties).unwrap();
+                let build = Build {
+                    problem: &problem,
+                    tiling: &tiling,
+                    dtype,
+                    properties: &properties,
+                    target: &target,
+                };
+                let mut fragments = plan_fragments(&problem, dtype, &properties).unwrap();
+                fragments.forward.loads = FragmentLoads::Matrices;
+                if let Some((q, kv)) = fragments.backward.as_mut() {
+                    q.loads = FragmentLoads::Matrices;
+                    kv.loads = FragmentLoads::Matrices;
+                }
+                let variants = fragment_kernels(&build, &fragments);
+                assert_eq!(variants.len(), 3, "{dtype:?} {d_qk}x{d_v}");
+                for variant in variants {
+                    variant.define().unwrap();
+                }
+            }
+        }
+    }
+
     #[test]
     fn definitions_carry_the_launch_shape() {
         let variants = kernel_variants(&gpu(), &TargetProperties::default()).unwrap();
