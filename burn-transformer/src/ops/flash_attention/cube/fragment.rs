@@ -138,6 +138,17 @@ pub fn load_b<F: Float>(
     }
 }
 
+/// Where `B(k, n)` lies in a tile of `stride` elements a stored row: `k·stride + n`,
+/// or `n·stride + k` when the tile holds `B` transposed.
+#[cube]
+fn b_offset(k: usize, n: usize, #[comptime] stride: usize, #[comptime] transposed: bool) -> usize {
+    if transposed {
+        n * stride + k
+    } else {
+        k * stride + n
+    }
+}
+
 /// [`load_b`], each lane reading its own elements.
 #[cube]
 fn load_b_elements<F: Float>(
@@ -148,10 +159,7 @@ fn load_b_elements<F: Float>(
     #[comptime] transposed: bool,
 ) -> Array<Pair<F>> {
     let (lane_k, lane_n) = b_position(fragment_lane(), 0);
-    let mut lane_offset = lane_k * stride + lane_n;
-    if transposed {
-        lane_offset = lane_n * stride + lane_k;
-    }
+    let lane_offset = b_offset(lane_k, lane_n, stride, transposed);
     let mut b = Array::<Pair<F>>::new(B_PAIRS);
     #[unroll]
     for p in 0..B_PAIRS {
@@ -159,10 +167,7 @@ fn load_b_elements<F: Float>(
         #[unroll]
         for e in 0..2 {
             let (kk, n) = b_position(0, (2 * p + e) as u32);
-            let mut offset = (k0 + kk) * stride + n0 + n;
-            if transposed {
-                offset = (n0 + n) * stride + k0 + kk;
-            }
+            let offset = b_offset(k0 + kk, n0 + n, stride, transposed);
             pair.insert(e, tile[lane_offset + offset]);
         }
         b[p] = pair;
@@ -230,9 +235,10 @@ fn load_b_matrices<F: Float>(
     // Lanes 16–31 name no row of an `.x2` load; they repeat lanes 0–15's.
     let row = lane % 8;
     let matrix = (lane / 8) % B_PAIRS;
-    let mut start = (k0 + matrix * 8 + row) * stride + n0;
+    // The stored row: a row of `B` as is, a column of it when transposed.
+    let mut start = b_offset(k0 + matrix * 8 + row, n0, stride, transposed);
     if transposed {
-        start = (n0 + row) * stride + k0 + matrix * 8;
+        start = b_offset(k0 + matrix * 8, n0 + row, stride, transposed);
     }
     let definition = cmma::MmaDefinition::<F, F, f32>::new(TILE_M, TILE_N, TILE_K);
     definition.load_matrix::<F, Const<2>>(

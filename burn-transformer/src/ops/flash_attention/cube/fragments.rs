@@ -245,14 +245,7 @@ pub fn fragment_forward<F: Float>(
             block_max[p] = f32::new(HIDDEN);
         }
         // Keys past `kv_end` belong to the next split (or are hidden anyway).
-        let open = block_open(
-            plane_pos,
-            plane_pos + (TILE_M - 1) as i32,
-            start,
-            start + (bk - 1) as i32,
-            kv_end,
-            &sizes,
-        );
+        let open = block_open(plane_pos, TILE_M, start, bk, kv_end, &sizes);
         if open {
             #[unroll(unrolled)]
             for j in 0..score_tiles {
@@ -473,14 +466,7 @@ pub fn fragment_backward_q<F: Float>(
             config.loads,
         );
         // dS = P ∘ (dP − D) ∘ softcap', in place of dP.
-        let open = block_open(
-            plane_pos,
-            plane_pos + (TILE_M - 1) as i32,
-            start,
-            start + (bk - 1) as i32,
-            kv_end,
-            &sizes,
-        );
+        let open = block_open(plane_pos, TILE_M, start, bk, kv_end, &sizes);
         if open {
             #[unroll(unrolled)]
             for j in 0..score_tiles {
@@ -716,9 +702,9 @@ pub fn fragment_backward_kv<F: Float>(
             let open = start + (bq as i32) <= row_end
                 && block_open(
                     start + shift,
-                    start + (bq - 1) as i32 + shift,
+                    bq,
                     plane_first_key,
-                    plane_first_key + (TILE_M - 1) as i32,
+                    TILE_M,
                     i32::cast_from(seq_k),
                     &sizes,
                 );

@@ -95,22 +95,24 @@ pub(super) fn structurally_visible(pos: i32, key: i32, sizes: &Sizes) -> bool {
     (!causal || key <= pos) && (sizes.windowed == 0 || in_window)
 }
 
-/// Whether every key `key_first ..= key_last` is visible from every absolute query
-/// position `pos_first ..= pos_last` with no per-score work: no padding mask is read,
-/// no soft-cap applies, every key lies below `key_end` (real keys of the launch's
-/// range), and the causal and window structure hides none of them. Such a block's
-/// scores need only the scale (FlashAttention-2 masks only the blocks on a mask's
-/// edge). Each structural bound is monotone in `key − pos`, so the two corners of the
-/// block decide it.
+/// Whether each of the `keys` keys from `key_first` is visible from each of the
+/// `rows` absolute query positions from `pos_first` with no per-score work: no padding
+/// mask is read, no soft-cap applies, every key lies below `key_end` (real keys of the
+/// launch's range), and the causal and window structure hides none of them. Such a
+/// block's scores need only the scale (FlashAttention-2 masks only the blocks on a
+/// mask's edge). Each structural bound is monotone in `key − pos`, so the two corners
+/// of the block decide it.
 #[cube]
 pub(super) fn block_open(
     pos_first: i32,
-    pos_last: i32,
+    #[comptime] rows: usize,
     key_first: i32,
-    key_last: i32,
+    #[comptime] keys: usize,
     key_end: i32,
     sizes: &Sizes,
 ) -> bool {
+    let pos_last = pos_first + (rows - 1) as i32;
+    let key_last = key_first + (keys - 1) as i32;
     sizes.key_mask == 0
         && sizes.softcap == 0
         && key_last < key_end

@@ -104,22 +104,13 @@ pub(super) fn stage_rows<F: Float>(
     } else if comptime!(width == 2) {
         stage_row_vectors::<F, Const<2>>(source, tile, head_row, first, seq, rows, d, stride);
     } else {
-        let mut e = UNIT_POS as usize;
-        while e < rows * d {
-            let r = e / d;
-            let mut row = first + r;
-            if row >= seq {
-                row = seq - 1;
-            }
-            let col = e - r * d;
-            tile[r * stride + col] = source[(head_row + row) * d + col];
-            e += CUBE_DIM as usize;
-        }
+        stage_row_vectors::<F, Const<1>>(source, tile, head_row, first, seq, rows, d, stride);
     }
 }
 
 /// [`stage_rows`] with vectors of `N` elements: the tensor and the tile are read as
-/// slices of vectors, which needs a runtime that reinterprets memory (CUDA, HIP).
+/// slices of vectors, which for `N > 1` needs a runtime that reinterprets memory
+/// (CUDA, HIP); `N = 1` keeps their own element type.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn stage_row_vectors<F: Float, N: Size>(

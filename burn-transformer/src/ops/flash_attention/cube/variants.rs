@@ -184,6 +184,23 @@ impl fmt::Debug for KernelVariant {
     }
 }
 
+/// The problem the variants of head dims `d_qk`, `d_v` are planned for: one head of
+/// [`VARIANT_SEQ_LEN`] queries and keys (the masks are runtime flags and change no
+/// compiled kernel).
+fn variant_problem(d_qk: usize, d_v: usize) -> Problem {
+    Problem {
+        batch: 1,
+        heads: 1,
+        kv_heads: 1,
+        seq_q: VARIANT_SEQ_LEN,
+        seq_k: VARIANT_SEQ_LEN,
+        d_qk,
+        d_v,
+        mask: MaskRule::new(true, None),
+        has_key_mask: false,
+    }
+}
+
 /// Every kernel a device with `properties` would compile for the fused op, for each
 /// family, dtype of [`VARIANT_DTYPES`] and head dims of [`VARIANT_HEAD_DIMS`], with the
 /// tiles `tiling.rs` picks at [`VARIANT_SEQ_LEN`] (the masking options are runtime
@@ -204,17 +221,7 @@ pub fn kernel_variants(
     for family in KernelFamily::ALL {
         for dtype in VARIANT_DTYPES {
             for (d_qk, d_v) in VARIANT_HEAD_DIMS {
-                let problem = Problem {
-                    batch: 1,
-                    heads: 1,
-                    kv_heads: 1,
-                    seq_q: VARIANT_SEQ_LEN,
-                    seq_k: VARIANT_SEQ_LEN,
-                    d_qk,
-                    d_v,
-                    mask: MaskRule::new(true, None),
-                    has_key_mask: false,
-                };
+                let problem = variant_problem(d_qk, d_v);
                 let tiling = plan_tiling(&problem, &properties)?;
                 let build = Build {
                     problem: &problem,
@@ -905,17 +912,7 @@ pub(super) mod tests {
         let target = Arc::new(TargetProperties::default());
         for dtype in [DType::BF16, DType::F16] {
             for (d_qk, d_v) in [(64, 64), (128, 128), (192, 128)] {
-                let problem = Problem {
-                    batch: 1,
-                    heads: 1,
-                    kv_heads: 1,
-                    seq_q: VARIANT_SEQ_LEN,
-                    seq_k: VARIANT_SEQ_LEN,
-                    d_qk,
-                    d_v,
-                    mask: MaskRule::new(true, None),
-                    has_key_mask: false,
-                };
+                let problem = variant_problem(d_qk, d_v);
                 let tiling = plan_tiling(&problem, &properties).unwrap();
                 let build = Build {
                     problem: &problem,
