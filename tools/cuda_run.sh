@@ -15,10 +15,10 @@
 # cold build takes about 40 minutes on two cores (its linker setting rebuilds every
 # crate), so start it before anything else.
 #
-# What the stages of `run` took on an H100 (16-core host): each bench job 4–13 s, most
-# of it NVRTC compiling in the job's own process and PyTorch's import, so the fragment
-# batch (36 jobs) about 200 s; `parity_grid_fragments` and `parity_grid_staged`
-# together 160 s, the f32 grid about 260 s.
+# What the stages of `run` took on an H100 and an H200 (16-core hosts): each bench job
+# 2–13 s, most of it NVRTC compiling in the job's own process and PyTorch's import, so
+# the fragment batch (36 jobs) 150–200 s; the kernel tests but the f32 grid 150–240 s
+# on a fresh machine (`parity_grid_fragments` alone 52 s), the f32 grid about 260 s.
 #
 # Offline: cubecl-cuda build-depends on CubeCL's LLVM backend, whose build script
 # downloads an LLVM bundle. DOCS_RS=1 skips that download (as on docs.rs), the linker
@@ -35,16 +35,19 @@
 # - profile.txt, profile.ncu-rep, profile.log: Nsight Compute's details of the fragment
 #   kernels (forward, dQ, dK/dV) at seq 4096, head dim 128, bf16 (stage `profile`);
 # - tests.log: `ops::flash_attention::tests::cuda` through the default kernels (autotuned
-#   on a GPU; the fragment forward's grid in bf16 among them), then again with
-#   BURN_TRANSFORMER_FLASH_KERNEL=tensor-cores; the fragment grid and the half-type
-#   subset with BURN_TRANSFORMER_FLASH_LDMATRIX=1 (stage `ldmatrix`, which also times
-#   those kernels as the column fused[fragments+ldmatrix]);
+#   on a GPU; the fragment kernels' grid in bf16, with `ldmatrix` loads, among them),
+#   then again with BURN_TRANSFORMER_FLASH_KERNEL=tensor-cores; the fragment grid and
+#   the half-type subset with BURN_TRANSFORMER_FLASH_LDMATRIX=0 (stage `element-loads`,
+#   which also times those kernels as the column fused[fragments]);
 # - bench.tar.gz: docs/benchmarks/ and docs/benchmarks.md with the attention suite's
 #   CUDA records added (results.jsonl) and the report redrawn, plus bench.log. Unpack it
 #   over docs/ to commit the rows. The quick CUDA grid runs in batches, the fastest
 #   fused family with Burn and PyTorch first, each job stopped after JOB_SECONDS (60);
 #   a batch stopped by the deadline keeps the jobs it finished. Set BENCH_ARGS for more
-#   (for example `--full`).
+#   (for example `--full`). The stage `only` runs the cells CUDA_RUN_ONLY names instead
+#   (bench `--only` texts, for example `fused[fragments] cuda fwd 4×16 seq 4096 d 64
+#   bf16$`, with BENCH_ARGS=--full for cells outside the quick grid), for at most
+#   CUDA_RUN_ONLY_SECONDS (300).
 set -euo pipefail
 
 usage() {
@@ -137,8 +140,10 @@ run)
         cat "$out/gpu.txt"
         exit 1
     fi
-    tests=(env BURN_TRANSFORMER_TEST_DEVICES=cuda "$binaries/burn_transformer_tests"
-        ops::flash_attention::tests::cuda)
+    tests=(env BURN_TRANSFORMER_TEST_DEVICES=cuda "$binaries/burn_transformer_tests")
+    # Every filter of the test binary selects tests (a test runs if it contains any),
+    # so a subset names each test by its whole path.
+    cuda_tests=ops::flash_attention::tests::cuda
     # The committed records and page, so that the report keeps every other backend.
     cp -r docs/benchmarks "$out/bench/benchmarks"
     cp docs/benchmarks.md "$out/bench/benchmarks.md"
@@ -152,34 +157,42 @@ run)
             ${BENCH_ARGS:-} >>"$out/bench/bench.log" 2>&1
     }
     # The stages, in the order CUDA_RUN_STAGES names them (by default the acceptance's
-    # columns first: the fastest fused family against Burn and PyTorch, and its
-    # `ldmatrix` variant beside it; a profile of
-    # its kernels; then the kernel tests but the f32 grid; the other families; the f32
-    # grid last).
+    # columns first: the fastest fused family against Burn and PyTorch; the kernel
+    # tests but the f32 grid; a profile of the fastest family's kernels; the fragment
+    # kernels with element loads beside them; the other families; the f32 grid last).
+    # The first run on a machine compiles every kernel (NVRTC, then the driver's PTX
+    # compiler, whose cache on the machine makes later runs faster), hence the caps.
     : >"$out/tests.log"
-    for stage in ${CUDA_RUN_STAGES:-fragments ldmatrix profile tests tensor-cores tests-tc families grid-f32}; do
+    for stage in ${CUDA_RUN_STAGES:-fragments tests profile element-loads tensor-cores tests-tc families grid-f32}; do
         case "$stage" in
-        fragments) bench_batch 200 'fused[fragments],burn cuda,torch_sdpa' ;;
-        ldmatrix)
-            # The fragment kernels with `ldmatrix` loads (opt-in): their tests first,
-            # then their cells beside the batch above (column fused[fragments+ldmatrix]).
-            echo "=== kernel tests, BURN_TRANSFORMER_FLASH_LDMATRIX=1" >>"$out/tests.log"
-            within 90 env BURN_TRANSFORMER_FLASH_LDMATRIX=1 "${tests[@]}" \
-                parity_grid_fragments half_precision_subset >>"$out/tests.log" 2>&1
-            export BURN_TRANSFORMER_FLASH_LDMATRIX=1
-            bench_batch 120 'fused[fragments+ldmatrix]'
+        fragments) bench_batch 200 'fused[fragments+ldmatrix],burn cuda,torch_sdpa' ;;
+        element-loads)
+            # The fragment kernels loading element by element instead of with
+            # `ldmatrix`: their tests first, then their cells beside the batch above
+            # (column fused[fragments]).
+            echo "=== kernel tests, BURN_TRANSFORMER_FLASH_LDMATRIX=0" >>"$out/tests.log"
+            within 120 env BURN_TRANSFORMER_FLASH_LDMATRIX=0 "${tests[@]}" \
+                "$cuda_tests::parity_grid_fragments" "$cuda_tests::half_precision_subset" \
+                >>"$out/tests.log" 2>&1
+            export BURN_TRANSFORMER_FLASH_LDMATRIX=0
+            bench_batch 120 'fused[fragments]'
             unset BURN_TRANSFORMER_FLASH_LDMATRIX
             ;;
         tensor-cores) bench_batch 70 'fused[tensor-cores]' ;;
+        only)
+            # The cells CUDA_RUN_ONLY names (`--only` texts; add `--full` to BENCH_ARGS
+            # for cells outside the quick grid, such as head dim 64 or f32).
+            bench_batch "${CUDA_RUN_ONLY_SECONDS:-300}" "${CUDA_RUN_ONLY:?the only stage needs CUDA_RUN_ONLY}"
+            ;;
         families) bench_batch 400 'fused[staged],fused[register],reference cuda' ;;
         tests)
             echo "=== kernel tests, default kernels, all but the f32 grid" >>"$out/tests.log"
-            within 150 "${tests[@]}" --skip parity_grid_f32 >>"$out/tests.log" 2>&1
+            within 240 "${tests[@]}" "$cuda_tests" --skip parity_grid_f32 >>"$out/tests.log" 2>&1
             ;;
         tests-tc)
             echo "=== kernel tests, BURN_TRANSFORMER_FLASH_KERNEL=tensor-cores" >>"$out/tests.log"
-            within 60 env BURN_TRANSFORMER_FLASH_KERNEL=tensor-cores "${tests[@]}" \
-                --skip parity_grid_f32 >>"$out/tests.log" 2>&1
+            within 90 env BURN_TRANSFORMER_FLASH_KERNEL=tensor-cores "${tests[@]}" \
+                "$cuda_tests" --skip parity_grid_f32 >>"$out/tests.log" 2>&1
             ;;
         profile)
             # Nsight Compute on the fragment kernels of one forward+backward cell: the
@@ -197,7 +210,7 @@ run)
                     --section InstructionStats -o "$out/profile" \
                     "$binaries/bench" --backends cuda --suites attention \
                     --out "$(mktemp -d)" --docs "$(mktemp)" --timeout 100 \
-                    --only 'fused[fragments] cuda fwd_bwd 4×16 seq 4096 d 128 bf16' \
+                    --only 'fused[fragments+ldmatrix] cuda fwd_bwd 4×16 seq 4096 d 128 bf16' \
                     >"$out/profile.log" 2>&1
                 "$ncu" --import "$out/profile.ncu-rep" --page details \
                     >"$out/profile.txt" 2>&1 || true
@@ -205,7 +218,7 @@ run)
             ;;
         grid-f32)
             echo "=== kernel tests, the f32 grid (register tiles)" >>"$out/tests.log"
-            within 400 "${tests[@]}" parity_grid_f32 >>"$out/tests.log" 2>&1
+            within 400 "${tests[@]}" "$cuda_tests::parity_grid_f32" >>"$out/tests.log" 2>&1
             ;;
         *) echo "unknown stage $stage" ;;
         esac

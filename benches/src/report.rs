@@ -367,18 +367,43 @@ fn attention_table(cells: &[&Record]) -> Table {
     table
 }
 
-/// The time-vs-length plot of one backend's causal cells at its smallest head width
-/// and its first element type, forward solid and forward+backward dashed.
+/// The head width and element type of `cells` measured at the most distinct sequence
+/// lengths; ties go to the smallest width, then to the type met first.
+fn plotted_width_and_type(cells: &[&Record]) -> Option<(usize, String)> {
+    let mut candidates: Vec<(usize, String)> = Vec::new();
+    for r in cells {
+        let candidate = (r.head_dim, r.dtype_name().to_string());
+        if !candidates.contains(&candidate) {
+            candidates.push(candidate);
+        }
+    }
+    let lengths = |(head_dim, dtype): &(usize, String)| {
+        cells
+            .iter()
+            .filter(|r| r.head_dim == *head_dim && r.dtype_name() == dtype)
+            .map(|r| r.seq)
+            .collect::<BTreeSet<_>>()
+            .len()
+    };
+    // `max_by_key` keeps the last of equal keys: rank by (lengths, smaller width, earlier).
+    candidates
+        .iter()
+        .enumerate()
+        .max_by_key(|(order, c)| (lengths(c), std::cmp::Reverse(c.0), std::cmp::Reverse(*order)))
+        .map(|(_, c)| c.clone())
+}
+
+/// The time-vs-length plot of one backend's causal cells at the head width and element
+/// type measured at the most sequence lengths (the smallest width, then the first type,
+/// where several tie: a run that measured a few extra cells elsewhere keeps the
+/// grid's curve), forward solid and forward+backward dashed.
 fn attention_time_plot(
     cells: &[&Record],
     backend: &str,
     out_dir: &Path,
 ) -> Result<Option<String>, String> {
     let causal: Vec<&Record> = cells.iter().copied().filter(|r| r.causal).collect();
-    let (Some(head_dim), Some(dtype)) = (
-        causal.iter().map(|r| r.head_dim).min(),
-        causal.first().map(|r| r.dtype_name().to_string()),
-    ) else {
+    let Some((head_dim, dtype)) = plotted_width_and_type(&causal) else {
         return Ok(None);
     };
     let mut series = Vec::new();
@@ -1080,6 +1105,32 @@ mod tests {
             "- attention on wgpu, `burn` fwd seq 8192 width 64 causal; `reference` fwd seq \
              8192 width 64 non-causal: skipped\n"
         ));
+    }
+
+    /// The time plot follows the grid: the width and type measured at the most lengths,
+    /// not a narrower width that a run measured at one length only.
+    #[test]
+    fn the_time_plot_takes_the_width_measured_at_the_most_lengths() {
+        let cell = |head_dim: usize, dtype: Option<&str>, seq: usize| Record {
+            seq,
+            head_dim,
+            causal: true,
+            dtype: dtype.map(str::to_string),
+            ..Record::new("attention", "fused", "cuda")
+        };
+        let records = [
+            cell(64, Some("bf16"), 4096),
+            cell(128, Some("bf16"), 1024),
+            cell(128, Some("bf16"), 4096),
+            cell(128, None, 4096),
+            cell(128, None, 8192),
+        ];
+        let refs: Vec<&Record> = records.iter().collect();
+        assert_eq!(plotted_width_and_type(&refs), Some((128, "bf16".into())));
+        // Equal counts: the smaller width.
+        let refs: Vec<&Record> = records[..2].iter().collect();
+        assert_eq!(plotted_width_and_type(&refs), Some((64, "bf16".into())));
+        assert_eq!(plotted_width_and_type(&[]), None);
     }
 
     /// Where a table compares the fused op's kernel families, each peer's ratio is

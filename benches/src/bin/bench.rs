@@ -50,8 +50,10 @@ struct Args {
     #[arg(long, value_delimiter = ',', value_parser = PossibleValuesParser::new(all_suites()))]
     suites: Option<Vec<String>>,
     /// Run only the jobs whose progress line contains one of these texts (comma
-    /// separated, for example `seq 2048` or `reference wgpu fwd_bwd 2×8`); their records
-    /// replace those of the same cells in results.jsonl and every other record stays.
+    /// separated, for example `seq 2048` or `reference wgpu fwd_bwd 2×8`; a text that ends
+    /// in `$` must end the line, so `d 128$` names the f32 cells and not `d 128 bf16`);
+    /// their records replace those of the same cells in results.jsonl and every other
+    /// record stays.
     #[arg(long, value_delimiter = ',')]
     only: Option<Vec<String>>,
     /// Where results.jsonl, the tables and the plots go.
@@ -429,6 +431,15 @@ fn run(args: &Args) -> Result<(), String> {
     }
 }
 
+/// Whether `--only`'s `text` names the job whose progress line is `line`: the text
+/// appears in it, or, where it ends in `$`, ends it.
+fn names(line: &str, text: &str) -> bool {
+    match text.strip_suffix('$') {
+        Some(end) => line.ends_with(end),
+        None => line.contains(text),
+    }
+}
+
 fn measure(args: &Args, mode: Mode) -> Result<(Machine, Vec<Record>, Vec<String>), String> {
     let mut machine = Machine::detect(mode.name());
     let wanted: Vec<String> = args.backends.clone().unwrap_or_else(|| {
@@ -489,7 +500,7 @@ fn measure(args: &Args, mode: Mode) -> Result<(Machine, Vec<Record>, Vec<String>
             let line = job.describe();
             args.only
                 .as_ref()
-                .is_none_or(|texts| texts.iter().any(|text| line.contains(text.as_str())))
+                .is_none_or(|texts| texts.iter().any(|text| names(&line, text)))
         })
         .collect();
     if let Some(texts) = &args.only
@@ -671,6 +682,19 @@ mod tests {
         let mut record = Record::new(bench, "fused", backend);
         record.ms_median = Some(ms);
         record
+    }
+
+    /// `--only` texts match anywhere in a progress line; one ending in `$` only at its end,
+    /// which tells an f32 cell (no dtype in its line) from its bf16 twin.
+    #[test]
+    fn only_texts_ending_in_a_dollar_sign_must_end_the_line() {
+        let f32 = "attention burn cuda fwd 4×16 seq 4096 d 64";
+        let bf16 = "attention burn cuda fwd 4×16 seq 4096 d 64 bf16";
+        assert!(names(f32, "seq 4096 d 64") && names(bf16, "seq 4096 d 64"));
+        assert!(names(f32, "seq 4096 d 64$"));
+        assert!(!names(bf16, "seq 4096 d 64$"));
+        assert!(names(bf16, "d 64 bf16$"));
+        assert!(!names(f32, "seq 1024$"));
     }
 
     /// A run keeps every earlier record it did not measure: other backends' rows,

@@ -543,11 +543,13 @@ struct TorchResult {
 }
 
 /// A kernel family's name in records and columns: its own, or `fragments+ldmatrix`
-/// for the fragment kernels when `BURN_TRANSFORMER_FLASH_LDMATRIX=1` gives them
-/// `ldmatrix` loads, so that a run with and one without compare side by side.
+/// for the fragment kernels with their `ldmatrix` loads (the grid runs them on CUDA
+/// only, where they are the default), so that a run with
+/// `BURN_TRANSFORMER_FLASH_LDMATRIX=0` (element loads, `fragments`) and one without
+/// compare side by side.
 fn kernel_label(kernel: FlashKernel) -> String {
     if kernel == FlashKernel::Fragments
-        && burn_transformer::ops::flash_attention::matrix_loads_requested()
+        && burn_transformer::ops::flash_attention::matrix_loads_enabled()
     {
         format!("{}+ldmatrix", kernel.name())
     } else {

@@ -44,7 +44,7 @@ pub use cube::{
 };
 pub use fused::{check_support, flash_attention, flash_attention_with_lse};
 pub use problem::{
-    FlashKernel, MATRIX_LOADS_VAR, Problem, ScoreOptions, Unsupported, matrix_loads_requested,
+    FlashKernel, MATRIX_LOADS_VAR, Problem, ScoreOptions, Unsupported, matrix_loads_enabled,
 };
 
 #[cfg(test)]

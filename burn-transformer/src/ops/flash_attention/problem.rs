@@ -129,16 +129,17 @@ impl FlashKernel {
     }
 }
 
-/// Environment variable that, set to `1`, has the [`FlashKernel::Fragments`] kernels
-/// load their fragments of the tiles staged in shared memory with `ldmatrix` (CUDA,
-/// f16/bf16: one instruction per fragment, the plane naming whole 8×8 matrices)
-/// instead of element by element. Opt-in: no GPU has run the parity grid through
-/// these loads yet.
+/// Environment variable that, set to `0`, has the [`FlashKernel::Fragments`] kernels
+/// load their fragments of the tiles staged in shared memory element by element
+/// instead of with `ldmatrix` (CUDA, f16/bf16: one instruction per fragment, the plane
+/// naming whole 8×8 matrices), which they use wherever the device has it. Element
+/// loads are slower on GPUs; the variable is there to compare the two.
 pub const MATRIX_LOADS_VAR: &str = "BURN_TRANSFORMER_FLASH_LDMATRIX";
 
-/// Whether [`MATRIX_LOADS_VAR`] asks for `ldmatrix` loads (its value is `1`).
-pub fn matrix_loads_requested() -> bool {
-    std::env::var(MATRIX_LOADS_VAR).is_ok_and(|value| value.trim() == "1")
+/// Whether the fragment kernels may load with `ldmatrix`: unless [`MATRIX_LOADS_VAR`]
+/// is `0`.
+pub fn matrix_loads_enabled() -> bool {
+    !std::env::var(MATRIX_LOADS_VAR).is_ok_and(|value| value.trim() == "0")
 }
 
 impl From<FlashKernel> for &'static str {

@@ -825,8 +825,8 @@ mod tests {
 
     /// The fragment kernels stage rows as 16-byte vectors where the runtime reads a
     /// buffer as vectors of another width (CUDA) and element by element where it
-    /// cannot (wgpu), and load their fragments element by element unless `ldmatrix`
-    /// loads are asked for.
+    /// cannot (wgpu), and load their fragments with `ldmatrix` where the device has it
+    /// (unless turned off), element by element elsewhere.
     #[test]
     fn fragment_staging_copies_vectors_where_the_runtime_retypes_buffers() {
         use super::super::fragment::FragmentLoads;
@@ -844,9 +844,12 @@ mod tests {
                 for config in [plan.forward, q, kv] {
                     // 16 bytes of a 2-byte type.
                     assert_eq!(config.staging, 8, "{dtype:?} {d_qk}x{d_v}");
-                    if !crate::ops::flash_attention::matrix_loads_requested() {
-                        assert_eq!(config.loads, FragmentLoads::Elements);
-                    }
+                    let loads = if crate::ops::flash_attention::matrix_loads_enabled() {
+                        FragmentLoads::Matrices
+                    } else {
+                        FragmentLoads::Elements
+                    };
+                    assert_eq!(config.loads, loads, "{dtype:?} {d_qk}x{d_v}");
                 }
                 let plan = plan_fragments(&problem(d_qk, d_v), dtype, &wgpu_like).unwrap();
                 assert_eq!(plan.forward.staging, 1, "{dtype:?} {d_qk}x{d_v}");

@@ -268,18 +268,18 @@ fn half_elem(dtype: DType) -> Option<cubecl::ir::ElemType> {
 }
 
 /// How the fragment kernels with `ops` load fragments of `dtype` from shared memory:
-/// `ldmatrix` when [`MATRIX_LOADS_VAR`](super::super::MATRIX_LOADS_VAR) asks for it,
-/// the products run on tensor cores and the device has the instruction for `dtype`;
-/// element by element otherwise.
+/// `ldmatrix` where the products run on tensor cores and the device has the
+/// instruction for `dtype`, unless [`MATRIX_LOADS_VAR`](super::super::MATRIX_LOADS_VAR)
+/// turns it off; element by element otherwise.
 fn fragment_loads(
     properties: &cubecl::ir::DeviceProperties,
     dtype: DType,
     ops: FragmentOps,
 ) -> FragmentLoads {
-    let asked = super::super::matrix_loads_requested();
+    let enabled = super::super::matrix_loads_enabled();
     let available =
         half_elem(dtype).is_some_and(|elem| properties.features.matmul.ldmatrix.contains(&elem));
-    if asked && available && ops == FragmentOps::TensorCores {
+    if enabled && available && ops == FragmentOps::TensorCores {
         FragmentLoads::Matrices
     } else {
         FragmentLoads::Elements

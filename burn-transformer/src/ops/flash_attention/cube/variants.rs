@@ -902,8 +902,8 @@ pub(super) mod tests {
         }
     }
 
-    /// The fragment kernels with `ldmatrix` loads (`FragmentLoads::Matrices`, opt-in,
-    /// CUDA only) expand at every head dim and half type the family takes, as CUDA
+    /// The fragment kernels with `ldmatrix` loads (`FragmentLoads::Matrices`, CUDA's
+    /// default) expand at every head dim and half type the family takes, as CUDA
     /// would compile them.
     #[test]
     fn fragment_kernels_expand_with_matrix_loads() {
