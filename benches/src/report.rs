@@ -389,7 +389,13 @@ fn plotted_width_and_type(cells: &[&Record]) -> Option<(usize, String)> {
     candidates
         .iter()
         .enumerate()
-        .max_by_key(|(order, c)| (lengths(c), std::cmp::Reverse(c.0), std::cmp::Reverse(*order)))
+        .max_by_key(|(order, c)| {
+            (
+                lengths(c),
+                std::cmp::Reverse(c.0),
+                std::cmp::Reverse(*order),
+            )
+        })
         .map(|(_, c)| c.clone())
 }
 
