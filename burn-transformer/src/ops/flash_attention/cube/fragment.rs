@@ -267,43 +267,6 @@ fn load_a_matrices<F: Float>(
     definition.load_matrix::<F, Const<2>>(&tile[start..start + 8], MatrixIdent::A, A_PAIRS, false)
 }
 
-/// The calling lane's `A` fragments of 16 rows of one head of a contiguous
-/// `[.., seq, d]` tensor in global memory, one per 16 columns (`d / 16` fragments of
-/// [`A_PAIRS`] pairs): rows `first .. first + 16` of the head whose first row is
-/// `head_row`; rows past `seq` repeat the last one (their results are never written).
-/// `unrolled` as the caller's loops (see [`fragment_product`]).
-#[cube]
-pub fn load_rows_as_a<F: Float>(
-    source: &Tensor<F>,
-    head_row: usize,
-    first: usize,
-    seq: usize,
-    #[comptime] d: usize,
-    #[comptime] unrolled: bool,
-) -> Array<Pair<F>> {
-    let lane = fragment_lane();
-    let chunks = comptime!(d / TILE_K);
-    let mut fragments = Array::<Pair<F>>::new(chunks * A_PAIRS);
-    #[unroll(unrolled)]
-    for c in 0..chunks {
-        #[unroll(unrolled)]
-        for p in 0..A_PAIRS {
-            let mut pair = Pair::<F>::empty();
-            #[unroll]
-            for e in 0..2 {
-                let (r, col) = a_position(lane, (2 * p + e) as u32);
-                let mut row = first + r;
-                if row >= seq {
-                    row = seq - 1;
-                }
-                pair.insert(e, source[(head_row + row) * d + c * TILE_K + col]);
-            }
-            fragments[c * A_PAIRS + p] = pair;
-        }
-    }
-    fragments
-}
-
 /// The `A` fragment of a 16×16 block that two neighbouring `C` tiles hold (its columns
 /// 0–7 in pairs `c_at, c_at + 1`, 8–15 in `c_at + 2, c_at + 3`), rounded to `F`: the
 /// register reuse of the module docs, as a tile of probabilities (or of their
@@ -318,46 +281,12 @@ pub fn c_tiles_as_a<F: Float>(c: &Array<Pair<f32>>, c_at: usize) -> Array<Pair<F
     a
 }
 
-/// Dot products of rows, one C fragment per 8 rows of `tile`: the plane's 16 rows, held
-/// as `A` fragments `rows` (one per 16 columns, `chunks` of them), against `tiles·8`
-/// rows of a tile staged row-major in shared memory (`stride` elements a row, read as
-/// the transposed `B`): `S = Q·Kᵀ` from a tile of keys, `dP = dO·Vᵀ` from one of values.
-#[cube]
-#[allow(clippy::too_many_arguments)]
-pub fn row_products<F: Float>(
-    rows: &Array<Pair<F>>,
-    tile: &Shared<[F]>,
-    #[comptime] chunks: usize,
-    #[comptime] tiles: usize,
-    #[comptime] stride: usize,
-    scratch: &mut Shared<[f32]>,
-    #[comptime] ops: FragmentOps,
-    #[comptime] loads: FragmentLoads,
-) -> Array<Pair<f32>> {
-    let unrolled = comptime!(ops == FragmentOps::TensorCores);
-    let mut out = zero_fragments(tiles, unrolled);
-    #[unroll(unrolled)]
-    for j in 0..tiles {
-        #[unroll(unrolled)]
-        for c in 0..chunks {
-            let columns = load_b::<F>(tile, c * TILE_K, j * TILE_N, stride, true, loads);
-            fragment_product::<F>(
-                rows,
-                c * A_PAIRS,
-                &columns,
-                &mut out,
-                j * C_PAIRS,
-                scratch,
-                ops,
-            );
-        }
-    }
-    out
-}
-
-/// [`row_products`] for 16 rows of a tile staged in shared memory (from row `first`)
-/// instead of fragments in registers: `Sᵀ = K·Qᵀ` and `dPᵀ = V·dOᵀ` for a plane's keys.
-/// Each `A` fragment is loaded once and serves every output tile.
+/// Dot products of rows, one C fragment per 8 rows of `tile`: 16 rows of a tile
+/// staged row-major in shared memory (from row `first`, read as `A` fragments, `chunks`
+/// of 16 columns) against `tiles·8` rows of another (`stride` elements a row in both,
+/// read as the transposed `B`): `S = Q·Kᵀ` from a tile of keys, `dP = dO·Vᵀ` from one
+/// of values, and the transposed `Sᵀ = K·Qᵀ`, `dPᵀ = V·dOᵀ` of a plane's keys. Each `A`
+/// fragment is loaded once and serves every output tile.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub fn staged_row_products<F: Float>(

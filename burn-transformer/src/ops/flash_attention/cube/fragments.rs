@@ -3,16 +3,24 @@
 //! ([`fragment_product`]: tensor cores on GPUs, an emulation elsewhere).
 //!
 //! Forward: a cube of `planes` planes owns `16·planes` query rows of one head, and
-//! each plane 16 of them. Per tile of `block` keys, the cube stages `K` and `V` in
-//! shared memory; each plane then computes its rows' scores `S = Q·Kᵀ` (its `Q`
-//! fragments stay in registers from the start), masks them, runs the online softmax on
-//! them where they lie (the four lanes of a quad hold a row between them, so a row's
-//! max is two shuffles on a GPU), and adds `P·V` to its output accumulator, `P` going
-//! from the scores' registers straight into the product's left factor. Shared memory
-//! holds only the staged tiles; nothing of `S`, `P` or `O` goes through it.
+//! each plane 16 of them. The cube stages its `Q` rows in shared memory once; per tile
+//! of `block` keys, it stages `K` and `V` there, and each plane computes its rows'
+//! scores `S = Q·Kᵀ` (reading its `Q` fragments from the staged rows as it goes),
+//! masks them, runs the online softmax on them where they lie (the four lanes of a
+//! quad hold a row between them, so a row's max is two shuffles on a GPU), and adds
+//! `P·V` to its output accumulator, `P` going from the scores' registers straight into
+//! the product's left factor. Shared memory holds only the staged tiles; nothing of
+//! `S`, `P` or `O` goes through it.
+//!
+//! `Q` is read again per tile rather than held in registers for the whole walk (as
+//! FlashAttention-2 does too): held, its fragments took `d_qk / 4` registers a lane
+//! (32 at head dim 128) through every product, which is what kept a third cube of
+//! 128 units off each sub-partition's registers on sm_90; re-read, they cost one
+//! `ldmatrix` per 16 columns per tile.
 //!
 //! Backward (after the pre-pass that writes `(LSE, D)` per query row):
-//! - dQ: the forward's walk, with `dP = dO·Vᵀ` beside `S` and `dQ += dS·K`;
+//! - dQ: the forward's walk, with `dP = dO·Vᵀ` beside `S` and `dQ += dS·K`, `Q` and
+//!   `dO` staged once like the forward's `Q`;
 //! - dK/dV: each plane owns 16 keys and computes the transposed `Sᵀ = K·Qᵀ` and
 //!   `dPᵀ = V·dOᵀ`, so that `Pᵀ` and `dSᵀ` are the left factors of `dV += Pᵀ·dO` and
 //!   `dK += dSᵀ·Q` in registers (FlashAttention-2's order). Each key's gradients are
@@ -28,8 +36,8 @@ use cubecl::prelude::*;
 
 use super::fragment::{
     C_PAIRS, EMULATION_SCRATCH, FragmentLoads, FragmentOps, LANES, Pair, TILE_K, TILE_M, TILE_N,
-    accumulate_products, c_position, fragment_lane, load_rows_as_a, quad_max, quad_sum,
-    row_products, staged_row_products, zero_fragments,
+    accumulate_products, c_position, fragment_lane, quad_max, quad_sum, staged_row_products,
+    zero_fragments,
 };
 use super::kernels::{
     HIDDEN, Sizes, block_open, key_range, kv_head_of, query_heads_of, row_range,
@@ -96,11 +104,16 @@ impl FragmentConfig {
         }
     }
 
-    /// Shared-memory bytes of the forward (and of the dQ kernel, which stages the same
-    /// tiles) for inputs of `elem` bytes.
+    /// Shared-memory bytes of the forward for inputs of `elem` bytes: its `Q` rows, the
+    /// key tiles and which keys are kept.
     pub fn forward_bytes(&self, elem: usize) -> usize {
-        elem * self.block * (self.qk_stride() + self.v_stride())
+        elem * (self.rows() * self.qk_stride() + self.block * (self.qk_stride() + self.v_stride()))
             + 4 * (self.block + self.emulation())
+    }
+
+    /// Shared-memory bytes of the dQ kernel: the forward's, with the rows of `dO`.
+    pub fn backward_q_bytes(&self, elem: usize) -> usize {
+        self.forward_bytes(elem) + elem * self.rows() * self.v_stride()
     }
 
     /// Shared-memory bytes of the dK/dV kernel.
@@ -182,14 +195,25 @@ pub fn fragment_forward<F: Float>(
     // Absolute position of the plane's first query row.
     let plane_pos = i32::cast_from(plane_row) + shift;
 
+    let mut q_tile = shared_tile::<F>(block_q * k_stride);
     let mut k_tile = shared_tile::<F>(bk * k_stride);
     let mut v_tile = shared_tile::<F>(bk * v_stride);
     let mut kept = shared_tile::<u32>(bk);
     let mut scratch = emulation_scratch(comptime!(config.emulation()));
 
-    // The plane's Q rows as A fragments, one per 16 columns: loaded once, kept in
-    // registers.
-    let q_fragments = load_rows_as_a::<F>(q, head * seq_q, plane_row, seq_q, d_qk, unrolled);
+    // The cube's Q rows, read as A fragments per key tile (the first tile's barrier
+    // orders this copy before every read).
+    stage_rows::<F>(
+        q,
+        &mut q_tile,
+        head * seq_q,
+        first_row,
+        seq_q,
+        block_q,
+        d_qk,
+        k_stride,
+        config.staging,
+    );
 
     // The output accumulator (C fragments, one per 8 value columns) and the running
     // max and this lane's share of the sum of the lane's two rows (pair 0's and
@@ -227,8 +251,9 @@ pub fn fragment_forward<F: Float>(
         sync_cube();
 
         // S = Q·Kᵀ, one C fragment per 8 keys.
-        let mut scores = row_products::<F>(
-            &q_fragments,
+        let mut scores = staged_row_products::<F>(
+            &q_tile,
+            plane * TILE_M,
             &k_tile,
             q_chunks,
             score_tiles,
@@ -399,13 +424,37 @@ pub fn fragment_backward_q<F: Float>(
     let plane_row = first_row + plane * TILE_M;
     let plane_pos = i32::cast_from(plane_row) + shift;
 
+    let mut q_tile = shared_tile::<F>(block_q * k_stride);
+    let mut do_tile = shared_tile::<F>(block_q * v_stride);
     let mut k_tile = shared_tile::<F>(bk * k_stride);
     let mut v_tile = shared_tile::<F>(bk * v_stride);
     let mut kept = shared_tile::<u32>(bk);
     let mut scratch = emulation_scratch(comptime!(config.emulation()));
 
-    let q_fragments = load_rows_as_a::<F>(q, head * seq_q, plane_row, seq_q, d_qk, unrolled);
-    let do_fragments = load_rows_as_a::<F>(grad_out, head * seq_q, plane_row, seq_q, d_v, unrolled);
+    // The cube's rows of Q and dO, read as A fragments per key tile (ordered before
+    // the reads by the first tile's barrier).
+    stage_rows::<F>(
+        q,
+        &mut q_tile,
+        head * seq_q,
+        first_row,
+        seq_q,
+        block_q,
+        d_qk,
+        k_stride,
+        config.staging,
+    );
+    stage_rows::<F>(
+        grad_out,
+        &mut do_tile,
+        head * seq_q,
+        first_row,
+        seq_q,
+        block_q,
+        d_v,
+        v_stride,
+        config.staging,
+    );
     // (LSE, D) of the lane's two rows (pair 0's and pair 1's).
     let mut row_lse = Array::<f32>::new(C_PAIRS);
     let mut row_delta = Array::<f32>::new(C_PAIRS);
@@ -445,8 +494,9 @@ pub fn fragment_backward_q<F: Float>(
         sync_cube();
 
         // S = Q·Kᵀ and dP = dO·Vᵀ, one C fragment each per 8 keys.
-        let scores = row_products::<F>(
-            &q_fragments,
+        let scores = staged_row_products::<F>(
+            &q_tile,
+            plane * TILE_M,
             &k_tile,
             q_chunks,
             score_tiles,
@@ -455,8 +505,9 @@ pub fn fragment_backward_q<F: Float>(
             ops,
             config.loads,
         );
-        let mut grads = row_products::<F>(
-            &do_fragments,
+        let mut grads = staged_row_products::<F>(
+            &do_tile,
+            plane * TILE_M,
             &v_tile,
             v_chunks,
             score_tiles,

@@ -430,8 +430,9 @@ pub(crate) fn staged_fits(
     }
 }
 
-/// Planes per cube of the fragment kernels (64 query rows, or keys for dK/dV).
-const FRAGMENT_PLANES: usize = 4;
+/// Planes per cube of the fragment kernels (16 query rows each, or keys for dK/dV),
+/// most first: a launch takes the most whose tiles fit (4 on GPUs).
+const FRAGMENT_PLANE_COUNTS: [usize; 3] = [4, 2, 1];
 /// Keys per staged tile of the fragment forward, largest first: a launch takes the
 /// first whose tiles fit the device's shared memory (64 on GPUs; lavapipe's 32 KiB
 /// take smaller ones at the larger head dims).
@@ -440,9 +441,9 @@ const FRAGMENT_BLOCKS: [usize; 3] = [64, 32, 16];
 /// dK/dV): 32 keeps its two score tiles (`S` and `dP`) at 16 registers each beside
 /// the gradients' accumulators.
 const FRAGMENT_BACKWARD_BLOCKS: [usize; 2] = [32, 16];
-/// Largest query/key and value head dims of the fragment forward: a lane holds
-/// `d_qk / 4` registers of `Q` and `d_v / 2` of the output beside its scores, which
-/// beyond these would not fit 255 registers without spilling.
+/// Largest query/key and value head dims of the fragment kernels: a lane holds
+/// `d_v / 2` registers of the output (of dQ, `d_qk / 2`; of dK/dV, both) beside its
+/// scores, which beyond these would not fit 255 registers without spilling.
 const FRAGMENT_MAX_D_QK: usize = 192;
 const FRAGMENT_MAX_D_V: usize = 128;
 
@@ -514,21 +515,20 @@ pub(crate) fn plan_fragments(
                 .filter(|c| c.units() <= max_units)
                 .find(|c| bytes(c) <= shared)
         };
-    let forward = pick(FRAGMENT_PLANES, &FRAGMENT_BLOCKS, problem.seq_k, &|c| {
-        c.forward_bytes(elem)
-    })?;
-    let backward_q = pick(
-        FRAGMENT_PLANES,
-        &FRAGMENT_BACKWARD_BLOCKS,
-        problem.seq_k,
-        &|c| c.forward_bytes(elem),
-    );
-    // dK/dV stages its keys and a tile of query rows: fewer planes (keys per cube)
-    // where the largest do not fit.
-    let backward_kv = [FRAGMENT_PLANES, 2, 1].into_iter().find_map(|planes| {
-        pick(planes, &FRAGMENT_BACKWARD_BLOCKS, problem.seq_q, &|c| {
-            c.backward_kv_bytes(elem)
-        })
+    // Each kernel stages the rows its cube owns beside the tiles it streams: fewer
+    // planes (rows or keys per cube) where the most do not fit (lavapipe's 32 KiB at the
+    // larger head dims).
+    let fewer_planes = |blocks: &[usize], seq: usize, bytes: &dyn Fn(&FragmentConfig) -> usize| {
+        FRAGMENT_PLANE_COUNTS
+            .into_iter()
+            .find_map(|planes| pick(planes, blocks, seq, bytes))
+    };
+    let forward = fewer_planes(&FRAGMENT_BLOCKS, problem.seq_k, &|c| c.forward_bytes(elem))?;
+    let backward_q = fewer_planes(&FRAGMENT_BACKWARD_BLOCKS, problem.seq_k, &|c| {
+        c.backward_q_bytes(elem)
+    });
+    let backward_kv = fewer_planes(&FRAGMENT_BACKWARD_BLOCKS, problem.seq_q, &|c| {
+        c.backward_kv_bytes(elem)
     });
     let backward = backward_q
         .zip(backward_kv)
