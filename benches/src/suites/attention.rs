@@ -592,11 +592,17 @@ mod tests {
             .iter()
             .map(|c| crate::report::attention_column(&c.record()))
             .collect();
+        // The fragment kernels' column names their loads: `ldmatrix` unless turned off.
+        let fragments = if burn_transformer::ops::flash_attention::matrix_loads_enabled() {
+            "fused[fragments+ldmatrix]"
+        } else {
+            "fused[fragments]"
+        };
         assert_eq!(
             columns.into_iter().collect::<Vec<_>>(),
             [
                 "burn",
-                "fused[fragments]",
+                fragments,
                 "fused[register]",
                 "fused[staged]",
                 "fused[tensor-cores]",
