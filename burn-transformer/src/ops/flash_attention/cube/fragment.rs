@@ -267,20 +267,6 @@ fn load_a_matrices<F: Float>(
     definition.load_matrix::<F, Const<2>>(&tile[start..start + 8], MatrixIdent::A, A_PAIRS, false)
 }
 
-/// The `A` fragment of a 16×16 block that two neighbouring `C` tiles hold (its columns
-/// 0–7 in pairs `c_at, c_at + 1`, 8–15 in `c_at + 2, c_at + 3`), rounded to `F`: the
-/// register reuse of the module docs, as a tile of probabilities (or of their
-/// gradients) becomes the left factor of the next product.
-#[cube]
-pub fn c_tiles_as_a<F: Float>(c: &Array<Pair<f32>>, c_at: usize) -> Array<Pair<F>> {
-    let mut a = Array::<Pair<F>>::new(A_PAIRS);
-    #[unroll]
-    for p in 0..A_PAIRS {
-        a[p] = Pair::<F>::cast_from(c[c_at + p]);
-    }
-    a
-}
-
 /// Dot products of rows, one C fragment per 8 rows of `tile`: 16 rows of a tile
 /// staged row-major in shared memory (from row `first`, read as `A` fragments, `chunks`
 /// of 16 columns) against `tiles·8` rows of another (`stride` elements a row in both,
@@ -314,15 +300,18 @@ pub fn staged_row_products<F: Float>(
     out
 }
 
-/// `acc += P·T`: `P` the plane's 16 × `16·chunks` block held as C tiles (probabilities
-/// or their gradients, passed into `A` fragments in registers, see [`c_tiles_as_a`]),
-/// `T` a tile staged row-major in shared memory whose rows are `P`'s columns (`stride`
-/// elements a row), `acc` one C fragment per 8 columns of `T` (`tiles` of them):
-/// `O += P·V`, `dQ += dS·K`, `dV += Pᵀ·dO`, `dK += dSᵀ·Q`.
+/// `acc += P·T`: `P` the plane's 16 × `16·chunks` block as the pairs of its C tiles
+/// (probabilities or their gradients) rounded to `F` — two neighbouring 16 × 8 C tiles,
+/// pairs `4c .. 4c + 4`, are exactly the `A` fragment of columns `16c .. 16c + 16`, the
+/// register reuse of the module docs — `T` a tile staged row-major in shared memory
+/// whose rows are `P`'s columns (`stride` elements a row), `acc` one C fragment per 8
+/// columns of `T` (`tiles` of them): `O += P·V`, `dQ += dS·K`, `dV += Pᵀ·dO`,
+/// `dK += dSᵀ·Q`. The callers round each pair as they make it, so that the f32 value
+/// does not stay live until its product.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub fn accumulate_products<F: Float>(
-    block: &Array<Pair<f32>>,
+    block: &Array<Pair<F>>,
     tile: &Shared<[F]>,
     #[comptime] chunks: usize,
     #[comptime] tiles: usize,
@@ -335,11 +324,10 @@ pub fn accumulate_products<F: Float>(
     let unrolled = comptime!(ops == FragmentOps::TensorCores);
     #[unroll(unrolled)]
     for c in 0..chunks {
-        let left = c_tiles_as_a::<F>(block, 2 * c * C_PAIRS);
         #[unroll(unrolled)]
         for n in 0..tiles {
             let columns = load_b::<F>(tile, c * TILE_K, n * TILE_N, stride, false, loads);
-            fragment_product::<F>(&left, 0, &columns, acc, n * C_PAIRS, scratch, ops);
+            fragment_product::<F>(block, c * A_PAIRS, &columns, acc, n * C_PAIRS, scratch, ops);
         }
     }
 }

@@ -309,7 +309,8 @@ pub fn fragment_forward<F: Float>(
             }
         }
         // The online softmax per row: the quad's max, the rescaling of what the lane
-        // summed and accumulated so far, and P in place of the scores.
+        // summed and accumulated so far, and P, rounded to the input type.
+        let mut probabilities = Array::<Pair<F>>::new(comptime!(score_tiles * C_PAIRS));
         #[unroll(unrolled)]
         for p in 0..C_PAIRS {
             let max = quad_max(block_max[p], &mut scratch, ops);
@@ -330,13 +331,13 @@ pub fn fragment_forward<F: Float>(
                     pair.insert(e, prob);
                     row_sum[p] += prob;
                 }
-                scores[j * C_PAIRS + p] = pair;
+                probabilities[j * C_PAIRS + p] = Pair::<F>::cast_from(pair);
             }
         }
 
         // O += P·V, 16 keys at a time.
         accumulate_products::<F>(
-            &scores,
+            &probabilities,
             &v_tile,
             key_chunks,
             out_tiles,
@@ -505,7 +506,7 @@ pub fn fragment_backward_q<F: Float>(
             ops,
             config.loads,
         );
-        let mut grads = staged_row_products::<F>(
+        let grads = staged_row_products::<F>(
             &do_tile,
             plane * TILE_M,
             &v_tile,
@@ -516,7 +517,8 @@ pub fn fragment_backward_q<F: Float>(
             ops,
             config.loads,
         );
-        // dS = P ∘ (dP − D) ∘ softcap', in place of dP.
+        // dS = P ∘ (dP − D) ∘ softcap', rounded to the input type.
+        let mut score_grads = Array::<Pair<F>>::new(comptime!(score_tiles * C_PAIRS));
         let open = block_open(plane_pos, TILE_M, start, bk, kv_end, &sizes);
         if open {
             #[unroll(unrolled)]
@@ -535,7 +537,7 @@ pub fn fragment_backward_q<F: Float>(
                         );
                         pair.insert(e, ds);
                     }
-                    grads[j * C_PAIRS + p] = pair;
+                    score_grads[j * C_PAIRS + p] = Pair::<F>::cast_from(pair);
                 }
             }
         } else {
@@ -562,13 +564,13 @@ pub fn fragment_backward_q<F: Float>(
                         );
                         pair.insert(e, ds);
                     }
-                    grads[j * C_PAIRS + p] = pair;
+                    score_grads[j * C_PAIRS + p] = Pair::<F>::cast_from(pair);
                 }
             }
         }
         // dQ += dS·K, 16 keys at a time (scaled at the end).
         accumulate_products::<F>(
-            &grads,
+            &score_grads,
             &k_tile,
             key_chunks,
             grad_tiles,
@@ -726,7 +728,7 @@ pub fn fragment_backward_kv<F: Float>(
             sync_cube();
 
             // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, one C fragment each per 8 query rows.
-            let mut scores = staged_row_products::<F>(
+            let scores = staged_row_products::<F>(
                 &k_tile,
                 plane_key,
                 &q_tile,
@@ -737,7 +739,7 @@ pub fn fragment_backward_kv<F: Float>(
                 ops,
                 config.loads,
             );
-            let mut grads = staged_row_products::<F>(
+            let grads = staged_row_products::<F>(
                 &v_tile,
                 plane_key,
                 &do_tile,
@@ -748,8 +750,10 @@ pub fn fragment_backward_kv<F: Float>(
                 ops,
                 config.loads,
             );
-            // Pᵀ in place of Sᵀ, dSᵀ in place of dPᵀ. The block is open when each of
-            // its query rows exists and sees each of the plane's keys.
+            // Pᵀ and dSᵀ, rounded to the input type. The block is open when each of its
+            // query rows exists and sees each of the plane's keys.
+            let mut probabilities = Array::<Pair<F>>::new(comptime!(query_tiles * C_PAIRS));
+            let mut score_grads = Array::<Pair<F>>::new(comptime!(query_tiles * C_PAIRS));
             let open = start + (bq as i32) <= row_end
                 && block_open(
                     start + shift,
@@ -779,8 +783,8 @@ pub fn fragment_backward_kv<F: Float>(
                             score.insert(e, prob);
                             pair.insert(e, ds);
                         }
-                        scores[j * C_PAIRS + p] = score;
-                        grads[j * C_PAIRS + p] = pair;
+                        probabilities[j * C_PAIRS + p] = Pair::<F>::cast_from(score);
+                        score_grads[j * C_PAIRS + p] = Pair::<F>::cast_from(pair);
                     }
                 }
             } else {
@@ -810,15 +814,15 @@ pub fn fragment_backward_kv<F: Float>(
                             score.insert(e, prob);
                             pair.insert(e, ds);
                         }
-                        scores[j * C_PAIRS + p] = score;
-                        grads[j * C_PAIRS + p] = pair;
+                        probabilities[j * C_PAIRS + p] = Pair::<F>::cast_from(score);
+                        score_grads[j * C_PAIRS + p] = Pair::<F>::cast_from(pair);
                     }
                 }
             }
             // dV += Pᵀ·dO and dK += dSᵀ·Q, 16 query rows at a time (dK scaled at the
             // end).
             accumulate_products::<F>(
-                &scores,
+                &probabilities,
                 &do_tile,
                 query_chunks,
                 value_grad_tiles,
@@ -829,7 +833,7 @@ pub fn fragment_backward_kv<F: Float>(
                 config.loads,
             );
             accumulate_products::<F>(
-                &grads,
+                &score_grads,
                 &q_tile,
                 query_chunks,
                 key_grad_tiles,
