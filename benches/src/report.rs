@@ -385,18 +385,11 @@ fn plotted_width_and_type(cells: &[&Record]) -> Option<(usize, String)> {
             .collect::<BTreeSet<_>>()
             .len()
     };
-    // `max_by_key` keeps the last of equal keys: rank by (lengths, smaller width, earlier).
+    // `min_by_key` keeps the first of equal keys: the most lengths, then the smallest
+    // width, then the earliest.
     candidates
-        .iter()
-        .enumerate()
-        .max_by_key(|(order, c)| {
-            (
-                lengths(c),
-                std::cmp::Reverse(c.0),
-                std::cmp::Reverse(*order),
-            )
-        })
-        .map(|(_, c)| c.clone())
+        .into_iter()
+        .min_by_key(|c| (std::cmp::Reverse(lengths(c)), c.0))
 }
 
 /// The time-vs-length plot of one backend's causal cells at the head width and element

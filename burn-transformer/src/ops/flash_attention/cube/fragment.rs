@@ -236,10 +236,12 @@ fn load_b_matrices<F: Float>(
     let row = lane % 8;
     let matrix = (lane / 8) % B_PAIRS;
     // The stored row: a row of `B` as is, a column of it when transposed.
-    let mut start = b_offset(k0 + matrix * 8 + row, n0, stride, transposed);
-    if transposed {
-        start = b_offset(k0 + matrix * 8, n0 + row, stride, transposed);
-    }
+    let k = k0 + matrix * 8;
+    let start = if transposed {
+        b_offset(k, n0 + row, stride, true)
+    } else {
+        b_offset(k + row, n0, stride, false)
+    };
     let definition = cmma::MmaDefinition::<F, F, f32>::new(TILE_M, TILE_N, TILE_K);
     definition.load_matrix::<F, Const<2>>(
         &tile[start..start + 8],
