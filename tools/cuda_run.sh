@@ -17,7 +17,7 @@
 #
 # What the stages of `run` took on an H100 and an H200 (16-core hosts): each bench job
 # 2–13 s, most of it NVRTC compiling in the job's own process and PyTorch's import, so
-# the fragment batch (36 jobs) 150–200 s; the kernel tests but the f32 grid 150–240 s
+# the fragment batch (36 jobs, 48 with the wide family's) 150–200 s; the kernel tests but the f32 grid 150–240 s
 # on a fresh machine (`parity_grid_fragments` alone 52 s), the f32 grid about 260 s.
 #
 # Offline: cubecl-cuda build-depends on CubeCL's LLVM backend, whose build script
@@ -165,7 +165,9 @@ run)
     : >"$out/tests.log"
     for stage in ${CUDA_RUN_STAGES:-fragments tests profile element-loads tensor-cores tests-tc families grid-f32}; do
         case "$stage" in
-        fragments) bench_batch 200 'fused[fragments+ldmatrix],burn cuda,torch_sdpa' ;;
+        # `fused[fragments+ldmatrix]` also names the wide family's cells
+        # (`fused[wide-fragments+ldmatrix]`): both families beside Burn and PyTorch.
+        fragments) bench_batch 260 'fused[fragments+ldmatrix],burn cuda,torch_sdpa' ;;
         element-loads)
             # The fragment kernels loading element by element instead of with
             # `ldmatrix`: their tests first, then their cells beside the batch above

@@ -79,11 +79,26 @@ struct Args {
     /// Folder to write the `.cu` files and `variants.json` into (created if missing).
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
+    /// Only the kernels of these families (repeatable: `register_tile`, `staged`,
+    /// `staged_tensor_cores`, `fragments`, `wide_fragments`); every family by default.
+    #[arg(long = "family", value_name = "NAME", value_parser = parse_family)]
+    families: Vec<KernelFamily>,
+}
+
+/// A family named as tools name it.
+fn parse_family(name: &str) -> Result<KernelFamily, String> {
+    KernelFamily::ALL
+        .into_iter()
+        .find(|family| family.name() == name)
+        .ok_or_else(|| {
+            let names: Vec<&str> = KernelFamily::ALL.iter().map(|f| f.name()).collect();
+            format!("`{name}` is not one of {}", names.join(", "))
+        })
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    match run(&args.out) {
+    match run(&args.out, &args.families) {
         Ok(count) => {
             eprintln!(
                 "wrote {count} kernels and variants.json to {}",
@@ -98,7 +113,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(out: &Path) -> Result<usize, String> {
+fn run(out: &Path, families: &[KernelFamily]) -> Result<usize, String> {
     if let Ok(tile) = std::env::var("BURN_TRANSFORMER_FLASH_TILE") {
         eprintln!(
             "note: BURN_TRANSFORMER_FLASH_TILE={tile} overrides the tiles of every kernel \
@@ -108,8 +123,11 @@ fn run(out: &Path) -> Result<usize, String> {
     fs::create_dir_all(out)
         .map_err(|err| format!("cannot create the output folder {}: {err}", out.display()))?;
     let (properties, options) = h100();
-    let variants = kernel_variants(&properties, &cuda_target())
+    let mut variants = kernel_variants(&properties, &cuda_target())
         .map_err(|reason| format!("the fused attention does not take these problems: {reason}"))?;
+    if !families.is_empty() {
+        variants.retain(|variant| families.contains(&variant.family));
+    }
     let mut entries = Vec::with_capacity(variants.len());
     for (index, variant) in variants.iter().enumerate() {
         // The staged family has one kernel per tile size autotuning compares.

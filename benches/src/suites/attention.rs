@@ -209,6 +209,7 @@ fn implementations(backend: &str, dtype: DType) -> Vec<(Impl, Option<FlashKernel
         if matches!(dtype, DType::BF16 | DType::F16) {
             list.push((Impl::Fused, Some(FlashKernel::StagedTensorCores)));
             list.push((Impl::Fused, Some(FlashKernel::Fragments)));
+            list.push((Impl::Fused, Some(FlashKernel::WideFragments)));
         }
     } else {
         list.push((Impl::Fused, None));
@@ -542,15 +543,13 @@ struct TorchResult {
     failure: Option<String>,
 }
 
-/// A kernel family's name in records and columns: its own, or `fragments+ldmatrix`
-/// for the fragment kernels with their `ldmatrix` loads (the grid runs them on CUDA
-/// only, where they are the default), so that a run with
-/// `BURN_TRANSFORMER_FLASH_LDMATRIX=0` (element loads, `fragments`) and one without
-/// compare side by side.
+/// A kernel family's name in records and columns: its own, with `+ldmatrix` for the
+/// fragment families with their `ldmatrix` loads (the grid runs them on CUDA only,
+/// where they are the default), so that a run with `BURN_TRANSFORMER_FLASH_LDMATRIX=0`
+/// (element loads, `fragments`) and one without compare side by side.
 fn kernel_label(kernel: FlashKernel) -> String {
-    if kernel == FlashKernel::Fragments
-        && burn_transformer::ops::flash_attention::matrix_loads_enabled()
-    {
+    let fragments = matches!(kernel, FlashKernel::Fragments | FlashKernel::WideFragments);
+    if fragments && burn_transformer::ops::flash_attention::matrix_loads_enabled() {
         format!("{}+ldmatrix", kernel.name())
     } else {
         kernel.name().into()
@@ -592,24 +591,26 @@ mod tests {
             .iter()
             .map(|c| crate::report::attention_column(&c.record()))
             .collect();
-        // The fragment kernels' column names their loads: `ldmatrix` unless turned off.
-        let fragments = if burn_transformer::ops::flash_attention::matrix_loads_enabled() {
-            "fused[fragments+ldmatrix]"
+        // The fragment kernels' columns name their loads: `ldmatrix` unless turned off.
+        let loads = if burn_transformer::ops::flash_attention::matrix_loads_enabled() {
+            "+ldmatrix"
         } else {
-            "fused[fragments]"
+            ""
         };
-        assert_eq!(
-            columns.into_iter().collect::<Vec<_>>(),
-            [
-                "burn",
-                fragments,
-                "fused[register]",
-                "fused[staged]",
-                "fused[tensor-cores]",
-                "reference",
-                "torch_sdpa"
-            ]
-        );
+        let mut expected: Vec<String> = [
+            "burn",
+            "fused[register]",
+            "fused[staged]",
+            "fused[tensor-cores]",
+            "reference",
+            "torch_sdpa",
+        ]
+        .map(String::from)
+        .into();
+        expected.push(format!("fused[fragments{loads}]"));
+        expected.push(format!("fused[wide-fragments{loads}]"));
+        expected.sort();
+        assert_eq!(columns.into_iter().collect::<Vec<_>>(), expected);
         // f32 has no tensor-core and no fragment column; every shape has both passes
         // and both masks.
         let full = cells(Mode::Full, "cuda");
@@ -621,10 +622,14 @@ mod tests {
             c.dtype == DType::F32
                 && matches!(
                     c.kernel,
-                    Some(FlashKernel::StagedTensorCores | FlashKernel::Fragments)
+                    Some(
+                        FlashKernel::StagedTensorCores
+                            | FlashKernel::Fragments
+                            | FlashKernel::WideFragments
+                    )
                 )
         }));
-        assert_eq!(full.len(), 5 * 2 * 2 * 2 * (7 + 5));
+        assert_eq!(full.len(), 5 * 2 * 2 * 2 * (8 + 5));
     }
 
     #[test]

@@ -53,7 +53,7 @@ pub enum FlashKernel {
     /// where the tensor cores take them, else the fastest of the staged tile sizes and
     /// the register tiles, timed once per shape class ([`Self::Autotune`]). The
     /// environment variable `BURN_TRANSFORMER_FLASH_KERNEL=register|staged|
-    /// tensor-cores|fragments|autotune` overrides it for a whole process.
+    /// tensor-cores|fragments|wide-fragments|autotune` overrides it for a whole process.
     #[default]
     Auto,
     /// Each unit holds its rows in registers and streams keys from global memory
@@ -75,6 +75,12 @@ pub enum FlashKernel {
     /// the kernels); other calls take [`Self::Staged`]. [`Self::Auto`]'s choice for
     /// f16/bf16 on GPUs with the instruction.
     Fragments,
+    /// The [`Self::Fragments`] kernels with 32 query rows per plane (two tiles of 16)
+    /// in the forward and dQ kernels, as FlashAttention-2 lays out its warps: every
+    /// fragment of `K` or `V` a plane reads from shared memory serves two products
+    /// instead of one, for twice the plane's score and accumulator registers. Only
+    /// when asked for, until GPU timings show where it wins.
+    WideFragments,
     /// Times the candidates (staged tiles of 64, 32 and 16 rows and keys, register
     /// tiles) once per shape class on the device and keeps the fastest, as `Auto` does
     /// on GPUs for what the fragment kernels do not take; this asks for it on CPU
@@ -84,17 +90,18 @@ pub enum FlashKernel {
 
 impl FlashKernel {
     /// Every family, `Auto` first.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::Auto,
         Self::RegisterTile,
         Self::Staged,
         Self::StagedTensorCores,
         Self::Fragments,
+        Self::WideFragments,
         Self::Autotune,
     ];
 
-    /// The family's name: `auto`, `register`, `staged`, `tensor-cores`, `fragments` or
-    /// `autotune`.
+    /// The family's name: `auto`, `register`, `staged`, `tensor-cores`, `fragments`,
+    /// `wide-fragments` or `autotune`.
     pub fn name(self) -> &'static str {
         match self {
             Self::Auto => "auto",
@@ -102,6 +109,7 @@ impl FlashKernel {
             Self::Staged => "staged",
             Self::StagedTensorCores => "tensor-cores",
             Self::Fragments => "fragments",
+            Self::WideFragments => "wide-fragments",
             Self::Autotune => "autotune",
         }
     }

@@ -662,6 +662,41 @@ mod on_device {
             })
             .chain(decode_cases().into_iter().map(|case| (1000, case)))
             .collect();
+        parity_fragments(device, label, &cases, FlashKernel::Fragments);
+    }
+
+    /// The parity grid through the wide fragment kernels (two row tiles a plane in the
+    /// forward and dQ): the row-tile indexing is all that differs from
+    /// [`parity_grid_fragments`], so a leaner set checks it: every mask and head
+    /// configuration at head dims 32 and 64 (one plane-row tile beside the other,
+    /// rows past the end in both), the long causal case and the decoding cases.
+    pub fn parity_grid_wide_fragments(device: &Device, label: &str) {
+        let cases: Vec<(usize, Case)> = parity_grid()
+            .into_iter()
+            .enumerate()
+            .filter(|(index, case)| {
+                let long = case.seq_q.max(case.seq_k) > 129;
+                (index % 2 == 1 && !long && case.d_qk <= 64)
+                    || (long && case.causal && case.d_qk == 64)
+            })
+            .chain(decode_cases().into_iter().map(|case| (1000, case)))
+            .collect();
+        parity_fragments(device, label, &cases, FlashKernel::WideFragments);
+    }
+
+    /// [`parity_in`] of `cases` through the fragment family `kernel`, and the checks
+    /// that its kernels ran where the device's tiles take them.
+    fn parity_fragments(
+        device: &Device,
+        label: &str,
+        cases: &[(usize, Case)],
+        kernel: FlashKernel,
+    ) {
+        let row_tiles = if kernel == FlashKernel::WideFragments {
+            2
+        } else {
+            1
+        };
         // The family's input types: bf16 on GPUs (tensor cores), f32 where the
         // products are emulated.
         let properties = device_properties(device);
@@ -676,7 +711,7 @@ mod on_device {
         let fragments = super::super::op::FRAGMENT_LAUNCHES.load(Ordering::Relaxed);
         let backwards = super::super::op::FRAGMENT_BACKWARD_LAUNCHES.load(Ordering::Relaxed);
         let splits = super::super::op::SPLIT_LAUNCHES.load(Ordering::Relaxed);
-        parity_in(device, label, &cases, FlashKernel::Fragments, dtype);
+        parity_in(device, label, cases, kernel, dtype);
         // Every case the device's fragments take ran the fragment forward (on
         // tensor-core GPUs all of them; on lavapipe, whose 32 KiB hold one plane's f32
         // rows of Q beside its key tiles up to d_qk 128, all but MLA's 192/128), those
@@ -685,7 +720,12 @@ mod on_device {
         let plans: Vec<_> = cases
             .iter()
             .filter_map(|(_, case)| {
-                super::super::cube::tiling::plan_fragments(&case.problem(), dtype, &properties)
+                super::super::cube::tiling::plan_fragments(
+                    &case.problem(),
+                    dtype,
+                    &properties,
+                    row_tiles,
+                )
             })
             .collect();
         let taken = plans.len();
@@ -877,6 +917,11 @@ macro_rules! kernel_tests {
             #[test]
             fn parity_grid_fragments() {
                 on_device::parity_grid_fragments(&$device(), stringify!($runtime));
+            }
+
+            #[test]
+            fn parity_grid_wide_fragments() {
+                on_device::parity_grid_wide_fragments(&$device(), stringify!($runtime));
             }
 
             #[test]

@@ -269,18 +269,22 @@ fn load_a_matrices<F: Float>(
     definition.load_matrix::<F, Const<2>>(&tile[start..start + 8], MatrixIdent::A, A_PAIRS, false)
 }
 
-/// Dot products of rows, one C fragment per 8 rows of `tile`: 16 rows of a tile
-/// staged row-major in shared memory (from row `first`, read as `A` fragments, `chunks`
-/// of 16 columns) against `tiles·8` rows of another (`stride` elements a row in both,
-/// read as the transposed `B`): `S = Q·Kᵀ` from a tile of keys, `dP = dO·Vᵀ` from one
-/// of values, and the transposed `Sᵀ = K·Qᵀ`, `dPᵀ = V·dOᵀ` of a plane's keys. Each `A`
-/// fragment is loaded once and serves every output tile.
+/// Dot products of rows, one C fragment per 8 rows of `tile`: `16·row_tiles` rows of a
+/// tile staged row-major in shared memory (from row `first`, read as `A` fragments,
+/// `chunks` of 16 columns) against `tiles·8` rows of another (`stride` elements a row
+/// in both, read as the transposed `B`): `S = Q·Kᵀ` from a tile of keys, `dP = dO·Vᵀ`
+/// from one of values, and the transposed `Sᵀ = K·Qᵀ`, `dPᵀ = V·dOᵀ` of a plane's keys.
+/// Fragment `(m, j)` (row tile `m`, output tile `j`) is pairs
+/// `(m·tiles + j)·2 ..` of the result. Each `A` fragment is loaded once and serves
+/// every output tile, each `B` fragment once and serves every row tile: with two row
+/// tiles a plane reads half the shared bytes per product.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub fn staged_row_products<F: Float>(
     rows: &Shared<[F]>,
     first: usize,
     tile: &Shared<[F]>,
+    #[comptime] row_tiles: usize,
     #[comptime] chunks: usize,
     #[comptime] tiles: usize,
     #[comptime] stride: usize,
@@ -289,32 +293,54 @@ pub fn staged_row_products<F: Float>(
     #[comptime] loads: FragmentLoads,
 ) -> Array<Pair<f32>> {
     let unrolled = comptime!(ops == FragmentOps::TensorCores);
-    let mut out = zero_fragments(tiles, unrolled);
+    let mut out = zero_fragments(comptime!(row_tiles * tiles), unrolled);
     #[unroll(unrolled)]
     for c in 0..chunks {
-        let left = load_a::<F>(rows, first, c * TILE_K, stride, loads);
+        let mut left = Array::<Pair<F>>::new(comptime!(row_tiles * A_PAIRS));
+        #[unroll(unrolled)]
+        for m in 0..row_tiles {
+            let a = load_a::<F>(rows, first + m * TILE_M, c * TILE_K, stride, loads);
+            #[unroll]
+            for p in 0..A_PAIRS {
+                left[m * A_PAIRS + p] = a[p];
+            }
+        }
         #[unroll(unrolled)]
         for j in 0..tiles {
             let columns = load_b::<F>(tile, c * TILE_K, j * TILE_N, stride, true, loads);
-            fragment_product::<F>(&left, 0, &columns, &mut out, j * C_PAIRS, scratch, ops);
+            #[unroll(unrolled)]
+            for m in 0..row_tiles {
+                fragment_product::<F>(
+                    &left,
+                    m * A_PAIRS,
+                    &columns,
+                    &mut out,
+                    (m * tiles + j) * C_PAIRS,
+                    scratch,
+                    ops,
+                );
+            }
         }
     }
     out
 }
 
-/// `acc += P·T`: `P` the plane's 16 × `16·chunks` block as the pairs of its C tiles
-/// (probabilities or their gradients) rounded to `F` — two neighbouring 16 × 8 C tiles,
-/// pairs `4c .. 4c + 4`, are exactly the `A` fragment of columns `16c .. 16c + 16`, the
-/// register reuse of the module docs — `T` a tile staged row-major in shared memory
-/// whose rows are `P`'s columns (`stride` elements a row), `acc` one C fragment per 8
-/// columns of `T` (`tiles` of them): `O += P·V`, `dQ += dS·K`, `dV += Pᵀ·dO`,
-/// `dK += dSᵀ·Q`. The callers round each pair as they make it, so that the f32 value
-/// does not stay live until its product.
+/// `acc += P·T`: `P` the plane's `16·row_tiles` × `16·chunks` block as the pairs of
+/// its C tiles (probabilities or their gradients) rounded to `F`, row tile `m` at pairs
+/// `m·chunks·4 ..` — two neighbouring 16 × 8 C tiles, pairs `4c .. 4c + 4` of a row
+/// tile, are exactly the `A` fragment of columns `16c .. 16c + 16`, the register reuse
+/// of the module docs — `T` a tile staged row-major in shared memory whose rows are
+/// `P`'s columns (`stride` elements a row), `acc` one C fragment per 8 columns of `T`
+/// (`tiles` of them) per row tile, tile `(m, n)` at pairs `(m·tiles + n)·2 ..`:
+/// `O += P·V`, `dQ += dS·K`, `dV += Pᵀ·dO`, `dK += dSᵀ·Q`. Each `B` fragment is loaded
+/// once for every row tile. The callers round each pair as they make it, so that the
+/// f32 value does not stay live until its product.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub fn accumulate_products<F: Float>(
     block: &Array<Pair<F>>,
     tile: &Shared<[F]>,
+    #[comptime] row_tiles: usize,
     #[comptime] chunks: usize,
     #[comptime] tiles: usize,
     #[comptime] stride: usize,
@@ -329,7 +355,18 @@ pub fn accumulate_products<F: Float>(
         #[unroll(unrolled)]
         for n in 0..tiles {
             let columns = load_b::<F>(tile, c * TILE_K, n * TILE_N, stride, false, loads);
-            fragment_product::<F>(block, c * A_PAIRS, &columns, acc, n * C_PAIRS, scratch, ops);
+            #[unroll(unrolled)]
+            for m in 0..row_tiles {
+                fragment_product::<F>(
+                    block,
+                    (m * chunks + c) * A_PAIRS,
+                    &columns,
+                    acc,
+                    (m * tiles + n) * C_PAIRS,
+                    scratch,
+                    ops,
+                );
+            }
         }
     }
 }

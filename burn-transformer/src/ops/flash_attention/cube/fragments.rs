@@ -44,8 +44,8 @@ use super::kernels::{
     structurally_visible,
 };
 use super::softmax::{
-    finish_row, masked_score, online_max, open_probability_and_gradient, open_score, probability,
-    probability_and_gradient,
+    Exponential, finish_row, masked_score, online_max, open_probability_and_gradient, open_score,
+    probability, probability_and_gradient,
 };
 use super::staged::{shared_tile, split_key_range, stage_key_block, stage_row_stats, stage_rows};
 
@@ -57,8 +57,13 @@ pub const ROW_PAD: usize = 8;
 /// Compile-time shape of one fragment launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FragmentConfig {
-    /// Planes per cube, each owning 16 rows: query rows (forward, dQ) or keys (dK/dV).
+    /// Planes per cube, each owning `16·row_tiles` rows: query rows (forward, dQ) or
+    /// keys (dK/dV).
     pub planes: usize,
+    /// 16-row tiles each plane owns (1 or 2; 1 for dK/dV): with two, every `B` fragment
+    /// a plane loads from shared memory serves two products, at the cost of twice the
+    /// accumulator and score registers.
+    pub row_tiles: usize,
     /// Rows per staged tile the cube walks (a multiple of 16): keys (forward, dQ) or
     /// query rows (dK/dV).
     pub block: usize,
@@ -73,12 +78,19 @@ pub struct FragmentConfig {
     /// Elements a unit copies at once when it stages rows (a divisor of [`ROW_PAD`];
     /// see [`stage_rows`]).
     pub staging: usize,
+    /// How the scores' exponentials are taken.
+    pub exponential: Exponential,
 }
 
 impl FragmentConfig {
+    /// Rows a plane owns.
+    pub fn plane_rows(&self) -> usize {
+        TILE_M * self.row_tiles
+    }
+
     /// Rows a cube owns.
     pub fn rows(&self) -> usize {
-        TILE_M * self.planes
+        self.plane_rows() * self.planes
     }
 
     /// Units per cube.
@@ -164,17 +176,21 @@ pub fn fragment_forward<F: Float>(
     #[define(F)] _dtype: ElemType,
 ) {
     let block_q = comptime!(config.rows());
+    let plane_rows = comptime!(config.plane_rows());
+    let row_tiles = config.row_tiles;
     let bk = config.block;
     let d_qk = config.d_qk;
     let d_v = config.d_v;
     let k_stride = comptime!(config.qk_stride());
     let v_stride = comptime!(config.v_stride());
     // Fragments along each product: Q's column chunks, score tiles, key chunks of
-    // P·V, output tiles.
+    // P·V, output tiles (each per row tile).
     let q_chunks = comptime!(d_qk / TILE_K);
     let score_tiles = comptime!(bk / TILE_N);
     let key_chunks = comptime!(bk / TILE_K);
     let out_tiles = comptime!(d_v / TILE_N);
+    // The lane's rows: pair `p` of row tile `m` is row `m·2 + p` of these.
+    let lane_rows = comptime!(row_tiles * C_PAIRS);
     let ops = config.ops;
     // Unrolled with tensor cores (constant indices keep the fragments in registers),
     // loops in the emulation (see `fragment_product`).
@@ -191,7 +207,7 @@ pub fn fragment_forward<F: Float>(
     let (kv_start, kv_end) = split_key_range(first_row, block_q, split_keys, &sizes);
     // Rows of one split's output: every row of every head.
     let split_row = CUBE_POS_Z as usize * CUBE_COUNT_Y as usize * seq_q;
-    let plane_row = first_row + plane * TILE_M;
+    let plane_row = first_row + plane * plane_rows;
     // Absolute position of the plane's first query row.
     let plane_pos = i32::cast_from(plane_row) + shift;
 
@@ -215,16 +231,15 @@ pub fn fragment_forward<F: Float>(
         config.staging,
     );
 
-    // The output accumulator (C fragments, one per 8 value columns) and the running
-    // max and this lane's share of the sum of the lane's two rows (pair 0's and
-    // pair 1's).
-    let mut acc = zero_fragments(out_tiles, unrolled);
-    let mut row_max = Array::<f32>::new(C_PAIRS);
-    let mut row_sum = Array::<f32>::new(C_PAIRS);
+    // The output accumulator (C fragments, one per 8 value columns and row tile) and,
+    // per lane row, the running max and this lane's share of the row's sum.
+    let mut acc = zero_fragments(comptime!(row_tiles * out_tiles), unrolled);
+    let mut row_max = Array::<f32>::new(lane_rows);
+    let mut row_sum = Array::<f32>::new(lane_rows);
     #[unroll(unrolled)]
-    for p in 0..C_PAIRS {
-        row_max[p] = f32::new(HIDDEN);
-        row_sum[p] = 0.0f32;
+    for i in 0..lane_rows {
+        row_max[i] = f32::new(HIDDEN);
+        row_sum[i] = 0.0f32;
     }
 
     let mut start = kv_start;
@@ -250,11 +265,12 @@ pub fn fragment_forward<F: Float>(
         );
         sync_cube();
 
-        // S = Q·Kᵀ, one C fragment per 8 keys.
+        // S = Q·Kᵀ, one C fragment per 8 keys and row tile.
         let mut scores = staged_row_products::<F>(
             &q_tile,
-            plane * TILE_M,
+            plane * plane_rows,
             &k_tile,
+            row_tiles,
             q_chunks,
             score_tiles,
             k_stride,
@@ -264,74 +280,91 @@ pub fn fragment_forward<F: Float>(
         );
 
         // Masked scores and each row's max over the block.
-        let mut block_max = Array::<f32>::new(C_PAIRS);
+        let mut block_max = Array::<f32>::new(lane_rows);
         #[unroll(unrolled)]
-        for p in 0..C_PAIRS {
-            block_max[p] = f32::new(HIDDEN);
+        for i in 0..lane_rows {
+            block_max[i] = f32::new(HIDDEN);
         }
         // Keys past `kv_end` belong to the next split (or are hidden anyway).
-        let open = block_open(plane_pos, TILE_M, start, bk, kv_end, &sizes);
+        let open = block_open(plane_pos, plane_rows, start, bk, kv_end, &sizes);
         if open {
             #[unroll(unrolled)]
-            for j in 0..score_tiles {
+            for m in 0..row_tiles {
                 #[unroll(unrolled)]
-                for p in 0..C_PAIRS {
-                    let mut pair = scores[j * C_PAIRS + p];
-                    #[unroll]
-                    for e in 0..2usize {
-                        let score = open_score(pair.extract(e) * sizes.scale);
-                        pair.insert(e, score);
-                        block_max[p] = f32::max(block_max[p], score);
+                for j in 0..score_tiles {
+                    #[unroll(unrolled)]
+                    for p in 0..C_PAIRS {
+                        let at = (m * score_tiles + j) * C_PAIRS + p;
+                        let mut pair = scores[at];
+                        #[unroll]
+                        for e in 0..2usize {
+                            let score = open_score(pair.extract(e) * sizes.scale);
+                            pair.insert(e, score);
+                            block_max[m * C_PAIRS + p] =
+                                f32::max(block_max[m * C_PAIRS + p], score);
+                        }
+                        scores[at] = pair;
                     }
-                    scores[j * C_PAIRS + p] = pair;
                 }
             }
         } else {
             #[unroll(unrolled)]
-            for j in 0..score_tiles {
+            for m in 0..row_tiles {
                 #[unroll(unrolled)]
-                for p in 0..C_PAIRS {
-                    let mut pair = scores[j * C_PAIRS + p];
-                    #[unroll]
-                    for e in 0..2 {
-                        let (r, col) = c_position(lane, (2 * p + e) as u32);
-                        let t = j * TILE_N + col;
-                        let pos = plane_pos + r as i32;
-                        let key = start + t as i32;
-                        let visible =
-                            kept[t] != 0 && key < kv_end && structurally_visible(pos, key, &sizes);
-                        let score = masked_score(pair.extract(e) * sizes.scale, visible, &sizes);
-                        pair.insert(e, score);
-                        block_max[p] = f32::max(block_max[p], score);
+                for j in 0..score_tiles {
+                    #[unroll(unrolled)]
+                    for p in 0..C_PAIRS {
+                        let at = (m * score_tiles + j) * C_PAIRS + p;
+                        let mut pair = scores[at];
+                        #[unroll]
+                        for e in 0..2 {
+                            let (r, col) = c_position(lane, (2 * p + e) as u32);
+                            let t = j * TILE_N + col;
+                            let pos = plane_pos + (m * TILE_M + r) as i32;
+                            let key = start + t as i32;
+                            let visible = kept[t] != 0
+                                && key < kv_end
+                                && structurally_visible(pos, key, &sizes);
+                            let score =
+                                masked_score(pair.extract(e) * sizes.scale, visible, &sizes);
+                            pair.insert(e, score);
+                            block_max[m * C_PAIRS + p] =
+                                f32::max(block_max[m * C_PAIRS + p], score);
+                        }
+                        scores[at] = pair;
                     }
-                    scores[j * C_PAIRS + p] = pair;
                 }
             }
         }
         // The online softmax per row: the quad's max, the rescaling of what the lane
         // summed and accumulated so far, and P, rounded to the input type.
-        let mut probabilities = Array::<Pair<F>>::new(comptime!(score_tiles * C_PAIRS));
+        let mut probabilities = Array::<Pair<F>>::new(comptime!(row_tiles * score_tiles * C_PAIRS));
         #[unroll(unrolled)]
-        for p in 0..C_PAIRS {
-            let max = quad_max(block_max[p], &mut scratch, ops);
-            let (new_max, correction) = online_max(row_max[p], max);
-            row_max[p] = new_max;
-            row_sum[p] *= correction;
-            let factor = Pair::<f32>::new(correction);
+        for m in 0..row_tiles {
             #[unroll(unrolled)]
-            for n in 0..out_tiles {
-                acc[n * C_PAIRS + p] *= factor;
-            }
-            #[unroll(unrolled)]
-            for j in 0..score_tiles {
-                let mut pair = scores[j * C_PAIRS + p];
-                #[unroll]
-                for e in 0..2usize {
-                    let prob = probability(pair.extract(e), new_max);
-                    pair.insert(e, prob);
-                    row_sum[p] += prob;
+            for p in 0..C_PAIRS {
+                let i = m * C_PAIRS + p;
+                let max = quad_max(block_max[i], &mut scratch, ops);
+                let (new_max, correction) = online_max(row_max[i], max);
+                row_max[i] = new_max;
+                row_sum[i] *= correction;
+                let factor = Pair::<f32>::new(correction);
+                #[unroll(unrolled)]
+                for n in 0..out_tiles {
+                    acc[(m * out_tiles + n) * C_PAIRS + p] *= factor;
                 }
-                probabilities[j * C_PAIRS + p] = Pair::<F>::cast_from(pair);
+                #[unroll(unrolled)]
+                for j in 0..score_tiles {
+                    let at = (m * score_tiles + j) * C_PAIRS + p;
+                    let mut pair = scores[at];
+                    #[unroll]
+                    for e in 0..2usize {
+                        let prob = probability(pair.extract(e), new_max, config.exponential);
+                        pair.insert(e, prob);
+                        row_sum[i] += prob;
+                    }
+                    probabilities[at] = Pair::<F>::cast_from(pair);
+                }
             }
         }
 
@@ -339,6 +372,7 @@ pub fn fragment_forward<F: Float>(
         accumulate_products::<F>(
             &probabilities,
             &v_tile,
+            row_tiles,
             key_chunks,
             out_tiles,
             v_stride,
@@ -356,24 +390,28 @@ pub fn fragment_forward<F: Float>(
         sink = sinks[head % heads];
     }
     #[unroll(unrolled)]
-    for p in 0..C_PAIRS {
-        // The row's sum: the quad's shares.
-        let total = quad_sum(row_sum[p], &mut scratch, ops);
-        let (inverse, row_lse) = finish_row(total, row_max[p], sink, partial, &sizes);
-        let (r, _) = c_position(lane, (2 * p) as u32);
-        let row = plane_row + r;
-        if row < seq_q {
-            if lane.is_multiple_of(4) {
-                lse[split_row + head * seq_q + row] = row_lse;
-            }
-            #[unroll(unrolled)]
-            for n in 0..out_tiles {
-                let pair = acc[n * C_PAIRS + p];
-                #[unroll]
-                for e in 0..2 {
-                    let (_, col) = c_position(lane, (2 * p + e) as u32);
-                    out[(split_row + head * seq_q + row) * d_v + n * TILE_N + col] =
-                        F::cast_from(pair.extract(e) * inverse);
+    for m in 0..row_tiles {
+        #[unroll(unrolled)]
+        for p in 0..C_PAIRS {
+            let i = m * C_PAIRS + p;
+            // The row's sum: the quad's shares.
+            let total = quad_sum(row_sum[i], &mut scratch, ops);
+            let (inverse, row_lse) = finish_row(total, row_max[i], sink, partial, &sizes);
+            let (r, _) = c_position(lane, (2 * p) as u32);
+            let row = plane_row + m * TILE_M + r;
+            if row < seq_q {
+                if lane.is_multiple_of(4) {
+                    lse[split_row + head * seq_q + row] = row_lse;
+                }
+                #[unroll(unrolled)]
+                for n in 0..out_tiles {
+                    let pair = acc[(m * out_tiles + n) * C_PAIRS + p];
+                    #[unroll]
+                    for e in 0..2 {
+                        let (_, col) = c_position(lane, (2 * p + e) as u32);
+                        out[(split_row + head * seq_q + row) * d_v + n * TILE_N + col] =
+                            F::cast_from(pair.extract(e) * inverse);
+                    }
                 }
             }
         }
@@ -401,6 +439,8 @@ pub fn fragment_backward_q<F: Float>(
     #[define(F)] _dtype: ElemType,
 ) {
     let block_q = comptime!(config.rows());
+    let plane_rows = comptime!(config.plane_rows());
+    let row_tiles = config.row_tiles;
     let bk = config.block;
     let d_qk = config.d_qk;
     let d_v = config.d_v;
@@ -411,6 +451,7 @@ pub fn fragment_backward_q<F: Float>(
     let score_tiles = comptime!(bk / TILE_N);
     let key_chunks = comptime!(bk / TILE_K);
     let grad_tiles = comptime!(d_qk / TILE_N);
+    let lane_rows = comptime!(row_tiles * C_PAIRS);
     let ops = config.ops;
     let unrolled = comptime!(ops == FragmentOps::TensorCores);
 
@@ -422,7 +463,7 @@ pub fn fragment_backward_q<F: Float>(
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
     let first_row = CUBE_POS_X as usize * block_q;
     let (kv_start, kv_end) = key_range(first_row, block_q, &sizes);
-    let plane_row = first_row + plane * TILE_M;
+    let plane_row = first_row + plane * plane_rows;
     let plane_pos = i32::cast_from(plane_row) + shift;
 
     let mut q_tile = shared_tile::<F>(block_q * k_stride);
@@ -456,20 +497,23 @@ pub fn fragment_backward_q<F: Float>(
         v_stride,
         config.staging,
     );
-    // (LSE, D) of the lane's two rows (pair 0's and pair 1's).
-    let mut row_lse = Array::<f32>::new(C_PAIRS);
-    let mut row_delta = Array::<f32>::new(C_PAIRS);
+    // (LSE, D) of the lane's rows (pair `p` of row tile `m` at `m·2 + p`).
+    let mut row_lse = Array::<f32>::new(lane_rows);
+    let mut row_delta = Array::<f32>::new(lane_rows);
     #[unroll(unrolled)]
-    for p in 0..C_PAIRS {
-        let (r, _) = c_position(lane, (2 * p) as u32);
-        let mut row = plane_row + r;
-        if row >= seq_q {
-            row = seq_q - 1;
+    for m in 0..row_tiles {
+        #[unroll(unrolled)]
+        for p in 0..C_PAIRS {
+            let (r, _) = c_position(lane, (2 * p) as u32);
+            let mut row = plane_row + m * TILE_M + r;
+            if row >= seq_q {
+                row = seq_q - 1;
+            }
+            row_lse[m * C_PAIRS + p] = stats[(head * seq_q + row) * 2];
+            row_delta[m * C_PAIRS + p] = stats[(head * seq_q + row) * 2 + 1];
         }
-        row_lse[p] = stats[(head * seq_q + row) * 2];
-        row_delta[p] = stats[(head * seq_q + row) * 2 + 1];
     }
-    let mut grad = zero_fragments(grad_tiles, unrolled);
+    let mut grad = zero_fragments(comptime!(row_tiles * grad_tiles), unrolled);
 
     let mut start = kv_start;
     while start < kv_end {
@@ -494,11 +538,12 @@ pub fn fragment_backward_q<F: Float>(
         );
         sync_cube();
 
-        // S = Q·Kᵀ and dP = dO·Vᵀ, one C fragment each per 8 keys.
+        // S = Q·Kᵀ and dP = dO·Vᵀ, one C fragment each per 8 keys and row tile.
         let scores = staged_row_products::<F>(
             &q_tile,
-            plane * TILE_M,
+            plane * plane_rows,
             &k_tile,
+            row_tiles,
             q_chunks,
             score_tiles,
             k_stride,
@@ -508,8 +553,9 @@ pub fn fragment_backward_q<F: Float>(
         );
         let grads = staged_row_products::<F>(
             &do_tile,
-            plane * TILE_M,
+            plane * plane_rows,
             &v_tile,
+            row_tiles,
             v_chunks,
             score_tiles,
             v_stride,
@@ -518,53 +564,63 @@ pub fn fragment_backward_q<F: Float>(
             config.loads,
         );
         // dS = P ∘ (dP − D) ∘ softcap', rounded to the input type.
-        let mut score_grads = Array::<Pair<F>>::new(comptime!(score_tiles * C_PAIRS));
-        let open = block_open(plane_pos, TILE_M, start, bk, kv_end, &sizes);
+        let mut score_grads = Array::<Pair<F>>::new(comptime!(row_tiles * score_tiles * C_PAIRS));
+        let open = block_open(plane_pos, plane_rows, start, bk, kv_end, &sizes);
         if open {
             #[unroll(unrolled)]
-            for j in 0..score_tiles {
+            for m in 0..row_tiles {
                 #[unroll(unrolled)]
-                for p in 0..C_PAIRS {
-                    let score = scores[j * C_PAIRS + p];
-                    let mut pair = grads[j * C_PAIRS + p];
-                    #[unroll]
-                    for e in 0..2usize {
-                        let (_, ds) = open_probability_and_gradient(
-                            score.extract(e) * sizes.scale,
-                            pair.extract(e),
-                            row_lse[p],
-                            row_delta[p],
-                        );
-                        pair.insert(e, ds);
+                for j in 0..score_tiles {
+                    #[unroll(unrolled)]
+                    for p in 0..C_PAIRS {
+                        let at = (m * score_tiles + j) * C_PAIRS + p;
+                        let score = scores[at];
+                        let mut pair = grads[at];
+                        #[unroll]
+                        for e in 0..2usize {
+                            let (_, ds) = open_probability_and_gradient(
+                                score.extract(e) * sizes.scale,
+                                pair.extract(e),
+                                row_lse[m * C_PAIRS + p],
+                                row_delta[m * C_PAIRS + p],
+                                config.exponential,
+                            );
+                            pair.insert(e, ds);
+                        }
+                        score_grads[at] = Pair::<F>::cast_from(pair);
                     }
-                    score_grads[j * C_PAIRS + p] = Pair::<F>::cast_from(pair);
                 }
             }
         } else {
             #[unroll(unrolled)]
-            for j in 0..score_tiles {
+            for m in 0..row_tiles {
                 #[unroll(unrolled)]
-                for p in 0..C_PAIRS {
-                    let score = scores[j * C_PAIRS + p];
-                    let mut pair = grads[j * C_PAIRS + p];
-                    #[unroll]
-                    for e in 0..2usize {
-                        let (r, col) = c_position(lane, (2 * p + e) as u32);
-                        let t = j * TILE_N + col;
-                        let pos = plane_pos + r as i32;
-                        let visible =
-                            kept[t] != 0 && structurally_visible(pos, start + t as i32, &sizes);
-                        let (_, ds) = probability_and_gradient(
-                            score.extract(e) * sizes.scale,
-                            pair.extract(e),
-                            row_lse[p],
-                            row_delta[p],
-                            visible,
-                            &sizes,
-                        );
-                        pair.insert(e, ds);
+                for j in 0..score_tiles {
+                    #[unroll(unrolled)]
+                    for p in 0..C_PAIRS {
+                        let at = (m * score_tiles + j) * C_PAIRS + p;
+                        let score = scores[at];
+                        let mut pair = grads[at];
+                        #[unroll]
+                        for e in 0..2usize {
+                            let (r, col) = c_position(lane, (2 * p + e) as u32);
+                            let t = j * TILE_N + col;
+                            let pos = plane_pos + (m * TILE_M + r) as i32;
+                            let visible =
+                                kept[t] != 0 && structurally_visible(pos, start + t as i32, &sizes);
+                            let (_, ds) = probability_and_gradient(
+                                score.extract(e) * sizes.scale,
+                                pair.extract(e),
+                                row_lse[m * C_PAIRS + p],
+                                row_delta[m * C_PAIRS + p],
+                                visible,
+                                &sizes,
+                                config.exponential,
+                            );
+                            pair.insert(e, ds);
+                        }
+                        score_grads[at] = Pair::<F>::cast_from(pair);
                     }
-                    score_grads[j * C_PAIRS + p] = Pair::<F>::cast_from(pair);
                 }
             }
         }
@@ -572,6 +628,7 @@ pub fn fragment_backward_q<F: Float>(
         accumulate_products::<F>(
             &score_grads,
             &k_tile,
+            row_tiles,
             key_chunks,
             grad_tiles,
             k_stride,
@@ -585,18 +642,21 @@ pub fn fragment_backward_q<F: Float>(
     }
 
     #[unroll(unrolled)]
-    for p in 0..C_PAIRS {
-        let (r, _) = c_position(lane, (2 * p) as u32);
-        let row = plane_row + r;
-        if row < seq_q {
-            #[unroll(unrolled)]
-            for n in 0..grad_tiles {
-                let pair = grad[n * C_PAIRS + p];
-                #[unroll]
-                for e in 0..2usize {
-                    let (_, col) = c_position(lane, (2 * p + e) as u32);
-                    grad_q[(head * seq_q + row) * d_qk + n * TILE_N + col] =
-                        F::cast_from(pair.extract(e) * sizes.scale);
+    for m in 0..row_tiles {
+        #[unroll(unrolled)]
+        for p in 0..C_PAIRS {
+            let (r, _) = c_position(lane, (2 * p) as u32);
+            let row = plane_row + m * TILE_M + r;
+            if row < seq_q {
+                #[unroll(unrolled)]
+                for n in 0..grad_tiles {
+                    let pair = grad[(m * grad_tiles + n) * C_PAIRS + p];
+                    #[unroll]
+                    for e in 0..2usize {
+                        let (_, col) = c_position(lane, (2 * p + e) as u32);
+                        grad_q[(head * seq_q + row) * d_qk + n * TILE_N + col] =
+                            F::cast_from(pair.extract(e) * sizes.scale);
+                    }
                 }
             }
         }
@@ -732,6 +792,7 @@ pub fn fragment_backward_kv<F: Float>(
                 &k_tile,
                 plane_key,
                 &q_tile,
+                1usize,
                 qk_chunks,
                 query_tiles,
                 qk_stride,
@@ -743,6 +804,7 @@ pub fn fragment_backward_kv<F: Float>(
                 &v_tile,
                 plane_key,
                 &do_tile,
+                1usize,
                 v_chunks,
                 query_tiles,
                 v_stride,
@@ -779,6 +841,7 @@ pub fn fragment_backward_kv<F: Float>(
                                 pair.extract(e),
                                 row_lse[t],
                                 row_delta[t],
+                                config.exponential,
                             );
                             score.insert(e, prob);
                             pair.insert(e, ds);
@@ -810,6 +873,7 @@ pub fn fragment_backward_kv<F: Float>(
                                 row_delta[t],
                                 visible,
                                 &sizes,
+                                config.exponential,
                             );
                             score.insert(e, prob);
                             pair.insert(e, ds);
@@ -824,6 +888,7 @@ pub fn fragment_backward_kv<F: Float>(
             accumulate_products::<F>(
                 &probabilities,
                 &do_tile,
+                1usize,
                 query_chunks,
                 value_grad_tiles,
                 v_stride,
@@ -835,6 +900,7 @@ pub fn fragment_backward_kv<F: Float>(
             accumulate_products::<F>(
                 &score_grads,
                 &q_tile,
+                1usize,
                 query_chunks,
                 key_grad_tiles,
                 qk_stride,

@@ -29,7 +29,9 @@
 
 use cubecl::prelude::*;
 
-use super::softmax::{finish_row, masked_score, online_max, probability, probability_and_gradient};
+use super::softmax::{
+    Exponential, finish_row, masked_score, online_max, probability, probability_and_gradient,
+};
 use crate::ops::mask::HIDDEN_SCORE;
 
 /// Score of a hidden entry (see [`HIDDEN_SCORE`]).
@@ -350,7 +352,7 @@ pub fn flash_forward<F: Float, N: Size>(
             let mut total = running_sum[r] * correction;
             #[unroll]
             for t in 0..block {
-                let p = probability(scores[r * block + t], new_max);
+                let p = probability(scores[r * block + t], new_max, Exponential::Library);
                 scores[r * block + t] = p;
                 total += p;
             }
@@ -736,6 +738,7 @@ pub fn flash_backward_q<F: Float, N: Size>(
                     row_delta[r],
                     visible,
                     &sizes,
+                    Exponential::Library,
                 );
                 dps[r * block + t] = ds;
             }

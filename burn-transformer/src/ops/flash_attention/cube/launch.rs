@@ -140,10 +140,18 @@ fn choose_on(
         FlashKernel::Auto => FlashKernel::from_env().unwrap_or(FlashKernel::Auto),
         chosen => chosen,
     };
-    let fragments_first = requested == FlashKernel::Fragments
-        || (requested == FlashKernel::Auto && has_fragment_mma(properties, dtype));
+    let fragments_first = matches!(
+        requested,
+        FlashKernel::Fragments | FlashKernel::WideFragments
+    ) || (requested == FlashKernel::Auto
+        && has_fragment_mma(properties, dtype));
     if fragments_first {
-        let fragments = plan_fragments(problem, dtype, properties);
+        let row_tiles = if requested == FlashKernel::WideFragments {
+            2
+        } else {
+            1
+        };
+        let fragments = plan_fragments(problem, dtype, properties, row_tiles);
         let staged = plan_staged(
             problem,
             dtype,
@@ -157,7 +165,9 @@ fn choose_on(
     }
     let product = match requested {
         FlashKernel::RegisterTile => None,
-        FlashKernel::Staged | FlashKernel::Fragments => Some(StagedProduct::Plain),
+        FlashKernel::Staged | FlashKernel::Fragments | FlashKernel::WideFragments => {
+            Some(StagedProduct::Plain)
+        }
         FlashKernel::StagedTensorCores => Some(StagedProduct::TensorCores),
         FlashKernel::Auto if is_cpu_runtime(properties) => None,
         FlashKernel::Auto | FlashKernel::Autotune => return Choice::Tuned,
@@ -839,7 +849,7 @@ mod tests {
         cuda.features.memory_reinterpret = true;
         for dtype in [DType::BF16, DType::F16] {
             for (d_qk, d_v) in [(64, 64), (128, 128), (192, 128)] {
-                let plan = plan_fragments(&problem(d_qk, d_v), dtype, &cuda).unwrap();
+                let plan = plan_fragments(&problem(d_qk, d_v), dtype, &cuda, 1).unwrap();
                 let (q, kv) = plan.backward.unwrap();
                 for config in [plan.forward, q, kv] {
                     // 16 bytes of a 2-byte type.
@@ -851,13 +861,13 @@ mod tests {
                     };
                     assert_eq!(config.loads, loads, "{dtype:?} {d_qk}x{d_v}");
                 }
-                let plan = plan_fragments(&problem(d_qk, d_v), dtype, &wgpu_like).unwrap();
+                let plan = plan_fragments(&problem(d_qk, d_v), dtype, &wgpu_like, 1).unwrap();
                 assert_eq!(plan.forward.staging, 1, "{dtype:?} {d_qk}x{d_v}");
                 assert_eq!(plan.forward.loads, FragmentLoads::Elements);
             }
         }
         // Head dims that are odd multiples of 8 still take whole 16-byte vectors.
-        let plan = plan_fragments(&problem(48, 24), DType::BF16, &cuda).unwrap();
+        let plan = plan_fragments(&problem(48, 24), DType::BF16, &cuda, 1).unwrap();
         assert_eq!(plan.forward.staging, 8);
     }
 }

@@ -1,8 +1,8 @@
 //! The fused op on CubeCL runtimes (wgpu, cuda): the `#[cube]` kernels of three
 //! families (register tiles; staged shared-memory tiles over one tile product; the
-//! fragment forward, whose scores and output stay in a plane's registers), their
-//! tile sizes per device, the timing that picks among them, their launches, and the list of every kernel a device
-//! compiles.
+//! fragment kernels, whose scores, outputs and gradients stay in a plane's registers,
+//! 16 or 32 query rows a plane), their tile sizes per device, the timing that picks
+//! among them, their launches, and the list of every kernel a device compiles.
 
 pub(crate) mod autotune;
 mod fragment;

@@ -6,11 +6,53 @@
 //! Hidden scores are [`HIDDEN`], a large negative finite value, and visible ones are
 //! floored above it, so that a row's max is above `HIDDEN` exactly when the row sees
 //! a key (see `kernels.rs`).
+//!
+//! The exponential of each score is the kernels' costliest arithmetic after the
+//! products: the math library's `expf` takes about ten instructions on CUDA where the
+//! hardware's base-2 exponential takes one ([`Exponential`]).
 
 use cubecl::prelude::*;
 
 use super::kernels::{HIDDEN, SCORE_FLOOR, Sizes, cap_derivative, cap_score};
 use crate::ops::mask::MASKED_ROW_LSE;
+
+/// How a kernel takes the exponentials of its scores: `P` in the forward, `P` and `dS`
+/// in the backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Exponential {
+    /// The runtime's `exp` (every runtime).
+    Library,
+    /// `2^(x·log₂e)` through PTX's `ex2.approx.ftz.f32` (CUDA): one fused multiply-add
+    /// and one special-function instruction where CUDA's `expf` takes about ten, as
+    /// FlashAttention-2 computes them. Its relative error (about 2⁻²², plus the
+    /// rounding of `y·log₂e`, about 5·10⁻⁶ for a row whose max is 100, one factor for
+    /// the whole row) is far below the half-precision rounding of the `P` and `dS` it
+    /// feeds; results below f32's normal range are flushed to zero.
+    Ex2Approx,
+}
+
+/// `exp(x − y)` by `exponential`.
+#[cube]
+pub(super) fn exp_difference(x: f32, y: f32, #[comptime] exponential: Exponential) -> f32 {
+    if comptime!(exponential == Exponential::Ex2Approx) {
+        // One multiply-add a score: `y·log₂e` is the same for a whole row (its max or
+        // log-sum-exp), which the compiler computes once.
+        ex2_approx(fma(x, LOG2_E, -(y * LOG2_E)))
+    } else {
+        f32::exp(x - y)
+    }
+}
+
+/// `log₂ e`.
+const LOG2_E: f32 = std::f32::consts::LOG2_E;
+
+/// `2^x` by PTX's `ex2.approx.ftz.f32` (CUDA only).
+#[cube]
+fn ex2_approx(x: f32) -> f32 {
+    let out: f32;
+    gpu_asm!("ex2.approx.ftz.f32 {}, {};", out(_) out, in(_) x, options(pure, nomem));
+    out
+}
 
 /// A scaled score `q·k·scale` under the masks: soft-capped and floored where
 /// `visible`, [`HIDDEN`] elsewhere.
@@ -40,8 +82,12 @@ pub(super) fn online_max(old_max: f32, block_max: f32) -> (f32, f32) {
 /// The unnormalized probability of a score under the row's running max: zero while
 /// the row has seen no key.
 #[cube]
-pub(super) fn probability(score: f32, row_max: f32) -> f32 {
-    select(row_max > HIDDEN, f32::exp(score - row_max), 0.0f32)
+pub(super) fn probability(score: f32, row_max: f32, #[comptime] exponential: Exponential) -> f32 {
+    select(
+        row_max > HIDDEN,
+        exp_difference(score, row_max, exponential),
+        0.0f32,
+    )
 }
 
 /// The end of a row's online softmax: `(1/Σ, LSE)` from its sum `total` under its max
@@ -86,9 +132,10 @@ pub(super) fn probability_and_gradient(
     delta: f32,
     visible: bool,
     sizes: &Sizes,
+    #[comptime] exponential: Exponential,
 ) -> (f32, f32) {
     let capped = cap_score(scaled, sizes);
-    let p = select(visible, f32::exp(capped - lse), 0.0f32);
+    let p = select(visible, exp_difference(capped, lse, exponential), 0.0f32);
     (
         p,
         score_gradient(p, dp, delta) * cap_derivative(capped, sizes),
@@ -109,7 +156,8 @@ pub(super) fn open_probability_and_gradient(
     dp: f32,
     lse: f32,
     delta: f32,
+    #[comptime] exponential: Exponential,
 ) -> (f32, f32) {
-    let p = f32::exp(scaled - lse);
+    let p = exp_difference(scaled, lse, exponential);
     (p, score_gradient(p, dp, delta))
 }

@@ -22,7 +22,9 @@ use cubecl::prelude::*;
 use super::kernels::{
     HIDDEN, Sizes, key_kept, key_range, kv_head_of, query_heads_of, row_range, structurally_visible,
 };
-use super::softmax::{finish_row, masked_score, online_max, probability, probability_and_gradient};
+use super::softmax::{
+    Exponential, finish_row, masked_score, online_max, probability, probability_and_gradient,
+};
 use super::tile_product::{Operand, ProductShape, TileProduct, tile_product};
 use crate::ops::mask::MASKED_ROW_LSE;
 
@@ -384,7 +386,7 @@ pub fn staged_forward<F: Float>(
             let (new_max, correction) = online_max(row_max[r], block_max);
             let mut total = row_sum[r] * correction;
             for t in 0..bk {
-                let p = probability(scores[r * bk + t], new_max);
+                let p = probability(scores[r * bk + t], new_max, Exponential::Library);
                 probs[r * bk + t] = F::cast_from(p);
                 total += p;
             }
@@ -659,6 +661,7 @@ pub fn staged_backward_q<F: Float>(
                 row_delta[t],
                 visible,
                 &sizes,
+                Exponential::Library,
             );
             ds[e] = F::cast_from(ds_value);
             e += units;
@@ -822,6 +825,7 @@ pub fn staged_backward_kv<F: Float>(
                     row_delta[t],
                     visible,
                     &sizes,
+                    Exponential::Library,
                 );
                 probs[e] = F::cast_from(p);
                 ds[e] = F::cast_from(ds_value);

@@ -8,6 +8,7 @@ use burn_cubecl::{CubeBackend, CubeDevice};
 use super::super::{Problem, Unsupported};
 use super::fragment::{FragmentLoads, FragmentOps, LANES, TILE_K, TILE_M, TILE_N};
 use super::fragments::{FragmentConfig, FragmentTiling, ROW_PAD};
+use super::softmax::Exponential;
 use super::staged::StagedConfig;
 use super::tile_product::{FRAGMENT, TileProduct};
 
@@ -286,6 +287,33 @@ fn fragment_loads(
     }
 }
 
+/// How the fragment kernels with `ops` take their scores' exponentials: PTX's
+/// `ex2.approx` where the runtime compiles PTX (CUDA) and the products run on tensor
+/// cores (the inputs are then f16/bf16, whose rounding of `P` and `dS` dwarfs its
+/// error), the runtime's `exp` elsewhere.
+fn fragment_exponential(
+    properties: &cubecl::ir::DeviceProperties,
+    ops: FragmentOps,
+) -> Exponential {
+    let ptx = properties.identity.fingerprint.starts_with("ptx_");
+    if ptx && ops == FragmentOps::TensorCores {
+        Exponential::Ex2Approx
+    } else {
+        Exponential::Library
+    }
+}
+
+/// The dK/dV kernel's exponential: the others' (`exponential`), but the library's at
+/// head dims up to 64, where the kernel sits at 128 registers (4 cubes per SM on sm_90)
+/// and `ex2.approx`'s schedule tipped ptxas into spilling 12 bytes to stay there.
+fn kv_exponential(problem: &Problem, exponential: Exponential) -> Exponential {
+    if problem.d_qk.max(problem.d_v) <= 64 {
+        Exponential::Library
+    } else {
+        exponential
+    }
+}
+
 /// Whether the device multiplies 16×16×16 fragments of `dtype` into f32.
 fn has_tensor_cores(properties: &cubecl::ir::DeviceProperties, dtype: DType) -> bool {
     let side = FRAGMENT;
@@ -441,6 +469,12 @@ const FRAGMENT_BLOCKS: [usize; 3] = [64, 32, 16];
 /// dK/dV): 32 keeps its two score tiles (`S` and `dP`) at 16 registers each beside
 /// the gradients' accumulators.
 const FRAGMENT_BACKWARD_BLOCKS: [usize; 2] = [32, 16];
+/// [`FRAGMENT_BLOCKS`] and [`FRAGMENT_BACKWARD_BLOCKS`] with two row tiles a plane,
+/// whose score tiles take twice the registers per key: the forward's 32 keys and dQ's
+/// 16 keep a plane's scores, probabilities and accumulators within 255 registers
+/// without spilling at head dim 128 (ptxas, sm_90).
+const WIDE_FRAGMENT_BLOCKS: [usize; 2] = [32, 16];
+const WIDE_FRAGMENT_BACKWARD_BLOCKS: [usize; 1] = [16];
 /// Largest query/key and value head dims of the fragment kernels: a lane holds
 /// `d_v / 2` registers of the output (of dQ, `d_qk / 2`; of dK/dV, both) beside its
 /// scores, which beyond these would not fit 255 registers without spilling.
@@ -470,10 +504,14 @@ pub(crate) fn has_fragment_mma(properties: &cubecl::ir::DeviceProperties, dtype:
 /// on GPUs: no tensor-core product keeps f32's precision), for head dims the fragments
 /// do not tile, and for a forward whose tiles do not fit the device. The backward is
 /// planned where its tiles fit too (and the value head dim is a multiple of 16).
+///
+/// Each plane of the forward and dQ kernels owns `row_tiles` (1 or 2) tiles of 16
+/// query rows; the dK/dV kernel's planes own one tile of 16 keys.
 pub(crate) fn plan_fragments(
     problem: &Problem,
     dtype: DType,
     properties: &cubecl::ir::DeviceProperties,
+    row_tiles: usize,
 ) -> Option<FragmentTiling> {
     let hardware = &properties.hardware;
     let tiles = problem.d_qk.is_multiple_of(TILE_K)
@@ -495,40 +533,60 @@ pub(crate) fn plan_fragments(
     let shared = hardware.max_shared_memory_size;
     let staging = staging_width(problem, elem, ROW_PAD, properties);
     let loads = fragment_loads(properties, dtype, ops);
-    let config = |planes: usize, block: usize| FragmentConfig {
+    let exponential = fragment_exponential(properties, ops);
+    let config = |planes: usize, row_tiles: usize, block: usize| FragmentConfig {
         planes,
+        row_tiles,
         block,
         d_qk: problem.d_qk,
         d_v: problem.d_v,
         ops,
         loads,
         staging,
+        exponential,
     };
     // The first of `blocks` (rows a tile streams) with `planes` planes whose tiles fit,
     // no longer than the streamed sequence (a decode step's keys, say) needs.
-    let pick =
-        |planes: usize, blocks: &[usize], seq: usize, bytes: &dyn Fn(&FragmentConfig) -> usize| {
-            blocks
-                .iter()
-                .map(|&block| config(planes, block))
-                .filter(|c| c.block <= seq.next_power_of_two().max(TILE_K))
-                .filter(|c| c.units() <= max_units)
-                .find(|c| bytes(c) <= shared)
-        };
+    let pick = |planes: usize,
+                row_tiles: usize,
+                blocks: &[usize],
+                seq: usize,
+                bytes: &dyn Fn(&FragmentConfig) -> usize| {
+        blocks
+            .iter()
+            .map(|&block| config(planes, row_tiles, block))
+            .filter(|c| c.block <= seq.next_power_of_two().max(TILE_K))
+            .filter(|c| c.units() <= max_units)
+            .find(|c| bytes(c) <= shared)
+    };
     // Each kernel stages the rows its cube owns beside the tiles it streams: fewer
     // planes (rows or keys per cube) where the most do not fit (lavapipe's 32 KiB at the
     // larger head dims).
-    let fewer_planes = |blocks: &[usize], seq: usize, bytes: &dyn Fn(&FragmentConfig) -> usize| {
+    let fewer_planes = |row_tiles: usize,
+                        blocks: &[usize],
+                        seq: usize,
+                        bytes: &dyn Fn(&FragmentConfig) -> usize| {
         FRAGMENT_PLANE_COUNTS
             .into_iter()
-            .find_map(|planes| pick(planes, blocks, seq, bytes))
+            .find_map(|planes| pick(planes, row_tiles, blocks, seq, bytes))
     };
-    let forward = fewer_planes(&FRAGMENT_BLOCKS, problem.seq_k, &|c| c.forward_bytes(elem))?;
-    let backward_q = fewer_planes(&FRAGMENT_BACKWARD_BLOCKS, problem.seq_k, &|c| {
+    let (forward_blocks, backward_q_blocks): (&[usize], &[usize]) = if row_tiles == 1 {
+        (&FRAGMENT_BLOCKS, &FRAGMENT_BACKWARD_BLOCKS)
+    } else {
+        (&WIDE_FRAGMENT_BLOCKS, &WIDE_FRAGMENT_BACKWARD_BLOCKS)
+    };
+    let forward = fewer_planes(row_tiles, forward_blocks, problem.seq_k, &|c| {
+        c.forward_bytes(elem)
+    })?;
+    let backward_q = fewer_planes(row_tiles, backward_q_blocks, problem.seq_k, &|c| {
         c.backward_q_bytes(elem)
     });
-    let backward_kv = fewer_planes(&FRAGMENT_BACKWARD_BLOCKS, problem.seq_q, &|c| {
+    let backward_kv = fewer_planes(1, &FRAGMENT_BACKWARD_BLOCKS, problem.seq_q, &|c| {
         c.backward_kv_bytes(elem)
+    })
+    .map(|config| FragmentConfig {
+        exponential: kv_exponential(problem, exponential),
+        ..config
     });
     let backward = backward_q
         .zip(backward_kv)

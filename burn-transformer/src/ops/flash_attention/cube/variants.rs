@@ -101,25 +101,30 @@ pub enum KernelFamily {
     /// `fragments.rs`): forward, dQ and dK/dV; their pre-pass and flash-decoding's merge
     /// are the staged family's.
     Fragments,
+    /// The fragment kernels with 32 query rows per plane (f16/bf16 only): forward and
+    /// dQ; their dK/dV kernel is [`Self::Fragments`]'.
+    WideFragments,
 }
 
 impl KernelFamily {
     /// Every family, in the order tools list them.
-    pub const ALL: [KernelFamily; 4] = [
+    pub const ALL: [KernelFamily; 5] = [
         KernelFamily::RegisterTile,
         KernelFamily::Staged,
         KernelFamily::StagedTensorCores,
         KernelFamily::Fragments,
+        KernelFamily::WideFragments,
     ];
 
     /// The family's name in tools' output (`register_tile`, `staged`,
-    /// `staged_tensor_cores`, `fragments`).
+    /// `staged_tensor_cores`, `fragments`, `wide_fragments`).
     pub fn name(self) -> &'static str {
         match self {
             Self::RegisterTile => "register_tile",
             Self::Staged => "staged",
             Self::StagedTensorCores => "staged_tensor_cores",
             Self::Fragments => "fragments",
+            Self::WideFragments => "wide_fragments",
         }
     }
 }
@@ -232,14 +237,19 @@ pub fn kernel_variants(
                 };
                 match family {
                     KernelFamily::RegisterTile => variants.extend(register_tile(&build)),
-                    KernelFamily::Fragments => {
+                    KernelFamily::Fragments | KernelFamily::WideFragments => {
+                        let row_tiles = if family == KernelFamily::WideFragments {
+                            2
+                        } else {
+                            1
+                        };
                         // Only where the launches take it: tensor cores for the dtype.
-                        let tiling = plan_fragments(&problem, dtype, &properties)
+                        let tiling = plan_fragments(&problem, dtype, &properties, row_tiles)
                             .filter(|tiling| tiling.forward.ops == FragmentOps::TensorCores);
                         variants.extend(
                             tiling
                                 .into_iter()
-                                .flat_map(|t| fragment_kernels(&build, &t)),
+                                .flat_map(|t| fragment_kernels(&build, family, &t)),
                         );
                     }
                     KernelFamily::Staged | KernelFamily::StagedTensorCores => {
@@ -469,13 +479,19 @@ fn register_tile(build: &Build<'_>) -> [KernelVariant; 4] {
 /// The fragment kernels (forward, and dQ and dK/dV where the tiling plans them), built
 /// as `launch.rs` launches them; their pre-pass and flash-decoding's merge are the
 /// staged family's.
-fn fragment_kernels(build: &Build<'_>, tiling: &FragmentTiling) -> Vec<KernelVariant> {
+/// The fragment kernels of `family` (forward, dQ, and for [`KernelFamily::Fragments`]
+/// dK/dV, which the wide family shares).
+fn fragment_kernels(
+    build: &Build<'_>,
+    family: KernelFamily,
+    tiling: &FragmentTiling,
+) -> Vec<KernelVariant> {
     let elem = dtype_to_storage_type(build.dtype);
     let properties = || build.properties.clone();
     let target = || build.target.clone();
     let variant = |kernel, config: &FragmentConfig, source: Box<dyn CubeKernel>| KernelVariant {
         kernel,
-        family: KernelFamily::Fragments,
+        family,
         dtype: build.dtype,
         d_qk: build.problem.d_qk,
         d_v: build.problem.d_v,
@@ -529,6 +545,9 @@ fn fragment_kernels(build: &Build<'_>, tiling: &FragmentTiling) -> Vec<KernelVar
             &dq_config,
             Box::new(dq),
         ));
+        if family == KernelFamily::WideFragments {
+            return kernels;
+        }
         let dkdv = fragments::fragment_backward_kv::FragmentBackwardKv::new(
             build.settings(kv_config.units() as u32),
             properties(),
@@ -910,7 +929,14 @@ pub(super) mod tests {
         use super::super::fragment::FragmentLoads;
         let properties = Arc::new(gpu_with_fragments());
         let target = Arc::new(TargetProperties::default());
-        for dtype in [DType::BF16, DType::F16] {
+        let families = [
+            (KernelFamily::Fragments, 1),
+            (KernelFamily::WideFragments, 2),
+        ];
+        for ((family, row_tiles), dtype) in families
+            .into_iter()
+            .flat_map(|f| [DType::BF16, DType::F16].map(|dtype| (f, dtype)))
+        {
             for (d_qk, d_v) in [(64, 64), (128, 128), (192, 128)] {
                 let problem = variant_problem(d_qk, d_v);
                 let tiling = plan_tiling(&problem, &properties).unwrap();
@@ -921,14 +947,20 @@ pub(super) mod tests {
                     properties: &properties,
                     target: &target,
                 };
-                let mut fragments = plan_fragments(&problem, dtype, &properties).unwrap();
+                let mut fragments =
+                    plan_fragments(&problem, dtype, &properties, row_tiles).unwrap();
                 fragments.forward.loads = FragmentLoads::Matrices;
                 if let Some((q, kv)) = fragments.backward.as_mut() {
                     q.loads = FragmentLoads::Matrices;
                     kv.loads = FragmentLoads::Matrices;
                 }
-                let variants = fragment_kernels(&build, &fragments);
-                assert_eq!(variants.len(), 3, "{dtype:?} {d_qk}x{d_v}");
+                let variants = fragment_kernels(&build, family, &fragments);
+                // The wide family shares the dK/dV kernel.
+                assert_eq!(
+                    variants.len(),
+                    4 - row_tiles,
+                    "{family} {dtype:?} {d_qk}x{d_v}"
+                );
                 for variant in variants {
                     variant.define().unwrap();
                 }
@@ -951,9 +983,11 @@ pub(super) mod tests {
                 (KernelFamily::RegisterTile, AttentionKernel::Forward) => "flash_forward",
                 (KernelFamily::RegisterTile, AttentionKernel::BackwardDq) => "flash_backward_q",
                 (KernelFamily::RegisterTile, AttentionKernel::BackwardDkDv) => "flash_backward_kv",
-                (KernelFamily::Fragments, AttentionKernel::Forward) => "fragment_forward",
-                (KernelFamily::Fragments, AttentionKernel::BackwardDq) => "fragment_backward_q",
-                (KernelFamily::Fragments, AttentionKernel::BackwardDkDv) => "fragment_backward_kv",
+                (KernelFamily::Fragments | KernelFamily::WideFragments, kernel) => match kernel {
+                    AttentionKernel::Forward => "fragment_forward",
+                    AttentionKernel::BackwardDq => "fragment_backward_q",
+                    _ => "fragment_backward_kv",
+                },
                 (_, AttentionKernel::Forward) => "staged_forward",
                 (_, AttentionKernel::BackwardDq) => "staged_backward_q",
                 (_, AttentionKernel::BackwardDkDv) => "staged_backward_kv",
