@@ -279,33 +279,42 @@ pub fn fragment_forward<F: Float>(
             config.loads,
         );
 
-        // Masked scores and each row's max over the block.
+        // Each row's max over the block, scaled, and in a block with masks the scores
+        // themselves scaled and masked.
         let mut block_max = Array::<f32>::new(lane_rows);
         #[unroll(unrolled)]
         for i in 0..lane_rows {
             block_max[i] = f32::new(HIDDEN);
         }
-        // Keys past `kv_end` belong to the next split (or are hidden anyway).
-        let open = block_open(plane_pos, plane_rows, start, bk, kv_end, &sizes);
+        // Keys past `kv_end` belong to the next split (or are hidden anyway). An open
+        // block's scores stay unscaled: with a positive scale the max of the products
+        // scaled is the scaled max, and the scale joins each exponential's multiply-add
+        // (FlashAttention-2's order), so a score costs a max, a multiply-add and an
+        // exponential.
+        let open =
+            sizes.scale > 0.0f32 && block_open(plane_pos, plane_rows, start, bk, kv_end, &sizes);
+        // The scale the probabilities still apply to the scores.
+        let mut score_scale = 1.0f32;
         if open {
+            score_scale = sizes.scale;
             #[unroll(unrolled)]
             for m in 0..row_tiles {
                 #[unroll(unrolled)]
                 for j in 0..score_tiles {
                     #[unroll(unrolled)]
                     for p in 0..C_PAIRS {
-                        let at = (m * score_tiles + j) * C_PAIRS + p;
-                        let mut pair = scores[at];
+                        let pair = scores[(m * score_tiles + j) * C_PAIRS + p];
                         #[unroll]
                         for e in 0..2usize {
-                            let score = open_score(pair.extract(e) * sizes.scale);
-                            pair.insert(e, score);
                             block_max[m * C_PAIRS + p] =
-                                f32::max(block_max[m * C_PAIRS + p], score);
+                                f32::max(block_max[m * C_PAIRS + p], pair.extract(e));
                         }
-                        scores[at] = pair;
                     }
                 }
+            }
+            #[unroll(unrolled)]
+            for i in 0..lane_rows {
+                block_max[i] = open_score(block_max[i] * sizes.scale);
             }
         } else {
             #[unroll(unrolled)]
@@ -359,7 +368,8 @@ pub fn fragment_forward<F: Float>(
                     let mut pair = scores[at];
                     #[unroll]
                     for e in 0..2usize {
-                        let prob = probability(pair.extract(e), new_max, config.exponential);
+                        let prob =
+                            probability(pair.extract(e), score_scale, new_max, config.exponential);
                         pair.insert(e, prob);
                         row_sum[i] += prob;
                     }

@@ -352,7 +352,7 @@ pub fn flash_forward<F: Float, N: Size>(
             let mut total = running_sum[r] * correction;
             #[unroll]
             for t in 0..block {
-                let p = probability(scores[r * block + t], new_max, Exponential::Library);
+                let p = probability(scores[r * block + t], 1.0f32, new_max, Exponential::Library);
                 scores[r * block + t] = p;
                 total += p;
             }

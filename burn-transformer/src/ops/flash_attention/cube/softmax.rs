@@ -34,12 +34,18 @@ pub enum Exponential {
 /// `exp(x − y)` by `exponential`.
 #[cube]
 pub(super) fn exp_difference(x: f32, y: f32, #[comptime] exponential: Exponential) -> f32 {
+    exp_scaled_difference(x, 1.0f32, y, exponential)
+}
+
+/// `exp(x·scale − y)` by `exponential`.
+#[cube]
+fn exp_scaled_difference(x: f32, scale: f32, y: f32, #[comptime] exponential: Exponential) -> f32 {
     if comptime!(exponential == Exponential::Ex2Approx) {
-        // One multiply-add a score: `y·log₂e` is the same for a whole row (its max or
-        // log-sum-exp), which the compiler computes once.
-        ex2_approx(fma(x, LOG2_E, -(y * LOG2_E)))
+        // One multiply-add a score: `scale·log₂e` and `y·log₂e` are the same for a
+        // whole row (`y` its max or log-sum-exp), which the compiler computes once.
+        ex2_approx(fma(x, scale * LOG2_E, -(y * LOG2_E)))
     } else {
-        f32::exp(x - y)
+        f32::exp(x * scale - y)
     }
 }
 
@@ -79,13 +85,20 @@ pub(super) fn online_max(old_max: f32, block_max: f32) -> (f32, f32) {
     (new_max, correction)
 }
 
-/// The unnormalized probability of a score under the row's running max: zero while
-/// the row has seen no key.
+/// The unnormalized probability of a score `score·scale` under the row's running max:
+/// zero while the row has seen no key. `scale` is 1 for a score already scaled; a
+/// kernel that leaves its scores unscaled (where no mask or cap needs them scaled)
+/// passes its scale, which joins the exponential's multiply-add.
 #[cube]
-pub(super) fn probability(score: f32, row_max: f32, #[comptime] exponential: Exponential) -> f32 {
+pub(super) fn probability(
+    score: f32,
+    scale: f32,
+    row_max: f32,
+    #[comptime] exponential: Exponential,
+) -> f32 {
     select(
         row_max > HIDDEN,
-        exp_difference(score, row_max, exponential),
+        exp_scaled_difference(score, scale, row_max, exponential),
         0.0f32,
     )
 }

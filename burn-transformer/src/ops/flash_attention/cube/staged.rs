@@ -386,7 +386,7 @@ pub fn staged_forward<F: Float>(
             let (new_max, correction) = online_max(row_max[r], block_max);
             let mut total = row_sum[r] * correction;
             for t in 0..bk {
-                let p = probability(scores[r * bk + t], new_max, Exponential::Library);
+                let p = probability(scores[r * bk + t], 1.0f32, new_max, Exponential::Library);
                 probs[r * bk + t] = F::cast_from(p);
                 total += p;
             }
