@@ -669,7 +669,9 @@ mod on_device {
     /// forward and dQ): the row-tile indexing is all that differs from
     /// [`parity_grid_fragments`], so a leaner set checks it: every mask and head
     /// configuration at head dims 32 and 64 (one plane-row tile beside the other,
-    /// rows past the end in both), the long causal case and the decoding cases.
+    /// rows past the end in both), a few at 80 (an odd count of 16-column chunks; the
+    /// largest head dim whose wide tiles fit lavapipe's 32 KiB in f32), the long causal
+    /// case and the decoding cases.
     pub fn parity_grid_wide_fragments(device: &Device, label: &str) {
         let cases: Vec<(usize, Case)> = parity_grid()
             .into_iter()
@@ -677,6 +679,7 @@ mod on_device {
             .filter(|(index, case)| {
                 let long = case.seq_q.max(case.seq_k) > 129;
                 (index % 2 == 1 && !long && case.d_qk <= 64)
+                    || (index % 6 == 1 && !long && case.d_qk == 80)
                     || (long && case.causal && case.d_qk == 64)
             })
             .chain(decode_cases().into_iter().map(|case| (1000, case)))
