@@ -870,4 +870,44 @@ mod tests {
         let plan = plan_fragments(&problem(48, 24), DType::BF16, &cuda, 1).unwrap();
         assert_eq!(plan.forward.staging, 8);
     }
+
+    /// The fragment kernels take `ex2.approx` exponentials where the runtime compiles
+    /// PTX (CUDA) and the library's `exp` elsewhere; dK/dV keeps the library's at head
+    /// dims up to 64. The wide family plans two row tiles for the forward and dQ only.
+    #[test]
+    fn fragment_exponentials_are_ex2_on_ptx_runtimes_only() {
+        use super::super::softmax::Exponential;
+        use super::super::tiling::plan_fragments;
+        let mut cuda = gpu_with_fragments();
+        cuda.identity.fingerprint = "ptx_sm90".into();
+        let other = gpu_with_fragments();
+        for (d_qk, d_v) in [(64, 64), (128, 128), (192, 128)] {
+            for row_tiles in [1, 2] {
+                let plan =
+                    plan_fragments(&problem(d_qk, d_v), DType::BF16, &cuda, row_tiles).unwrap();
+                let (q, kv) = plan.backward.unwrap();
+                assert_eq!(plan.forward.exponential, Exponential::Ex2Approx);
+                assert_eq!(q.exponential, Exponential::Ex2Approx);
+                let kv_exponential = if d_qk <= 64 {
+                    Exponential::Library
+                } else {
+                    Exponential::Ex2Approx
+                };
+                assert_eq!(kv.exponential, kv_exponential, "{d_qk}x{d_v}");
+                assert_eq!(
+                    (plan.forward.row_tiles, q.row_tiles),
+                    (row_tiles, row_tiles)
+                );
+                assert_eq!(kv.row_tiles, 1);
+                assert_eq!(plan.forward.rows(), 16 * row_tiles * plan.forward.planes);
+
+                let plan =
+                    plan_fragments(&problem(d_qk, d_v), DType::BF16, &other, row_tiles).unwrap();
+                let (q, kv) = plan.backward.unwrap();
+                for config in [plan.forward, q, kv] {
+                    assert_eq!(config.exponential, Exponential::Library);
+                }
+            }
+        }
+    }
 }
