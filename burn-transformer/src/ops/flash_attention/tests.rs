@@ -667,9 +667,9 @@ mod on_device {
 
     /// The parity grid through the wide fragment kernels (two row tiles a plane in the
     /// forward and dQ): the row-tile indexing is all that differs from
-    /// [`parity_grid_fragments`], so a leaner set checks it: every mask and head
-    /// configuration at head dims 32 and 64 (one plane-row tile beside the other,
-    /// rows past the end in both), a few at 80 (an odd count of 16-column chunks; the
+    /// [`parity_grid_fragments`], so a leaner set checks it: half the grid's cases at
+    /// head dims 32 and 64, every mask at each of them (one plane-row tile beside the
+    /// other, rows past the end in both), a few at 80 (an odd count of 16-column chunks; the
     /// largest head dim whose wide tiles fit lavapipe's 32 KiB in f32), the long causal
     /// case and the decoding cases.
     pub fn parity_grid_wide_fragments(device: &Device, label: &str) {
@@ -678,7 +678,9 @@ mod on_device {
             .enumerate()
             .filter(|(index, case)| {
                 let long = case.seq_q.max(case.seq_k) > 129;
-                (index % 2 == 1 && !long && case.d_qk <= 64)
+                // Odd masks for one head configuration, even ones for the next.
+                let alternate = (index + index / 8) % 2 == 1;
+                (alternate && !long && case.d_qk <= 64)
                     || (index % 6 == 1 && !long && case.d_qk == 80)
                     || (long && case.causal && case.d_qk == 64)
             })
