@@ -625,15 +625,9 @@ mod on_device {
     /// whatever the mask, so this covers the staged code without the long cases'
     /// lavapipe time.
     pub fn parity_grid_staged(device: &Device, label: &str) {
-        let cases: Vec<(usize, Case)> = parity_grid()
-            .into_iter()
-            .enumerate()
-            .filter(|(index, case)| {
-                let long = case.seq_q.max(case.seq_k) > 129;
-                (index % 2 == 0 && !long) || (long && case.causal && case.d_qk == 64)
-            })
-            .chain(decode_cases().into_iter().map(|case| (1000, case)))
-            .collect();
+        let cases = grid_and_decoding(|index, case, long| {
+            (index % 2 == 0 && !long) || (long && case.causal && case.d_qk == 64)
+        });
         let splits = super::super::op::SPLIT_LAUNCHES.load(Ordering::Relaxed);
         parity(device, label, &cases, FlashKernel::Staged);
         // The decoding cases split their keys (each forward runs at least once).
@@ -651,17 +645,11 @@ mod on_device {
     /// blocks away from the mask's edges skip the per-score masking, causal or not),
     /// and the decoding cases, which split their keys.
     pub fn parity_grid_fragments(device: &Device, label: &str) {
-        let cases: Vec<(usize, Case)> = parity_grid()
-            .into_iter()
-            .enumerate()
-            .filter(|(index, case)| {
-                let long = case.seq_q.max(case.seq_k) > 129;
-                let long_masked = case.causal || case.window.is_some();
-                case.d_v <= 128
-                    && ((index % 3 == 0 && !long) || (long && long_masked && case.d_qk <= 128))
-            })
-            .chain(decode_cases().into_iter().map(|case| (1000, case)))
-            .collect();
+        let cases = grid_and_decoding(|index, case, long| {
+            let long_masked = case.causal || case.window.is_some();
+            case.d_v <= 128
+                && ((index % 3 == 0 && !long) || (long && long_masked && case.d_qk <= 128))
+        });
         parity_fragments(device, label, &cases, FlashKernel::Fragments);
     }
 
@@ -669,24 +657,29 @@ mod on_device {
     /// forward and dQ): the row-tile indexing is all that differs from
     /// [`parity_grid_fragments`], so a leaner set checks it: half the grid's cases at
     /// head dims 32 and 64, every mask at each of them (one plane-row tile beside the
-    /// other, rows past the end in both), a few at 80 (an odd count of 16-column chunks; the
-    /// largest head dim whose wide tiles fit lavapipe's 32 KiB in f32), the long causal
-    /// case and the decoding cases.
+    /// other, rows past the end in both), a few at 80 (an odd count of 16-column
+    /// chunks; the largest head dim whose wide tiles fit lavapipe's 32 KiB in f32), the
+    /// long causal case and the decoding cases.
     pub fn parity_grid_wide_fragments(device: &Device, label: &str) {
-        let cases: Vec<(usize, Case)> = parity_grid()
+        let cases = grid_and_decoding(|index, case, long| {
+            // Odd masks for one head configuration, even ones for the next.
+            let alternate = (index + index / 8) % 2 == 1;
+            (alternate && !long && case.d_qk <= 64)
+                || (index % 6 == 1 && !long && case.d_qk == 80)
+                || (long && case.causal && case.d_qk == 64)
+        });
+        parity_fragments(device, label, &cases, FlashKernel::WideFragments);
+    }
+
+    /// The parity grid's cases that `keep(index, case, long)` takes (`long`: a sequence
+    /// beyond 129 tokens), numbered by their place in the grid, then the decoding cases.
+    fn grid_and_decoding(keep: impl Fn(usize, &Case, bool) -> bool) -> Vec<(usize, Case)> {
+        parity_grid()
             .into_iter()
             .enumerate()
-            .filter(|(index, case)| {
-                let long = case.seq_q.max(case.seq_k) > 129;
-                // Odd masks for one head configuration, even ones for the next.
-                let alternate = (index + index / 8) % 2 == 1;
-                (alternate && !long && case.d_qk <= 64)
-                    || (index % 6 == 1 && !long && case.d_qk == 80)
-                    || (long && case.causal && case.d_qk == 64)
-            })
+            .filter(|(index, case)| keep(*index, case, case.seq_q.max(case.seq_k) > 129))
             .chain(decode_cases().into_iter().map(|case| (1000, case)))
-            .collect();
-        parity_fragments(device, label, &cases, FlashKernel::WideFragments);
+            .collect()
     }
 
     /// [`parity_in`] of `cases` through the fragment family `kernel`, and the checks
@@ -697,11 +690,8 @@ mod on_device {
         cases: &[(usize, Case)],
         kernel: FlashKernel,
     ) {
-        let row_tiles = if kernel == FlashKernel::WideFragments {
-            2
-        } else {
-            1
-        };
+        let row_tiles =
+            super::super::cube::tiling::fragment_row_tiles(kernel == FlashKernel::WideFragments);
         // The family's input types: bf16 on GPUs (tensor cores), f32 where the
         // products are emulated.
         let properties = device_properties(device);

@@ -27,8 +27,8 @@ use super::fragments::{self, FragmentTiling};
 use super::kernels::{self, AttentionConfig, SizesLaunch};
 use super::staged;
 use super::tiling::{
-    KernelTile, LARGEST_STAGED_BLOCK, StagedProduct, StagedTiling, Tiling, has_fragment_mma,
-    is_cpu_runtime, plan_fragments, plan_key_splits, plan_staged, plan_tiling,
+    KernelTile, LARGEST_STAGED_BLOCK, StagedProduct, StagedTiling, Tiling, fragment_row_tiles,
+    has_fragment_mma, is_cpu_runtime, plan_fragments, plan_key_splits, plan_staged, plan_tiling,
 };
 
 /// Units per cube of the backward pre-pass (one unit per query row, on every device).
@@ -146,11 +146,7 @@ fn choose_on(
     ) || (requested == FlashKernel::Auto
         && has_fragment_mma(properties, dtype));
     if fragments_first {
-        let row_tiles = if requested == FlashKernel::WideFragments {
-            2
-        } else {
-            1
-        };
+        let row_tiles = fragment_row_tiles(requested == FlashKernel::WideFragments);
         let fragments = plan_fragments(problem, dtype, properties, row_tiles);
         let staged = plan_staged(
             problem,

@@ -469,6 +469,12 @@ const FRAGMENT_BLOCKS: [usize; 3] = [64, 32, 16];
 /// dK/dV): 32 keeps its two score tiles (`S` and `dP`) at 16 registers each beside
 /// the gradients' accumulators.
 const FRAGMENT_BACKWARD_BLOCKS: [usize; 2] = [32, 16];
+/// 16-row tiles each plane of the forward and dQ kernels owns: one, or two for the
+/// wide family ([`FlashKernel::WideFragments`](super::super::FlashKernel)).
+pub(crate) fn fragment_row_tiles(wide: bool) -> usize {
+    if wide { 2 } else { 1 }
+}
+
 /// [`FRAGMENT_BLOCKS`] and [`FRAGMENT_BACKWARD_BLOCKS`] with two row tiles a plane,
 /// whose score tiles take twice the registers per key: the forward's 32 keys and dQ's
 /// 16 keep a plane's scores, probabilities and accumulators within 255 registers

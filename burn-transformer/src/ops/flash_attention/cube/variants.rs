@@ -27,7 +27,7 @@ use super::staged;
 use super::tile_product::TileProduct;
 use super::tiling::{
     KernelTile, LARGEST_STAGED_BLOCK, STAGED_BLOCK_LIMITS, StagedProduct, StagedTiling, Tiling,
-    plan_fragments, plan_staged, plan_tiling,
+    fragment_row_tiles, plan_fragments, plan_staged, plan_tiling,
 };
 use crate::ops::mask::MaskRule;
 
@@ -238,11 +238,7 @@ pub fn kernel_variants(
                 match family {
                     KernelFamily::RegisterTile => variants.extend(register_tile(&build)),
                     KernelFamily::Fragments | KernelFamily::WideFragments => {
-                        let row_tiles = if family == KernelFamily::WideFragments {
-                            2
-                        } else {
-                            1
-                        };
+                        let row_tiles = fragment_row_tiles(family == KernelFamily::WideFragments);
                         // Only where the launches take it: tensor cores for the dtype.
                         let tiling = plan_fragments(&problem, dtype, &properties, row_tiles)
                             .filter(|tiling| tiling.forward.ops == FragmentOps::TensorCores);
