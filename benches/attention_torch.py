@@ -3,7 +3,8 @@
 The runner (`bench`, suite `attention`) embeds this script and runs it with the cell as
 JSON, so that PyTorch is measured in the same run, on the same shapes and by the same
 rules as our implementations (benches/src/measure.rs):
-- warm-up runs first, then the median of the timed runs;
+- warm-up runs first, then the median of the timed runs; short runs repeat until
+  both add up to a floor of time;
 - fresh inputs every run, made and synchronized before the clock starts;
 - the clock stops once a scalar of the result (of each gradient, for `fwd_bwd`) is read
   back to the host;
@@ -27,6 +28,11 @@ import time
 # Timed runs stop once they add up to this (ms); one warm-up only after a run this long.
 TIMED_BUDGET_MS = 60_000.0
 LONG_RUN_MS = 10_000.0
+# Short runs repeat: warm-ups until they add up to this (ms), timed runs until this,
+# each at most this many times.
+WARMUP_FLOOR_MS = 200.0
+TIMED_FLOOR_MS = 100.0
+SHORT_RUNS_MAX = 50
 
 
 def vm_kib(field):
@@ -109,20 +115,30 @@ def main():
         baseline = vm_kib("VmRSS")
 
     samples = []
-    warmups_left = cell["runs"]["warmup"]
+    warmups, warmup_ms = 0, 0.0
+    warming = cell["runs"]["warmup"] > 0
+    iters = max(cell["runs"]["iters"], 1)
     try:
-        while len(samples) < max(cell["runs"]["iters"], 1):
+        while True:
             inputs = (draw(), draw(), draw(), torch.randn(shape, device=device).to(dtype))
             sync()
             start = time.perf_counter()
             run(*inputs)
             elapsed = (time.perf_counter() - start) * 1e3
             del inputs
-            if warmups_left > 0:
-                warmups_left = 0 if elapsed > LONG_RUN_MS else warmups_left - 1
+            if warming:
+                warmups, warmup_ms = warmups + 1, warmup_ms + elapsed
+                warming = elapsed <= LONG_RUN_MS and (
+                    warmups < cell["runs"]["warmup"]
+                    or (warmup_ms < WARMUP_FLOOR_MS and warmups < SHORT_RUNS_MAX)
+                )
                 continue
             samples.append(elapsed)
-            if sum(samples) > TIMED_BUDGET_MS:
+            timed_ms = sum(samples)
+            enough = len(samples) >= iters and (
+                timed_ms >= TIMED_FLOOR_MS or len(samples) >= SHORT_RUNS_MAX
+            )
+            if enough or timed_ms > TIMED_BUDGET_MS:
                 break
     except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
         # PyTorch's messages run over several lines; the first says what failed.

@@ -1,8 +1,9 @@
 //! Timing and memory measurement shared by every benchmark.
 //!
 //! The rules, so that no number flatters an implementation:
-//! - warm-up runs first (kernel compilation, allocator pools), then the median of the
-//!   timed runs;
+//! - warm-up runs first (kernel compilation, allocator pools, a GPU's clocks), then the
+//!   median of the timed runs; short runs repeat until both add up to a floor of time
+//!   (see [`time_runs`]);
 //! - every run gets fresh inputs, made and synced before the clock starts, so no
 //!   backend can serve a cached result;
 //! - the clock stops only after a scalar of the result was read back to the host and
@@ -62,9 +63,11 @@ impl Timing {
 }
 
 /// Times `run` on fresh inputs from `setup`: `runs.warmup` untimed runs, then
-/// `runs.iters` timed ones (fewer for very long runs: see `TIMED_BUDGET_MS`). The
-/// device is synced after `setup`, outside the clock; `run` must end by reading a
-/// result back (see [`finish`]).
+/// `runs.iters` timed ones (fewer for very long runs: see `TIMED_BUDGET_MS`). Runs
+/// shorter than the floors repeat: warm-ups until they add up to `WARMUP_FLOOR_MS`,
+/// timed runs until `TIMED_FLOOR_MS`, each at most `SHORT_RUNS_MAX` times. The device
+/// is synced after `setup`, outside the clock; `run` must end by reading a result back
+/// (see [`finish`]).
 ///
 /// # Errors
 /// The first error of `setup`, `run` or the device sync.
@@ -75,8 +78,9 @@ pub fn time_runs<I>(
     mut run: impl FnMut(I) -> Result<(), String>,
 ) -> Result<Timing, String> {
     let mut samples = Vec::with_capacity(runs.iters);
-    let mut warmups_left = runs.warmup;
-    while samples.len() < runs.iters.max(1) {
+    let (mut warmups, mut warmup_ms) = (0, 0.0);
+    let mut warming = runs.warmup > 0;
+    loop {
         let inputs = setup()?;
         device
             .sync()
@@ -84,18 +88,22 @@ pub fn time_runs<I>(
         let start = Instant::now();
         run(inputs)?;
         let elapsed = start.elapsed().as_secs_f64() * 1e3;
-        if warmups_left > 0 {
+        if warming {
+            (warmups, warmup_ms) = (warmups + 1, warmup_ms + elapsed);
             // One warm-up compiles kernels and fills pools; after a long one, more
-            // would only cost minutes.
-            warmups_left = if elapsed > LONG_RUN_MS {
-                0
-            } else {
-                warmups_left - 1
-            };
+            // would only cost minutes. Short ones go on until a GPU has left its
+            // idle clocks (each cell runs in a process of its own, after seconds of
+            // kernel compilation).
+            warming = elapsed <= LONG_RUN_MS
+                && (warmups < runs.warmup
+                    || (warmup_ms < WARMUP_FLOOR_MS && warmups < SHORT_RUNS_MAX));
             continue;
         }
         samples.push(elapsed);
-        if samples.iter().sum::<f64>() > TIMED_BUDGET_MS {
+        let timed_ms = samples.iter().sum::<f64>();
+        let enough = samples.len() >= runs.iters.max(1)
+            && (timed_ms >= TIMED_FLOOR_MS || samples.len() >= SHORT_RUNS_MAX);
+        if enough || timed_ms > TIMED_BUDGET_MS {
             break;
         }
     }
@@ -104,6 +112,16 @@ pub fn time_runs<I>(
 
 /// A run this long (ms) needs no second warm-up.
 const LONG_RUN_MS: f64 = 10_000.0;
+
+/// Warm-ups go on until they add up to this much (ms): a sub-millisecond GPU cell's
+/// single warm-up left the clocks low (on an H100, the first cell of a batch took
+/// 1.3 times the time of the same cell in a later batch).
+const WARMUP_FLOOR_MS: f64 = 200.0;
+/// Timed runs go on until they add up to this much (ms), so that a short cell's median
+/// rests on more than a handful of runs.
+const TIMED_FLOOR_MS: f64 = 100.0;
+/// Most warm-ups, and most timed runs, that the floors add.
+const SHORT_RUNS_MAX: usize = 50;
 
 /// Timed runs stop once they add up to this much (ms), however many were asked for:
 /// the long cells of the full grid (seq 8192 on a CPU-emulated GPU) take minutes a run.
@@ -259,8 +277,9 @@ mod tests {
         assert_eq!(log_log_slope(&[(1.0, 2.0)]), None);
     }
 
+    /// Instant runs never reach the floors: the most warm-ups and timed runs they add.
     #[test]
-    fn timed_runs_skip_the_warmup() {
+    fn short_runs_repeat_up_to_their_caps() {
         let device = Device::flex();
         let mut calls = 0;
         let timing = time_runs(
@@ -276,6 +295,32 @@ mod tests {
             },
         )
         .unwrap();
-        assert_eq!((calls, timing.runs()), (5, 3));
+        assert_eq!((calls, timing.runs()), (2 * SHORT_RUNS_MAX, SHORT_RUNS_MAX));
+    }
+
+    /// Runs of at least 30 ms (a sleep takes at least what it asks for): warm-ups past
+    /// the one asked for until 200 ms (at most 7), timed runs until 100 ms (at most 4).
+    #[test]
+    fn short_runs_repeat_until_their_floors() {
+        let device = Device::flex();
+        let mut calls = 0;
+        let timing = time_runs(
+            &device,
+            Runs {
+                warmup: 1,
+                iters: 3,
+            },
+            || Ok(()),
+            |()| {
+                calls += 1;
+                std::thread::sleep(std::time::Duration::from_millis(30));
+                Ok(())
+            },
+        )
+        .unwrap();
+        let timed: f64 = timing.samples_ms.iter().sum();
+        assert!(timed >= TIMED_FLOOR_MS, "{timed} ms");
+        assert!((3..=4).contains(&timing.runs()), "{}", timing.runs());
+        assert!((2..=7).contains(&(calls - timing.runs())), "{calls}");
     }
 }

@@ -225,7 +225,9 @@ fn attention_section(records: &[Record], out_dir: &Path) -> Result<Option<Sectio
     }
     let mut body = format!(
         "Median wall time (warm-up first, fresh inputs every run, timed until a scalar of \
-         the result — or of each gradient — is read back). `fwd_bwd` is the forward pass \
+         the result — or of each gradient — is read back; short cells warm up for 200 ms \
+         and time at least 100 ms of runs, at most 50 of each; each record's `runs` \
+         counts its timed runs). `fwd_bwd` is the forward pass \
          plus the gradients of q, k and v. `fused[family]` is the fused op through one \
          kernel family (register tiles, staged shared-memory tiles, tensor-core tile \
          products, tensor-core fragments, and the same with 32 query rows a plane: `wide-fragments`); `torch_sdpa` is PyTorch's `scaled_dot_product_attention` on the same \
