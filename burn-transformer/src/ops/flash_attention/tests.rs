@@ -3,8 +3,8 @@
 //! Tolerance rule (DESIGN.md, as flash-attention's own suite): the error of the fused
 //! path against the f64 oracle must not exceed twice the error of the naive
 //! reference path run at the same precision, plus a small floor so that exact
-//! agreement passes. Outputs and the gradients of q, k, v and the sinks are all
-//! checked.
+//! agreement passes (wider for the sinks' gradient, which sums the rounding of every
+//! row of a head). Outputs and the gradients of q, k, v and the sinks are all checked.
 
 use burn::tensor::{Bool, DType, Device, Distribution, Tensor, TensorData};
 
@@ -360,9 +360,18 @@ pub(super) fn assert_rule(
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// How many times the others' floor the sinks' gradient gets. The fused op sums
+/// `exp(s − LSE)·rowsum(dO ∘ O)` over every row of a head from `O` and `dO` as the dtype
+/// rounds them, and the naive path takes another formula (softmax's backward), so the
+/// naive error is no yardstick for that rounding: over 2000 random draws of a bf16
+/// case (3 heads, 17 rows, head dim 64), rounding the inputs and `O` alone left errors
+/// up to 3.2% of the largest dsinks (1.6% at the 99th percentile, 0.34% at the
+/// median), where the floor of the half types is 0.1%.
+const SINK_FLOOR_FACTOR: f64 = 16.0;
+
 /// The quantities (output, dq, dk, dv, dsinks) that break the tolerance rule: the fused
-/// error against the oracle at most twice the naive path's plus `floor` times the
-/// largest expected magnitude.
+/// error against the oracle at most twice the naive path's plus `floor` (for dsinks
+/// [`SINK_FLOOR_FACTOR`] times it) times the largest expected magnitude.
 pub(super) fn rule_failures(
     what: &str,
     fused: &Results,
@@ -375,6 +384,11 @@ pub(super) fn rule_failures(
         let magnitude = o.iter().fold(1.0f64, |m, x| m.max(x.abs()));
         let fused_error = max_error(f, o);
         let naive_error = max_error(n, o);
+        let floor = if *name == "dsinks" {
+            floor * SINK_FLOOR_FACTOR
+        } else {
+            floor
+        };
         let bound = 2.0 * naive_error + floor * magnitude;
         if fused_error > bound || fused_error.is_nan() {
             failures.push(format!(
@@ -653,8 +667,8 @@ mod on_device {
         parity_fragments(device, label, &cases, FlashKernel::Fragments);
     }
 
-    /// The parity grid through the wide fragment kernels (two row tiles a plane in the
-    /// forward and dQ): the row-tile indexing is all that differs from
+    /// The parity grid through the wide fragment forward (two row tiles a plane; the
+    /// backward is the narrow one): the row-tile indexing is all that differs from
     /// [`parity_grid_fragments`], so a leaner set checks it: half the grid's cases at
     /// head dims 32 and 64, every mask at each of them (one plane-row tile beside the
     /// other, rows past the end in both), a few at 80 (an odd count of 16-column

@@ -27,8 +27,9 @@ use super::fragments::{self, FragmentTiling};
 use super::kernels::{self, AttentionConfig, SizesLaunch};
 use super::staged;
 use super::tiling::{
-    KernelTile, LARGEST_STAGED_BLOCK, StagedProduct, StagedTiling, Tiling, fragment_row_tiles,
-    has_fragment_mma, is_cpu_runtime, plan_fragments, plan_key_splits, plan_staged, plan_tiling,
+    KernelTile, LARGEST_STAGED_BLOCK, StagedProduct, StagedTiling, Tiling, auto_forward_row_tiles,
+    fragment_row_tiles, has_fragment_mma, is_cpu_runtime, plan_fragments, plan_key_splits,
+    plan_staged, plan_tiling,
 };
 
 /// Units per cube of the backward pre-pass (one unit per query row, on every device).
@@ -126,7 +127,9 @@ fn choose(problem: &Problem, options: &ScoreOptions, tensor: &CubeTensor) -> Cho
 ///
 /// `Auto` takes the fragment kernels on GPUs whose tensor cores multiply the dtype's
 /// m16n8k16 fragments: on an H100, in bf16 at head dim 128, they took 3–70 times less
-/// time than every other family, forward and backward (docs/benchmarks.md, `cuda`).
+/// time than every other family, forward and backward (docs/benchmarks.md, `cuda`);
+/// their forward is the wide one for launches that fill the GPU several times over
+/// ([`auto_forward_row_tiles`]).
 /// Other calls on GPUs tune among the staged tiles and the register tiles; CPU runtimes
 /// take register tiles, as they serve shared memory at the cost of global memory, so
 /// the register tiles' reuse is what pays there (see `kernels.rs`).
@@ -146,7 +149,11 @@ fn choose_on(
     ) || (requested == FlashKernel::Auto
         && has_fragment_mma(properties, dtype));
     if fragments_first {
-        let row_tiles = fragment_row_tiles(requested == FlashKernel::WideFragments);
+        let row_tiles = match requested {
+            FlashKernel::Fragments => fragment_row_tiles(false),
+            FlashKernel::WideFragments => fragment_row_tiles(true),
+            _ => auto_forward_row_tiles(problem, properties),
+        };
         let fragments = plan_fragments(problem, dtype, properties, row_tiles);
         let staged = plan_staged(
             problem,
@@ -829,6 +836,67 @@ mod tests {
         assert!(matches!(staged, Choice::Fixed(family) if matches!(*family, Family::Staged(_))));
     }
 
+    /// `Auto`'s fragment forward is the wide one (two row tiles a plane) for launches
+    /// of at least 8 wide cubes per multiprocessor at value head dim 128, the narrow one
+    /// otherwise; its dQ is always narrow. An explicit family keeps its width.
+    #[test]
+    fn auto_takes_the_wide_forward_for_launches_that_fill_the_gpu() {
+        if FlashKernel::from_env().is_some() {
+            return; // BURN_TRANSFORMER_FLASH_KERNEL replaces `Auto`'s choice
+        }
+        let tensor_cores = gpu_with_fragments();
+        // (batch, heads, seq, d_qk, d_v): 132 SMs, so the wide forward from 1056 cubes
+        // of 128 rows.
+        let cases = [
+            ((4, 16, 4096, 128, 128), 2),
+            ((4, 16, 16384, 128, 128), 2),
+            ((1, 32, 4224, 192, 128), 2),
+            ((4, 16, 1024, 128, 128), 1),
+            ((1, 32, 4096, 128, 128), 1),
+            ((4, 16, 4096, 64, 64), 1),
+            ((4, 16, 1, 128, 128), 1),
+        ];
+        for ((batch, heads, seq, d_qk, d_v), wide) in cases {
+            let problem = Problem {
+                batch,
+                heads,
+                kv_heads: heads,
+                seq_q: seq,
+                seq_k: seq.max(4096),
+                ..problem(d_qk, d_v)
+            };
+            let rows = |kernel| match choose_on(&problem, kernel, DType::BF16, &tensor_cores) {
+                Choice::Fixed(family) => match *family {
+                    Family::Fragments(tiling, _) => {
+                        let (q, _) = tiling.backward.unwrap();
+                        assert_eq!(q.row_tiles, 1);
+                        tiling.forward.row_tiles
+                    }
+                    other => panic!("{problem:?}: {other:?}"),
+                },
+                Choice::Tuned => panic!("{problem:?}: tuned"),
+            };
+            assert_eq!(rows(FlashKernel::Auto), wide, "{problem:?}");
+            assert_eq!(rows(FlashKernel::Fragments), 1, "{problem:?}");
+            assert_eq!(rows(FlashKernel::WideFragments), 2, "{problem:?}");
+        }
+        // A runtime that does not report its multiprocessors keeps the narrow forward.
+        let mut unknown = tensor_cores.clone();
+        unknown.hardware.num_streaming_multiprocessors = None;
+        let problem = Problem {
+            batch: 4,
+            heads: 16,
+            kv_heads: 16,
+            seq_q: 16384,
+            seq_k: 16384,
+            ..problem(128, 128)
+        };
+        assert_eq!(
+            super::super::tiling::auto_forward_row_tiles(&problem, &unknown),
+            1
+        );
+    }
+
     /// The fragment kernels stage rows as 16-byte vectors where the runtime reads a
     /// buffer as vectors of another width (CUDA) and element by element where it
     /// cannot (wgpu), and load their fragments with `ldmatrix` where the device has it
@@ -869,7 +937,7 @@ mod tests {
 
     /// The fragment kernels take `ex2.approx` exponentials where the runtime compiles
     /// PTX (CUDA) and the library's `exp` elsewhere; dK/dV keeps the library's at head
-    /// dims up to 64. The wide family plans two row tiles for the forward and dQ only.
+    /// dims up to 64. The wide family plans two row tiles for the forward only.
     #[test]
     fn fragment_exponentials_are_ex2_on_ptx_runtimes_only() {
         use super::super::softmax::Exponential;
@@ -890,10 +958,7 @@ mod tests {
                     Exponential::Ex2Approx
                 };
                 assert_eq!(kv.exponential, kv_exponential, "{d_qk}x{d_v}");
-                assert_eq!(
-                    (plan.forward.row_tiles, q.row_tiles),
-                    (row_tiles, row_tiles)
-                );
+                assert_eq!((plan.forward.row_tiles, q.row_tiles), (row_tiles, 1));
                 assert_eq!(kv.row_tiles, 1);
                 assert_eq!(plan.forward.rows(), 16 * row_tiles * plan.forward.planes);
 

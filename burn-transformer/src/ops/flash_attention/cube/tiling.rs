@@ -469,18 +469,50 @@ const FRAGMENT_BLOCKS: [usize; 3] = [64, 32, 16];
 /// dK/dV): 32 keeps its two score tiles (`S` and `dP`) at 16 registers each beside
 /// the gradients' accumulators.
 const FRAGMENT_BACKWARD_BLOCKS: [usize; 2] = [32, 16];
-/// 16-row tiles each plane of the forward and dQ kernels owns: one, or two for the
-/// wide family ([`FlashKernel::WideFragments`](super::super::FlashKernel)).
+/// 16-row tiles each plane of the forward kernel owns: one, or two for the wide family
+/// ([`FlashKernel::WideFragments`](super::super::FlashKernel)).
 pub(crate) fn fragment_row_tiles(wide: bool) -> usize {
     if wide { 2 } else { 1 }
 }
 
-/// [`FRAGMENT_BLOCKS`] and [`FRAGMENT_BACKWARD_BLOCKS`] with two row tiles a plane,
-/// whose score tiles take twice the registers per key: the forward's 32 keys and dQ's
-/// 16 keep a plane's scores, probabilities and accumulators within 255 registers
-/// without spilling at head dim 128 (ptxas, sm_90).
+/// [`FRAGMENT_BLOCKS`] with two row tiles a plane, whose score tiles take twice the
+/// registers per key: 32 keys keep a plane's scores, probabilities and accumulators
+/// within 255 registers without spilling at head dim 128 (ptxas, sm_90).
 const WIDE_FRAGMENT_BLOCKS: [usize; 2] = [32, 16];
-const WIDE_FRAGMENT_BACKWARD_BLOCKS: [usize; 1] = [16];
+
+/// Cubes per multiprocessor from which `Auto` takes the wide forward, and the value
+/// head dim it takes it at. A wide cube owns 128 query rows and fits 2 to an SM (236
+/// registers at head dim 128) against the narrow one's 64 rows and 3 cubes, so the
+/// wide forward reuses each loaded `K`/`V` fragment twice but leaves more of a short
+/// launch's last wave idle. On an H100 (bf16, head dim 128, batch 4 × 16 heads) it
+/// took 0.82–0.99× the narrow forward's time at seq 4096 and 16384 (8 and 31 waves of
+/// wide cubes) but 1.12× at causal 1024 (2 waves). At head dim 64 both kernels fit
+/// more cubes and the wide one is untimed, so the narrow forward stays.
+const WIDE_FORWARD_MIN_CUBES_PER_PROCESSOR: usize = 8;
+const WIDE_FORWARD_D_V: usize = 128;
+
+/// Row tiles of the forward `Auto` runs for `problem` on a GPU with `properties` (see
+/// [`WIDE_FORWARD_MIN_CUBES_PER_PROCESSOR`]): two for launches of at least that many
+/// wide cubes per multiprocessor at value head dim 128, one otherwise (and where the
+/// runtime does not report its multiprocessors).
+pub(crate) fn auto_forward_row_tiles(
+    problem: &Problem,
+    properties: &cubecl::ir::DeviceProperties,
+) -> usize {
+    let wide = fragment_row_tiles(true);
+    let Some(processors) = properties.hardware.num_streaming_multiprocessors else {
+        return 1;
+    };
+    let wide_rows = TILE_M * wide * FRAGMENT_PLANE_COUNTS[0];
+    let cubes = problem.seq_q.div_ceil(wide_rows) * problem.batch * problem.heads;
+    if problem.d_v == WIDE_FORWARD_D_V
+        && cubes >= WIDE_FORWARD_MIN_CUBES_PER_PROCESSOR * processors as usize
+    {
+        wide
+    } else {
+        1
+    }
+}
 /// Largest query/key and value head dims of the fragment kernels: a lane holds
 /// `d_v / 2` registers of the output (of dQ, `d_qk / 2`; of dK/dV, both) beside its
 /// scores, which beyond these would not fit 255 registers without spilling.
@@ -511,8 +543,10 @@ pub(crate) fn has_fragment_mma(properties: &cubecl::ir::DeviceProperties, dtype:
 /// do not tile, and for a forward whose tiles do not fit the device. The backward is
 /// planned where its tiles fit too (and the value head dim is a multiple of 16).
 ///
-/// Each plane of the forward and dQ kernels owns `row_tiles` (1 or 2) tiles of 16
-/// query rows; the dK/dV kernel's planes own one tile of 16 keys.
+/// Each plane of the forward owns `row_tiles` (1 or 2) tiles of 16 query rows; the
+/// dQ kernel's planes own one (on an H100, bf16, head dim 128, two took 1.06–1.74× its
+/// time: the twice larger accumulators left 2 cubes an SM), the dK/dV kernel's one
+/// tile of 16 keys.
 pub(crate) fn plan_fragments(
     problem: &Problem,
     dtype: DType,
@@ -576,15 +610,15 @@ pub(crate) fn plan_fragments(
             .into_iter()
             .find_map(|planes| pick(planes, row_tiles, blocks, seq, bytes))
     };
-    let (forward_blocks, backward_q_blocks): (&[usize], &[usize]) = if row_tiles == 1 {
-        (&FRAGMENT_BLOCKS, &FRAGMENT_BACKWARD_BLOCKS)
+    let forward_blocks: &[usize] = if row_tiles == 1 {
+        &FRAGMENT_BLOCKS
     } else {
-        (&WIDE_FRAGMENT_BLOCKS, &WIDE_FRAGMENT_BACKWARD_BLOCKS)
+        &WIDE_FRAGMENT_BLOCKS
     };
     let forward = fewer_planes(row_tiles, forward_blocks, problem.seq_k, &|c| {
         c.forward_bytes(elem)
     })?;
-    let backward_q = fewer_planes(row_tiles, backward_q_blocks, problem.seq_k, &|c| {
+    let backward_q = fewer_planes(1, &FRAGMENT_BACKWARD_BLOCKS, problem.seq_k, &|c| {
         c.backward_q_bytes(elem)
     });
     let backward_kv = fewer_planes(1, &FRAGMENT_BACKWARD_BLOCKS, problem.seq_q, &|c| {

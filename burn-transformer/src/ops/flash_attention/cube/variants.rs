@@ -101,8 +101,8 @@ pub enum KernelFamily {
     /// `fragments.rs`): forward, dQ and dK/dV; their pre-pass and flash-decoding's merge
     /// are the staged family's.
     Fragments,
-    /// The fragment kernels with 32 query rows per plane (f16/bf16 only): forward and
-    /// dQ; their dK/dV kernel is [`Self::Fragments`]'.
+    /// The fragment forward with 32 query rows per plane (f16/bf16 only); its backward
+    /// kernels are [`Self::Fragments`]'.
     WideFragments,
 }
 
@@ -472,11 +472,10 @@ fn register_tile(build: &Build<'_>) -> [KernelVariant; 4] {
     [forward, prepass, dq, dkdv]
 }
 
-/// The fragment kernels (forward, and dQ and dK/dV where the tiling plans them), built
-/// as `launch.rs` launches them; their pre-pass and flash-decoding's merge are the
-/// staged family's.
-/// The fragment kernels of `family` (forward, dQ, and for [`KernelFamily::Fragments`]
-/// dK/dV, which the wide family shares).
+/// The fragment kernels of `family`, built as `launch.rs` launches them: the forward,
+/// and for [`KernelFamily::Fragments`] dQ and dK/dV where the tiling plans them (the
+/// wide family shares them). Their pre-pass and flash-decoding's merge are the staged
+/// family's.
 fn fragment_kernels(
     build: &Build<'_>,
     family: KernelFamily,
@@ -520,6 +519,9 @@ fn fragment_kernels(
         &config,
         Box::new(forward),
     )];
+    if family == KernelFamily::WideFragments {
+        return kernels;
+    }
     if let Some((dq_config, kv_config)) = tiling.backward {
         let dq = fragments::fragment_backward_q::FragmentBackwardQ::new(
             build.settings(dq_config.units() as u32),
@@ -541,9 +543,6 @@ fn fragment_kernels(
             &dq_config,
             Box::new(dq),
         ));
-        if family == KernelFamily::WideFragments {
-            return kernels;
-        }
         let dkdv = fragments::fragment_backward_kv::FragmentBackwardKv::new(
             build.settings(kv_config.units() as u32),
             properties(),
@@ -951,10 +950,10 @@ pub(super) mod tests {
                     kv.loads = FragmentLoads::Matrices;
                 }
                 let variants = fragment_kernels(&build, family, &fragments);
-                // The wide family shares the dK/dV kernel.
+                // The wide family shares the backward kernels.
                 assert_eq!(
                     variants.len(),
-                    4 - row_tiles,
+                    if row_tiles == 1 { 3 } else { 1 },
                     "{family} {dtype:?} {d_qk}x{d_v}"
                 );
                 for variant in variants {
