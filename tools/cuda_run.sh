@@ -17,10 +17,9 @@
 #
 # What the stages of `run` took on an H100 and an H200 (16-core hosts): each bench job
 # 2–13 s, most of it NVRTC compiling in the job's own process and PyTorch's import, so
-# the fragment batch 150–200 s for 36 jobs (48 now, with the wide family's: its cap is
-# 260 s); the kernel tests but the f32 grid 150–240 s on a fresh machine
-# (`parity_grid_fragments` alone 52 s; the wide family's grid is new, its cap 300 s),
-# the f32 grid about 260 s.
+# the fragment batch 141–200 s for 36 jobs and the wide family's 12 another 49 s (the
+# stage's cap is 260 s); the kernel tests but the f32 grid 150–266 s on a fresh
+# machine (`parity_grid_fragments` alone 52 s), the f32 grid about 260 s.
 #
 # Offline: cubecl-cuda build-depends on CubeCL's LLVM backend, whose build script
 # downloads an LLVM bundle. DOCS_RS=1 skips that download (as on docs.rs), the linker
@@ -167,9 +166,10 @@ run)
     : >"$out/tests.log"
     for stage in ${CUDA_RUN_STAGES:-fragments tests profile element-loads tensor-cores tests-tc families grid-f32}; do
         case "$stage" in
-        # `fused[fragments+ldmatrix]` also names the wide family's cells
-        # (`fused[wide-fragments+ldmatrix]`): both families beside Burn and PyTorch.
-        fragments) bench_batch 260 'fused[fragments+ldmatrix],burn cuda,torch_sdpa' ;;
+        # Both fragment families beside Burn and PyTorch.
+        fragments)
+            bench_batch 260 'fused[fragments+ldmatrix],fused[wide-fragments+ldmatrix],burn cuda,torch_sdpa'
+            ;;
         element-loads)
             # The fragment kernels loading element by element instead of with
             # `ldmatrix`: their tests first, then their cells beside the batch above
