@@ -229,6 +229,7 @@ pub fn fragment_forward<F: Float>(
         d_qk,
         k_stride,
         config.staging,
+        comptime!(Some(config.units())),
     );
 
     // The output accumulator (C fragments, one per 8 value columns and row tile) and,
@@ -262,6 +263,7 @@ pub fn fragment_forward<F: Float>(
             k_stride,
             v_stride,
             config.staging,
+            comptime!(Some(config.units())),
         );
         sync_cube();
 
@@ -495,6 +497,7 @@ pub fn fragment_backward_q<F: Float>(
         d_qk,
         k_stride,
         config.staging,
+        comptime!(Some(config.units())),
     );
     stage_rows::<F>(
         grad_out,
@@ -506,6 +509,7 @@ pub fn fragment_backward_q<F: Float>(
         d_v,
         v_stride,
         config.staging,
+        comptime!(Some(config.units())),
     );
     // (LSE, D) of the lane's rows (pair `p` of row tile `m` at `m·2 + p`).
     let mut row_lse = Array::<f32>::new(lane_rows);
@@ -545,6 +549,7 @@ pub fn fragment_backward_q<F: Float>(
             k_stride,
             v_stride,
             config.staging,
+            comptime!(Some(config.units())),
         );
         sync_cube();
 
@@ -754,6 +759,7 @@ pub fn fragment_backward_kv<F: Float>(
         qk_stride,
         v_stride,
         config.staging,
+        comptime!(Some(config.units())),
     );
     let mut grad_key = zero_fragments(key_grad_tiles, unrolled);
     let mut grad_value = zero_fragments(value_grad_tiles, unrolled);
@@ -773,6 +779,7 @@ pub fn fragment_backward_kv<F: Float>(
                 d_qk,
                 qk_stride,
                 config.staging,
+                comptime!(Some(config.units())),
             );
             stage_rows::<F>(
                 grad_out,
@@ -784,6 +791,7 @@ pub fn fragment_backward_kv<F: Float>(
                 d_v,
                 v_stride,
                 config.staging,
+                comptime!(Some(config.units())),
             );
             stage_row_stats(
                 stats,
