@@ -277,24 +277,27 @@ mod tests {
         assert_eq!(log_log_slope(&[(1.0, 2.0)]), None);
     }
 
-    /// Instant runs never reach the floors: the most warm-ups and timed runs they add.
-    #[test]
-    fn short_runs_repeat_up_to_their_caps() {
-        let device = Device::flex();
+    /// Times `run_ms`-long runs (0: instant) with `runs`: how many calls, and the timing.
+    fn time_sleeps(runs: Runs, run_ms: u64) -> (usize, Timing) {
         let mut calls = 0;
         let timing = time_runs(
-            &device,
-            Runs {
-                warmup: 2,
-                iters: 3,
-            },
+            &Device::flex(),
+            runs,
             || Ok(()),
             |()| {
                 calls += 1;
+                std::thread::sleep(std::time::Duration::from_millis(run_ms));
                 Ok(())
             },
         )
         .unwrap();
+        (calls, timing)
+    }
+
+    /// Instant runs never reach the floors: the most warm-ups and timed runs they add.
+    #[test]
+    fn short_runs_repeat_up_to_their_caps() {
+        let (calls, timing) = time_sleeps(Runs::new(2, 3), 0);
         assert_eq!((calls, timing.runs()), (2 * SHORT_RUNS_MAX, SHORT_RUNS_MAX));
     }
 
@@ -302,22 +305,7 @@ mod tests {
     /// the one asked for until 200 ms (at most 7), timed runs until 100 ms (at most 4).
     #[test]
     fn short_runs_repeat_until_their_floors() {
-        let device = Device::flex();
-        let mut calls = 0;
-        let timing = time_runs(
-            &device,
-            Runs {
-                warmup: 1,
-                iters: 3,
-            },
-            || Ok(()),
-            |()| {
-                calls += 1;
-                std::thread::sleep(std::time::Duration::from_millis(30));
-                Ok(())
-            },
-        )
-        .unwrap();
+        let (calls, timing) = time_sleeps(Runs::new(1, 3), 30);
         let timed: f64 = timing.samples_ms.iter().sum();
         assert!(timed >= TIMED_FLOOR_MS, "{timed} ms");
         assert!((3..=4).contains(&timing.runs()), "{}", timing.runs());

@@ -60,9 +60,9 @@ pub struct FragmentConfig {
     /// Planes per cube, each owning `16·row_tiles` rows: query rows (forward, dQ) or
     /// keys (dK/dV).
     pub planes: usize,
-    /// 16-row tiles each plane owns (1 or 2; 1 for dK/dV): with two, every `B` fragment
-    /// a plane loads from shared memory serves two products, at the cost of twice the
-    /// accumulator and score registers.
+    /// 16-row tiles each plane owns: 1, or 2 in the wide forward (the backward kernels
+    /// own one). With two, every `B` fragment a plane loads from shared memory serves
+    /// two products, at the cost of twice the accumulator and score registers.
     pub row_tiles: usize,
     /// Rows per staged tile the cube walks (a multiple of 16): keys (forward, dQ) or
     /// query rows (dK/dV).
@@ -451,8 +451,6 @@ pub fn fragment_backward_q<F: Float>(
     #[define(F)] _dtype: ElemType,
 ) {
     let block_q = comptime!(config.rows());
-    let plane_rows = comptime!(config.plane_rows());
-    let row_tiles = config.row_tiles;
     let bk = config.block;
     let d_qk = config.d_qk;
     let d_v = config.d_v;
@@ -463,7 +461,6 @@ pub fn fragment_backward_q<F: Float>(
     let score_tiles = comptime!(bk / TILE_N);
     let key_chunks = comptime!(bk / TILE_K);
     let grad_tiles = comptime!(d_qk / TILE_N);
-    let lane_rows = comptime!(row_tiles * C_PAIRS);
     let ops = config.ops;
     let unrolled = comptime!(ops == FragmentOps::TensorCores);
 
@@ -475,7 +472,7 @@ pub fn fragment_backward_q<F: Float>(
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
     let first_row = CUBE_POS_X as usize * block_q;
     let (kv_start, kv_end) = key_range(first_row, block_q, &sizes);
-    let plane_row = first_row + plane * plane_rows;
+    let plane_row = first_row + plane * TILE_M;
     let plane_pos = i32::cast_from(plane_row) + shift;
 
     let mut q_tile = shared_tile::<F>(block_q * k_stride);
@@ -511,23 +508,20 @@ pub fn fragment_backward_q<F: Float>(
         config.staging,
         comptime!(Some(config.units())),
     );
-    // (LSE, D) of the lane's rows (pair `p` of row tile `m` at `m·2 + p`).
-    let mut row_lse = Array::<f32>::new(lane_rows);
-    let mut row_delta = Array::<f32>::new(lane_rows);
+    // (LSE, D) of the lane's two rows (pair 0's and pair 1's).
+    let mut row_lse = Array::<f32>::new(C_PAIRS);
+    let mut row_delta = Array::<f32>::new(C_PAIRS);
     #[unroll(unrolled)]
-    for m in 0..row_tiles {
-        #[unroll(unrolled)]
-        for p in 0..C_PAIRS {
-            let (r, _) = c_position(lane, (2 * p) as u32);
-            let mut row = plane_row + m * TILE_M + r;
-            if row >= seq_q {
-                row = seq_q - 1;
-            }
-            row_lse[m * C_PAIRS + p] = stats[(head * seq_q + row) * 2];
-            row_delta[m * C_PAIRS + p] = stats[(head * seq_q + row) * 2 + 1];
+    for p in 0..C_PAIRS {
+        let (r, _) = c_position(lane, (2 * p) as u32);
+        let mut row = plane_row + r;
+        if row >= seq_q {
+            row = seq_q - 1;
         }
+        row_lse[p] = stats[(head * seq_q + row) * 2];
+        row_delta[p] = stats[(head * seq_q + row) * 2 + 1];
     }
-    let mut grad = zero_fragments(comptime!(row_tiles * grad_tiles), unrolled);
+    let mut grad = zero_fragments(grad_tiles, unrolled);
 
     let mut start = kv_start;
     while start < kv_end {
@@ -553,12 +547,13 @@ pub fn fragment_backward_q<F: Float>(
         );
         sync_cube();
 
-        // S = Q·Kᵀ and dP = dO·Vᵀ, one C fragment each per 8 keys and row tile.
+        // S = Q·Kᵀ and dP = dO·Vᵀ, one C fragment each per 8 keys (one row tile a
+        // plane: see `plan_fragments`).
         let scores = staged_row_products::<F>(
             &q_tile,
-            plane * plane_rows,
+            plane * TILE_M,
             &k_tile,
-            row_tiles,
+            1usize,
             q_chunks,
             score_tiles,
             k_stride,
@@ -568,9 +563,9 @@ pub fn fragment_backward_q<F: Float>(
         );
         let grads = staged_row_products::<F>(
             &do_tile,
-            plane * plane_rows,
+            plane * TILE_M,
             &v_tile,
-            row_tiles,
+            1usize,
             v_chunks,
             score_tiles,
             v_stride,
@@ -579,63 +574,55 @@ pub fn fragment_backward_q<F: Float>(
             config.loads,
         );
         // dS = P ∘ (dP − D) ∘ softcap', rounded to the input type.
-        let mut score_grads = Array::<Pair<F>>::new(comptime!(row_tiles * score_tiles * C_PAIRS));
-        let open = block_open(plane_pos, plane_rows, start, bk, kv_end, &sizes);
+        let mut score_grads = Array::<Pair<F>>::new(comptime!(score_tiles * C_PAIRS));
+        let open = block_open(plane_pos, TILE_M, start, bk, kv_end, &sizes);
         if open {
             #[unroll(unrolled)]
-            for m in 0..row_tiles {
+            for j in 0..score_tiles {
                 #[unroll(unrolled)]
-                for j in 0..score_tiles {
-                    #[unroll(unrolled)]
-                    for p in 0..C_PAIRS {
-                        let at = (m * score_tiles + j) * C_PAIRS + p;
-                        let score = scores[at];
-                        let mut pair = grads[at];
-                        #[unroll]
-                        for e in 0..2usize {
-                            let (_, ds) = open_probability_and_gradient(
-                                score.extract(e) * sizes.scale,
-                                pair.extract(e),
-                                row_lse[m * C_PAIRS + p],
-                                row_delta[m * C_PAIRS + p],
-                                config.exponential,
-                            );
-                            pair.insert(e, ds);
-                        }
-                        score_grads[at] = Pair::<F>::cast_from(pair);
+                for p in 0..C_PAIRS {
+                    let score = scores[j * C_PAIRS + p];
+                    let mut pair = grads[j * C_PAIRS + p];
+                    #[unroll]
+                    for e in 0..2usize {
+                        let (_, ds) = open_probability_and_gradient(
+                            score.extract(e) * sizes.scale,
+                            pair.extract(e),
+                            row_lse[p],
+                            row_delta[p],
+                            config.exponential,
+                        );
+                        pair.insert(e, ds);
                     }
+                    score_grads[j * C_PAIRS + p] = Pair::<F>::cast_from(pair);
                 }
             }
         } else {
             #[unroll(unrolled)]
-            for m in 0..row_tiles {
+            for j in 0..score_tiles {
                 #[unroll(unrolled)]
-                for j in 0..score_tiles {
-                    #[unroll(unrolled)]
-                    for p in 0..C_PAIRS {
-                        let at = (m * score_tiles + j) * C_PAIRS + p;
-                        let score = scores[at];
-                        let mut pair = grads[at];
-                        #[unroll]
-                        for e in 0..2usize {
-                            let (r, col) = c_position(lane, (2 * p + e) as u32);
-                            let t = j * TILE_N + col;
-                            let pos = plane_pos + (m * TILE_M + r) as i32;
-                            let visible =
-                                kept[t] != 0 && structurally_visible(pos, start + t as i32, &sizes);
-                            let (_, ds) = probability_and_gradient(
-                                score.extract(e) * sizes.scale,
-                                pair.extract(e),
-                                row_lse[m * C_PAIRS + p],
-                                row_delta[m * C_PAIRS + p],
-                                visible,
-                                &sizes,
-                                config.exponential,
-                            );
-                            pair.insert(e, ds);
-                        }
-                        score_grads[at] = Pair::<F>::cast_from(pair);
+                for p in 0..C_PAIRS {
+                    let score = scores[j * C_PAIRS + p];
+                    let mut pair = grads[j * C_PAIRS + p];
+                    #[unroll]
+                    for e in 0..2usize {
+                        let (r, col) = c_position(lane, (2 * p + e) as u32);
+                        let t = j * TILE_N + col;
+                        let pos = plane_pos + r as i32;
+                        let visible =
+                            kept[t] != 0 && structurally_visible(pos, start + t as i32, &sizes);
+                        let (_, ds) = probability_and_gradient(
+                            score.extract(e) * sizes.scale,
+                            pair.extract(e),
+                            row_lse[p],
+                            row_delta[p],
+                            visible,
+                            &sizes,
+                            config.exponential,
+                        );
+                        pair.insert(e, ds);
                     }
+                    score_grads[j * C_PAIRS + p] = Pair::<F>::cast_from(pair);
                 }
             }
         }
@@ -643,7 +630,7 @@ pub fn fragment_backward_q<F: Float>(
         accumulate_products::<F>(
             &score_grads,
             &k_tile,
-            row_tiles,
+            1usize,
             key_chunks,
             grad_tiles,
             k_stride,
@@ -657,21 +644,18 @@ pub fn fragment_backward_q<F: Float>(
     }
 
     #[unroll(unrolled)]
-    for m in 0..row_tiles {
-        #[unroll(unrolled)]
-        for p in 0..C_PAIRS {
-            let (r, _) = c_position(lane, (2 * p) as u32);
-            let row = plane_row + m * TILE_M + r;
-            if row < seq_q {
-                #[unroll(unrolled)]
-                for n in 0..grad_tiles {
-                    let pair = grad[(m * grad_tiles + n) * C_PAIRS + p];
-                    #[unroll]
-                    for e in 0..2usize {
-                        let (_, col) = c_position(lane, (2 * p + e) as u32);
-                        grad_q[(head * seq_q + row) * d_qk + n * TILE_N + col] =
-                            F::cast_from(pair.extract(e) * sizes.scale);
-                    }
+    for p in 0..C_PAIRS {
+        let (r, _) = c_position(lane, (2 * p) as u32);
+        let row = plane_row + r;
+        if row < seq_q {
+            #[unroll(unrolled)]
+            for n in 0..grad_tiles {
+                let pair = grad[n * C_PAIRS + p];
+                #[unroll]
+                for e in 0..2usize {
+                    let (_, col) = c_position(lane, (2 * p + e) as u32);
+                    grad_q[(head * seq_q + row) * d_qk + n * TILE_N + col] =
+                        F::cast_from(pair.extract(e) * sizes.scale);
                 }
             }
         }

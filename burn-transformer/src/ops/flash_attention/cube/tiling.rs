@@ -481,7 +481,7 @@ pub(crate) fn fragment_row_tiles(wide: bool) -> usize {
 const WIDE_FRAGMENT_BLOCKS: [usize; 2] = [32, 16];
 
 /// Cubes per multiprocessor from which `Auto` takes the wide forward, and the value
-/// head dim it takes it at. A wide cube owns 128 query rows and fits 2 to an SM (236
+/// head dim it takes it at. A wide cube owns 128 query rows and fits 2 to an SM (238
 /// registers at head dim 128) against the narrow one's 64 rows and 3 cubes, so the
 /// wide forward reuses each loaded `K`/`V` fragment twice but leaves more of a short
 /// launch's last wave idle. On an H100 (bf16, head dim 128, batch 4 × 16 heads) it
@@ -513,6 +513,7 @@ pub(crate) fn auto_forward_row_tiles(
         1
     }
 }
+
 /// Largest query/key and value head dims of the fragment kernels: a lane holds
 /// `d_v / 2` registers of the output (of dQ, `d_qk / 2`; of dK/dV, both) beside its
 /// scores, which beyond these would not fit 255 registers without spilling.
