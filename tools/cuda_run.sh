@@ -18,7 +18,7 @@
 # What the stages of `run` took on an H100 and an H200 (16-core hosts): each bench job
 # 2–13 s, most of it NVRTC compiling in the job's own process and PyTorch's import, so
 # the fragment batch 141–200 s for 36 jobs and the wide family's 12 another 49 s (the
-# stage's cap is 260 s); the kernel tests but the f32 grid 150–266 s on a fresh
+# stage's cap is 300 s, with the one-pass family's 6 jobs); the kernel tests but the f32 grid 150–266 s on a fresh
 # machine (`parity_grid_fragments` alone 52 s), the f32 grid about 260 s.
 #
 # Offline: cubecl-cuda build-depends on CubeCL's LLVM backend, whose build script
@@ -166,9 +166,10 @@ run)
     : >"$out/tests.log"
     for stage in ${CUDA_RUN_STAGES:-fragments tests profile element-loads tensor-cores tests-tc families grid-f32}; do
         case "$stage" in
-        # Both fragment families beside Burn and PyTorch.
+        # The fragment families beside Burn and PyTorch (the one-pass backward's
+        # family times forward+backward cells only: 6 more jobs).
         fragments)
-            bench_batch 260 'fused[fragments+ldmatrix],fused[wide-fragments+ldmatrix],burn cuda,torch_sdpa'
+            bench_batch 300 'fused[fragments+ldmatrix],fused[wide-fragments+ldmatrix],fused[fragments-atomic-dq+ldmatrix],burn cuda,torch_sdpa'
             ;;
         element-loads)
             # The fragment kernels loading element by element instead of with

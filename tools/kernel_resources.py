@@ -358,7 +358,7 @@ def measure(
 def tile(variant: dict) -> str | None:
     """`rows×block` of a staged or fragment kernel's cube tile (`None` for the others,
     whose launch shape `units_per_cube` says)."""
-    tiled = variant["variant"].startswith("staged") or variant["variant"].endswith("fragments")
+    tiled = variant["variant"].startswith("staged") or "fragments" in variant["variant"]
     if tiled and variant.get("block") is not None:
         return f"{variant['rows_per_unit']}x{variant['block']}"
     return None

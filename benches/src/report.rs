@@ -28,6 +28,8 @@ const ATTENTION_IMPLS: &[&str] = &[
     "fused[fragments+ldmatrix]",
     "fused[wide-fragments]",
     "fused[wide-fragments+ldmatrix]",
+    "fused[fragments-atomic-dq]",
+    "fused[fragments-atomic-dq+ldmatrix]",
     "reference",
     "burn",
     "torch_sdpa",
@@ -230,7 +232,8 @@ fn attention_section(records: &[Record], out_dir: &Path) -> Result<Option<Sectio
          counts its timed runs). `fwd_bwd` is the forward pass \
          plus the gradients of q, k and v. `fused[family]` is the fused op through one \
          kernel family (register tiles, staged shared-memory tiles, tensor-core tile \
-         products, tensor-core fragments, and the same with 32 query rows a plane: `wide-fragments`); `torch_sdpa` is PyTorch's `scaled_dot_product_attention` on the same \
+         products, tensor-core fragments, the same with 32 query rows a plane: `wide-fragments`, \
+         and with the one-pass backward, dQ added atomically: `fragments-atomic-dq`); `torch_sdpa` is PyTorch's `scaled_dot_product_attention` on the same \
          device (on CUDA its FlashAttention kernel for bf16/f16, its memory-efficient \
          kernel for f32). Ratios above 1 mean the peer is slower than the first column (where a \
          table compares kernel families, than the row's fastest family: `best fused`). \

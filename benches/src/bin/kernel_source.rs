@@ -80,7 +80,8 @@ struct Args {
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
     /// Only the kernels of these families (repeatable: `register_tile`, `staged`,
-    /// `staged_tensor_cores`, `fragments`, `wide_fragments`); every family by default.
+    /// `staged_tensor_cores`, `fragments`, `wide_fragments`, `fragments_atomic_dq`); every
+    /// family by default.
     #[arg(long = "family", value_name = "NAME", value_parser = parse_family)]
     families: Vec<KernelFamily>,
 }
@@ -203,8 +204,9 @@ fn compile(
 /// What the flash-attention launches read of them is the hardware limits (units per
 /// cube, cube dims and counts, vector width): the tiles follow from those. The type,
 /// plane, matrix and TMA features are registered as the runtime registers them, so a
-/// kernel that asks for them compiles as it would on the device; the runtime's extra
-/// atomic and complex types are not (no kernel here uses them).
+/// kernel that asks for them compiles as it would on the device, and so are atomic
+/// adds of f32 pairs; the runtime's other extra atomic and complex types are not (no
+/// kernel here uses them).
 fn h100() -> (DeviceProperties, CompilationOptions) {
     let arch = CudaArchitecture {
         version: ARCH_VERSION,
@@ -243,6 +245,14 @@ fn h100() -> (DeviceProperties, CompilationOptions) {
         },
     );
     register_supported_types(&mut properties);
+    // Pairs of f32 added atomically, as the runtime registers them on sm_90 (CUDA 12.9
+    // and later): the one-pass backward adds dQ two columns at a time with them.
+    properties.register_atomic_type_usage(
+        cubecl::ir::Type::atomic(
+            cubecl::ir::Type::new(ElemType::Float(FloatKind::F32)).with_vector_size(2),
+        ),
+        cubecl::ir::features::AtomicUsage::Add,
+    );
     let features = &mut properties.features;
     features.plane = Plane::Ops | Plane::Sync | Plane::NonUniformControlFlow;
     features.memory_reinterpret = true;

@@ -200,8 +200,14 @@ impl Grid {
 
 /// The implementations measured on `backend` for inputs of `dtype`, each with its
 /// kernel family: on cuda every family of the fused op that takes `dtype` (tensor
-/// cores and the fragment forward take f16/bf16 only), elsewhere the device's default.
-fn implementations(backend: &str, dtype: DType) -> Vec<(Impl, Option<FlashKernel>)> {
+/// cores and the fragment kernels take f16/bf16 only; the one-pass backward's family
+/// differs from the others in its backward only, so it times forward+backward
+/// cells), elsewhere the device's default.
+fn implementations(
+    backend: &str,
+    dtype: DType,
+    backward: bool,
+) -> Vec<(Impl, Option<FlashKernel>)> {
     let mut list = Vec::new();
     if backend == "cuda" {
         list.push((Impl::Fused, Some(FlashKernel::RegisterTile)));
@@ -210,6 +216,9 @@ fn implementations(backend: &str, dtype: DType) -> Vec<(Impl, Option<FlashKernel
             list.push((Impl::Fused, Some(FlashKernel::StagedTensorCores)));
             list.push((Impl::Fused, Some(FlashKernel::Fragments)));
             list.push((Impl::Fused, Some(FlashKernel::WideFragments)));
+            if backward {
+                list.push((Impl::Fused, Some(FlashKernel::FragmentsAtomicDq)));
+            }
         }
     } else {
         list.push((Impl::Fused, None));
@@ -228,7 +237,7 @@ pub fn jobs(mode: Mode, backend: &str) -> Vec<Job> {
     let grid = Grid::of(mode, backend);
     let mut cells = Vec::new();
     let mut push = |batch, heads, seq, head_dim, causal, dtype, backward| {
-        for (implementation, kernel) in implementations(backend, dtype) {
+        for (implementation, kernel) in implementations(backend, dtype, backward) {
             cells.push(Job::Attention(Cell {
                 implementation,
                 backend: backend.to_string(),
@@ -548,7 +557,10 @@ struct TorchResult {
 /// where they are the default), so that a run with `BURN_TRANSFORMER_FLASH_LDMATRIX=0`
 /// (element loads, `fragments`) and one without compare side by side.
 fn kernel_label(kernel: FlashKernel) -> String {
-    let fragments = matches!(kernel, FlashKernel::Fragments | FlashKernel::WideFragments);
+    let fragments = matches!(
+        kernel,
+        FlashKernel::Fragments | FlashKernel::WideFragments | FlashKernel::FragmentsAtomicDq
+    );
     if fragments && burn_transformer::ops::flash_attention::matrix_loads_enabled() {
         format!("{}+ldmatrix", kernel.name())
     } else {
@@ -609,6 +621,7 @@ mod tests {
         .into();
         expected.push(format!("fused[fragments{loads}]"));
         expected.push(format!("fused[wide-fragments{loads}]"));
+        expected.push(format!("fused[fragments-atomic-dq{loads}]"));
         expected.sort();
         assert_eq!(columns.into_iter().collect::<Vec<_>>(), expected);
         // f32 has no tensor-core and no fragment column; every shape has both passes
@@ -626,10 +639,17 @@ mod tests {
                         FlashKernel::StagedTensorCores
                             | FlashKernel::Fragments
                             | FlashKernel::WideFragments
+                            | FlashKernel::FragmentsAtomicDq
                     )
                 )
         }));
-        assert_eq!(full.len(), 5 * 2 * 2 * 2 * (8 + 5));
+        // The one-pass family times forward+backward cells only.
+        assert!(
+            !full
+                .iter()
+                .any(|c| { !c.backward && c.kernel == Some(FlashKernel::FragmentsAtomicDq) })
+        );
+        assert_eq!(full.len(), 5 * 2 * 2 * 2 * (8 + 5) + 2 * 2 * 5);
     }
 
     #[test]

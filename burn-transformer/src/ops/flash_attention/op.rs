@@ -142,6 +142,11 @@ pub(crate) static FRAGMENT_LAUNCHES: std::sync::atomic::AtomicUsize =
 pub(crate) static FRAGMENT_BACKWARD_LAUNCHES: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(0);
 
+/// Launches of the one-pass fragment backward (dK/dV kernels that add dQ).
+#[cfg(all(test, feature = "cube"))]
+pub(crate) static ATOMIC_DQ_LAUNCHES: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
 /// Forward launches that split the keys (flash-decoding).
 #[cfg(all(test, feature = "cube"))]
 pub(crate) static SPLIT_LAUNCHES: std::sync::atomic::AtomicUsize =

@@ -53,7 +53,8 @@ pub enum FlashKernel {
     /// where the tensor cores take them, else the fastest of the staged tile sizes and
     /// the register tiles, timed once per shape class ([`Self::Autotune`]). The
     /// environment variable `BURN_TRANSFORMER_FLASH_KERNEL=register|staged|
-    /// tensor-cores|fragments|wide-fragments|autotune` overrides it for a whole process.
+    /// tensor-cores|fragments|wide-fragments|fragments-atomic-dq|autotune` overrides it
+    /// for a whole process.
     #[default]
     Auto,
     /// Each unit holds its rows in registers and streams keys from global memory
@@ -76,11 +77,21 @@ pub enum FlashKernel {
     /// f16/bf16 on GPUs with the instruction.
     Fragments,
     /// The [`Self::Fragments`] kernels with 32 query rows per plane (two tiles of 16)
-    /// in the forward and dQ kernels, as FlashAttention-2 lays out its warps: every
-    /// fragment of `K` or `V` a plane reads from shared memory serves two products
-    /// instead of one, for twice the plane's score and accumulator registers. Only
-    /// when asked for, until GPU timings show where it wins.
+    /// in the forward, as FlashAttention-2 lays out its warps: every fragment of `K` or
+    /// `V` a plane reads from shared memory serves two products instead of one, for
+    /// twice the plane's score and accumulator registers. The backward is
+    /// [`Self::Fragments`']. [`Self::Auto`] takes this forward for launches that fill
+    /// the GPU several times over.
     WideFragments,
+    /// The [`Self::Fragments`] kernels (the forward as [`Self::Auto`] picks it) with a
+    /// one-pass backward: the dK/dV kernel also multiplies each tile's `dS` by its
+    /// keys and adds that share of `dQ` to an f32 buffer with atomic adds, so the
+    /// backward multiplies 5 matrices per tile instead of 7 (FlashAttention-2's
+    /// order). The order of those additions varies from run to run, so `dQ` is not
+    /// bitwise reproducible; the other families are. Needs atomic f32 addition on the
+    /// device and a query/key head dim up to 128 (else the two-pass backward runs).
+    /// Only when asked for, until GPU timings show where it wins.
+    FragmentsAtomicDq,
     /// Times the candidates (staged tiles of 64, 32 and 16 rows and keys, register
     /// tiles) once per shape class on the device and keeps the fastest, as `Auto` does
     /// on GPUs for what the fragment kernels do not take; this asks for it on CPU
@@ -90,18 +101,19 @@ pub enum FlashKernel {
 
 impl FlashKernel {
     /// Every family, `Auto` first.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::Auto,
         Self::RegisterTile,
         Self::Staged,
         Self::StagedTensorCores,
         Self::Fragments,
         Self::WideFragments,
+        Self::FragmentsAtomicDq,
         Self::Autotune,
     ];
 
     /// The family's name: `auto`, `register`, `staged`, `tensor-cores`, `fragments`,
-    /// `wide-fragments` or `autotune`.
+    /// `wide-fragments`, `fragments-atomic-dq` or `autotune`.
     pub fn name(self) -> &'static str {
         match self {
             Self::Auto => "auto",
@@ -110,6 +122,7 @@ impl FlashKernel {
             Self::StagedTensorCores => "tensor-cores",
             Self::Fragments => "fragments",
             Self::WideFragments => "wide-fragments",
+            Self::FragmentsAtomicDq => "fragments-atomic-dq",
             Self::Autotune => "autotune",
         }
     }

@@ -685,6 +685,27 @@ mod on_device {
         parity_fragments(device, label, &cases, FlashKernel::WideFragments);
     }
 
+    /// The parity grid through the one-pass fragment backward (its dK/dV kernel adds
+    /// dQ atomically; the forward is the narrow one on runtimes that do not report
+    /// their multiprocessors): only the dK/dV kernel differs from
+    /// [`parity_grid_fragments`], so the half of the cases at head dims up to 64 that
+    /// the wide grid leaves (every mask, rows and keys past the tiles' ends), the long
+    /// causal case (many query tiles adding to the same rows) and the decoding cases.
+    pub fn parity_grid_fragments_atomic_dq(device: &Device, label: &str) {
+        let cases = grid_and_decoding(|index, case, long| {
+            let alternate = (index + index / 8) % 2 == 0;
+            (alternate && !long && case.d_qk <= 64) || (long && case.causal && case.d_qk == 64)
+        });
+        let one_pass = super::super::op::ATOMIC_DQ_LAUNCHES.load(Ordering::Relaxed);
+        parity_fragments(device, label, &cases, FlashKernel::FragmentsAtomicDq);
+        // Where the device adds f32 atomically (lavapipe does), its backward is the
+        // one-pass one.
+        let properties = device_properties(device);
+        if super::super::cube::tiling::adds_f32_atomically(&properties) {
+            assert!(super::super::op::ATOMIC_DQ_LAUNCHES.load(Ordering::Relaxed) > one_pass);
+        }
+    }
+
     /// The parity grid's cases that `keep(index, case, long)` takes (`long`: a sequence
     /// beyond 129 tokens), numbered by their place in the grid, then the decoding cases.
     fn grid_and_decoding(keep: impl Fn(usize, &Case, bool) -> bool) -> Vec<(usize, Case)> {
@@ -734,6 +755,7 @@ mod on_device {
                     dtype,
                     &properties,
                     row_tiles,
+                    kernel == FlashKernel::FragmentsAtomicDq,
                 )
             })
             .collect();
@@ -931,6 +953,11 @@ macro_rules! kernel_tests {
             #[test]
             fn parity_grid_wide_fragments() {
                 on_device::parity_grid_wide_fragments(&$device(), stringify!($runtime));
+            }
+
+            #[test]
+            fn parity_grid_fragments_atomic_dq() {
+                on_device::parity_grid_fragments_atomic_dq(&$device(), stringify!($runtime));
             }
 
             #[test]

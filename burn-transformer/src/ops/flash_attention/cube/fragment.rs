@@ -371,6 +371,45 @@ pub fn accumulate_products<F: Float>(
     }
 }
 
+/// `A·T` for one 16-row tile of `A` staged row-major in shared memory (rows `first ..`,
+/// `a_stride` elements a row, `chunks` of 16 columns) and `tiles` C fragments of
+/// columns of `T` (a tile staged row-major whose rows are `A`'s columns, `t_stride`
+/// elements a row): fragment `i` covers columns `8·(first_tile + i·step) ..`, taken
+/// as `8·last_tile ..` past `last_tile` (the caller drops those; every lane runs the
+/// same products). The one-pass backward's `dQ` share `dS·K`, its tiles spread over
+/// the cube's planes by `first_tile` and `step`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn staged_column_products<F: Float>(
+    rows: &Shared<[F]>,
+    first: usize,
+    #[comptime] a_stride: usize,
+    tile: &Shared<[F]>,
+    #[comptime] t_stride: usize,
+    first_tile: usize,
+    #[comptime] step: usize,
+    #[comptime] last_tile: usize,
+    #[comptime] chunks: usize,
+    #[comptime] tiles: usize,
+    scratch: &mut Shared<[f32]>,
+    #[comptime] ops: FragmentOps,
+    #[comptime] loads: FragmentLoads,
+) -> Array<Pair<f32>> {
+    let unrolled = comptime!(ops == FragmentOps::TensorCores);
+    let mut out = zero_fragments(tiles, unrolled);
+    #[unroll(unrolled)]
+    for c in 0..chunks {
+        let left = load_a::<F>(rows, first, c * TILE_K, a_stride, loads);
+        #[unroll(unrolled)]
+        for i in 0..tiles {
+            let n = (first_tile + i * step).min(last_tile);
+            let columns = load_b::<F>(tile, c * TILE_K, n * TILE_N, t_stride, false, loads);
+            fragment_product::<F>(&left, 0, &columns, &mut out, i * C_PAIRS, scratch, ops);
+        }
+    }
+    out
+}
+
 /// `tiles` C fragments of zeros.
 #[cube]
 pub fn zero_fragments(#[comptime] tiles: usize, #[comptime] unrolled: bool) -> Array<Pair<f32>> {

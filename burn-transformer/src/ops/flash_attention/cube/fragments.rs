@@ -24,7 +24,11 @@
 //! - dK/dV: each plane owns 16 keys and computes the transposed `Sᵀ = K·Qᵀ` and
 //!   `dPᵀ = V·dOᵀ`, so that `Pᵀ` and `dSᵀ` are the left factors of `dV += Pᵀ·dO` and
 //!   `dK += dSᵀ·Q` in registers (FlashAttention-2's order). Each key's gradients are
-//!   summed by one plane in a fixed order: no atomics, deterministic.
+//!   summed by one plane in a fixed order: no atomics, deterministic;
+//! - or, in the one-pass backward (`FragmentConfig::adds_dq`), dK/dV alone: it also
+//!   stages each tile's `dS` and adds `dS·K` to f32 sums of `dQ` atomically (5 matrix
+//!   products per tile instead of 7; `dQ` no longer bitwise reproducible), and
+//!   [`fragment_finish_dq`] scales and casts the sums.
 //!
 //! The masks, soft-cap, sinks, flash-decoding's key splits (`partial` outputs for
 //! [`staged_merge_splits`](super::staged::staged_merge_splits)) and the hidden-score
@@ -36,8 +40,8 @@ use cubecl::prelude::*;
 
 use super::fragment::{
     C_PAIRS, EMULATION_SCRATCH, FragmentLoads, FragmentOps, LANES, Pair, TILE_K, TILE_M, TILE_N,
-    accumulate_products, c_position, fragment_lane, quad_max, quad_sum, staged_row_products,
-    zero_fragments,
+    accumulate_products, c_position, fragment_lane, quad_max, quad_sum, staged_column_products,
+    staged_row_products, zero_fragments,
 };
 use super::kernels::{
     HIDDEN, Sizes, block_open, key_range, kv_head_of, query_heads_of, row_range,
@@ -80,6 +84,10 @@ pub struct FragmentConfig {
     pub staging: usize,
     /// How the scores' exponentials are taken.
     pub exponential: Exponential,
+    /// The dK/dV kernel only: whether it also forms each tile's share of `dQ` and adds
+    /// it to an f32 buffer atomically (the one-pass backward), in place of the dQ
+    /// kernel's second walk.
+    pub adds_dq: bool,
 }
 
 impl FragmentConfig {
@@ -128,9 +136,21 @@ impl FragmentConfig {
         self.forward_bytes(elem) + elem * self.rows() * self.v_stride()
     }
 
-    /// Shared-memory bytes of the dK/dV kernel.
+    /// Elements per staged row of the one-pass backward's `dS` tile: a query row's
+    /// gradients against the cube's keys.
+    pub fn ds_stride(&self) -> usize {
+        self.rows() + ROW_PAD
+    }
+
+    /// Shared-memory bytes of the dK/dV kernel (with the one-pass backward's `dS`
+    /// tile where it adds `dQ`).
     pub fn backward_kv_bytes(&self, elem: usize) -> usize {
-        elem * (self.rows() + self.block) * (self.qk_stride() + self.v_stride())
+        let ds = if self.adds_dq {
+            self.block * self.ds_stride()
+        } else {
+            0
+        };
+        elem * ((self.rows() + self.block) * (self.qk_stride() + self.v_stride()) + ds)
             + 4 * (self.rows() + 3 * self.block + self.emulation())
     }
 }
@@ -667,14 +687,15 @@ pub fn fragment_backward_q<F: Float>(
 /// and `dSᵀ` pass from their registers into the left factors of `Pᵀ·dO` and `dSᵀ·Q`
 /// (FlashAttention-2's order); `dK` and `dV` stay in registers, `K` and `V` in shared
 /// memory. Each key's gradient is summed by its own plane in a fixed order: no
-/// atomics, deterministic.
+/// atomics, deterministic. Where `config.adds_dq`, each tile's `dQ` share goes to
+/// `grad_q_sum` through [`add_query_gradients`] (else `grad_q_sum` is a placeholder).
 ///
 /// Cube `(x, y)`: keys `x·16·planes ..` of key/value head `y` (flattened
 /// `batch·kv_heads`), walking every query head of its group, `config.block` query
 /// rows a tile.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-pub fn fragment_backward_kv<F: Float>(
+pub fn fragment_backward_kv<F: Float, N: Size>(
     q: &Tensor<F>,
     k: &Tensor<F>,
     v: &Tensor<F>,
@@ -683,6 +704,7 @@ pub fn fragment_backward_kv<F: Float>(
     key_mask: &Tensor<F>,
     grad_k: &mut Tensor<F>,
     grad_v: &mut Tensor<F>,
+    grad_q_sum: &mut Tensor<Atomic<Vector<f32, N>>>,
     sizes: Sizes,
     #[comptime] config: FragmentConfig,
     #[define(F)] _dtype: ElemType,
@@ -724,6 +746,9 @@ pub fn fragment_backward_kv<F: Float>(
     let mut row_lse = shared_tile::<f32>(bq);
     let mut row_delta = shared_tile::<f32>(bq);
     let mut row_ok = shared_tile::<u32>(bq);
+    // The one-pass backward's dS, row-major by query row (one element where unused).
+    let ds_stride = comptime!(config.ds_stride());
+    let mut ds_tile = shared_tile::<F>(comptime!(if config.adds_dq { bq * ds_stride } else { 1 }));
     let mut scratch = emulation_scratch(comptime!(config.emulation()));
 
     stage_key_block::<F>(
@@ -885,6 +910,16 @@ pub fn fragment_backward_kv<F: Float>(
                     }
                 }
             }
+            if comptime!(config.adds_dq) {
+                store_transposed::<F>(
+                    &score_grads,
+                    &mut ds_tile,
+                    plane_key,
+                    query_tiles,
+                    ds_stride,
+                    unrolled,
+                );
+            }
             // dV += Pᵀ·dO and dK += dSᵀ·Q, 16 query rows at a time (dK scaled at the
             // end).
             accumulate_products::<F>(
@@ -911,6 +946,21 @@ pub fn fragment_backward_kv<F: Float>(
                 ops,
                 config.loads,
             );
+            if comptime!(config.adds_dq) {
+                // Every plane's dS is stored (the stores sit before the products above).
+                sync_cube();
+                add_query_gradients::<F, N>(
+                    &ds_tile,
+                    &k_tile,
+                    grad_q_sum,
+                    head * seq_q,
+                    first,
+                    seq_q,
+                    plane,
+                    &mut scratch,
+                    config,
+                );
+            }
             sync_cube();
             start += bq as i32;
         }
@@ -942,5 +992,142 @@ pub fn fragment_backward_kv<F: Float>(
                 }
             }
         }
+    }
+}
+
+/// Writes a plane's `dSᵀ` (its 16 keys × `8·tiles` query rows, as C fragments rounded
+/// to `F`) into the shared `dS` tile transposed: query row `t`, key `first_key + r` at
+/// `t·stride + first_key + r`, so that the tile's rows are `A` fragments of `dS·K`.
+#[cube]
+fn store_transposed<F: Float>(
+    fragments: &Array<Pair<F>>,
+    tile: &mut Shared<[F]>,
+    first_key: usize,
+    #[comptime] tiles: usize,
+    #[comptime] stride: usize,
+    #[comptime] unrolled: bool,
+) {
+    let lane = fragment_lane();
+    #[unroll(unrolled)]
+    for j in 0..tiles {
+        #[unroll(unrolled)]
+        for p in 0..C_PAIRS {
+            let pair = fragments[j * C_PAIRS + p];
+            #[unroll]
+            for e in 0..2usize {
+                let (r, col) = c_position(lane, (2 * p + e) as u32);
+                tile[(j * TILE_N + col) * stride + first_key + r] = pair.extract(e);
+            }
+        }
+    }
+}
+
+/// C fragments of `dQ` a plane forms per pass of the one-pass backward: few enough
+/// that the pass's accumulators fit beside the dK/dV kernel's own without costing a
+/// cube per SM (ptxas, sm_90, bf16). At head dim 64, 2 (16 columns: 128 registers,
+/// 4 cubes per SM like the two-pass kernel, where 4 took 136 registers and 3 cubes);
+/// above, 4 (32 columns: 248 registers at head dim 128, no spill).
+fn dq_pass_tiles(d_qk: usize) -> usize {
+    if d_qk <= 64 { 2 } else { 4 }
+}
+
+/// The one-pass backward's share of `dQ` for one tile of query rows: `dS·K` over the
+/// cube's keys (`ds` staged by [`store_transposed`], `keys` the staged `K`), added to
+/// the f32 rows `rows_at + first ..` of `sums` (unscaled): a pair of neighbouring
+/// columns per atomic add where `sums` holds pairs (`N = 2`, CUDA on sm_90: one
+/// instruction, on a global address), one column per add otherwise. The tile's 16-row blocks
+/// and 8-column blocks of `dQ` are spread over the planes: with as many planes as row
+/// blocks or more, plane `p` takes row block `p % row_blocks` and every
+/// `(planes / row_blocks)`-th column block from `p / row_blocks`; with fewer, each
+/// plane takes every `planes`-th row block whole.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn add_query_gradients<F: Float, N: Size>(
+    ds: &Shared<[F]>,
+    keys: &Shared<[F]>,
+    sums: &mut Tensor<Atomic<Vector<f32, N>>>,
+    rows_at: usize,
+    first: usize,
+    seq_q: usize,
+    plane: usize,
+    scratch: &mut Shared<[f32]>,
+    #[comptime] config: FragmentConfig,
+) {
+    let d_qk = config.d_qk;
+    let planes = config.planes;
+    let row_blocks = comptime!(config.block / TILE_M);
+    let column_blocks = comptime!(d_qk / TILE_N);
+    let steps = comptime!((planes / row_blocks).max(1));
+    let rounds = comptime!((row_blocks / planes).max(1));
+    let plane_tiles = comptime!(column_blocks.div_ceil(steps));
+    let passes = comptime!(plane_tiles.div_ceil(dq_pass_tiles(d_qk)));
+    let pass_tiles = comptime!(plane_tiles.div_ceil(passes));
+    let ops = config.ops;
+    let unrolled = comptime!(ops == FragmentOps::TensorCores);
+    let lane = fragment_lane();
+    let first_tile = plane / row_blocks;
+    for round in 0..rounds {
+        let block = plane % row_blocks + round * planes;
+        #[unroll(unrolled)]
+        for pass in 0..passes {
+            let pass_first = first_tile + pass * pass_tiles * steps;
+            let share = staged_column_products::<F>(
+                ds,
+                block * TILE_M,
+                comptime!(config.ds_stride()),
+                keys,
+                comptime!(config.qk_stride()),
+                pass_first,
+                steps,
+                comptime!(column_blocks - 1),
+                comptime!(config.rows() / TILE_K),
+                pass_tiles,
+                scratch,
+                ops,
+                config.loads,
+            );
+            #[unroll(unrolled)]
+            for p in 0..C_PAIRS {
+                let (r, _) = c_position(lane, (2 * p) as u32);
+                let row = first + block * TILE_M + r;
+                if row < seq_q {
+                    #[unroll(unrolled)]
+                    for i in 0..pass_tiles {
+                        let n = pass_first + i * steps;
+                        if n < column_blocks {
+                            let pair = share[i * C_PAIRS + p];
+                            let (_, col) = c_position(lane, (2 * p) as u32);
+                            let at = (rows_at + row) * d_qk + n * TILE_N + col;
+                            if N::value() == 2 {
+                                let mut both = Vector::<f32, N>::empty();
+                                #[unroll]
+                                for e in 0..2usize {
+                                    both.insert(e, pair.extract(e));
+                                }
+                                sums[at / 2].fetch_add(both);
+                            } else {
+                                #[unroll]
+                                for e in 0..2usize {
+                                    sums[at + e].fetch_add(Vector::<f32, N>::new(pair.extract(e)));
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The one-pass backward's last step: `dQ = scale · sums`, in the input type.
+#[cube(launch_unchecked)]
+pub fn fragment_finish_dq<F: Float>(
+    sums: &Tensor<f32>,
+    grad_q: &mut Tensor<F>,
+    scale: f32,
+    #[define(F)] _dtype: ElemType,
+) {
+    if ABSOLUTE_POS < grad_q.len() {
+        grad_q[ABSOLUTE_POS] = F::cast_from(sums[ABSOLUTE_POS] * scale);
     }
 }

@@ -16,7 +16,7 @@ use burn::backend::TensorMetadata;
 use burn::backend::cubecl::dtype_to_storage_type;
 use burn::tensor::{DType, Shape};
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::ops::numeric::{empty_device_contiguous_dtype, zeros_client};
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::calculate_cube_count_elemwise;
 use cubecl::prelude::*;
@@ -28,8 +28,8 @@ use super::kernels::{self, AttentionConfig, SizesLaunch};
 use super::staged;
 use super::tiling::{
     KernelTile, LARGEST_STAGED_BLOCK, StagedProduct, StagedTiling, Tiling, auto_forward_row_tiles,
-    fragment_row_tiles, has_fragment_mma, is_cpu_runtime, plan_fragments, plan_key_splits,
-    plan_staged, plan_tiling,
+    dq_atomic_width, fragment_row_tiles, has_fragment_mma, is_cpu_runtime, plan_fragments,
+    plan_key_splits, plan_staged, plan_tiling,
 };
 
 /// Units per cube of the backward pre-pass (one unit per query row, on every device).
@@ -145,7 +145,7 @@ fn choose_on(
     };
     let fragments_first = matches!(
         requested,
-        FlashKernel::Fragments | FlashKernel::WideFragments
+        FlashKernel::Fragments | FlashKernel::WideFragments | FlashKernel::FragmentsAtomicDq
     ) || (requested == FlashKernel::Auto
         && has_fragment_mma(properties, dtype));
     if fragments_first {
@@ -154,7 +154,8 @@ fn choose_on(
             FlashKernel::WideFragments => fragment_row_tiles(true),
             _ => auto_forward_row_tiles(problem, properties),
         };
-        let fragments = plan_fragments(problem, dtype, properties, row_tiles);
+        let one_pass = requested == FlashKernel::FragmentsAtomicDq;
+        let fragments = plan_fragments(problem, dtype, properties, row_tiles, one_pass);
         let staged = plan_staged(
             problem,
             dtype,
@@ -168,9 +169,10 @@ fn choose_on(
     }
     let product = match requested {
         FlashKernel::RegisterTile => None,
-        FlashKernel::Staged | FlashKernel::Fragments | FlashKernel::WideFragments => {
-            Some(StagedProduct::Plain)
-        }
+        FlashKernel::Staged
+        | FlashKernel::Fragments
+        | FlashKernel::WideFragments
+        | FlashKernel::FragmentsAtomicDq => Some(StagedProduct::Plain),
         FlashKernel::StagedTensorCores => Some(StagedProduct::TensorCores),
         FlashKernel::Auto if is_cpu_runtime(properties) => None,
         FlashKernel::Auto | FlashKernel::Autotune => return Choice::Tuned,
@@ -607,7 +609,18 @@ pub(super) fn backward_with(
             #[cfg(test)]
             super::super::op::FRAGMENT_BACKWARD_LAUNCHES
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            // 2. dK, dV: one cube per 16·planes keys; 3. dQ: one per 16·planes rows.
+            // 2. dK, dV: one cube per 16·planes keys; 3. dQ: one per 16·planes rows,
+            // or, in the one-pass backward, the dK/dV kernel's f32 sums made dQ.
+            #[cfg(test)]
+            if kv_config.adds_dq {
+                super::super::op::ATOMIC_DQ_LAUNCHES
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            let grad_q_sum = if kv_config.adds_dq {
+                zeros_client(client.clone(), device.clone(), q.shape(), DType::F32)
+            } else {
+                empty(Shape::new([1]), DType::F32)
+            };
             let cube_count = CubeCount::Static(
                 problem.seq_k.div_ceil(kv_config.rows()) as u32,
                 (problem.batch * problem.kv_heads) as u32,
@@ -615,11 +628,17 @@ pub(super) fn backward_with(
             );
             // SAFETY: indices are clamped to or checked against the problem sizes of
             // these contiguous tensors.
+            let atomic_width = if kv_config.adds_dq {
+                dq_atomic_width(client.properties())
+            } else {
+                1
+            };
             unsafe {
                 fragments::fragment_backward_kv::launch_unchecked(
                     &client,
                     cube_count,
                     CubeDim::new_1d(kv_config.units() as u32),
+                    atomic_width,
                     q.clone().into_tensor_arg(),
                     k.clone().into_tensor_arg(),
                     v.clone().into_tensor_arg(),
@@ -628,10 +647,29 @@ pub(super) fn backward_with(
                     key_mask.clone().into_tensor_arg(),
                     grad_k.clone().into_tensor_arg(),
                     grad_v.clone().into_tensor_arg(),
+                    grad_q_sum.clone().into_tensor_arg(),
                     sizes(&problem, options),
                     kv_config,
                     storage,
                 );
+            }
+            if kv_config.adds_dq {
+                let elements = q.shape().num_elements();
+                let cube_dim = CubeDim::new_1d(PREPASS_UNITS);
+                // SAFETY: the kernel checks its position against `grad_q`'s length,
+                // which `grad_q_sum`'s shape matches.
+                unsafe {
+                    fragments::fragment_finish_dq::launch_unchecked(
+                        &client,
+                        calculate_cube_count_elemwise(&client, elements, cube_dim),
+                        cube_dim,
+                        grad_q_sum.into_tensor_arg(),
+                        grad_q.clone().into_tensor_arg(),
+                        options.scale as f32,
+                        storage,
+                    );
+                }
+                return;
             }
             let cube_count = CubeCount::Static(
                 problem.seq_q.div_ceil(dq_config.rows()) as u32,
@@ -913,7 +951,7 @@ mod tests {
         cuda.features.memory_reinterpret = true;
         for dtype in [DType::BF16, DType::F16] {
             for (d_qk, d_v) in [(64, 64), (128, 128), (192, 128)] {
-                let plan = plan_fragments(&problem(d_qk, d_v), dtype, &cuda, 1).unwrap();
+                let plan = plan_fragments(&problem(d_qk, d_v), dtype, &cuda, 1, false).unwrap();
                 let (q, kv) = plan.backward.unwrap();
                 for config in [plan.forward, q, kv] {
                     // 16 bytes of a 2-byte type.
@@ -925,14 +963,54 @@ mod tests {
                     };
                     assert_eq!(config.loads, loads, "{dtype:?} {d_qk}x{d_v}");
                 }
-                let plan = plan_fragments(&problem(d_qk, d_v), dtype, &wgpu_like, 1).unwrap();
+                let plan =
+                    plan_fragments(&problem(d_qk, d_v), dtype, &wgpu_like, 1, false).unwrap();
                 assert_eq!(plan.forward.staging, 1, "{dtype:?} {d_qk}x{d_v}");
                 assert_eq!(plan.forward.loads, FragmentLoads::Elements);
             }
         }
         // Head dims that are odd multiples of 8 still take whole 16-byte vectors.
-        let plan = plan_fragments(&problem(48, 24), DType::BF16, &cuda, 1).unwrap();
+        let plan = plan_fragments(&problem(48, 24), DType::BF16, &cuda, 1, false).unwrap();
         assert_eq!(plan.forward.staging, 8);
+    }
+
+    /// The one-pass backward is planned where it is asked for and the device adds f32
+    /// atomically: its dK/dV kernel adds dQ (and stages `dS`, within the device's
+    /// shared memory); the forward and the dQ kernel's plan are the two-pass ones.
+    #[test]
+    fn one_pass_backward_needs_asking_and_f32_atomics() {
+        use super::super::tiling::plan_fragments;
+        let atomics = gpu_with_fragments();
+        let mut none = atomics.clone();
+        none.features.types.atomic.clear();
+        for (d_qk, d_v) in [(64, 64), (128, 128), (192, 128)] {
+            let problem = problem(d_qk, d_v);
+            // At 192/128 the one-pass kernel would spill: the two-pass one runs.
+            let takes = d_qk <= 128;
+            let adds = |properties, one_pass| {
+                let plan = plan_fragments(&problem, DType::BF16, properties, 1, one_pass).unwrap();
+                let (q, kv) = plan.backward.unwrap();
+                assert!(!plan.forward.adds_dq && !q.adds_dq);
+                assert!(kv.backward_kv_bytes(2) <= atomics.hardware.max_shared_memory_size);
+                kv.adds_dq
+            };
+            assert_eq!(adds(&atomics, true), takes, "{d_qk}x{d_v}");
+            assert!(!adds(&atomics, false), "{d_qk}x{d_v}");
+            assert!(!adds(&none, true), "{d_qk}x{d_v}");
+            let one_pass = match choose_on(
+                &problem,
+                FlashKernel::FragmentsAtomicDq,
+                DType::BF16,
+                &atomics,
+            ) {
+                Choice::Fixed(family) => match *family {
+                    Family::Fragments(tiling, _) => tiling.backward.unwrap().1.adds_dq,
+                    other => panic!("{other:?}"),
+                },
+                Choice::Tuned => panic!("tuned"),
+            };
+            assert_eq!(one_pass, takes, "{d_qk}x{d_v}");
+        }
     }
 
     /// The fragment kernels take `ex2.approx` exponentials where the runtime compiles
@@ -948,7 +1026,8 @@ mod tests {
         for (d_qk, d_v) in [(64, 64), (128, 128), (192, 128)] {
             for row_tiles in [1, 2] {
                 let plan =
-                    plan_fragments(&problem(d_qk, d_v), DType::BF16, &cuda, row_tiles).unwrap();
+                    plan_fragments(&problem(d_qk, d_v), DType::BF16, &cuda, row_tiles, false)
+                        .unwrap();
                 let (q, kv) = plan.backward.unwrap();
                 assert_eq!(plan.forward.exponential, Exponential::Ex2Approx);
                 assert_eq!(q.exponential, Exponential::Ex2Approx);
@@ -963,7 +1042,8 @@ mod tests {
                 assert_eq!(plan.forward.rows(), 16 * row_tiles * plan.forward.planes);
 
                 let plan =
-                    plan_fragments(&problem(d_qk, d_v), DType::BF16, &other, row_tiles).unwrap();
+                    plan_fragments(&problem(d_qk, d_v), DType::BF16, &other, row_tiles, false)
+                        .unwrap();
                 let (q, kv) = plan.backward.unwrap();
                 for config in [plan.forward, q, kv] {
                     assert_eq!(config.exponential, Exponential::Library);

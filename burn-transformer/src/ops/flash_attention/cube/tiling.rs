@@ -520,6 +520,41 @@ pub(crate) fn auto_forward_row_tiles(
 const FRAGMENT_MAX_D_QK: usize = 192;
 const FRAGMENT_MAX_D_V: usize = 128;
 
+/// Whether the device adds f32 values to global memory atomically (the one-pass
+/// fragment backward's `dQ`).
+pub(crate) fn adds_f32_atomically(properties: &cubecl::ir::DeviceProperties) -> bool {
+    use cubecl::ir::{ElemType, FloatKind, Type, features::AtomicUsage};
+    properties
+        .atomic_type_usage(Type::atomic(ElemType::Float(FloatKind::F32)))
+        .contains(AtomicUsage::Add)
+}
+
+/// Columns of `dQ` one atomic add of the one-pass fragment backward takes: 2 where the
+/// device adds pairs of f32 atomically (CUDA on sm_90: one `atom.add.v2.f32`, which
+/// also needs no check of the address's space, where a single f32 `atom` on a generic
+/// address takes one), else 1.
+pub(crate) fn dq_atomic_width(properties: &cubecl::ir::DeviceProperties) -> usize {
+    use cubecl::ir::{ElemType, FloatKind, Type, features::AtomicUsage};
+    let pair = Type::new(ElemType::Float(FloatKind::F32)).with_vector_size(2);
+    if properties
+        .atomic_type_usage(Type::atomic(pair))
+        .contains(AtomicUsage::Add)
+    {
+        2
+    } else {
+        1
+    }
+}
+
+/// Largest query/key head dim of the one-pass fragment backward: its dK/dV kernel
+/// holds `dK` and `dV` beside each pass of `dQ`, and at 192/128 ptxas (sm_90) spilled
+/// 4–12 bytes whatever the pass's width, so that shape keeps the two-pass backward.
+const ONE_PASS_MAX_D_QK: usize = 128;
+
+/// Storage buffers the fragment dK/dV kernel binds: [`MAX_BUFFERS`] and the one-pass
+/// backward's f32 `dQ` sums (a placeholder in the two-pass one).
+const FRAGMENT_BUFFERS: u32 = MAX_BUFFERS + 1;
+
 /// Whether the device multiplies m16n8k16 fragments of `dtype` into f32 with
 /// `mma.sync`-style manual MMA and shuffles values within planes of 32 lanes.
 pub(crate) fn has_fragment_mma(properties: &cubecl::ir::DeviceProperties, dtype: DType) -> bool {
@@ -547,19 +582,22 @@ pub(crate) fn has_fragment_mma(properties: &cubecl::ir::DeviceProperties, dtype:
 /// Each plane of the forward owns `row_tiles` (1 or 2) tiles of 16 query rows; the
 /// dQ kernel's planes own one (on an H100, bf16, head dim 128, two took 1.06–1.74× its
 /// time: the twice larger accumulators left 2 cubes an SM), the dK/dV kernel's one
-/// tile of 16 keys.
+/// tile of 16 keys. With `one_pass`, the dK/dV kernel also adds `dQ` (where the device
+/// adds f32 atomically, the query/key head dim is at most [`ONE_PASS_MAX_D_QK`] and
+/// the larger tiles fit; else the two-pass backward).
 pub(crate) fn plan_fragments(
     problem: &Problem,
     dtype: DType,
     properties: &cubecl::ir::DeviceProperties,
     row_tiles: usize,
+    one_pass: bool,
 ) -> Option<FragmentTiling> {
     let hardware = &properties.hardware;
     let tiles = problem.d_qk.is_multiple_of(TILE_K)
         && problem.d_v.is_multiple_of(TILE_N)
         && problem.d_qk <= FRAGMENT_MAX_D_QK
         && problem.d_v <= FRAGMENT_MAX_D_V;
-    if !tiles {
+    if !tiles || hardware.max_bindings < FRAGMENT_BUFFERS {
         return None;
     }
     let ops = if has_fragment_mma(properties, dtype) {
@@ -585,6 +623,7 @@ pub(crate) fn plan_fragments(
         loads,
         staging,
         exponential,
+        adds_dq: false,
     };
     // The first of `blocks` (rows a tile streams) with `planes` planes whose tiles fit,
     // no longer than the streamed sequence (a decode step's keys, say) needs.
@@ -622,13 +661,28 @@ pub(crate) fn plan_fragments(
     let backward_q = fewer_planes(1, &FRAGMENT_BACKWARD_BLOCKS, problem.seq_k, &|c| {
         c.backward_q_bytes(elem)
     });
-    let backward_kv = fewer_planes(1, &FRAGMENT_BACKWARD_BLOCKS, problem.seq_q, &|c| {
-        c.backward_kv_bytes(elem)
-    })
-    .map(|config| FragmentConfig {
-        exponential: kv_exponential(problem, exponential),
-        ..config
-    });
+    let kv_bytes = |c: &FragmentConfig| c.backward_kv_bytes(elem);
+    let one_pass_bytes = |c: &FragmentConfig| {
+        FragmentConfig {
+            adds_dq: true,
+            ..*c
+        }
+        .backward_kv_bytes(elem)
+    };
+    let one_pass_kv =
+        (one_pass && adds_f32_atomically(properties) && problem.d_qk <= ONE_PASS_MAX_D_QK)
+            .then(|| fewer_planes(1, &FRAGMENT_BACKWARD_BLOCKS, problem.seq_q, &one_pass_bytes))
+            .flatten()
+            .map(|config| FragmentConfig {
+                adds_dq: true,
+                ..config
+            });
+    let backward_kv = one_pass_kv
+        .or_else(|| fewer_planes(1, &FRAGMENT_BACKWARD_BLOCKS, problem.seq_q, &kv_bytes))
+        .map(|config| FragmentConfig {
+            exponential: kv_exponential(problem, exponential),
+            ..config
+        });
     let backward = backward_q
         .zip(backward_kv)
         .filter(|_| problem.d_v.is_multiple_of(TILE_K));

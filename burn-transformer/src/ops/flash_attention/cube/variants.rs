@@ -27,7 +27,7 @@ use super::staged;
 use super::tile_product::TileProduct;
 use super::tiling::{
     KernelTile, LARGEST_STAGED_BLOCK, STAGED_BLOCK_LIMITS, StagedProduct, StagedTiling, Tiling,
-    fragment_row_tiles, plan_fragments, plan_staged, plan_tiling,
+    dq_atomic_width, fragment_row_tiles, plan_fragments, plan_staged, plan_tiling,
 };
 use crate::ops::mask::MaskRule;
 
@@ -104,20 +104,24 @@ pub enum KernelFamily {
     /// The fragment forward with 32 query rows per plane (f16/bf16 only); its backward
     /// kernels are [`Self::Fragments`]'.
     WideFragments,
+    /// The one-pass fragment backward's dK/dV kernel, which also adds `dQ` atomically
+    /// (f16/bf16 only); its forward is [`Self::Fragments`]' or [`Self::WideFragments`]'.
+    FragmentsAtomicDq,
 }
 
 impl KernelFamily {
     /// Every family, in the order tools list them.
-    pub const ALL: [KernelFamily; 5] = [
+    pub const ALL: [KernelFamily; 6] = [
         KernelFamily::RegisterTile,
         KernelFamily::Staged,
         KernelFamily::StagedTensorCores,
         KernelFamily::Fragments,
         KernelFamily::WideFragments,
+        KernelFamily::FragmentsAtomicDq,
     ];
 
     /// The family's name in tools' output (`register_tile`, `staged`,
-    /// `staged_tensor_cores`, `fragments`, `wide_fragments`).
+    /// `staged_tensor_cores`, `fragments`, `wide_fragments`, `fragments_atomic_dq`).
     pub fn name(self) -> &'static str {
         match self {
             Self::RegisterTile => "register_tile",
@@ -125,6 +129,7 @@ impl KernelFamily {
             Self::StagedTensorCores => "staged_tensor_cores",
             Self::Fragments => "fragments",
             Self::WideFragments => "wide_fragments",
+            Self::FragmentsAtomicDq => "fragments_atomic_dq",
         }
     }
 }
@@ -237,11 +242,15 @@ pub fn kernel_variants(
                 };
                 match family {
                     KernelFamily::RegisterTile => variants.extend(register_tile(&build)),
-                    KernelFamily::Fragments | KernelFamily::WideFragments => {
+                    KernelFamily::Fragments
+                    | KernelFamily::WideFragments
+                    | KernelFamily::FragmentsAtomicDq => {
                         let row_tiles = fragment_row_tiles(family == KernelFamily::WideFragments);
+                        let one_pass = family == KernelFamily::FragmentsAtomicDq;
                         // Only where the launches take it: tensor cores for the dtype.
-                        let tiling = plan_fragments(&problem, dtype, &properties, row_tiles)
-                            .filter(|tiling| tiling.forward.ops == FragmentOps::TensorCores);
+                        let tiling =
+                            plan_fragments(&problem, dtype, &properties, row_tiles, one_pass)
+                                .filter(|tiling| tiling.forward.ops == FragmentOps::TensorCores);
                         variants.extend(
                             tiling
                                 .into_iter()
@@ -474,8 +483,9 @@ fn register_tile(build: &Build<'_>) -> [KernelVariant; 4] {
 
 /// The fragment kernels of `family`, built as `launch.rs` launches them: the forward,
 /// and for [`KernelFamily::Fragments`] dQ and dK/dV where the tiling plans them (the
-/// wide family shares them). Their pre-pass and flash-decoding's merge are the staged
-/// family's.
+/// wide family shares them); for [`KernelFamily::FragmentsAtomicDq`] its dK/dV kernel
+/// alone (its forward is the others', its last step an element-wise cast). Their
+/// pre-pass and flash-decoding's merge are the staged family's.
 fn fragment_kernels(
     build: &Build<'_>,
     family: KernelFamily,
@@ -514,15 +524,22 @@ fn fragment_kernels(
         config,
         elem,
     );
-    let mut kernels = vec![variant(
-        AttentionKernel::Forward,
-        &config,
-        Box::new(forward),
-    )];
+    let mut kernels = Vec::new();
+    if family != KernelFamily::FragmentsAtomicDq {
+        kernels.push(variant(
+            AttentionKernel::Forward,
+            &config,
+            Box::new(forward),
+        ));
+    }
     if family == KernelFamily::WideFragments {
         return kernels;
     }
     if let Some((dq_config, kv_config)) = tiling.backward {
+        // The one-pass family's own kernel only where its tiling takes it.
+        if family == KernelFamily::FragmentsAtomicDq && !kv_config.adds_dq {
+            return kernels;
+        }
         let dq = fragments::fragment_backward_q::FragmentBackwardQ::new(
             build.settings(dq_config.units() as u32),
             properties(),
@@ -538,11 +555,13 @@ fn fragment_kernels(
             dq_config,
             elem,
         );
-        kernels.push(variant(
-            AttentionKernel::BackwardDq,
-            &dq_config,
-            Box::new(dq),
-        ));
+        if !kv_config.adds_dq {
+            kernels.push(variant(
+                AttentionKernel::BackwardDq,
+                &dq_config,
+                Box::new(dq),
+            ));
+        }
         let dkdv = fragments::fragment_backward_kv::FragmentBackwardKv::new(
             build.settings(kv_config.units() as u32),
             properties(),
@@ -555,7 +574,13 @@ fn fragment_kernels(
             tensor(),
             tensor(),
             tensor(),
+            tensor(),
             sizes(),
+            if kv_config.adds_dq {
+                dq_atomic_width(build.properties)
+            } else {
+                1
+            },
             kv_config,
             elem,
         );
@@ -875,6 +900,11 @@ pub(super) mod tests {
                 k: 16,
             });
         }
+        // As CUDA registers it (the one-pass backward's dQ).
+        properties.register_atomic_type_usage(
+            cubecl::ir::Type::atomic(f32),
+            cubecl::ir::features::AtomicUsage::Add,
+        );
         properties
     }
 
@@ -927,6 +957,7 @@ pub(super) mod tests {
         let families = [
             (KernelFamily::Fragments, 1),
             (KernelFamily::WideFragments, 2),
+            (KernelFamily::FragmentsAtomicDq, 1),
         ];
         for ((family, row_tiles), dtype) in families
             .into_iter()
@@ -942,20 +973,23 @@ pub(super) mod tests {
                     properties: &properties,
                     target: &target,
                 };
+                let one_pass = family == KernelFamily::FragmentsAtomicDq;
                 let mut fragments =
-                    plan_fragments(&problem, dtype, &properties, row_tiles).unwrap();
+                    plan_fragments(&problem, dtype, &properties, row_tiles, one_pass).unwrap();
                 fragments.forward.loads = FragmentLoads::Matrices;
                 if let Some((q, kv)) = fragments.backward.as_mut() {
                     q.loads = FragmentLoads::Matrices;
                     kv.loads = FragmentLoads::Matrices;
                 }
                 let variants = fragment_kernels(&build, family, &fragments);
-                // The wide family shares the backward kernels.
-                assert_eq!(
-                    variants.len(),
-                    if row_tiles == 1 { 3 } else { 1 },
-                    "{family} {dtype:?} {d_qk}x{d_v}"
-                );
+                // The wide family shares the backward kernels, the one-pass family the
+                // forward (and has no kernel of its own at 192/128).
+                let expected = match family {
+                    KernelFamily::Fragments => 3,
+                    KernelFamily::FragmentsAtomicDq if d_qk > 128 => 0,
+                    _ => 1,
+                };
+                assert_eq!(variants.len(), expected, "{family} {dtype:?} {d_qk}x{d_v}");
                 for variant in variants {
                     variant.define().unwrap();
                 }
@@ -978,7 +1012,12 @@ pub(super) mod tests {
                 (KernelFamily::RegisterTile, AttentionKernel::Forward) => "flash_forward",
                 (KernelFamily::RegisterTile, AttentionKernel::BackwardDq) => "flash_backward_q",
                 (KernelFamily::RegisterTile, AttentionKernel::BackwardDkDv) => "flash_backward_kv",
-                (KernelFamily::Fragments | KernelFamily::WideFragments, kernel) => match kernel {
+                (
+                    KernelFamily::Fragments
+                    | KernelFamily::WideFragments
+                    | KernelFamily::FragmentsAtomicDq,
+                    kernel,
+                ) => match kernel {
                     AttentionKernel::Forward => "fragment_forward",
                     AttentionKernel::BackwardDq => "fragment_backward_q",
                     _ => "fragment_backward_kv",
