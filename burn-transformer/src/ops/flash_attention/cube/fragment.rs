@@ -122,9 +122,11 @@ pub fn c_position(lane: u32, i: u32) -> (usize, usize) {
 /// factor stored in shared memory, `stride` elements a stored row: `B(k, n)` is at
 /// `k·stride + n`, or at `n·stride + k` when `transposed` (a row-major tile read as its
 /// transpose, as `Kᵀ` from a tile of keys).
+///
+/// `tile` is the lane's view of the tile: from [`b_lane_start`] on (see there).
 #[cube]
 pub fn load_b<F: Float>(
-    tile: &Shared<[F]>,
+    tile: &[F],
     k0: usize,
     n0: usize,
     #[comptime] stride: usize,
@@ -152,7 +154,7 @@ fn b_offset(k: usize, n: usize, #[comptime] stride: usize, #[comptime] transpose
 /// [`load_b`], each lane reading its own elements.
 #[cube]
 fn load_b_elements<F: Float>(
-    tile: &Shared<[F]>,
+    tile: &[F],
     k0: usize,
     n0: usize,
     #[comptime] stride: usize,
@@ -177,9 +179,11 @@ fn load_b_elements<F: Float>(
 
 /// The calling lane's `A` fragment of the 16×16 block at rows `m0`, columns `k0` of a
 /// factor stored row-major in shared memory, `stride` elements a row.
+///
+/// `tile` is the lane's view of the tile: from [`a_lane_start`] on (see there).
 #[cube]
 pub fn load_a<F: Float>(
-    tile: &Shared<[F]>,
+    tile: &[F],
     m0: usize,
     k0: usize,
     #[comptime] stride: usize,
@@ -195,7 +199,7 @@ pub fn load_a<F: Float>(
 /// [`load_a`], each lane reading its own elements.
 #[cube]
 fn load_a_elements<F: Float>(
-    tile: &Shared<[F]>,
+    tile: &[F],
     m0: usize,
     k0: usize,
     #[comptime] stride: usize,
@@ -216,35 +220,67 @@ fn load_a_elements<F: Float>(
     a
 }
 
+/// Where the calling lane's view of a tile starts for its `B` loads: the stored row it
+/// names in an `ldmatrix.x2` (see [`load_b_matrices`]) with [`FragmentLoads::Matrices`],
+/// the tile's start with element loads (which place each element themselves). Each
+/// load then reads the view at an offset that is a constant once the callers' loops
+/// are unrolled, which ptxas folds into the instruction; an index computed whole from
+/// the lane's part and the constant is a `u32` sum that may wrap, so it cannot be
+/// split, and costs an add and a shift per load.
+#[cube]
+pub fn b_lane_start(
+    #[comptime] stride: usize,
+    #[comptime] transposed: bool,
+    #[comptime] loads: FragmentLoads,
+) -> usize {
+    let mut start = 0usize;
+    if comptime!(loads == FragmentLoads::Matrices) {
+        let lane = fragment_lane() as usize;
+        // Lanes 16–31 name no row of an `.x2` load; they repeat lanes 0–15's.
+        let row = lane % 8;
+        let matrix = (lane / 8) % B_PAIRS;
+        // The stored row: a row of `B` as is, a column of it when transposed.
+        start = if transposed {
+            b_offset(matrix * 8, row, stride, true)
+        } else {
+            b_offset(matrix * 8 + row, 0, stride, false)
+        };
+    }
+    start
+}
+
+/// [`b_lane_start`] for `A` loads (an `ldmatrix.x4`, see [`load_a_matrices`]).
+#[cube]
+pub fn a_lane_start(#[comptime] stride: usize, #[comptime] loads: FragmentLoads) -> usize {
+    let mut start = 0usize;
+    if comptime!(loads == FragmentLoads::Matrices) {
+        let lane = fragment_lane() as usize;
+        let matrix = lane / 8;
+        start = ((matrix % 2) * 8 + lane % 8) * stride + (matrix / 2) * 8;
+    }
+    start
+}
+
 /// [`load_b`] through one `ldmatrix.x2`: matrix 0 holds `B`'s rows `k0 .. k0 + 8`,
 /// matrix 1 rows `k0 + 8 .. k0 + 16`, each 8×8 with columns `n0 .. n0 + 8`; lanes
-/// `8i .. 8i + 8` name matrix `i`'s stored rows. Stored transposed (`Kᵀ` from keys)
-/// a stored row is a column of `B` and the plain instruction hands lane `4g + t`
-/// the pair at `B` rows `2t, 2t + 1`, column `g`; stored as is (`V`), a stored row
-/// is a row of `B` and `.trans` hands it the same pair. Rows are 16 bytes: `stride`
-/// and the offsets are multiples of 8 elements (the tiles are 128-byte aligned).
+/// `8i .. 8i + 8` name matrix `i`'s stored rows, which `view` starts at
+/// ([`b_lane_start`]). Stored transposed (`Kᵀ` from keys) a stored row is a column of
+/// `B` and the plain instruction hands lane `4g + t` the pair at `B` rows `2t, 2t + 1`,
+/// column `g`; stored as is (`V`), a stored row is a row of `B` and `.trans` hands it
+/// the same pair. Rows are 16 bytes: `stride` and the offsets are multiples of 8
+/// elements (the tiles are 128-byte aligned).
 #[cube]
 fn load_b_matrices<F: Float>(
-    tile: &Shared<[F]>,
+    view: &[F],
     k0: usize,
     n0: usize,
     #[comptime] stride: usize,
     #[comptime] transposed: bool,
 ) -> Array<Pair<F>> {
-    let lane = fragment_lane() as usize;
-    // Lanes 16–31 name no row of an `.x2` load; they repeat lanes 0–15's.
-    let row = lane % 8;
-    let matrix = (lane / 8) % B_PAIRS;
-    // The stored row: a row of `B` as is, a column of it when transposed.
-    let k = k0 + matrix * 8;
-    let start = if transposed {
-        b_offset(k, n0 + row, stride, true)
-    } else {
-        b_offset(k + row, n0, stride, false)
-    };
+    let start = b_offset(k0, n0, stride, transposed);
     let definition = cmma::MmaDefinition::<F, F, f32>::new(TILE_M, TILE_N, TILE_K);
     definition.load_matrix::<F, Const<2>>(
-        &tile[start..start + 8],
+        &view[start..start + 8],
         MatrixIdent::B,
         B_PAIRS,
         !transposed,
@@ -254,19 +290,17 @@ fn load_b_matrices<F: Float>(
 /// [`load_a`] through one `ldmatrix.x4`: matrices 0–3 hold the 8×8 blocks of the
 /// 16×16 `A` at rows `m0`, `m0 + 8`, `m0`, `m0 + 8` and columns `k0`, `k0`, `k0 + 8`,
 /// `k0 + 8`, in the order of the lane's pairs (see the module docs); lanes
-/// `8i .. 8i + 8` name matrix `i`'s rows.
+/// `8i .. 8i + 8` name matrix `i`'s rows, which `view` starts at ([`a_lane_start`]).
 #[cube]
 fn load_a_matrices<F: Float>(
-    tile: &Shared<[F]>,
+    view: &[F],
     m0: usize,
     k0: usize,
     #[comptime] stride: usize,
 ) -> Array<Pair<F>> {
-    let lane = fragment_lane() as usize;
-    let matrix = lane / 8;
-    let start = (m0 + (matrix % 2) * 8 + lane % 8) * stride + k0 + (matrix / 2) * 8;
+    let start = m0 * stride + k0;
     let definition = cmma::MmaDefinition::<F, F, f32>::new(TILE_M, TILE_N, TILE_K);
-    definition.load_matrix::<F, Const<2>>(&tile[start..start + 8], MatrixIdent::A, A_PAIRS, false)
+    definition.load_matrix::<F, Const<2>>(&view[start..start + 8], MatrixIdent::A, A_PAIRS, false)
 }
 
 /// Dot products of rows, one C fragment per 8 rows of `tile`: `16·row_tiles` rows of a
@@ -294,12 +328,14 @@ pub fn staged_row_products<F: Float>(
 ) -> Array<Pair<f32>> {
     let unrolled = comptime!(ops == FragmentOps::TensorCores);
     let mut out = zero_fragments(comptime!(row_tiles * tiles), unrolled);
+    let row_view = &rows[first * stride + a_lane_start(stride, loads)..];
+    let column_view = &tile[b_lane_start(stride, true, loads)..];
     #[unroll(unrolled)]
     for c in 0..chunks {
         let mut left = Array::<Pair<F>>::new(comptime!(row_tiles * A_PAIRS));
         #[unroll(unrolled)]
         for m in 0..row_tiles {
-            let a = load_a::<F>(rows, first + m * TILE_M, c * TILE_K, stride, loads);
+            let a = load_a::<F>(row_view, m * TILE_M, c * TILE_K, stride, loads);
             #[unroll]
             for p in 0..A_PAIRS {
                 left[m * A_PAIRS + p] = a[p];
@@ -307,7 +343,7 @@ pub fn staged_row_products<F: Float>(
         }
         #[unroll(unrolled)]
         for j in 0..tiles {
-            let columns = load_b::<F>(tile, c * TILE_K, j * TILE_N, stride, true, loads);
+            let columns = load_b::<F>(column_view, c * TILE_K, j * TILE_N, stride, true, loads);
             #[unroll(unrolled)]
             for m in 0..row_tiles {
                 fragment_product::<F>(
@@ -350,11 +386,12 @@ pub fn accumulate_products<F: Float>(
     #[comptime] loads: FragmentLoads,
 ) {
     let unrolled = comptime!(ops == FragmentOps::TensorCores);
+    let view = &tile[b_lane_start(stride, false, loads)..];
     #[unroll(unrolled)]
     for c in 0..chunks {
         #[unroll(unrolled)]
         for n in 0..tiles {
-            let columns = load_b::<F>(tile, c * TILE_K, n * TILE_N, stride, false, loads);
+            let columns = load_b::<F>(view, c * TILE_K, n * TILE_N, stride, false, loads);
             #[unroll(unrolled)]
             for m in 0..row_tiles {
                 fragment_product::<F>(
@@ -397,13 +434,15 @@ pub fn staged_column_products<F: Float>(
 ) -> Array<Pair<f32>> {
     let unrolled = comptime!(ops == FragmentOps::TensorCores);
     let mut out = zero_fragments(tiles, unrolled);
+    let row_view = &rows[first * a_stride + a_lane_start(a_stride, loads)..];
+    let column_view = &tile[b_lane_start(t_stride, false, loads)..];
     #[unroll(unrolled)]
     for c in 0..chunks {
-        let left = load_a::<F>(rows, first, c * TILE_K, a_stride, loads);
+        let left = load_a::<F>(row_view, 0, c * TILE_K, a_stride, loads);
         #[unroll(unrolled)]
         for i in 0..tiles {
             let n = (first_tile + i * step).min(last_tile);
-            let columns = load_b::<F>(tile, c * TILE_K, n * TILE_N, t_stride, false, loads);
+            let columns = load_b::<F>(column_view, c * TILE_K, n * TILE_N, t_stride, false, loads);
             fragment_product::<F>(&left, 0, &columns, &mut out, i * C_PAIRS, scratch, ops);
         }
     }

@@ -13,10 +13,10 @@
 //! `S`, `P` or `O` goes through it.
 //!
 //! `Q` is read again per tile rather than held in registers for the whole walk (as
-//! FlashAttention-2 does too): held, its fragments took `d_qk / 4` registers a lane
-//! (32 at head dim 128) through every product, which is what kept a third cube of
-//! 128 units off each sub-partition's registers on sm_90; re-read, they cost one
-//! `ldmatrix` per 16 columns per tile.
+//! FlashAttention-2 does too): held, its fragments take `d_qk / 4` registers a lane
+//! (32 at head dim 128) through every product; re-read, they cost one `ldmatrix` per
+//! 16 columns per tile. When the forward took 168 registers at head dim 128, holding
+//! them kept a third cube of 128 units off each SM; at 134 both would fit 3 cubes.
 //!
 //! Backward (after the pre-pass that writes `(LSE, D)` per query row):
 //! - dQ: the forward's walk, with `dP = dO·Vᵀ` beside `S` and `dQ += dS·K`, `Q` and
@@ -1026,7 +1026,7 @@ fn store_transposed<F: Float>(
 /// that the pass's accumulators fit beside the dK/dV kernel's own without costing a
 /// cube per SM (ptxas, sm_90, bf16). At head dim 64, 2 (16 columns: 128 registers,
 /// 4 cubes per SM like the two-pass kernel, where 4 took 136 registers and 3 cubes);
-/// above, 4 (32 columns: 248 registers at head dim 128, no spill).
+/// above, 4 (32 columns: 244 registers at head dim 128, no spill).
 fn dq_pass_tiles(d_qk: usize) -> usize {
     if d_qk <= 64 { 2 } else { 4 }
 }

@@ -481,7 +481,7 @@ pub(crate) fn fragment_row_tiles(wide: bool) -> usize {
 const WIDE_FRAGMENT_BLOCKS: [usize; 2] = [32, 16];
 
 /// Cubes per multiprocessor from which `Auto` takes the wide forward, and the value
-/// head dim it takes it at. A wide cube owns 128 query rows and fits 2 to an SM (238
+/// head dim it takes it at. A wide cube owns 128 query rows and fits 2 to an SM (236
 /// registers at head dim 128) against the narrow one's 64 rows and 3 cubes, so the
 /// wide forward reuses each loaded `K`/`V` fragment twice but leaves more of a short
 /// launch's last wave idle. On an H100 (bf16, head dim 128, batch 4 × 16 heads) it
