@@ -611,15 +611,16 @@ pub(super) fn backward_with(
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             // 2. dK, dV: one cube per 16·planes keys; 3. dQ: one per 16·planes rows,
             // or, in the one-pass backward, the dK/dV kernel's f32 sums made dQ.
-            #[cfg(test)]
-            if kv_config.adds_dq {
+            // The one-pass backward's f32 sums of dQ and the columns one atomic add takes
+            // (a placeholder in the two-pass backward).
+            let (grad_q_sum, atomic_width) = if kv_config.adds_dq {
+                #[cfg(test)]
                 super::super::op::ATOMIC_DQ_LAUNCHES
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
-            let grad_q_sum = if kv_config.adds_dq {
-                zeros_client(client.clone(), device.clone(), q.shape(), DType::F32)
+                let sums = zeros_client(client.clone(), device.clone(), q.shape(), DType::F32);
+                (sums, dq_atomic_width(client.properties()))
             } else {
-                empty(Shape::new([1]), DType::F32)
+                (empty(Shape::new([1]), DType::F32), 1)
             };
             let cube_count = CubeCount::Static(
                 problem.seq_k.div_ceil(kv_config.rows()) as u32,
@@ -628,11 +629,6 @@ pub(super) fn backward_with(
             );
             // SAFETY: indices are clamped to or checked against the problem sizes of
             // these contiguous tensors.
-            let atomic_width = if kv_config.adds_dq {
-                dq_atomic_width(client.properties())
-            } else {
-                1
-            };
             unsafe {
                 fragments::fragment_backward_kv::launch_unchecked(
                     &client,

@@ -520,13 +520,24 @@ pub(crate) fn auto_forward_row_tiles(
 const FRAGMENT_MAX_D_QK: usize = 192;
 const FRAGMENT_MAX_D_V: usize = 128;
 
+/// Whether the device adds values of type `ty` (f32, or vectors of them) to global
+/// memory atomically.
+fn adds_atomically(properties: &cubecl::ir::DeviceProperties, ty: cubecl::ir::Type) -> bool {
+    use cubecl::ir::{Type, features::AtomicUsage};
+    properties
+        .atomic_type_usage(Type::atomic(ty))
+        .contains(AtomicUsage::Add)
+}
+
+/// The f32 type the one-pass fragment backward adds `dQ` with.
+fn f32_type() -> cubecl::ir::Type {
+    cubecl::ir::Type::new(cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::F32))
+}
+
 /// Whether the device adds f32 values to global memory atomically (the one-pass
 /// fragment backward's `dQ`).
 pub(crate) fn adds_f32_atomically(properties: &cubecl::ir::DeviceProperties) -> bool {
-    use cubecl::ir::{ElemType, FloatKind, Type, features::AtomicUsage};
-    properties
-        .atomic_type_usage(Type::atomic(ElemType::Float(FloatKind::F32)))
-        .contains(AtomicUsage::Add)
+    adds_atomically(properties, f32_type())
 }
 
 /// Columns of `dQ` one atomic add of the one-pass fragment backward takes: 2 where the
@@ -534,12 +545,7 @@ pub(crate) fn adds_f32_atomically(properties: &cubecl::ir::DeviceProperties) -> 
 /// also needs no check of the address's space, where a single f32 `atom` on a generic
 /// address takes one), else 1.
 pub(crate) fn dq_atomic_width(properties: &cubecl::ir::DeviceProperties) -> usize {
-    use cubecl::ir::{ElemType, FloatKind, Type, features::AtomicUsage};
-    let pair = Type::new(ElemType::Float(FloatKind::F32)).with_vector_size(2);
-    if properties
-        .atomic_type_usage(Type::atomic(pair))
-        .contains(AtomicUsage::Add)
-    {
+    if adds_atomically(properties, f32_type().with_vector_size(2)) {
         2
     } else {
         1
@@ -662,21 +668,13 @@ pub(crate) fn plan_fragments(
         c.backward_q_bytes(elem)
     });
     let kv_bytes = |c: &FragmentConfig| c.backward_kv_bytes(elem);
-    let one_pass_bytes = |c: &FragmentConfig| {
-        FragmentConfig {
-            adds_dq: true,
-            ..*c
-        }
-        .backward_kv_bytes(elem)
-    };
+    let adding_dq = |c: FragmentConfig| FragmentConfig { adds_dq: true, ..c };
+    let one_pass_bytes = |c: &FragmentConfig| adding_dq(*c).backward_kv_bytes(elem);
     let one_pass_kv =
         (one_pass && adds_f32_atomically(properties) && problem.d_qk <= ONE_PASS_MAX_D_QK)
             .then(|| fewer_planes(1, &FRAGMENT_BACKWARD_BLOCKS, problem.seq_q, &one_pass_bytes))
             .flatten()
-            .map(|config| FragmentConfig {
-                adds_dq: true,
-                ..config
-            });
+            .map(adding_dq);
     let backward_kv = one_pass_kv
         .or_else(|| fewer_planes(1, &FRAGMENT_BACKWARD_BLOCKS, problem.seq_q, &kv_bytes))
         .map(|config| FragmentConfig {
