@@ -77,8 +77,8 @@ pub enum FragmentLoads {
     /// `ldmatrix` (CUDA, 16-bit inputs): the plane loads whole 8×8 matrices, each lane
     /// naming one 16-byte row, and the instruction hands each lane its elements;
     /// `.trans` for a factor stored across its fragment pairs (`V` in `P·V`). One
-    /// instruction per `B` fragment, or per `A` fragment, in place of four to eight
-    /// loads and their address arithmetic.
+    /// instruction per `A` fragment and per two neighbouring `B` fragments, in place of
+    /// eight loads each and their address arithmetic.
     Matrices,
 }
 
@@ -118,10 +118,11 @@ pub fn c_position(lane: u32, i: u32) -> (usize, usize) {
     (row as usize, col as usize)
 }
 
-/// The calling lane's `B` fragment of the 16×8 block at rows `k0`, columns `n0` of a
-/// factor stored in shared memory, `stride` elements a stored row: `B(k, n)` is at
-/// `k·stride + n`, or at `n·stride + k` when `transposed` (a row-major tile read as its
-/// transpose, as `Kᵀ` from a tile of keys).
+/// The calling lane's `B` fragments of `tiles` (1 or 2) neighbouring 16×8 blocks at rows
+/// `k0`, columns `n0`, `n0 + 8`, … of a factor stored in shared memory, `stride`
+/// elements a stored row: `B(k, n)` is at `k·stride + n`, or at `n·stride + k` when
+/// `transposed` (a row-major tile read as its transpose, as `Kᵀ` from a tile of keys).
+/// Block `t`'s pairs are `t·B_PAIRS ..` of the result.
 ///
 /// `tile` is the lane's view of the tile: from [`b_lane_start`] on (see there).
 #[cube]
@@ -131,13 +132,30 @@ pub fn load_b<F: Float>(
     n0: usize,
     #[comptime] stride: usize,
     #[comptime] transposed: bool,
+    #[comptime] tiles: usize,
     #[comptime] loads: FragmentLoads,
 ) -> Array<Pair<F>> {
     if comptime!(loads == FragmentLoads::Matrices) {
-        load_b_matrices::<F>(tile, k0, n0, stride, transposed)
+        load_b_matrices::<F>(tile, k0, n0, stride, transposed, tiles)
     } else {
-        load_b_elements::<F>(tile, k0, n0, stride, transposed)
+        let mut b = Array::<Pair<F>>::new(comptime!(tiles * B_PAIRS));
+        #[unroll]
+        for t in 0..tiles {
+            let block = load_b_elements::<F>(tile, k0, n0 + t * TILE_N, stride, transposed);
+            #[unroll]
+            for p in 0..B_PAIRS {
+                b[t * B_PAIRS + p] = block[p];
+            }
+        }
+        b
     }
+}
+
+/// How many neighbouring `B` blocks of a row of `tiles` one [`load_b`] takes: 2 (one
+/// `ldmatrix.x4` for two products, half the load instructions of one `.x2` each) where
+/// `tiles` is even, else 1.
+pub fn b_tiles_per_load(tiles: usize) -> usize {
+    if tiles.is_multiple_of(2) { 2 } else { 1 }
 }
 
 /// Where `B(k, n)` lies in a tile of `stride` elements a stored row: `k·stride + n`,
@@ -221,12 +239,13 @@ fn load_a_elements<F: Float>(
 }
 
 /// Where the calling lane's view of a tile starts for its `B` loads: the stored row it
-/// names in an `ldmatrix.x2` (see [`load_b_matrices`]) with [`FragmentLoads::Matrices`],
-/// the tile's start with element loads (which place each element themselves). Each
-/// load then reads the view at an offset that is a constant once the callers' loops
-/// are unrolled, which ptxas folds into the instruction; an index computed whole from
-/// the lane's part and the constant is a `u32` sum that may wrap, so it cannot be
-/// split, and costs an add and a shift per load.
+/// names in an `ldmatrix.x4` (see [`load_b_matrices`]; an `.x2` reads lanes 0–15's
+/// rows, the same) with [`FragmentLoads::Matrices`], the tile's start with element
+/// loads (which place each element themselves). Each load then reads the view at an
+/// offset that is a constant once the callers' loops are unrolled, which ptxas folds
+/// into the instruction; an index computed whole from the lane's part and the constant
+/// is a `u32` sum that may wrap, so it cannot be split, and costs an add and a shift
+/// per load.
 #[cube]
 pub fn b_lane_start(
     #[comptime] stride: usize,
@@ -236,14 +255,16 @@ pub fn b_lane_start(
     let mut start = 0usize;
     if comptime!(loads == FragmentLoads::Matrices) {
         let lane = fragment_lane() as usize;
-        // Lanes 16–31 name no row of an `.x2` load; they repeat lanes 0–15's.
         let row = lane % 8;
-        let matrix = (lane / 8) % B_PAIRS;
+        // Matrix `i` holds rows `8·(i % 2) ..` of `B` in its block `i / 2`.
+        let matrix = lane / 8;
+        let k = (matrix % 2) * 8;
+        let n = (matrix / 2) * TILE_N;
         // The stored row: a row of `B` as is, a column of it when transposed.
         start = if transposed {
-            b_offset(matrix * 8, row, stride, true)
+            b_offset(k, n + row, stride, true)
         } else {
-            b_offset(matrix * 8 + row, 0, stride, false)
+            b_offset(k + row, n, stride, false)
         };
     }
     start
@@ -261,14 +282,15 @@ pub fn a_lane_start(#[comptime] stride: usize, #[comptime] loads: FragmentLoads)
     start
 }
 
-/// [`load_b`] through one `ldmatrix.x2`: matrix 0 holds `B`'s rows `k0 .. k0 + 8`,
-/// matrix 1 rows `k0 + 8 .. k0 + 16`, each 8×8 with columns `n0 .. n0 + 8`; lanes
-/// `8i .. 8i + 8` name matrix `i`'s stored rows, which `view` starts at
-/// ([`b_lane_start`]). Stored transposed (`Kᵀ` from keys) a stored row is a column of
-/// `B` and the plain instruction hands lane `4g + t` the pair at `B` rows `2t, 2t + 1`,
-/// column `g`; stored as is (`V`), a stored row is a row of `B` and `.trans` hands it
-/// the same pair. Rows are 16 bytes: `stride` and the offsets are multiples of 8
-/// elements (the tiles are 128-byte aligned).
+/// [`load_b`] through one `ldmatrix`, `.x2` for one block and `.x4` for two: matrix
+/// `2t` holds block `t`'s rows `k0 .. k0 + 8`, matrix `2t + 1` its rows
+/// `k0 + 8 .. k0 + 16`, each 8×8 with the block's 8 columns; lanes `8i .. 8i + 8` name
+/// matrix `i`'s stored rows, which `view` starts at ([`b_lane_start`]). Stored
+/// transposed (`Kᵀ` from keys) a stored row is a column of `B` and the plain instruction
+/// hands lane `4g + t` the pair at `B` rows `2t, 2t + 1`, column `g`; stored as is
+/// (`V`), a stored row is a row of `B` and `.trans` hands it the same pair. Rows are 16
+/// bytes: `stride` and the offsets are multiples of 8 elements (the tiles are 128-byte
+/// aligned).
 #[cube]
 fn load_b_matrices<F: Float>(
     view: &[F],
@@ -276,13 +298,14 @@ fn load_b_matrices<F: Float>(
     n0: usize,
     #[comptime] stride: usize,
     #[comptime] transposed: bool,
+    #[comptime] tiles: usize,
 ) -> Array<Pair<F>> {
     let start = b_offset(k0, n0, stride, transposed);
     let definition = cmma::MmaDefinition::<F, F, f32>::new(TILE_M, TILE_N, TILE_K);
     definition.load_matrix::<F, Const<2>>(
         &view[start..start + 8],
         MatrixIdent::B,
-        B_PAIRS,
+        comptime!(tiles * B_PAIRS),
         !transposed,
     )
 }
@@ -327,6 +350,8 @@ pub fn staged_row_products<F: Float>(
     #[comptime] loads: FragmentLoads,
 ) -> Array<Pair<f32>> {
     let unrolled = comptime!(ops == FragmentOps::TensorCores);
+    let per_load = comptime!(b_tiles_per_load(tiles));
+    let loads_per_chunk = comptime!(tiles / per_load);
     let mut out = zero_fragments(comptime!(row_tiles * tiles), unrolled);
     let row_view = &rows[first * stride + a_lane_start(stride, loads)..];
     let column_view = &tile[b_lane_start(stride, true, loads)..];
@@ -342,19 +367,32 @@ pub fn staged_row_products<F: Float>(
             }
         }
         #[unroll(unrolled)]
-        for j in 0..tiles {
-            let columns = load_b::<F>(column_view, c * TILE_K, j * TILE_N, stride, true, loads);
-            #[unroll(unrolled)]
-            for m in 0..row_tiles {
-                fragment_product::<F>(
-                    &left,
-                    m * A_PAIRS,
-                    &columns,
-                    &mut out,
-                    (m * tiles + j) * C_PAIRS,
-                    scratch,
-                    ops,
-                );
+        for l in 0..loads_per_chunk {
+            let columns = load_b::<F>(
+                column_view,
+                c * TILE_K,
+                l * per_load * TILE_N,
+                stride,
+                true,
+                per_load,
+                loads,
+            );
+            #[unroll]
+            for t in 0..per_load {
+                let j = l * per_load + t;
+                #[unroll(unrolled)]
+                for m in 0..row_tiles {
+                    fragment_product::<F>(
+                        &left,
+                        m * A_PAIRS,
+                        &columns,
+                        t * B_PAIRS,
+                        &mut out,
+                        (m * tiles + j) * C_PAIRS,
+                        scratch,
+                        ops,
+                    );
+                }
             }
         }
     }
@@ -386,23 +424,37 @@ pub fn accumulate_products<F: Float>(
     #[comptime] loads: FragmentLoads,
 ) {
     let unrolled = comptime!(ops == FragmentOps::TensorCores);
+    let per_load = comptime!(b_tiles_per_load(tiles));
     let view = &tile[b_lane_start(stride, false, loads)..];
     #[unroll(unrolled)]
     for c in 0..chunks {
         #[unroll(unrolled)]
-        for n in 0..tiles {
-            let columns = load_b::<F>(view, c * TILE_K, n * TILE_N, stride, false, loads);
-            #[unroll(unrolled)]
-            for m in 0..row_tiles {
-                fragment_product::<F>(
-                    block,
-                    (m * chunks + c) * A_PAIRS,
-                    &columns,
-                    acc,
-                    (m * tiles + n) * C_PAIRS,
-                    scratch,
-                    ops,
-                );
+        for l in 0..comptime!(tiles / per_load) {
+            let columns = load_b::<F>(
+                view,
+                c * TILE_K,
+                l * per_load * TILE_N,
+                stride,
+                false,
+                per_load,
+                loads,
+            );
+            #[unroll]
+            for t in 0..per_load {
+                let n = l * per_load + t;
+                #[unroll(unrolled)]
+                for m in 0..row_tiles {
+                    fragment_product::<F>(
+                        block,
+                        (m * chunks + c) * A_PAIRS,
+                        &columns,
+                        t * B_PAIRS,
+                        acc,
+                        (m * tiles + n) * C_PAIRS,
+                        scratch,
+                        ops,
+                    );
+                }
             }
         }
     }
@@ -442,8 +494,17 @@ pub fn staged_column_products<F: Float>(
         #[unroll(unrolled)]
         for i in 0..tiles {
             let n = (first_tile + i * step).min(last_tile);
-            let columns = load_b::<F>(column_view, c * TILE_K, n * TILE_N, t_stride, false, loads);
-            fragment_product::<F>(&left, 0, &columns, &mut out, i * C_PAIRS, scratch, ops);
+            // One block a load: a plane's blocks are `step` apart.
+            let columns = load_b::<F>(
+                column_view,
+                c * TILE_K,
+                n * TILE_N,
+                t_stride,
+                false,
+                1usize,
+                loads,
+            );
+            fragment_product::<F>(&left, 0, &columns, 0, &mut out, i * C_PAIRS, scratch, ops);
         }
     }
     out
@@ -460,8 +521,8 @@ pub fn zero_fragments(#[comptime] tiles: usize, #[comptime] unrolled: bool) -> A
     out
 }
 
-/// `C += A·B` on the plane's fragments: `A` is pairs `a_at .. a_at + 4` of `a`, `B` the
-/// pairs of `b`, `C` pairs `c_at .. c_at + 2` of `c`. `scratch` holds
+/// `C += A·B` on the plane's fragments: `A` is pairs `a_at .. a_at + 4` of `a`, `B`
+/// pairs `b_at .. b_at + 2` of `b`, `C` pairs `c_at .. c_at + 2` of `c`. `scratch` holds
 /// [`EMULATION_SCRATCH`] elements per plane for the emulation (unused by tensor cores).
 ///
 /// With tensor cores the callers' loops are unrolled, so that the offsets are
@@ -472,15 +533,16 @@ pub fn fragment_product<F: Float>(
     a: &Array<Pair<F>>,
     a_at: usize,
     b: &Array<Pair<F>>,
+    b_at: usize,
     c: &mut Array<Pair<f32>>,
     c_at: usize,
     scratch: &mut Shared<[f32]>,
     #[comptime] ops: FragmentOps,
 ) {
     if comptime!(ops == FragmentOps::TensorCores) {
-        tensor_core_product::<F>(a, a_at, b, c, c_at);
+        tensor_core_product::<F>(a, a_at, b, b_at, c, c_at);
     } else {
-        emulated_product::<F>(a, a_at, b, c, c_at, scratch);
+        emulated_product::<F>(a, a_at, b, b_at, c, c_at, scratch);
     }
 }
 
@@ -490,6 +552,7 @@ fn tensor_core_product<F: Float>(
     a: &Array<Pair<F>>,
     a_at: usize,
     b: &Array<Pair<F>>,
+    b_at: usize,
     c: &mut Array<Pair<f32>>,
     c_at: usize,
 ) {
@@ -499,12 +562,17 @@ fn tensor_core_product<F: Float>(
     for p in 0..A_PAIRS {
         left[p] = a[a_at + p];
     }
+    let mut right = Array::<Pair<F>>::new(B_PAIRS);
+    #[unroll]
+    for p in 0..B_PAIRS {
+        right[p] = b[b_at + p];
+    }
     let mut sums = Array::<Pair<f32>>::new(C_PAIRS);
     #[unroll]
     for p in 0..C_PAIRS {
         sums[p] = c[c_at + p];
     }
-    let out = definition.execute(&left, b, &sums);
+    let out = definition.execute(&left, &right, &sums);
     #[unroll]
     for p in 0..C_PAIRS {
         c[c_at + p] = out[p];
@@ -518,6 +586,7 @@ fn emulated_product<F: Float>(
     a: &Array<Pair<F>>,
     a_at: usize,
     b: &Array<Pair<F>>,
+    b_at: usize,
     c: &mut Array<Pair<f32>>,
     c_at: usize,
     scratch: &mut Shared<[f32]>,
@@ -536,7 +605,7 @@ fn emulated_product<F: Float>(
     }
     #[unroll]
     for p in 0..B_PAIRS {
-        let pair = b[p];
+        let pair = b[b_at + p];
         #[unroll]
         for e in 0..2 {
             let (row, col) = b_position(lane, (2 * p + e) as u32);

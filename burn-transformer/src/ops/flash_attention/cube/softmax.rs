@@ -89,6 +89,12 @@ pub(super) fn online_max(old_max: f32, block_max: f32) -> (f32, f32) {
 /// zero while the row has seen no key. `scale` is 1 for a score already scaled; a
 /// kernel that leaves its scores unscaled (where no mask or cap needs them scaled)
 /// passes its scale, which joins the exponential's multiply-add.
+///
+/// A row that has seen no key has only hidden scores, so it subtracts 0 in place of
+/// its max: `exp(HIDDEN·scale)` underflows to 0 (for any scale above 10⁻²⁸; unscaled
+/// scores are only ever visible ones). The choice is one per row, which the compiler
+/// makes once for all of the row's scores, where selecting each result costs an
+/// instruction a score.
 #[cube]
 pub(super) fn probability(
     score: f32,
@@ -96,11 +102,8 @@ pub(super) fn probability(
     row_max: f32,
     #[comptime] exponential: Exponential,
 ) -> f32 {
-    select(
-        row_max > HIDDEN,
-        exp_scaled_difference(score, scale, row_max, exponential),
-        0.0f32,
-    )
+    let subtracted = select(row_max > HIDDEN, row_max, 0.0f32);
+    exp_scaled_difference(score, scale, subtracted, exponential)
 }
 
 /// The end of a row's online softmax: `(1/Σ, LSE)` from its sum `total` under its max
