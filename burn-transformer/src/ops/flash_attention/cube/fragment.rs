@@ -16,9 +16,10 @@
 //! without leaving registers, as in FlashAttention-2.
 //!
 //! The kernels also reduce a row's values across its quad ([`quad_max`],
-//! [`quad_sum`]). Both operations have two implementations ([`FragmentOps`]):
+//! [`quad_sum`]) and a flag across the plane ([`plane_agrees`]). These operations have
+//! two implementations ([`FragmentOps`]):
 //! - [`FragmentOps::TensorCores`]: the `mma.sync` instruction, through CubeCL's
-//!   manual MMA (f16/bf16 inputs, f32 accumulation), and plane shuffles.
+//!   manual MMA (f16/bf16 inputs, f32 accumulation), plane shuffles and a plane vote.
 //! - [`FragmentOps::Emulated`]: the plane's lanes write their fragments (or values) to
 //!   shared memory at their positions and each lane computes its results from there.
 //!   Any device runs it, lavapipe included (in f32 too, and without plane operations,
@@ -654,6 +655,28 @@ pub fn quad_sum(value: f32, scratch: &mut Shared<[f32]>, #[comptime] ops: Fragme
         let (a, b, c, d) = emulated_quad(value, scratch);
         (a + b) + (c + d)
     }
+}
+
+/// Whether `value` holds on every lane of the calling plane, on every lane.
+#[cube]
+pub fn plane_agrees(
+    value: bool,
+    scratch: &mut Shared<[f32]>,
+    #[comptime] ops: FragmentOps,
+) -> bool {
+    let mut all = true;
+    if comptime!(ops == FragmentOps::TensorCores) {
+        all = plane_all(value);
+    } else {
+        let base = (UNIT_POS as usize / LANES) * EMULATION_SCRATCH;
+        scratch[base + fragment_lane() as usize] = f32::cast_from(u32::cast_from(value));
+        sync_cube();
+        for lane in 0..LANES {
+            all = all && scratch[base + lane] != 0.0f32;
+        }
+        sync_cube();
+    }
+    all
 }
 
 /// The values of the calling lane's quad, in lane order, through shared memory.

@@ -9,8 +9,9 @@
 //! masks them, runs the online softmax on them where they lie (the four lanes of a
 //! quad hold a row between them, so a row's max is two shuffles on a GPU), and adds
 //! `P·V` to its output accumulator, `P` going from the scores' registers straight into
-//! the product's left factor. Shared memory holds only the staged tiles; nothing of
-//! `S`, `P` or `O` goes through it.
+//! the product's left factor (rescaling the accumulator first unless no row of the
+//! plane has a new max). Shared memory holds only the staged tiles; nothing of `S`,
+//! `P` or `O` goes through it.
 //!
 //! `Q` is read again per tile rather than held in registers for the whole walk (as
 //! FlashAttention-2 does too): held, its fragments take `d_qk / 4` registers a lane
@@ -40,8 +41,8 @@ use cubecl::prelude::*;
 
 use super::fragment::{
     C_PAIRS, EMULATION_SCRATCH, FragmentLoads, FragmentOps, LANES, Pair, TILE_K, TILE_M, TILE_N,
-    accumulate_products, c_position, fragment_lane, quad_max, quad_sum, staged_column_products,
-    staged_row_products, zero_fragments,
+    accumulate_products, c_position, fragment_lane, plane_agrees, quad_max, quad_sum,
+    staged_column_products, staged_row_products, zero_fragments,
 };
 use super::kernels::{
     HIDDEN, Sizes, block_open, key_range, kv_head_of, query_heads_of, row_range,
@@ -369,21 +370,40 @@ pub fn fragment_forward<F: Float>(
         }
         // The online softmax per row: the quad's max, the rescaling of what the lane
         // summed and accumulated so far, and P, rounded to the input type.
+        let mut corrections = Array::<f32>::new(lane_rows);
+        let mut maxima_kept = true;
+        #[unroll(unrolled)]
+        for i in 0..lane_rows {
+            let max = quad_max(block_max[i], &mut scratch, ops);
+            let (new_max, correction) = online_max(row_max[i], max);
+            maxima_kept = maxima_kept && new_max == row_max[i];
+            row_max[i] = new_max;
+            row_sum[i] *= correction;
+            corrections[i] = correction;
+        }
+        // Where no row of the plane has a new max, every factor is 1: the plane skips
+        // the accumulator's rescaling (`d_v / 2` multiplies a lane per row tile), as
+        // it does in most tiles once a row has seen its largest scores.
+        if !plane_agrees(maxima_kept, &mut scratch, ops) {
+            #[unroll(unrolled)]
+            for m in 0..row_tiles {
+                #[unroll(unrolled)]
+                for p in 0..C_PAIRS {
+                    let factor = Pair::<f32>::new(corrections[m * C_PAIRS + p]);
+                    #[unroll(unrolled)]
+                    for n in 0..out_tiles {
+                        acc[(m * out_tiles + n) * C_PAIRS + p] *= factor;
+                    }
+                }
+            }
+        }
         let mut probabilities = Array::<Pair<F>>::new(comptime!(row_tiles * score_tiles * C_PAIRS));
         #[unroll(unrolled)]
         for m in 0..row_tiles {
             #[unroll(unrolled)]
             for p in 0..C_PAIRS {
                 let i = m * C_PAIRS + p;
-                let max = quad_max(block_max[i], &mut scratch, ops);
-                let (new_max, correction) = online_max(row_max[i], max);
-                row_max[i] = new_max;
-                row_sum[i] *= correction;
-                let factor = Pair::<f32>::new(correction);
-                #[unroll(unrolled)]
-                for n in 0..out_tiles {
-                    acc[(m * out_tiles + n) * C_PAIRS + p] *= factor;
-                }
+                let new_max = row_max[i];
                 #[unroll(unrolled)]
                 for j in 0..score_tiles {
                     let at = (m * score_tiles + j) * C_PAIRS + p;
