@@ -689,12 +689,31 @@ mod on_device {
     /// dQ atomically; the forward is the narrow one on runtimes that do not report
     /// their multiprocessors): only the dK/dV kernel differs from
     /// [`parity_grid_fragments`], so the half of the cases at head dims up to 64 that
-    /// the wide grid leaves (every mask, rows and keys past the tiles' ends), the long
-    /// causal case (many query tiles adding to the same rows) and the decoding cases.
+    /// the wide grid leaves (every mask, rows and keys past the tiles' ends), a few at
+    /// 80 (whose column blocks do not split evenly over the planes' passes) and, where
+    /// the device's tiles take its one-pass kernel there (GPUs), at 128, the largest
+    /// head dim it takes, the long causal case (many query tiles adding to the same
+    /// rows) and the decoding cases.
     pub fn parity_grid_fragments_atomic_dq(device: &Device, label: &str) {
+        let properties = device_properties(device);
+        let dtype = fragment_dtype(&properties);
+        let one_pass = |case: &Case| {
+            super::super::cube::tiling::plan_fragments(
+                &case.problem(),
+                dtype,
+                &properties,
+                super::super::cube::tiling::fragment_row_tiles(false),
+                true,
+            )
+            .and_then(|plan| plan.backward)
+            .is_some_and(|(_, keys)| keys.adds_dq)
+        };
         let cases = grid_and_decoding(|index, case, long| {
             let alternate = (index + index / 8) % 2 == 0;
-            (alternate && !long && case.d_qk <= 64) || (long && case.causal && case.d_qk == 64)
+            let sampled = index % 6 == 1 && !long;
+            (alternate && !long && case.d_qk <= 64)
+                || (sampled && (case.d_qk == 80 || (case.d_qk == 128 && one_pass(case))))
+                || (long && case.causal && case.d_qk == 64)
         });
         let one_pass = super::super::op::ATOMIC_DQ_LAUNCHES.load(Ordering::Relaxed);
         parity_fragments(device, label, &cases, FlashKernel::FragmentsAtomicDq);
@@ -717,6 +736,16 @@ mod on_device {
             .collect()
     }
 
+    /// The fragment family's input type in the tests: bf16 on GPUs (tensor cores), f32
+    /// where the products are emulated.
+    fn fragment_dtype(properties: &cubecl::ir::DeviceProperties) -> DType {
+        if super::super::cube::tiling::is_cpu_runtime(properties) {
+            DType::F32
+        } else {
+            DType::BF16
+        }
+    }
+
     /// [`parity_in`] of `cases` through the fragment family `kernel`, and the checks
     /// that its kernels ran where the device's tiles take them.
     fn parity_fragments(
@@ -727,14 +756,8 @@ mod on_device {
     ) {
         let row_tiles =
             super::super::cube::tiling::fragment_row_tiles(kernel == FlashKernel::WideFragments);
-        // The family's input types: bf16 on GPUs (tensor cores), f32 where the
-        // products are emulated.
         let properties = device_properties(device);
-        let dtype = if super::super::cube::tiling::is_cpu_runtime(&properties) {
-            DType::F32
-        } else {
-            DType::BF16
-        };
+        let dtype = fragment_dtype(&properties);
         if !device.supports_dtype(dtype) {
             return;
         }

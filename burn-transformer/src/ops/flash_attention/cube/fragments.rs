@@ -1042,14 +1042,12 @@ fn store_transposed<F: Float>(
     }
 }
 
-/// C fragments of `dQ` a plane forms per pass of the one-pass backward: few enough
-/// that the pass's accumulators fit beside the dK/dV kernel's own without costing a
-/// cube per SM (ptxas, sm_90, bf16). At head dim 64, 2 (16 columns: 128 registers,
-/// 4 cubes per SM like the two-pass kernel, where 4 took 136 registers and 3 cubes);
-/// above, 4 (32 columns: 244 registers at head dim 128, no spill).
-fn dq_pass_tiles(d_qk: usize) -> usize {
-    if d_qk <= 64 { 2 } else { 4 }
-}
+/// C fragments of `dQ` a plane forms per pass of the one-pass backward (32 columns):
+/// few enough that the pass's accumulators fit beside the dK/dV kernel's own without
+/// spilling (ptxas, sm_90, bf16: 226 registers at head dim 128, 132 at 64, where a
+/// plane's share is one pass; 16 columns a pass kept 4 cubes per SM there, at 127
+/// registers, but took 855 instructions per open tile against 779).
+const DQ_PASS_TILES: usize = 4;
 
 /// The one-pass backward's share of `dQ` for one tile of query rows: `dS·K` over the
 /// cube's keys (`ds` staged by [`store_transposed`], `keys` the staged `K`), added to
@@ -1080,8 +1078,16 @@ fn add_query_gradients<F: Float, N: Size>(
     let steps = comptime!((planes / row_blocks).max(1));
     let rounds = comptime!((row_blocks / planes).max(1));
     let plane_tiles = comptime!(column_blocks.div_ceil(steps));
-    let passes = comptime!(plane_tiles.div_ceil(dq_pass_tiles(d_qk)));
+    let passes = comptime!(plane_tiles.div_ceil(DQ_PASS_TILES));
     let pass_tiles = comptime!(plane_tiles.div_ceil(passes));
+    // Whether a plane's passes may reach past the last column block (whose adds it
+    // then drops); where the blocks split evenly over the planes' first blocks
+    // (`0 .. steps`) they never do, and no add is checked.
+    let ragged = comptime!(
+        !column_blocks.is_multiple_of(steps)
+            || passes * pass_tiles != plane_tiles
+            || (planes - 1) / row_blocks >= steps
+    );
     let ops = config.ops;
     let unrolled = comptime!(ops == FragmentOps::TensorCores);
     let lane = fragment_lane();
@@ -1114,7 +1120,7 @@ fn add_query_gradients<F: Float, N: Size>(
                     #[unroll(unrolled)]
                     for i in 0..pass_tiles {
                         let n = pass_first + i * steps;
-                        if n < column_blocks {
+                        if comptime!(!ragged) || n < column_blocks {
                             let pair = share[i * C_PAIRS + p];
                             let (_, col) = c_position(lane, (2 * p) as u32);
                             let at = (rows_at + row) * d_qk + n * TILE_N + col;
