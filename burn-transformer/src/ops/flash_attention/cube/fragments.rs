@@ -1044,9 +1044,9 @@ fn store_transposed<F: Float>(
 
 /// C fragments of `dQ` a plane forms per pass of the one-pass backward (32 columns):
 /// few enough that the pass's accumulators fit beside the dK/dV kernel's own without
-/// spilling (ptxas, sm_90, bf16: 226 registers at head dim 128, 132 at 64, where a
-/// plane's share is one pass; 16 columns a pass kept 4 cubes per SM there, at 127
-/// registers, but took 855 instructions per open tile against 779).
+/// spilling (ptxas, sm_90, bf16: 226 registers at head dim 128, 135 at 64, where a
+/// plane's share is one pass; 16 columns a pass took 855 instructions per open tile
+/// there against 779, both with the library's `exp`).
 const DQ_PASS_TILES: usize = 4;
 
 /// The one-pass backward's share of `dQ` for one tile of query rows: `dS·K` over the

@@ -1010,8 +1010,8 @@ mod tests {
     }
 
     /// The fragment kernels take `ex2.approx` exponentials where the runtime compiles
-    /// PTX (CUDA) and the library's `exp` elsewhere; dK/dV keeps the library's at head
-    /// dims up to 64. The wide family plans two row tiles for the forward only.
+    /// PTX (CUDA) and the library's `exp` elsewhere. The wide family plans two row
+    /// tiles for the forward only.
     #[test]
     fn fragment_exponentials_are_ex2_on_ptx_runtimes_only() {
         use super::super::softmax::Exponential;
@@ -1027,12 +1027,7 @@ mod tests {
                 let (q, kv) = plan.backward.unwrap();
                 assert_eq!(plan.forward.exponential, Exponential::Ex2Approx);
                 assert_eq!(q.exponential, Exponential::Ex2Approx);
-                let kv_exponential = if d_qk <= 64 {
-                    Exponential::Library
-                } else {
-                    Exponential::Ex2Approx
-                };
-                assert_eq!(kv.exponential, kv_exponential, "{d_qk}x{d_v}");
+                assert_eq!(kv.exponential, Exponential::Ex2Approx, "{d_qk}x{d_v}");
                 assert_eq!((plan.forward.row_tiles, q.row_tiles), (row_tiles, 1));
                 assert_eq!(kv.row_tiles, 1);
                 assert_eq!(plan.forward.rows(), 16 * row_tiles * plan.forward.planes);

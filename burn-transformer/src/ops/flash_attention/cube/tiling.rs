@@ -303,17 +303,6 @@ fn fragment_exponential(
     }
 }
 
-/// The dK/dV kernel's exponential: the others' (`exponential`), but the library's at
-/// head dims up to 64, where the kernel sits at 128 registers (4 cubes per SM on sm_90)
-/// and `ex2.approx`'s schedule tipped ptxas into spilling 12 bytes to stay there.
-fn kv_exponential(problem: &Problem, exponential: Exponential) -> Exponential {
-    if problem.d_qk.max(problem.d_v) <= 64 {
-        Exponential::Library
-    } else {
-        exponential
-    }
-}
-
 /// Whether the device multiplies 16×16×16 fragments of `dtype` into f32.
 fn has_tensor_cores(properties: &cubecl::ir::DeviceProperties, dtype: DType) -> bool {
     let side = FRAGMENT;
@@ -676,11 +665,7 @@ pub(crate) fn plan_fragments(
             .flatten()
             .map(adding_dq);
     let backward_kv = one_pass_kv
-        .or_else(|| fewer_planes(1, &FRAGMENT_BACKWARD_BLOCKS, problem.seq_q, &kv_bytes))
-        .map(|config| FragmentConfig {
-            exponential: kv_exponential(problem, exponential),
-            ..config
-        });
+        .or_else(|| fewer_planes(1, &FRAGMENT_BACKWARD_BLOCKS, problem.seq_q, &kv_bytes));
     let backward = backward_q
         .zip(backward_kv)
         .filter(|_| problem.d_v.is_multiple_of(TILE_K));
