@@ -351,8 +351,6 @@ pub fn staged_row_products<F: Float>(
     #[comptime] loads: FragmentLoads,
 ) -> Array<Pair<f32>> {
     let unrolled = comptime!(ops == FragmentOps::TensorCores);
-    let per_load = comptime!(b_tiles_per_load(tiles));
-    let loads_per_chunk = comptime!(tiles / per_load);
     let mut out = zero_fragments(comptime!(row_tiles * tiles), unrolled);
     let row_view = &rows[first * stride + a_lane_start(stride, loads)..];
     let column_view = &tile[b_lane_start(stride, true, loads)..];
@@ -367,35 +365,21 @@ pub fn staged_row_products<F: Float>(
                 left[m * A_PAIRS + p] = a[p];
             }
         }
-        #[unroll(unrolled)]
-        for l in 0..loads_per_chunk {
-            let columns = load_b::<F>(
-                column_view,
-                c * TILE_K,
-                l * per_load * TILE_N,
-                stride,
-                true,
-                per_load,
-                loads,
-            );
-            #[unroll]
-            for t in 0..per_load {
-                let j = l * per_load + t;
-                #[unroll(unrolled)]
-                for m in 0..row_tiles {
-                    fragment_product::<F>(
-                        &left,
-                        m * A_PAIRS,
-                        &columns,
-                        t * B_PAIRS,
-                        &mut out,
-                        (m * tiles + j) * C_PAIRS,
-                        scratch,
-                        ops,
-                    );
-                }
-            }
-        }
+        chunk_products::<F>(
+            &left,
+            0,
+            A_PAIRS,
+            column_view,
+            c * TILE_K,
+            row_tiles,
+            tiles,
+            stride,
+            true,
+            &mut out,
+            scratch,
+            ops,
+            loads,
+        );
     }
     out
 }
@@ -425,37 +409,77 @@ pub fn accumulate_products<F: Float>(
     #[comptime] loads: FragmentLoads,
 ) {
     let unrolled = comptime!(ops == FragmentOps::TensorCores);
-    let per_load = comptime!(b_tiles_per_load(tiles));
     let view = &tile[b_lane_start(stride, false, loads)..];
     #[unroll(unrolled)]
     for c in 0..chunks {
-        #[unroll(unrolled)]
-        for l in 0..comptime!(tiles / per_load) {
-            let columns = load_b::<F>(
-                view,
-                c * TILE_K,
-                l * per_load * TILE_N,
-                stride,
-                false,
-                per_load,
-                loads,
-            );
-            #[unroll]
-            for t in 0..per_load {
-                let n = l * per_load + t;
-                #[unroll(unrolled)]
-                for m in 0..row_tiles {
-                    fragment_product::<F>(
-                        block,
-                        (m * chunks + c) * A_PAIRS,
-                        &columns,
-                        t * B_PAIRS,
-                        acc,
-                        (m * tiles + n) * C_PAIRS,
-                        scratch,
-                        ops,
-                    );
-                }
+        chunk_products::<F>(
+            block,
+            c * A_PAIRS,
+            chunks * A_PAIRS,
+            view,
+            c * TILE_K,
+            row_tiles,
+            tiles,
+            stride,
+            false,
+            acc,
+            scratch,
+            ops,
+            loads,
+        );
+    }
+}
+
+/// One 16-column chunk of `A·B` for every row tile: `out += A·B` over the `tiles`
+/// blocks of 8 columns of `B` (rows `k0 ..` of the factor `view` reads, see
+/// [`load_b`]), their fragments loaded two at a time where `tiles` is even. Row tile
+/// `m`'s `A` fragment is pairs `a_at + m·a_row_pairs ..` of `a`; C fragment `(m, j)` is
+/// pairs `(m·tiles + j)·2 ..` of `out`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn chunk_products<F: Float>(
+    a: &Array<Pair<F>>,
+    a_at: usize,
+    #[comptime] a_row_pairs: usize,
+    view: &[F],
+    k0: usize,
+    #[comptime] row_tiles: usize,
+    #[comptime] tiles: usize,
+    #[comptime] stride: usize,
+    #[comptime] transposed: bool,
+    out: &mut Array<Pair<f32>>,
+    scratch: &mut Shared<[f32]>,
+    #[comptime] ops: FragmentOps,
+    #[comptime] loads: FragmentLoads,
+) {
+    let unrolled = comptime!(ops == FragmentOps::TensorCores);
+    let per_load = comptime!(b_tiles_per_load(tiles));
+    #[unroll(unrolled)]
+    for l in 0..comptime!(tiles / per_load) {
+        let columns = load_b::<F>(
+            view,
+            k0,
+            l * per_load * TILE_N,
+            stride,
+            transposed,
+            per_load,
+            loads,
+        );
+        #[unroll]
+        for t in 0..per_load {
+            let j = l * per_load + t;
+            #[unroll(unrolled)]
+            for m in 0..row_tiles {
+                fragment_product::<F>(
+                    a,
+                    a_at + m * a_row_pairs,
+                    &columns,
+                    t * B_PAIRS,
+                    out,
+                    (m * tiles + j) * C_PAIRS,
+                    scratch,
+                    ops,
+                );
             }
         }
     }
