@@ -67,7 +67,6 @@
 use rayon::prelude::*;
 
 use crate::ops::mask::MaskRule;
-use crate::ops::simd::lanes::dot;
 
 /// The shape and options of one call.
 #[derive(Clone, Copy, Debug)]
@@ -533,10 +532,6 @@ fn forward_block<const FMA: bool, const WIDE: bool>(sc: &mut Scratch, args: FwdA
     // Tiles are `width` rows wide: a short block (decoding) computes no more.
     let width = rows.next_multiple_of(LANES);
     pack_transposed(q, d_qk, rows, width, &mut sc.qt);
-    // The scale goes into the queries: the scores come out scaled.
-    for x in &mut sc.qt[..d_qk * width] {
-        *x *= p.scale;
-    }
     sc.max.fill(f32::NEG_INFINITY);
     sc.sum.fill(0.0);
     sc.acc[..rows * d_v].fill(0.0);
@@ -544,7 +539,12 @@ fn forward_block<const FMA: bool, const WIDE: bool>(sc: &mut Scratch, args: FwdA
     let mut k0 = start;
     while k0 < end {
         let len = (end - k0).min(BC);
-        // Sᵀ = K·(scale·Q)ᵀ: key j of the tile is row j, `[len][width]`.
+        // Sᵀ = K·Qᵀ: key j of the tile is row j, `[len][width]`. The scale is applied
+        // to the products, not folded into Q: the backward recomputes the same bits
+        // of `q·k` (every product is one chain of multiply-adds over the head dim),
+        // so a row's largest score cancels exactly against its log-sum-exp there.
+        // Pre-scaled queries would round the two sums apart, and in peaked rows
+        // (large logits) that difference would dominate dV's and dK's error.
         let k_block = &k[k0 * d_qk..][..len * d_qk];
         gemm::<FMA, WIDE>(
             len, d_qk, width, k_block, d_qk, 1, &sc.qt, width, &mut sc.s, width, false,
@@ -558,9 +558,7 @@ fn forward_block<const FMA: bool, const WIDE: bool>(sc: &mut Scratch, args: FwdA
                 column.fill(f32::NEG_INFINITY);
                 continue;
             }
-            if p.softcap.is_some() {
-                logits_column::<FMA>(column, 1.0, p.softcap);
-            }
+            logits_column::<FMA>(column, p.scale, p.softcap);
             if !full {
                 mask_column(column, key as u32, &sc.lo[..width], &sc.hi[..width]);
             }
@@ -667,10 +665,14 @@ fn backward_with(
         .par_chunks_mut(4096)
         .enumerate()
         .for_each(|(chunk, delta)| {
-            let first = chunk * 4096;
-            for (i, d) in delta.iter_mut().enumerate() {
-                let row = (first + i) * d_v;
-                *d = dot(&grad_out[row..row + d_v], &out[row..row + d_v]);
+            let first = chunk * 4096 * d_v;
+            let grad_out = &grad_out[first..][..delta.len() * d_v];
+            let out = &out[first..][..delta.len() * d_v];
+            match isa {
+                Isa::Baseline => row_deltas::<false>(grad_out, out, d_v, delta),
+                // SAFETY: `Isa::detect` found FMA on this CPU.
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2Fma | Isa::Avx512 => unsafe { row_deltas_fma(grad_out, out, d_v, delta) },
             }
         });
     let grads = Grads {
@@ -818,6 +820,35 @@ struct KvArgs<'b> {
     dv: &'b mut [f32],
     /// The group's query heads' dQ `[group, seq_q, d_qk]` (one-pass backward).
     dq: Option<&'b mut [f32]>,
+}
+
+/// `D = rowsum(dO ∘ O)` for the rows of `grad_out` and `out` (`d_v` apart), each one
+/// chain of multiply-adds in column order, as [`gemm`] sums `dP = dO·Vᵀ`: where a row
+/// sees one key, `O` is that key's value row and `dP − D` is exactly 0, as are the
+/// row's `dS` (a pairwise-summed `D` left rounding noise in `dQ` and `dK` there).
+#[inline(always)]
+fn row_deltas<const FMA: bool>(grad_out: &[f32], out: &[f32], d_v: usize, delta: &mut [f32]) {
+    // Eight rows at once: eight independent chains hide the multiply-add latency.
+    const ROWS: usize = 8;
+    let mut chunks = delta.chunks_mut(ROWS);
+    let mut first = 0;
+    for delta in &mut chunks {
+        let mut sums = [0.0f32; ROWS];
+        for c in 0..d_v {
+            for (r, sum) in sums.iter_mut().enumerate().take(delta.len()) {
+                let at = (first + r) * d_v + c;
+                *sum = madd::<FMA>(grad_out[at], out[at], *sum);
+            }
+        }
+        delta.copy_from_slice(&sums[..delta.len()]);
+        first += delta.len();
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+fn row_deltas_fma(grad_out: &[f32], out: &[f32], d_v: usize, delta: &mut [f32]) {
+    row_deltas::<true>(grad_out, out, d_v, delta)
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -469,6 +469,85 @@ pub(super) fn parity_grid() -> Vec<Case> {
     cases
 }
 
+/// `count` random configurations drawn from `seed`, beyond the grid's: head dims of
+/// every size the kernels take (multiples of 8 up to 256, `d_qk ≠ d_v`), lengths 1–300
+/// (a few up to 700), batches of 1–3, any GQA grouping, and each mask option (causal,
+/// window, padding with fully padded entries, soft-capping, scale, sinks) drawn apart.
+pub(super) fn random_cases(seed: u64, count: usize) -> Vec<Case> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let dims = [8, 16, 24, 32, 40, 48, 64, 72, 96, 112, 128, 160, 256];
+    (0..count)
+        .map(|_| {
+            let d_qk = dims[rng.random_range(0..dims.len())];
+            let d_v = if rng.random_bool(0.25) {
+                dims[rng.random_range(0..dims.len())].min(128)
+            } else {
+                d_qk
+            };
+            let kv_heads = rng.random_range(1..=3);
+            let heads = kv_heads * rng.random_range(1..=3);
+            let length = |rng: &mut rand::rngs::StdRng| {
+                if rng.random_bool(0.1) {
+                    rng.random_range(301..=700)
+                } else {
+                    rng.random_range(1..=300)
+                }
+            };
+            let (seq_q, seq_k) = (length(&mut rng), length(&mut rng));
+            let mut case = Case::new(heads, kv_heads, seq_q, seq_k, (d_qk, d_v));
+            case.batch = rng.random_range(1..=3);
+            case.causal = rng.random_bool(0.5);
+            if rng.random_bool(0.3) {
+                case.window = Some(rng.random_range(1..=seq_k.max(2)));
+            }
+            if rng.random_bool(0.4) {
+                case.lengths = Some(
+                    (0..case.batch)
+                        .map(|_| rng.random_range(0..=seq_k))
+                        .collect(),
+                );
+            }
+            if rng.random_bool(0.25) {
+                case.softcap = Some(rng.random_range(2.0..50.0));
+            }
+            if rng.random_bool(0.3) {
+                case.scale = Some(rng.random_range(0.02..1.0));
+            }
+            case.sinks = rng.random_bool(0.3);
+            case
+        })
+        .collect()
+}
+
+/// Seed and size of the random sweeps (`BURN_TRANSFORMER_SWEEP=SEED:COUNT`, default
+/// `1:40`).
+fn sweep_settings() -> (u64, usize) {
+    let value = std::env::var("BURN_TRANSFORMER_SWEEP").unwrap_or_default();
+    let mut parts = value.split(':').map(|part| part.trim().parse::<u64>().ok());
+    let seed = parts.next().flatten().unwrap_or(1);
+    let count = parts.next().flatten().unwrap_or(40) as usize;
+    (seed, count)
+}
+
+/// The tiled CPU flash attention on random configurations (an exhaustive check outside
+/// the default run: `cargo test --release -p burn-transformer -- --ignored
+/// random_sweep`).
+#[test]
+#[ignore = "exhaustive: run with --ignored"]
+fn flex_random_sweep() {
+    let device = Device::flex();
+    let (seed, count) = sweep_settings();
+    let mut failures = Vec::new();
+    for (index, case) in random_cases(seed, count).iter().enumerate() {
+        let inputs = Inputs::random(case, seed + index as u64, 1.0);
+        let (fused, naive, expected) = compare(case, &inputs, &device, DType::F32);
+        let what = format!("flex sweep {seed}:{index} {case:?}");
+        failures.extend(rule_failures(&what, &fused, &naive, &expected, 1e-5));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// The reference path itself against the f64 oracle, output and gradients: the
 /// tolerance rule compares the fused paths with it, so it is pinned directly.
 #[test]
@@ -508,6 +587,36 @@ fn flex_flash_path_matches_the_oracle() {
         failures.extend(rule_failures(&what, &fused, &naive, &expected, 1e-5));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Peaked rows on flex: with large logits the tiled path keeps the naive path's
+/// accuracy (the backward recomputes the forward's scores bit for bit, so each row's
+/// largest score cancels against its log-sum-exp), and a row that sees one key gets
+/// exactly zero dQ and dK, as the math says.
+#[test]
+fn flex_peaked_rows_keep_the_naive_accuracy() {
+    let device = Device::flex();
+    // Logits of about ±40: scale 0.82 at head dim 160.
+    let mut case = Case::new(4, 2, 92, 148, (160, 160));
+    case.batch = 2;
+    case.causal = true;
+    case.scale = Some(0.82);
+    let inputs = Inputs::random(&case, 602, 1.0);
+    let (fused, naive, expected) = compare(&case, &inputs, &device, DType::F32);
+    // A floor far below the errors themselves (2e-5 to 2e-4): the rule is the naive
+    // path's error alone.
+    assert_rule("peaked rows", &fused, &naive, &expected, 1e-7);
+
+    let mut single = Case::new(4, 2, 40, 30, (64, 64));
+    single.lengths = Some(vec![1]);
+    let inputs = Inputs::random(&single, 7, 1.0);
+    let [out, dq, dk, dv, _] = run(&single, &inputs, &device, DType::F32, Path::Fused);
+    assert!(out.iter().any(|x| *x != 0.0) && dv.iter().any(|x| *x != 0.0));
+    assert!(dq.iter().all(|x| *x == 0.0), "dq of rows that see one key");
+    assert!(
+        dk.iter().all(|x| *x == 0.0),
+        "dk of the one key every row sees"
+    );
 }
 
 /// Half types on flex take the portable version of the op.
@@ -725,6 +834,38 @@ mod on_device {
         }
     }
 
+    /// Every family on random configurations ([`random_cases`]), each in the dtype its
+    /// parity grid uses on this device (an exhaustive check outside the default run).
+    pub fn random_sweep(device: &Device, label: &str) {
+        let (seed, count) = sweep_settings();
+        let cases: Vec<(usize, Case)> = random_cases(seed, count)
+            .into_iter()
+            .enumerate()
+            .map(|(index, case)| (seed as usize * 100_000 + index, case))
+            .collect();
+        let only = std::env::var("BURN_TRANSFORMER_SWEEP_KERNEL").ok();
+        let dtype = fragment_dtype(&device_properties(device));
+        for kernel in [
+            FlashKernel::RegisterTile,
+            FlashKernel::Staged,
+            FlashKernel::Fragments,
+            FlashKernel::WideFragments,
+            FlashKernel::FragmentsAtomicDq,
+        ] {
+            if only
+                .as_deref()
+                .is_some_and(|name| FlashKernel::parse(name) != Some(kernel))
+            {
+                continue;
+            }
+            let dtype = match kernel {
+                FlashKernel::RegisterTile | FlashKernel::Staged => DType::F32,
+                _ => dtype,
+            };
+            parity_in(device, label, &cases, kernel, dtype);
+        }
+    }
+
     /// The parity grid's cases that `keep(index, case, long)` takes (`long`: a sequence
     /// beyond 129 tokens), numbered by their place in the grid, then the decoding cases.
     fn grid_and_decoding(keep: impl Fn(usize, &Case, bool) -> bool) -> Vec<(usize, Case)> {
@@ -894,6 +1035,51 @@ mod on_device {
         vec![single, rows]
     }
 
+    /// Peaked rows (logits of about ±30: scale 0.9 at head dim 128) through the
+    /// register tiles, the staged kernels and the fragment kernels: the backward
+    /// recomputes the forward's scores bit for bit, so each row's largest score cancels
+    /// against its log-sum-exp and the gradients keep the naive path's accuracy (the
+    /// rule with a floor far below the errors themselves). The grid's head dim and
+    /// lengths: no kernel of its own.
+    pub fn peaked_rows_keep_the_naive_accuracy(device: &Device) {
+        let mut case = Case::new(4, 2, 64, 129, (128, 128)).causal_padded(vec![129, 90]);
+        case.scale = Some(0.9);
+        let inputs = Inputs::random(&case, 31, 1.0);
+        for kernel in [
+            FlashKernel::RegisterTile,
+            FlashKernel::Staged,
+            FlashKernel::Fragments,
+        ] {
+            let case = Case {
+                kernel,
+                ..case.clone()
+            };
+            let (fused, naive, expected) = compare(&case, &inputs, device, DType::F32);
+            assert_rule(
+                &format!("peaked rows, {kernel:?}"),
+                &fused,
+                &naive,
+                &expected,
+                1e-7,
+            );
+            // The register tiles sum their dot products in vector lanes, closer to
+            // exact than the naive path's sequential sums (dK and dV about half its
+            // error here); scores that the dK/dV kernel rounded apart from the
+            // forward's would put them above it.
+            if kernel == FlashKernel::RegisterTile {
+                for quantity in [2, 3] {
+                    let fused_error = max_error(&fused[quantity], &expected[quantity]);
+                    let naive_error = max_error(&naive[quantity], &expected[quantity]);
+                    assert!(
+                        fused_error <= naive_error,
+                        "peaked rows, register tiles: {} error {fused_error:e} > naive {naive_error:e}",
+                        QUANTITIES[quantity]
+                    );
+                }
+            }
+        }
+    }
+
     pub fn fully_masked_rows_and_large_logits_stay_finite(device: &Device) {
         // seq_q > seq_k with causal: the first rows see no key; one batch entry is
         // fully padded; q is scaled by 1e3 so logits are in the thousands.
@@ -989,8 +1175,19 @@ macro_rules! kernel_tests {
             }
 
             #[test]
+            #[ignore = "exhaustive: run with --ignored"]
+            fn random_sweep() {
+                on_device::random_sweep(&$device(), stringify!($runtime));
+            }
+
+            #[test]
             fn tensors_go_through_fusion() {
                 on_device::tensors_go_through_fusion(&$device());
+            }
+
+            #[test]
+            fn peaked_rows_keep_the_naive_accuracy() {
+                on_device::peaked_rows_keep_the_naive_accuracy(&$device());
             }
 
             #[test]

@@ -470,8 +470,8 @@ pub fn flash_backward_kv<F: Float, N: Size>(
     let first_key = tile * tile_keys + unit * rows;
     let (row_start, row_end) = row_range(tile * tile_keys, tile_keys, &sizes);
 
-    // This unit's keys (pre-scaled for the scores) and values; padded keys and keys
-    // past the end get no gradient.
+    // This unit's keys and values; padded keys and keys past the end get no
+    // gradient.
     let mut k_rows = Array::<Vector<f32, N>>::new(rows * qk_vectors);
     let mut v_rows = Array::<Vector<f32, N>>::new(rows * v_vectors);
     let mut dk = Array::<Vector<f32, N>>::new(rows * qk_vectors);
@@ -492,7 +492,7 @@ pub fn flash_backward_kv<F: Float, N: Size>(
         let v_base = (kv_head * seq_k + key_c) * v_vectors;
         #[unroll]
         for c in 0..qk_vectors {
-            k_rows[r * qk_vectors + c] = Vector::<f32, N>::cast_from(k[k_base + c]) * scale;
+            k_rows[r * qk_vectors + c] = Vector::<f32, N>::cast_from(k[k_base + c]);
             dk[r * qk_vectors + c] = Vector::<f32, N>::new(0.0f32);
         }
         #[unroll]
@@ -537,9 +537,15 @@ pub fn flash_backward_kv<F: Float, N: Size>(
                 for c in 0..qk_vectors {
                     let query = Vector::<f32, N>::cast_from(q[q_base + c]);
                     q_block[t * qk_vectors + c] = query;
+                    // The query scaled, as the forward scales its rows: the same
+                    // products in the same order, so the same scores, which cancel
+                    // exactly against the forward's log-sum-exp in a row's largest
+                    // probability (scaled keys would round apart, and in peaked rows
+                    // that would dominate dK's and dV's error).
+                    let scaled = query * scale;
                     #[unroll]
                     for r in 0..rows {
-                        scores[r * block + t] += k_rows[r * qk_vectors + c].dot(query);
+                        scores[r * block + t] += scaled.dot(k_rows[r * qk_vectors + c]);
                     }
                 }
             }
