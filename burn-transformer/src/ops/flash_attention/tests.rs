@@ -471,8 +471,9 @@ pub(super) fn parity_grid() -> Vec<Case> {
 
 /// `count` random configurations drawn from `seed`, beyond the grid's: head dims of
 /// every size the kernels take (multiples of 8 up to 256, `d_qk ≠ d_v`), lengths 1–300
-/// (a few up to 700), batches of 1–3, any GQA grouping, and each mask option (causal,
-/// window, padding with fully padded entries, soft-capping, scale, sinks) drawn apart.
+/// (a few up to 700, and one case in six decoding: 1–16 rows against 500–1500 keys),
+/// batches of 1–3, any GQA grouping, and each mask option (causal, window, padding with
+/// fully padded entries, soft-capping, scale, sinks) drawn apart.
 pub(super) fn random_cases(seed: u64, count: usize) -> Vec<Case> {
     use rand::{Rng, SeedableRng};
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -494,7 +495,13 @@ pub(super) fn random_cases(seed: u64, count: usize) -> Vec<Case> {
                     rng.random_range(1..=300)
                 }
             };
-            let (seq_q, seq_k) = (length(&mut rng), length(&mut rng));
+            // One case in six decodes: a few query rows against a long cache, which the
+            // CubeCL kernels split across cubes (flash-decoding).
+            let (seq_q, seq_k) = if rng.random_bool(1.0 / 6.0) {
+                (rng.random_range(1..=16), rng.random_range(500..=1500))
+            } else {
+                (length(&mut rng), length(&mut rng))
+            };
             let mut case = Case::new(heads, kv_heads, seq_q, seq_k, (d_qk, d_v));
             case.batch = rng.random_range(1..=3);
             case.causal = rng.random_bool(0.5);
