@@ -184,6 +184,22 @@ run)
             unset BURN_TRANSFORMER_FLASH_LDMATRIX
             ;;
         tensor-cores) bench_batch 70 'fused[tensor-cores]' ;;
+        tf32)
+            # The TF32 fragment kernels (f32) beside the staged kernels, Burn and
+            # PyTorch at head dim 128: f32 cells only (a text ending in `$` ends the
+            # line; bf16 cells end in `bf16`). Their tests are in the `tests` stage.
+            only=""
+            for impl in 'fused[fragments-tf32]' 'fused[staged]' burn torch_sdpa; do
+                for pass in fwd fwd_bwd; do
+                    for seq in 1024 4096 16384; do
+                        for mask in '' ' causal'; do
+                            only="$only,$impl cuda $pass 4×16 seq $seq d 128$mask\$"
+                        done
+                    done
+                done
+            done
+            BENCH_ARGS="--full ${BENCH_ARGS:-}" bench_batch 300 "${only#,}"
+            ;;
         only)
             # The cells CUDA_RUN_ONLY names (`--only` texts; add `--full` to BENCH_ARGS
             # for cells outside the quick grid, such as head dim 64 or f32).

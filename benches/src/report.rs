@@ -30,6 +30,7 @@ const ATTENTION_IMPLS: &[&str] = &[
     "fused[wide-fragments+ldmatrix]",
     "fused[fragments-atomic-dq]",
     "fused[fragments-atomic-dq+ldmatrix]",
+    "fused[fragments-tf32]",
     "reference",
     "burn",
     "torch_sdpa",

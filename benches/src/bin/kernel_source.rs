@@ -80,8 +80,8 @@ struct Args {
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
     /// Only the kernels of these families (repeatable: `register_tile`, `staged`,
-    /// `staged_tensor_cores`, `fragments`, `wide_fragments`, `fragments_atomic_dq`); every
-    /// family by default.
+    /// `staged_tensor_cores`, `fragments`, `wide_fragments`, `fragments_atomic_dq`,
+    /// `fragments_tf32`); every family by default.
     #[arg(long = "family", value_name = "NAME", value_parser = parse_family)]
     families: Vec<KernelFamily>,
 }

@@ -200,9 +200,9 @@ impl Grid {
 
 /// The implementations measured on `backend` for inputs of `dtype`, each with its
 /// kernel family: on cuda every family of the fused op that takes `dtype` (tensor
-/// cores and the fragment kernels take f16/bf16 only; the one-pass backward's family
-/// differs from the others in its backward only, so it times forward+backward
-/// cells), elsewhere the device's default.
+/// cores and the fragment kernels take f16/bf16, the TF32 fragment kernels f32; the
+/// one-pass backward's family differs from the others in its backward only, so it
+/// times forward+backward cells), elsewhere the device's default.
 fn implementations(
     backend: &str,
     dtype: DType,
@@ -219,6 +219,8 @@ fn implementations(
             if backward {
                 list.push((Impl::Fused, Some(FlashKernel::FragmentsAtomicDq)));
             }
+        } else if dtype == DType::F32 {
+            list.push((Impl::Fused, Some(FlashKernel::FragmentsTf32)));
         }
     } else {
         list.push((Impl::Fused, None));
@@ -624,12 +626,20 @@ mod tests {
         expected.push(format!("fused[fragments-atomic-dq{loads}]"));
         expected.sort();
         assert_eq!(columns.into_iter().collect::<Vec<_>>(), expected);
-        // f32 has no tensor-core and no fragment column; every shape has both passes
-        // and both masks.
+        // f32 has no tensor-core and no 16-bit fragment column, the TF32 fragments
+        // instead; every shape has both passes and both masks.
         let full = cells(Mode::Full, "cuda");
         assert!(
             full.iter()
                 .any(|c| c.dtype == DType::F32 && c.head_dim == 64)
+        );
+        assert!(full.iter().any(|c| {
+            c.dtype == DType::F32 && c.backward && c.kernel == Some(FlashKernel::FragmentsTf32)
+        }));
+        assert!(
+            !full
+                .iter()
+                .any(|c| c.dtype != DType::F32 && c.kernel == Some(FlashKernel::FragmentsTf32))
         );
         assert!(!full.iter().any(|c| {
             c.dtype == DType::F32
@@ -649,7 +659,7 @@ mod tests {
                 .iter()
                 .any(|c| { !c.backward && c.kernel == Some(FlashKernel::FragmentsAtomicDq) })
         );
-        assert_eq!(full.len(), 5 * 2 * 2 * 2 * (8 + 5) + 2 * 2 * 5);
+        assert_eq!(full.len(), 5 * 2 * 2 * 2 * (8 + 6) + 2 * 2 * 5);
     }
 
     #[test]

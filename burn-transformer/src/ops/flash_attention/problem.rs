@@ -53,8 +53,8 @@ pub enum FlashKernel {
     /// where the tensor cores take them, else the fastest of the staged tile sizes and
     /// the register tiles, timed once per shape class ([`Self::Autotune`]). The
     /// environment variable `BURN_TRANSFORMER_FLASH_KERNEL=register|staged|
-    /// tensor-cores|fragments|wide-fragments|fragments-atomic-dq|autotune` overrides it
-    /// for a whole process.
+    /// tensor-cores|fragments|wide-fragments|fragments-atomic-dq|fragments-tf32|
+    /// autotune` overrides it for a whole process.
     #[default]
     Auto,
     /// Each unit holds its rows in registers and streams keys from global memory
@@ -92,6 +92,15 @@ pub enum FlashKernel {
     /// device and a query/key head dim up to 128 (else the two-pass backward runs).
     /// Only when asked for, until GPU timings show where it wins.
     FragmentsAtomicDq,
+    /// The [`Self::Fragments`] kernels for f32 inputs too: on GPUs whose tensor cores
+    /// multiply TF32 (m16n8k8 `mma.sync`, NVIDIA sm_80 and later), each f32 element is
+    /// split in two TF32 parts and each product made of three TF32 products
+    /// (`a_lo·b_hi + a_hi·b_lo + a_hi·b_hi`), which keeps f32's accuracy (a single
+    /// TF32 product keeps 10 mantissa bits, a thousandth). On CPU runtimes the same
+    /// split runs emulated; f16/bf16 inputs run [`Self::Fragments`]; devices without
+    /// the instruction take [`Self::Staged`]. Only when asked for: it has not been
+    /// timed on a GPU.
+    FragmentsTf32,
     /// Times the candidates (staged tiles of 64, 32 and 16 rows and keys, register
     /// tiles) once per shape class on the device and keeps the fastest, as `Auto` does
     /// on GPUs for what the fragment kernels do not take; this asks for it on CPU
@@ -101,7 +110,7 @@ pub enum FlashKernel {
 
 impl FlashKernel {
     /// Every family, `Auto` first.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::Auto,
         Self::RegisterTile,
         Self::Staged,
@@ -109,11 +118,12 @@ impl FlashKernel {
         Self::Fragments,
         Self::WideFragments,
         Self::FragmentsAtomicDq,
+        Self::FragmentsTf32,
         Self::Autotune,
     ];
 
     /// The family's name: `auto`, `register`, `staged`, `tensor-cores`, `fragments`,
-    /// `wide-fragments`, `fragments-atomic-dq` or `autotune`.
+    /// `wide-fragments`, `fragments-atomic-dq`, `fragments-tf32` or `autotune`.
     pub fn name(self) -> &'static str {
         match self {
             Self::Auto => "auto",
@@ -123,6 +133,7 @@ impl FlashKernel {
             Self::Fragments => "fragments",
             Self::WideFragments => "wide-fragments",
             Self::FragmentsAtomicDq => "fragments-atomic-dq",
+            Self::FragmentsTf32 => "fragments-tf32",
             Self::Autotune => "autotune",
         }
     }

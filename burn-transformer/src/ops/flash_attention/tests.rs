@@ -812,7 +812,7 @@ mod on_device {
     /// rows) and the decoding cases.
     pub fn parity_grid_fragments_atomic_dq(device: &Device, label: &str) {
         let properties = device_properties(device);
-        let dtype = fragment_dtype(&properties);
+        let dtype = fragment_dtype(&properties, FlashKernel::FragmentsAtomicDq);
         let one_pass = |case: &Case| {
             super::super::cube::tiling::plan_fragments(
                 &case.problem(),
@@ -820,6 +820,7 @@ mod on_device {
                 &properties,
                 super::super::cube::tiling::fragment_row_tiles(false),
                 true,
+                false,
             )
             .and_then(|plan| plan.backward)
             .is_some_and(|(_, keys)| keys.adds_dq)
@@ -841,6 +842,21 @@ mod on_device {
         }
     }
 
+    /// The parity grid through the TF32 fragment kernels, in f32 (on GPUs with TF32
+    /// tensor cores each product is three TF32 products of split elements; CPU runtimes
+    /// run the same split emulated, reading each operand as a tensor core does): only
+    /// the products differ from [`parity_grid_fragments`], so a third of the short
+    /// cases at head dims 32 (two 16-column chunks) and 80 (five: the chunk loops'
+    /// odd end), every mask among them, and the decoding cases, which split their
+    /// keys. The f32 rule holds them to f32's accuracy, which a single TF32 product
+    /// (10 mantissa bits) misses by far.
+    pub fn parity_grid_fragments_tf32(device: &Device, label: &str) {
+        let cases = grid_and_decoding(|index, case, long| {
+            index % 3 == 1 && !long && matches!(case.d_qk, 32 | 80)
+        });
+        parity_fragments(device, label, &cases, FlashKernel::FragmentsTf32);
+    }
+
     /// Every family on random configurations ([`random_cases`]), each in the dtype its
     /// parity grid uses on this device (an exhaustive check outside the default run).
     pub fn random_sweep(device: &Device, label: &str) {
@@ -851,13 +867,14 @@ mod on_device {
             .map(|(index, case)| (seed as usize * 100_000 + index, case))
             .collect();
         let only = std::env::var("BURN_TRANSFORMER_SWEEP_KERNEL").ok();
-        let dtype = fragment_dtype(&device_properties(device));
+        let properties = device_properties(device);
         for kernel in [
             FlashKernel::RegisterTile,
             FlashKernel::Staged,
             FlashKernel::Fragments,
             FlashKernel::WideFragments,
             FlashKernel::FragmentsAtomicDq,
+            FlashKernel::FragmentsTf32,
         ] {
             if only
                 .as_deref()
@@ -867,7 +884,7 @@ mod on_device {
             }
             let dtype = match kernel {
                 FlashKernel::RegisterTile | FlashKernel::Staged => DType::F32,
-                _ => dtype,
+                _ => fragment_dtype(&properties, kernel),
             };
             parity_in(device, label, &cases, kernel, dtype);
         }
@@ -884,10 +901,12 @@ mod on_device {
             .collect()
     }
 
-    /// The fragment family's input type in the tests: bf16 on GPUs (tensor cores), f32
-    /// where the products are emulated.
-    fn fragment_dtype(properties: &cubecl::ir::DeviceProperties) -> DType {
-        if super::super::cube::tiling::is_cpu_runtime(properties) {
+    /// The input type of the fragment family `kernel` in the tests: f32 for the TF32
+    /// family and where the products are emulated, bf16 on GPUs (tensor cores).
+    fn fragment_dtype(properties: &cubecl::ir::DeviceProperties, kernel: FlashKernel) -> DType {
+        if kernel == FlashKernel::FragmentsTf32
+            || super::super::cube::tiling::is_cpu_runtime(properties)
+        {
             DType::F32
         } else {
             DType::BF16
@@ -905,7 +924,7 @@ mod on_device {
         let row_tiles =
             super::super::cube::tiling::fragment_row_tiles(kernel == FlashKernel::WideFragments);
         let properties = device_properties(device);
-        let dtype = fragment_dtype(&properties);
+        let dtype = fragment_dtype(&properties, kernel);
         if !device.supports_dtype(dtype) {
             return;
         }
@@ -927,6 +946,7 @@ mod on_device {
                     &properties,
                     row_tiles,
                     kernel == FlashKernel::FragmentsAtomicDq,
+                    kernel == FlashKernel::FragmentsTf32,
                 )
             })
             .collect();
@@ -941,13 +961,17 @@ mod on_device {
                 >= backwards + with_backward
         );
         let bf16 = cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::BF16);
-        let takes_all = dtype == DType::F32
-            || properties
+        let takes_all = if dtype == DType::F32 {
+            super::super::cube::tiling::is_cpu_runtime(&properties)
+                || super::super::cube::tiling::has_tf32_fragment_mma(&properties)
+        } else {
+            properties
                 .features
                 .matmul
                 .mma
                 .iter()
-                .any(|m| m.a_type == bf16 && (m.m, m.n, m.k) == (16, 8, 16));
+                .any(|m| m.a_type == bf16 && (m.m, m.n, m.k) == (16, 8, 16))
+        };
         let small_shared = properties.hardware.max_shared_memory_size <= 32 * 1024;
         let fitting = cases
             .iter()
@@ -1174,6 +1198,11 @@ macro_rules! kernel_tests {
             #[test]
             fn parity_grid_fragments_atomic_dq() {
                 on_device::parity_grid_fragments_atomic_dq(&$device(), stringify!($runtime));
+            }
+
+            #[test]
+            fn parity_grid_fragments_tf32() {
+                on_device::parity_grid_fragments_tf32(&$device(), stringify!($runtime));
             }
 
             #[test]

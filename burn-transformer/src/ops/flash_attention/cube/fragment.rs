@@ -28,6 +28,23 @@
 //!   and the shuffles differ. It synchronizes the cube twice an operation: a
 //!   verification path, never a fast one.
 //!
+//! f32 inputs have a third product, [`FragmentOps::SplitTf32`], on tensor cores that
+//! multiply TF32 (`mma.sync.m16n8k8`: a 16×8 `A`, an 8×8 `B`, one element a register).
+//! The pairs above are then f32 pairs, and the `x` elements of a lane's pairs are
+//! exactly its fragments of one m16n8k8 product, the `y` elements of another: in
+//! m16n8k8 a lane `4g + t` holds `A` at rows `g, g + 8, g, g + 8` and columns
+//! `t, t, t + 4, t + 4`, and `B` at rows `t, t + 4`, column `g`; element `e` of the
+//! pairs above sits at columns (of `A`, rows of `B`) `2t + e` and `2t + e + 8`. Taking
+//! column `κ` of the m16n8k8 product to be column `2(κ mod 4) + e + 8⌊κ/4⌋` of the
+//! 16-column chunk, the two products over `e = 0, 1` sum the chunk's 16 columns, in the
+//! same `C` layout; the order of a sum's terms is all that moves. TF32 keeps 10
+//! mantissa bits, so each element is split in a high part (rounded to TF32) and the
+//! rest (rounded again), and each product is three (`a_lo·b_hi + a_hi·b_lo +
+//! a_hi·b_hi`, the dropped `a_lo·b_lo` below f32's rounding): f32's accuracy at three
+//! times the tensor-core work. [`FragmentOps::EmulatedSplitTf32`] runs the same split
+//! and the same register mapping through shared memory (each element placed where
+//! CubeCL's m16n8k8 TF32 layout puts it), so the tests check both on lavapipe.
+//!
 //! Every unit of the cube calls an operation at the same point (the emulation
 //! synchronizes the cube, and `mma.sync` and the shuffles need their whole plane).
 
@@ -66,8 +83,24 @@ pub type Pair<E> = Vector<E, Const<2>>;
 pub enum FragmentOps {
     /// `mma.sync.m16n8k16` on tensor cores (f16/bf16), and plane shuffles.
     TensorCores,
-    /// The same operations through shared memory, on any device (see the module docs).
+    /// f32 inputs split in TF32 parts, each product six `mma.sync.m16n8k8` of TF32
+    /// (two halves of the chunk, three products each; see the module docs), and
+    /// plane shuffles.
+    SplitTf32,
+    /// The [`Self::TensorCores`] operations through shared memory, on any device (see
+    /// the module docs).
     Emulated,
+    /// The [`Self::SplitTf32`] operations through shared memory, on any device.
+    EmulatedSplitTf32,
+}
+
+impl FragmentOps {
+    /// Whether the operations run on the plane's own instructions (`mma.sync`,
+    /// shuffles, votes), so that the callers unroll their loops to keep the fragments
+    /// in registers; the emulations go through shared memory instead.
+    pub fn on_plane_instructions(self) -> bool {
+        matches!(self, Self::TensorCores | Self::SplitTf32)
+    }
 }
 
 /// How the lanes of a plane load their fragments of a tile staged in shared memory.
@@ -350,7 +383,7 @@ pub fn staged_row_products<F: Float>(
     #[comptime] ops: FragmentOps,
     #[comptime] loads: FragmentLoads,
 ) -> Array<Pair<f32>> {
-    let unrolled = comptime!(ops == FragmentOps::TensorCores);
+    let unrolled = comptime!(ops.on_plane_instructions());
     let mut out = zero_fragments(comptime!(row_tiles * tiles), unrolled);
     let row_view = &rows[first * stride + a_lane_start(stride, loads)..];
     let column_view = &tile[b_lane_start(stride, true, loads)..];
@@ -408,7 +441,7 @@ pub fn accumulate_products<F: Float>(
     #[comptime] ops: FragmentOps,
     #[comptime] loads: FragmentLoads,
 ) {
-    let unrolled = comptime!(ops == FragmentOps::TensorCores);
+    let unrolled = comptime!(ops.on_plane_instructions());
     let view = &tile[b_lane_start(stride, false, loads)..];
     #[unroll(unrolled)]
     for c in 0..chunks {
@@ -452,7 +485,7 @@ fn chunk_products<F: Float>(
     #[comptime] ops: FragmentOps,
     #[comptime] loads: FragmentLoads,
 ) {
-    let unrolled = comptime!(ops == FragmentOps::TensorCores);
+    let unrolled = comptime!(ops.on_plane_instructions());
     let per_load = comptime!(b_tiles_per_load(tiles));
     #[unroll(unrolled)]
     for l in 0..comptime!(tiles / per_load) {
@@ -509,7 +542,7 @@ pub fn staged_column_products<F: Float>(
     #[comptime] ops: FragmentOps,
     #[comptime] loads: FragmentLoads,
 ) -> Array<Pair<f32>> {
-    let unrolled = comptime!(ops == FragmentOps::TensorCores);
+    let unrolled = comptime!(ops.on_plane_instructions());
     let mut out = zero_fragments(tiles, unrolled);
     let row_view = &rows[first * a_stride + a_lane_start(a_stride, loads)..];
     let column_view = &tile[b_lane_start(t_stride, false, loads)..];
@@ -566,6 +599,10 @@ pub fn fragment_product<F: Float>(
 ) {
     if comptime!(ops == FragmentOps::TensorCores) {
         tensor_core_product::<F>(a, a_at, b, b_at, c, c_at);
+    } else if comptime!(ops == FragmentOps::SplitTf32) {
+        split_tf32_product::<F>(a, a_at, b, b_at, c, c_at);
+    } else if comptime!(ops == FragmentOps::EmulatedSplitTf32) {
+        emulated_split_tf32_product::<F>(a, a_at, b, b_at, c, c_at, scratch);
     } else {
         emulated_product::<F>(a, a_at, b, b_at, c, c_at, scratch);
     }
@@ -601,6 +638,152 @@ fn tensor_core_product<F: Float>(
     #[unroll]
     for p in 0..C_PAIRS {
         c[c_at + p] = out[p];
+    }
+}
+
+/// Columns of `A` (rows of `B`) of one TF32 product, m16n8k8: half a chunk of
+/// [`TILE_K`] columns ([`TILE_M`] and [`TILE_N`] as in the 16-bit product).
+pub const TF32_TILE_K: usize = TILE_K / 2;
+/// Elements of `A` a lane holds in a TF32 product (one a register).
+const TF32_A_ELEMENTS: usize = 4;
+/// Elements of `B` a lane holds in a TF32 product.
+const TF32_B_ELEMENTS: usize = 2;
+
+/// `x` rounded to TF32's 10 mantissa bits, to nearest with ties away from zero (as
+/// `cvt.rna.tf32.f32`), still an f32: adding half of the dropped bits' unit to the
+/// magnitude's bits carries into the kept ones exactly when the dropped part is at
+/// least half a unit (infinities stay infinite).
+#[cube]
+pub fn round_to_tf32(x: f32) -> f32 {
+    let bits = u32::reinterpret(x);
+    f32::reinterpret((bits + 0x1000u32) & 0xFFFF_E000u32)
+}
+
+/// `(high, low)` TF32 parts of `x`: `high` is `x` rounded to TF32, `low` the rest
+/// (exact in f32) rounded to TF32, so that `high + low` is `x` to about 21 bits.
+#[cube]
+pub fn split_tf32(x: f32) -> (f32, f32) {
+    let high = round_to_tf32(x);
+    (high, round_to_tf32(x - high))
+}
+
+/// What a tensor core reads of an f32 register holding a TF32 operand: its sign,
+/// exponent and 10 upper mantissa bits (the lower 13 are ignored). The emulation reads
+/// its operands so, so that a split whose parts were not TF32 values would lose their
+/// lower bits there as on a GPU.
+#[cube]
+fn tf32_operand(x: f32) -> f32 {
+    f32::reinterpret(u32::reinterpret(x) & 0xFFFF_E000u32)
+}
+
+/// `x` as a `T` (the macro cannot name `tf32::cast_from` itself).
+#[cube]
+fn cast_to<T: Float>(x: f32) -> T {
+    T::cast_from(x)
+}
+
+/// [`FragmentOps::SplitTf32`]'s product (f32 inputs): for each element `e` of the
+/// pairs, the `e` elements form one m16n8k8 product (see the module docs), which
+/// three `mma.sync` of TF32 parts make, the small terms first.
+#[cube]
+fn split_tf32_product<F: Float>(
+    a: &Array<Pair<F>>,
+    a_at: usize,
+    b: &Array<Pair<F>>,
+    b_at: usize,
+    c: &mut Array<Pair<f32>>,
+    c_at: usize,
+) {
+    let definition = cmma::MmaDefinition::<tf32, tf32, f32>::new(TILE_M, TILE_N, TF32_TILE_K);
+    let mut sums = Array::<Pair<f32>>::new(C_PAIRS);
+    #[unroll]
+    for p in 0..C_PAIRS {
+        sums[p] = c[c_at + p];
+    }
+    #[unroll]
+    for e in 0..2usize {
+        let mut a_high = Array::<Vector<tf32, Const<1>>>::new(TF32_A_ELEMENTS);
+        let mut a_low = Array::<Vector<tf32, Const<1>>>::new(TF32_A_ELEMENTS);
+        #[unroll]
+        for p in 0..TF32_A_ELEMENTS {
+            let (high, low) = split_tf32(f32::cast_from(a[a_at + p].extract(e)));
+            a_high[p] = Vector::<tf32, Const<1>>::new(cast_to::<tf32>(high));
+            a_low[p] = Vector::<tf32, Const<1>>::new(cast_to::<tf32>(low));
+        }
+        let mut b_high = Array::<Vector<tf32, Const<1>>>::new(TF32_B_ELEMENTS);
+        let mut b_low = Array::<Vector<tf32, Const<1>>>::new(TF32_B_ELEMENTS);
+        #[unroll]
+        for p in 0..TF32_B_ELEMENTS {
+            let (high, low) = split_tf32(f32::cast_from(b[b_at + p].extract(e)));
+            b_high[p] = Vector::<tf32, Const<1>>::new(cast_to::<tf32>(high));
+            b_low[p] = Vector::<tf32, Const<1>>::new(cast_to::<tf32>(low));
+        }
+        sums = definition.execute(&a_low, &b_high, &sums);
+        sums = definition.execute(&a_high, &b_low, &sums);
+        sums = definition.execute(&a_high, &b_high, &sums);
+    }
+    #[unroll]
+    for p in 0..C_PAIRS {
+        c[c_at + p] = sums[p];
+    }
+}
+
+/// [`FragmentOps::EmulatedSplitTf32`]'s product: [`split_tf32_product`] with each
+/// m16n8k8 product's `A` and `B` gathered in shared memory where the TF32 layout
+/// places the lane's registers, and the three products summed in f32.
+#[cube]
+fn emulated_split_tf32_product<F: Float>(
+    a: &Array<Pair<F>>,
+    a_at: usize,
+    b: &Array<Pair<F>>,
+    b_at: usize,
+    c: &mut Array<Pair<f32>>,
+    c_at: usize,
+    scratch: &mut Shared<[f32]>,
+) {
+    let lane = fragment_lane();
+    let base = (UNIT_POS as usize / LANES) * EMULATION_SCRATCH;
+    let b_base = base + TILE_M * TF32_TILE_K;
+    // A loop, not unrolled: the shader compilers of CPU runtimes slow down with every
+    // barrier in the code.
+    for e in 0..2usize {
+        #[unroll]
+        for p in 0..TF32_A_ELEMENTS {
+            let row = mma::row_index(lane, p as u32, 1usize, MatrixIdent::A) as usize;
+            let col = mma::col_index(lane, p as u32, 1usize, MatrixIdent::A) as usize;
+            scratch[base + row * TF32_TILE_K + col] =
+                f32::cast_from(a[a_at + p].extract_dynamic(e));
+        }
+        #[unroll]
+        for p in 0..TF32_B_ELEMENTS {
+            let row = mma::row_index(lane, p as u32, 1usize, MatrixIdent::B) as usize;
+            let col = mma::col_index(lane, p as u32, 1usize, MatrixIdent::B) as usize;
+            scratch[b_base + row * TILE_N + col] = f32::cast_from(b[b_at + p].extract_dynamic(e));
+        }
+        sync_cube();
+        #[unroll]
+        for p in 0..C_PAIRS {
+            let mut pair = c[c_at + p];
+            #[unroll]
+            for i in 0..2 {
+                let (row, col) = c_position(lane, (2 * p + i) as u32);
+                let mut low_high = 0.0f32;
+                let mut high_low = 0.0f32;
+                let mut high_high = 0.0f32;
+                for kk in 0..TF32_TILE_K {
+                    let (a_high, a_low) = split_tf32(scratch[base + row * TF32_TILE_K + kk]);
+                    let (b_high, b_low) = split_tf32(scratch[b_base + kk * TILE_N + col]);
+                    let (a_high, a_low) = (tf32_operand(a_high), tf32_operand(a_low));
+                    let (b_high, b_low) = (tf32_operand(b_high), tf32_operand(b_low));
+                    low_high += a_low * b_high;
+                    high_low += a_high * b_low;
+                    high_high += a_high * b_high;
+                }
+                pair.insert(i, ((pair.extract(i) + low_high) + high_low) + high_high);
+            }
+            c[c_at + p] = pair;
+        }
+        sync_cube();
     }
 }
 
@@ -659,7 +842,7 @@ fn emulated_product<F: Float>(
 /// of a `C` fragment between them), on every lane of the quad.
 #[cube]
 pub fn quad_max(value: f32, scratch: &mut Shared<[f32]>, #[comptime] ops: FragmentOps) -> f32 {
-    if comptime!(ops == FragmentOps::TensorCores) {
+    if comptime!(ops.on_plane_instructions()) {
         let pairs = f32::max(value, plane_shuffle_xor(value, 1));
         f32::max(pairs, plane_shuffle_xor(pairs, 2))
     } else {
@@ -672,7 +855,7 @@ pub fn quad_max(value: f32, scratch: &mut Shared<[f32]>, #[comptime] ops: Fragme
 /// in the same order by both implementations: `(l0 + l1) + (l2 + l3)`.
 #[cube]
 pub fn quad_sum(value: f32, scratch: &mut Shared<[f32]>, #[comptime] ops: FragmentOps) -> f32 {
-    if comptime!(ops == FragmentOps::TensorCores) {
+    if comptime!(ops.on_plane_instructions()) {
         let pairs = value + plane_shuffle_xor(value, 1);
         pairs + plane_shuffle_xor(pairs, 2)
     } else {
@@ -689,7 +872,7 @@ pub fn plane_agrees(
     #[comptime] ops: FragmentOps,
 ) -> bool {
     let mut all = true;
-    if comptime!(ops == FragmentOps::TensorCores) {
+    if comptime!(ops.on_plane_instructions()) {
         all = plane_all(value);
     } else {
         let base = (UNIT_POS as usize / LANES) * EMULATION_SCRATCH;

@@ -120,8 +120,10 @@ impl FragmentConfig {
     /// Shared f32 elements of the emulated operations.
     fn emulation(&self) -> usize {
         match self.ops {
-            FragmentOps::Emulated => self.planes * EMULATION_SCRATCH,
-            FragmentOps::TensorCores => 0,
+            FragmentOps::Emulated | FragmentOps::EmulatedSplitTf32 => {
+                self.planes * EMULATION_SCRATCH
+            }
+            FragmentOps::TensorCores | FragmentOps::SplitTf32 => 0,
         }
     }
 
@@ -215,7 +217,7 @@ pub fn fragment_forward<F: Float>(
     let ops = config.ops;
     // Unrolled with tensor cores (constant indices keep the fragments in registers),
     // loops in the emulation (see `fragment_product`).
-    let unrolled = comptime!(ops == FragmentOps::TensorCores);
+    let unrolled = comptime!(ops.on_plane_instructions());
 
     let seq_q = sizes.seq_q as usize;
     let heads = sizes.heads as usize;
@@ -502,7 +504,7 @@ pub fn fragment_backward_q<F: Float>(
     let key_chunks = comptime!(bk / TILE_K);
     let grad_tiles = comptime!(d_qk / TILE_N);
     let ops = config.ops;
-    let unrolled = comptime!(ops == FragmentOps::TensorCores);
+    let unrolled = comptime!(ops.on_plane_instructions());
 
     let seq_q = sizes.seq_q as usize;
     let lane = fragment_lane();
@@ -742,7 +744,7 @@ pub fn fragment_backward_kv<F: Float, N: Size>(
     let key_grad_tiles = comptime!(d_qk / TILE_N);
     let value_grad_tiles = comptime!(d_v / TILE_N);
     let ops = config.ops;
-    let unrolled = comptime!(ops == FragmentOps::TensorCores);
+    let unrolled = comptime!(ops.on_plane_instructions());
 
     let seq_q = sizes.seq_q as usize;
     let seq_k = sizes.seq_k as usize;
@@ -1089,7 +1091,7 @@ fn add_query_gradients<F: Float, N: Size>(
             || (planes - 1) / row_blocks >= steps
     );
     let ops = config.ops;
-    let unrolled = comptime!(ops == FragmentOps::TensorCores);
+    let unrolled = comptime!(ops.on_plane_instructions());
     let lane = fragment_lane();
     let first_tile = plane / row_blocks;
     for round in 0..rounds {

@@ -145,17 +145,21 @@ fn choose_on(
     };
     let fragments_first = matches!(
         requested,
-        FlashKernel::Fragments | FlashKernel::WideFragments | FlashKernel::FragmentsAtomicDq
+        FlashKernel::Fragments
+            | FlashKernel::WideFragments
+            | FlashKernel::FragmentsAtomicDq
+            | FlashKernel::FragmentsTf32
     ) || (requested == FlashKernel::Auto
         && has_fragment_mma(properties, dtype));
     if fragments_first {
         let row_tiles = match requested {
-            FlashKernel::Fragments => fragment_row_tiles(false),
+            FlashKernel::Fragments | FlashKernel::FragmentsTf32 => fragment_row_tiles(false),
             FlashKernel::WideFragments => fragment_row_tiles(true),
             _ => auto_forward_row_tiles(problem, properties),
         };
         let one_pass = requested == FlashKernel::FragmentsAtomicDq;
-        let fragments = plan_fragments(problem, dtype, properties, row_tiles, one_pass);
+        let split_tf32 = requested == FlashKernel::FragmentsTf32;
+        let fragments = plan_fragments(problem, dtype, properties, row_tiles, one_pass, split_tf32);
         let staged = plan_staged(
             problem,
             dtype,
@@ -172,7 +176,8 @@ fn choose_on(
         FlashKernel::Staged
         | FlashKernel::Fragments
         | FlashKernel::WideFragments
-        | FlashKernel::FragmentsAtomicDq => Some(StagedProduct::Plain),
+        | FlashKernel::FragmentsAtomicDq
+        | FlashKernel::FragmentsTf32 => Some(StagedProduct::Plain),
         FlashKernel::StagedTensorCores => Some(StagedProduct::TensorCores),
         FlashKernel::Auto if is_cpu_runtime(properties) => None,
         FlashKernel::Auto | FlashKernel::Autotune => return Choice::Tuned,
@@ -870,6 +875,72 @@ mod tests {
         assert!(matches!(staged, Choice::Fixed(family) if matches!(*family, Family::Staged(_))));
     }
 
+    /// `FragmentsTf32` runs the split TF32 products for f32 on GPUs with TF32 fragments
+    /// and their emulation on CPU runtimes, the 16-bit products for f16/bf16, and the
+    /// staged kernels on GPUs without the instruction; nothing else takes them.
+    #[test]
+    fn tf32_fragments_run_only_when_asked() {
+        use super::super::fragment::FragmentOps;
+        let ops = |choice: Choice| match choice {
+            Choice::Fixed(family) => match *family {
+                Family::Fragments(tiling, _) => Some(tiling.forward.ops),
+                _ => None,
+            },
+            Choice::Tuned => None,
+        };
+        let tensor_cores = gpu_with_fragments();
+        let asked = |dtype, properties| {
+            ops(choose_on(
+                &problem(128, 128),
+                FlashKernel::FragmentsTf32,
+                dtype,
+                properties,
+            ))
+        };
+        assert_eq!(
+            asked(DType::F32, &tensor_cores),
+            Some(FragmentOps::SplitTf32)
+        );
+        assert_eq!(
+            asked(DType::BF16, &tensor_cores),
+            Some(FragmentOps::TensorCores)
+        );
+        let mut cpu = tensor_cores.clone();
+        cpu.hardware.num_cpu_cores = Some(2);
+        assert!(is_cpu_runtime(&cpu));
+        cpu.features.matmul.mma.clear();
+        assert_eq!(
+            asked(DType::F32, &cpu),
+            Some(FragmentOps::EmulatedSplitTf32)
+        );
+        let mut without = tensor_cores.clone();
+        without
+            .features
+            .matmul
+            .mma
+            .retain(|m| m.a_type != cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::TF32));
+        assert_eq!(asked(DType::F32, &without), None);
+        // Neither the explicit fragment family nor `Auto` splits f32.
+        assert_eq!(
+            ops(choose_on(
+                &problem(128, 128),
+                FlashKernel::Fragments,
+                DType::F32,
+                &tensor_cores
+            )),
+            None
+        );
+        if FlashKernel::from_env().is_none() {
+            let auto = choose_on(
+                &problem(128, 128),
+                FlashKernel::Auto,
+                DType::F32,
+                &tensor_cores,
+            );
+            assert!(matches!(auto, Choice::Tuned));
+        }
+    }
+
     /// `Auto`'s fragment forward is the wide one (two row tiles a plane) for launches
     /// of at least 8 wide cubes per multiprocessor at value head dim 128, the narrow one
     /// otherwise; its dQ is always narrow. An explicit family keeps its width.
@@ -947,7 +1018,8 @@ mod tests {
         cuda.features.memory_reinterpret = true;
         for dtype in [DType::BF16, DType::F16] {
             for (d_qk, d_v) in [(64, 64), (128, 128), (192, 128)] {
-                let plan = plan_fragments(&problem(d_qk, d_v), dtype, &cuda, 1, false).unwrap();
+                let plan =
+                    plan_fragments(&problem(d_qk, d_v), dtype, &cuda, 1, false, false).unwrap();
                 let (q, kv) = plan.backward.unwrap();
                 for config in [plan.forward, q, kv] {
                     // 16 bytes of a 2-byte type.
@@ -959,14 +1031,14 @@ mod tests {
                     };
                     assert_eq!(config.loads, loads, "{dtype:?} {d_qk}x{d_v}");
                 }
-                let plan =
-                    plan_fragments(&problem(d_qk, d_v), dtype, &wgpu_like, 1, false).unwrap();
+                let plan = plan_fragments(&problem(d_qk, d_v), dtype, &wgpu_like, 1, false, false)
+                    .unwrap();
                 assert_eq!(plan.forward.staging, 1, "{dtype:?} {d_qk}x{d_v}");
                 assert_eq!(plan.forward.loads, FragmentLoads::Elements);
             }
         }
         // Head dims that are odd multiples of 8 still take whole 16-byte vectors.
-        let plan = plan_fragments(&problem(48, 24), DType::BF16, &cuda, 1, false).unwrap();
+        let plan = plan_fragments(&problem(48, 24), DType::BF16, &cuda, 1, false, false).unwrap();
         assert_eq!(plan.forward.staging, 8);
     }
 
@@ -984,7 +1056,8 @@ mod tests {
             // At 192/128 the one-pass kernel would spill: the two-pass one runs.
             let takes = d_qk <= 128;
             let adds = |properties, one_pass| {
-                let plan = plan_fragments(&problem, DType::BF16, properties, 1, one_pass).unwrap();
+                let plan =
+                    plan_fragments(&problem, DType::BF16, properties, 1, one_pass, false).unwrap();
                 let (q, kv) = plan.backward.unwrap();
                 assert!(!plan.forward.adds_dq && !q.adds_dq);
                 assert!(kv.backward_kv_bytes(2) <= atomics.hardware.max_shared_memory_size);
@@ -1021,9 +1094,15 @@ mod tests {
         let other = gpu_with_fragments();
         for (d_qk, d_v) in [(64, 64), (128, 128), (192, 128)] {
             for row_tiles in [1, 2] {
-                let plan =
-                    plan_fragments(&problem(d_qk, d_v), DType::BF16, &cuda, row_tiles, false)
-                        .unwrap();
+                let plan = plan_fragments(
+                    &problem(d_qk, d_v),
+                    DType::BF16,
+                    &cuda,
+                    row_tiles,
+                    false,
+                    false,
+                )
+                .unwrap();
                 let (q, kv) = plan.backward.unwrap();
                 assert_eq!(plan.forward.exponential, Exponential::Ex2Approx);
                 assert_eq!(q.exponential, Exponential::Ex2Approx);
@@ -1032,9 +1111,15 @@ mod tests {
                 assert_eq!(kv.row_tiles, 1);
                 assert_eq!(plan.forward.rows(), 16 * row_tiles * plan.forward.planes);
 
-                let plan =
-                    plan_fragments(&problem(d_qk, d_v), DType::BF16, &other, row_tiles, false)
-                        .unwrap();
+                let plan = plan_fragments(
+                    &problem(d_qk, d_v),
+                    DType::BF16,
+                    &other,
+                    row_tiles,
+                    false,
+                    false,
+                )
+                .unwrap();
                 let (q, kv) = plan.backward.unwrap();
                 for config in [plan.forward, q, kv] {
                     assert_eq!(config.exponential, Exponential::Library);

@@ -458,6 +458,11 @@ const FRAGMENT_BLOCKS: [usize; 3] = [64, 32, 16];
 /// dK/dV): 32 keeps its two score tiles (`S` and `dP`) at 16 registers each beside
 /// the gradients' accumulators.
 const FRAGMENT_BACKWARD_BLOCKS: [usize; 2] = [32, 16];
+/// [`FRAGMENT_BACKWARD_BLOCKS`] of the split TF32 products (and their emulation, so
+/// that the tests run the GPU's tiles): f32's fragments take twice the registers of
+/// 16-bit ones, and with 32 streamed rows dQ spilled 8 bytes at head dim 64 and dK/dV
+/// 16–28 at 128 (ptxas, sm_90); 16 rows halve the score tiles.
+const SPLIT_TF32_BACKWARD_BLOCKS: [usize; 1] = [16];
 /// 16-row tiles each plane of the forward kernel owns: one, or two for the wide family
 /// ([`FlashKernel::WideFragments`](super::super::FlashKernel)).
 pub(crate) fn fragment_row_tiles(wide: bool) -> usize {
@@ -553,13 +558,7 @@ const FRAGMENT_BUFFERS: u32 = MAX_BUFFERS + 1;
 /// Whether the device multiplies m16n8k16 fragments of `dtype` into f32 with
 /// `mma.sync`-style manual MMA and shuffles values within planes of 32 lanes.
 pub(crate) fn has_fragment_mma(properties: &cubecl::ir::DeviceProperties, dtype: DType) -> bool {
-    let hardware = &properties.hardware;
-    hardware.plane_size_min == LANES as u32
-        && hardware.plane_size_max == LANES as u32
-        && properties
-            .features
-            .plane
-            .contains(cubecl::ir::features::Plane::Ops)
+    has_fragment_planes(properties)
         && multiplies_half_fragments(
             &properties.features.matmul.mma,
             dtype,
@@ -567,12 +566,42 @@ pub(crate) fn has_fragment_mma(properties: &cubecl::ir::DeviceProperties, dtype:
         )
 }
 
+/// Whether the device multiplies m16n8k8 TF32 fragments into f32 with manual MMA (the
+/// products of [`FragmentOps::SplitTf32`]) and shuffles values within planes of 32
+/// lanes.
+pub(crate) fn has_tf32_fragment_mma(properties: &cubecl::ir::DeviceProperties) -> bool {
+    let tf32 = cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::TF32);
+    let f32 = cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::F32);
+    has_fragment_planes(properties)
+        && properties.features.matmul.mma.iter().any(|c| {
+            c.a_type == tf32
+                && c.b_type == tf32
+                && c.cd_type == f32
+                && (c.m, c.n, c.k) == (TILE_M as u32, TILE_N as u32, (TILE_K / 2) as u32)
+        })
+}
+
+/// Whether the device's planes are the fragments' 32 lanes, with shuffles and votes.
+fn has_fragment_planes(properties: &cubecl::ir::DeviceProperties) -> bool {
+    let hardware = &properties.hardware;
+    hardware.plane_size_min == LANES as u32
+        && hardware.plane_size_max == LANES as u32
+        && properties
+            .features
+            .plane
+            .contains(cubecl::ir::features::Plane::Ops)
+}
+
 /// The fragment kernels' configurations for `problem` in `dtype` on a device with
 /// `properties`: tensor-core products where the device has them for `dtype`, the
 /// emulated ones on CPU runtimes (where the tests run them), and `None` elsewhere (f32
-/// on GPUs: no tensor-core product keeps f32's precision), for head dims the fragments
-/// do not tile, and for a forward whose tiles do not fit the device. The backward is
-/// planned where its tiles fit too (and the value head dim is a multiple of 16).
+/// on GPUs unless `split_tf32`), for head dims the fragments do not tile, and for a
+/// forward whose tiles do not fit the device. The backward is planned where its tiles
+/// fit too (and the value head dim is a multiple of 16).
+///
+/// With `split_tf32`, f32 inputs take products of TF32 parts
+/// ([`FragmentOps::SplitTf32`]) where the device multiplies TF32 fragments, and their
+/// emulation on CPU runtimes; other dtypes are planned as without it.
 ///
 /// Each plane of the forward owns `row_tiles` (1 or 2) tiles of 16 query rows; the
 /// dQ kernel's planes own one (on an H100, bf16, head dim 128, two took 1.06–1.74× its
@@ -586,6 +615,7 @@ pub(crate) fn plan_fragments(
     properties: &cubecl::ir::DeviceProperties,
     row_tiles: usize,
     one_pass: bool,
+    split_tf32: bool,
 ) -> Option<FragmentTiling> {
     let hardware = &properties.hardware;
     let tiles = problem.d_qk.is_multiple_of(TILE_K)
@@ -595,8 +625,13 @@ pub(crate) fn plan_fragments(
     if !tiles || hardware.max_bindings < FRAGMENT_BUFFERS {
         return None;
     }
-    let ops = if has_fragment_mma(properties, dtype) {
+    let split = split_tf32 && dtype == DType::F32;
+    let ops = if split && has_tf32_fragment_mma(properties) {
+        FragmentOps::SplitTf32
+    } else if !split && has_fragment_mma(properties, dtype) {
         FragmentOps::TensorCores
+    } else if is_cpu_runtime(properties) && split {
+        FragmentOps::EmulatedSplitTf32
     } else if is_cpu_runtime(properties) {
         FragmentOps::Emulated
     } else {
@@ -653,7 +688,11 @@ pub(crate) fn plan_fragments(
     let forward = fewer_planes(row_tiles, forward_blocks, problem.seq_k, &|c| {
         c.forward_bytes(elem)
     })?;
-    let backward_q = fewer_planes(1, &FRAGMENT_BACKWARD_BLOCKS, problem.seq_k, &|c| {
+    let backward_blocks: &[usize] = match ops {
+        FragmentOps::SplitTf32 | FragmentOps::EmulatedSplitTf32 => &SPLIT_TF32_BACKWARD_BLOCKS,
+        FragmentOps::TensorCores | FragmentOps::Emulated => &FRAGMENT_BACKWARD_BLOCKS,
+    };
+    let backward_q = fewer_planes(1, backward_blocks, problem.seq_k, &|c| {
         c.backward_q_bytes(elem)
     });
     let kv_bytes = |c: &FragmentConfig| c.backward_kv_bytes(elem);
@@ -661,11 +700,11 @@ pub(crate) fn plan_fragments(
     let one_pass_bytes = |c: &FragmentConfig| adding_dq(*c).backward_kv_bytes(elem);
     let one_pass_kv =
         (one_pass && adds_f32_atomically(properties) && problem.d_qk <= ONE_PASS_MAX_D_QK)
-            .then(|| fewer_planes(1, &FRAGMENT_BACKWARD_BLOCKS, problem.seq_q, &one_pass_bytes))
+            .then(|| fewer_planes(1, backward_blocks, problem.seq_q, &one_pass_bytes))
             .flatten()
             .map(adding_dq);
-    let backward_kv = one_pass_kv
-        .or_else(|| fewer_planes(1, &FRAGMENT_BACKWARD_BLOCKS, problem.seq_q, &kv_bytes));
+    let backward_kv =
+        one_pass_kv.or_else(|| fewer_planes(1, backward_blocks, problem.seq_q, &kv_bytes));
     let backward = backward_q
         .zip(backward_kv)
         .filter(|_| problem.d_v.is_multiple_of(TILE_K));

@@ -107,21 +107,26 @@ pub enum KernelFamily {
     /// The one-pass fragment backward's dK/dV kernel, which also adds `dQ` atomically
     /// (f16/bf16 only); its forward is [`Self::Fragments`]' or [`Self::WideFragments`]'.
     FragmentsAtomicDq,
+    /// The fragment kernels for f32 inputs, each product three TF32 products of split
+    /// elements (f32 only, see `fragment.rs`).
+    FragmentsTf32,
 }
 
 impl KernelFamily {
     /// Every family, in the order tools list them.
-    pub const ALL: [KernelFamily; 6] = [
+    pub const ALL: [KernelFamily; 7] = [
         KernelFamily::RegisterTile,
         KernelFamily::Staged,
         KernelFamily::StagedTensorCores,
         KernelFamily::Fragments,
         KernelFamily::WideFragments,
         KernelFamily::FragmentsAtomicDq,
+        KernelFamily::FragmentsTf32,
     ];
 
     /// The family's name in tools' output (`register_tile`, `staged`,
-    /// `staged_tensor_cores`, `fragments`, `wide_fragments`, `fragments_atomic_dq`).
+    /// `staged_tensor_cores`, `fragments`, `wide_fragments`, `fragments_atomic_dq`,
+    /// `fragments_tf32`).
     pub fn name(self) -> &'static str {
         match self {
             Self::RegisterTile => "register_tile",
@@ -130,6 +135,7 @@ impl KernelFamily {
             Self::Fragments => "fragments",
             Self::WideFragments => "wide_fragments",
             Self::FragmentsAtomicDq => "fragments_atomic_dq",
+            Self::FragmentsTf32 => "fragments_tf32",
         }
     }
 }
@@ -244,13 +250,27 @@ pub fn kernel_variants(
                     KernelFamily::RegisterTile => variants.extend(register_tile(&build)),
                     KernelFamily::Fragments
                     | KernelFamily::WideFragments
-                    | KernelFamily::FragmentsAtomicDq => {
+                    | KernelFamily::FragmentsAtomicDq
+                    | KernelFamily::FragmentsTf32 => {
                         let row_tiles = fragment_row_tiles(family == KernelFamily::WideFragments);
                         let one_pass = family == KernelFamily::FragmentsAtomicDq;
-                        // Only where the launches take it: tensor cores for the dtype.
-                        let tiling =
-                            plan_fragments(&problem, dtype, &properties, row_tiles, one_pass)
-                                .filter(|tiling| tiling.forward.ops == FragmentOps::TensorCores);
+                        let split_tf32 = family == KernelFamily::FragmentsTf32;
+                        // Only where the launches take it: tensor cores for the dtype
+                        // (the TF32 family's own for f32 alone).
+                        let products = if split_tf32 {
+                            FragmentOps::SplitTf32
+                        } else {
+                            FragmentOps::TensorCores
+                        };
+                        let tiling = plan_fragments(
+                            &problem,
+                            dtype,
+                            &properties,
+                            row_tiles,
+                            one_pass,
+                            split_tf32,
+                        )
+                        .filter(|tiling| tiling.forward.ops == products);
                         variants.extend(
                             tiling
                                 .into_iter()
@@ -881,8 +901,8 @@ pub(super) mod tests {
         }
     }
 
-    /// [`gpu`] with plane operations and m16n8k16 manual MMA of f16 and bf16 into f32,
-    /// as CUDA describes an sm_80+ GPU.
+    /// [`gpu`] with plane operations, m16n8k16 manual MMA of f16 and bf16 into f32 and
+    /// m16n8k8 of TF32, as CUDA describes an sm_80+ GPU.
     pub(in super::super) fn gpu_with_fragments() -> DeviceProperties {
         let mut properties = gpu();
         properties
@@ -900,6 +920,16 @@ pub(super) mod tests {
                 k: 16,
             });
         }
+        // TF32 m16n8k8, as CUDA registers it for sm_80 and later.
+        let tf32 = ElemType::Float(FloatKind::TF32);
+        properties.features.matmul.mma.insert(MmaConfig {
+            a_type: tf32,
+            b_type: tf32,
+            cd_type: f32,
+            m: 16,
+            n: 8,
+            k: 8,
+        });
         // As CUDA registers it (the one-pass backward's dQ).
         properties.register_atomic_type_usage(
             cubecl::ir::Type::atomic(f32),
@@ -946,6 +976,73 @@ pub(super) mod tests {
         }
     }
 
+    /// The TF32 fragment variants: f32 alone (f16/bf16 are the fragment family's), at
+    /// the head dims their tiles take on a device with m16n8k8 TF32 manual MMA, with
+    /// the split products; each expands. None without the instruction.
+    #[test]
+    fn tf32_fragment_variants_need_the_instruction_and_f32() {
+        let mut without = gpu_with_fragments();
+        without
+            .features
+            .matmul
+            .mma
+            .retain(|m| m.a_type != ElemType::Float(FloatKind::TF32));
+        let plain = kernel_variants(&without, &TargetProperties::default()).unwrap();
+        assert!(
+            plain
+                .iter()
+                .all(|v| v.family != KernelFamily::FragmentsTf32)
+        );
+
+        let properties = gpu_with_fragments();
+        let variants = kernel_variants(&properties, &TargetProperties::default()).unwrap();
+        let tf32: Vec<_> = variants
+            .iter()
+            .filter(|v| v.family == KernelFamily::FragmentsTf32)
+            .collect();
+        let head_dims = [(64, 64), (128, 128), (192, 128)];
+        assert!(!tf32.is_empty());
+        for variant in &tf32 {
+            assert_eq!(variant.dtype, DType::F32);
+            assert!(
+                head_dims.contains(&(variant.d_qk, variant.d_v)),
+                "{variant:?}"
+            );
+            variant.define().unwrap();
+        }
+        // Forward, dQ and dK/dV wherever f32's twice larger tiles fit, and the split
+        // products in each plan.
+        for (d_qk, d_v) in head_dims {
+            let plan = plan_fragments(
+                &variant_problem(d_qk, d_v),
+                DType::F32,
+                &properties,
+                1,
+                false,
+                true,
+            )
+            .unwrap();
+            assert_eq!(plan.forward.ops, FragmentOps::SplitTf32);
+            let kernels = 1 + 2 * plan.backward.is_some() as usize;
+            let found = tf32
+                .iter()
+                .filter(|v| (v.d_qk, v.d_v) == (d_qk, d_v))
+                .count();
+            assert_eq!(found, kernels, "{d_qk}x{d_v}");
+        }
+        // f16/bf16 asked for the split still plan the 16-bit products.
+        let plan = plan_fragments(
+            &variant_problem(64, 64),
+            DType::BF16,
+            &properties,
+            1,
+            false,
+            true,
+        )
+        .unwrap();
+        assert_eq!(plan.forward.ops, FragmentOps::TensorCores);
+    }
+
     /// The fragment kernels with `ldmatrix` loads (`FragmentLoads::Matrices`, CUDA's
     /// default) expand at every head dim and half type the family takes, as CUDA
     /// would compile them.
@@ -975,7 +1072,8 @@ pub(super) mod tests {
                 };
                 let one_pass = family == KernelFamily::FragmentsAtomicDq;
                 let mut fragments =
-                    plan_fragments(&problem, dtype, &properties, row_tiles, one_pass).unwrap();
+                    plan_fragments(&problem, dtype, &properties, row_tiles, one_pass, false)
+                        .unwrap();
                 fragments.forward.loads = FragmentLoads::Matrices;
                 if let Some((q, kv)) = fragments.backward.as_mut() {
                     q.loads = FragmentLoads::Matrices;
@@ -1015,7 +1113,8 @@ pub(super) mod tests {
                 (
                     KernelFamily::Fragments
                     | KernelFamily::WideFragments
-                    | KernelFamily::FragmentsAtomicDq,
+                    | KernelFamily::FragmentsAtomicDq
+                    | KernelFamily::FragmentsTf32,
                     kernel,
                 ) => match kernel {
                     AttentionKernel::Forward => "fragment_forward",
