@@ -642,27 +642,29 @@ fn tensor_core_product<F: Float>(
 }
 
 /// Columns of `A` (rows of `B`) of one TF32 product, m16n8k8: half a chunk of
-/// [`TILE_K`] columns ([`TILE_M`] and [`TILE_N`] as in the 16-bit product).
-pub const TF32_TILE_K: usize = TILE_K / 2;
-/// Elements of `A` a lane holds in a TF32 product (one a register).
-const TF32_A_ELEMENTS: usize = 4;
-/// Elements of `B` a lane holds in a TF32 product.
-const TF32_B_ELEMENTS: usize = 2;
+/// [`TILE_K`] columns ([`TILE_M`] and [`TILE_N`] as in the 16-bit product). A lane
+/// holds one element of `A` in it per pair of the 16-bit layout ([`A_PAIRS`]), and
+/// one of `B` per pair ([`B_PAIRS`]).
+const TF32_TILE_K: usize = TILE_K / 2;
+/// The bits of an f32 that TF32 keeps: sign, exponent and the 10 upper mantissa bits.
+const TF32_KEPT_BITS: u32 = 0xFFFF_E000;
+/// One register of a TF32 fragment: a single element.
+type Tf32Register = Vector<tf32, Const<1>>;
 
 /// `x` rounded to TF32's 10 mantissa bits, to nearest with ties away from zero (as
 /// `cvt.rna.tf32.f32`), still an f32: adding half of the dropped bits' unit to the
 /// magnitude's bits carries into the kept ones exactly when the dropped part is at
 /// least half a unit (infinities stay infinite).
 #[cube]
-pub fn round_to_tf32(x: f32) -> f32 {
+fn round_to_tf32(x: f32) -> f32 {
     let bits = u32::reinterpret(x);
-    f32::reinterpret((bits + 0x1000u32) & 0xFFFF_E000u32)
+    f32::reinterpret((bits + 0x1000u32) & TF32_KEPT_BITS)
 }
 
 /// `(high, low)` TF32 parts of `x`: `high` is `x` rounded to TF32, `low` the rest
 /// (exact in f32) rounded to TF32, so that `high + low` is `x` to about 21 bits.
 #[cube]
-pub fn split_tf32(x: f32) -> (f32, f32) {
+fn split_tf32(x: f32) -> (f32, f32) {
     let high = round_to_tf32(x);
     (high, round_to_tf32(x - high))
 }
@@ -673,13 +675,33 @@ pub fn split_tf32(x: f32) -> (f32, f32) {
 /// lower bits there as on a GPU.
 #[cube]
 fn tf32_operand(x: f32) -> f32 {
-    f32::reinterpret(u32::reinterpret(x) & 0xFFFF_E000u32)
+    f32::reinterpret(u32::reinterpret(x) & TF32_KEPT_BITS)
 }
 
 /// `x` as a `T` (the macro cannot name `tf32::cast_from` itself).
 #[cube]
 fn cast_to<T: Float>(x: f32) -> T {
     T::cast_from(x)
+}
+
+/// The TF32 registers of one m16n8k8 factor: element `e` of `count` pairs of
+/// `pairs` from `at`, each split in its high and low parts (the two arrays).
+#[cube]
+fn split_operands<F: Float>(
+    pairs: &Array<Pair<F>>,
+    at: usize,
+    #[comptime] count: usize,
+    #[comptime] e: usize,
+) -> (Array<Tf32Register>, Array<Tf32Register>) {
+    let mut high = Array::<Tf32Register>::new(count);
+    let mut low = Array::<Tf32Register>::new(count);
+    #[unroll]
+    for p in 0..count {
+        let (h, l) = split_tf32(f32::cast_from(pairs[at + p].extract(e)));
+        high[p] = Tf32Register::new(cast_to::<tf32>(h));
+        low[p] = Tf32Register::new(cast_to::<tf32>(l));
+    }
+    (high, low)
 }
 
 /// [`FragmentOps::SplitTf32`]'s product (f32 inputs): for each element `e` of the
@@ -702,22 +724,8 @@ fn split_tf32_product<F: Float>(
     }
     #[unroll]
     for e in 0..2usize {
-        let mut a_high = Array::<Vector<tf32, Const<1>>>::new(TF32_A_ELEMENTS);
-        let mut a_low = Array::<Vector<tf32, Const<1>>>::new(TF32_A_ELEMENTS);
-        #[unroll]
-        for p in 0..TF32_A_ELEMENTS {
-            let (high, low) = split_tf32(f32::cast_from(a[a_at + p].extract(e)));
-            a_high[p] = Vector::<tf32, Const<1>>::new(cast_to::<tf32>(high));
-            a_low[p] = Vector::<tf32, Const<1>>::new(cast_to::<tf32>(low));
-        }
-        let mut b_high = Array::<Vector<tf32, Const<1>>>::new(TF32_B_ELEMENTS);
-        let mut b_low = Array::<Vector<tf32, Const<1>>>::new(TF32_B_ELEMENTS);
-        #[unroll]
-        for p in 0..TF32_B_ELEMENTS {
-            let (high, low) = split_tf32(f32::cast_from(b[b_at + p].extract(e)));
-            b_high[p] = Vector::<tf32, Const<1>>::new(cast_to::<tf32>(high));
-            b_low[p] = Vector::<tf32, Const<1>>::new(cast_to::<tf32>(low));
-        }
+        let (a_high, a_low) = split_operands::<F>(a, a_at, A_PAIRS, e);
+        let (b_high, b_low) = split_operands::<F>(b, b_at, B_PAIRS, e);
         sums = definition.execute(&a_low, &b_high, &sums);
         sums = definition.execute(&a_high, &b_low, &sums);
         sums = definition.execute(&a_high, &b_high, &sums);
@@ -748,14 +756,14 @@ fn emulated_split_tf32_product<F: Float>(
     // barrier in the code.
     for e in 0..2usize {
         #[unroll]
-        for p in 0..TF32_A_ELEMENTS {
+        for p in 0..A_PAIRS {
             let row = mma::row_index(lane, p as u32, 1usize, MatrixIdent::A) as usize;
             let col = mma::col_index(lane, p as u32, 1usize, MatrixIdent::A) as usize;
             scratch[base + row * TF32_TILE_K + col] =
                 f32::cast_from(a[a_at + p].extract_dynamic(e));
         }
         #[unroll]
-        for p in 0..TF32_B_ELEMENTS {
+        for p in 0..B_PAIRS {
             let row = mma::row_index(lane, p as u32, 1usize, MatrixIdent::B) as usize;
             let col = mma::col_index(lane, p as u32, 1usize, MatrixIdent::B) as usize;
             scratch[b_base + row * TILE_N + col] = f32::cast_from(b[b_at + p].extract_dynamic(e));

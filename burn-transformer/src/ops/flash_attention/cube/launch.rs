@@ -814,7 +814,7 @@ pub(super) fn backward_with(
 
 #[cfg(test)]
 mod tests {
-    use super::super::variants::tests::{gpu, gpu_with_fragments};
+    use super::super::variants::tests::{gpu, gpu_with_fragments, without_tf32};
     use super::*;
     use crate::ops::mask::MaskRule;
 
@@ -913,12 +913,7 @@ mod tests {
             asked(DType::F32, &cpu),
             Some(FragmentOps::EmulatedSplitTf32)
         );
-        let mut without = tensor_cores.clone();
-        without
-            .features
-            .matmul
-            .mma
-            .retain(|m| m.a_type != cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::TF32));
+        let without = without_tf32(tensor_cores.clone());
         assert_eq!(asked(DType::F32, &without), None);
         // Neither the explicit fragment family nor `Auto` splits f32.
         assert_eq!(

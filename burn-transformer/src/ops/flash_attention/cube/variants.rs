@@ -938,6 +938,13 @@ pub(super) mod tests {
         properties
     }
 
+    /// `properties` without m16n8k8 TF32 manual MMA (the 16-bit products kept).
+    pub(in super::super) fn without_tf32(mut properties: DeviceProperties) -> DeviceProperties {
+        let tf32 = ElemType::Float(FloatKind::TF32);
+        properties.features.matmul.mma.retain(|m| m.a_type != tf32);
+        properties
+    }
+
     /// The fragment kernels' tensor-core variants: f16 and bf16 at the head dims their
     /// registers take, on a device with m16n8k16 manual MMA; each expands (its
     /// definition is what CUDA compiles). None without the instruction or in f32.
@@ -981,13 +988,11 @@ pub(super) mod tests {
     /// the split products; each expands. None without the instruction.
     #[test]
     fn tf32_fragment_variants_need_the_instruction_and_f32() {
-        let mut without = gpu_with_fragments();
-        without
-            .features
-            .matmul
-            .mma
-            .retain(|m| m.a_type != ElemType::Float(FloatKind::TF32));
-        let plain = kernel_variants(&without, &TargetProperties::default()).unwrap();
+        let plain = kernel_variants(
+            &without_tf32(gpu_with_fragments()),
+            &TargetProperties::default(),
+        )
+        .unwrap();
         assert!(
             plain
                 .iter()
