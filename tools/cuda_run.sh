@@ -158,13 +158,14 @@ run)
             ${BENCH_ARGS:-} >>"$out/bench/bench.log" 2>&1
     }
     # The stages, in the order CUDA_RUN_STAGES names them (by default the acceptance's
-    # columns first: the fastest fused family against Burn and PyTorch; the kernel
-    # tests but the f32 grid; a profile of the fastest family's kernels; the fragment
-    # kernels with element loads beside them; the other families; the f32 grid last).
+    # columns first: the fastest fused family against Burn and PyTorch, and the
+    # forward with overlapped copies beside it; the kernel tests but the f32 grid; a
+    # profile of the fastest family's kernels; the fragment kernels with element loads
+    # beside them; the other families; the f32 grid last).
     # The first run on a machine compiles every kernel (NVRTC, then the driver's PTX
     # compiler, whose cache on the machine makes later runs faster), hence the caps.
     : >"$out/tests.log"
-    for stage in ${CUDA_RUN_STAGES:-fragments tests profile element-loads tensor-cores tests-tc families grid-f32}; do
+    for stage in ${CUDA_RUN_STAGES:-fragments overlapped tests profile element-loads tensor-cores tests-tc families grid-f32}; do
         case "$stage" in
         # The fragment families beside Burn and PyTorch (the one-pass backward's
         # family times forward+backward cells only: 6 more jobs).
@@ -182,6 +183,12 @@ run)
             export BURN_TRANSFORMER_FLASH_LDMATRIX=0
             bench_batch 120 'fused[fragments]'
             unset BURN_TRANSFORMER_FLASH_LDMATRIX
+            ;;
+        overlapped)
+            # The fragment forward with its key copies overlapped (`cp.async`) beside
+            # the fragments batch above: forward cells only (its backward is the
+            # fragment family's). Its parity test is in the `tests` stage.
+            bench_batch 90 'fused[fragments-overlapped+ldmatrix]'
             ;;
         tensor-cores) bench_batch 70 'fused[tensor-cores]' ;;
         tf32)

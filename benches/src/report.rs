@@ -31,6 +31,8 @@ const ATTENTION_IMPLS: &[&str] = &[
     "fused[fragments-atomic-dq]",
     "fused[fragments-atomic-dq+ldmatrix]",
     "fused[fragments-tf32]",
+    "fused[fragments-overlapped]",
+    "fused[fragments-overlapped+ldmatrix]",
     "reference",
     "burn",
     "torch_sdpa",

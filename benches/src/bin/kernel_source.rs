@@ -12,7 +12,8 @@
 //! forward, flash-decoding's merge, backward pre-pass, dQ, dK/dV; f32, f16, bf16; the
 //! head dims of `VARIANT_HEAD_DIMS`; tiles for a 4096-token sequence), with the properties and compiler options the runtime
 //! builds for an H100 (compute capability 9.0, CUDA 12.8 or later). It writes
-//! `DIR/<kernel>-<variant>-<dtype>-<d_qk>x<d_v>.cu`, one translation unit per kernel,
+//! `DIR/<kernel>-<variant>-<dtype>-<d_qk>x<d_v>[-<rows>x<block>].cu` (the tile where a
+//! family has several kernels of one kind), one translation unit per kernel,
 //! and `DIR/variants.json`, which names each file's kernel, dims, units per cube, entry
 //! point and the dynamic shared memory its launch requests.
 //!
@@ -131,9 +132,12 @@ fn run(out: &Path, families: &[KernelFamily]) -> Result<usize, String> {
     }
     let mut entries = Vec::with_capacity(variants.len());
     for (index, variant) in variants.iter().enumerate() {
-        // The staged family has one kernel per tile size autotuning compares.
+        // The staged family has one kernel per tile size autotuning compares, the
+        // overlapped family a narrow and a wide forward.
         let tile = match (variant.family, variant.tile) {
-            (KernelFamily::Staged, Some((rows, block))) => format!("-{rows}x{block}"),
+            (KernelFamily::Staged | KernelFamily::FragmentsOverlapped, Some((rows, block))) => {
+                format!("-{rows}x{block}")
+            }
             _ => String::new(),
         };
         let file = format!(

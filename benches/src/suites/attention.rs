@@ -202,7 +202,8 @@ impl Grid {
 /// kernel family: on cuda every family of the fused op that takes `dtype` (tensor
 /// cores and the fragment kernels take f16/bf16, the TF32 fragment kernels f32; the
 /// one-pass backward's family differs from the others in its backward only, so it
-/// times forward+backward cells), elsewhere the device's default.
+/// times forward+backward cells, and the overlapped copies' family in its forward
+/// only, so it times forward cells), elsewhere the device's default.
 fn implementations(
     backend: &str,
     dtype: DType,
@@ -218,6 +219,8 @@ fn implementations(
             list.push((Impl::Fused, Some(FlashKernel::WideFragments)));
             if backward {
                 list.push((Impl::Fused, Some(FlashKernel::FragmentsAtomicDq)));
+            } else {
+                list.push((Impl::Fused, Some(FlashKernel::FragmentsOverlapped)));
             }
         } else if dtype == DType::F32 {
             list.push((Impl::Fused, Some(FlashKernel::FragmentsTf32)));
@@ -561,7 +564,10 @@ struct TorchResult {
 fn kernel_label(kernel: FlashKernel) -> String {
     let fragments = matches!(
         kernel,
-        FlashKernel::Fragments | FlashKernel::WideFragments | FlashKernel::FragmentsAtomicDq
+        FlashKernel::Fragments
+            | FlashKernel::WideFragments
+            | FlashKernel::FragmentsAtomicDq
+            | FlashKernel::FragmentsOverlapped
     );
     if fragments && burn_transformer::ops::flash_attention::matrix_loads_enabled() {
         format!("{}+ldmatrix", kernel.name())
@@ -624,6 +630,7 @@ mod tests {
         expected.push(format!("fused[fragments{loads}]"));
         expected.push(format!("fused[wide-fragments{loads}]"));
         expected.push(format!("fused[fragments-atomic-dq{loads}]"));
+        expected.push(format!("fused[fragments-overlapped{loads}]"));
         expected.sort();
         assert_eq!(columns.into_iter().collect::<Vec<_>>(), expected);
         // f32 has no tensor-core and no 16-bit fragment column, the TF32 fragments
@@ -650,6 +657,7 @@ mod tests {
                             | FlashKernel::Fragments
                             | FlashKernel::WideFragments
                             | FlashKernel::FragmentsAtomicDq
+                            | FlashKernel::FragmentsOverlapped
                     )
                 )
         }));
@@ -659,7 +667,16 @@ mod tests {
                 .iter()
                 .any(|c| { !c.backward && c.kernel == Some(FlashKernel::FragmentsAtomicDq) })
         );
-        assert_eq!(full.len(), 5 * 2 * 2 * 2 * (8 + 6) + 2 * 2 * 5);
+        // The overlapped copies' family times forward cells only.
+        assert!(
+            !full
+                .iter()
+                .any(|c| { c.backward && c.kernel == Some(FlashKernel::FragmentsOverlapped) })
+        );
+        // Beside every family's cells, the one-pass family's bf16 forward+backward cells
+        // and the overlapped family's bf16 forward cells (2 head dims × 2 masks × 5
+        // lengths each).
+        assert_eq!(full.len(), 5 * 2 * 2 * 2 * (8 + 6) + 2 * (2 * 2 * 5));
     }
 
     #[test]

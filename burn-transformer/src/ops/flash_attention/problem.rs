@@ -54,7 +54,7 @@ pub enum FlashKernel {
     /// the register tiles, timed once per shape class ([`Self::Autotune`]). The
     /// environment variable `BURN_TRANSFORMER_FLASH_KERNEL=register|staged|
     /// tensor-cores|fragments|wide-fragments|fragments-atomic-dq|fragments-tf32|
-    /// autotune` overrides it for a whole process.
+    /// fragments-overlapped|autotune` overrides it for a whole process.
     #[default]
     Auto,
     /// Each unit holds its rows in registers and streams keys from global memory
@@ -101,6 +101,15 @@ pub enum FlashKernel {
     /// the instruction take [`Self::Staged`]. Only when asked for: it has not been
     /// timed on a GPU.
     FragmentsTf32,
+    /// The [`Self::Fragments`] kernels (the forward as [`Self::Auto`] picks it) with
+    /// FlashAttention-2's overlap of copies and computation in the forward: each
+    /// tile's `V` is copied into shared memory while the planes compute its scores,
+    /// and the next tile's `K` while they run its softmax and `P·V`. On CUDA (sm_80
+    /// and later) the copies are `cp.async`, which bypass the units' registers; on
+    /// other runtimes they are synchronous, in the same order (which checks the order
+    /// and gains nothing). The backward is [`Self::Fragments`']. Only when asked for:
+    /// it has not been timed on a GPU.
+    FragmentsOverlapped,
     /// Times the candidates (staged tiles of 64, 32 and 16 rows and keys, register
     /// tiles) once per shape class on the device and keeps the fastest, as `Auto` does
     /// on GPUs for what the fragment kernels do not take; this asks for it on CPU
@@ -110,7 +119,7 @@ pub enum FlashKernel {
 
 impl FlashKernel {
     /// Every family, `Auto` first.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 10] = [
         Self::Auto,
         Self::RegisterTile,
         Self::Staged,
@@ -119,11 +128,13 @@ impl FlashKernel {
         Self::WideFragments,
         Self::FragmentsAtomicDq,
         Self::FragmentsTf32,
+        Self::FragmentsOverlapped,
         Self::Autotune,
     ];
 
     /// The family's name: `auto`, `register`, `staged`, `tensor-cores`, `fragments`,
-    /// `wide-fragments`, `fragments-atomic-dq`, `fragments-tf32` or `autotune`.
+    /// `wide-fragments`, `fragments-atomic-dq`, `fragments-tf32`, `fragments-overlapped`
+    /// or `autotune`.
     pub fn name(self) -> &'static str {
         match self {
             Self::Auto => "auto",
@@ -134,6 +145,7 @@ impl FlashKernel {
             Self::WideFragments => "wide-fragments",
             Self::FragmentsAtomicDq => "fragments-atomic-dq",
             Self::FragmentsTf32 => "fragments-tf32",
+            Self::FragmentsOverlapped => "fragments-overlapped",
             Self::Autotune => "autotune",
         }
     }

@@ -857,6 +857,31 @@ mod on_device {
         parity_fragments(device, label, &cases, FlashKernel::FragmentsTf32);
     }
 
+    /// The parity grid through the fragment forward with its key copies overlapped
+    /// with its computation (`cp.async` on CUDA; synchronous copies in the same order
+    /// on CPU runtimes; the backward is [`parity_grid_fragments`]'): only the order of
+    /// the copies and waits differs, so a third of the short cases at head dims up to
+    /// 64, not the fragment grid's (every mask, key padding among them, whose kept keys
+    /// travel with `K`; rows and keys past the tiles' ends; one tile or several), the
+    /// long causal case (many tiles, most of them skipping the per-score masking), and
+    /// the decoding cases, whose splits start and end their walks inside the keys.
+    pub fn parity_grid_fragments_overlapped(device: &Device, label: &str) {
+        let cases = grid_and_decoding(|index, case, long| {
+            (index % 3 == 2 && !long && case.d_qk <= 64) || (long && case.causal && case.d_qk == 64)
+        });
+        let overlapped = super::super::op::OVERLAPPED_LAUNCHES.load(Ordering::Relaxed);
+        parity_fragments(device, label, &cases, FlashKernel::FragmentsOverlapped);
+        let properties = device_properties(device);
+        let dtype = fragment_dtype(&properties, FlashKernel::FragmentsOverlapped);
+        if device.supports_dtype(dtype) {
+            // Every forward (one per case at least) overlapped its copies.
+            assert!(
+                super::super::op::OVERLAPPED_LAUNCHES.load(Ordering::Relaxed)
+                    >= overlapped + cases.len()
+            );
+        }
+    }
+
     /// Every family on random configurations ([`random_cases`]), each in the dtype its
     /// parity grid uses on this device (an exhaustive check outside the default run).
     pub fn random_sweep(device: &Device, label: &str) {
@@ -875,6 +900,7 @@ mod on_device {
             FlashKernel::WideFragments,
             FlashKernel::FragmentsAtomicDq,
             FlashKernel::FragmentsTf32,
+            FlashKernel::FragmentsOverlapped,
         ] {
             if only
                 .as_deref()
@@ -1203,6 +1229,11 @@ macro_rules! kernel_tests {
             #[test]
             fn parity_grid_fragments_tf32() {
                 on_device::parity_grid_fragments_tf32(&$device(), stringify!($runtime));
+            }
+
+            #[test]
+            fn parity_grid_fragments_overlapped() {
+                on_device::parity_grid_fragments_overlapped(&$device(), stringify!($runtime));
             }
 
             #[test]

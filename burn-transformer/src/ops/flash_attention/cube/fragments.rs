@@ -52,12 +52,36 @@ use super::softmax::{
     Exponential, finish_row, masked_score, online_max, open_probability_and_gradient, open_score,
     probability, probability_and_gradient,
 };
-use super::staged::{shared_tile, split_key_range, stage_key_block, stage_row_stats, stage_rows};
+use super::staged::{
+    shared_tile, split_key_range, stage_kept_keys, stage_key_block, stage_row_stats, stage_rows,
+    stage_rows_copying, wait_for_copies,
+};
 
 /// Elements that pad each row of the staged `K` and `V` tiles: 16 bytes of f16/bf16,
 /// so that the 8 rows one fragment load reads from start 4 banks apart and its 32
 /// lanes hit 32 different banks.
 pub const ROW_PAD: usize = 8;
+
+/// How the fragment forward moves each tile of keys into shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KeyCopies {
+    /// The cube copies a tile's `K` and `V` rows, waits, computes on them, and waits
+    /// again before the next tile's copies: its planes compute nothing while a tile
+    /// is on its way.
+    Together,
+    /// FlashAttention-2's overlap: the cube starts copying a tile's `V` before it
+    /// computes the tile's scores, and the next tile's `K` before it runs the tile's
+    /// softmax and `P·V`, so each copy travels while the planes compute (the same
+    /// shared tiles, and two waits a tile, as [`Self::Together`]). With
+    /// `asynchronous`, the copies are CUDA's `cp.async` (sm_80 and later, 16-byte
+    /// vectors), which go from global to shared memory without the units' registers;
+    /// without, each unit copies through its registers in the same order, which gains
+    /// nothing but checks the order on runtimes without asynchronous copies.
+    Overlapped {
+        /// Whether the copies are `cp.async`.
+        asynchronous: bool,
+    },
+}
 
 /// Compile-time shape of one fragment launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -85,6 +109,8 @@ pub struct FragmentConfig {
     pub staging: usize,
     /// How the scores' exponentials are taken.
     pub exponential: Exponential,
+    /// The forward only: how its key tiles reach shared memory.
+    pub copies: KeyCopies,
     /// The dK/dV kernel only: whether it also forms each tile's share of `dQ` and adds
     /// it to an f32 buffer atomically (the one-pass backward), in place of the dQ
     /// kernel's second walk.
@@ -266,29 +292,70 @@ pub fn fragment_forward<F: Float>(
         row_sum[i] = 0.0f32;
     }
 
+    let overlapped = comptime!(matches!(config.copies, KeyCopies::Overlapped { .. }));
+    let asynchronous = comptime!(config.copies == KeyCopies::Overlapped { asynchronous: true });
+    let seq_k = sizes.seq_k as usize;
+    let units = comptime!(Some(config.units()));
+    if overlapped && kv_start < kv_end {
+        // The first tile's keys; each later tile's are copied during the one before.
+        stage_rows_copying::<F>(
+            k,
+            &mut k_tile,
+            kv_head * seq_k,
+            kv_start as usize,
+            seq_k,
+            bk,
+            d_qk,
+            k_stride,
+            config.staging,
+            units,
+            asynchronous,
+        );
+        stage_kept_keys::<F>(key_mask, &mut kept, kv_start as usize, batch, &sizes, bk);
+    }
+
     let mut start = kv_start;
     while start < kv_end {
         let first = start as usize;
-        stage_key_block::<F>(
-            k,
-            v,
-            key_mask,
-            &mut k_tile,
-            &mut v_tile,
-            &mut kept,
-            kv_head,
-            first,
-            batch,
-            &sizes,
-            bk,
-            d_qk,
-            d_v,
-            k_stride,
-            v_stride,
-            config.staging,
-            comptime!(Some(config.units())),
-        );
-        sync_cube();
+        if overlapped {
+            // This tile's K has landed, and every plane is done with the last tile's V:
+            // its V may be copied now, while the planes compute the scores.
+            wait_for_copies(asynchronous);
+            stage_rows_copying::<F>(
+                v,
+                &mut v_tile,
+                kv_head * seq_k,
+                first,
+                seq_k,
+                bk,
+                d_v,
+                v_stride,
+                config.staging,
+                units,
+                asynchronous,
+            );
+        } else {
+            stage_key_block::<F>(
+                k,
+                v,
+                key_mask,
+                &mut k_tile,
+                &mut v_tile,
+                &mut kept,
+                kv_head,
+                first,
+                batch,
+                &sizes,
+                bk,
+                d_qk,
+                d_v,
+                k_stride,
+                v_stride,
+                config.staging,
+                units,
+            );
+            sync_cube();
+        }
 
         // S = Q·Kᵀ, one C fragment per 8 keys and row tile.
         let mut scores = staged_row_products::<F>(
@@ -370,6 +437,29 @@ pub fn fragment_forward<F: Float>(
                 }
             }
         }
+        if overlapped {
+            // This tile's V has landed, and every plane is done with its K and which
+            // of its keys are kept: the next tile's may be copied now, while the
+            // planes run the softmax and P·V.
+            wait_for_copies(asynchronous);
+            let next = start + bk as i32;
+            if next < kv_end {
+                stage_rows_copying::<F>(
+                    k,
+                    &mut k_tile,
+                    kv_head * seq_k,
+                    next as usize,
+                    seq_k,
+                    bk,
+                    d_qk,
+                    k_stride,
+                    config.staging,
+                    units,
+                    asynchronous,
+                );
+                stage_kept_keys::<F>(key_mask, &mut kept, next as usize, batch, &sizes, bk);
+            }
+        }
         // The online softmax per row: the quad's max, the rescaling of what the lane
         // summed and accumulated so far, and P, rounded to the input type.
         let mut corrections = Array::<f32>::new(lane_rows);
@@ -435,7 +525,9 @@ pub fn fragment_forward<F: Float>(
             ops,
             config.loads,
         );
-        sync_cube();
+        if !overlapped {
+            sync_cube();
+        }
         start += bk as i32;
     }
 

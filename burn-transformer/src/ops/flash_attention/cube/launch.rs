@@ -28,8 +28,8 @@ use super::kernels::{self, AttentionConfig, SizesLaunch};
 use super::staged;
 use super::tiling::{
     KernelTile, LARGEST_STAGED_BLOCK, StagedProduct, StagedTiling, Tiling, auto_forward_row_tiles,
-    dq_atomic_width, fragment_row_tiles, has_fragment_mma, is_cpu_runtime, plan_fragments,
-    plan_key_splits, plan_staged, plan_tiling,
+    dq_atomic_width, fragment_row_tiles, has_fragment_mma, is_cpu_runtime, overlap_key_copies,
+    plan_fragments, plan_key_splits, plan_staged, plan_tiling,
 };
 
 /// Units per cube of the backward pre-pass (one unit per query row, on every device).
@@ -149,6 +149,7 @@ fn choose_on(
             | FlashKernel::WideFragments
             | FlashKernel::FragmentsAtomicDq
             | FlashKernel::FragmentsTf32
+            | FlashKernel::FragmentsOverlapped
     ) || (requested == FlashKernel::Auto
         && has_fragment_mma(properties, dtype));
     if fragments_first {
@@ -159,7 +160,14 @@ fn choose_on(
         };
         let one_pass = requested == FlashKernel::FragmentsAtomicDq;
         let split_tf32 = requested == FlashKernel::FragmentsTf32;
-        let fragments = plan_fragments(problem, dtype, properties, row_tiles, one_pass, split_tf32);
+        let fragments = plan_fragments(problem, dtype, properties, row_tiles, one_pass, split_tf32)
+            .map(|tiling| {
+                if requested == FlashKernel::FragmentsOverlapped {
+                    overlap_key_copies(tiling, dtype, properties)
+                } else {
+                    tiling
+                }
+            });
         let staged = plan_staged(
             problem,
             dtype,
@@ -177,7 +185,8 @@ fn choose_on(
         | FlashKernel::Fragments
         | FlashKernel::WideFragments
         | FlashKernel::FragmentsAtomicDq
-        | FlashKernel::FragmentsTf32 => Some(StagedProduct::Plain),
+        | FlashKernel::FragmentsTf32
+        | FlashKernel::FragmentsOverlapped => Some(StagedProduct::Plain),
         FlashKernel::StagedTensorCores => Some(StagedProduct::TensorCores),
         FlashKernel::Auto if is_cpu_runtime(properties) => None,
         FlashKernel::Auto | FlashKernel::Autotune => return Choice::Tuned,
@@ -327,6 +336,11 @@ pub(super) fn forward_with(
             let config = tiling.forward;
             #[cfg(test)]
             super::super::op::FRAGMENT_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            #[cfg(test)]
+            if config.copies != fragments::KeyCopies::Together {
+                super::super::op::OVERLAPPED_LAUNCHES
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
             let launch = |cube_count: CubeCount, split: SplitLaunch| {
                 let t = split.tensors;
                 // SAFETY: as the staged forward's: indices are clamped to or checked
@@ -933,6 +947,86 @@ mod tests {
                 &tensor_cores,
             );
             assert!(matches!(auto, Choice::Tuned));
+        }
+    }
+
+    /// `FragmentsOverlapped` overlaps the forward's key copies with its computation:
+    /// with `cp.async` where the device has it and the staging copies 16-byte vectors,
+    /// synchronously in the same order elsewhere; its forward is as wide as `Auto`'s
+    /// and its backward kernels copy as `Fragments`' do. No other family overlaps.
+    #[test]
+    fn overlapped_copies_run_only_when_asked() {
+        use super::super::fragments::KeyCopies;
+        let plan = |kernel, problem: &Problem, properties| match choose_on(
+            problem,
+            kernel,
+            DType::BF16,
+            properties,
+        ) {
+            Choice::Fixed(family) => match *family {
+                Family::Fragments(tiling, _) => Some(tiling),
+                _ => None,
+            },
+            Choice::Tuned => None,
+        };
+        let mut cuda = gpu_with_fragments();
+        cuda.features.memory_reinterpret = true;
+        cuda.features.copy_async = true;
+        let mut without_async = cuda.clone();
+        without_async.features.copy_async = false;
+        let wgpu_like = gpu_with_fragments(); // one element a copy
+        let copies = |properties| {
+            let tiling = plan(
+                FlashKernel::FragmentsOverlapped,
+                &problem(128, 128),
+                properties,
+            )
+            .unwrap();
+            let (dq, dkdv) = tiling.backward.unwrap();
+            assert_eq!(
+                (dq.copies, dkdv.copies),
+                (KeyCopies::Together, KeyCopies::Together)
+            );
+            tiling.forward.copies
+        };
+        assert_eq!(copies(&cuda), KeyCopies::Overlapped { asynchronous: true });
+        assert_eq!(
+            copies(&without_async),
+            KeyCopies::Overlapped {
+                asynchronous: false
+            }
+        );
+        assert_eq!(
+            copies(&wgpu_like),
+            KeyCopies::Overlapped {
+                asynchronous: false
+            }
+        );
+        for kernel in [
+            FlashKernel::Fragments,
+            FlashKernel::WideFragments,
+            FlashKernel::FragmentsAtomicDq,
+        ] {
+            let tiling = plan(kernel, &problem(128, 128), &cuda).unwrap();
+            assert_eq!(tiling.forward.copies, KeyCopies::Together, "{kernel:?}");
+        }
+        if FlashKernel::from_env().is_none() {
+            let auto = plan(FlashKernel::Auto, &problem(128, 128), &cuda).unwrap();
+            assert_eq!(auto.forward.copies, KeyCopies::Together);
+            // A launch that fills the GPU takes the wide forward, overlapped or not.
+            let large = Problem {
+                batch: 4,
+                heads: 16,
+                seq_q: 16384,
+                seq_k: 16384,
+                ..problem(128, 128)
+            };
+            let rows = |kernel| plan(kernel, &large, &cuda).unwrap().forward.row_tiles;
+            assert_eq!(
+                rows(FlashKernel::FragmentsOverlapped),
+                rows(FlashKernel::Auto)
+            );
+            assert_eq!(rows(FlashKernel::FragmentsOverlapped), 2);
         }
     }
 

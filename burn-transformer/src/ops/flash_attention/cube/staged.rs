@@ -17,6 +17,7 @@
 //! FlashAttention-2 (a no-op for f32), so the tensor-core product sees the same
 //! factors as the plain one.
 
+use cubecl::prelude::barrier::copy_async;
 use cubecl::prelude::*;
 
 use super::kernels::{
@@ -103,22 +104,115 @@ pub(super) fn stage_rows<F: Float>(
     #[comptime] width: usize,
     #[comptime] units: Option<usize>,
 ) {
+    stage_rows_copying::<F>(
+        source, tile, head_row, first, seq, rows, d, stride, width, units, false,
+    );
+}
+
+/// [`stage_rows`], with each vector's copy `asynchronous` or not: asynchronous copies
+/// (`cp.async`, CUDA sm_80 and later; 16-byte vectors) land in `tile` some time after
+/// this returns, without passing through the unit's registers, and
+/// [`wait_for_copies`] waits for them.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn stage_rows_copying<F: Float>(
+    source: &Tensor<F>,
+    tile: &mut Shared<[F]>,
+    head_row: usize,
+    first: usize,
+    seq: usize,
+    #[comptime] rows: usize,
+    #[comptime] d: usize,
+    #[comptime] stride: usize,
+    #[comptime] width: usize,
+    #[comptime] units: Option<usize>,
+    #[comptime] asynchronous: bool,
+) {
     if comptime!(width == 8) {
         stage_row_vectors::<F, Const<8>>(
-            source, tile, head_row, first, seq, rows, d, stride, units,
+            source,
+            tile,
+            head_row,
+            first,
+            seq,
+            rows,
+            d,
+            stride,
+            units,
+            asynchronous,
         );
     } else if comptime!(width == 4) {
         stage_row_vectors::<F, Const<4>>(
-            source, tile, head_row, first, seq, rows, d, stride, units,
+            source,
+            tile,
+            head_row,
+            first,
+            seq,
+            rows,
+            d,
+            stride,
+            units,
+            asynchronous,
         );
     } else if comptime!(width == 2) {
         stage_row_vectors::<F, Const<2>>(
-            source, tile, head_row, first, seq, rows, d, stride, units,
+            source,
+            tile,
+            head_row,
+            first,
+            seq,
+            rows,
+            d,
+            stride,
+            units,
+            asynchronous,
         );
     } else {
         stage_row_vectors::<F, Const<1>>(
-            source, tile, head_row, first, seq, rows, d, stride, units,
+            source,
+            tile,
+            head_row,
+            first,
+            seq,
+            rows,
+            d,
+            stride,
+            units,
+            asynchronous,
         );
+    }
+}
+
+/// Waits until this unit's asynchronous copies ([`stage_rows_copying`]) have landed,
+/// then for every unit of the cube (`sync_cube`), so that each sees every unit's
+/// copies, synchronous or not, and none writes a tile another may still read.
+#[cube]
+pub(super) fn wait_for_copies(#[comptime] asynchronous: bool) {
+    if comptime!(asynchronous) {
+        gpu_asm!("cp.async.wait_all;");
+    }
+    sync_cube();
+}
+
+/// Copies vector `from` of `source` into vector `to` of `tile`: through the unit's
+/// registers, or `asynchronous` (see [`stage_rows_copying`]).
+#[cube]
+fn copy_vector<F: Float, N: Size>(
+    source: &[Vector<F, N>],
+    tile: &mut [Vector<F, N>],
+    from: usize,
+    to: usize,
+    #[comptime] asynchronous: bool,
+) {
+    if comptime!(asynchronous) {
+        let width = N::value();
+        copy_async(
+            &source[from..from + 1],
+            &mut tile[to..to + 1],
+            comptime!(width as u32),
+        );
+    } else {
+        tile[to] = source[from];
     }
 }
 
@@ -145,6 +239,7 @@ fn stage_row_vectors<F: Float, N: Size>(
     #[comptime] d: usize,
     #[comptime] stride: usize,
     #[comptime] units: Option<usize>,
+    #[comptime] asynchronous: bool,
 ) {
     let width = N::value();
     let row_vectors = comptime!(d / width);
@@ -168,7 +263,13 @@ fn stage_row_vectors<F: Float, N: Size>(
         for pass in 0..passes {
             let r = first_row + pass * rows_per_pass;
             let row = (first + r).min(last);
-            tile[r * tile_stride + col] = source[(head_row + row) * row_vectors + col];
+            copy_vector::<F, N>(
+                source,
+                tile,
+                (head_row + row) * row_vectors + col,
+                r * tile_stride + col,
+                asynchronous,
+            );
         }
     } else if comptime!(whole_passes && row_vectors.is_multiple_of(units)) {
         // A row takes `row_vectors / units` passes; a unit steps through its columns.
@@ -178,7 +279,13 @@ fn stage_row_vectors<F: Float, N: Size>(
             let r = pass / passes_per_row;
             let col = unit + (pass % passes_per_row) * units;
             let row = (first + r).min(last);
-            tile[r * tile_stride + col] = source[(head_row + row) * row_vectors + col];
+            copy_vector::<F, N>(
+                source,
+                tile,
+                (head_row + row) * row_vectors + col,
+                r * tile_stride + col,
+                asynchronous,
+            );
         }
     } else {
         let mut e = UNIT_POS as usize;
@@ -189,7 +296,13 @@ fn stage_row_vectors<F: Float, N: Size>(
                 row = seq - 1;
             }
             let col = e - r * row_vectors;
-            tile[r * tile_stride + col] = source[(head_row + row) * row_vectors + col];
+            copy_vector::<F, N>(
+                source,
+                tile,
+                (head_row + row) * row_vectors + col,
+                r * tile_stride + col,
+                asynchronous,
+            );
             e += CUBE_DIM as usize;
         }
     }

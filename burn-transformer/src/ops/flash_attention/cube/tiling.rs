@@ -7,7 +7,7 @@ use burn_cubecl::{CubeBackend, CubeDevice};
 
 use super::super::{Problem, Unsupported};
 use super::fragment::{FragmentLoads, FragmentOps, LANES, TILE_K, TILE_M, TILE_N};
-use super::fragments::{FragmentConfig, FragmentTiling, ROW_PAD};
+use super::fragments::{FragmentConfig, FragmentTiling, KeyCopies, ROW_PAD};
 use super::softmax::Exponential;
 use super::staged::StagedConfig;
 use super::tile_product::{FRAGMENT, TileProduct};
@@ -653,6 +653,7 @@ pub(crate) fn plan_fragments(
         loads,
         staging,
         exponential,
+        copies: KeyCopies::Together,
         adds_dq: false,
     };
     // The first of `blocks` (rows a tile streams) with `planes` planes whose tiles fit,
@@ -717,6 +718,31 @@ pub(crate) fn plan_fragments(
     let grid_fits = grids.iter().all(|&cubes| cubes <= max_x)
         && problem.batch * problem.heads <= hardware.max_cube_count.1 as usize;
     grid_fits.then_some(FragmentTiling { forward, backward })
+}
+
+/// Bytes a `cp.async` copies at once, the most it moves: every vector of an
+/// asynchronous staging copy is this wide.
+const ASYNC_COPY_BYTES: usize = 16;
+
+/// `tiling` with the forward's key copies overlapped with its computation
+/// ([`KeyCopies::Overlapped`]): asynchronous (`cp.async`) where the device has the
+/// instruction and the staging copies 16-byte vectors of `dtype`, synchronous in the
+/// same order elsewhere (lavapipe, where the tests check that order).
+pub(crate) fn overlap_key_copies(
+    tiling: FragmentTiling,
+    dtype: DType,
+    properties: &cubecl::ir::DeviceProperties,
+) -> FragmentTiling {
+    let forward = tiling.forward;
+    let asynchronous =
+        properties.features.copy_async && forward.staging * dtype.size() == ASYNC_COPY_BYTES;
+    FragmentTiling {
+        forward: FragmentConfig {
+            copies: KeyCopies::Overlapped { asynchronous },
+            ..forward
+        },
+        ..tiling
+    }
 }
 
 /// Query rows up to which the staged forward splits the keys across cubes

@@ -27,7 +27,8 @@ use super::staged;
 use super::tile_product::TileProduct;
 use super::tiling::{
     KernelTile, LARGEST_STAGED_BLOCK, STAGED_BLOCK_LIMITS, StagedProduct, StagedTiling, Tiling,
-    dq_atomic_width, fragment_row_tiles, plan_fragments, plan_staged, plan_tiling,
+    dq_atomic_width, fragment_row_tiles, overlap_key_copies, plan_fragments, plan_staged,
+    plan_tiling,
 };
 use crate::ops::mask::MaskRule;
 
@@ -110,11 +111,15 @@ pub enum KernelFamily {
     /// The fragment kernels for f32 inputs, each product three TF32 products of split
     /// elements (f32 only, see `fragment.rs`).
     FragmentsTf32,
+    /// The fragment forward, narrow and wide, with its key copies overlapped with its
+    /// computation (`cp.async` where the device has it; f16/bf16 only); its backward
+    /// kernels are [`Self::Fragments`]'.
+    FragmentsOverlapped,
 }
 
 impl KernelFamily {
     /// Every family, in the order tools list them.
-    pub const ALL: [KernelFamily; 7] = [
+    pub const ALL: [KernelFamily; 8] = [
         KernelFamily::RegisterTile,
         KernelFamily::Staged,
         KernelFamily::StagedTensorCores,
@@ -122,11 +127,12 @@ impl KernelFamily {
         KernelFamily::WideFragments,
         KernelFamily::FragmentsAtomicDq,
         KernelFamily::FragmentsTf32,
+        KernelFamily::FragmentsOverlapped,
     ];
 
     /// The family's name in tools' output (`register_tile`, `staged`,
     /// `staged_tensor_cores`, `fragments`, `wide_fragments`, `fragments_atomic_dq`,
-    /// `fragments_tf32`).
+    /// `fragments_tf32`, `fragments_overlapped`).
     pub fn name(self) -> &'static str {
         match self {
             Self::RegisterTile => "register_tile",
@@ -136,6 +142,7 @@ impl KernelFamily {
             Self::WideFragments => "wide_fragments",
             Self::FragmentsAtomicDq => "fragments_atomic_dq",
             Self::FragmentsTf32 => "fragments_tf32",
+            Self::FragmentsOverlapped => "fragments_overlapped",
         }
     }
 }
@@ -276,6 +283,26 @@ pub fn kernel_variants(
                                 .into_iter()
                                 .flat_map(|t| fragment_kernels(&build, family, &t)),
                         );
+                    }
+                    KernelFamily::FragmentsOverlapped => {
+                        // The forward alone, narrow and wide, where tensor cores take it.
+                        for wide in [false, true] {
+                            let tiling = plan_fragments(
+                                &problem,
+                                dtype,
+                                &properties,
+                                fragment_row_tiles(wide),
+                                false,
+                                false,
+                            )
+                            .filter(|tiling| tiling.forward.ops == FragmentOps::TensorCores)
+                            .map(|tiling| overlap_key_copies(tiling, dtype, &properties));
+                            variants.extend(
+                                tiling
+                                    .into_iter()
+                                    .flat_map(|t| fragment_kernels(&build, family, &t)),
+                            );
+                        }
                     }
                     KernelFamily::Staged | KernelFamily::StagedTensorCores => {
                         let product = match family {
@@ -552,7 +579,10 @@ fn fragment_kernels(
             Box::new(forward),
         ));
     }
-    if family == KernelFamily::WideFragments {
+    if matches!(
+        family,
+        KernelFamily::WideFragments | KernelFamily::FragmentsOverlapped
+    ) {
         return kernels;
     }
     if let Some((dq_config, kv_config)) = tiling.backward {
@@ -1046,6 +1076,55 @@ pub(super) mod tests {
         )
         .unwrap();
         assert_eq!(plan.forward.ops, FragmentOps::TensorCores);
+    }
+
+    /// The overlapped family: the fragment forward alone, narrow and wide, in f16 and
+    /// bf16 wherever tensor cores take it, each with `cp.async` copies on a device that
+    /// has them; each expands.
+    #[test]
+    fn overlapped_fragment_variants_are_forwards_with_asynchronous_copies() {
+        use super::super::fragments::KeyCopies;
+        let mut properties = gpu_with_fragments();
+        properties.features.memory_reinterpret = true;
+        properties.features.copy_async = true;
+        let variants = kernel_variants(&properties, &TargetProperties::default()).unwrap();
+        let overlapped: Vec<_> = variants
+            .iter()
+            .filter(|v| v.family == KernelFamily::FragmentsOverlapped)
+            .collect();
+        for dtype in [DType::F16, DType::BF16] {
+            for (d_qk, d_v) in VARIANT_HEAD_DIMS {
+                let problem = variant_problem(d_qk, d_v);
+                let widths: Vec<_> = [false, true]
+                    .into_iter()
+                    .filter_map(|wide| {
+                        plan_fragments(
+                            &problem,
+                            dtype,
+                            &properties,
+                            fragment_row_tiles(wide),
+                            false,
+                            false,
+                        )
+                    })
+                    .map(|plan| overlap_key_copies(plan, dtype, &properties).forward)
+                    .collect();
+                for config in &widths {
+                    assert_eq!(config.copies, KeyCopies::Overlapped { asynchronous: true });
+                }
+                let found: Vec<_> = overlapped
+                    .iter()
+                    .filter(|v| (v.dtype, v.d_qk, v.d_v) == (dtype, d_qk, d_v))
+                    .collect();
+                assert_eq!(found.len(), widths.len(), "{dtype:?} {d_qk}x{d_v}");
+                for variant in found {
+                    assert_eq!(variant.kernel, AttentionKernel::Forward);
+                    variant.define().unwrap();
+                }
+            }
+        }
+        assert!(overlapped.iter().all(|v| v.dtype != DType::F32));
+        assert!(!overlapped.is_empty());
     }
 
     /// The fragment kernels with `ldmatrix` loads (`FragmentLoads::Matrices`, CUDA's
