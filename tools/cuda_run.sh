@@ -159,7 +159,7 @@ run)
     }
     # The stages, in the order CUDA_RUN_STAGES names them (by default the acceptance's
     # columns first: the fastest fused family against Burn and PyTorch, and the
-    # forward with overlapped copies beside it; the kernel tests but the f32 grid; a
+    # kernels with overlapped copies beside it; the kernel tests but the f32 grid; a
     # profile of the fastest family's kernels; the fragment kernels with element loads
     # beside them; the other families; the f32 grid last).
     # The first run on a machine compiles every kernel (NVRTC, then the driver's PTX
@@ -185,10 +185,9 @@ run)
             unset BURN_TRANSFORMER_FLASH_LDMATRIX
             ;;
         overlapped)
-            # The fragment forward with its key copies overlapped (`cp.async`) beside
-            # the fragments batch above: forward cells only (its backward is the
-            # fragment family's). Its parity test is in the `tests` stage.
-            bench_batch 90 'fused[fragments-overlapped+ldmatrix]'
+            # The fragment forward and dQ with their key copies overlapped (`cp.async`)
+            # beside the fragments batch above. Its parity test is in the `tests` stage.
+            bench_batch 150 'fused[fragments-overlapped+ldmatrix]'
             ;;
         tensor-cores) bench_batch 70 'fused[tensor-cores]' ;;
         tf32)

@@ -202,8 +202,7 @@ impl Grid {
 /// kernel family: on cuda every family of the fused op that takes `dtype` (tensor
 /// cores and the fragment kernels take f16/bf16, the TF32 fragment kernels f32; the
 /// one-pass backward's family differs from the others in its backward only, so it
-/// times forward+backward cells, and the overlapped copies' family in its forward
-/// only, so it times forward cells), elsewhere the device's default.
+/// times forward+backward cells), elsewhere the device's default.
 fn implementations(
     backend: &str,
     dtype: DType,
@@ -217,10 +216,9 @@ fn implementations(
             list.push((Impl::Fused, Some(FlashKernel::StagedTensorCores)));
             list.push((Impl::Fused, Some(FlashKernel::Fragments)));
             list.push((Impl::Fused, Some(FlashKernel::WideFragments)));
+            list.push((Impl::Fused, Some(FlashKernel::FragmentsOverlapped)));
             if backward {
                 list.push((Impl::Fused, Some(FlashKernel::FragmentsAtomicDq)));
-            } else {
-                list.push((Impl::Fused, Some(FlashKernel::FragmentsOverlapped)));
             }
         } else if dtype == DType::F32 {
             list.push((Impl::Fused, Some(FlashKernel::FragmentsTf32)));
@@ -667,16 +665,10 @@ mod tests {
                 .iter()
                 .any(|c| { !c.backward && c.kernel == Some(FlashKernel::FragmentsAtomicDq) })
         );
-        // The overlapped copies' family times forward cells only.
-        assert!(
-            !full
-                .iter()
-                .any(|c| { c.backward && c.kernel == Some(FlashKernel::FragmentsOverlapped) })
-        );
         // Beside every family's cells, the one-pass family's bf16 forward+backward cells
-        // and the overlapped family's bf16 forward cells (2 head dims × 2 masks × 5
-        // lengths each).
-        assert_eq!(full.len(), 5 * 2 * 2 * 2 * (8 + 6) + 2 * (2 * 2 * 5));
+        // and the overlapped family's bf16 cells of both passes (2 head dims × 2 masks ×
+        // 5 lengths each).
+        assert_eq!(full.len(), 5 * 2 * 2 * 2 * (8 + 6) + 3 * (2 * 2 * 5));
     }
 
     #[test]

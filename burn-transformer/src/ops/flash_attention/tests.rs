@@ -821,6 +821,7 @@ mod on_device {
                 super::super::cube::tiling::fragment_row_tiles(false),
                 true,
                 false,
+                false,
             )
             .and_then(|plan| plan.backward)
             .is_some_and(|(_, keys)| keys.adds_dq)
@@ -857,27 +858,58 @@ mod on_device {
         parity_fragments(device, label, &cases, FlashKernel::FragmentsTf32);
     }
 
-    /// The parity grid through the fragment forward with its key copies overlapped
-    /// with its computation (`cp.async` on CUDA; synchronous copies in the same order
-    /// on CPU runtimes; the backward is [`parity_grid_fragments`]'): only the order of
-    /// the copies and waits differs, so a third of the short cases at head dims up to
-    /// 64, not the fragment grid's (every mask, key padding among them, whose kept keys
-    /// travel with `K`; rows and keys past the tiles' ends; one tile or several), the
-    /// long causal case (many tiles, most of them skipping the per-score masking), and
-    /// the decoding cases, whose splits start and end their walks inside the keys.
+    /// The parity grid through the fragment forward and dQ kernels with their key
+    /// copies overlapped with their computation (`cp.async` on CUDA; synchronous copies
+    /// in the same order on CPU runtimes; dK/dV is [`parity_grid_fragments`]'): only
+    /// the order of the copies and waits differs, and dQ's alternating key buffers, so
+    /// a third of the short cases at head dims up to 64, not the fragment grid's (every
+    /// mask, key padding among them, whose kept keys travel with `K`; rows and keys
+    /// past the tiles' ends; one tile or several), the long causal case (many tiles,
+    /// most of them skipping the per-score masking), and the decoding cases, whose
+    /// splits start and end their walks inside the keys. It asserts that every forward
+    /// overlapped its copies, and every dQ kernel whose second key buffer fits.
     pub fn parity_grid_fragments_overlapped(device: &Device, label: &str) {
         let cases = grid_and_decoding(|index, case, long| {
             (index % 3 == 2 && !long && case.d_qk <= 64) || (long && case.causal && case.d_qk == 64)
         });
-        let overlapped = super::super::op::OVERLAPPED_LAUNCHES.load(Ordering::Relaxed);
-        parity_fragments(device, label, &cases, FlashKernel::FragmentsOverlapped);
         let properties = device_properties(device);
         let dtype = fragment_dtype(&properties, FlashKernel::FragmentsOverlapped);
+        let overlapped_dq = cases
+            .iter()
+            .filter_map(|(_, case)| {
+                super::super::cube::tiling::plan_fragments(
+                    &case.problem(),
+                    dtype,
+                    &properties,
+                    1,
+                    false,
+                    false,
+                    true,
+                )
+            })
+            // The forward's copies are always overlapped: dQ's are where they match.
+            .filter(|plan| {
+                plan.backward
+                    .is_some_and(|(dq, _)| dq.copies == plan.forward.copies)
+            })
+            .count();
+        let forwards = super::super::op::OVERLAPPED_LAUNCHES.load(Ordering::Relaxed);
+        let dqs = super::super::op::OVERLAPPED_DQ_LAUNCHES.load(Ordering::Relaxed);
+        parity_fragments(device, label, &cases, FlashKernel::FragmentsOverlapped);
         if device.supports_dtype(dtype) {
-            // Every forward (one per case at least) overlapped its copies.
             assert!(
                 super::super::op::OVERLAPPED_LAUNCHES.load(Ordering::Relaxed)
-                    >= overlapped + cases.len()
+                    >= forwards + cases.len()
+            );
+            assert!(
+                super::super::op::OVERLAPPED_DQ_LAUNCHES.load(Ordering::Relaxed)
+                    >= dqs + overlapped_dq
+            );
+            // Lavapipe's 32 KiB hold dQ's second key buffer at these head dims.
+            assert!(
+                overlapped_dq * 2 >= cases.len(),
+                "{overlapped_dq} of {}",
+                cases.len()
             );
         }
     }
@@ -973,6 +1005,7 @@ mod on_device {
                     row_tiles,
                     kernel == FlashKernel::FragmentsAtomicDq,
                     kernel == FlashKernel::FragmentsTf32,
+                    kernel == FlashKernel::FragmentsOverlapped,
                 )
             })
             .collect();

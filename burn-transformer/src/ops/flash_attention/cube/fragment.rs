@@ -368,13 +368,15 @@ fn load_a_matrices<F: Float>(
 /// Fragment `(m, j)` (row tile `m`, output tile `j`) is pairs
 /// `(m·tiles + j)·2 ..` of the result. Each `A` fragment is loaded once and serves
 /// every output tile, each `B` fragment once and serves every row tile: with two row
-/// tiles a plane reads half the shared bytes per product.
+/// tiles a plane reads half the shared bytes per product. The tile starts at element
+/// `tile_at` of its shared buffer (the second of two buffers, or 0).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub fn staged_row_products<F: Float>(
     rows: &Shared<[F]>,
     first: usize,
     tile: &Shared<[F]>,
+    tile_at: usize,
     #[comptime] row_tiles: usize,
     #[comptime] chunks: usize,
     #[comptime] tiles: usize,
@@ -386,7 +388,7 @@ pub fn staged_row_products<F: Float>(
     let unrolled = comptime!(ops.on_plane_instructions());
     let mut out = zero_fragments(comptime!(row_tiles * tiles), unrolled);
     let row_view = &rows[first * stride + a_lane_start(stride, loads)..];
-    let column_view = &tile[b_lane_start(stride, true, loads)..];
+    let column_view = &tile[tile_at + b_lane_start(stride, true, loads)..];
     #[unroll(unrolled)]
     for c in 0..chunks {
         let mut left = Array::<Pair<F>>::new(comptime!(row_tiles * A_PAIRS));
@@ -426,12 +428,14 @@ pub fn staged_row_products<F: Float>(
 /// (`tiles` of them) per row tile, tile `(m, n)` at pairs `(m·tiles + n)·2 ..`:
 /// `O += P·V`, `dQ += dS·K`, `dV += Pᵀ·dO`, `dK += dSᵀ·Q`. Each `B` fragment is loaded
 /// once for every row tile. The callers round each pair as they make it, so that the
-/// f32 value does not stay live until its product.
+/// f32 value does not stay live until its product. `T` starts at element `tile_at` of
+/// its shared buffer.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub fn accumulate_products<F: Float>(
     block: &Array<Pair<F>>,
     tile: &Shared<[F]>,
+    tile_at: usize,
     #[comptime] row_tiles: usize,
     #[comptime] chunks: usize,
     #[comptime] tiles: usize,
@@ -442,7 +446,7 @@ pub fn accumulate_products<F: Float>(
     #[comptime] loads: FragmentLoads,
 ) {
     let unrolled = comptime!(ops.on_plane_instructions());
-    let view = &tile[b_lane_start(stride, false, loads)..];
+    let view = &tile[tile_at + b_lane_start(stride, false, loads)..];
     #[unroll(unrolled)]
     for c in 0..chunks {
         chunk_products::<F>(

@@ -62,7 +62,7 @@ use super::staged::{
 /// lanes hit 32 different banks.
 pub const ROW_PAD: usize = 8;
 
-/// How the fragment forward moves each tile of keys into shared memory.
+/// How the fragment forward and dQ kernels move each tile of keys into shared memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KeyCopies {
     /// The cube copies a tile's `K` and `V` rows, waits, computes on them, and waits
@@ -71,8 +71,10 @@ pub enum KeyCopies {
     Together,
     /// FlashAttention-2's overlap: the cube starts copying a tile's `V` before it
     /// computes the tile's scores, and the next tile's `K` before it runs the tile's
-    /// softmax and `P·V`, so each copy travels while the planes compute (the same
-    /// shared tiles, and two waits a tile, as [`Self::Together`]). With
+    /// softmax and `P·V` (dQ: `dP`, `dS` and `dS·K`), so each copy travels while the
+    /// planes compute, with two waits a tile as [`Self::Together`]. The forward keeps
+    /// its shared tiles; dQ, which reads a tile's keys until its last product, copies
+    /// the next tile's into a second buffer. With
     /// `asynchronous`, the copies are CUDA's `cp.async` (sm_80 and later, 16-byte
     /// vectors), which go from global to shared memory without the units' registers;
     /// without, each unit copies through its registers in the same order, which gains
@@ -109,7 +111,7 @@ pub struct FragmentConfig {
     pub staging: usize,
     /// How the scores' exponentials are taken.
     pub exponential: Exponential,
-    /// The forward only: how its key tiles reach shared memory.
+    /// The forward and dQ kernels: how their key tiles reach shared memory.
     pub copies: KeyCopies,
     /// The dK/dV kernel only: whether it also forms each tile's share of `dQ` and adds
     /// it to an f32 buffer atomically (the one-pass backward), in place of the dQ
@@ -160,9 +162,14 @@ impl FragmentConfig {
             + 4 * (self.block + self.emulation())
     }
 
-    /// Shared-memory bytes of the dQ kernel: the forward's, with the rows of `dO`.
+    /// Shared-memory bytes of the dQ kernel: the forward's, with the rows of `dO`, and
+    /// where it overlaps its copies a second tile of keys and of which are kept.
     pub fn backward_q_bytes(&self, elem: usize) -> usize {
-        self.forward_bytes(elem) + elem * self.rows() * self.v_stride()
+        let second_keys = match self.copies {
+            KeyCopies::Overlapped { .. } => elem * self.block * self.qk_stride() + 4 * self.block,
+            KeyCopies::Together => 0,
+        };
+        self.forward_bytes(elem) + elem * self.rows() * self.v_stride() + second_keys
     }
 
     /// Elements per staged row of the one-pass backward's `dS` tile: a query row's
@@ -301,6 +308,7 @@ pub fn fragment_forward<F: Float>(
         stage_rows_copying::<F>(
             k,
             &mut k_tile,
+            0,
             kv_head * seq_k,
             kv_start as usize,
             seq_k,
@@ -311,7 +319,7 @@ pub fn fragment_forward<F: Float>(
             units,
             asynchronous,
         );
-        stage_kept_keys::<F>(key_mask, &mut kept, kv_start as usize, batch, &sizes, bk);
+        stage_kept_keys::<F>(key_mask, &mut kept, 0, kv_start as usize, batch, &sizes, bk);
     }
 
     let mut start = kv_start;
@@ -324,6 +332,7 @@ pub fn fragment_forward<F: Float>(
             stage_rows_copying::<F>(
                 v,
                 &mut v_tile,
+                0,
                 kv_head * seq_k,
                 first,
                 seq_k,
@@ -362,6 +371,7 @@ pub fn fragment_forward<F: Float>(
             &q_tile,
             plane * plane_rows,
             &k_tile,
+            0usize,
             row_tiles,
             q_chunks,
             score_tiles,
@@ -447,6 +457,7 @@ pub fn fragment_forward<F: Float>(
                 stage_rows_copying::<F>(
                     k,
                     &mut k_tile,
+                    0,
                     kv_head * seq_k,
                     next as usize,
                     seq_k,
@@ -457,7 +468,7 @@ pub fn fragment_forward<F: Float>(
                     units,
                     asynchronous,
                 );
-                stage_kept_keys::<F>(key_mask, &mut kept, next as usize, batch, &sizes, bk);
+                stage_kept_keys::<F>(key_mask, &mut kept, 0, next as usize, batch, &sizes, bk);
             }
         }
         // The online softmax per row: the quad's max, the rescaling of what the lane
@@ -516,6 +527,7 @@ pub fn fragment_forward<F: Float>(
         accumulate_products::<F>(
             &probabilities,
             &v_tile,
+            0usize,
             row_tiles,
             key_chunks,
             out_tiles,
@@ -611,9 +623,16 @@ pub fn fragment_backward_q<F: Float>(
 
     let mut q_tile = shared_tile::<F>(block_q * k_stride);
     let mut do_tile = shared_tile::<F>(block_q * v_stride);
-    let mut k_tile = shared_tile::<F>(bk * k_stride);
+    // With overlapped copies the key tiles take turns in two buffers: a tile's keys
+    // are read until its last product (dQ += dS·K), so the next tile's cannot be
+    // copied over them while that product runs.
+    let overlapped = comptime!(matches!(config.copies, KeyCopies::Overlapped { .. }));
+    let asynchronous = comptime!(config.copies == KeyCopies::Overlapped { asynchronous: true });
+    let key_buffers = comptime!(if overlapped { 2 } else { 1 });
+    let key_tile_len = comptime!(bk * k_stride);
+    let mut k_tile = shared_tile::<F>(comptime!(key_buffers * key_tile_len));
     let mut v_tile = shared_tile::<F>(bk * v_stride);
-    let mut kept = shared_tile::<u32>(bk);
+    let mut kept = shared_tile::<u32>(comptime!(key_buffers * bk));
     let mut scratch = emulation_scratch(comptime!(config.emulation()));
 
     // The cube's rows of Q and dO, read as A fragments per key tile (ordered before
@@ -657,29 +676,76 @@ pub fn fragment_backward_q<F: Float>(
     }
     let mut grad = zero_fragments(grad_tiles, unrolled);
 
-    let mut start = kv_start;
-    while start < kv_end {
-        let first = start as usize;
-        stage_key_block::<F>(
+    let seq_k = sizes.seq_k as usize;
+    let units = comptime!(Some(config.units()));
+    if overlapped && kv_start < kv_end {
+        // The first tile's keys, in buffer 0; each later tile's are copied during the
+        // one before, into the other buffer.
+        stage_rows_copying::<F>(
             k,
-            v,
-            key_mask,
             &mut k_tile,
-            &mut v_tile,
-            &mut kept,
-            kv_head,
-            first,
-            batch,
-            &sizes,
+            0,
+            kv_head * seq_k,
+            kv_start as usize,
+            seq_k,
             bk,
             d_qk,
-            d_v,
             k_stride,
-            v_stride,
             config.staging,
-            comptime!(Some(config.units())),
+            units,
+            asynchronous,
         );
-        sync_cube();
+        stage_kept_keys::<F>(key_mask, &mut kept, 0, kv_start as usize, batch, &sizes, bk);
+    }
+
+    let mut start = kv_start;
+    // The buffer of this tile's keys (0 without overlapped copies).
+    let mut buffer = 0usize;
+    while start < kv_end {
+        let first = start as usize;
+        let key_at = buffer * key_tile_len;
+        let kept_at = buffer * bk;
+        if overlapped {
+            // This tile's K has landed, and every plane is done with the last tile
+            // (its V, its keys' buffer and which of them are kept): this tile's V may
+            // be copied now, while the planes compute the scores.
+            wait_for_copies(asynchronous);
+            stage_rows_copying::<F>(
+                v,
+                &mut v_tile,
+                0,
+                kv_head * seq_k,
+                first,
+                seq_k,
+                bk,
+                d_v,
+                v_stride,
+                config.staging,
+                units,
+                asynchronous,
+            );
+        } else {
+            stage_key_block::<F>(
+                k,
+                v,
+                key_mask,
+                &mut k_tile,
+                &mut v_tile,
+                &mut kept,
+                kv_head,
+                first,
+                batch,
+                &sizes,
+                bk,
+                d_qk,
+                d_v,
+                k_stride,
+                v_stride,
+                config.staging,
+                units,
+            );
+            sync_cube();
+        }
 
         // S = Q·Kᵀ and dP = dO·Vᵀ, one C fragment each per 8 keys (one row tile a
         // plane: see `plan_fragments`).
@@ -687,6 +753,7 @@ pub fn fragment_backward_q<F: Float>(
             &q_tile,
             plane * TILE_M,
             &k_tile,
+            key_at,
             1usize,
             q_chunks,
             score_tiles,
@@ -695,10 +762,44 @@ pub fn fragment_backward_q<F: Float>(
             ops,
             config.loads,
         );
+        if overlapped {
+            // This tile's V has landed: the next tile's keys may be copied into the
+            // other buffer (every plane was done with it at the last wait) while the
+            // planes compute dP, dS and dQ.
+            wait_for_copies(asynchronous);
+            let next = start + bk as i32;
+            if next < kv_end {
+                let other = 1 - buffer;
+                stage_rows_copying::<F>(
+                    k,
+                    &mut k_tile,
+                    other * key_tile_len,
+                    kv_head * seq_k,
+                    next as usize,
+                    seq_k,
+                    bk,
+                    d_qk,
+                    k_stride,
+                    config.staging,
+                    units,
+                    asynchronous,
+                );
+                stage_kept_keys::<F>(
+                    key_mask,
+                    &mut kept,
+                    other * bk,
+                    next as usize,
+                    batch,
+                    &sizes,
+                    bk,
+                );
+            }
+        }
         let grads = staged_row_products::<F>(
             &do_tile,
             plane * TILE_M,
             &v_tile,
+            0usize,
             1usize,
             v_chunks,
             score_tiles,
@@ -743,8 +844,8 @@ pub fn fragment_backward_q<F: Float>(
                         let (r, col) = c_position(lane, (2 * p + e) as u32);
                         let t = j * TILE_N + col;
                         let pos = plane_pos + r as i32;
-                        let visible =
-                            kept[t] != 0 && structurally_visible(pos, start + t as i32, &sizes);
+                        let visible = kept[kept_at + t] != 0
+                            && structurally_visible(pos, start + t as i32, &sizes);
                         let (_, ds) = probability_and_gradient(
                             score.extract(e) * sizes.scale,
                             pair.extract(e),
@@ -764,6 +865,7 @@ pub fn fragment_backward_q<F: Float>(
         accumulate_products::<F>(
             &score_grads,
             &k_tile,
+            key_at,
             1usize,
             key_chunks,
             grad_tiles,
@@ -773,7 +875,11 @@ pub fn fragment_backward_q<F: Float>(
             ops,
             config.loads,
         );
-        sync_cube();
+        if overlapped {
+            buffer = 1 - buffer;
+        } else {
+            sync_cube();
+        }
         start += bk as i32;
     }
 
@@ -933,6 +1039,7 @@ pub fn fragment_backward_kv<F: Float, N: Size>(
                 &k_tile,
                 plane_key,
                 &q_tile,
+                0usize,
                 1usize,
                 qk_chunks,
                 query_tiles,
@@ -945,6 +1052,7 @@ pub fn fragment_backward_kv<F: Float, N: Size>(
                 &v_tile,
                 plane_key,
                 &do_tile,
+                0usize,
                 1usize,
                 v_chunks,
                 query_tiles,
@@ -1039,6 +1147,7 @@ pub fn fragment_backward_kv<F: Float, N: Size>(
             accumulate_products::<F>(
                 &probabilities,
                 &do_tile,
+                0usize,
                 1usize,
                 query_chunks,
                 value_grad_tiles,
@@ -1051,6 +1160,7 @@ pub fn fragment_backward_kv<F: Float, N: Size>(
             accumulate_products::<F>(
                 &score_grads,
                 &q_tile,
+                0usize,
                 1usize,
                 query_chunks,
                 key_grad_tiles,

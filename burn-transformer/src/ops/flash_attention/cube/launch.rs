@@ -28,8 +28,8 @@ use super::kernels::{self, AttentionConfig, SizesLaunch};
 use super::staged;
 use super::tiling::{
     KernelTile, LARGEST_STAGED_BLOCK, StagedProduct, StagedTiling, Tiling, auto_forward_row_tiles,
-    dq_atomic_width, fragment_row_tiles, has_fragment_mma, is_cpu_runtime, overlap_key_copies,
-    plan_fragments, plan_key_splits, plan_staged, plan_tiling,
+    dq_atomic_width, fragment_row_tiles, has_fragment_mma, is_cpu_runtime, plan_fragments,
+    plan_key_splits, plan_staged, plan_tiling,
 };
 
 /// Units per cube of the backward pre-pass (one unit per query row, on every device).
@@ -160,14 +160,10 @@ fn choose_on(
         };
         let one_pass = requested == FlashKernel::FragmentsAtomicDq;
         let split_tf32 = requested == FlashKernel::FragmentsTf32;
-        let fragments = plan_fragments(problem, dtype, properties, row_tiles, one_pass, split_tf32)
-            .map(|tiling| {
-                if requested == FlashKernel::FragmentsOverlapped {
-                    overlap_key_copies(tiling, dtype, properties)
-                } else {
-                    tiling
-                }
-            });
+        let overlap = requested == FlashKernel::FragmentsOverlapped;
+        let fragments = plan_fragments(
+            problem, dtype, properties, row_tiles, one_pass, split_tf32, overlap,
+        );
         let staged = plan_staged(
             problem,
             dtype,
@@ -628,6 +624,11 @@ pub(super) fn backward_with(
             #[cfg(test)]
             super::super::op::FRAGMENT_BACKWARD_LAUNCHES
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            #[cfg(test)]
+            if dq_config.copies != fragments::KeyCopies::Together {
+                super::super::op::OVERLAPPED_DQ_LAUNCHES
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
             // 2. dK, dV: one cube per 16·planes keys; 3. dQ: one per 16·planes rows,
             // or, in the one-pass backward, the dK/dV kernel's f32 sums made dQ.
             // The one-pass backward's f32 sums of dQ and the columns one atomic add takes
@@ -950,10 +951,11 @@ mod tests {
         }
     }
 
-    /// `FragmentsOverlapped` overlaps the forward's key copies with its computation:
-    /// with `cp.async` where the device has it and the staging copies 16-byte vectors,
-    /// synchronously in the same order elsewhere; its forward is as wide as `Auto`'s
-    /// and its backward kernels copy as `Fragments`' do. No other family overlaps.
+    /// `FragmentsOverlapped` overlaps the key copies of the forward and dQ with their
+    /// computation: with `cp.async` where the device has it and the staging copies
+    /// 16-byte vectors, synchronously in the same order elsewhere; its forward is as
+    /// wide as `Auto`'s and its dK/dV kernel copies as `Fragments`' does. No other
+    /// family overlaps.
     #[test]
     fn overlapped_copies_run_only_when_asked() {
         use super::super::fragments::KeyCopies;
@@ -982,11 +984,10 @@ mod tests {
                 properties,
             )
             .unwrap();
+            // dQ overlaps as the forward does (its second key buffer fits), dK/dV not.
             let (dq, dkdv) = tiling.backward.unwrap();
-            assert_eq!(
-                (dq.copies, dkdv.copies),
-                (KeyCopies::Together, KeyCopies::Together)
-            );
+            assert_eq!(dq.copies, tiling.forward.copies);
+            assert_eq!(dkdv.copies, KeyCopies::Together);
             tiling.forward.copies
         };
         assert_eq!(copies(&cuda), KeyCopies::Overlapped { asynchronous: true });
@@ -1108,7 +1109,8 @@ mod tests {
         for dtype in [DType::BF16, DType::F16] {
             for (d_qk, d_v) in [(64, 64), (128, 128), (192, 128)] {
                 let plan =
-                    plan_fragments(&problem(d_qk, d_v), dtype, &cuda, 1, false, false).unwrap();
+                    plan_fragments(&problem(d_qk, d_v), dtype, &cuda, 1, false, false, false)
+                        .unwrap();
                 let (q, kv) = plan.backward.unwrap();
                 for config in [plan.forward, q, kv] {
                     // 16 bytes of a 2-byte type.
@@ -1120,14 +1122,23 @@ mod tests {
                     };
                     assert_eq!(config.loads, loads, "{dtype:?} {d_qk}x{d_v}");
                 }
-                let plan = plan_fragments(&problem(d_qk, d_v), dtype, &wgpu_like, 1, false, false)
-                    .unwrap();
+                let plan = plan_fragments(
+                    &problem(d_qk, d_v),
+                    dtype,
+                    &wgpu_like,
+                    1,
+                    false,
+                    false,
+                    false,
+                )
+                .unwrap();
                 assert_eq!(plan.forward.staging, 1, "{dtype:?} {d_qk}x{d_v}");
                 assert_eq!(plan.forward.loads, FragmentLoads::Elements);
             }
         }
         // Head dims that are odd multiples of 8 still take whole 16-byte vectors.
-        let plan = plan_fragments(&problem(48, 24), DType::BF16, &cuda, 1, false, false).unwrap();
+        let plan =
+            plan_fragments(&problem(48, 24), DType::BF16, &cuda, 1, false, false, false).unwrap();
         assert_eq!(plan.forward.staging, 8);
     }
 
@@ -1146,7 +1157,8 @@ mod tests {
             let takes = d_qk <= 128;
             let adds = |properties, one_pass| {
                 let plan =
-                    plan_fragments(&problem, DType::BF16, properties, 1, one_pass, false).unwrap();
+                    plan_fragments(&problem, DType::BF16, properties, 1, one_pass, false, false)
+                        .unwrap();
                 let (q, kv) = plan.backward.unwrap();
                 assert!(!plan.forward.adds_dq && !q.adds_dq);
                 assert!(kv.backward_kv_bytes(2) <= atomics.hardware.max_shared_memory_size);
@@ -1190,6 +1202,7 @@ mod tests {
                     row_tiles,
                     false,
                     false,
+                    false,
                 )
                 .unwrap();
                 let (q, kv) = plan.backward.unwrap();
@@ -1205,6 +1218,7 @@ mod tests {
                     DType::BF16,
                     &other,
                     row_tiles,
+                    false,
                     false,
                     false,
                 )

@@ -105,19 +105,21 @@ pub(super) fn stage_rows<F: Float>(
     #[comptime] units: Option<usize>,
 ) {
     stage_rows_copying::<F>(
-        source, tile, head_row, first, seq, rows, d, stride, width, units, false,
+        source, tile, 0, head_row, first, seq, rows, d, stride, width, units, false,
     );
 }
 
-/// [`stage_rows`], with each vector's copy `asynchronous` or not: asynchronous copies
-/// (`cp.async`, CUDA sm_80 and later; 16-byte vectors) land in `tile` some time after
-/// this returns, without passing through the unit's registers, and
-/// [`wait_for_copies`] waits for them.
+/// [`stage_rows`] into the rows of `tile` from element `tile_at` (a multiple of
+/// `width`: the second of two buffers, or 0), with each vector's copy `asynchronous` or
+/// not: asynchronous copies (`cp.async`, CUDA sm_80 and later; 16-byte vectors) land
+/// in `tile` some time after this returns, without passing through the unit's
+/// registers, and [`wait_for_copies`] waits for them.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn stage_rows_copying<F: Float>(
     source: &Tensor<F>,
     tile: &mut Shared<[F]>,
+    tile_at: usize,
     head_row: usize,
     first: usize,
     seq: usize,
@@ -132,6 +134,7 @@ pub(super) fn stage_rows_copying<F: Float>(
         stage_row_vectors::<F, Const<8>>(
             source,
             tile,
+            tile_at,
             head_row,
             first,
             seq,
@@ -145,6 +148,7 @@ pub(super) fn stage_rows_copying<F: Float>(
         stage_row_vectors::<F, Const<4>>(
             source,
             tile,
+            tile_at,
             head_row,
             first,
             seq,
@@ -158,6 +162,7 @@ pub(super) fn stage_rows_copying<F: Float>(
         stage_row_vectors::<F, Const<2>>(
             source,
             tile,
+            tile_at,
             head_row,
             first,
             seq,
@@ -171,6 +176,7 @@ pub(super) fn stage_rows_copying<F: Float>(
         stage_row_vectors::<F, Const<1>>(
             source,
             tile,
+            tile_at,
             head_row,
             first,
             seq,
@@ -232,6 +238,7 @@ fn copy_vector<F: Float, N: Size>(
 fn stage_row_vectors<F: Float, N: Size>(
     source: &Tensor<F>,
     tile: &mut Shared<[F]>,
+    tile_at: usize,
     head_row: usize,
     first: usize,
     seq: usize,
@@ -243,6 +250,7 @@ fn stage_row_vectors<F: Float, N: Size>(
 ) {
     let width = N::value();
     let row_vectors = comptime!(d / width);
+    let tile_vector_at = tile_at / width;
     let tile_stride = comptime!(stride / width);
     let vectors = comptime!(rows * row_vectors);
     let source = source.as_slice().as_vectorized().with_vector_size::<N>();
@@ -267,7 +275,7 @@ fn stage_row_vectors<F: Float, N: Size>(
                 source,
                 tile,
                 (head_row + row) * row_vectors + col,
-                r * tile_stride + col,
+                tile_vector_at + r * tile_stride + col,
                 asynchronous,
             );
         }
@@ -283,7 +291,7 @@ fn stage_row_vectors<F: Float, N: Size>(
                 source,
                 tile,
                 (head_row + row) * row_vectors + col,
-                r * tile_stride + col,
+                tile_vector_at + r * tile_stride + col,
                 asynchronous,
             );
         }
@@ -300,7 +308,7 @@ fn stage_row_vectors<F: Float, N: Size>(
                 source,
                 tile,
                 (head_row + row) * row_vectors + col,
-                r * tile_stride + col,
+                tile_vector_at + r * tile_stride + col,
                 asynchronous,
             );
             e += CUBE_DIM as usize;
@@ -340,7 +348,7 @@ pub(super) fn stage_key_block<F: Float>(
     stage_rows::<F>(
         v, v_tile, head_row, first, seq_k, block, d_v, v_stride, width, units,
     );
-    stage_kept_keys::<F>(key_mask, kept, first, batch, sizes, block);
+    stage_kept_keys::<F>(key_mask, kept, 0, first, batch, sizes, block);
 }
 
 /// Sets every element of `tile` to zero.
@@ -353,11 +361,13 @@ fn zero_tile(tile: &mut Shared<[f32]>, #[comptime] len: usize) {
     }
 }
 
-/// Stores `1` for each of the `block` keys from `first` that is real and unpadded.
+/// Stores `1` for each of the `block` keys from `first` that is real and unpadded, at
+/// `kept_at ..` of `kept`.
 #[cube]
 pub(super) fn stage_kept_keys<F: Float>(
     key_mask: &Tensor<F>,
     kept: &mut Shared<[u32]>,
+    kept_at: usize,
     first: usize,
     batch: usize,
     sizes: &Sizes,
@@ -371,7 +381,7 @@ pub(super) fn stage_kept_keys<F: Float>(
         if key > last_key {
             key_c = last_key;
         }
-        kept[t] = u32::cast_from(key_kept::<F>(key_mask, key, key_c, batch, sizes));
+        kept[kept_at + t] = u32::cast_from(key_kept::<F>(key_mask, key, key_c, batch, sizes));
         t += CUBE_DIM as usize;
     }
 }

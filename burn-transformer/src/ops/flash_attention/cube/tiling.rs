@@ -608,7 +608,9 @@ fn has_fragment_planes(properties: &cubecl::ir::DeviceProperties) -> bool {
 /// time: the twice larger accumulators left 2 cubes an SM), the dK/dV kernel's one
 /// tile of 16 keys. With `one_pass`, the dK/dV kernel also adds `dQ` (where the device
 /// adds f32 atomically, the query/key head dim is at most [`ONE_PASS_MAX_D_QK`] and
-/// the larger tiles fit; else the two-pass backward).
+/// the larger tiles fit; else the two-pass backward). With `overlap`, the forward and
+/// dQ kernels overlap their key copies with their computation ([`key_copies`]), dQ
+/// with tiles that leave room for its second buffer of keys.
 pub(crate) fn plan_fragments(
     problem: &Problem,
     dtype: DType,
@@ -616,6 +618,7 @@ pub(crate) fn plan_fragments(
     row_tiles: usize,
     one_pass: bool,
     split_tf32: bool,
+    overlap: bool,
 ) -> Option<FragmentTiling> {
     let hardware = &properties.hardware;
     let tiles = problem.d_qk.is_multiple_of(TILE_K)
@@ -643,6 +646,9 @@ pub(crate) fn plan_fragments(
     let staging = staging_width(problem, elem, ROW_PAD, properties);
     let loads = fragment_loads(properties, dtype, ops);
     let exponential = fragment_exponential(properties, ops);
+    // The forward and dQ kernels' (dQ's tiles then leave room for a second buffer of
+    // keys); dK/dV copies its tiles together.
+    let copies = key_copies(overlap, dtype, staging, properties);
     let config = |planes: usize, row_tiles: usize, block: usize| FragmentConfig {
         planes,
         row_tiles,
@@ -653,7 +659,7 @@ pub(crate) fn plan_fragments(
         loads,
         staging,
         exponential,
-        copies: KeyCopies::Together,
+        copies,
         adds_dq: false,
     };
     // The first of `blocks` (rows a tile streams) with `planes` planes whose tiles fit,
@@ -697,15 +703,23 @@ pub(crate) fn plan_fragments(
         c.backward_q_bytes(elem)
     });
     let kv_bytes = |c: &FragmentConfig| c.backward_kv_bytes(elem);
-    let adding_dq = |c: FragmentConfig| FragmentConfig { adds_dq: true, ..c };
+    let adding_dq = |c: FragmentConfig| FragmentConfig {
+        adds_dq: true,
+        copies: KeyCopies::Together,
+        ..c
+    };
     let one_pass_bytes = |c: &FragmentConfig| adding_dq(*c).backward_kv_bytes(elem);
     let one_pass_kv =
         (one_pass && adds_f32_atomically(properties) && problem.d_qk <= ONE_PASS_MAX_D_QK)
             .then(|| fewer_planes(1, backward_blocks, problem.seq_q, &one_pass_bytes))
             .flatten()
             .map(adding_dq);
-    let backward_kv =
-        one_pass_kv.or_else(|| fewer_planes(1, backward_blocks, problem.seq_q, &kv_bytes));
+    let backward_kv = one_pass_kv
+        .or_else(|| fewer_planes(1, backward_blocks, problem.seq_q, &kv_bytes))
+        .map(|c| FragmentConfig {
+            copies: KeyCopies::Together,
+            ..c
+        });
     let backward = backward_q
         .zip(backward_kv)
         .filter(|_| problem.d_v.is_multiple_of(TILE_K));
@@ -724,25 +738,21 @@ pub(crate) fn plan_fragments(
 /// asynchronous staging copy is this wide.
 const ASYNC_COPY_BYTES: usize = 16;
 
-/// `tiling` with the forward's key copies overlapped with its computation
-/// ([`KeyCopies::Overlapped`]): asynchronous (`cp.async`) where the device has the
-/// instruction and the staging copies 16-byte vectors of `dtype`, synchronous in the
-/// same order elsewhere (lavapipe, where the tests check that order).
-pub(crate) fn overlap_key_copies(
-    tiling: FragmentTiling,
+/// How the fragment kernels planned with `overlap` copy their key tiles:
+/// [`KeyCopies::Overlapped`] when asked, asynchronously (`cp.async`) where the device
+/// has the instruction and the staging copies 16-byte vectors of `dtype`, synchronously
+/// in the same order elsewhere (lavapipe, where the tests check that order).
+fn key_copies(
+    overlap: bool,
     dtype: DType,
+    staging: usize,
     properties: &cubecl::ir::DeviceProperties,
-) -> FragmentTiling {
-    let forward = tiling.forward;
-    let asynchronous =
-        properties.features.copy_async && forward.staging * dtype.size() == ASYNC_COPY_BYTES;
-    FragmentTiling {
-        forward: FragmentConfig {
-            copies: KeyCopies::Overlapped { asynchronous },
-            ..forward
-        },
-        ..tiling
+) -> KeyCopies {
+    if !overlap {
+        return KeyCopies::Together;
     }
+    let asynchronous = properties.features.copy_async && staging * dtype.size() == ASYNC_COPY_BYTES;
+    KeyCopies::Overlapped { asynchronous }
 }
 
 /// Query rows up to which the staged forward splits the keys across cubes

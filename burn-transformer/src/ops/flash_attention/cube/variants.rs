@@ -20,15 +20,14 @@ use cubecl::{CompilationError, define_kernel};
 
 use super::super::{Problem, Unsupported};
 use super::fragment::FragmentOps;
-use super::fragments::{self, FragmentConfig, FragmentTiling};
+use super::fragments::{self, FragmentConfig, FragmentTiling, KeyCopies};
 use super::kernels::{self, SizesCompilationArg};
 use super::launch::{MERGE_UNITS, PREPASS_UNITS, config};
 use super::staged;
 use super::tile_product::TileProduct;
 use super::tiling::{
     KernelTile, LARGEST_STAGED_BLOCK, STAGED_BLOCK_LIMITS, StagedProduct, StagedTiling, Tiling,
-    dq_atomic_width, fragment_row_tiles, overlap_key_copies, plan_fragments, plan_staged,
-    plan_tiling,
+    dq_atomic_width, fragment_row_tiles, plan_fragments, plan_staged, plan_tiling,
 };
 use crate::ops::mask::MaskRule;
 
@@ -111,9 +110,9 @@ pub enum KernelFamily {
     /// The fragment kernels for f32 inputs, each product three TF32 products of split
     /// elements (f32 only, see `fragment.rs`).
     FragmentsTf32,
-    /// The fragment forward, narrow and wide, with its key copies overlapped with its
-    /// computation (`cp.async` where the device has it; f16/bf16 only); its backward
-    /// kernels are [`Self::Fragments`]'.
+    /// The fragment forward, narrow and wide, and the dQ kernel, with their key copies
+    /// overlapped with their computation (`cp.async` where the device has it; f16/bf16
+    /// only); its dK/dV kernel is [`Self::Fragments`]'.
     FragmentsOverlapped,
 }
 
@@ -276,6 +275,7 @@ pub fn kernel_variants(
                             row_tiles,
                             one_pass,
                             split_tf32,
+                            false,
                         )
                         .filter(|tiling| tiling.forward.ops == products);
                         variants.extend(
@@ -285,7 +285,8 @@ pub fn kernel_variants(
                         );
                     }
                     KernelFamily::FragmentsOverlapped => {
-                        // The forward alone, narrow and wide, where tensor cores take it.
+                        // The forward, narrow and wide, and dQ, where tensor cores take
+                        // them.
                         for wide in [false, true] {
                             let tiling = plan_fragments(
                                 &problem,
@@ -294,9 +295,9 @@ pub fn kernel_variants(
                                 fragment_row_tiles(wide),
                                 false,
                                 false,
+                                true,
                             )
-                            .filter(|tiling| tiling.forward.ops == FragmentOps::TensorCores)
-                            .map(|tiling| overlap_key_copies(tiling, dtype, &properties));
+                            .filter(|tiling| tiling.forward.ops == FragmentOps::TensorCores);
                             variants.extend(
                                 tiling
                                     .into_iter()
@@ -579,10 +580,17 @@ fn fragment_kernels(
             Box::new(forward),
         ));
     }
-    if matches!(
-        family,
-        KernelFamily::WideFragments | KernelFamily::FragmentsOverlapped
-    ) {
+    if family == KernelFamily::WideFragments {
+        return kernels;
+    }
+    // The overlapped family's dQ once (from the narrow plan: the backward does not
+    // depend on the forward's width), where its copies overlap; its dK/dV kernel is
+    // the fragment family's.
+    let overlapped_dq = tiling.forward.row_tiles == 1
+        && tiling
+            .backward
+            .is_some_and(|(dq, _)| dq.copies != KeyCopies::Together);
+    if family == KernelFamily::FragmentsOverlapped && !overlapped_dq {
         return kernels;
     }
     if let Some((dq_config, kv_config)) = tiling.backward {
@@ -634,11 +642,13 @@ fn fragment_kernels(
             kv_config,
             elem,
         );
-        kernels.push(variant(
-            AttentionKernel::BackwardDkDv,
-            &kv_config,
-            Box::new(dkdv),
-        ));
+        if family != KernelFamily::FragmentsOverlapped {
+            kernels.push(variant(
+                AttentionKernel::BackwardDkDv,
+                &kv_config,
+                Box::new(dkdv),
+            ));
+        }
     }
     kernels
 }
@@ -1055,6 +1065,7 @@ pub(super) mod tests {
                 1,
                 false,
                 true,
+                false,
             )
             .unwrap();
             assert_eq!(plan.forward.ops, FragmentOps::SplitTf32);
@@ -1073,17 +1084,17 @@ pub(super) mod tests {
             1,
             false,
             true,
+            false,
         )
         .unwrap();
         assert_eq!(plan.forward.ops, FragmentOps::TensorCores);
     }
 
-    /// The overlapped family: the fragment forward alone, narrow and wide, in f16 and
-    /// bf16 wherever tensor cores take it, each with `cp.async` copies on a device that
-    /// has them; each expands.
+    /// The overlapped family: the fragment forward, narrow and wide, and the dQ kernel,
+    /// in f16 and bf16 wherever tensor cores take them, each with `cp.async` copies on
+    /// a device that has them (dQ where its second key buffer fits); each expands.
     #[test]
-    fn overlapped_fragment_variants_are_forwards_with_asynchronous_copies() {
-        use super::super::fragments::KeyCopies;
+    fn overlapped_fragment_variants_are_forwards_and_dq_with_asynchronous_copies() {
         let mut properties = gpu_with_fragments();
         properties.features.memory_reinterpret = true;
         properties.features.copy_async = true;
@@ -1092,10 +1103,11 @@ pub(super) mod tests {
             .iter()
             .filter(|v| v.family == KernelFamily::FragmentsOverlapped)
             .collect();
+        let asynchronous = KeyCopies::Overlapped { asynchronous: true };
         for dtype in [DType::F16, DType::BF16] {
             for (d_qk, d_v) in VARIANT_HEAD_DIMS {
                 let problem = variant_problem(d_qk, d_v);
-                let widths: Vec<_> = [false, true]
+                let plans: Vec<_> = [false, true]
                     .into_iter()
                     .filter_map(|wide| {
                         plan_fragments(
@@ -1105,24 +1117,44 @@ pub(super) mod tests {
                             fragment_row_tiles(wide),
                             false,
                             false,
+                            true,
                         )
                     })
-                    .map(|plan| overlap_key_copies(plan, dtype, &properties).forward)
                     .collect();
-                for config in &widths {
-                    assert_eq!(config.copies, KeyCopies::Overlapped { asynchronous: true });
+                for plan in &plans {
+                    assert_eq!(plan.forward.copies, asynchronous);
                 }
+                let dq = plans
+                    .first()
+                    .and_then(|plan| plan.backward)
+                    .filter(|(dq, _)| dq.copies == asynchronous);
                 let found: Vec<_> = overlapped
                     .iter()
                     .filter(|v| (v.dtype, v.d_qk, v.d_v) == (dtype, d_qk, d_v))
                     .collect();
-                assert_eq!(found.len(), widths.len(), "{dtype:?} {d_qk}x{d_v}");
+                let forwards = found
+                    .iter()
+                    .filter(|v| v.kernel == AttentionKernel::Forward)
+                    .count();
+                let dqs = found
+                    .iter()
+                    .filter(|v| v.kernel == AttentionKernel::BackwardDq)
+                    .count();
+                assert_eq!(forwards, plans.len(), "{dtype:?} {d_qk}x{d_v}");
+                assert_eq!(dqs, dq.is_some() as usize, "{dtype:?} {d_qk}x{d_v}");
+                assert_eq!(found.len(), forwards + dqs, "{dtype:?} {d_qk}x{d_v}");
                 for variant in found {
-                    assert_eq!(variant.kernel, AttentionKernel::Forward);
                     variant.define().unwrap();
                 }
             }
         }
+        // The H100's shared memory holds dQ's second key buffer at the head dims of
+        // today's models.
+        assert!(
+            overlapped
+                .iter()
+                .any(|v| v.kernel == AttentionKernel::BackwardDq && v.d_qk == 128)
+        );
         assert!(overlapped.iter().all(|v| v.dtype != DType::F32));
         assert!(!overlapped.is_empty());
     }
@@ -1155,9 +1187,16 @@ pub(super) mod tests {
                     target: &target,
                 };
                 let one_pass = family == KernelFamily::FragmentsAtomicDq;
-                let mut fragments =
-                    plan_fragments(&problem, dtype, &properties, row_tiles, one_pass, false)
-                        .unwrap();
+                let mut fragments = plan_fragments(
+                    &problem,
+                    dtype,
+                    &properties,
+                    row_tiles,
+                    one_pass,
+                    false,
+                    false,
+                )
+                .unwrap();
                 fragments.forward.loads = FragmentLoads::Matrices;
                 if let Some((q, kv)) = fragments.backward.as_mut() {
                     q.loads = FragmentLoads::Matrices;
