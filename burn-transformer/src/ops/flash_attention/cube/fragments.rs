@@ -85,6 +85,18 @@ pub enum KeyCopies {
     },
 }
 
+impl KeyCopies {
+    /// Whether the copies overlap the computation.
+    pub fn overlapped(self) -> bool {
+        matches!(self, Self::Overlapped { .. })
+    }
+
+    /// Whether the copies are `cp.async`.
+    pub fn asynchronous(self) -> bool {
+        self == Self::Overlapped { asynchronous: true }
+    }
+}
+
 /// Compile-time shape of one fragment launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FragmentConfig {
@@ -209,6 +221,140 @@ fn emulation_scratch(#[comptime] len: usize) -> Shared<[f32]> {
     shared_tile::<f32>(comptime!(len.max(1)))
 }
 
+/// Copies the `config.block` keys from `first` of key/value head `kv_head` with
+/// `config.copies`: their rows of `k` into `k_tile` from element `tile_at`, and which
+/// of them are kept into `kept` from `kept_at`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn copy_keys<F: Float>(
+    k: &Tensor<F>,
+    key_mask: &Tensor<F>,
+    k_tile: &mut Shared<[F]>,
+    tile_at: usize,
+    kept: &mut Shared<[u32]>,
+    kept_at: usize,
+    kv_head: usize,
+    first: usize,
+    batch: usize,
+    sizes: &Sizes,
+    #[comptime] config: FragmentConfig,
+) {
+    let seq_k = sizes.seq_k as usize;
+    stage_rows_copying::<F>(
+        k,
+        k_tile,
+        tile_at,
+        kv_head * seq_k,
+        first,
+        seq_k,
+        config.block,
+        config.d_qk,
+        comptime!(config.qk_stride()),
+        config.staging,
+        comptime!(Some(config.units())),
+        comptime!(config.copies.asynchronous()),
+    );
+    stage_kept_keys::<F>(key_mask, kept, kept_at, first, batch, sizes, config.block);
+}
+
+/// The start of the key tile from `first`: with overlapped copies, waits until its
+/// keys have landed and every plane is done with the last tile, then starts copying
+/// its values, which travel while the planes compute the scores; otherwise copies its
+/// keys, values and kept keys and waits for them.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn begin_key_tile<F: Float>(
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    key_mask: &Tensor<F>,
+    k_tile: &mut Shared<[F]>,
+    v_tile: &mut Shared<[F]>,
+    kept: &mut Shared<[u32]>,
+    kv_head: usize,
+    first: usize,
+    batch: usize,
+    sizes: &Sizes,
+    #[comptime] config: FragmentConfig,
+) {
+    if comptime!(config.copies.overlapped()) {
+        wait_for_copies(comptime!(config.copies.asynchronous()));
+        let seq_k = sizes.seq_k as usize;
+        stage_rows_copying::<F>(
+            v,
+            v_tile,
+            0,
+            kv_head * seq_k,
+            first,
+            seq_k,
+            config.block,
+            config.d_v,
+            comptime!(config.v_stride()),
+            config.staging,
+            comptime!(Some(config.units())),
+            comptime!(config.copies.asynchronous()),
+        );
+    } else {
+        stage_key_block::<F>(
+            k,
+            v,
+            key_mask,
+            k_tile,
+            v_tile,
+            kept,
+            kv_head,
+            first,
+            batch,
+            sizes,
+            config.block,
+            config.d_qk,
+            config.d_v,
+            comptime!(config.qk_stride()),
+            comptime!(config.v_stride()),
+            config.staging,
+            comptime!(Some(config.units())),
+        );
+        sync_cube();
+    }
+}
+
+/// With overlapped copies, once the planes are done with a tile's keys where the next
+/// tile's go: waits until the tile's values have landed (and every plane is there),
+/// then starts copying the keys from `next`, if any before `kv_end`, into `k_tile`
+/// from `tile_at` and `kept` from `kept_at` ([`copy_keys`]).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn overlap_next_keys<F: Float>(
+    k: &Tensor<F>,
+    key_mask: &Tensor<F>,
+    k_tile: &mut Shared<[F]>,
+    tile_at: usize,
+    kept: &mut Shared<[u32]>,
+    kept_at: usize,
+    kv_head: usize,
+    next: i32,
+    kv_end: i32,
+    batch: usize,
+    sizes: &Sizes,
+    #[comptime] config: FragmentConfig,
+) {
+    wait_for_copies(comptime!(config.copies.asynchronous()));
+    if next < kv_end {
+        copy_keys::<F>(
+            k,
+            key_mask,
+            k_tile,
+            tile_at,
+            kept,
+            kept_at,
+            kv_head,
+            next as usize,
+            batch,
+            sizes,
+            config,
+        );
+    }
+}
+
 /// Forward: `O = softmax(q·kᵀ·scale + mask)·v` and the per-row log-sum-exp, as
 /// [`staged_forward`](super::staged::staged_forward) computes them (same arguments,
 /// same outputs, same key splits).
@@ -299,72 +445,39 @@ pub fn fragment_forward<F: Float>(
         row_sum[i] = 0.0f32;
     }
 
-    let overlapped = comptime!(matches!(config.copies, KeyCopies::Overlapped { .. }));
-    let asynchronous = comptime!(config.copies == KeyCopies::Overlapped { asynchronous: true });
-    let seq_k = sizes.seq_k as usize;
-    let units = comptime!(Some(config.units()));
+    let overlapped = comptime!(config.copies.overlapped());
     if overlapped && kv_start < kv_end {
         // The first tile's keys; each later tile's are copied during the one before.
-        stage_rows_copying::<F>(
+        copy_keys::<F>(
             k,
+            key_mask,
             &mut k_tile,
             0,
-            kv_head * seq_k,
+            &mut kept,
+            0,
+            kv_head,
             kv_start as usize,
-            seq_k,
-            bk,
-            d_qk,
-            k_stride,
-            config.staging,
-            units,
-            asynchronous,
+            batch,
+            &sizes,
+            config,
         );
-        stage_kept_keys::<F>(key_mask, &mut kept, 0, kv_start as usize, batch, &sizes, bk);
     }
 
     let mut start = kv_start;
     while start < kv_end {
-        let first = start as usize;
-        if overlapped {
-            // This tile's K has landed, and every plane is done with the last tile's V:
-            // its V may be copied now, while the planes compute the scores.
-            wait_for_copies(asynchronous);
-            stage_rows_copying::<F>(
-                v,
-                &mut v_tile,
-                0,
-                kv_head * seq_k,
-                first,
-                seq_k,
-                bk,
-                d_v,
-                v_stride,
-                config.staging,
-                units,
-                asynchronous,
-            );
-        } else {
-            stage_key_block::<F>(
-                k,
-                v,
-                key_mask,
-                &mut k_tile,
-                &mut v_tile,
-                &mut kept,
-                kv_head,
-                first,
-                batch,
-                &sizes,
-                bk,
-                d_qk,
-                d_v,
-                k_stride,
-                v_stride,
-                config.staging,
-                units,
-            );
-            sync_cube();
-        }
+        begin_key_tile::<F>(
+            k,
+            v,
+            key_mask,
+            &mut k_tile,
+            &mut v_tile,
+            &mut kept,
+            kv_head,
+            start as usize,
+            batch,
+            &sizes,
+            config,
+        );
 
         // S = Q·Kᵀ, one C fragment per 8 keys and row tile.
         let mut scores = staged_row_products::<F>(
@@ -448,28 +561,23 @@ pub fn fragment_forward<F: Float>(
             }
         }
         if overlapped {
-            // This tile's V has landed, and every plane is done with its K and which
-            // of its keys are kept: the next tile's may be copied now, while the
-            // planes run the softmax and P·V.
-            wait_for_copies(asynchronous);
-            let next = start + bk as i32;
-            if next < kv_end {
-                stage_rows_copying::<F>(
-                    k,
-                    &mut k_tile,
-                    0,
-                    kv_head * seq_k,
-                    next as usize,
-                    seq_k,
-                    bk,
-                    d_qk,
-                    k_stride,
-                    config.staging,
-                    units,
-                    asynchronous,
-                );
-                stage_kept_keys::<F>(key_mask, &mut kept, 0, next as usize, batch, &sizes, bk);
-            }
+            // Every plane is done with this tile's K and which of its keys are kept:
+            // the next tile's take their place while the planes run the softmax and
+            // P·V.
+            overlap_next_keys::<F>(
+                k,
+                key_mask,
+                &mut k_tile,
+                0,
+                &mut kept,
+                0,
+                kv_head,
+                start + bk as i32,
+                kv_end,
+                batch,
+                &sizes,
+                config,
+            );
         }
         // The online softmax per row: the quad's max, the rescaling of what the lane
         // summed and accumulated so far, and P, rounded to the input type.
@@ -626,8 +734,7 @@ pub fn fragment_backward_q<F: Float>(
     // With overlapped copies the key tiles take turns in two buffers: a tile's keys
     // are read until its last product (dQ += dS·K), so the next tile's cannot be
     // copied over them while that product runs.
-    let overlapped = comptime!(matches!(config.copies, KeyCopies::Overlapped { .. }));
-    let asynchronous = comptime!(config.copies == KeyCopies::Overlapped { asynchronous: true });
+    let overlapped = comptime!(config.copies.overlapped());
     let key_buffers = comptime!(if overlapped { 2 } else { 1 });
     let key_tile_len = comptime!(bk * k_stride);
     let mut k_tile = shared_tile::<F>(comptime!(key_buffers * key_tile_len));
@@ -676,76 +783,43 @@ pub fn fragment_backward_q<F: Float>(
     }
     let mut grad = zero_fragments(grad_tiles, unrolled);
 
-    let seq_k = sizes.seq_k as usize;
-    let units = comptime!(Some(config.units()));
     if overlapped && kv_start < kv_end {
         // The first tile's keys, in buffer 0; each later tile's are copied during the
         // one before, into the other buffer.
-        stage_rows_copying::<F>(
+        copy_keys::<F>(
             k,
+            key_mask,
             &mut k_tile,
             0,
-            kv_head * seq_k,
+            &mut kept,
+            0,
+            kv_head,
             kv_start as usize,
-            seq_k,
-            bk,
-            d_qk,
-            k_stride,
-            config.staging,
-            units,
-            asynchronous,
+            batch,
+            &sizes,
+            config,
         );
-        stage_kept_keys::<F>(key_mask, &mut kept, 0, kv_start as usize, batch, &sizes, bk);
     }
 
     let mut start = kv_start;
     // The buffer of this tile's keys (0 without overlapped copies).
     let mut buffer = 0usize;
     while start < kv_end {
-        let first = start as usize;
         let key_at = buffer * key_tile_len;
         let kept_at = buffer * bk;
-        if overlapped {
-            // This tile's K has landed, and every plane is done with the last tile
-            // (its V, its keys' buffer and which of them are kept): this tile's V may
-            // be copied now, while the planes compute the scores.
-            wait_for_copies(asynchronous);
-            stage_rows_copying::<F>(
-                v,
-                &mut v_tile,
-                0,
-                kv_head * seq_k,
-                first,
-                seq_k,
-                bk,
-                d_v,
-                v_stride,
-                config.staging,
-                units,
-                asynchronous,
-            );
-        } else {
-            stage_key_block::<F>(
-                k,
-                v,
-                key_mask,
-                &mut k_tile,
-                &mut v_tile,
-                &mut kept,
-                kv_head,
-                first,
-                batch,
-                &sizes,
-                bk,
-                d_qk,
-                d_v,
-                k_stride,
-                v_stride,
-                config.staging,
-                units,
-            );
-            sync_cube();
-        }
+        begin_key_tile::<F>(
+            k,
+            v,
+            key_mask,
+            &mut k_tile,
+            &mut v_tile,
+            &mut kept,
+            kv_head,
+            start as usize,
+            batch,
+            &sizes,
+            config,
+        );
 
         // S = Q·Kᵀ and dP = dO·Vᵀ, one C fragment each per 8 keys (one row tile a
         // plane: see `plan_fragments`).
@@ -763,37 +837,23 @@ pub fn fragment_backward_q<F: Float>(
             config.loads,
         );
         if overlapped {
-            // This tile's V has landed: the next tile's keys may be copied into the
-            // other buffer (every plane was done with it at the last wait) while the
-            // planes compute dP, dS and dQ.
-            wait_for_copies(asynchronous);
-            let next = start + bk as i32;
-            if next < kv_end {
-                let other = 1 - buffer;
-                stage_rows_copying::<F>(
-                    k,
-                    &mut k_tile,
-                    other * key_tile_len,
-                    kv_head * seq_k,
-                    next as usize,
-                    seq_k,
-                    bk,
-                    d_qk,
-                    k_stride,
-                    config.staging,
-                    units,
-                    asynchronous,
-                );
-                stage_kept_keys::<F>(
-                    key_mask,
-                    &mut kept,
-                    other * bk,
-                    next as usize,
-                    batch,
-                    &sizes,
-                    bk,
-                );
-            }
+            // The next tile's keys go to the other buffer (every plane was done with
+            // it at the last wait) while the planes compute dP, dS and dQ.
+            let other = 1 - buffer;
+            overlap_next_keys::<F>(
+                k,
+                key_mask,
+                &mut k_tile,
+                other * key_tile_len,
+                &mut kept,
+                other * bk,
+                kv_head,
+                start + bk as i32,
+                kv_end,
+                batch,
+                &sizes,
+                config,
+            );
         }
         let grads = staged_row_products::<F>(
             &do_tile,
