@@ -149,6 +149,12 @@ pub(crate) static OVERLAPPED_LAUNCHES: std::sync::atomic::AtomicUsize =
 pub(crate) static OVERLAPPED_DQ_LAUNCHES: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(0);
 
+/// Launches of the fragment dK/dV kernel with its copies of query rows overlapped
+/// with its computation.
+#[cfg(all(test, feature = "cube"))]
+pub(crate) static OVERLAPPED_DKDV_LAUNCHES: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
 /// Launches of the fragment backward (its dQ and dK/dV kernels).
 #[cfg(all(test, feature = "cube"))]
 pub(crate) static FRAGMENT_BACKWARD_LAUNCHES: std::sync::atomic::AtomicUsize =

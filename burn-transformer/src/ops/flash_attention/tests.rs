@@ -858,23 +858,26 @@ mod on_device {
         parity_fragments(device, label, &cases, FlashKernel::FragmentsTf32);
     }
 
-    /// The parity grid through the fragment forward and dQ kernels with their key
-    /// copies overlapped with their computation (`cp.async` on CUDA; synchronous copies
-    /// in the same order on CPU runtimes; dK/dV is [`parity_grid_fragments`]'): only
-    /// the order of the copies and waits differs, and dQ's alternating key buffers, so
-    /// a third of the short cases at head dims up to 64, not the fragment grid's (every
-    /// mask, key padding among them, whose kept keys travel with `K`; rows and keys
-    /// past the tiles' ends; one tile or several), the long causal case (many tiles,
-    /// most of them skipping the per-score masking), and the decoding cases, whose
-    /// splits start and end their walks inside the keys. It asserts that every forward
-    /// overlapped its copies, and every dQ kernel whose second key buffer fits.
+    /// The parity grid through the fragment kernels with the copies of the tiles they
+    /// stream overlapped with their computation (`cp.async` on CUDA; synchronous copies
+    /// in the same order on CPU runtimes): only the order of the copies and waits
+    /// differs, and the backward's alternating buffers (dQ's keys, dK/dV's query rows),
+    /// so a third of the short cases at head dims up to 64, not the fragment grid's
+    /// (every mask, key padding among them, whose kept keys travel with `K`; rows and
+    /// keys past the tiles' ends; one tile or several; grouped heads, whose dK/dV walks
+    /// pass from one query head to the next), the long causal case (many tiles, most of
+    /// them skipping the per-score masking), and the decoding cases, whose splits start
+    /// and end their walks inside the keys. It asserts that every forward overlapped its
+    /// copies, and every backward kernel whose second buffers fit.
     pub fn parity_grid_fragments_overlapped(device: &Device, label: &str) {
         let cases = grid_and_decoding(|index, case, long| {
             (index % 3 == 2 && !long && case.d_qk <= 64) || (long && case.causal && case.d_qk == 64)
         });
         let properties = device_properties(device);
         let dtype = fragment_dtype(&properties, FlashKernel::FragmentsOverlapped);
-        let overlapped_dq = cases
+        // The forward's copies are always overlapped: the backward's where it is
+        // planned (its second buffers fit).
+        let overlapped_backward = cases
             .iter()
             .filter_map(|(_, case)| {
                 super::super::cube::tiling::plan_fragments(
@@ -887,28 +890,31 @@ mod on_device {
                     true,
                 )
             })
-            // The forward's copies are always overlapped: dQ's are where they match.
             .filter(|plan| {
-                plan.backward
-                    .is_some_and(|(dq, _)| dq.copies == plan.forward.copies)
+                plan.backward.is_some_and(|(dq, dkdv)| {
+                    dq.copies == plan.forward.copies && dkdv.copies == plan.forward.copies
+                })
             })
             .count();
-        let forwards = super::super::op::OVERLAPPED_LAUNCHES.load(Ordering::Relaxed);
-        let dqs = super::super::op::OVERLAPPED_DQ_LAUNCHES.load(Ordering::Relaxed);
+        let launches = || {
+            [
+                &super::super::op::OVERLAPPED_LAUNCHES,
+                &super::super::op::OVERLAPPED_DQ_LAUNCHES,
+                &super::super::op::OVERLAPPED_DKDV_LAUNCHES,
+            ]
+            .map(|counter| counter.load(Ordering::Relaxed))
+        };
+        let before = launches();
         parity_fragments(device, label, &cases, FlashKernel::FragmentsOverlapped);
         if device.supports_dtype(dtype) {
+            let [forwards, dqs, dkdvs] = launches();
+            assert!(forwards >= before[0] + cases.len());
+            assert!(dqs >= before[1] + overlapped_backward);
+            assert!(dkdvs >= before[2] + overlapped_backward);
+            // Lavapipe's 32 KiB hold the backward's second buffers at these head dims.
             assert!(
-                super::super::op::OVERLAPPED_LAUNCHES.load(Ordering::Relaxed)
-                    >= forwards + cases.len()
-            );
-            assert!(
-                super::super::op::OVERLAPPED_DQ_LAUNCHES.load(Ordering::Relaxed)
-                    >= dqs + overlapped_dq
-            );
-            // Lavapipe's 32 KiB hold dQ's second key buffer at these head dims.
-            assert!(
-                overlapped_dq * 2 >= cases.len(),
-                "{overlapped_dq} of {}",
+                overlapped_backward * 2 >= cases.len(),
+                "{overlapped_backward} of {}",
                 cases.len()
             );
         }

@@ -31,6 +31,11 @@
 //!   products per tile instead of 7; `dQ` no longer bitwise reproducible), and
 //!   [`fragment_finish_dq`] scales and casts the sums.
 //!
+//! With [`TileCopies::Overlapped`], each tile a kernel streams (the forward's and dQ's
+//! keys, dK/dV's query rows) travels while the planes compute on the tile before
+//! (FlashAttention-2's schedule; `cp.async` on CUDA), the backward's into second
+//! buffers; the one-pass dK/dV copies its tiles together.
+//!
 //! The masks, soft-cap, sinks, flash-decoding's key splits (`partial` outputs for
 //! [`staged_merge_splits`](super::staged::staged_merge_splits)) and the hidden-score
 //! conventions are the other families', through the same helpers (`softmax.rs`); the
@@ -53,8 +58,8 @@ use super::softmax::{
     probability, probability_and_gradient,
 };
 use super::staged::{
-    shared_tile, split_key_range, stage_kept_keys, stage_key_block, stage_row_stats, stage_rows,
-    stage_rows_copying, wait_for_copies,
+    shared_tile, split_key_range, stage_kept_keys, stage_key_block, stage_rows, stage_rows_copying,
+    wait_for_copies,
 };
 
 /// Elements that pad each row of the staged `K` and `V` tiles: 16 bytes of f16/bf16,
@@ -62,19 +67,26 @@ use super::staged::{
 /// lanes hit 32 different banks.
 pub const ROW_PAD: usize = 8;
 
-/// How the fragment forward and dQ kernels move each tile of keys into shared memory.
+/// f32 values per query row that the backward reads beside its rows of `Q` and `dO`:
+/// `(LSE, D)`, as the pre-pass writes them.
+const ROW_STATS: usize = 2;
+
+/// How the fragment kernels move the tiles they stream into shared memory: the forward
+/// and dQ kernels their tiles of keys (`K`, `V`), dK/dV its tiles of query rows (`Q`,
+/// `dO` and their `(LSE, D)`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum KeyCopies {
-    /// The cube copies a tile's `K` and `V` rows, waits, computes on them, and waits
-    /// again before the next tile's copies: its planes compute nothing while a tile
-    /// is on its way.
+pub enum TileCopies {
+    /// The cube copies a tile, waits, computes on it, and waits again before the next
+    /// tile's copies: its planes compute nothing while a tile is on its way.
     Together,
-    /// FlashAttention-2's overlap: the cube starts copying a tile's `V` before it
-    /// computes the tile's scores, and the next tile's `K` before it runs the tile's
-    /// softmax and `P·V` (dQ: `dP`, `dS` and `dS·K`), so each copy travels while the
-    /// planes compute, with two waits a tile as [`Self::Together`]. The forward keeps
-    /// its shared tiles; dQ, which reads a tile's keys until its last product, copies
-    /// the next tile's into a second buffer. With
+    /// FlashAttention-2's overlap: each copy travels while the planes compute. The
+    /// forward starts copying a tile's `V` before it computes the tile's scores, and
+    /// the next tile's `K` before it runs the tile's softmax and `P·V`, with two waits a
+    /// tile as [`Self::Together`], in the same shared tiles. dQ reads a tile's keys
+    /// until its last product, so it copies the next tile's `K` (during `dP`, `dS` and
+    /// `dS·K`) into a second buffer. dK/dV reads a tile's `Q` and `dO` until its last
+    /// products too, and copies the whole next tile into second buffers as soon as
+    /// every plane is done with the tile before, so it waits once a tile. With
     /// `asynchronous`, the copies are CUDA's `cp.async` (sm_80 and later, 16-byte
     /// vectors), which go from global to shared memory without the units' registers;
     /// without, each unit copies through its registers in the same order, which gains
@@ -85,7 +97,7 @@ pub enum KeyCopies {
     },
 }
 
-impl KeyCopies {
+impl TileCopies {
     /// Whether the copies overlap the computation.
     pub fn overlapped(self) -> bool {
         matches!(self, Self::Overlapped { .. })
@@ -123,8 +135,8 @@ pub struct FragmentConfig {
     pub staging: usize,
     /// How the scores' exponentials are taken.
     pub exponential: Exponential,
-    /// The forward and dQ kernels: how their key tiles reach shared memory.
-    pub copies: KeyCopies,
+    /// How the tiles the kernel streams reach shared memory.
+    pub copies: TileCopies,
     /// The dK/dV kernel only: whether it also forms each tile's share of `dQ` and adds
     /// it to an f32 buffer atomically (the one-pass backward), in place of the dQ
     /// kernel's second walk.
@@ -177,9 +189,10 @@ impl FragmentConfig {
     /// Shared-memory bytes of the dQ kernel: the forward's, with the rows of `dO`, and
     /// where it overlaps its copies a second tile of keys and of which are kept.
     pub fn backward_q_bytes(&self, elem: usize) -> usize {
-        let second_keys = match self.copies {
-            KeyCopies::Overlapped { .. } => elem * self.block * self.qk_stride() + 4 * self.block,
-            KeyCopies::Together => 0,
+        let second_keys = if self.copies.overlapped() {
+            elem * self.block * self.qk_stride() + 4 * self.block
+        } else {
+            0
         };
         self.forward_bytes(elem) + elem * self.rows() * self.v_stride() + second_keys
     }
@@ -190,16 +203,20 @@ impl FragmentConfig {
         self.rows() + ROW_PAD
     }
 
-    /// Shared-memory bytes of the dK/dV kernel (with the one-pass backward's `dS`
-    /// tile where it adds `dQ`).
+    /// Shared-memory bytes of the dK/dV kernel: its keys' rows of `K` and `V` and which
+    /// are kept, and a tile of query rows' `Q`, `dO` and `(LSE, D)`, two where it
+    /// overlaps its copies (and the one-pass backward's `dS` tile where it adds `dQ`).
     pub fn backward_kv_bytes(&self, elem: usize) -> usize {
         let ds = if self.adds_dq {
             self.block * self.ds_stride()
         } else {
             0
         };
-        elem * ((self.rows() + self.block) * (self.qk_stride() + self.v_stride()) + ds)
-            + 4 * (self.rows() + 3 * self.block + self.emulation())
+        let query_buffers = if self.copies.overlapped() { 2 } else { 1 };
+        let keys = elem * self.rows() * (self.qk_stride() + self.v_stride()) + 4 * self.rows();
+        let queries =
+            elem * self.block * (self.qk_stride() + self.v_stride()) + 4 * ROW_STATS * self.block;
+        keys + query_buffers * queries + elem * ds + 4 * self.emulation()
     }
 }
 
@@ -353,6 +370,76 @@ fn overlap_next_keys<F: Float>(
             config,
         );
     }
+}
+
+/// Copies the dK/dV kernel's `config.block` query rows from `first` of head `head`
+/// into buffer `buffer` of its query tiles with `config.copies`: their rows of `q` and
+/// `grad_out`, and their `(LSE, D)` from `stats` (rows past the end repeat the last,
+/// as [`stage_rows`] copies them; the kernel masks them).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn copy_query_rows<F: Float>(
+    q: &Tensor<F>,
+    grad_out: &Tensor<F>,
+    stats: &Tensor<f32>,
+    q_tile: &mut Shared<[F]>,
+    do_tile: &mut Shared<[F]>,
+    row_stats: &mut Shared<[f32]>,
+    buffer: usize,
+    head: usize,
+    first: usize,
+    seq_q: usize,
+    #[comptime] config: FragmentConfig,
+) {
+    let bq = config.block;
+    let units = comptime!(Some(config.units()));
+    let asynchronous = comptime!(config.copies.asynchronous());
+    let head_row = head * seq_q;
+    stage_rows_copying::<F>(
+        q,
+        q_tile,
+        buffer * comptime!(bq * config.qk_stride()),
+        head_row,
+        first,
+        seq_q,
+        bq,
+        config.d_qk,
+        comptime!(config.qk_stride()),
+        config.staging,
+        units,
+        asynchronous,
+    );
+    stage_rows_copying::<F>(
+        grad_out,
+        do_tile,
+        buffer * comptime!(bq * config.v_stride()),
+        head_row,
+        first,
+        seq_q,
+        bq,
+        config.d_v,
+        comptime!(config.v_stride()),
+        config.staging,
+        units,
+        asynchronous,
+    );
+    // A row's two statistics as one vector where the runtime reads vectors (8 bytes: a
+    // `cp.async` of its own).
+    let stats_width = comptime!(if config.staging > 1 { ROW_STATS } else { 1 });
+    stage_rows_copying::<f32>(
+        stats,
+        row_stats,
+        buffer * comptime!(bq * ROW_STATS),
+        head_row,
+        first,
+        seq_q,
+        bq,
+        ROW_STATS,
+        ROW_STATS,
+        stats_width,
+        units,
+        asynchronous,
+    );
 }
 
 /// Forward: `O = softmax(q·kᵀ·scale + mask)·v` and the per-row log-sum-exp, as
@@ -969,6 +1056,8 @@ pub fn fragment_backward_q<F: Float>(
 /// memory. Each key's gradient is summed by its own plane in a fixed order: no
 /// atomics, deterministic. Where `config.adds_dq`, each tile's `dQ` share goes to
 /// `grad_q_sum` through [`add_query_gradients`] (else `grad_q_sum` is a placeholder).
+/// With overlapped copies ([`TileCopies::Overlapped`]) the next tile's query rows
+/// travel into second buffers while the planes compute on this tile's.
 ///
 /// Cube `(x, y)`: keys `x·16·planes ..` of key/value head `y` (flattened
 /// `batch·kv_heads`), walking every query head of its group, `config.block` query
@@ -1020,17 +1109,25 @@ pub fn fragment_backward_kv<F: Float, N: Size>(
 
     let mut k_tile = shared_tile::<F>(block_k * qk_stride);
     let mut v_tile = shared_tile::<F>(block_k * v_stride);
-    let mut q_tile = shared_tile::<F>(bq * qk_stride);
-    let mut do_tile = shared_tile::<F>(bq * v_stride);
     let mut kept = shared_tile::<u32>(block_k);
-    let mut row_lse = shared_tile::<f32>(bq);
-    let mut row_delta = shared_tile::<f32>(bq);
-    let mut row_ok = shared_tile::<u32>(bq);
+    // The tiles of query rows; with overlapped copies two of each, which take turns:
+    // a tile's `Q` and `dO` are read until its last products (dV += Pᵀ·dO, dK += dSᵀ·Q),
+    // so the next tile's cannot be copied over them while those run.
+    let overlapped = comptime!(config.copies.overlapped());
+    let query_buffers = comptime!(if overlapped { 2 } else { 1 });
+    let q_tile_len = comptime!(bq * qk_stride);
+    let do_tile_len = comptime!(bq * v_stride);
+    let stats_tile_len = comptime!(bq * ROW_STATS);
+    let mut q_tile = shared_tile::<F>(comptime!(query_buffers * q_tile_len));
+    let mut do_tile = shared_tile::<F>(comptime!(query_buffers * do_tile_len));
+    let mut row_stats = shared_tile::<f32>(comptime!(query_buffers * stats_tile_len));
     // The one-pass backward's dS, row-major by query row (one element where unused).
     let ds_stride = comptime!(config.ds_stride());
     let mut ds_tile = shared_tile::<F>(comptime!(if config.adds_dq { bq * ds_stride } else { 1 }));
     let mut scratch = emulation_scratch(comptime!(config.emulation()));
 
+    // The cube's keys, read as A fragments per tile of query rows (ordered before the
+    // reads by the first tile's barrier).
     stage_key_block::<F>(
         k,
         v,
@@ -1053,53 +1150,84 @@ pub fn fragment_backward_kv<F: Float, N: Size>(
     let mut grad_key = zero_fragments(key_grad_tiles, unrolled);
     let mut grad_value = zero_fragments(value_grad_tiles, unrolled);
 
+    if overlapped && row_start < row_end {
+        // The first tile's rows, in buffer 0; each later tile's are copied during the
+        // one before, into the other buffer.
+        copy_query_rows::<F>(
+            q,
+            grad_out,
+            stats,
+            &mut q_tile,
+            &mut do_tile,
+            &mut row_stats,
+            0,
+            first_head,
+            row_start as usize,
+            seq_q,
+            config,
+        );
+    }
+
+    // The buffer of this tile's rows (0 without overlapped copies).
+    let mut buffer = 0usize;
     for g in 0..group {
         let head = first_head + g;
         let mut start = row_start;
         while start < row_end {
             let first = start as usize;
-            stage_rows::<F>(
-                q,
-                &mut q_tile,
-                head * seq_q,
-                first,
-                seq_q,
-                bq,
-                d_qk,
-                qk_stride,
-                config.staging,
-                comptime!(Some(config.units())),
-            );
-            stage_rows::<F>(
-                grad_out,
-                &mut do_tile,
-                head * seq_q,
-                first,
-                seq_q,
-                bq,
-                d_v,
-                v_stride,
-                config.staging,
-                comptime!(Some(config.units())),
-            );
-            stage_row_stats(
-                stats,
-                &mut row_lse,
-                &mut row_delta,
-                &mut row_ok,
-                head,
-                first,
-                seq_q,
-                bq,
-            );
-            sync_cube();
+            let q_at = buffer * q_tile_len;
+            let do_at = buffer * do_tile_len;
+            let stats_at = buffer * stats_tile_len;
+            if overlapped {
+                // This tile's rows have landed, and every plane is done with the tile
+                // before, whose buffers take the next tile's rows (the next query rows
+                // of this head, else the first of the next head's) while the planes
+                // compute on this one.
+                wait_for_copies(comptime!(config.copies.asynchronous()));
+                let mut next_head = head;
+                let mut next = start + bq as i32;
+                if next >= row_end {
+                    next_head = head + 1;
+                    next = row_start;
+                }
+                if next_head < first_head + group {
+                    copy_query_rows::<F>(
+                        q,
+                        grad_out,
+                        stats,
+                        &mut q_tile,
+                        &mut do_tile,
+                        &mut row_stats,
+                        1 - buffer,
+                        next_head,
+                        next as usize,
+                        seq_q,
+                        config,
+                    );
+                }
+            } else {
+                copy_query_rows::<F>(
+                    q,
+                    grad_out,
+                    stats,
+                    &mut q_tile,
+                    &mut do_tile,
+                    &mut row_stats,
+                    0,
+                    head,
+                    first,
+                    seq_q,
+                    config,
+                );
+                sync_cube();
+            }
 
             // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, one C fragment each per 8 query rows.
             let scores = staged_row_products::<F>(
                 &k_tile,
                 plane_key,
                 &q_tile,
-                0usize,
+                q_at,
                 1usize,
                 qk_chunks,
                 query_tiles,
@@ -1112,7 +1240,7 @@ pub fn fragment_backward_kv<F: Float, N: Size>(
                 &v_tile,
                 plane_key,
                 &do_tile,
-                0usize,
+                do_at,
                 1usize,
                 v_chunks,
                 query_tiles,
@@ -1148,8 +1276,8 @@ pub fn fragment_backward_kv<F: Float, N: Size>(
                             let (prob, ds) = open_probability_and_gradient(
                                 score.extract(e) * sizes.scale,
                                 pair.extract(e),
-                                row_lse[t],
-                                row_delta[t],
+                                row_stats[stats_at + ROW_STATS * t],
+                                row_stats[stats_at + ROW_STATS * t + 1],
                                 config.exponential,
                             );
                             score.insert(e, prob);
@@ -1172,14 +1300,14 @@ pub fn fragment_backward_kv<F: Float, N: Size>(
                             let t = j * TILE_N + col;
                             let key = plane_first_key + r as i32;
                             let pos = start + t as i32 + shift;
-                            let visible = row_ok[t] != 0
+                            let visible = first + t < seq_q
                                 && kept[plane_key + r] != 0
                                 && structurally_visible(pos, key, &sizes);
                             let (prob, ds) = probability_and_gradient(
                                 score.extract(e) * sizes.scale,
                                 pair.extract(e),
-                                row_lse[t],
-                                row_delta[t],
+                                row_stats[stats_at + ROW_STATS * t],
+                                row_stats[stats_at + ROW_STATS * t + 1],
                                 visible,
                                 &sizes,
                                 config.exponential,
@@ -1207,7 +1335,7 @@ pub fn fragment_backward_kv<F: Float, N: Size>(
             accumulate_products::<F>(
                 &probabilities,
                 &do_tile,
-                0usize,
+                do_at,
                 1usize,
                 query_chunks,
                 value_grad_tiles,
@@ -1220,7 +1348,7 @@ pub fn fragment_backward_kv<F: Float, N: Size>(
             accumulate_products::<F>(
                 &score_grads,
                 &q_tile,
-                0usize,
+                q_at,
                 1usize,
                 query_chunks,
                 key_grad_tiles,
@@ -1245,7 +1373,11 @@ pub fn fragment_backward_kv<F: Float, N: Size>(
                     config,
                 );
             }
-            sync_cube();
+            if overlapped {
+                buffer = 1 - buffer;
+            } else {
+                sync_cube();
+            }
             start += bq as i32;
         }
     }

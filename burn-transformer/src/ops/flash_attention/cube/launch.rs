@@ -333,7 +333,7 @@ pub(super) fn forward_with(
             #[cfg(test)]
             super::super::op::FRAGMENT_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             #[cfg(test)]
-            if config.copies != fragments::KeyCopies::Together {
+            if config.copies != fragments::TileCopies::Together {
                 super::super::op::OVERLAPPED_LAUNCHES
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
@@ -625,8 +625,13 @@ pub(super) fn backward_with(
             super::super::op::FRAGMENT_BACKWARD_LAUNCHES
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             #[cfg(test)]
-            if dq_config.copies != fragments::KeyCopies::Together {
+            if dq_config.copies.overlapped() {
                 super::super::op::OVERLAPPED_DQ_LAUNCHES
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            #[cfg(test)]
+            if kv_config.copies.overlapped() {
+                super::super::op::OVERLAPPED_DKDV_LAUNCHES
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
             // 2. dK, dV: one cube per 16·planes keys; 3. dQ: one per 16·planes rows,
@@ -951,14 +956,13 @@ mod tests {
         }
     }
 
-    /// `FragmentsOverlapped` overlaps the key copies of the forward and dQ with their
-    /// computation: with `cp.async` where the device has it and the staging copies
-    /// 16-byte vectors, synchronously in the same order elsewhere; its forward is as
-    /// wide as `Auto`'s and its dK/dV kernel copies as `Fragments`' does. No other
-    /// family overlaps.
+    /// `FragmentsOverlapped` overlaps the tile copies of the forward, dQ and dK/dV with
+    /// their computation: with `cp.async` where the device has it and the staging
+    /// copies 16-byte vectors, synchronously in the same order elsewhere; its forward is
+    /// as wide as `Auto`'s. No other family overlaps.
     #[test]
     fn overlapped_copies_run_only_when_asked() {
-        use super::super::fragments::KeyCopies;
+        use super::super::fragments::TileCopies;
         let plan = |kernel, problem: &Problem, properties| match choose_on(
             problem,
             kernel,
@@ -984,22 +988,22 @@ mod tests {
                 properties,
             )
             .unwrap();
-            // dQ overlaps as the forward does (its second key buffer fits), dK/dV not.
+            // The backward overlaps as the forward does (its second buffers fit).
             let (dq, dkdv) = tiling.backward.unwrap();
             assert_eq!(dq.copies, tiling.forward.copies);
-            assert_eq!(dkdv.copies, KeyCopies::Together);
+            assert_eq!(dkdv.copies, tiling.forward.copies);
             tiling.forward.copies
         };
-        assert_eq!(copies(&cuda), KeyCopies::Overlapped { asynchronous: true });
+        assert_eq!(copies(&cuda), TileCopies::Overlapped { asynchronous: true });
         assert_eq!(
             copies(&without_async),
-            KeyCopies::Overlapped {
+            TileCopies::Overlapped {
                 asynchronous: false
             }
         );
         assert_eq!(
             copies(&wgpu_like),
-            KeyCopies::Overlapped {
+            TileCopies::Overlapped {
                 asynchronous: false
             }
         );
@@ -1009,11 +1013,14 @@ mod tests {
             FlashKernel::FragmentsAtomicDq,
         ] {
             let tiling = plan(kernel, &problem(128, 128), &cuda).unwrap();
-            assert_eq!(tiling.forward.copies, KeyCopies::Together, "{kernel:?}");
+            let (dq, dkdv) = tiling.backward.unwrap();
+            for copies in [tiling.forward.copies, dq.copies, dkdv.copies] {
+                assert_eq!(copies, TileCopies::Together, "{kernel:?}");
+            }
         }
         if FlashKernel::from_env().is_none() {
             let auto = plan(FlashKernel::Auto, &problem(128, 128), &cuda).unwrap();
-            assert_eq!(auto.forward.copies, KeyCopies::Together);
+            assert_eq!(auto.forward.copies, TileCopies::Together);
             // A launch that fills the GPU takes the wide forward, overlapped or not.
             let large = Problem {
                 batch: 4,

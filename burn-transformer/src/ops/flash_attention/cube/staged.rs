@@ -111,7 +111,7 @@ pub(super) fn stage_rows<F: Float>(
 
 /// [`stage_rows`] into the rows of `tile` from element `tile_at` (a multiple of
 /// `width`: the second of two buffers, or 0), with each vector's copy `asynchronous` or
-/// not: asynchronous copies (`cp.async`, CUDA sm_80 and later; 16-byte vectors) land
+/// not: asynchronous copies (`cp.async`, CUDA sm_80 and later; vectors of 4, 8 or 16 bytes) land
 /// in `tile` some time after this returns, without passing through the unit's
 /// registers, and [`wait_for_copies`] waits for them.
 #[cube]
@@ -695,7 +695,7 @@ pub fn staged_merge_splits<F: Float>(
 /// whether each row exists.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-pub(super) fn stage_row_stats(
+fn stage_row_stats(
     stats: &Tensor<f32>,
     row_lse: &mut Shared<[f32]>,
     row_delta: &mut Shared<[f32]>,

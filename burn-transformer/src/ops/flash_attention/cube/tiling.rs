@@ -7,7 +7,7 @@ use burn_cubecl::{CubeBackend, CubeDevice};
 
 use super::super::{Problem, Unsupported};
 use super::fragment::{FragmentLoads, FragmentOps, LANES, TILE_K, TILE_M, TILE_N};
-use super::fragments::{FragmentConfig, FragmentTiling, KeyCopies, ROW_PAD};
+use super::fragments::{FragmentConfig, FragmentTiling, ROW_PAD, TileCopies};
 use super::softmax::Exponential;
 use super::staged::StagedConfig;
 use super::tile_product::{FRAGMENT, TileProduct};
@@ -608,9 +608,10 @@ fn has_fragment_planes(properties: &cubecl::ir::DeviceProperties) -> bool {
 /// time: the twice larger accumulators left 2 cubes an SM), the dK/dV kernel's one
 /// tile of 16 keys. With `one_pass`, the dK/dV kernel also adds `dQ` (where the device
 /// adds f32 atomically, the query/key head dim is at most [`ONE_PASS_MAX_D_QK`] and
-/// the larger tiles fit; else the two-pass backward). With `overlap`, the forward and
-/// dQ kernels overlap their key copies with their computation ([`key_copies`]), dQ
-/// with tiles that leave room for its second buffer of keys.
+/// the larger tiles fit; else the two-pass backward). With `overlap`, the kernels
+/// overlap the copies of the tiles they stream with their computation
+/// ([`tile_copies`]; not the one-pass dK/dV), dQ and dK/dV with tiles that leave room
+/// for their second buffers.
 pub(crate) fn plan_fragments(
     problem: &Problem,
     dtype: DType,
@@ -646,9 +647,9 @@ pub(crate) fn plan_fragments(
     let staging = staging_width(problem, elem, ROW_PAD, properties);
     let loads = fragment_loads(properties, dtype, ops);
     let exponential = fragment_exponential(properties, ops);
-    // The forward and dQ kernels' (dQ's tiles then leave room for a second buffer of
-    // keys); dK/dV copies its tiles together.
-    let copies = key_copies(overlap, dtype, staging, properties);
+    // Every kernel's (the dQ and dK/dV tiles then leave room for their second
+    // buffers) but the one-pass dK/dV's, which copies its tiles together.
+    let copies = tile_copies(overlap, dtype, staging, properties);
     let config = |planes: usize, row_tiles: usize, block: usize| FragmentConfig {
         planes,
         row_tiles,
@@ -705,7 +706,7 @@ pub(crate) fn plan_fragments(
     let kv_bytes = |c: &FragmentConfig| c.backward_kv_bytes(elem);
     let adding_dq = |c: FragmentConfig| FragmentConfig {
         adds_dq: true,
-        copies: KeyCopies::Together,
+        copies: TileCopies::Together,
         ..c
     };
     let one_pass_bytes = |c: &FragmentConfig| adding_dq(*c).backward_kv_bytes(elem);
@@ -714,12 +715,8 @@ pub(crate) fn plan_fragments(
             .then(|| fewer_planes(1, backward_blocks, problem.seq_q, &one_pass_bytes))
             .flatten()
             .map(adding_dq);
-    let backward_kv = one_pass_kv
-        .or_else(|| fewer_planes(1, backward_blocks, problem.seq_q, &kv_bytes))
-        .map(|c| FragmentConfig {
-            copies: KeyCopies::Together,
-            ..c
-        });
+    let backward_kv =
+        one_pass_kv.or_else(|| fewer_planes(1, backward_blocks, problem.seq_q, &kv_bytes));
     let backward = backward_q
         .zip(backward_kv)
         .filter(|_| problem.d_v.is_multiple_of(TILE_K));
@@ -738,21 +735,21 @@ pub(crate) fn plan_fragments(
 /// asynchronous staging copy is this wide.
 const ASYNC_COPY_BYTES: usize = 16;
 
-/// How the fragment kernels planned with `overlap` copy their key tiles:
-/// [`KeyCopies::Overlapped`] when asked, asynchronously (`cp.async`) where the device
+/// How the fragment kernels planned with `overlap` copy the tiles they stream:
+/// [`TileCopies::Overlapped`] when asked, asynchronously (`cp.async`) where the device
 /// has the instruction and the staging copies 16-byte vectors of `dtype`, synchronously
 /// in the same order elsewhere (lavapipe, where the tests check that order).
-fn key_copies(
+fn tile_copies(
     overlap: bool,
     dtype: DType,
     staging: usize,
     properties: &cubecl::ir::DeviceProperties,
-) -> KeyCopies {
+) -> TileCopies {
     if !overlap {
-        return KeyCopies::Together;
+        return TileCopies::Together;
     }
     let asynchronous = properties.features.copy_async && staging * dtype.size() == ASYNC_COPY_BYTES;
-    KeyCopies::Overlapped { asynchronous }
+    TileCopies::Overlapped { asynchronous }
 }
 
 /// Query rows up to which the staged forward splits the keys across cubes

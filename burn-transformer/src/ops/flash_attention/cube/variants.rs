@@ -20,7 +20,7 @@ use cubecl::{CompilationError, define_kernel};
 
 use super::super::{Problem, Unsupported};
 use super::fragment::FragmentOps;
-use super::fragments::{self, FragmentConfig, FragmentTiling, KeyCopies};
+use super::fragments::{self, FragmentConfig, FragmentTiling};
 use super::kernels::{self, SizesCompilationArg};
 use super::launch::{MERGE_UNITS, PREPASS_UNITS, config};
 use super::staged;
@@ -110,9 +110,9 @@ pub enum KernelFamily {
     /// The fragment kernels for f32 inputs, each product three TF32 products of split
     /// elements (f32 only, see `fragment.rs`).
     FragmentsTf32,
-    /// The fragment forward, narrow and wide, and the dQ kernel, with their key copies
-    /// overlapped with their computation (`cp.async` where the device has it; f16/bf16
-    /// only); its dK/dV kernel is [`Self::Fragments`]'.
+    /// The fragment forward, narrow and wide, and the dQ and dK/dV kernels, with the
+    /// copies of the tiles they stream overlapped with their computation (`cp.async`
+    /// where the device has it; f16/bf16 only).
     FragmentsOverlapped,
 }
 
@@ -285,8 +285,8 @@ pub fn kernel_variants(
                         );
                     }
                     KernelFamily::FragmentsOverlapped => {
-                        // The forward, narrow and wide, and dQ, where tensor cores take
-                        // them.
+                        // The forward, narrow and wide, and the backward, where tensor
+                        // cores take them.
                         for wide in [false, true] {
                             let tiling = plan_fragments(
                                 &problem,
@@ -583,14 +583,13 @@ fn fragment_kernels(
     if family == KernelFamily::WideFragments {
         return kernels;
     }
-    // The overlapped family's dQ once (from the narrow plan: the backward does not
-    // depend on the forward's width), where its copies overlap; its dK/dV kernel is
-    // the fragment family's.
-    let overlapped_dq = tiling.forward.row_tiles == 1
+    // The overlapped family's backward once (from the narrow plan: the backward does
+    // not depend on the forward's width), where its copies overlap.
+    let overlapped_backward = tiling.forward.row_tiles == 1
         && tiling
             .backward
-            .is_some_and(|(dq, _)| dq.copies != KeyCopies::Together);
-    if family == KernelFamily::FragmentsOverlapped && !overlapped_dq {
+            .is_some_and(|(dq, dkdv)| dq.copies.overlapped() && dkdv.copies.overlapped());
+    if family == KernelFamily::FragmentsOverlapped && !overlapped_backward {
         return kernels;
     }
     if let Some((dq_config, kv_config)) = tiling.backward {
@@ -642,13 +641,11 @@ fn fragment_kernels(
             kv_config,
             elem,
         );
-        if family != KernelFamily::FragmentsOverlapped {
-            kernels.push(variant(
-                AttentionKernel::BackwardDkDv,
-                &kv_config,
-                Box::new(dkdv),
-            ));
-        }
+        kernels.push(variant(
+            AttentionKernel::BackwardDkDv,
+            &kv_config,
+            Box::new(dkdv),
+        ));
     }
     kernels
 }
@@ -796,6 +793,7 @@ fn staged_kernels(
 
 #[cfg(test)]
 pub(super) mod tests {
+    use super::super::fragments::TileCopies;
     use super::*;
     use cubecl::ir::{
         DeviceIdentity, ElemType, FloatKind, HardwareProperties, MemoryDeviceProperties,
@@ -1090,11 +1088,12 @@ pub(super) mod tests {
         assert_eq!(plan.forward.ops, FragmentOps::TensorCores);
     }
 
-    /// The overlapped family: the fragment forward, narrow and wide, and the dQ kernel,
-    /// in f16 and bf16 wherever tensor cores take them, each with `cp.async` copies on
-    /// a device that has them (dQ where its second key buffer fits); each expands.
+    /// The overlapped family: the fragment forward, narrow and wide, and the dQ and
+    /// dK/dV kernels, in f16 and bf16 wherever tensor cores take them, each with
+    /// `cp.async` copies on a device that has them (the backward where its second
+    /// buffers fit); each expands.
     #[test]
-    fn overlapped_fragment_variants_are_forwards_and_dq_with_asynchronous_copies() {
+    fn overlapped_fragment_variants_are_forwards_and_backward_with_asynchronous_copies() {
         let mut properties = gpu_with_fragments();
         properties.features.memory_reinterpret = true;
         properties.features.copy_async = true;
@@ -1103,7 +1102,7 @@ pub(super) mod tests {
             .iter()
             .filter(|v| v.family == KernelFamily::FragmentsOverlapped)
             .collect();
-        let asynchronous = KeyCopies::Overlapped { asynchronous: true };
+        let asynchronous = TileCopies::Overlapped { asynchronous: true };
         for dtype in [DType::F16, DType::BF16] {
             for (d_qk, d_v) in VARIANT_HEAD_DIMS {
                 let problem = variant_problem(d_qk, d_v);
@@ -1124,10 +1123,10 @@ pub(super) mod tests {
                 for plan in &plans {
                     assert_eq!(plan.forward.copies, asynchronous);
                 }
-                let dq = plans
+                let backward = plans
                     .first()
                     .and_then(|plan| plan.backward)
-                    .filter(|(dq, _)| dq.copies == asynchronous);
+                    .filter(|(dq, dkdv)| dq.copies == asynchronous && dkdv.copies == asynchronous);
                 let found: Vec<_> = overlapped
                     .iter()
                     .filter(|v| (v.dtype, v.d_qk, v.d_v) == (dtype, d_qk, d_v))
@@ -1136,25 +1135,38 @@ pub(super) mod tests {
                     .iter()
                     .filter(|v| v.kernel == AttentionKernel::Forward)
                     .count();
-                let dqs = found
-                    .iter()
-                    .filter(|v| v.kernel == AttentionKernel::BackwardDq)
-                    .count();
+                let count = |kernel| found.iter().filter(|v| v.kernel == kernel).count();
+                let backward = backward.is_some() as usize;
                 assert_eq!(forwards, plans.len(), "{dtype:?} {d_qk}x{d_v}");
-                assert_eq!(dqs, dq.is_some() as usize, "{dtype:?} {d_qk}x{d_v}");
-                assert_eq!(found.len(), forwards + dqs, "{dtype:?} {d_qk}x{d_v}");
+                assert_eq!(
+                    count(AttentionKernel::BackwardDq),
+                    backward,
+                    "{dtype:?} {d_qk}x{d_v}"
+                );
+                assert_eq!(
+                    count(AttentionKernel::BackwardDkDv),
+                    backward,
+                    "{dtype:?} {d_qk}x{d_v}"
+                );
+                assert_eq!(
+                    found.len(),
+                    forwards + 2 * backward,
+                    "{dtype:?} {d_qk}x{d_v}"
+                );
                 for variant in found {
                     variant.define().unwrap();
                 }
             }
         }
-        // The H100's shared memory holds dQ's second key buffer at the head dims of
-        // today's models.
-        assert!(
-            overlapped
-                .iter()
-                .any(|v| v.kernel == AttentionKernel::BackwardDq && v.d_qk == 128)
-        );
+        // The H100's shared memory holds the backward's second buffers at the head dims
+        // of today's models.
+        for kernel in [AttentionKernel::BackwardDq, AttentionKernel::BackwardDkDv] {
+            assert!(
+                overlapped
+                    .iter()
+                    .any(|v| v.kernel == kernel && v.d_qk == 128)
+            );
+        }
         assert!(overlapped.iter().all(|v| v.dtype != DType::F32));
         assert!(!overlapped.is_empty());
     }
