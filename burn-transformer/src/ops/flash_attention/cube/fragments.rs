@@ -1253,6 +1253,8 @@ pub fn fragment_backward_kv<F: Float, N: Size>(
             // query rows exists and sees each of the plane's keys.
             let mut probabilities = Array::<Pair<F>>::new(comptime!(query_tiles * C_PAIRS));
             let mut score_grads = Array::<Pair<F>>::new(comptime!(query_tiles * C_PAIRS));
+            // The tile's rows that exist (its first always does).
+            let rows_left = seq_q - first;
             let open = start + (bq as i32) <= row_end
                 && block_open(
                     start + shift,
@@ -1300,7 +1302,7 @@ pub fn fragment_backward_kv<F: Float, N: Size>(
                             let t = j * TILE_N + col;
                             let key = plane_first_key + r as i32;
                             let pos = start + t as i32 + shift;
-                            let visible = first + t < seq_q
+                            let visible = t < rows_left
                                 && kept[plane_key + r] != 0
                                 && structurally_visible(pos, key, &sizes);
                             let (prob, ds) = probability_and_gradient(
