@@ -185,7 +185,7 @@ run)
             unset BURN_TRANSFORMER_FLASH_LDMATRIX
             ;;
         overlapped)
-            # The fragment forward and dQ with their key copies overlapped (`cp.async`)
+            # The fragment kernels with their tile copies overlapped (`cp.async`)
             # beside the fragments batch above. Its parity test is in the `tests` stage.
             bench_batch 150 'fused[fragments-overlapped+ldmatrix]'
             ;;

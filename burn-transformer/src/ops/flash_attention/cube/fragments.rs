@@ -409,20 +409,6 @@ fn copy_query_rows<F: Float>(
         units,
         asynchronous,
     );
-    stage_rows_copying::<F>(
-        grad_out,
-        do_tile,
-        buffer * comptime!(bq * config.v_stride()),
-        head_row,
-        first,
-        seq_q,
-        bq,
-        config.d_v,
-        comptime!(config.v_stride()),
-        config.staging,
-        units,
-        asynchronous,
-    );
     // A row's two statistics as one vector where the runtime reads vectors (8 bytes: a
     // `cp.async` of its own).
     let stats_width = comptime!(if config.staging > 1 { ROW_STATS } else { 1 });
@@ -437,6 +423,20 @@ fn copy_query_rows<F: Float>(
         ROW_STATS,
         ROW_STATS,
         stats_width,
+        units,
+        asynchronous,
+    );
+    stage_rows_copying::<F>(
+        grad_out,
+        do_tile,
+        buffer * comptime!(bq * config.v_stride()),
+        head_row,
+        first,
+        seq_q,
+        bq,
+        config.d_v,
+        comptime!(config.v_stride()),
+        config.staging,
         units,
         asynchronous,
     );
@@ -1253,8 +1253,6 @@ pub fn fragment_backward_kv<F: Float, N: Size>(
             // query rows exists and sees each of the plane's keys.
             let mut probabilities = Array::<Pair<F>>::new(comptime!(query_tiles * C_PAIRS));
             let mut score_grads = Array::<Pair<F>>::new(comptime!(query_tiles * C_PAIRS));
-            // The tile's rows that exist (its first always does).
-            let rows_left = seq_q - first;
             let open = start + (bq as i32) <= row_end
                 && block_open(
                     start + shift,
@@ -1290,6 +1288,8 @@ pub fn fragment_backward_kv<F: Float, N: Size>(
                     }
                 }
             } else {
+                // The tile's rows that exist (its first always does).
+                let rows_left = seq_q - first;
                 #[unroll(unrolled)]
                 for j in 0..query_tiles {
                     #[unroll(unrolled)]

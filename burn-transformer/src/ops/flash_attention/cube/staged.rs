@@ -232,7 +232,7 @@ fn copy_vector<F: Float, N: Size>(
 /// through the passes at constant offsets, a row past the end costing one `min`: on
 /// CUDA about 150 instructions fewer per key tile of the fragment forward at head dim
 /// 128 than dividing each vector's index by the row's length. Otherwise the units
-/// stride through the tile's vectors.
+/// stride through the tile's vectors (one each at most where `units` covers them).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn stage_row_vectors<F: Float, N: Size>(
@@ -258,6 +258,9 @@ fn stage_row_vectors<F: Float, N: Size>(
         .inner_mut()
         .as_vectorized_mut()
         .with_vector_size_mut::<N>();
+    // Whether each unit copies one vector at most (a tile of few short rows, such as
+    // the backward's statistics).
+    let at_most_one = comptime!(units.is_some_and(|units| vectors <= units));
     // Without `units`, one unit a pass: never a whole number of rows.
     let units = comptime!(units.unwrap_or(vectors + 1));
     let passes = comptime!(vectors / units);
@@ -311,6 +314,11 @@ fn stage_row_vectors<F: Float, N: Size>(
                 tile_vector_at + r * tile_stride + col,
                 asynchronous,
             );
+            if comptime!(at_most_one) {
+                // Else the compiler unrolls the loop into several guarded copies, of
+                // which only the first can run.
+                break;
+            }
             e += CUBE_DIM as usize;
         }
     }
