@@ -102,14 +102,16 @@ pub enum FlashKernel {
     /// timed on a GPU.
     FragmentsTf32,
     /// The [`Self::Fragments`] kernels (the forward as [`Self::Auto`] picks it) with
-    /// FlashAttention-2's overlap of copies and computation in the forward and dQ:
+    /// FlashAttention-2's overlap of copies and computation: in the forward and dQ,
     /// each tile's `V` is copied into shared memory while the planes compute its
     /// scores, and the next tile's `K` while they run the rest of the tile (dQ keeps
-    /// two buffers of keys, where they fit, as it reads a tile's keys until its last
-    /// product). On CUDA (sm_80 and later) the copies are `cp.async`, which bypass the
-    /// units' registers; on other runtimes they are synchronous, in the same order
-    /// (which checks the order and gains nothing). The dK/dV kernel is
-    /// [`Self::Fragments`']. Only when asked for: it has not been timed on a GPU.
+    /// two buffers of keys, as it reads a tile's keys until its last product); dK/dV
+    /// copies the next tile of query rows (`Q`, `dO`, their statistics) into second
+    /// buffers while the planes compute on this one. The backward takes it where the
+    /// second buffers fit. On CUDA (sm_80 and later) the copies are `cp.async`, which
+    /// bypass the units' registers; on other runtimes they are synchronous, in the
+    /// same order (which checks the order and gains nothing). Only when asked for: it
+    /// has not been timed on a GPU.
     FragmentsOverlapped,
     /// Times the candidates (staged tiles of 64, 32 and 16 rows and keys, register
     /// tiles) once per shape class on the device and keeps the fastest, as `Auto` does
