@@ -50,7 +50,7 @@ use super::fragment::{
     staged_column_products, staged_row_products, zero_fragments,
 };
 use super::kernels::{
-    HIDDEN, Sizes, block_open, key_range, kv_head_of, query_heads_of, row_range,
+    HIDDEN, ROW_STATS, Sizes, block_open, key_range, kv_head_of, query_heads_of, row_range,
     structurally_visible,
 };
 use super::softmax::{
@@ -66,10 +66,6 @@ use super::staged::{
 /// so that the 8 rows one fragment load reads from start 4 banks apart and its 32
 /// lanes hit 32 different banks.
 pub const ROW_PAD: usize = 8;
-
-/// f32 values per query row that the backward reads beside its rows of `Q` and `dO`:
-/// `(LSE, D)`, as the pre-pass writes them.
-const ROW_STATS: usize = 2;
 
 /// How the fragment kernels move the tiles they stream into shared memory: the forward
 /// and dQ kernels their tiles of keys (`K`, `V`), dK/dV its tiles of query rows (`Q`,
@@ -865,8 +861,8 @@ pub fn fragment_backward_q<F: Float>(
         if row >= seq_q {
             row = seq_q - 1;
         }
-        row_lse[p] = stats[(head * seq_q + row) * 2];
-        row_delta[p] = stats[(head * seq_q + row) * 2 + 1];
+        row_lse[p] = stats[(head * seq_q + row) * ROW_STATS];
+        row_delta[p] = stats[(head * seq_q + row) * ROW_STATS + 1];
     }
     let mut grad = zero_fragments(grad_tiles, unrolled);
 

@@ -406,8 +406,11 @@ pub fn flash_forward<F: Float, N: Size>(
     }
 }
 
+/// f32 values per query row of the backward pre-pass's `stats`: `(LSE, D)`.
+pub(super) const ROW_STATS: usize = 2;
+
 /// Backward pre-pass: per query row, `stats = (LSE, D)` with `D = rowsum(dO ∘ O)`
-/// in f32. Packing both in one `[rows, 2]` tensor keeps the backward kernels within
+/// in f32. Packing both in one `[rows, ROW_STATS]` tensor keeps the backward kernels within
 /// 8 storage buffers (the WebGPU default limit).
 #[cube(launch_unchecked)]
 pub fn flash_backward_stats<F: Float, N: Size>(
@@ -428,8 +431,8 @@ pub fn flash_backward_stats<F: Float, N: Size>(
             let d = Vector::<f32, N>::cast_from(grad_out[row * v_vectors + c]);
             total += o.dot(d);
         }
-        stats[row * 2] = lse[row];
-        stats[row * 2 + 1] = total;
+        stats[row * ROW_STATS] = lse[row];
+        stats[row * ROW_STATS + 1] = total;
     }
 }
 
@@ -673,8 +676,8 @@ pub fn flash_backward_q<F: Float, N: Size>(
             row = seq_q - 1;
         }
         positions[r] = i32::cast_from(row) + shift;
-        row_lse[r] = stats[(head * seq_q + row) * 2];
-        row_delta[r] = stats[(head * seq_q + row) * 2 + 1];
+        row_lse[r] = stats[(head * seq_q + row) * ROW_STATS];
+        row_delta[r] = stats[(head * seq_q + row) * ROW_STATS + 1];
         let q_base = (head * seq_q + row) * qk_vectors;
         let do_base = (head * seq_q + row) * v_vectors;
         #[unroll]

@@ -333,7 +333,7 @@ pub(super) fn forward_with(
             #[cfg(test)]
             super::super::op::FRAGMENT_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             #[cfg(test)]
-            if config.copies != fragments::TileCopies::Together {
+            if config.copies.overlapped() {
                 super::super::op::OVERLAPPED_LAUNCHES
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }

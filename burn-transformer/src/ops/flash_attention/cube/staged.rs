@@ -21,7 +21,8 @@ use cubecl::prelude::barrier::copy_async;
 use cubecl::prelude::*;
 
 use super::kernels::{
-    HIDDEN, Sizes, key_kept, key_range, kv_head_of, query_heads_of, row_range, structurally_visible,
+    HIDDEN, ROW_STATS, Sizes, key_kept, key_range, kv_head_of, query_heads_of, row_range,
+    structurally_visible,
 };
 use super::softmax::{
     Exponential, finish_row, masked_score, online_max, probability, probability_and_gradient,
@@ -111,9 +112,9 @@ pub(super) fn stage_rows<F: Float>(
 
 /// [`stage_rows`] into the rows of `tile` from element `tile_at` (a multiple of
 /// `width`: the second of two buffers, or 0), with each vector's copy `asynchronous` or
-/// not: asynchronous copies (`cp.async`, CUDA sm_80 and later; vectors of 4, 8 or 16 bytes) land
-/// in `tile` some time after this returns, without passing through the unit's
-/// registers, and [`wait_for_copies`] waits for them.
+/// not: asynchronous copies (`cp.async`, CUDA sm_80 and later; vectors of 4, 8 or 16
+/// bytes) land in `tile` some time after this returns, without passing through the
+/// unit's registers, and [`wait_for_copies`] waits for them.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn stage_rows_copying<F: Float>(
@@ -720,8 +721,8 @@ fn stage_row_stats(
         if row >= seq_q {
             row_c = seq_q - 1;
         }
-        row_lse[t] = stats[(head * seq_q + row_c) * 2];
-        row_delta[t] = stats[(head * seq_q + row_c) * 2 + 1];
+        row_lse[t] = stats[(head * seq_q + row_c) * ROW_STATS];
+        row_delta[t] = stats[(head * seq_q + row_c) * ROW_STATS + 1];
         row_ok[t] = u32::cast_from(row < seq_q);
         t += CUBE_DIM as usize;
     }
