@@ -87,14 +87,53 @@ pub struct Sizes {
     pub sinks: u32,
 }
 
-/// Whether key `key` is visible from absolute query position `pos` by the causal
-/// and window structure (padding is checked apart).
+/// The keys that absolute query position `pos` sees by the causal and window
+/// structure, `[first, end)` within `0 .. seq_k` (padding is checked apart): a key `j`
+/// is seen when `j <= pos` (causal), `pos - j < window` and, without causal,
+/// `j - pos < window`. Both ends grow with `pos`.
+#[cube]
+pub(super) fn visible_keys(pos: i32, sizes: &Sizes) -> (i32, i32) {
+    let window = i32::cast_from(sizes.window);
+    let mut first = 0i32;
+    let mut end = i32::cast_from(sizes.seq_k);
+    if sizes.causal != 0 {
+        end = i32::min(end, pos + 1);
+    }
+    if sizes.windowed != 0 {
+        first = i32::max(first, pos - window + 1);
+        if sizes.causal == 0 {
+            end = i32::min(end, pos + window);
+        }
+    }
+    (first, end)
+}
+
+/// The absolute query positions that see key `key` by the same structure,
+/// `[first, end)` within the rows' positions (`seq_k - seq_q .. seq_k`): the rule of
+/// [`visible_keys`] read the other way. Both ends grow with `key`.
+#[cube]
+pub(super) fn seeing_positions(key: i32, sizes: &Sizes) -> (i32, i32) {
+    let window = i32::cast_from(sizes.window);
+    let mut first = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
+    let mut end = i32::cast_from(sizes.seq_k);
+    if sizes.causal != 0 {
+        first = i32::max(first, key);
+    }
+    if sizes.windowed != 0 {
+        end = i32::min(end, key + window);
+        if sizes.causal == 0 {
+            first = i32::max(first, key - window + 1);
+        }
+    }
+    (first, end)
+}
+
+/// Whether key `key` (below `seq_k`) is visible from absolute query position `pos` by
+/// the causal and window structure (padding is checked apart).
 #[cube]
 pub(super) fn structurally_visible(pos: i32, key: i32, sizes: &Sizes) -> bool {
-    let window = i32::cast_from(sizes.window);
-    let causal = sizes.causal != 0;
-    let in_window = pos - key < window && (causal || key - pos < window);
-    (!causal || key <= pos) && (sizes.windowed == 0 || in_window)
+    let (first, end) = visible_keys(pos, sizes);
+    key >= first && key < end
 }
 
 /// Whether each of the `keys` keys from `key_first` is visible from each of the
@@ -174,22 +213,8 @@ pub(super) fn key_range(row_first: usize, rows: usize, sizes: &Sizes) -> (i32, i
         row_last = sizes.seq_q as usize - 1;
     }
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
-    let first_pos = i32::cast_from(row_first) + shift;
-    let last_pos = i32::cast_from(row_last) + shift;
-    let window = i32::cast_from(sizes.window);
-    let mut start = 0i32;
-    let mut end = i32::cast_from(sizes.seq_k);
-    if sizes.causal != 0 && last_pos + 1 < end {
-        end = last_pos + 1;
-    }
-    if sizes.windowed != 0 {
-        if first_pos - window + 1 > start {
-            start = first_pos - window + 1;
-        }
-        if sizes.causal == 0 && last_pos + window < end {
-            end = last_pos + window;
-        }
-    }
+    let (start, _) = visible_keys(i32::cast_from(row_first) + shift, sizes);
+    let (_, end) = visible_keys(i32::cast_from(row_last) + shift, sizes);
     (start, end)
 }
 
@@ -202,25 +227,9 @@ pub(super) fn row_range(key_first: usize, keys: usize, sizes: &Sizes) -> (i32, i
         key_last = sizes.seq_k as usize - 1;
     }
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
-    let first = i32::cast_from(key_first);
-    let last = i32::cast_from(key_last);
-    let window = i32::cast_from(sizes.window);
-    let mut start = 0i32;
-    let mut end = i32::cast_from(sizes.seq_q);
-    // A row at position p sees key j when j <= p (causal), p - j < w and, without
-    // causal, j - p < w; positions are rows shifted by `shift`.
-    if sizes.causal != 0 && first - shift > start {
-        start = first - shift;
-    }
-    if sizes.windowed != 0 {
-        if last + window - shift < end {
-            end = last + window - shift;
-        }
-        if sizes.causal == 0 && first - window + 1 - shift > start {
-            start = first - window + 1 - shift;
-        }
-    }
-    (start, end)
+    let (start, _) = seeing_positions(i32::cast_from(key_first), sizes);
+    let (_, end) = seeing_positions(i32::cast_from(key_last), sizes);
+    (start - shift, end - shift)
 }
 
 /// Whether the key at `key` is a real, unpadded key (`key < seq_k` and, with a

@@ -55,7 +55,13 @@ fn sizes(problem: &Problem, options: &ScoreOptions) -> SizesLaunch {
         problem.seq_k as u32,
         problem.heads as u32,
         problem.group() as u32,
-        problem.mask.window.unwrap_or(0).min(u32::MAX as usize) as u32,
+        // A window as wide as the longer sequence hides nothing its cut would not: the
+        // kernels add it to positions in i32, so it goes no wider.
+        problem
+            .mask
+            .window
+            .unwrap_or(0)
+            .min(problem.seq_q.max(problem.seq_k)) as u32,
         options.scale as f32,
         options.softcap.unwrap_or(1.0) as f32,
         problem.mask.causal as u32,
