@@ -51,7 +51,7 @@ use super::fragment::{
 };
 use super::kernels::{
     HIDDEN, ROW_STATS, Sizes, block_open, key_range, kv_head_of, query_heads_of, row_range,
-    seeing_positions, visible_keys,
+    seeing_positions, structurally_visible,
 };
 use super::softmax::{
     Exponential, finish_row, masked_score, online_max, open_probability_and_gradient, open_score,
@@ -627,12 +627,11 @@ pub fn fragment_forward<F: Float>(
                         for e in 0..2 {
                             let (r, col) = c_position(lane, (2 * p + e) as u32);
                             let t = j * TILE_N + col;
-                            // The row's visible keys, a range (the same for each of its
-                            // scores, which the compiler works out once).
                             let pos = plane_pos + (m * TILE_M + r) as i32;
-                            let (first, end) = visible_keys(pos, &sizes);
                             let key = start + t as i32;
-                            let visible = kept[t] != 0 && key >= first && key < end && key < kv_end;
+                            let visible = kept[t] != 0
+                                && key < kv_end
+                                && structurally_visible(pos, key, &sizes);
                             let score =
                                 masked_score(pair.extract(e) * sizes.scale, visible, &sizes);
                             pair.insert(e, score);
@@ -990,11 +989,9 @@ pub fn fragment_backward_q<F: Float>(
                     for e in 0..2usize {
                         let (r, col) = c_position(lane, (2 * p + e) as u32);
                         let t = j * TILE_N + col;
-                        // The row's visible keys, a range (the same for each of its
-                        // scores, which the compiler works out once).
-                        let (first, end) = visible_keys(plane_pos + r as i32, &sizes);
-                        let key = start + t as i32;
-                        let visible = kept[kept_at + t] != 0 && key >= first && key < end;
+                        let pos = plane_pos + r as i32;
+                        let visible = kept[kept_at + t] != 0
+                            && structurally_visible(pos, start + t as i32, &sizes);
                         let (_, ds) = probability_and_gradient(
                             score.extract(e) * sizes.scale,
                             pair.extract(e),

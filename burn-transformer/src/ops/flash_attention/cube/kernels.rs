@@ -129,7 +129,9 @@ pub(super) fn seeing_positions(key: i32, sizes: &Sizes) -> (i32, i32) {
 }
 
 /// Whether key `key` (below `seq_k`) is visible from absolute query position `pos` by
-/// the causal and window structure (padding is checked apart).
+/// the causal and window structure (padding is checked apart): inside `pos`'s range of
+/// [`visible_keys`], which is the same for each of a row's keys, so that in unrolled
+/// loops over a row's scores the compiler works it out once a row.
 #[cube]
 pub(super) fn structurally_visible(pos: i32, key: i32, sizes: &Sizes) -> bool {
     let (first, end) = visible_keys(pos, sizes);
