@@ -1070,7 +1070,7 @@ mod on_device {
         let (fused, naive, expected) =
             compare(&case, &Inputs::random(&case, 31, 1.0), device, DType::F32);
         assert_rule(&format!("{label} tuned"), &fused, &naive, &expected, 1e-5);
-        let candidates = Candidate::all().len();
+        let candidates = Candidate::all(&device_properties(device)).len();
         let tuned = runs(&case) - first;
         // Each candidate ran at least once in each pass, then the winners on the call.
         assert!(

@@ -1,6 +1,6 @@
 //! Choosing the kernels by timing them: the first call of a shape class on a device
 //! runs every candidate (staged tiles of at most 64, 32 and 16 rows and keys, and
-//! register tiles) on the call's own tensors, keeps the fastest for that class, and
+//! on CPU runtimes register tiles) on the call's own tensors, keeps the fastest for that class, and
 //! later calls of the class run it directly. Forward and backward are tuned apart:
 //! their kernels differ and so may their winners.
 //!
@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use super::super::{Problem, ScoreOptions};
 use super::launch::{BackwardTensors, Family, ForwardTensors, backward_with, forward_with};
-use super::tiling::{STAGED_BLOCK_LIMITS, StagedProduct};
+use super::tiling::{STAGED_BLOCK_LIMITS, StagedProduct, is_cpu_runtime};
 
 /// The shape class of one call: what its timing depends on.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, AutotuneKey)]
@@ -67,13 +67,20 @@ pub(crate) enum Candidate {
 }
 
 impl Candidate {
-    /// Every candidate; the first is the default while a class is being tuned on
-    /// another thread.
-    pub(crate) fn all() -> Vec<Self> {
+    /// Every candidate on a device with `properties`; the first is the default while
+    /// a class is being tuned on another thread.
+    ///
+    /// Register tiles compete on CPU runtimes only. On a GPU a unit holds one row of
+    /// them, which spills to local memory at every head dim (sm_90: 1–10 KB a thread,
+    /// `docs/benchmarks/kernel_resources.jsonl`), so timing them would only lengthen
+    /// the first call of each shape class; where no staged tile fits the device, every
+    /// staged candidate runs register tiles anyway.
+    pub(crate) fn all(properties: &cubecl::ir::DeviceProperties) -> Vec<Self> {
+        let register = is_cpu_runtime(properties).then_some(Self::RegisterTile);
         STAGED_BLOCK_LIMITS
             .into_iter()
             .map(Self::Staged)
-            .chain([Self::RegisterTile])
+            .chain(register)
             .collect()
     }
 
@@ -160,6 +167,7 @@ fn run_fastest<T: PassTensors>(
 ) {
     let client = tensors.queries().client.clone();
     let id = CubeTuneId::new(&client, &tensors.queries().device);
+    let candidates = Candidate::all(client.properties());
     let set = tuner.init(&id, move || {
         let class = |(tensors, problem, _): &(T, Problem, ScoreOptions)| {
             ShapeClass::of(problem, tensors.queries().dtype)
@@ -169,7 +177,7 @@ fn run_fastest<T: PassTensors>(
             class,
             |_: &ShapeClass, inputs: &(T, Problem, ScoreOptions)| inputs.clone(),
         );
-        for candidate in Candidate::all() {
+        for &candidate in &candidates {
             set = set.with(Tunable::new(
                 &candidate.name(),
                 move |(tensors, problem, options): (T, Problem, ScoreOptions)| {
@@ -195,5 +203,27 @@ fn count_run(problem: &Problem, dtype: DType) {
             .lock()
             .unwrap_or_else(|poison| poison.into_inner());
         *runs.entry(ShapeClass::of(problem, dtype)).or_default() += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::variants::tests::gpu;
+    use super::*;
+
+    /// GPUs time the staged tiles alone; CPU runtimes (named as Mesa names
+    /// lavapipe) time register tiles beside them.
+    #[test]
+    fn register_tiles_compete_on_cpu_runtimes_only() {
+        let gpu = gpu();
+        assert_eq!(
+            Candidate::all(&gpu),
+            STAGED_BLOCK_LIMITS.map(Candidate::Staged).to_vec()
+        );
+        let mut lavapipe = gpu;
+        lavapipe.identity.name = "llvmpipe (LLVM 15.0.6, 256 bits)".to_string();
+        let candidates = Candidate::all(&lavapipe);
+        assert_eq!(candidates.last(), Some(&Candidate::RegisterTile));
+        assert_eq!(candidates.len(), STAGED_BLOCK_LIMITS.len() + 1);
     }
 }

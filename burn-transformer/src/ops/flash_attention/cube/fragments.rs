@@ -137,6 +137,13 @@ pub struct FragmentConfig {
     /// it to an f32 buffer atomically (the one-pass backward), in place of the dQ
     /// kernel's second walk.
     pub adds_dq: bool,
+    /// Whether the kernel soft-caps its scores (calls with a soft-cap; see
+    /// [`cap_score`](super::kernels::cap_score)). The cap's `tanh` and derivative in
+    /// every unrolled score of the masked blocks made up about half of each key loop's
+    /// instructions (ptxas, sm_90) and moved the register allocation of the whole
+    /// kernel, so a call without a cap, the common case, runs kernels compiled
+    /// without it.
+    pub softcap: bool,
 }
 
 impl FragmentConfig {
@@ -632,8 +639,12 @@ pub fn fragment_forward<F: Float>(
                             let visible = kept[t] != 0
                                 && key < kv_end
                                 && structurally_visible(pos, key, &sizes);
-                            let score =
-                                masked_score(pair.extract(e) * sizes.scale, visible, &sizes);
+                            let score = masked_score(
+                                pair.extract(e) * sizes.scale,
+                                visible,
+                                &sizes,
+                                config.softcap,
+                            );
                             pair.insert(e, score);
                             block_max[m * C_PAIRS + p] =
                                 f32::max(block_max[m * C_PAIRS + p], score);
@@ -999,6 +1010,7 @@ pub fn fragment_backward_q<F: Float>(
                             row_delta[p],
                             visible,
                             &sizes,
+                            config.softcap,
                             config.exponential,
                         );
                         pair.insert(e, ds);
@@ -1316,6 +1328,7 @@ pub fn fragment_backward_kv<F: Float, N: Size>(
                                 row_stats[stats_at + ROW_STATS * t + 1],
                                 visible,
                                 &sizes,
+                                config.softcap,
                                 config.exponential,
                             );
                             score.insert(e, prob);

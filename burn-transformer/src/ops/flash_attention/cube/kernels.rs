@@ -74,6 +74,9 @@ pub struct Sizes {
     pub scale: f32,
     /// Soft-cap `c` (unused without a softcap).
     pub cap: f32,
+    /// `1 / c`: a division per score would be a slow-path call on CUDA (IEEE
+    /// division), and its register saves around the call spill.
+    pub cap_inverse: f32,
     /// 1 for causal masking.
     pub causal: u32,
     /// 1 with a sliding window.
@@ -163,23 +166,34 @@ pub(super) fn block_open(
         && structurally_visible(pos_last, key_first, sizes)
 }
 
-/// Soft-caps a scaled score: `c·tanh(s/c)`.
+/// Soft-caps a scaled score: `c·tanh(s/c)` where `sizes.softcap` asks for it, in a
+/// kernel compiled `with_cap` (one compiled without it leaves every score as it is;
+/// see [`FragmentConfig::softcap`](super::fragments::FragmentConfig::softcap)).
+// The compile-time test stays apart from the run-time one: together they would be one
+// run-time condition, and the cap's code would be emitted into every kernel.
+#[allow(clippy::collapsible_if)]
 #[cube]
-pub(super) fn cap_score(score: f32, sizes: &Sizes) -> f32 {
+pub(super) fn cap_score(score: f32, sizes: &Sizes, #[comptime] with_cap: bool) -> f32 {
     let mut out = score;
-    if sizes.softcap != 0 {
-        out = sizes.cap * f32::tanh(score / sizes.cap);
+    if comptime!(with_cap) {
+        if sizes.softcap != 0 {
+            out = sizes.cap * f32::tanh(score * sizes.cap_inverse);
+        }
     }
     out
 }
 
-/// Derivative of the soft-cap at a capped score `s = c·tanh(t/c)`: `1 − (s/c)²`.
+/// Derivative of the soft-cap at a capped score `s = c·tanh(t/c)`: `1 − (s/c)²` (1
+/// without a cap, as in [`cap_score`]).
+#[allow(clippy::collapsible_if)]
 #[cube]
-pub(super) fn cap_derivative(capped: f32, sizes: &Sizes) -> f32 {
+pub(super) fn cap_derivative(capped: f32, sizes: &Sizes, #[comptime] with_cap: bool) -> f32 {
     let mut out = 1.0f32;
-    if sizes.softcap != 0 {
-        let ratio = capped / sizes.cap;
-        out = 1.0f32 - ratio * ratio;
+    if comptime!(with_cap) {
+        if sizes.softcap != 0 {
+            let ratio = capped * sizes.cap_inverse;
+            out = 1.0f32 - ratio * ratio;
+        }
     }
     out
 }
@@ -355,7 +369,7 @@ pub fn flash_forward<F: Float, N: Size>(
             for t in 0..block {
                 let visible =
                     kept[t] && structurally_visible(positions[r], start + t as i32, &sizes);
-                let score = masked_score(scores[r * block + t], visible, &sizes);
+                let score = masked_score(scores[r * block + t], visible, &sizes, true);
                 scores[r * block + t] = score;
                 block_max = f32::max(block_max, score);
             }
@@ -569,11 +583,11 @@ pub fn flash_backward_kv<F: Float, N: Size>(
                 let pos = start + t as i32 + shift;
                 #[unroll]
                 for r in 0..rows {
-                    let capped = cap_score(scores[r * block + t], &sizes);
+                    let capped = cap_score(scores[r * block + t], &sizes, true);
                     let visible =
                         row_ok[t] && kept[r] && structurally_visible(pos, key_pos[r], &sizes);
                     scores[r * block + t] = select(visible, f32::exp(capped - row_lse[t]), 0.0f32);
-                    dps[r * block + t] = cap_derivative(capped, &sizes);
+                    dps[r * block + t] = cap_derivative(capped, &sizes, true);
                 }
             }
             // dV += P·dO and dP = dO·vᵀ.
@@ -758,6 +772,7 @@ pub fn flash_backward_q<F: Float, N: Size>(
                     row_delta[r],
                     visible,
                     &sizes,
+                    true,
                     Exponential::Library,
                 );
                 dps[r * block + t] = ds;

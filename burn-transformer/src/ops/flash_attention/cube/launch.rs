@@ -23,7 +23,7 @@ use cubecl::prelude::*;
 
 use super::super::{FlashKernel, Problem, ScoreOptions};
 use super::autotune;
-use super::fragments::{self, FragmentTiling};
+use super::fragments::{self, FragmentConfig, FragmentTiling};
 use super::kernels::{self, AttentionConfig, SizesLaunch};
 use super::staged;
 use super::tiling::{
@@ -64,6 +64,7 @@ fn sizes(problem: &Problem, options: &ScoreOptions) -> SizesLaunch {
             .min(problem.seq_q.max(problem.seq_k)) as u32,
         options.scale as f32,
         options.softcap.unwrap_or(1.0) as f32,
+        (1.0 / options.softcap.unwrap_or(1.0)) as f32,
         problem.mask.causal as u32,
         problem.mask.window.is_some() as u32,
         problem.has_key_mask as u32,
@@ -335,7 +336,10 @@ pub(super) fn forward_with(
             return;
         }
         Family::Fragments(tiling, _) => {
-            let config = tiling.forward;
+            let config = FragmentConfig {
+                softcap: options.softcap.is_some(),
+                ..tiling.forward
+            };
             #[cfg(test)]
             super::super::op::FRAGMENT_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             #[cfg(test)]
@@ -640,6 +644,15 @@ pub(super) fn backward_with(
                 super::super::op::OVERLAPPED_DKDV_LAUNCHES
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
+            let softcap = options.softcap.is_some();
+            let dq_config = FragmentConfig {
+                softcap,
+                ..dq_config
+            };
+            let kv_config = FragmentConfig {
+                softcap,
+                ..kv_config
+            };
             // 2. dK, dV: one cube per 16·planes keys; 3. dQ: one per 16·planes rows,
             // or, in the one-pass backward, the dK/dV kernel's f32 sums made dQ.
             // The one-pass backward's f32 sums of dQ and the columns one atomic add takes

@@ -60,11 +60,20 @@ fn ex2_approx(x: f32) -> f32 {
     out
 }
 
-/// A scaled score `q·k·scale` under the masks: soft-capped and floored where
-/// `visible`, [`HIDDEN`] elsewhere.
+/// A scaled score `q·k·scale` under the masks: soft-capped (in a kernel compiled
+/// `with_cap`, see [`cap_score`]) and floored where `visible`, [`HIDDEN`] elsewhere.
 #[cube]
-pub(super) fn masked_score(scaled: f32, visible: bool, sizes: &Sizes) -> f32 {
-    select(visible, open_score(cap_score(scaled, sizes)), HIDDEN)
+pub(super) fn masked_score(
+    scaled: f32,
+    visible: bool,
+    sizes: &Sizes,
+    #[comptime] with_cap: bool,
+) -> f32 {
+    select(
+        visible,
+        open_score(cap_score(scaled, sizes, with_cap)),
+        HIDDEN,
+    )
 }
 
 /// A visible (soft-capped) score, floored above [`HIDDEN`]; the whole of
@@ -139,8 +148,10 @@ pub(super) fn finish_row(
 }
 
 /// One entry of the backward: `P = exp(S − LSE)` where visible (0 elsewhere) and
-/// `dS = P ∘ (dP − D) ∘ softcap'`, from the scaled score `S = q·k·scale`.
+/// `dS = P ∘ (dP − D) ∘ softcap'`, from the scaled score `S = q·k·scale` (capped in a
+/// kernel compiled `with_cap`, see [`cap_score`]).
 #[cube]
+#[allow(clippy::too_many_arguments)]
 pub(super) fn probability_and_gradient(
     scaled: f32,
     dp: f32,
@@ -148,13 +159,14 @@ pub(super) fn probability_and_gradient(
     delta: f32,
     visible: bool,
     sizes: &Sizes,
+    #[comptime] with_cap: bool,
     #[comptime] exponential: Exponential,
 ) -> (f32, f32) {
-    let capped = cap_score(scaled, sizes);
+    let capped = cap_score(scaled, sizes, with_cap);
     let p = select(visible, exp_difference(capped, lse, exponential), 0.0f32);
     (
         p,
-        score_gradient(p, dp, delta) * cap_derivative(capped, sizes),
+        score_gradient(p, dp, delta) * cap_derivative(capped, sizes, with_cap),
     )
 }
 

@@ -563,7 +563,7 @@ pub fn staged_forward<F: Float>(
                 let key = start + t as i32;
                 let visible =
                     kept[t] != 0 && key < kv_end && structurally_visible(pos, key, &sizes);
-                let score = masked_score(scores[r * bk + t] * sizes.scale, visible, &sizes);
+                let score = masked_score(scores[r * bk + t] * sizes.scale, visible, &sizes, true);
                 scores[r * bk + t] = score;
                 block_max = f32::max(block_max, score);
             }
@@ -848,6 +848,7 @@ pub fn staged_backward_q<F: Float>(
                 row_delta[t],
                 visible,
                 &sizes,
+                true,
                 Exponential::Library,
             );
             ds[e] = F::cast_from(ds_value);
@@ -1015,6 +1016,7 @@ pub fn staged_backward_kv<F: Float>(
                     row_delta[t],
                     visible,
                     &sizes,
+                    true,
                     Exponential::Library,
                 );
                 probs[e] = F::cast_from(p);

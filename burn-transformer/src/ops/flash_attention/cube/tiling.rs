@@ -662,6 +662,8 @@ pub(crate) fn plan_fragments(
         exponential,
         copies,
         adds_dq: false,
+        // Set per call at launch.
+        softcap: false,
     };
     // The first of `blocks` (rows a tile streams) with `planes` planes whose tiles fit,
     // no longer than the streamed sequence (a decode step's keys, say) needs.

@@ -33,7 +33,8 @@ use crate::ops::mask::MaskRule;
 
 /// Sequence length (queries and keys) the variants are planned for: long enough that
 /// every tile kernel gets its full cube, as in training and prefill (short sequences,
-/// decoding above all, get smaller cubes).
+/// decoding above all, get smaller cubes). The fragment kernels are built as calls
+/// without a soft-cap run them (see [`FragmentConfig::softcap`]).
 pub const VARIANT_SEQ_LEN: usize = 4096;
 
 /// Head dims `(d_qk, d_v)` of the variants: the common head sizes, and MLA's
@@ -409,6 +410,7 @@ fn sizes() -> SizesCompilationArg {
         window: (),
         scale: (),
         cap: (),
+        cap_inverse: (),
         causal: (),
         windowed: (),
         key_mask: (),
