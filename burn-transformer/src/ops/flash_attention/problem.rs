@@ -51,8 +51,8 @@ pub enum FlashKernel {
     /// The device's default: register tiles on CPU runtimes (lavapipe, llvmpipe),
     /// where they are the fastest; on GPUs the [`Self::Fragments`] kernels for f16/bf16
     /// where the tensor cores take them, else the fastest of the staged tile sizes,
-    /// timed once per shape class ([`Self::Autotune`]). The
-    /// environment variable `BURN_TRANSFORMER_FLASH_KERNEL=register|staged|
+    /// timed once per shape class ([`Self::Autotune`]). The environment variable
+    /// `BURN_TRANSFORMER_FLASH_KERNEL=register|staged|
     /// tensor-cores|fragments|wide-fragments|fragments-atomic-dq|fragments-tf32|
     /// fragments-overlapped|autotune` overrides it for a whole process.
     #[default]
@@ -115,9 +115,9 @@ pub enum FlashKernel {
     FragmentsOverlapped,
     /// Times the candidates (staged tiles of 64, 32 and 16 rows and keys; register
     /// tiles on CPU runtimes, as on GPUs they spill) once per shape class on the
-    /// device and keeps the fastest, as `Auto` does
-    /// on GPUs for what the fragment kernels do not take; this asks for it on CPU
-    /// runtimes too. Tensor cores are not among the candidates.
+    /// device and keeps the fastest, as `Auto` does on GPUs for what the fragment
+    /// kernels do not take; this asks for it on CPU runtimes too. Tensor cores are not
+    /// among the candidates.
     Autotune,
 }
 

@@ -1,7 +1,7 @@
 //! Choosing the kernels by timing them: the first call of a shape class on a device
-//! runs every candidate (staged tiles of at most 64, 32 and 16 rows and keys, and
-//! on CPU runtimes register tiles) on the call's own tensors, keeps the fastest for that class, and
-//! later calls of the class run it directly. Forward and backward are tuned apart:
+//! runs every candidate (staged tiles of at most 64, 32 and 16 rows and keys, and on
+//! CPU runtimes register tiles) on the call's own tensors, keeps the fastest for that
+//! class, and later calls of the class run it directly. Forward and backward are tuned apart:
 //! their kernels differ and so may their winners.
 //!
 //! CubeCL's tuner does the timing (on the device's clock where the runtime has one)

@@ -73,6 +73,15 @@ fn sizes(problem: &Problem, options: &ScoreOptions) -> SizesLaunch {
     )
 }
 
+/// A planned fragment kernel as one call compiles it: with the soft-cap's code only
+/// where the call has a cap.
+fn for_call(config: FragmentConfig, options: &ScoreOptions) -> FragmentConfig {
+    FragmentConfig {
+        softcap: options.softcap.is_some(),
+        ..config
+    }
+}
+
 /// The kernel family one call runs with, and its tiles.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Family {
@@ -336,10 +345,7 @@ pub(super) fn forward_with(
             return;
         }
         Family::Fragments(tiling, _) => {
-            let config = FragmentConfig {
-                softcap: options.softcap.is_some(),
-                ..tiling.forward
-            };
+            let config = for_call(tiling.forward, options);
             #[cfg(test)]
             super::super::op::FRAGMENT_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             #[cfg(test)]
@@ -644,15 +650,8 @@ pub(super) fn backward_with(
                 super::super::op::OVERLAPPED_DKDV_LAUNCHES
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
-            let softcap = options.softcap.is_some();
-            let dq_config = FragmentConfig {
-                softcap,
-                ..dq_config
-            };
-            let kv_config = FragmentConfig {
-                softcap,
-                ..kv_config
-            };
+            let (dq_config, kv_config) =
+                (for_call(dq_config, options), for_call(kv_config, options));
             // 2. dK, dV: one cube per 16·planes keys; 3. dQ: one per 16·planes rows,
             // or, in the one-pass backward, the dK/dV kernel's f32 sums made dQ.
             // The one-pass backward's f32 sums of dQ and the columns one atomic add takes

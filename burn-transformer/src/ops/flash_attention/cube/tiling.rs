@@ -662,7 +662,7 @@ pub(crate) fn plan_fragments(
         exponential,
         copies,
         adds_dq: false,
-        // Set per call at launch.
+        // Set per call at launch (`launch::for_call`).
         softcap: false,
     };
     // The first of `blocks` (rows a tile streams) with `planes` planes whose tiles fit,
