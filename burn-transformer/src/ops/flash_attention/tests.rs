@@ -1171,39 +1171,49 @@ mod on_device {
     pub fn peaked_rows_keep_the_naive_accuracy(device: &Device) {
         let mut case = Case::new(4, 2, 64, 129, (128, 128)).causal_padded(vec![129, 90]);
         case.scale = Some(0.9);
-        let inputs = Inputs::random(&case, 31, 1.0);
-        for kernel in [
-            FlashKernel::RegisterTile,
-            FlashKernel::Staged,
-            FlashKernel::Fragments,
-        ] {
-            let case = Case {
-                kernel,
-                ..case.clone()
-            };
-            let (fused, naive, expected) = compare(&case, &inputs, device, DType::F32);
-            assert_rule(
-                &format!("peaked rows, {kernel:?}"),
-                &fused,
-                &naive,
-                &expected,
-                1e-7,
-            );
-            // The register tiles sum their dot products in vector lanes, closer to
-            // exact than the naive path's sequential sums (dK and dV about half its
-            // error here); scores that the dK/dV kernel rounded apart from the
-            // forward's would put them above it.
-            if kernel == FlashKernel::RegisterTile {
-                for quantity in [2, 3] {
-                    let fused_error = max_error(&fused[quantity], &expected[quantity]);
-                    let naive_error = max_error(&naive[quantity], &expected[quantity]);
-                    assert!(
-                        fused_error <= naive_error,
-                        "peaked rows, register tiles: {} error {fused_error:e} > naive {naive_error:e}",
-                        QUANTITIES[quantity]
-                    );
+        // dK's and dV's errors through the register tiles, and the naive path's, summed
+        // over the draws.
+        let mut register_errors = [(0.0f64, 0.0f64); 2];
+        for seed in 31..35 {
+            let inputs = Inputs::random(&case, seed, 1.0);
+            for kernel in [
+                FlashKernel::RegisterTile,
+                FlashKernel::Staged,
+                FlashKernel::Fragments,
+            ] {
+                let case = Case {
+                    kernel,
+                    ..case.clone()
+                };
+                let (fused, naive, expected) = compare(&case, &inputs, device, DType::F32);
+                assert_rule(
+                    &format!("peaked rows, {kernel:?}, draw {seed}"),
+                    &fused,
+                    &naive,
+                    &expected,
+                    1e-7,
+                );
+                if kernel == FlashKernel::RegisterTile {
+                    for (sums, quantity) in register_errors.iter_mut().zip([2, 3]) {
+                        sums.0 += max_error(&fused[quantity], &expected[quantity]);
+                        sums.1 += max_error(&naive[quantity], &expected[quantity]);
+                    }
                 }
             }
+        }
+        // The register tiles sum their dot products in vector lanes, closer to exact
+        // than the naive path's sequential sums: over 40 draws their dK and dV errors
+        // were 0.6 of the naive path's on average (above it in 2 draws, by up to 1.4
+        // times). Scores that the dK/dV kernel rounds apart from the forward's (scaled
+        // keys instead of scaled queries) put one of them at 1.1 to over 2 times the
+        // naive error in each of those draws, so sums over a few draws tell the two
+        // apart where a single draw may not.
+        for ((fused, naive), quantity) in register_errors.into_iter().zip([2, 3]) {
+            assert!(
+                fused <= naive,
+                "peaked rows, register tiles: {} errors sum to {fused:e} > naive {naive:e}",
+                QUANTITIES[quantity]
+            );
         }
     }
 
