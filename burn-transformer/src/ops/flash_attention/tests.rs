@@ -159,19 +159,18 @@ impl Inputs {
 fn largest_logit(case: &Case, inputs: &Inputs) -> f64 {
     let scale = case.scale.unwrap_or(1.0 / (case.d_qk as f64).sqrt());
     let group = case.heads / case.kv_heads;
-    let rows = |data: &[f32]| -> Vec<Vec<f64>> {
-        data.chunks(case.d_qk)
-            .map(|row| row.iter().map(|&x| f64::from(x)).collect())
-            .collect()
-    };
-    let (q, k) = (rows(&inputs.q), rows(&inputs.k));
+    let key_rows: Vec<&[f32]> = inputs.k.chunks(case.d_qk).collect();
     let mut largest = 0.0f64;
-    for (row, q_row) in q.iter().enumerate() {
+    for (row, q_row) in inputs.q.chunks(case.d_qk).enumerate() {
         let head = row / case.seq_q;
         let (b, h) = (head / case.heads, head % case.heads);
         let kv = b * case.kv_heads + h / group;
-        for k_row in &k[kv * case.seq_k..(kv + 1) * case.seq_k] {
-            let dot: f64 = q_row.iter().zip(k_row).map(|(a, b)| a * b).sum();
+        for k_row in &key_rows[kv * case.seq_k..(kv + 1) * case.seq_k] {
+            let dot: f64 = q_row
+                .iter()
+                .zip(*k_row)
+                .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                .sum();
             largest = largest.max((dot * scale).abs());
         }
     }

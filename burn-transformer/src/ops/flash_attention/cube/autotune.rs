@@ -1,8 +1,8 @@
 //! Choosing the kernels by timing them: the first call of a shape class on a device
 //! runs every candidate (staged tiles of at most 64, 32 and 16 rows and keys, and on
 //! CPU runtimes register tiles) on the call's own tensors, keeps the fastest for that
-//! class, and later calls of the class run it directly. Forward and backward are tuned apart:
-//! their kernels differ and so may their winners.
+//! class, and later calls of the class run it directly. Forward and backward are tuned
+//! apart: their kernels differ and so may their winners.
 //!
 //! CubeCL's tuner does the timing (on the device's clock where the runtime has one)
 //! and the bookkeeping; the cache lives for the process. The shape class keeps every
@@ -167,7 +167,7 @@ fn run_fastest<T: PassTensors>(
 ) {
     let client = tensors.queries().client.clone();
     let id = CubeTuneId::new(&client, &tensors.queries().device);
-    let candidates = Candidate::all(client.properties());
+    let device_client = client.clone();
     let set = tuner.init(&id, move || {
         let class = |(tensors, problem, _): &(T, Problem, ScoreOptions)| {
             ShapeClass::of(problem, tensors.queries().dtype)
@@ -177,7 +177,7 @@ fn run_fastest<T: PassTensors>(
             class,
             |_: &ShapeClass, inputs: &(T, Problem, ScoreOptions)| inputs.clone(),
         );
-        for &candidate in &candidates {
+        for candidate in Candidate::all(device_client.properties()) {
             set = set.with(Tunable::new(
                 &candidate.name(),
                 move |(tensors, problem, options): (T, Problem, ScoreOptions)| {
