@@ -360,13 +360,26 @@ pub(super) fn stage_key_block<F: Float>(
     stage_kept_keys::<F>(key_mask, kept, 0, first, batch, sizes, block);
 }
 
-/// Sets every element of `tile` to zero.
+/// Whether index `e` of a pass through `len` elements, `units` at a time (`e = unit +
+/// pass · units`), is one of them: always when the units divide `len`, so that such
+/// loops run a fixed number of unguarded passes.
 #[cube]
-fn zero_tile(tile: &mut Shared<[f32]>, #[comptime] len: usize) {
-    let mut e = UNIT_POS as usize;
-    while e < len {
-        tile[e] = 0.0f32;
-        e += CUBE_DIM as usize;
+fn pass_in_range(e: usize, #[comptime] len: usize, #[comptime] units: usize) -> bool {
+    let mut inside = true;
+    if comptime!(!len.is_multiple_of(units)) {
+        inside = e < len;
+    }
+    inside
+}
+
+/// Sets every element of `tile` to zero, with the cube's `units`.
+#[cube]
+fn zero_tile(tile: &mut Shared<[f32]>, #[comptime] len: usize, #[comptime] units: usize) {
+    for pass in 0..comptime!(len.div_ceil(units)) {
+        let e = UNIT_POS as usize + pass * units;
+        if pass_in_range(e, len, units) {
+            tile[e] = 0.0f32;
+        }
     }
 }
 
@@ -486,7 +499,7 @@ pub fn staged_forward<F: Float>(
     let seq_q = sizes.seq_q as usize;
     let heads = sizes.heads as usize;
     let unit = UNIT_POS as usize;
-    let units = CUBE_DIM as usize;
+    let units = config.units;
     let head = CUBE_POS_Y as usize;
     let (batch, kv_head) = kv_head_of(head, &sizes);
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
@@ -518,12 +531,13 @@ pub fn staged_forward<F: Float>(
         config.staging,
         comptime!(None),
     );
-    zero_tile(&mut acc, bq * d_v);
-    let mut r = unit;
-    while r < bq {
-        row_max[r] = f32::new(HIDDEN);
-        row_sum[r] = 0.0f32;
-        r += units;
+    zero_tile(&mut acc, bq * d_v, units);
+    for pass in 0..comptime!((bq).div_ceil(units)) {
+        let r = unit + pass * units;
+        if pass_in_range(r, bq, units) {
+            row_max[r] = f32::new(HIDDEN);
+            row_sum[r] = 0.0f32;
+        }
     }
 
     let mut start = kv_start;
@@ -554,32 +568,34 @@ pub fn staged_forward<F: Float>(
         sync_cube();
         // Online softmax, one unit per row: P for the block, the row's running max
         // and sum, and its accumulator rescaled to the new max.
-        let mut r = unit;
-        while r < bq {
-            let pos = i32::cast_from(first_row + r) + shift;
-            let mut block_max = f32::new(HIDDEN);
-            for t in 0..bk {
-                // Keys past `kv_end` belong to the next split (or are hidden anyway).
-                let key = start + t as i32;
-                let visible =
-                    kept[t] != 0 && key < kv_end && structurally_visible(pos, key, &sizes);
-                let score = masked_score(scores[r * bk + t] * sizes.scale, visible, &sizes, true);
-                scores[r * bk + t] = score;
-                block_max = f32::max(block_max, score);
+        for pass in 0..comptime!((bq).div_ceil(units)) {
+            let r = unit + pass * units;
+            if pass_in_range(r, bq, units) {
+                let pos = i32::cast_from(first_row + r) + shift;
+                let mut block_max = f32::new(HIDDEN);
+                for t in 0..bk {
+                    // Keys past `kv_end` belong to the next split (or are hidden anyway).
+                    let key = start + t as i32;
+                    let visible =
+                        kept[t] != 0 && key < kv_end && structurally_visible(pos, key, &sizes);
+                    let score =
+                        masked_score(scores[r * bk + t] * sizes.scale, visible, &sizes, true);
+                    scores[r * bk + t] = score;
+                    block_max = f32::max(block_max, score);
+                }
+                let (new_max, correction) = online_max(row_max[r], block_max);
+                let mut total = row_sum[r] * correction;
+                for t in 0..bk {
+                    let p = probability(scores[r * bk + t], 1.0f32, new_max, Exponential::Library);
+                    probs[r * bk + t] = F::cast_from(p);
+                    total += p;
+                }
+                row_sum[r] = total;
+                row_max[r] = new_max;
+                for c in 0..d_v {
+                    acc[r * d_v + c] *= correction;
+                }
             }
-            let (new_max, correction) = online_max(row_max[r], block_max);
-            let mut total = row_sum[r] * correction;
-            for t in 0..bk {
-                let p = probability(scores[r * bk + t], 1.0f32, new_max, Exponential::Library);
-                probs[r * bk + t] = F::cast_from(p);
-                total += p;
-            }
-            row_sum[r] = total;
-            row_max[r] = new_max;
-            for c in 0..d_v {
-                acc[r * d_v + c] *= correction;
-            }
-            r += units;
         }
         sync_cube();
         // O += P·V
@@ -607,26 +623,28 @@ pub fn staged_forward<F: Float>(
     if sizes.sinks != 0 {
         sink = sinks[head % heads];
     }
-    let mut r = unit;
-    while r < bq {
-        let (inverse, row_lse) = finish_row(row_sum[r], row_max[r], sink, partial, &sizes);
-        row_scale[r] = inverse;
-        let row = first_row + r;
-        if row < seq_q {
-            lse[split_row + head * seq_q + row] = row_lse;
+    for pass in 0..comptime!((bq).div_ceil(units)) {
+        let r = unit + pass * units;
+        if pass_in_range(r, bq, units) {
+            let (inverse, row_lse) = finish_row(row_sum[r], row_max[r], sink, partial, &sizes);
+            row_scale[r] = inverse;
+            let row = first_row + r;
+            if row < seq_q {
+                lse[split_row + head * seq_q + row] = row_lse;
+            }
         }
-        r += units;
     }
     sync_cube();
-    let mut e = unit;
-    while e < bq * d_v {
-        let r = e / d_v;
-        let row = first_row + r;
-        if row < seq_q {
-            out[(split_row + head * seq_q + row) * d_v + e - r * d_v] =
-                F::cast_from(acc[e] * row_scale[r]);
+    for pass in 0..comptime!((bq * d_v).div_ceil(units)) {
+        let e = unit + pass * units;
+        if pass_in_range(e, bq * d_v, units) {
+            let r = e / d_v;
+            let row = first_row + r;
+            if row < seq_q {
+                out[(split_row + head * seq_q + row) * d_v + e - r * d_v] =
+                    F::cast_from(acc[e] * row_scale[r]);
+            }
         }
-        e += units;
     }
 }
 
@@ -713,18 +731,20 @@ fn stage_row_stats(
     first: usize,
     seq_q: usize,
     #[comptime] block: usize,
+    #[comptime] units: usize,
 ) {
-    let mut t = UNIT_POS as usize;
-    while t < block {
-        let row = first + t;
-        let mut row_c = row;
-        if row >= seq_q {
-            row_c = seq_q - 1;
+    for pass in 0..comptime!(block.div_ceil(units)) {
+        let t = UNIT_POS as usize + pass * units;
+        if pass_in_range(t, block, units) {
+            let row = first + t;
+            let mut row_c = row;
+            if row >= seq_q {
+                row_c = seq_q - 1;
+            }
+            row_lse[t] = stats[(head * seq_q + row_c) * ROW_STATS];
+            row_delta[t] = stats[(head * seq_q + row_c) * ROW_STATS + 1];
+            row_ok[t] = u32::cast_from(row < seq_q);
         }
-        row_lse[t] = stats[(head * seq_q + row_c) * ROW_STATS];
-        row_delta[t] = stats[(head * seq_q + row_c) * ROW_STATS + 1];
-        row_ok[t] = u32::cast_from(row < seq_q);
-        t += CUBE_DIM as usize;
     }
 }
 
@@ -751,7 +771,7 @@ pub fn staged_backward_q<F: Float>(
     let d_v = config.d_v;
     let seq_q = sizes.seq_q as usize;
     let unit = UNIT_POS as usize;
-    let units = CUBE_DIM as usize;
+    let units = config.units;
     let head = CUBE_POS_Y as usize;
     let (batch, kv_head) = kv_head_of(head, &sizes);
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
@@ -804,8 +824,9 @@ pub fn staged_backward_q<F: Float>(
         first_row,
         seq_q,
         bq,
+        units,
     );
-    zero_tile(&mut dq, bq * d_qk);
+    zero_tile(&mut dq, bq * d_qk, units);
 
     let mut start = kv_start;
     while start < kv_end {
@@ -835,24 +856,25 @@ pub fn staged_backward_q<F: Float>(
         tile_output_gradient_scores::<F>(&do_tile, &v_tile, &mut dp, config);
         sync_cube();
         // dS = P ∘ (dP − D) ∘ softcap', P = exp(S − LSE) where visible.
-        let mut e = unit;
-        while e < bq * bk {
-            let t = e / bk;
-            let j = e - t * bk;
-            let pos = i32::cast_from(first_row + t) + shift;
-            let visible = kept[j] != 0 && structurally_visible(pos, start + j as i32, &sizes);
-            let (_, ds_value) = probability_and_gradient(
-                scores[e] * sizes.scale,
-                dp[e],
-                row_lse[t],
-                row_delta[t],
-                visible,
-                &sizes,
-                true,
-                Exponential::Library,
-            );
-            ds[e] = F::cast_from(ds_value);
-            e += units;
+        for pass in 0..comptime!((bq * bk).div_ceil(units)) {
+            let e = unit + pass * units;
+            if pass_in_range(e, bq * bk, units) {
+                let t = e / bk;
+                let j = e - t * bk;
+                let pos = i32::cast_from(first_row + t) + shift;
+                let visible = kept[j] != 0 && structurally_visible(pos, start + j as i32, &sizes);
+                let (_, ds_value) = probability_and_gradient(
+                    scores[e] * sizes.scale,
+                    dp[e],
+                    row_lse[t],
+                    row_delta[t],
+                    visible,
+                    &sizes,
+                    true,
+                    Exponential::Library,
+                );
+                ds[e] = F::cast_from(ds_value);
+            }
         }
         sync_cube();
         // dQ += dS·K (scaled at the end)
@@ -874,14 +896,16 @@ pub fn staged_backward_q<F: Float>(
         start += bk as i32;
     }
 
-    let mut e = unit;
-    while e < bq * d_qk {
-        let r = e / d_qk;
-        let row = first_row + r;
-        if row < seq_q && row_ok[r] != 0 {
-            grad_q[(head * seq_q + row) * d_qk + e - r * d_qk] = F::cast_from(dq[e] * sizes.scale);
+    for pass in 0..comptime!((bq * d_qk).div_ceil(units)) {
+        let e = unit + pass * units;
+        if pass_in_range(e, bq * d_qk, units) {
+            let r = e / d_qk;
+            let row = first_row + r;
+            if row < seq_q && row_ok[r] != 0 {
+                grad_q[(head * seq_q + row) * d_qk + e - r * d_qk] =
+                    F::cast_from(dq[e] * sizes.scale);
+            }
         }
-        e += units;
     }
 }
 
@@ -912,7 +936,7 @@ pub fn staged_backward_kv<F: Float>(
     let seq_k = sizes.seq_k as usize;
     let group = sizes.group as usize;
     let unit = UNIT_POS as usize;
-    let units = CUBE_DIM as usize;
+    let units = config.units;
     let kv_head = CUBE_POS_Y as usize;
     let (batch, first_head) = query_heads_of(kv_head, &sizes);
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
@@ -953,8 +977,8 @@ pub fn staged_backward_kv<F: Float>(
         config.staging,
         comptime!(None),
     );
-    zero_tile(&mut dk, bk * d_qk);
-    zero_tile(&mut dv, bk * d_v);
+    zero_tile(&mut dk, bk * d_qk, units);
+    zero_tile(&mut dv, bk * d_v, units);
 
     for g in 0..group {
         let head = first_head + g;
@@ -994,6 +1018,7 @@ pub fn staged_backward_kv<F: Float>(
                 first,
                 seq_q,
                 bq,
+                units,
             );
             sync_cube();
             // S = Q·Kᵀ and dP = dO·Vᵀ for `block_q` query rows.
@@ -1001,27 +1026,28 @@ pub fn staged_backward_kv<F: Float>(
             tile_output_gradient_scores::<F>(&do_tile, &v_tile, &mut dp, config);
             sync_cube();
             // P = exp(S − LSE) where visible; dS = P ∘ (dP − D) ∘ softcap'.
-            let mut e = unit;
-            while e < bq * bk {
-                let t = e / bk;
-                let j = e - t * bk;
-                let pos = start + t as i32 + shift;
-                let key = i32::cast_from(first_key + j);
-                let visible =
-                    row_ok[t] != 0 && kept[j] != 0 && structurally_visible(pos, key, &sizes);
-                let (p, ds_value) = probability_and_gradient(
-                    scores[e] * sizes.scale,
-                    dp[e],
-                    row_lse[t],
-                    row_delta[t],
-                    visible,
-                    &sizes,
-                    true,
-                    Exponential::Library,
-                );
-                probs[e] = F::cast_from(p);
-                ds[e] = F::cast_from(ds_value);
-                e += units;
+            for pass in 0..comptime!((bq * bk).div_ceil(units)) {
+                let e = unit + pass * units;
+                if pass_in_range(e, bq * bk, units) {
+                    let t = e / bk;
+                    let j = e - t * bk;
+                    let pos = start + t as i32 + shift;
+                    let key = i32::cast_from(first_key + j);
+                    let visible =
+                        row_ok[t] != 0 && kept[j] != 0 && structurally_visible(pos, key, &sizes);
+                    let (p, ds_value) = probability_and_gradient(
+                        scores[e] * sizes.scale,
+                        dp[e],
+                        row_lse[t],
+                        row_delta[t],
+                        visible,
+                        &sizes,
+                        true,
+                        Exponential::Library,
+                    );
+                    probs[e] = F::cast_from(p);
+                    ds[e] = F::cast_from(ds_value);
+                }
             }
             sync_cube();
             // dV += Pᵀ·dO and dK += dSᵀ·Q (scaled at the end).
@@ -1058,23 +1084,25 @@ pub fn staged_backward_kv<F: Float>(
         }
     }
 
-    let mut e = unit;
-    while e < bk * d_qk {
-        let r = e / d_qk;
-        let key = first_key + r;
-        if key < seq_k {
-            grad_k[(kv_head * seq_k + key) * d_qk + e - r * d_qk] =
-                F::cast_from(dk[e] * sizes.scale);
+    for pass in 0..comptime!((bk * d_qk).div_ceil(units)) {
+        let e = unit + pass * units;
+        if pass_in_range(e, bk * d_qk, units) {
+            let r = e / d_qk;
+            let key = first_key + r;
+            if key < seq_k {
+                grad_k[(kv_head * seq_k + key) * d_qk + e - r * d_qk] =
+                    F::cast_from(dk[e] * sizes.scale);
+            }
         }
-        e += units;
     }
-    let mut e = unit;
-    while e < bk * d_v {
-        let r = e / d_v;
-        let key = first_key + r;
-        if key < seq_k {
-            grad_v[(kv_head * seq_k + key) * d_v + e - r * d_v] = F::cast_from(dv[e]);
+    for pass in 0..comptime!((bk * d_v).div_ceil(units)) {
+        let e = unit + pass * units;
+        if pass_in_range(e, bk * d_v, units) {
+            let r = e / d_v;
+            let key = first_key + r;
+            if key < seq_k {
+                grad_v[(kv_head * seq_k + key) * d_v + e - r * d_v] = F::cast_from(dv[e]);
+            }
         }
-        e += units;
     }
 }
