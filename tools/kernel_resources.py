@@ -81,6 +81,7 @@ KEYS = [
     "shared_bytes",
     "occupancy",
     "units_per_cube",
+    "lanes",
 ]
 
 
@@ -351,6 +352,8 @@ def measure(
         "shared_bytes": shared,
         "occupancy": round(fraction, 4),
         "units_per_cube": units,
+        # Units that share each row (the register tiles' split rows; 1 elsewhere).
+        "lanes": int(variant.get("lanes", 1)),
     }
     return {"line": {key: line[key] for key in KEYS}, "blocks": blocks, "limiter": limiter}
 
@@ -366,15 +369,16 @@ def tile(variant: dict) -> str | None:
 
 def markdown(rows: list[dict]) -> str:
     lines = [
-        "| kernel | variant | tile | dtype | d_qk × d_v | units/cube | registers "
+        "| kernel | variant | tile | dtype | d_qk × d_v | units/cube | lanes | registers "
         "| spill stores / loads (B) | shared (B) | blocks/SM | occupancy | limited by |",
-        "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---|",
+        "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in rows:
         line = row["line"]
         lines.append(
             f"| {line['kernel']} | {line['variant']} | {line['tile'] or '–'} | {line['dtype']} "
-            f"| {line['d_qk']} × {line['d_v']} | {line['units_per_cube']} | {line['registers']} "
+            f"| {line['d_qk']} × {line['d_v']} | {line['units_per_cube']} | {line['lanes']} "
+            f"| {line['registers']} "
             f"| {line['spill_stores_bytes']} / {line['spill_loads_bytes']} "
             f"| {line['shared_bytes']} "
             f"| {row['blocks']} | {line['occupancy'] * 100:.1f}% | {row['limiter']} |"

@@ -168,6 +168,7 @@ fn run(out: &Path, families: &[KernelFamily]) -> Result<usize, String> {
             "vector_size": variant.vector_size,
             "rows_per_unit": rows,
             "block": block,
+            "lanes": variant.lanes,
             "entry_point": entry_point,
             "dynamic_shared_bytes": dynamic_shared,
             "file": file,

@@ -165,6 +165,11 @@ pub(crate) static FRAGMENT_BACKWARD_LAUNCHES: std::sync::atomic::AtomicUsize =
 pub(crate) static ATOMIC_DQ_LAUNCHES: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(0);
 
+/// Register-tile launches (forward, dQ, dK/dV) whose rows are split over lanes.
+#[cfg(all(test, feature = "cube"))]
+pub(crate) static SPLIT_ROW_LAUNCHES: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
 /// Forward launches that split the keys (flash-decoding).
 #[cfg(all(test, feature = "cube"))]
 pub(crate) static SPLIT_LAUNCHES: std::sync::atomic::AtomicUsize =

@@ -37,6 +37,10 @@ pub struct ScoreOptions {
     pub has_sinks: bool,
     /// Which kernel family runs the call on CubeCL devices (other backends ignore it).
     pub kernel: FlashKernel,
+    /// Lanes each row of the register tiles takes on every device, where they run
+    /// (see `cube::tiling`): the tests run the GPUs' split rows on CPU runtimes.
+    #[cfg(test)]
+    pub(crate) forced_lanes: Option<usize>,
 }
 
 /// The kernel family of the fused op on CubeCL devices (wgpu, CUDA).
@@ -80,7 +84,7 @@ pub enum FlashKernel {
     /// in the forward, as FlashAttention-2 lays out its warps: every fragment of `K` or
     /// `V` a plane reads from shared memory serves two products instead of one, for
     /// twice the plane's score and accumulator registers. The backward is
-    /// [`Self::Fragments`']. [`Self::Auto`] takes this forward for launches that fill
+    /// [`Self::Fragments`]'. [`Self::Auto`] takes this forward for launches that fill
     /// the GPU several times over.
     WideFragments,
     /// The [`Self::Fragments`] kernels (the forward as [`Self::Auto`] picks it) with a
@@ -218,6 +222,8 @@ impl ScoreOptions {
             has_key_mask: false,
             has_sinks: false,
             kernel: FlashKernel::Auto,
+            #[cfg(test)]
+            forced_lanes: None,
         }
     }
 

@@ -31,6 +31,9 @@ pub(crate) struct Case {
     pub sinks: bool,
     /// The kernel family on CubeCL devices.
     pub kernel: FlashKernel,
+    /// Lanes a row of the register tiles takes on every device (see
+    /// [`ScoreOptions::forced_lanes`]); as the device decides without.
+    pub lanes: Option<usize>,
 }
 
 impl Case {
@@ -56,6 +59,7 @@ impl Case {
             scale: None,
             sinks: false,
             kernel: FlashKernel::Auto,
+            lanes: None,
         }
     }
 
@@ -68,13 +72,17 @@ impl Case {
     }
 
     fn options(&self) -> ScoreOptions {
-        ScoreOptions::new(
+        let options = ScoreOptions::new(
             self.scale.unwrap_or(1.0 / (self.d_qk as f64).sqrt()),
             self.softcap,
             MaskRule::new(self.causal, self.window),
         )
         .with_key_mask(self.lengths.is_some())
-        .with_kernel(self.kernel)
+        .with_kernel(self.kernel);
+        ScoreOptions {
+            forced_lanes: self.lanes,
+            ..options
+        }
     }
 
     fn padding(&self, device: &Device) -> Option<Tensor<2, Bool>> {
@@ -777,6 +785,43 @@ mod on_device {
         parity(device, label, &cases, FlashKernel::RegisterTile);
     }
 
+    /// The register tiles with each row split over four lanes, as GPUs split the
+    /// rows that would not fit a unit's registers (on CPU runtimes the lanes sum
+    /// through shared memory, on GPUs with plane shuffles): the lane offsets, the
+    /// sums and the writes are all that differ from [`parity_grid_f32`], so a third
+    /// of the grid's cases at head dims 32 and 64 (every mask, rows and keys past a
+    /// tile's end, single-row decoding), two at 80 (five vectors a lane) and two at
+    /// 192/128 (a query/key share unlike the value one).
+    pub fn parity_grid_split_rows(device: &Device, label: &str) {
+        let cases: Vec<(usize, Case)> = parity_grid()
+            .into_iter()
+            .enumerate()
+            .filter(|(index, case)| {
+                let short = case.seq_q.max(case.seq_k) <= 129;
+                let third = (index % 8 + index / 8) % 3 == 0;
+                short
+                    && ((third && case.d_qk <= 64)
+                        || (index % 12 == 1 && matches!(case.d_qk, 80 | 192)))
+            })
+            .collect();
+        let cases: Vec<(usize, Case)> = cases
+            .into_iter()
+            .map(|(index, case)| {
+                let case = Case {
+                    lanes: Some(4),
+                    ..case
+                };
+                (index, case)
+            })
+            .collect();
+        let split = super::super::op::SPLIT_ROW_LAUNCHES.load(Ordering::Relaxed);
+        parity(device, label, &cases, FlashKernel::RegisterTile);
+        // Forward, dQ and dK/dV of every case ran with split rows.
+        assert!(
+            super::super::op::SPLIT_ROW_LAUNCHES.load(Ordering::Relaxed) >= split + 3 * cases.len()
+        );
+    }
+
     /// The parity grid through the staged kernels (GPUs' default; CPU runtimes such
     /// as lavapipe run them when asked), with plain tile products.
     ///
@@ -1288,6 +1333,11 @@ macro_rules! kernel_tests {
             #[test]
             fn parity_grid_f32() {
                 on_device::parity_grid_f32(&$device(), stringify!($runtime));
+            }
+
+            #[test]
+            fn parity_grid_split_rows() {
+                on_device::parity_grid_split_rows(&$device(), stringify!($runtime));
             }
 
             #[test]

@@ -70,11 +70,11 @@ impl Candidate {
     /// Every candidate on a device with `properties`; the first is the default while
     /// a class is being tuned on another thread.
     ///
-    /// Register tiles compete on CPU runtimes only. On a GPU a unit holds one row of
-    /// them, which spills to local memory at every head dim (sm_90: 1–10 KB a thread,
-    /// `docs/benchmarks/kernel_resources.jsonl`), so timing them would only lengthen
-    /// the first call of each shape class; where no staged tile fits the device, every
-    /// staged candidate runs register tiles anyway.
+    /// Register tiles compete on CPU runtimes only. On a GPU each of their units holds
+    /// one row (or a lane's share of it) and streams every key from global memory,
+    /// where the staged tiles stage a key tile once for the whole cube, so timing them
+    /// would only lengthen the first call of each shape class; where no staged tile
+    /// fits the device, every staged candidate runs register tiles anyway.
     pub(crate) fn all(properties: &cubecl::ir::DeviceProperties) -> Vec<Self> {
         let register = is_cpu_runtime(properties).then_some(Self::RegisterTile);
         STAGED_BLOCK_LIMITS

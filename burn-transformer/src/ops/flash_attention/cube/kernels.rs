@@ -14,6 +14,10 @@
 //!   (with dO, LSE and D) of every query head of its group. Each key's gradient is
 //!   summed by the one unit that owns it, in a fixed order: no atomics, deterministic.
 //!
+//! On GPUs a unit owns one row, and a row too wide for one unit's registers is split
+//! over `lanes` neighbouring units of a plane ([`AttentionConfig::lanes`]), which sum
+//! each dot product among themselves ([`lane_sum`]); CPU runtimes keep whole rows.
+//!
 //! Why register tiles and no shared memory: every streamed key (or query) vector a
 //! unit loads is used for all `rows` rows it owns, so the loads per flop drop by
 //! `rows`. On CPU runtimes (lavapipe/llvmpipe) a load whose address is not a
@@ -55,6 +59,68 @@ pub struct AttentionConfig {
     pub qk_vectors: usize,
     /// `d_v / N`.
     pub v_vectors: usize,
+    /// Units that share each row, consecutive in their plane (a power of two that
+    /// divides both vector counts): lane `l` of a row holds its vectors `l, l + lanes,
+    /// …`, and each dot product is summed over the lanes ([`lane_sum`]). 1 on CPU
+    /// runtimes; on GPUs as many as keep a unit's share of its rows in registers.
+    pub lanes: usize,
+    /// How the lanes of a row sum their parts (unused with one lane).
+    pub lane_sum: LaneSum,
+}
+
+/// How the lanes that share a row sum a dot product's parts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LaneSum {
+    /// Plane shuffles (devices with plane operations).
+    Shuffles,
+    /// Through shared memory, in the same order (any device: the tests run the split
+    /// rows on CPU runtimes with it).
+    SharedMemory,
+}
+
+/// The sum of `value` over the `lanes` units that share the calling unit's row
+/// (consecutive units; `lanes` a power of two), on each of them: a butterfly, in which
+/// each step adds the value of the lane whose index differs in one bit, so that every
+/// lane adds the same two values at each step and all end with the same sum, bit for
+/// bit. `scratch` (one f32 a unit) serves [`LaneSum::SharedMemory`], whose steps read
+/// the partner's value from it; every unit of the cube must call this together.
+#[cube]
+pub(super) fn lane_sum(
+    value: f32,
+    scratch: &mut Shared<[f32]>,
+    #[comptime] lanes: usize,
+    #[comptime] how: LaneSum,
+) -> f32 {
+    let mut sum = value;
+    let mut distance = 1u32;
+    #[unroll]
+    for _ in 0..comptime!(lanes.trailing_zeros() as usize) {
+        if comptime!(how == LaneSum::Shuffles) {
+            sum += plane_shuffle_xor(sum, distance);
+        } else {
+            let unit = UNIT_POS;
+            scratch[unit as usize] = sum;
+            sync_cube();
+            sum += scratch[(unit ^ distance) as usize];
+            sync_cube();
+        }
+        distance *= 2;
+    }
+    sum
+}
+
+/// The shared memory [`lane_sum`] uses in a kernel of `config`: one f32 a unit where
+/// the lanes sum through it, one element otherwise.
+#[cube]
+fn lane_scratch(#[comptime] config: AttentionConfig) -> Shared<[f32]> {
+    let len = comptime!(
+        if config.lanes > 1 && config.lane_sum == LaneSum::SharedMemory {
+            config.units
+        } else {
+            1
+        }
+    );
+    Shared::<[f32]>::new_slice(len)
 }
 
 /// The runtime sizes of one launch.
@@ -285,25 +351,31 @@ pub fn flash_forward<F: Float, N: Size>(
 ) {
     let rows = config.rows;
     let block = config.block;
+    let lanes = config.lanes;
     let qk_vectors = config.qk_vectors;
     let v_vectors = config.v_vectors;
-    let tile_rows = config.units * rows;
+    // This lane's vectors of each row: `lane, lane + lanes, …`.
+    let qk_held = comptime!(qk_vectors / lanes);
+    let v_held = comptime!(v_vectors / lanes);
+    let tile_rows = comptime!(config.units / lanes * rows);
 
     let seq_q = sizes.seq_q as usize;
     let seq_k = sizes.seq_k as usize;
     let heads = sizes.heads as usize;
     let unit = UNIT_POS_X as usize;
+    let lane = unit % lanes;
     let tile = CUBE_POS_X as usize;
     let head = CUBE_POS_Y as usize; // batch * heads + h
     let (batch, kv_head) = kv_head_of(head, &sizes);
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
+    let mut scratch = lane_scratch(config);
 
-    let first_row = tile * tile_rows + unit * rows;
+    let first_row = tile * tile_rows + unit / lanes * rows;
     let (kv_start, kv_end) = key_range(tile * tile_rows, tile_rows, &sizes);
 
     // This unit's query rows, pre-multiplied by the scale. Rows past the end
     // compute on the last row and are not written.
-    let mut q_rows = Array::<Vector<f32, N>>::new(rows * qk_vectors);
+    let mut q_rows = Array::<Vector<f32, N>>::new(rows * qk_held);
     let mut positions = Array::<i32>::new(rows);
     let scale = Vector::<f32, N>::new(sizes.scale);
     #[unroll]
@@ -313,13 +385,13 @@ pub fn flash_forward<F: Float, N: Size>(
             row = seq_q - 1;
         }
         positions[r] = i32::cast_from(row) + shift;
-        let base = (head * seq_q + row) * qk_vectors;
+        let base = (head * seq_q + row) * qk_vectors + lane;
         #[unroll]
-        for c in 0..qk_vectors {
-            q_rows[r * qk_vectors + c] = Vector::<f32, N>::cast_from(q[base + c]) * scale;
+        for c in 0..qk_held {
+            q_rows[r * qk_held + c] = Vector::<f32, N>::cast_from(q[base + c * lanes]) * scale;
         }
     }
-    let mut acc = Array::<Vector<f32, N>>::new(rows * v_vectors);
+    let mut acc = Array::<Vector<f32, N>>::new(rows * v_held);
     let mut running_max = Array::<f32>::new(rows);
     let mut running_sum = Array::<f32>::new(rows);
     #[unroll]
@@ -327,8 +399,8 @@ pub fn flash_forward<F: Float, N: Size>(
         running_max[r] = f32::new(HIDDEN);
         running_sum[r] = 0.0f32;
         #[unroll]
-        for c in 0..v_vectors {
-            acc[r * v_vectors + c] = Vector::<f32, N>::new(0.0f32);
+        for c in 0..v_held {
+            acc[r * v_held + c] = Vector::<f32, N>::new(0.0f32);
         }
     }
     let mut scores = Array::<f32>::new(rows * block);
@@ -351,14 +423,19 @@ pub fn flash_forward<F: Float, N: Size>(
             for r in 0..rows {
                 scores[r * block + t] = 0.0f32;
             }
-            let k_base = (kv_head * seq_k + key_c) * qk_vectors;
+            let k_base = (kv_head * seq_k + key_c) * qk_vectors + lane;
             #[unroll]
-            for c in 0..qk_vectors {
-                let key_vector = Vector::<f32, N>::cast_from(k[k_base + c]);
+            for c in 0..qk_held {
+                let key_vector = Vector::<f32, N>::cast_from(k[k_base + c * lanes]);
                 #[unroll]
                 for r in 0..rows {
-                    scores[r * block + t] += q_rows[r * qk_vectors + c].dot(key_vector);
+                    scores[r * block + t] += q_rows[r * qk_held + c].dot(key_vector);
                 }
+            }
+            #[unroll]
+            for r in 0..rows {
+                scores[r * block + t] =
+                    lane_sum(scores[r * block + t], &mut scratch, lanes, config.lane_sum);
             }
         }
         // Online softmax: probabilities of the block, rescaled running sums.
@@ -385,8 +462,8 @@ pub fn flash_forward<F: Float, N: Size>(
             running_max[r] = new_max;
             let correction = Vector::<f32, N>::new(correction);
             #[unroll]
-            for c in 0..v_vectors {
-                acc[r * v_vectors + c] *= correction;
+            for c in 0..v_held {
+                acc[r * v_held + c] *= correction;
             }
         }
         // acc += P · V for the block.
@@ -396,13 +473,13 @@ pub fn flash_forward<F: Float, N: Size>(
             if key > last_key {
                 key = last_key;
             }
-            let v_base = (kv_head * seq_k + key) * v_vectors;
+            let v_base = (kv_head * seq_k + key) * v_vectors + lane;
             #[unroll]
-            for c in 0..v_vectors {
-                let value = Vector::<f32, N>::cast_from(v[v_base + c]);
+            for c in 0..v_held {
+                let value = Vector::<f32, N>::cast_from(v[v_base + c * lanes]);
                 #[unroll]
                 for r in 0..rows {
-                    acc[r * v_vectors + c] += value * Vector::<f32, N>::new(scores[r * block + t]);
+                    acc[r * v_held + c] += value * Vector::<f32, N>::new(scores[r * block + t]);
                 }
             }
         }
@@ -422,11 +499,13 @@ pub fn flash_forward<F: Float, N: Size>(
             let (inverse, row_lse) = finish_row(running_sum[r], running_max[r], sink, 0u32, &sizes);
             let inverse = Vector::<f32, N>::new(inverse);
             #[unroll]
-            for c in 0..v_vectors {
-                out[out_row * v_vectors + c] =
-                    Vector::<F, N>::cast_from(acc[r * v_vectors + c] * inverse);
+            for c in 0..v_held {
+                out[out_row * v_vectors + c * lanes + lane] =
+                    Vector::<F, N>::cast_from(acc[r * v_held + c] * inverse);
             }
-            lse[out_row] = row_lse;
+            if lane == 0 {
+                lse[out_row] = row_lse;
+            }
         }
     }
 }
@@ -482,28 +561,34 @@ pub fn flash_backward_kv<F: Float, N: Size>(
 ) {
     let rows = config.rows;
     let block = config.block;
+    let lanes = config.lanes;
     let qk_vectors = config.qk_vectors;
     let v_vectors = config.v_vectors;
-    let tile_keys = config.units * rows;
+    // This lane's vectors of each row: `lane, lane + lanes, …`.
+    let qk_held = comptime!(qk_vectors / lanes);
+    let v_held = comptime!(v_vectors / lanes);
+    let tile_keys = comptime!(config.units / lanes * rows);
 
     let seq_q = sizes.seq_q as usize;
     let seq_k = sizes.seq_k as usize;
     let group = sizes.group as usize;
     let unit = UNIT_POS_X as usize;
+    let lane = unit % lanes;
     let tile = CUBE_POS_X as usize;
     let kv_head = CUBE_POS_Y as usize; // batch * kv_heads + kv head
     let (batch, first_head) = query_heads_of(kv_head, &sizes);
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
+    let mut scratch = lane_scratch(config);
 
-    let first_key = tile * tile_keys + unit * rows;
+    let first_key = tile * tile_keys + unit / lanes * rows;
     let (row_start, row_end) = row_range(tile * tile_keys, tile_keys, &sizes);
 
     // This unit's keys and values; padded keys and keys past the end get no
     // gradient.
-    let mut k_rows = Array::<Vector<f32, N>>::new(rows * qk_vectors);
-    let mut v_rows = Array::<Vector<f32, N>>::new(rows * v_vectors);
-    let mut dk = Array::<Vector<f32, N>>::new(rows * qk_vectors);
-    let mut dv = Array::<Vector<f32, N>>::new(rows * v_vectors);
+    let mut k_rows = Array::<Vector<f32, N>>::new(rows * qk_held);
+    let mut v_rows = Array::<Vector<f32, N>>::new(rows * v_held);
+    let mut dk = Array::<Vector<f32, N>>::new(rows * qk_held);
+    let mut dv = Array::<Vector<f32, N>>::new(rows * v_held);
     let mut kept = Array::<bool>::new(rows);
     let mut key_pos = Array::<i32>::new(rows);
     let scale = Vector::<f32, N>::new(sizes.scale);
@@ -516,21 +601,21 @@ pub fn flash_backward_kv<F: Float, N: Size>(
         }
         kept[r] = key_kept::<F>(key_mask, key, key_c, batch, &sizes);
         key_pos[r] = i32::cast_from(key);
-        let k_base = (kv_head * seq_k + key_c) * qk_vectors;
-        let v_base = (kv_head * seq_k + key_c) * v_vectors;
+        let k_base = (kv_head * seq_k + key_c) * qk_vectors + lane;
+        let v_base = (kv_head * seq_k + key_c) * v_vectors + lane;
         #[unroll]
-        for c in 0..qk_vectors {
-            k_rows[r * qk_vectors + c] = Vector::<f32, N>::cast_from(k[k_base + c]);
-            dk[r * qk_vectors + c] = Vector::<f32, N>::new(0.0f32);
+        for c in 0..qk_held {
+            k_rows[r * qk_held + c] = Vector::<f32, N>::cast_from(k[k_base + c * lanes]);
+            dk[r * qk_held + c] = Vector::<f32, N>::new(0.0f32);
         }
         #[unroll]
-        for c in 0..v_vectors {
-            v_rows[r * v_vectors + c] = Vector::<f32, N>::cast_from(v[v_base + c]);
-            dv[r * v_vectors + c] = Vector::<f32, N>::new(0.0f32);
+        for c in 0..v_held {
+            v_rows[r * v_held + c] = Vector::<f32, N>::cast_from(v[v_base + c * lanes]);
+            dv[r * v_held + c] = Vector::<f32, N>::new(0.0f32);
         }
     }
 
-    let mut q_block = Array::<Vector<f32, N>>::new(block * qk_vectors);
+    let mut q_block = Array::<Vector<f32, N>>::new(block * qk_held);
     let mut scores = Array::<f32>::new(rows * block);
     let mut dps = Array::<f32>::new(rows * block);
     let mut row_lse = Array::<f32>::new(block);
@@ -560,11 +645,11 @@ pub fn flash_backward_kv<F: Float, N: Size>(
                     scores[r * block + t] = 0.0f32;
                     dps[r * block + t] = 0.0f32;
                 }
-                let q_base = (head * seq_q + row_c) * qk_vectors;
+                let q_base = (head * seq_q + row_c) * qk_vectors + lane;
                 #[unroll]
-                for c in 0..qk_vectors {
-                    let query = Vector::<f32, N>::cast_from(q[q_base + c]);
-                    q_block[t * qk_vectors + c] = query;
+                for c in 0..qk_held {
+                    let query = Vector::<f32, N>::cast_from(q[q_base + c * lanes]);
+                    q_block[t * qk_held + c] = query;
                     // The query scaled, as the forward scales its rows: the same
                     // products in the same order, so the same scores, which cancel
                     // exactly against the forward's log-sum-exp in a row's largest
@@ -573,8 +658,13 @@ pub fn flash_backward_kv<F: Float, N: Size>(
                     let scaled = query * scale;
                     #[unroll]
                     for r in 0..rows {
-                        scores[r * block + t] += scaled.dot(k_rows[r * qk_vectors + c]);
+                        scores[r * block + t] += scaled.dot(k_rows[r * qk_held + c]);
                     }
+                }
+                #[unroll]
+                for r in 0..rows {
+                    scores[r * block + t] =
+                        lane_sum(scores[r * block + t], &mut scratch, lanes, config.lane_sum);
                 }
             }
             // P = exp(S − LSE) where visible; the capped score is kept for dS.
@@ -597,37 +687,37 @@ pub fn flash_backward_kv<F: Float, N: Size>(
                 if row > last_row {
                     row = last_row;
                 }
-                let do_base = (head * seq_q + row) * v_vectors;
+                let do_base = (head * seq_q + row) * v_vectors + lane;
                 let mut dp = Array::<f32>::new(rows);
                 #[unroll]
                 for r in 0..rows {
                     dp[r] = 0.0f32;
                 }
                 #[unroll]
-                for c in 0..v_vectors {
-                    let grad = Vector::<f32, N>::cast_from(grad_out[do_base + c]);
+                for c in 0..v_held {
+                    let grad = Vector::<f32, N>::cast_from(grad_out[do_base + c * lanes]);
                     #[unroll]
                     for r in 0..rows {
-                        dp[r] += v_rows[r * v_vectors + c].dot(grad);
-                        dv[r * v_vectors + c] +=
-                            grad * Vector::<f32, N>::new(scores[r * block + t]);
+                        dp[r] += v_rows[r * v_held + c].dot(grad);
+                        dv[r * v_held + c] += grad * Vector::<f32, N>::new(scores[r * block + t]);
                     }
                 }
                 // dS = P ∘ (dP − D) ∘ softcap'.
                 #[unroll]
                 for r in 0..rows {
-                    dps[r * block + t] *= scores[r * block + t] * (dp[r] - row_delta[t]);
+                    let dp_sum = lane_sum(dp[r], &mut scratch, lanes, config.lane_sum);
+                    dps[r * block + t] *= scores[r * block + t] * (dp_sum - row_delta[t]);
                 }
             }
             // dK += dS·q (scaled at the end).
             #[unroll]
             for t in 0..block {
                 #[unroll]
-                for c in 0..qk_vectors {
-                    let query = q_block[t * qk_vectors + c];
+                for c in 0..qk_held {
+                    let query = q_block[t * qk_held + c];
                     #[unroll]
                     for r in 0..rows {
-                        dk[r * qk_vectors + c] += query * Vector::<f32, N>::new(dps[r * block + t]);
+                        dk[r * qk_held + c] += query * Vector::<f32, N>::new(dps[r * block + t]);
                     }
                 }
             }
@@ -639,15 +729,15 @@ pub fn flash_backward_kv<F: Float, N: Size>(
     for r in 0..rows {
         let key = first_key + r;
         if key < seq_k {
-            let k_base = (kv_head * seq_k + key) * qk_vectors;
-            let v_base = (kv_head * seq_k + key) * v_vectors;
+            let k_base = (kv_head * seq_k + key) * qk_vectors + lane;
+            let v_base = (kv_head * seq_k + key) * v_vectors + lane;
             #[unroll]
-            for c in 0..qk_vectors {
-                grad_k[k_base + c] = Vector::<F, N>::cast_from(dk[r * qk_vectors + c] * scale);
+            for c in 0..qk_held {
+                grad_k[k_base + c * lanes] = Vector::<F, N>::cast_from(dk[r * qk_held + c] * scale);
             }
             #[unroll]
-            for c in 0..v_vectors {
-                grad_v[v_base + c] = Vector::<F, N>::cast_from(dv[r * v_vectors + c]);
+            for c in 0..v_held {
+                grad_v[v_base + c * lanes] = Vector::<F, N>::cast_from(dv[r * v_held + c]);
             }
         }
     }
@@ -672,25 +762,31 @@ pub fn flash_backward_q<F: Float, N: Size>(
 ) {
     let rows = config.rows;
     let block = config.block;
+    let lanes = config.lanes;
     let qk_vectors = config.qk_vectors;
     let v_vectors = config.v_vectors;
-    let tile_rows = config.units * rows;
+    // This lane's vectors of each row: `lane, lane + lanes, …`.
+    let qk_held = comptime!(qk_vectors / lanes);
+    let v_held = comptime!(v_vectors / lanes);
+    let tile_rows = comptime!(config.units / lanes * rows);
 
     let seq_q = sizes.seq_q as usize;
     let seq_k = sizes.seq_k as usize;
     let unit = UNIT_POS_X as usize;
+    let lane = unit % lanes;
     let tile = CUBE_POS_X as usize;
     let head = CUBE_POS_Y as usize;
     let (batch, kv_head) = kv_head_of(head, &sizes);
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
+    let mut scratch = lane_scratch(config);
 
-    let first_row = tile * tile_rows + unit * rows;
+    let first_row = tile * tile_rows + unit / lanes * rows;
     let (kv_start, kv_end) = key_range(tile * tile_rows, tile_rows, &sizes);
 
     let scale = Vector::<f32, N>::new(sizes.scale);
-    let mut q_rows = Array::<Vector<f32, N>>::new(rows * qk_vectors);
-    let mut do_rows = Array::<Vector<f32, N>>::new(rows * v_vectors);
-    let mut dq = Array::<Vector<f32, N>>::new(rows * qk_vectors);
+    let mut q_rows = Array::<Vector<f32, N>>::new(rows * qk_held);
+    let mut do_rows = Array::<Vector<f32, N>>::new(rows * v_held);
+    let mut dq = Array::<Vector<f32, N>>::new(rows * qk_held);
     let mut positions = Array::<i32>::new(rows);
     let mut row_lse = Array::<f32>::new(rows);
     let mut row_delta = Array::<f32>::new(rows);
@@ -703,20 +799,20 @@ pub fn flash_backward_q<F: Float, N: Size>(
         positions[r] = i32::cast_from(row) + shift;
         row_lse[r] = stats[(head * seq_q + row) * ROW_STATS];
         row_delta[r] = stats[(head * seq_q + row) * ROW_STATS + 1];
-        let q_base = (head * seq_q + row) * qk_vectors;
-        let do_base = (head * seq_q + row) * v_vectors;
+        let q_base = (head * seq_q + row) * qk_vectors + lane;
+        let do_base = (head * seq_q + row) * v_vectors + lane;
         #[unroll]
-        for c in 0..qk_vectors {
-            q_rows[r * qk_vectors + c] = Vector::<f32, N>::cast_from(q[q_base + c]) * scale;
-            dq[r * qk_vectors + c] = Vector::<f32, N>::new(0.0f32);
+        for c in 0..qk_held {
+            q_rows[r * qk_held + c] = Vector::<f32, N>::cast_from(q[q_base + c * lanes]) * scale;
+            dq[r * qk_held + c] = Vector::<f32, N>::new(0.0f32);
         }
         #[unroll]
-        for c in 0..v_vectors {
-            do_rows[r * v_vectors + c] = Vector::<f32, N>::cast_from(grad_out[do_base + c]);
+        for c in 0..v_held {
+            do_rows[r * v_held + c] = Vector::<f32, N>::cast_from(grad_out[do_base + c * lanes]);
         }
     }
 
-    let mut k_block = Array::<Vector<f32, N>>::new(block * qk_vectors);
+    let mut k_block = Array::<Vector<f32, N>>::new(block * qk_held);
     let mut scores = Array::<f32>::new(rows * block);
     let mut dps = Array::<f32>::new(rows * block);
     let mut kept = Array::<bool>::new(block);
@@ -738,24 +834,31 @@ pub fn flash_backward_q<F: Float, N: Size>(
                 scores[r * block + t] = 0.0f32;
                 dps[r * block + t] = 0.0f32;
             }
-            let k_base = (kv_head * seq_k + key_c) * qk_vectors;
+            let k_base = (kv_head * seq_k + key_c) * qk_vectors + lane;
             #[unroll]
-            for c in 0..qk_vectors {
-                let key_vector = Vector::<f32, N>::cast_from(k[k_base + c]);
-                k_block[t * qk_vectors + c] = key_vector;
+            for c in 0..qk_held {
+                let key_vector = Vector::<f32, N>::cast_from(k[k_base + c * lanes]);
+                k_block[t * qk_held + c] = key_vector;
                 #[unroll]
                 for r in 0..rows {
-                    scores[r * block + t] += q_rows[r * qk_vectors + c].dot(key_vector);
+                    scores[r * block + t] += q_rows[r * qk_held + c].dot(key_vector);
                 }
             }
-            let v_base = (kv_head * seq_k + key_c) * v_vectors;
+            let v_base = (kv_head * seq_k + key_c) * v_vectors + lane;
             #[unroll]
-            for c in 0..v_vectors {
-                let value = Vector::<f32, N>::cast_from(v[v_base + c]);
+            for c in 0..v_held {
+                let value = Vector::<f32, N>::cast_from(v[v_base + c * lanes]);
                 #[unroll]
                 for r in 0..rows {
-                    dps[r * block + t] += do_rows[r * v_vectors + c].dot(value);
+                    dps[r * block + t] += do_rows[r * v_held + c].dot(value);
                 }
+            }
+            #[unroll]
+            for r in 0..rows {
+                scores[r * block + t] =
+                    lane_sum(scores[r * block + t], &mut scratch, lanes, config.lane_sum);
+                dps[r * block + t] =
+                    lane_sum(dps[r * block + t], &mut scratch, lanes, config.lane_sum);
             }
         }
         // dS = P ∘ (dP − D) ∘ softcap', P = exp(S − LSE) where visible.
@@ -782,12 +885,11 @@ pub fn flash_backward_q<F: Float, N: Size>(
         #[unroll]
         for t in 0..block {
             #[unroll]
-            for c in 0..qk_vectors {
-                let key_vector = k_block[t * qk_vectors + c];
+            for c in 0..qk_held {
+                let key_vector = k_block[t * qk_held + c];
                 #[unroll]
                 for r in 0..rows {
-                    dq[r * qk_vectors + c] +=
-                        key_vector * Vector::<f32, N>::new(dps[r * block + t]);
+                    dq[r * qk_held + c] += key_vector * Vector::<f32, N>::new(dps[r * block + t]);
                 }
             }
         }
@@ -798,10 +900,10 @@ pub fn flash_backward_q<F: Float, N: Size>(
     for r in 0..rows {
         let row = first_row + r;
         if row < seq_q {
-            let q_base = (head * seq_q + row) * qk_vectors;
+            let q_base = (head * seq_q + row) * qk_vectors + lane;
             #[unroll]
-            for c in 0..qk_vectors {
-                grad_q[q_base + c] = Vector::<F, N>::cast_from(dq[r * qk_vectors + c] * scale);
+            for c in 0..qk_held {
+                grad_q[q_base + c * lanes] = Vector::<F, N>::cast_from(dq[r * qk_held + c] * scale);
             }
         }
     }

@@ -37,14 +37,24 @@ pub(super) const PREPASS_UNITS: u32 = 256;
 /// Units per cube of flash-decoding's merge (one unit per query row).
 pub(super) const MERGE_UNITS: u32 = 256;
 
-/// The compile-time configuration of one kernel.
-pub(super) fn config(problem: &Problem, vector_size: usize, tile: &KernelTile) -> AttentionConfig {
+/// Counts a register-tile launch whose rows are split over lanes.
+#[cfg(test)]
+fn count_split_rows(tile: &KernelTile) {
+    if tile.lanes > 1 {
+        super::super::op::SPLIT_ROW_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The compile-time configuration of the kernel of `tiling` whose tile is `tile`.
+pub(super) fn config(problem: &Problem, tiling: &Tiling, tile: &KernelTile) -> AttentionConfig {
     AttentionConfig {
         units: tile.units,
         rows: tile.rows,
         block: tile.block,
-        qk_vectors: problem.d_qk / vector_size,
-        v_vectors: problem.d_v / vector_size,
+        qk_vectors: problem.d_qk / tiling.vector_size,
+        v_vectors: problem.d_v / tiling.vector_size,
+        lanes: tile.lanes,
+        lane_sum: tiling.lane_sum,
     }
 }
 
@@ -127,12 +137,17 @@ enum Choice {
 /// Resolves the call's [`FlashKernel`] on the tensors' device: [`choose_on`] with the
 /// tensors' element type and device.
 fn choose(problem: &Problem, options: &ScoreOptions, tensor: &CubeTensor) -> Choice {
-    choose_on(
-        problem,
-        options.kernel,
-        tensor.dtype,
-        tensor.client.properties(),
-    )
+    let properties = tensor.client.properties();
+    let choice = choose_on(problem, options.kernel, tensor.dtype, properties);
+    #[cfg(test)]
+    if let (Some(lanes), Choice::Fixed(family)) = (options.forced_lanes, &choice)
+        && let Family::RegisterTile(_) = **family
+    {
+        let tiling = super::tiling::plan_split_rows(problem, properties, lanes)
+            .expect("the register tiles take the problem");
+        return Choice::Fixed(Box::new(Family::RegisterTile(tiling)));
+    }
+    choice
 }
 
 /// The family of `kernel` for `problem` in `dtype` on a device with `properties`, with
@@ -399,7 +414,9 @@ pub(super) fn forward_with(
     let client = q.client.clone();
     let dtype = q.dtype;
     let tile = tiling.forward;
-    let config = config(problem, tiling.vector_size, &tile);
+    let config = config(problem, &tiling, &tile);
+    #[cfg(test)]
+    count_split_rows(&tile);
     let cube_count = CubeCount::Static(
         problem.seq_q.div_ceil(tile.cube_rows()) as u32,
         (problem.batch * problem.heads) as u32,
@@ -794,7 +811,9 @@ pub(super) fn backward_with(
 
     // 2. dK, dV: one unit per key.
     let tile = tiling.backward_kv;
-    let kv_config = config(&problem, tiling.vector_size, &tile);
+    let kv_config = config(&problem, &tiling, &tile);
+    #[cfg(test)]
+    count_split_rows(&tile);
     let cube_count = CubeCount::Static(
         problem.seq_k.div_ceil(tile.cube_rows()) as u32,
         (problem.batch * problem.kv_heads) as u32,
@@ -823,7 +842,9 @@ pub(super) fn backward_with(
 
     // 3. dQ: one unit per query row.
     let tile = tiling.backward_q;
-    let q_config = config(&problem, tiling.vector_size, &tile);
+    let q_config = config(&problem, &tiling, &tile);
+    #[cfg(test)]
+    count_split_rows(&tile);
     let cube_count = CubeCount::Static(
         problem.seq_q.div_ceil(tile.cube_rows()) as u32,
         (problem.batch * problem.heads) as u32,

@@ -8,6 +8,7 @@ use burn_cubecl::{CubeBackend, CubeDevice};
 use super::super::{Problem, Unsupported};
 use super::fragment::{FragmentLoads, FragmentOps, LANES, TILE_K, TILE_M, TILE_N};
 use super::fragments::{FragmentConfig, FragmentTiling, ROW_PAD, TileCopies};
+use super::kernels::LaneSum;
 use super::softmax::Exponential;
 use super::staged::StagedConfig;
 use super::tile_product::{FRAGMENT, TileProduct};
@@ -24,8 +25,19 @@ const MAX_HEAD_DIMS: usize = 2048;
 const CPU_UNROLL_BUDGET: usize = 512;
 /// Rows per unit on CPU runtimes.
 const CPU_ROWS: usize = 8;
-/// The same bound on GPUs, where one row per unit keeps register pressure low.
-const GPU_UNROLL_BUDGET: usize = 256;
+/// The same bound on GPUs, per lane of a row (one row a unit keeps register pressure
+/// low): with a lane's share of at most [`GPU_HELD_FLOATS`], blocks of 4 streamed rows
+/// (of 8, the dQ and dK/dV kernels took 255 registers and spilled).
+const GPU_UNROLL_BUDGET: usize = 64;
+/// f32 values of its rows (query, output and gradient rows, or key, value and their
+/// gradients) a unit of the register tiles holds on a GPU: rows wider than this are
+/// split over several lanes of a plane (at most [`MAX_LANES`]), so that each unit's
+/// share stays in registers beside the streamed rows (255 a thread on NVIDIA GPUs;
+/// one unit holding a whole row spilled from head dim 64 on, see
+/// docs/flash-attention.md).
+const GPU_HELD_FLOATS: usize = 64;
+/// Most lanes that share a row: one plane of NVIDIA's 32.
+const MAX_LANES: usize = 32;
 
 /// The tiles of one kernel: units per cube, rows per unit, streamed rows per step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -36,12 +48,14 @@ pub(crate) struct KernelTile {
     pub rows: usize,
     /// Streamed rows per unrolled step (keys, or query rows for dK/dV).
     pub block: usize,
+    /// Units that share each row (see [`AttentionConfig::lanes`]).
+    pub lanes: usize,
 }
 
 impl KernelTile {
     /// Rows a cube owns.
     pub(crate) fn cube_rows(&self) -> usize {
-        self.units * self.rows
+        self.units / self.lanes * self.rows
     }
 }
 
@@ -57,17 +71,22 @@ pub(crate) struct Tiling {
     pub backward_q: KernelTile,
     /// The dK/dV kernel.
     pub backward_kv: KernelTile,
+    /// How the lanes of a split row sum their parts.
+    pub lane_sum: LaneSum,
 }
 
 /// Picks rows per unit and block for a kernel whose every (row, streamed row) pair
-/// costs `ops` vector operations, then the units per cube for `owned` rows.
+/// costs `ops` vector operations, split over `lanes` units a row, then the units per
+/// cube for `owned` rows.
 fn kernel_tile(
     ops: usize,
     owned: usize,
     max_rows: usize,
     budget: usize,
     max_units: usize,
+    lanes: usize,
 ) -> KernelTile {
+    let ops = ops / lanes;
     let mut rows = max_rows;
     let mut block = 8;
     // Shrink the block first (rows are what buy reuse), then the rows.
@@ -81,14 +100,70 @@ fn kernel_tile(
     while rows > 1 && rows >= owned * 2 {
         rows /= 2;
     }
-    // Few distinct unit counts keep the number of compiled kernels small.
+    // Few distinct unit counts keep the number of compiled kernels small. Split rows
+    // take whole planes: a shuffle reads every lane of its plane.
     let needed = owned.div_ceil(rows);
     let units = [1, 8, TARGET_UNITS]
         .into_iter()
-        .find(|&units| units >= needed)
+        .find(|&units| units >= needed && (lanes == 1 || units == TARGET_UNITS))
         .unwrap_or(TARGET_UNITS)
         .min(max_units);
-    KernelTile { units, rows, block }
+    // Whole groups of lanes (`lanes` divides the planes it shuffles within).
+    let units = (units - units % lanes).max(lanes);
+    KernelTile {
+        units,
+        rows,
+        block,
+        lanes,
+    }
+}
+
+/// Lanes for a row of `floats` f32 values, `qk` query/key and `v` value vectors: the
+/// fewest (a power of two dividing both counts, at most `max_lanes`) that bring a
+/// unit's share within [`GPU_HELD_FLOATS`], or the most that divide them.
+fn row_lanes(floats: usize, qk: usize, v: usize, max_lanes: usize) -> usize {
+    let mut lanes = 1;
+    while floats / lanes > GPU_HELD_FLOATS
+        && lanes * 2 <= max_lanes
+        && qk.is_multiple_of(lanes * 2)
+        && v.is_multiple_of(lanes * 2)
+    {
+        lanes *= 2;
+    }
+    lanes
+}
+
+/// The most lanes a row of the register tiles may take on a device, how they sum,
+/// and whether a row takes exactly that many (`forced`, the tests'): on GPUs whose
+/// planes shuffle, one plane's worth (at most [`MAX_LANES`] and the cube's units);
+/// elsewhere one.
+fn lane_limits(
+    properties: &cubecl::ir::DeviceProperties,
+    cpu: bool,
+    max_units: usize,
+    forced: Option<usize>,
+) -> (usize, LaneSum, bool) {
+    let shuffles = properties
+        .features
+        .plane
+        .contains(cubecl::ir::features::Plane::Ops)
+        && !cpu;
+    if let Some(lanes) = forced {
+        let how = if shuffles {
+            LaneSum::Shuffles
+        } else {
+            LaneSum::SharedMemory
+        };
+        return (lanes, how, true);
+    }
+    let lanes = if shuffles {
+        (properties.hardware.plane_size_min as usize)
+            .min(MAX_LANES)
+            .min(max_units)
+    } else {
+        1
+    };
+    (lanes, LaneSum::Shuffles, false)
 }
 
 /// Whether the device is a CPU runtime (llvmpipe/lavapipe, SwiftShader, CubeCL's
@@ -110,6 +185,27 @@ pub(crate) fn plan_tiling(
     problem: &Problem,
     properties: &cubecl::ir::DeviceProperties,
 ) -> Result<Tiling, Unsupported> {
+    plan_tiling_with(problem, properties, None)
+}
+
+/// [`plan_tiling`] with each row split over exactly `lanes` lanes (where they divide
+/// the head dims' vectors), on any device: through shared memory where it has no
+/// plane shuffles (the tests run the GPUs' split rows on CPU runtimes with it).
+#[cfg(test)]
+pub(crate) fn plan_split_rows(
+    problem: &Problem,
+    properties: &cubecl::ir::DeviceProperties,
+    lanes: usize,
+) -> Result<Tiling, Unsupported> {
+    plan_tiling_with(problem, properties, Some(lanes))
+}
+
+/// [`plan_tiling`], with `forced_lanes` lanes a row where given.
+fn plan_tiling_with(
+    problem: &Problem,
+    properties: &cubecl::ir::DeviceProperties,
+    forced_lanes: Option<usize>,
+) -> Result<Tiling, Unsupported> {
     let hardware = &properties.hardware;
     if problem.d_qk + problem.d_v > MAX_HEAD_DIMS {
         return Err(Unsupported::HeadDim {
@@ -129,34 +225,50 @@ pub(crate) fn plan_tiling(
     let max_units = (hardware.max_units_per_cube as usize)
         .min(hardware.max_cube_dim.0 as usize)
         .max(1);
-    let (max_rows, budget) = if is_cpu_runtime(properties) {
+    let cpu = is_cpu_runtime(properties);
+    let (max_rows, budget) = if cpu {
         (CPU_ROWS, CPU_UNROLL_BUDGET)
     } else {
         (1, GPU_UNROLL_BUDGET)
     };
+    let (max_lanes, lane_sum, exact) = lane_limits(properties, cpu, max_units, forced_lanes);
     let qk = problem.d_qk / vector_size;
     let v = problem.d_v / vector_size;
+    let lanes =
+        |floats: usize| row_lanes(if exact { usize::MAX } else { floats }, qk, v, max_lanes);
+    let tile = |held: usize, owned: usize| {
+        kernel_tile(
+            held,
+            owned,
+            max_rows,
+            budget,
+            max_units,
+            lanes(held * vector_size),
+        )
+    };
     let mut tiling = Tiling {
         vector_size,
-        forward: kernel_tile(qk + v, problem.seq_q, max_rows, budget, max_units),
-        backward_q: kernel_tile(2 * qk + v, problem.seq_q, max_rows, budget, max_units),
-        backward_kv: kernel_tile(2 * (qk + v), problem.seq_k, max_rows, budget, max_units),
+        forward: tile(qk + v, problem.seq_q),
+        backward_q: tile(2 * qk + v, problem.seq_q),
+        backward_kv: tile(2 * (qk + v), problem.seq_k),
+        lane_sum,
     };
-    // Tuning hook: `units,rows,block` for all three kernels.
+    // Tuning hook: `units,rows,block` for all three kernels (each keeps its lanes).
     if let Ok(text) = std::env::var("BURN_TRANSFORMER_FLASH_TILE") {
         let values: Vec<usize> = text
             .split(',')
             .filter_map(|v| v.trim().parse().ok())
             .collect();
         if let [units, rows, block] = values[..] {
-            let tile = KernelTile {
-                units: units.clamp(1, max_units),
-                rows: rows.max(1),
-                block: block.max(1),
-            };
-            tiling.forward = tile;
-            tiling.backward_q = tile;
-            tiling.backward_kv = tile;
+            for tile in [
+                &mut tiling.forward,
+                &mut tiling.backward_q,
+                &mut tiling.backward_kv,
+            ] {
+                tile.units = units.clamp(1, max_units).next_multiple_of(tile.lanes);
+                tile.rows = rows.max(1);
+                tile.block = block.max(1);
+            }
         }
     }
 

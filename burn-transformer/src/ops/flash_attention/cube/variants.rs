@@ -177,6 +177,9 @@ pub struct KernelVariant {
     /// (register tiles), or query rows and keys per shared tile (staged); `None` for
     /// the pre-pass, which has no tile.
     pub tile: Option<(usize, usize)>,
+    /// Units that share each row: the register tiles' rows split over a plane's
+    /// lanes on GPUs (see `cube/kernels.rs`); 1 for every other kernel.
+    pub lanes: usize,
     source: Box<dyn CubeKernel>,
 }
 
@@ -203,6 +206,7 @@ impl fmt::Debug for KernelVariant {
             .field("units_per_cube", &self.units_per_cube)
             .field("vector_size", &self.vector_size)
             .field("tile", &self.tile)
+            .field("lanes", &self.lanes)
             .finish_non_exhaustive()
     }
 }
@@ -375,6 +379,7 @@ impl Build<'_> {
             units_per_cube: units,
             vector_size: self.tiling.vector_size,
             tile: tile.map(|tile| (tile.rows, tile.block)),
+            lanes: tile.map_or(1, |tile| tile.lanes),
             source,
         }
     }
@@ -443,7 +448,7 @@ fn register_tile(build: &Build<'_>) -> [KernelVariant; 4] {
         tensor(),
         sizes(),
         vector_size,
-        config(problem, vector_size, tile),
+        config(problem, tiling, tile),
         elem,
     );
     let forward = build.variant(
@@ -490,7 +495,7 @@ fn register_tile(build: &Build<'_>) -> [KernelVariant; 4] {
         tensor(),
         sizes(),
         vector_size,
-        config(problem, vector_size, tile),
+        config(problem, tiling, tile),
         elem,
     );
     let dq = build.variant(
@@ -517,7 +522,7 @@ fn register_tile(build: &Build<'_>) -> [KernelVariant; 4] {
         tensor(),
         sizes(),
         vector_size,
-        config(problem, vector_size, tile),
+        config(problem, tiling, tile),
         elem,
     );
     let dkdv = build.variant(
@@ -553,6 +558,7 @@ fn fragment_kernels(
         units_per_cube: config.units() as u32,
         vector_size: 1,
         tile: Some((config.rows(), config.block)),
+        lanes: 1,
         source,
     };
 
@@ -673,6 +679,7 @@ fn staged_kernels(
         units_per_cube: units,
         vector_size: 1,
         tile,
+        lanes: 1,
         source,
     };
 
