@@ -785,13 +785,13 @@ mod on_device {
         parity(device, label, &cases, FlashKernel::RegisterTile);
     }
 
-    /// The register tiles with each row split over four lanes, as GPUs split the
+    /// The register tiles with each row split over several lanes, as GPUs split the
     /// rows that would not fit a unit's registers (on CPU runtimes the lanes sum
     /// through shared memory, on GPUs with plane shuffles): the lane offsets, the
     /// sums and the writes are all that differ from [`parity_grid_f32`], so a third
     /// of the grid's cases at head dims 32 and 64 (every mask, rows and keys past a
-    /// tile's end, single-row decoding), two at 80 (five vectors a lane) and two at
-    /// 192/128 (a query/key share unlike the value one).
+    /// tile's end, single-row decoding), two at 80 (an odd count of vectors a lane
+    /// with four lanes) and two at 192/128 (a query/key share unlike the value one).
     pub fn parity_grid_split_rows(device: &Device, label: &str) {
         let cases: Vec<(usize, Case)> = parity_grid()
             .into_iter()
@@ -804,11 +804,14 @@ mod on_device {
                         || (index % 12 == 1 && matches!(case.d_qk, 80 | 192)))
             })
             .collect();
+        // 2, 4 and 16 lanes in turn (16 take as many as divide a row's vectors: 8 at
+        // head dim 32, 4 at 80), as GPUs take 2 to 16.
         let cases: Vec<(usize, Case)> = cases
             .into_iter()
-            .map(|(index, case)| {
+            .enumerate()
+            .map(|(position, (index, case))| {
                 let case = Case {
-                    lanes: Some(4),
+                    lanes: Some([2, 4, 16][position % 3]),
                     ..case
                 };
                 (index, case)

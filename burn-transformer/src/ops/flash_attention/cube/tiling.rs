@@ -188,9 +188,10 @@ pub(crate) fn plan_tiling(
     plan_tiling_with(problem, properties, None)
 }
 
-/// [`plan_tiling`] with each row split over exactly `lanes` lanes (where they divide
-/// the head dims' vectors), on any device: through shared memory where it has no
-/// plane shuffles (the tests run the GPUs' split rows on CPU runtimes with it).
+/// [`plan_tiling`] with the GPUs' tiles and each row split over exactly `lanes` lanes
+/// (or as many as divide the head dims' vectors), on any device: through shared
+/// memory where it has no plane shuffles (the tests run the GPUs' split rows on CPU
+/// runtimes with it).
 #[cfg(test)]
 pub(crate) fn plan_split_rows(
     problem: &Problem,
@@ -226,12 +227,13 @@ fn plan_tiling_with(
         .min(hardware.max_cube_dim.0 as usize)
         .max(1);
     let cpu = is_cpu_runtime(properties);
-    let (max_rows, budget) = if cpu {
+    let (max_lanes, lane_sum, exact) = lane_limits(properties, cpu, max_units, forced_lanes);
+    // Forced lanes take the GPUs' tiles on every device.
+    let (max_rows, budget) = if cpu && !exact {
         (CPU_ROWS, CPU_UNROLL_BUDGET)
     } else {
         (1, GPU_UNROLL_BUDGET)
     };
-    let (max_lanes, lane_sum, exact) = lane_limits(properties, cpu, max_units, forced_lanes);
     let qk = problem.d_qk / vector_size;
     let v = problem.d_v / vector_size;
     let lanes =
