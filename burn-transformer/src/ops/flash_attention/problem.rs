@@ -37,8 +37,9 @@ pub struct ScoreOptions {
     pub has_sinks: bool,
     /// Which kernel family runs the call on CubeCL devices (other backends ignore it).
     pub kernel: FlashKernel,
-    /// Lanes each row of the register tiles takes on every device, where they run
-    /// (see `cube::tiling`): the tests run the GPUs' split rows on CPU runtimes.
+    /// Lanes each row of the register tiles takes, with the GPUs' tiles, on every
+    /// device where they run (see `cube::tiling`): the tests run the GPUs' split rows
+    /// on CPU runtimes.
     #[cfg(test)]
     pub(crate) forced_lanes: Option<usize>,
 }
