@@ -803,18 +803,12 @@ mod on_device {
                     && ((third && case.d_qk <= 64)
                         || (index % 12 == 1 && matches!(case.d_qk, 80 | 192)))
             })
-            .collect();
-        // 2, 4 and 16 lanes in turn (16 take as many as divide a row's vectors: 8 at
-        // head dim 32, 4 at 80), as GPUs take 2 to 16.
-        let cases: Vec<(usize, Case)> = cases
-            .into_iter()
+            // 2, 4 and 16 lanes in turn (16 take as many as divide a row's vectors: 8
+            // at head dim 32, 4 at 80), as GPUs take 2 to 16.
             .enumerate()
             .map(|(position, (index, case))| {
-                let case = Case {
-                    lanes: Some([2, 4, 16][position % 3]),
-                    ..case
-                };
-                (index, case)
+                let lanes = Some([2, 4, 16][position % 3]);
+                (index, Case { lanes, ..case })
             })
             .collect();
         let split = super::super::op::SPLIT_ROW_LAUNCHES.load(Ordering::Relaxed);
