@@ -211,8 +211,8 @@ macro_rules! implement_flash_attention {
 #[cfg(feature = "cube")]
 implement_flash_attention!(
     burn_cubecl::CubeBackend,
-    super::cube::launch::forward,
-    super::cube::launch::backward
+    super::cube::dispatch::forward,
+    super::cube::dispatch::backward
 );
 
 #[cfg(feature = "flex")]

@@ -49,9 +49,10 @@ use super::fragment::{
     accumulate_products, c_position, fragment_lane, plane_agrees, quad_max, quad_sum,
     staged_column_products, staged_row_products, zero_fragments,
 };
-use super::kernels::{
-    HIDDEN, ROW_STATS, Sizes, block_open, key_range, kv_head_of, query_heads_of, row_range,
-    seeing_positions, structurally_visible,
+use super::row_stats::ROW_STATS;
+use super::sizes::{
+    HIDDEN, Sizes, block_open, key_range, kv_head_of, query_heads_of, row_range, seeing_positions,
+    structurally_visible,
 };
 use super::softmax::{
     Exponential, finish_row, masked_score, online_max, open_probability_and_gradient, open_score,
@@ -138,7 +139,7 @@ pub struct FragmentConfig {
     /// kernel's second walk.
     pub adds_dq: bool,
     /// Whether the kernel soft-caps its scores (calls with a soft-cap; see
-    /// [`cap_score`](super::kernels::cap_score)). The cap's `tanh` and derivative in
+    /// [`cap_score`](super::sizes::cap_score)). The cap's `tanh` and derivative in
     /// every unrolled score of the masked blocks made up about half of each key loop's
     /// instructions (ptxas, sm_90) and moved the register allocation of the whole
     /// kernel, so a call without a cap, the common case, runs kernels compiled

@@ -5,10 +5,13 @@
 //! among them, their launches, and the list of every kernel a device compiles.
 
 pub(crate) mod autotune;
+pub(crate) mod dispatch;
 mod fragment;
 mod fragments;
-mod kernels;
-pub(crate) mod launch;
+mod launch;
+mod register_tiles;
+mod row_stats;
+mod sizes;
 mod softmax;
 mod staged;
 mod tile_product;

@@ -5,7 +5,7 @@
 //!
 //! Hidden scores are [`HIDDEN`], a large negative finite value, and visible ones are
 //! floored above it, so that a row's max is above `HIDDEN` exactly when the row sees
-//! a key (see `kernels.rs`).
+//! a key (see `sizes.rs`).
 //!
 //! The exponential of each score is the kernels' costliest arithmetic after the
 //! products: the math library's `expf` takes about ten instructions on CUDA where the
@@ -13,7 +13,7 @@
 
 use cubecl::prelude::*;
 
-use super::kernels::{HIDDEN, SCORE_FLOOR, Sizes, cap_derivative, cap_score};
+use super::sizes::{HIDDEN, SCORE_FLOOR, Sizes, cap_derivative, cap_score};
 use crate::ops::mask::MASKED_ROW_LSE;
 
 /// How a kernel takes the exponentials of its scores: `P` in the forward, `P` and `dS`
@@ -78,7 +78,7 @@ pub(super) fn masked_score(
 
 /// A visible (soft-capped) score, floored above [`HIDDEN`]; the whole of
 /// [`masked_score`] in a block where every score is visible and uncapped
-/// ([`block_open`](super::kernels::block_open)).
+/// ([`block_open`](super::sizes::block_open)).
 #[cube]
 pub(super) fn open_score(score: f32) -> f32 {
     f32::max(score, SCORE_FLOOR)
@@ -177,7 +177,7 @@ fn score_gradient(p: f32, dp: f32, delta: f32) -> f32 {
 }
 
 /// [`probability_and_gradient`] of a visible, uncapped score: the whole of it in a
-/// block where every score is ([`block_open`](super::kernels::block_open)).
+/// block where every score is ([`block_open`](super::sizes::block_open)).
 #[cube]
 pub(super) fn open_probability_and_gradient(
     scaled: f32,

@@ -11,7 +11,7 @@
 //!   gradient is summed by its own cube in a fixed order: no atomics, deterministic.
 //!
 //! The masks, soft-cap, sinks and the hidden-score conventions are those of the
-//! register-tile kernels (`kernels.rs`), whose helpers these kernels call, so both
+//! register-tile kernels (`register_tiles.rs`), whose helpers these kernels call, so both
 //! families compute the same function; the parity grid checks each against the
 //! oracle. `P` and `dS` are rounded to the input type before their products, as in
 //! FlashAttention-2 (a no-op for f32), so the tensor-core product sees the same
@@ -20,9 +20,9 @@
 use cubecl::prelude::barrier::copy_async;
 use cubecl::prelude::*;
 
-use super::kernels::{
-    HIDDEN, ROW_STATS, Sizes, key_kept, key_range, kv_head_of, query_heads_of, row_range,
-    structurally_visible,
+use super::row_stats::ROW_STATS;
+use super::sizes::{
+    HIDDEN, Sizes, key_kept, key_range, kv_head_of, query_heads_of, row_range, structurally_visible,
 };
 use super::softmax::{
     Exponential, finish_row, masked_score, online_max, probability, probability_and_gradient,

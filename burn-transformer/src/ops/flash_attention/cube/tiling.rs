@@ -8,7 +8,7 @@ use burn_cubecl::{CubeBackend, CubeDevice};
 use super::super::{Problem, Unsupported};
 use super::fragment::{FragmentLoads, FragmentOps, LANES, TILE_K, TILE_M, TILE_N};
 use super::fragments::{FragmentConfig, FragmentTiling, ROW_PAD, TileCopies};
-use super::kernels::LaneSum;
+use super::register_tiles::LaneSum;
 use super::softmax::Exponential;
 use super::staged::StagedConfig;
 use super::tile_product::{FRAGMENT, TileProduct};

@@ -21,8 +21,10 @@ use cubecl::{CompilationError, define_kernel};
 use super::super::{Problem, Unsupported};
 use super::fragment::FragmentOps;
 use super::fragments::{self, FragmentConfig, FragmentTiling};
-use super::kernels::{self, SizesCompilationArg};
 use super::launch::{MERGE_UNITS, PREPASS_UNITS, config};
+use super::register_tiles;
+use super::row_stats;
+use super::sizes::SizesCompilationArg;
 use super::staged;
 use super::tile_product::TileProduct;
 use super::tiling::{
@@ -91,7 +93,7 @@ impl fmt::Display for AttentionKernel {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KernelFamily {
     /// Each unit holds its rows in registers and streams the keys (or queries) from
-    /// global memory; no shared memory (see `kernels.rs`).
+    /// global memory; no shared memory (see `register_tiles.rs`).
     RegisterTile,
     /// FlashAttention-2 with tiles staged in shared memory, tile products in unit
     /// arithmetic (see `staged.rs`).
@@ -178,7 +180,7 @@ pub struct KernelVariant {
     /// the pre-pass, which has no tile.
     pub tile: Option<(usize, usize)>,
     /// Units that share each row: the register tiles' rows split over a plane's
-    /// lanes on GPUs (see `cube/kernels.rs`); 1 for every other kernel.
+    /// lanes on GPUs (see `cube/register_tiles.rs`); 1 for every other kernel.
     pub lanes: usize,
     source: Box<dyn CubeKernel>,
 }
@@ -435,7 +437,7 @@ fn register_tile(build: &Build<'_>) -> [KernelVariant; 4] {
 
     let tile = &tiling.forward;
     let units = tile.units as u32;
-    let forward = kernels::flash_forward::FlashForward::new(
+    let forward = register_tiles::flash_forward::FlashForward::new(
         build.settings(units),
         properties(),
         target(),
@@ -459,7 +461,7 @@ fn register_tile(build: &Build<'_>) -> [KernelVariant; 4] {
         Box::new(forward),
     );
 
-    let prepass = kernels::flash_backward_stats::FlashBackwardStats::new(
+    let prepass = row_stats::flash_backward_stats::FlashBackwardStats::new(
         build.settings(PREPASS_UNITS),
         properties(),
         target(),
@@ -482,7 +484,7 @@ fn register_tile(build: &Build<'_>) -> [KernelVariant; 4] {
 
     let tile = &tiling.backward_q;
     let units = tile.units as u32;
-    let dq = kernels::flash_backward_q::FlashBackwardQ::new(
+    let dq = register_tiles::flash_backward_q::FlashBackwardQ::new(
         build.settings(units),
         properties(),
         target(),
@@ -508,7 +510,7 @@ fn register_tile(build: &Build<'_>) -> [KernelVariant; 4] {
 
     let tile = &tiling.backward_kv;
     let units = tile.units as u32;
-    let dkdv = kernels::flash_backward_kv::FlashBackwardKv::new(
+    let dkdv = register_tiles::flash_backward_kv::FlashBackwardKv::new(
         build.settings(units),
         properties(),
         target(),
@@ -730,7 +732,7 @@ fn staged_kernels(
         Box::new(merge),
     );
 
-    let prepass = kernels::flash_backward_stats::FlashBackwardStats::new(
+    let prepass = row_stats::flash_backward_stats::FlashBackwardStats::new(
         build.settings(PREPASS_UNITS),
         properties(),
         target(),
