@@ -1,9 +1,31 @@
 //! The latent KV cache: per token, only the normalized latent and the rotated shared
-//! key.
+//! key; and the absorbed weights a cache keeps for the absorbed path.
 
 use burn::tensor::{Bool, Int, Tensor};
 
-use super::module::AbsorbedWeights;
+/// `kv_b_proj` split per head and arranged for the absorbed path.
+#[derive(Clone, Debug)]
+pub struct AbsorbedWeights {
+    /// `W_ukᵀ`: `[1, n_heads, qk_nope_head_dim, kv_lora_rank]`, maps `q_nope` to the
+    /// latent space.
+    pub w_uk_t: Tensor<4>,
+    /// `W_uv`: `[1, n_heads, kv_lora_rank, v_head_dim]`, maps the attended latent to
+    /// each head's value space.
+    pub w_uv: Tensor<4>,
+}
+
+impl AbsorbedWeights {
+    /// The same weights as contiguous, detached tensors (read back and uploaded once):
+    /// the per-head splits are strided views of `kv_b_proj`, which a matmul may copy
+    /// on every call. For inference caches; gradients do not flow through the result.
+    pub fn materialized(self) -> Self {
+        let fresh = |t: Tensor<4>| Tensor::from_data(t.to_data(), &t.device());
+        Self {
+            w_uk_t: fresh(self.w_uk_t),
+            w_uv: fresh(self.w_uv),
+        }
+    }
+}
 
 /// The latent KV cache of one [`LatentAttention`](super::LatentAttention) layer: per
 /// token only the normalized latent and the rotated shared key (`kv_lora_rank +

@@ -8,26 +8,13 @@ use burn::module::Initializer;
 use burn::nn::{DropoutConfig, LinearConfig};
 use burn::tensor::{DType, Device};
 
-use super::module::LatentAttention;
+use super::module::{LatentAttention, LatentPath};
 use crate::attention::AttentionImpl;
 use crate::error::ConfigError;
 use crate::norm::RmsNormConfig;
 use crate::position::{RopeConfig, RopeLayout, RopeScaling, yarn_get_mscale};
 
 const MODULE: &str = "LatentAttentionConfig";
-
-/// Which computation a cached call of [`LatentAttention`] uses.
-#[derive(Config, Debug, Copy, PartialEq, Eq)]
-pub enum LatentPath {
-    /// Expand the cached latent into per-head keys and values (`d_qk = qk_nope +
-    /// qk_rope`, `d_v = v_head_dim`). Fewer FLOPs when many queries arrive at once
-    /// (prefill).
-    Expanded,
-    /// Fold `kv_b_proj` into the query and the output and attend over the latent as MQA
-    /// (`d_qk = kv_lora_rank + qk_rope`, `d_v = kv_lora_rank`). Reads only the compact
-    /// cache: the fast path for decoding.
-    Absorbed,
-}
 
 /// Configuration of [`LatentAttention`]. Field names follow Hugging Face's
 /// `DeepseekV3Config`.

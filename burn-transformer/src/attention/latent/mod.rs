@@ -30,6 +30,6 @@ mod cache;
 mod config;
 mod module;
 
-pub use cache::LatentKvCache;
-pub use config::{CacheFootprint, LatentAttentionConfig, LatentPath};
-pub use module::{AbsorbedWeights, LatentAttention};
+pub use cache::{AbsorbedWeights, LatentKvCache};
+pub use config::{CacheFootprint, LatentAttentionConfig};
+pub use module::{LatentAttention, LatentPath};

@@ -1,12 +1,12 @@
 //! The multi-head latent attention module: projections, the expanded and absorbed
 //! paths, and the per-head split of `kv_b_proj` the absorbed path uses.
 
+use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Dropout, Linear};
 use burn::tensor::{Bool, Tensor};
 
-use super::cache::LatentKvCache;
-use super::config::LatentPath;
+use super::cache::{AbsorbedWeights, LatentKvCache};
 use crate::attention::{AttentionImpl, AttentionOptions, attention, attention_with_weights};
 use crate::norm::RmsNorm;
 use crate::position::Rope;
@@ -59,28 +59,17 @@ pub struct LatentAttention {
     pub(super) implementation: AttentionImpl,
 }
 
-/// `kv_b_proj` split per head and arranged for the absorbed path.
-#[derive(Clone, Debug)]
-pub struct AbsorbedWeights {
-    /// `W_ukᵀ`: `[1, n_heads, qk_nope_head_dim, kv_lora_rank]`, maps `q_nope` to the
-    /// latent space.
-    pub w_uk_t: Tensor<4>,
-    /// `W_uv`: `[1, n_heads, kv_lora_rank, v_head_dim]`, maps the attended latent to
-    /// each head's value space.
-    pub w_uv: Tensor<4>,
-}
-
-impl AbsorbedWeights {
-    /// The same weights as contiguous, detached tensors (read back and uploaded once):
-    /// the per-head splits are strided views of `kv_b_proj`, which a matmul may copy
-    /// on every call. For inference caches; gradients do not flow through the result.
-    pub fn materialized(self) -> Self {
-        let fresh = |t: Tensor<4>| Tensor::from_data(t.to_data(), &t.device());
-        Self {
-            w_uk_t: fresh(self.w_uk_t),
-            w_uv: fresh(self.w_uv),
-        }
-    }
+/// Which computation a cached call of [`LatentAttention`] uses.
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum LatentPath {
+    /// Expand the cached latent into per-head keys and values (`d_qk = qk_nope +
+    /// qk_rope`, `d_v = v_head_dim`). Fewer FLOPs when many queries arrive at once
+    /// (prefill).
+    Expanded,
+    /// Fold `kv_b_proj` into the query and the output and attend over the latent as MQA
+    /// (`d_qk = kv_lora_rank + qk_rope`, `d_v = kv_lora_rank`). Reads only the compact
+    /// cache: the fast path for decoding.
+    Absorbed,
 }
 
 impl LatentAttention {
