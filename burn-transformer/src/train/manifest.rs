@@ -24,7 +24,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::TrainError;
-use super::checkpoint::{CHECKPOINT_RECORDS, checkpoint_path, read_json, write_json};
+use super::checkpoint::{CHECKPOINT_RECORDS, checkpoint_path};
+use super::json_file::{read_json, write_json};
 use crate::io::read_bytes;
 
 /// The size and digest of one record file.

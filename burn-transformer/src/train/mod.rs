@@ -16,9 +16,11 @@
 //! run resumed from its checkpoint takes the same steps as one that never stopped.
 
 mod checkpoint;
+mod checkpointer;
 mod clip;
 mod data;
 mod error;
+mod json_file;
 mod lm;
 mod loss;
 mod manifest;

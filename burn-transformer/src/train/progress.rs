@@ -21,7 +21,7 @@ use burn::train::renderer::{
 use serde::{Deserialize, Serialize};
 
 use super::TrainError;
-use super::checkpoint::{read_json, write_json};
+use super::json_file::{read_json, write_json};
 
 /// The name burn-train's loss metric reports under.
 const LOSS: &str = "Loss";

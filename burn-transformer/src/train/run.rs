@@ -16,7 +16,8 @@ use burn::train::{
 use burn::module::Module;
 
 use super::TrainError;
-use super::checkpoint::{AtomicFileCheckpointer, checkpoint_path, load_module};
+use super::checkpoint::{checkpoint_path, load_module};
+use super::checkpointer::AtomicFileCheckpointer;
 use super::manifest::{EpochSteps, ManifestWriter, find_resume_point};
 use super::progress::{History, ProgressRenderer, ProgressSettings};
 

@@ -27,7 +27,7 @@ use super::tokens::{TokenWidth, Tokens};
 use super::{TokenSplit, Tokenizer};
 use crate::io::{FileError, read_error, remove_stale_temporaries, write_atomically};
 use crate::train::TrainError;
-use crate::train::checkpoint::{read_json, write_json};
+use crate::train::json_file::{read_json, write_json};
 
 /// The manifest of a prepared folder.
 pub const SHARDS_MANIFEST: &str = "shards.json";

@@ -12,7 +12,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::train::TrainError;
-use crate::train::checkpoint::{read_json, write_json};
+use crate::train::json_file::{read_json, write_json};
 
 /// Text to token ids and back.
 pub trait Tokenizer: Send + Sync {
