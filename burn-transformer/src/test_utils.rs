@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::OnceLock;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
@@ -57,6 +56,7 @@ pub fn model_test_devices() -> Vec<Device> {
 /// The wgpu device, checked once to have a working adapter.
 #[cfg(feature = "wgpu")]
 pub fn wgpu_device() -> Device {
+    use std::sync::OnceLock;
     static CHECKED: OnceLock<Result<(), String>> = OnceLock::new();
     let device = Device::wgpu(burn::tensor::DeviceKind::DefaultDevice);
     let probe = device.clone();

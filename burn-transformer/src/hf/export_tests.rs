@@ -7,15 +7,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use burn::module::Module;
-use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use burn::tensor::{DType, Device, Int, Tensor};
 
 use super::tensors::read_safetensors;
 use super::*;
-use crate::block::BlockKind;
 use crate::io::tests::TempDir;
 use crate::lora::{LoraConfig, attach_lora};
-use crate::model::{CausalLm, CausalLmConfig};
-use crate::position::RopeConfig;
+use crate::model::CausalLm;
 use crate::test_utils::{Fixture, fixture_dir, max_abs_diff};
 
 fn model_dir(name: &str) -> PathBuf {
@@ -129,51 +127,62 @@ fn sharded_half_precision_exports_index_their_shards_and_round_to_the_type() {
     }
 }
 
-/// A LLaMA-style model as `train-lm` builds it.
-fn scratch_config() -> CausalLmConfig {
-    CausalLmConfig::new(50, 32, 2, 4, 64, RopeConfig::new(8).with_theta(5e5))
-        .with_n_kv_heads(Some(2))
-        .with_norm_eps(1e-5)
-        .with_tie_word_embeddings(true)
-}
+/// Models built here (they train through `crate::train`).
+#[cfg(feature = "train")]
+mod built_here {
+    use burn::tensor::TensorData;
 
-#[test]
-fn models_built_here_export_as_their_transformers_family() {
-    let device = Device::flex();
-    let qk_norm = crate::attention::QkNormConfig::new().with_eps(1e-5);
-    let cases = [
-        (scratch_config(), "llama"),
-        (
-            scratch_config()
-                .with_qkv_bias(true)
-                .with_o_bias(true)
-                .with_tie_word_embeddings(false),
-            "llama",
-        ),
-        (scratch_config().with_qkv_bias(true), "qwen2"),
-        (scratch_config().with_qk_norm(Some(qk_norm)), "qwen3"),
-    ];
-    for (config, family) in cases {
-        let model = crate::train::host_init(7, |host| config.try_init(host)).unwrap();
-        let json = hf_config_json(&config).unwrap();
-        assert_eq!(json["model_type"], family);
-        let out = TempDir::new().unwrap();
-        save_causal_lm(&model, &json, out.path(), &ExportOptions::default()).unwrap();
-        let (reloaded, hf) = load_causal_lm(out.path(), &device).unwrap();
-        assert_eq!(hf.model_type, family);
-        let prompt = Tensor::<2, Int>::from_data(
-            TensorData::new(vec![1i64, 7, 3, 9, 40, 2], [1, 6]),
-            &device,
-        );
-        let error = max_abs_diff(
-            model.forward(prompt.clone(), None),
-            reloaded.forward(prompt, None),
-        );
-        assert_eq!(error, 0.0, "{family}");
+    use super::*;
+    use crate::block::BlockKind;
+    use crate::model::CausalLmConfig;
+    use crate::position::RopeConfig;
+
+    /// A LLaMA-style model as `train-lm` builds it.
+    fn scratch_config() -> CausalLmConfig {
+        CausalLmConfig::new(50, 32, 2, 4, 64, RopeConfig::new(8).with_theta(5e5))
+            .with_n_kv_heads(Some(2))
+            .with_norm_eps(1e-5)
+            .with_tie_word_embeddings(true)
     }
-    let gemma = scratch_config().with_block_kind(BlockKind::Sandwich);
-    let error = hf_config_json(&gemma).unwrap_err().to_string();
-    assert!(error.contains("a block kind other than Pre-LN"), "{error}");
+
+    #[test]
+    fn models_built_here_export_as_their_transformers_family() {
+        let device = Device::flex();
+        let qk_norm = crate::attention::QkNormConfig::new().with_eps(1e-5);
+        let cases = [
+            (scratch_config(), "llama"),
+            (
+                scratch_config()
+                    .with_qkv_bias(true)
+                    .with_o_bias(true)
+                    .with_tie_word_embeddings(false),
+                "llama",
+            ),
+            (scratch_config().with_qkv_bias(true), "qwen2"),
+            (scratch_config().with_qk_norm(Some(qk_norm)), "qwen3"),
+        ];
+        for (config, family) in cases {
+            let model = crate::train::host_init(7, |host| config.try_init(host)).unwrap();
+            let json = hf_config_json(&config).unwrap();
+            assert_eq!(json["model_type"], family);
+            let out = TempDir::new().unwrap();
+            save_causal_lm(&model, &json, out.path(), &ExportOptions::default()).unwrap();
+            let (reloaded, hf) = load_causal_lm(out.path(), &device).unwrap();
+            assert_eq!(hf.model_type, family);
+            let prompt = Tensor::<2, Int>::from_data(
+                TensorData::new(vec![1i64, 7, 3, 9, 40, 2], [1, 6]),
+                &device,
+            );
+            let error = max_abs_diff(
+                model.forward(prompt.clone(), None),
+                reloaded.forward(prompt, None),
+            );
+            assert_eq!(error, 0.0, "{family}");
+        }
+        let gemma = scratch_config().with_block_kind(BlockKind::Sandwich);
+        let error = hf_config_json(&gemma).unwrap_err().to_string();
+        assert!(error.contains("a block kind other than Pre-LN"), "{error}");
+    }
 }
 
 /// Logits of `model` on the fixture's tokens.

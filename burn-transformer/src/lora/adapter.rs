@@ -439,6 +439,8 @@ mod tests {
         }
     }
 
+    // It trains through `crate::train`.
+    #[cfg(feature = "train")]
     #[test]
     fn only_adapter_factors_receive_gradients() {
         for device in model_test_devices() {
@@ -534,6 +536,8 @@ mod tests {
         assert_eq!(same, full, "no dropout outside training");
     }
 
+    // It trains through `crate::train`.
+    #[cfg(feature = "train")]
     #[test]
     fn freeze_matching_freezes_by_glob_and_names_a_pattern_that_matches_nothing() {
         let device = Device::flex();

@@ -166,6 +166,7 @@ impl FlashKernel {
     }
 
     /// Reads `BURN_TRANSFORMER_FLASH_KERNEL`; `None` when unset, empty or `auto`.
+    #[cfg(feature = "cube")]
     pub(crate) fn from_env() -> Option<Self> {
         let value = std::env::var("BURN_TRANSFORMER_FLASH_KERNEL").ok()?;
         if value.trim().is_empty() {

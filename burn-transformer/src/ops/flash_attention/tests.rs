@@ -164,6 +164,7 @@ impl Inputs {
 
 /// The largest `|q·k|·scale` of a case over every query and key of a head (visible
 /// or not): the size of the logits that f32 rounds in the kernels.
+#[cfg(feature = "cube")]
 fn largest_logit(case: &Case, inputs: &Inputs) -> f64 {
     let scale = case.scale.unwrap_or(1.0 / (case.d_qk as f64).sqrt());
     let group = case.heads / case.kv_heads;
@@ -1322,6 +1323,7 @@ mod on_device {
 
 /// The kernel checks of [`on_device`] as tests of one CubeCL runtime, in a module named
 /// after it (`wgpu::parity_grid_f32`, `cuda::parity_grid_f32`, …).
+#[cfg(feature = "cube")]
 macro_rules! kernel_tests {
     ($runtime:ident, $device:path) => {
         mod $runtime {
