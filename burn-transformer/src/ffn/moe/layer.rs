@@ -387,6 +387,21 @@ mod tests {
         }
     }
 
+    /// Asserts that a gradient exists, is finite and is not all zero. Reading it back
+    /// also waits for the device's work: a test process that exits while lavapipe still
+    /// compiles kernels can crash inside LLVM.
+    fn assert_reached<const D: usize>(grad: Option<Tensor<D>>, what: &str, on: &str) {
+        let values = grad
+            .unwrap_or_else(|| panic!("no {what} gradient {on}"))
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        assert!(
+            values.iter().all(|v| v.is_finite()) && values.iter().any(|&v| v != 0.0),
+            "{what} gradient {on}: {values:?}"
+        );
+    }
+
     #[test]
     fn gradients_reach_router_and_experts() {
         for device in test_devices() {
@@ -398,36 +413,11 @@ mod tests {
             let out = moe.forward(x.clone());
             let loss = out.output.sum() + out.aux_loss * 0.01 + out.z_loss * 0.001;
             let grads = loss.backward();
-            // Read back, which also waits for the device's work: a process that exits
-            // while lavapipe still compiles its kernels can crash in LLVM.
-            let reached = |grad: Option<burn::tensor::TensorData>, what: &str| {
-                let values = grad
-                    .unwrap_or_else(|| panic!("no {what} gradient on {device:?}"))
-                    .try_to_vec::<f32>()
-                    .unwrap();
-                assert!(
-                    values.iter().all(|v| v.is_finite()) && values.iter().any(|&v| v != 0.0),
-                    "{what} gradient on {device:?}: {values:?}"
-                );
-            };
-            reached(
-                moe.gate.weight.val().grad(&grads).map(|g| g.into_data()),
-                "router",
-            );
-            reached(x.grad(&grads).map(|g| g.into_data()), "input");
-            let experts = &moe.experts;
-            reached(
-                experts
-                    .gate_up_proj
-                    .val()
-                    .grad(&grads)
-                    .map(|g| g.into_data()),
-                "gate/up",
-            );
-            reached(
-                experts.down_proj.val().grad(&grads).map(|g| g.into_data()),
-                "down",
-            );
+            let on = format!("on {device:?}");
+            assert_reached(moe.gate.weight.val().grad(&grads), "router", &on);
+            assert_reached(x.grad(&grads), "input", &on);
+            assert_reached(moe.experts.gate_up_proj.val().grad(&grads), "gate/up", &on);
+            assert_reached(moe.experts.down_proj.val().grad(&grads), "down", &on);
         }
     }
 
