@@ -127,7 +127,7 @@ fn sharded_half_precision_exports_index_their_shards_and_round_to_the_type() {
     }
 }
 
-/// Models built here (they train through `crate::train`).
+/// Models built here, initialized through `crate::train` (the `train` feature).
 #[cfg(feature = "train")]
 mod built_here {
     use burn::tensor::TensorData;

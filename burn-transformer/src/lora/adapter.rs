@@ -439,7 +439,7 @@ mod tests {
         }
     }
 
-    // It trains through `crate::train`.
+    // It puts the model on a training device through `crate::train` (the `train` feature).
     #[cfg(feature = "train")]
     #[test]
     fn only_adapter_factors_receive_gradients() {
@@ -536,7 +536,7 @@ mod tests {
         assert_eq!(same, full, "no dropout outside training");
     }
 
-    // It trains through `crate::train`.
+    // It puts the model on a training device through `crate::train` (the `train` feature).
     #[cfg(feature = "train")]
     #[test]
     fn freeze_matching_freezes_by_glob_and_names_a_pattern_that_matches_nothing() {
