@@ -42,6 +42,11 @@ pub struct ScoreOptions {
     /// on CPU runtimes.
     #[cfg(test)]
     pub(crate) forced_lanes: Option<usize>,
+    /// Units per cube of the call's register-tile kernels whose rows take one lane
+    /// each, whatever the sequence lengths: the tests pin one count per head dim, so
+    /// that their cases share compiled kernels (each count compiles its own).
+    #[cfg(test)]
+    pub(crate) forced_units: Option<usize>,
 }
 
 /// The kernel family of the fused op on CubeCL devices (wgpu, CUDA).
@@ -226,6 +231,8 @@ impl ScoreOptions {
             kernel: FlashKernel::Auto,
             #[cfg(test)]
             forced_lanes: None,
+            #[cfg(test)]
+            forced_units: None,
         }
     }
 

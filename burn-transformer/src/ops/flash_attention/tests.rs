@@ -34,6 +34,20 @@ pub(crate) struct Case {
     /// Lanes a row of the register tiles takes on every device (see
     /// [`ScoreOptions::forced_lanes`]); as the device decides without.
     pub lanes: Option<usize>,
+    /// Units per cube of the register tiles' kernels where a row takes one lane (see
+    /// [`ScoreOptions::forced_units`]); as the sequence lengths decide without.
+    /// [`Case::new`] pins [`pinned_units`].
+    pub units: Option<usize>,
+}
+
+/// The units per cube the tests' cases pin for the register tiles at query/key head
+/// dim `d_qk`: one count per head dim, so that the cases of a head dim share their
+/// compiled kernels where the lengths alone would pick 1, 8 or 64 units and compile
+/// each kernel up to three times (lavapipe takes 1–40 s to compile one). The counts
+/// alternate over the grid's head dims, so both run every mask, and with 8 the
+/// grid's rows of 129 and 1000 span several cubes.
+fn pinned_units(d_qk: usize) -> usize {
+    if matches!(d_qk, 64 | 128) { 64 } else { 8 }
 }
 
 impl Case {
@@ -60,6 +74,7 @@ impl Case {
             sinks: false,
             kernel: FlashKernel::Auto,
             lanes: None,
+            units: Some(pinned_units(dims.0)),
         }
     }
 
@@ -81,6 +96,7 @@ impl Case {
         .with_kernel(self.kernel);
         ScoreOptions {
             forced_lanes: self.lanes,
+            forced_units: self.units,
             ..options
         }
     }
@@ -445,7 +461,8 @@ type MaskCase = (usize, usize, bool, Option<usize>, bool, Option<f64>);
 /// The f32 parity grid: at least 100 configurations covering MHA/GQA/MQA, causal or
 /// not, windows, padding (with fully padded entries), soft-capping, attention sinks
 /// (a quarter of the cases, with and without windows), seq lengths 1, 17, 64, 129
-/// and 1000 with seq_q ≠ seq_k, head dims 32, 64, 80, 128 and 192/128.
+/// and 1000 with seq_q ≠ seq_k, head dims 32, 64, 80, 128 and 192/128 (each with the
+/// register tiles' units per cube of [`pinned_units`]).
 pub(super) fn parity_grid() -> Vec<Case> {
     let dims = [(32, 32), (64, 64), (80, 80), (128, 128), (192, 128)];
     let heads = [(2, 2), (4, 2), (3, 1)];
@@ -561,6 +578,8 @@ pub(super) fn random_cases(seed: u64, count: usize) -> Vec<Case> {
                 case.scale = Some(rng.random_range(0.02..1.0));
             }
             case.sinks = rng.random_bool(0.3);
+            // The tiles the lengths pick: the sweep runs the kernels as users do.
+            case.units = None;
             case
         })
         .collect()
@@ -809,7 +828,15 @@ mod on_device {
             .enumerate()
             .map(|(position, (index, case))| {
                 let lanes = Some([2, 4, 16][position % 3]);
-                (index, Case { lanes, ..case })
+                (
+                    index,
+                    Case {
+                        lanes,
+                        // The GPUs' tiles: the units the lanes take.
+                        units: None,
+                        ..case
+                    },
+                )
             })
             .collect();
         let split = super::super::op::SPLIT_ROW_LAUNCHES.load(Ordering::Relaxed);

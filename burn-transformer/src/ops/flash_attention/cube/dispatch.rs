@@ -30,11 +30,18 @@ fn choose(problem: &Problem, options: &ScoreOptions, tensor: &CubeTensor) -> Cho
     let properties = tensor.client.properties();
     let choice = choose_on(problem, options.kernel, tensor.dtype, properties);
     #[cfg(test)]
-    if let (Some(lanes), Choice::Fixed(family)) = (options.forced_lanes, &choice)
-        && let Family::RegisterTile(_) = **family
+    if let Choice::Fixed(family) = &choice
+        && let Family::RegisterTile(tiling) = **family
     {
-        let tiling = super::tiling::plan_split_rows(problem, properties, lanes)
-            .expect("the register tiles take the problem");
+        let tiling = match options.forced_lanes {
+            Some(lanes) => super::tiling::plan_split_rows(problem, properties, lanes)
+                .expect("the register tiles take the problem"),
+            None => tiling,
+        };
+        let tiling = match options.forced_units {
+            Some(units) => tiling.with_units(units),
+            None => tiling,
+        };
         return Choice::Fixed(Box::new(Family::RegisterTile(tiling)));
     }
     choice
