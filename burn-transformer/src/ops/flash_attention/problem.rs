@@ -43,8 +43,8 @@ pub struct ScoreOptions {
     #[cfg(test)]
     pub(crate) forced_lanes: Option<usize>,
     /// Units per cube of the call's register-tile kernels whose rows take one lane
-    /// each, whatever the sequence lengths: the tests pin one count per head dim, so
-    /// that their cases share compiled kernels (each count compiles its own).
+    /// each, whatever the sequence lengths: the tests pin one count, so that their
+    /// cases share compiled kernels (each count compiles its own).
     #[cfg(test)]
     pub(crate) forced_units: Option<usize>,
 }

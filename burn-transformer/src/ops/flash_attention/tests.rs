@@ -36,19 +36,16 @@ pub(crate) struct Case {
     pub lanes: Option<usize>,
     /// Units per cube of the register tiles' kernels where a row takes one lane (see
     /// [`ScoreOptions::forced_units`]); as the sequence lengths decide without.
-    /// [`Case::new`] pins [`pinned_units`].
+    /// [`Case::new`] pins [`PINNED_UNITS`].
     pub units: Option<usize>,
 }
 
-/// The units per cube the tests' cases pin for the register tiles at query/key head
-/// dim `d_qk`: one count per head dim, so that the cases of a head dim share their
-/// compiled kernels where the lengths alone would pick 1, 8 or 64 units and compile
-/// each kernel up to three times (lavapipe takes 1–40 s to compile one). The counts
-/// alternate over the grid's head dims, so both run every mask, and with 8 the
-/// grid's rows of 129 and 1000 span several cubes.
-fn pinned_units(d_qk: usize) -> usize {
-    if matches!(d_qk, 64 | 128) { 64 } else { 8 }
-}
+/// The units per cube the tests' cases pin for the register tiles: the count the
+/// CPU runtimes' tiles take for more than one unit's rows, so that a head dim's
+/// cases share their compiled kernels (lavapipe takes 1–40 s to compile one) where
+/// the lengths would take 1 unit for the shortest rows. With 8 units, the grid's rows
+/// of 129 and 1000 span several cubes.
+const PINNED_UNITS: usize = 8;
 
 impl Case {
     pub fn new(
@@ -74,7 +71,7 @@ impl Case {
             sinks: false,
             kernel: FlashKernel::Auto,
             lanes: None,
-            units: Some(pinned_units(dims.0)),
+            units: Some(PINNED_UNITS),
         }
     }
 
@@ -462,7 +459,7 @@ type MaskCase = (usize, usize, bool, Option<usize>, bool, Option<f64>);
 /// not, windows, padding (with fully padded entries), soft-capping, attention sinks
 /// (a quarter of the cases, with and without windows), seq lengths 1, 17, 64, 129
 /// and 1000 with seq_q ≠ seq_k, head dims 32, 64, 80, 128 and 192/128 (each with the
-/// register tiles' units per cube of [`pinned_units`]).
+/// register tiles' units per cube of [`PINNED_UNITS`]).
 pub(super) fn parity_grid() -> Vec<Case> {
     let dims = [(32, 32), (64, 64), (80, 80), (128, 128), (192, 128)];
     let heads = [(2, 2), (4, 2), (3, 1)];

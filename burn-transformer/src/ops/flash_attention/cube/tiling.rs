@@ -13,8 +13,16 @@ use super::softmax::Exponential;
 use super::staged::StagedConfig;
 use super::tile_product::{FRAGMENT, TileProduct};
 
-/// Units per cube we aim for.
+/// Units per cube we aim for on GPUs.
 const TARGET_UNITS: usize = 64;
+/// Units per cube on CPU runtimes: one SIMD batch of lavapipe (8 lanes of 32 bits).
+/// A CPU runtime runs a cube's batches one after another on one thread, and the
+/// register tiles share nothing between units, so a larger cube buys nothing: it only
+/// pads short sequences with idle units (which compute on the last row) and widens a
+/// causal cube's key range. On lavapipe 8 units took 0.4–0.7× the forward time of 64
+/// at seq 256 and 0.6–0.85× causal at 512–4096, and 1.00–1.03× where 64 fill their
+/// cubes (docs/benchmarks.md, "Units per cube on lavapipe").
+const CPU_UNITS: usize = 8;
 /// Storage buffers the largest kernel (dK/dV) binds: q, k, v, dO, stats, mask, dK, dV.
 const MAX_BUFFERS: u32 = 8;
 /// Largest `d_qk + d_v` the kernels take: beyond it the per-unit register tiles
@@ -96,15 +104,13 @@ impl Tiling {
 
 /// Picks rows per unit and block for a kernel whose every (row, streamed row) pair
 /// costs `ops` vector operations, split over `lanes` units a row, then the units per
-/// cube for `owned` rows.
-fn kernel_tile(
-    ops: usize,
-    owned: usize,
-    max_rows: usize,
-    budget: usize,
-    max_units: usize,
-    lanes: usize,
-) -> KernelTile {
+/// cube for `owned` rows: with CPU runtimes' tiles where `cpu`, GPUs' otherwise.
+fn kernel_tile(ops: usize, owned: usize, cpu: bool, max_units: usize, lanes: usize) -> KernelTile {
+    let (max_rows, budget) = if cpu {
+        (CPU_ROWS, CPU_UNROLL_BUDGET)
+    } else {
+        (1, GPU_UNROLL_BUDGET)
+    };
     let ops = ops / lanes;
     let mut rows = max_rows;
     let mut block = 8;
@@ -122,10 +128,17 @@ fn kernel_tile(
     // Few distinct unit counts keep the number of compiled kernels small. Split rows
     // take whole planes: a shuffle reads every lane of its plane.
     let needed = owned.div_ceil(rows);
-    let units = [1, 8, TARGET_UNITS]
-        .into_iter()
-        .find(|&units| units >= needed && (lanes == 1 || units == TARGET_UNITS))
-        .unwrap_or(TARGET_UNITS)
+    let counts: &[usize] = if cpu {
+        &[1, CPU_UNITS]
+    } else {
+        &[1, 8, TARGET_UNITS]
+    };
+    let largest = counts[counts.len() - 1];
+    let units = counts
+        .iter()
+        .copied()
+        .find(|&units| units >= needed && (lanes == 1 || units == largest))
+        .unwrap_or(largest)
         .min(max_units);
     // Whole groups of lanes (`lanes` divides the planes it shuffles within).
     let units = (units - units % lanes).max(lanes);
@@ -248,24 +261,13 @@ fn plan_tiling_with(
     let cpu = is_cpu_runtime(properties);
     let (max_lanes, lane_sum, exact) = lane_limits(properties, cpu, max_units, forced_lanes);
     // Forced lanes take the GPUs' tiles on every device.
-    let (max_rows, budget) = if cpu && !exact {
-        (CPU_ROWS, CPU_UNROLL_BUDGET)
-    } else {
-        (1, GPU_UNROLL_BUDGET)
-    };
+    let cpu_tiles = cpu && !exact;
     let qk = problem.d_qk / vector_size;
     let v = problem.d_v / vector_size;
     let lanes =
         |floats: usize| row_lanes(if exact { usize::MAX } else { floats }, qk, v, max_lanes);
     let tile = |held: usize, owned: usize| {
-        kernel_tile(
-            held,
-            owned,
-            max_rows,
-            budget,
-            max_units,
-            lanes(held * vector_size),
-        )
+        kernel_tile(held, owned, cpu_tiles, max_units, lanes(held * vector_size))
     };
     let mut tiling = Tiling {
         vector_size,
@@ -928,4 +930,36 @@ pub(crate) fn plan_key_splits(
     // Whole key tiles per split; the last split may be shorter.
     let split_keys = problem.seq_k.div_ceil(splits).next_multiple_of(block_k);
     (problem.seq_k.div_ceil(split_keys), split_keys)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Vector operations per (row, key) pair of the forward at head dim 64 (16 query
+    /// and 16 value vectors of 4).
+    const OPS_D64: usize = 32;
+
+    #[test]
+    fn cpu_runtimes_take_one_simd_batch_of_units() {
+        // Single rows (decoding) take one unit; anything longer cubes of 8 units, so
+        // that a short sequence is not padded up to 64.
+        for (owned, units) in [(1, 1), (8, 1), (9, 8), (256, 8), (1000, 8), (8192, 8)] {
+            let tile = kernel_tile(OPS_D64, owned, true, 256, 1);
+            assert_eq!(tile.units, units, "{owned} rows");
+        }
+        let tile = kernel_tile(OPS_D64, 256, true, 256, 1);
+        assert_eq!((tile.rows, tile.cube_rows()), (CPU_ROWS, 64));
+    }
+
+    #[test]
+    fn gpus_fill_cubes_of_64_units_from_64_rows() {
+        for (owned, units) in [(1, 1), (8, 8), (9, 64), (256, 64)] {
+            let tile = kernel_tile(OPS_D64, owned, false, 1024, 1);
+            assert_eq!((tile.rows, tile.units), (1, units), "{owned} rows");
+        }
+        // Split rows take whole planes of 64 units, even for one row.
+        let tile = kernel_tile(OPS_D64, 1, false, 1024, 4);
+        assert_eq!((tile.units, tile.cube_rows()), (64, 16));
+    }
 }
