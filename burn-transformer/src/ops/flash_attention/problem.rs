@@ -42,11 +42,6 @@ pub struct ScoreOptions {
     /// on CPU runtimes.
     #[cfg(test)]
     pub(crate) forced_lanes: Option<usize>,
-    /// Units per cube of the call's register-tile kernels whose rows take one lane
-    /// each, whatever the sequence lengths: the tests pin one count, so that their
-    /// cases share compiled kernels (each count compiles its own).
-    #[cfg(test)]
-    pub(crate) forced_units: Option<usize>,
 }
 
 /// The kernel family of the fused op on CubeCL devices (wgpu, CUDA).
@@ -231,8 +226,6 @@ impl ScoreOptions {
             kernel: FlashKernel::Auto,
             #[cfg(test)]
             forced_lanes: None,
-            #[cfg(test)]
-            forced_units: None,
         }
     }
 

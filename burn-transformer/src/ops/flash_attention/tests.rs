@@ -34,18 +34,7 @@ pub(crate) struct Case {
     /// Lanes a row of the register tiles takes on every device (see
     /// [`ScoreOptions::forced_lanes`]); as the device decides without.
     pub lanes: Option<usize>,
-    /// Units per cube of the register tiles' kernels where a row takes one lane (see
-    /// [`ScoreOptions::forced_units`]); as the sequence lengths decide without.
-    /// [`Case::new`] pins [`PINNED_UNITS`].
-    pub units: Option<usize>,
 }
-
-/// The units per cube the tests' cases pin for the register tiles: the count the
-/// CPU runtimes' tiles take for more than one unit's rows, so that a head dim's
-/// cases share their compiled kernels (lavapipe takes 1–40 s to compile one) where
-/// the lengths would take 1 unit for the shortest rows. With 8 units, the grid's rows
-/// of 129 and 1000 span several cubes.
-const PINNED_UNITS: usize = 8;
 
 impl Case {
     pub fn new(
@@ -71,7 +60,6 @@ impl Case {
             sinks: false,
             kernel: FlashKernel::Auto,
             lanes: None,
-            units: Some(PINNED_UNITS),
         }
     }
 
@@ -93,7 +81,6 @@ impl Case {
         .with_kernel(self.kernel);
         ScoreOptions {
             forced_lanes: self.lanes,
-            forced_units: self.units,
             ..options
         }
     }
@@ -458,8 +445,7 @@ type MaskCase = (usize, usize, bool, Option<usize>, bool, Option<f64>);
 /// The f32 parity grid: at least 100 configurations covering MHA/GQA/MQA, causal or
 /// not, windows, padding (with fully padded entries), soft-capping, attention sinks
 /// (a quarter of the cases, with and without windows), seq lengths 1, 17, 64, 129
-/// and 1000 with seq_q ≠ seq_k, head dims 32, 64, 80, 128 and 192/128 (each with the
-/// register tiles' units per cube of [`PINNED_UNITS`]).
+/// and 1000 with seq_q ≠ seq_k, head dims 32, 64, 80, 128 and 192/128.
 pub(super) fn parity_grid() -> Vec<Case> {
     let dims = [(32, 32), (64, 64), (80, 80), (128, 128), (192, 128)];
     let heads = [(2, 2), (4, 2), (3, 1)];
@@ -575,8 +561,6 @@ pub(super) fn random_cases(seed: u64, count: usize) -> Vec<Case> {
                 case.scale = Some(rng.random_range(0.02..1.0));
             }
             case.sinks = rng.random_bool(0.3);
-            // The tiles the lengths pick: the sweep runs the kernels as users do.
-            case.units = None;
             case
         })
         .collect()
@@ -825,15 +809,7 @@ mod on_device {
             .enumerate()
             .map(|(position, (index, case))| {
                 let lanes = Some([2, 4, 16][position % 3]);
-                (
-                    index,
-                    Case {
-                        lanes,
-                        // The GPUs' tiles: the units the lanes take.
-                        units: None,
-                        ..case
-                    },
-                )
+                (index, Case { lanes, ..case })
             })
             .collect();
         let split = super::super::op::SPLIT_ROW_LAUNCHES.load(Ordering::Relaxed);

@@ -30,18 +30,11 @@ fn choose(problem: &Problem, options: &ScoreOptions, tensor: &CubeTensor) -> Cho
     let properties = tensor.client.properties();
     let choice = choose_on(problem, options.kernel, tensor.dtype, properties);
     #[cfg(test)]
-    if let Choice::Fixed(family) = &choice
-        && let Family::RegisterTile(tiling) = **family
+    if let (Some(lanes), Choice::Fixed(family)) = (options.forced_lanes, &choice)
+        && let Family::RegisterTile(_) = **family
     {
-        let tiling = match options.forced_lanes {
-            Some(lanes) => super::tiling::plan_split_rows(problem, properties, lanes)
-                .expect("the register tiles take the problem"),
-            None => tiling,
-        };
-        let tiling = match options.forced_units {
-            Some(units) => tiling.with_units(units),
-            None => tiling,
-        };
+        let tiling = super::tiling::plan_split_rows(problem, properties, lanes)
+            .expect("the register tiles take the problem");
         return Choice::Fixed(Box::new(Family::RegisterTile(tiling)));
     }
     choice

@@ -83,25 +83,6 @@ pub(crate) struct Tiling {
     pub lane_sum: LaneSum,
 }
 
-impl Tiling {
-    /// These tiles with `units` units per cube in each kernel whose rows take one
-    /// lane each; a kernel whose rows are split keeps its units (whole planes, which
-    /// its shuffles read).
-    #[cfg(test)]
-    pub(crate) fn with_units(self, units: usize) -> Self {
-        let pinned = |tile: KernelTile| KernelTile {
-            units: if tile.lanes == 1 { units } else { tile.units },
-            ..tile
-        };
-        Self {
-            forward: pinned(self.forward),
-            backward_q: pinned(self.backward_q),
-            backward_kv: pinned(self.backward_kv),
-            ..self
-        }
-    }
-}
-
 /// Picks rows per unit and block for a kernel whose every (row, streamed row) pair
 /// costs `ops` vector operations, split over `lanes` units a row, then the units per
 /// cube for `owned` rows: with CPU runtimes' tiles where `cpu`, GPUs' otherwise.
