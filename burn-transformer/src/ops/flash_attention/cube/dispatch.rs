@@ -10,7 +10,9 @@ use burn_cubecl::tensor::CubeTensor;
 
 use super::super::{FlashKernel, Problem, ScoreOptions};
 use super::autotune;
-use super::launch::{BackwardTensors, Family, ForwardTensors, backward_with, forward_with};
+use super::launch::{
+    BackwardTensors, Family, ForwardTensors, backward_stats, backward_with, forward_with,
+};
 use super::tiling::{
     LARGEST_STAGED_BLOCK, StagedProduct, auto_forward_row_tiles, fragment_row_tiles,
     has_fragment_mma, is_cpu_runtime, plan_fragments, plan_staged,
@@ -189,23 +191,33 @@ pub(crate) fn backward(
     let q = into_contiguous(q);
     let k = into_contiguous(k);
     let v = into_contiguous(v);
-    let output = into_contiguous(output);
-    let lse = into_contiguous(lse);
     let grad_output = into_contiguous(grad_output);
     let key_mask = into_contiguous(key_mask);
     let problem = Problem::from_shapes(&q.shape(), &k.shape(), &v.shape(), options);
+    let choice = choose(&problem, options, &q);
+    let vector_size = match &choice {
+        Choice::Fixed(family) => family.prepass_vector_size(),
+        Choice::Tuned => 1,
+    };
+    // The pre-pass consumes `O` and the log-sum-exp before the gradients are
+    // allocated, so that they can take `O`'s memory.
+    let stats = backward_stats(
+        &problem,
+        into_contiguous(output),
+        into_contiguous(lse),
+        &grad_output,
+        vector_size,
+    );
     // Dense buffers, as the kernels index them (see the module docs).
     let empty = |shape: Shape| {
         empty_device_contiguous_dtype(q.client.clone(), q.device.clone(), shape, q.dtype)
     };
     let (grad_q, grad_k, grad_v) = (empty(q.shape()), empty(k.shape()), empty(v.shape()));
-    let choice = choose(&problem, options, &q);
     let tensors = BackwardTensors {
         q,
         k,
         v,
-        output,
-        lse,
+        stats,
         grad_output,
         key_mask,
         grad_q: grad_q.clone(),

@@ -23,7 +23,7 @@ use cubecl::prelude::*;
 use super::super::{Problem, ScoreOptions};
 use super::fragments::{self, FragmentConfig, FragmentTiling};
 use super::register_tiles::{self, AttentionConfig};
-use super::row_stats;
+use super::row_stats::{self, ROW_STATS};
 use super::sizes::SizesLaunch;
 use super::staged;
 use super::tiling::{
@@ -101,6 +101,17 @@ pub(super) enum Family {
 }
 
 impl Family {
+    /// The width of the vectors the backward's pre-pass reads `O` and `dO` in, before
+    /// this family's gradient kernels: the register tiles' width, so that both compile
+    /// for the same vectors, else one element (the staged and fragment kernels' tests
+    /// and resource table list the pre-pass so).
+    pub(super) fn prepass_vector_size(&self) -> usize {
+        match self {
+            Self::RegisterTile(tiling) => tiling.vector_size,
+            Self::Staged(_) | Self::Fragments(..) => 1,
+        }
+    }
+
     /// The staged family with `product` and tiles of at most `max_block` rows and keys
     /// where they fit the device, else register tiles (panicking with the reason when
     /// the problem is unsupported: the public entry points check support first and
@@ -139,14 +150,15 @@ pub(super) struct ForwardTensors {
     pub lse: CubeTensor,
 }
 
-/// The tensors of one backward call: inputs, and the gradients it writes.
+/// The tensors of one backward call after its pre-pass ([`backward_stats`]): inputs,
+/// and the gradients it writes.
 #[derive(Clone, Debug)]
 pub(super) struct BackwardTensors {
     pub q: CubeTensor,
     pub k: CubeTensor,
     pub v: CubeTensor,
-    pub output: CubeTensor,
-    pub lse: CubeTensor,
+    /// `[batch, heads, seq_q, ROW_STATS]` in f32: `(LSE, D)` per query row.
+    pub stats: CubeTensor,
     pub grad_output: CubeTensor,
     pub key_mask: CubeTensor,
     /// Written, shaped as `q`.
@@ -381,6 +393,55 @@ fn forward_splitting(
     }
 }
 
+/// The backward's pre-pass, shared by every kernel family: `(LSE, D)` per query row
+/// with `D = rowsum(dO ∘ O)`, which every gradient kernel reads, with `O` and `dO`
+/// read in vectors of `vector_size` elements (it divides `d_v`).
+///
+/// Takes the output and the log-sum-exp by value: no gradient kernel reads them, so
+/// once this launch is queued their memory is free for the gradients, and the
+/// backward's peak holds `q, k, v, dO` and the gradients but no `O`.
+///
+/// # Shapes
+/// - output, grad_output: `[batch, heads, seq_q, d_v]`, contiguous
+/// - lse: `[batch, heads, seq_q]` f32, contiguous
+/// - returns `[batch, heads, seq_q, ROW_STATS]` f32
+pub(super) fn backward_stats(
+    problem: &Problem,
+    output: CubeTensor,
+    lse: CubeTensor,
+    grad_output: &CubeTensor,
+    vector_size: usize,
+) -> CubeTensor {
+    let client = output.client.clone();
+    let rows = problem.batch * problem.heads * problem.seq_q;
+    let stats = empty_device_contiguous_dtype(
+        client.clone(),
+        output.device.clone(),
+        Shape::new([problem.batch, problem.heads, problem.seq_q, ROW_STATS]),
+        DType::F32,
+    );
+    let cube_dim = CubeDim::new_1d(PREPASS_UNITS);
+    let cube_count = calculate_cube_count_elemwise(&client, rows, cube_dim);
+    let storage = dtype_to_storage_type(output.dtype);
+    // SAFETY: the kernel checks `row < rows` and the tensors hold `rows` rows.
+    unsafe {
+        row_stats::flash_backward_stats::launch_unchecked(
+            &client,
+            cube_count,
+            cube_dim,
+            vector_size,
+            output.into_tensor_arg(),
+            grad_output.clone().into_tensor_arg(),
+            lse.into_tensor_arg(),
+            stats.clone().into_tensor_arg(),
+            rows as u32,
+            problem.d_v / vector_size,
+            storage,
+        );
+    }
+    stats
+}
+
 /// Writes the gradients of `problem` into `tensors.grad_q`, `grad_k` and `grad_v` with
 /// the kernels of `family`.
 pub(super) fn backward_with(
@@ -393,8 +454,7 @@ pub(super) fn backward_with(
         q,
         k,
         v,
-        output,
-        lse,
+        stats,
         grad_output,
         key_mask,
         grad_q,
@@ -404,42 +464,7 @@ pub(super) fn backward_with(
     let problem = *problem;
     let client = q.client.clone();
     let device = q.device.clone();
-    let dtype = q.dtype;
-    let storage = dtype_to_storage_type(dtype);
-
-    let empty = |shape: Shape, dtype: DType| {
-        empty_device_contiguous_dtype(client.clone(), device.clone(), shape, dtype)
-    };
-
-    // 1. (LSE, D) per query row.
-    let rows = problem.batch * problem.heads * problem.seq_q;
-    let stats = empty(
-        Shape::new([problem.batch, problem.heads, problem.seq_q, 2]),
-        DType::F32,
-    );
-    let cube_dim = CubeDim::new_1d(PREPASS_UNITS);
-    let cube_count = calculate_cube_count_elemwise(&client, rows, cube_dim);
-    // The staged kernels read every tensor element by element.
-    let vector_size = match &family {
-        Family::RegisterTile(tiling) => tiling.vector_size,
-        Family::Staged(_) | Family::Fragments(..) => 1,
-    };
-    // SAFETY: the kernel checks `row < rows` and the tensors hold `rows` rows.
-    unsafe {
-        row_stats::flash_backward_stats::launch_unchecked(
-            &client,
-            cube_count,
-            cube_dim,
-            vector_size,
-            output.clone().into_tensor_arg(),
-            grad_output.clone().into_tensor_arg(),
-            lse.clone().into_tensor_arg(),
-            stats.clone().into_tensor_arg(),
-            rows as u32,
-            problem.d_v / vector_size,
-            storage,
-        );
-    }
+    let storage = dtype_to_storage_type(q.dtype);
 
     let tiling = match family {
         Family::RegisterTile(tiling) => tiling,
@@ -476,7 +501,13 @@ pub(super) fn backward_with(
                 let sums = zeros_client(client.clone(), device.clone(), q.shape(), DType::F32);
                 (sums, dq_atomic_width(client.properties()))
             } else {
-                (empty(Shape::new([1]), DType::F32), 1)
+                let placeholder = empty_device_contiguous_dtype(
+                    client.clone(),
+                    device.clone(),
+                    Shape::new([1]),
+                    DType::F32,
+                );
+                (placeholder, 1)
             };
             let cube_count = CubeCount::Static(
                 problem.seq_k.div_ceil(kv_config.rows()) as u32,
@@ -538,7 +569,7 @@ pub(super) fn backward_with(
                     k.clone().into_tensor_arg(),
                     v.clone().into_tensor_arg(),
                     grad_output.clone().into_tensor_arg(),
-                    stats.into_tensor_arg(),
+                    stats.clone().into_tensor_arg(),
                     key_mask.clone().into_tensor_arg(),
                     grad_q.clone().into_tensor_arg(),
                     sizes(&problem, options),
@@ -593,7 +624,7 @@ pub(super) fn backward_with(
                     k.clone().into_tensor_arg(),
                     v.clone().into_tensor_arg(),
                     grad_output.clone().into_tensor_arg(),
-                    stats.into_tensor_arg(),
+                    stats.clone().into_tensor_arg(),
                     key_mask.clone().into_tensor_arg(),
                     grad_q.clone().into_tensor_arg(),
                     sizes(&problem, options),
@@ -657,7 +688,7 @@ pub(super) fn backward_with(
             k.clone().into_tensor_arg(),
             v.clone().into_tensor_arg(),
             grad_output.clone().into_tensor_arg(),
-            stats.into_tensor_arg(),
+            stats.clone().into_tensor_arg(),
             key_mask.clone().into_tensor_arg(),
             grad_q.clone().into_tensor_arg(),
             sizes(&problem, options),
