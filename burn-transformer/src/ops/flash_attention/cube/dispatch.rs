@@ -195,6 +195,8 @@ pub(crate) fn backward(
     let key_mask = into_contiguous(key_mask);
     let problem = Problem::from_shapes(&q.shape(), &k.shape(), &v.shape(), options);
     let choice = choose(&problem, options, &q);
+    // Autotuning's candidates share one pre-pass: the staged kernels' (their fallback
+    // to register tiles reads the same statistics).
     let vector_size = match &choice {
         Choice::Fixed(family) => family.prepass_vector_size(),
         Choice::Tuned => 1,

@@ -102,9 +102,9 @@ pub(super) enum Family {
 
 impl Family {
     /// The width of the vectors the backward's pre-pass reads `O` and `dO` in, before
-    /// this family's gradient kernels: the register tiles' width, so that both compile
-    /// for the same vectors, else one element (the staged and fragment kernels' tests
-    /// and resource table list the pre-pass so).
+    /// this family's gradient kernels: the register tiles' width, else one element
+    /// (the staged and fragment kernels read element by element, and the resource
+    /// table in `variants.rs` lists their pre-pass so).
     pub(super) fn prepass_vector_size(&self) -> usize {
         match self {
             Self::RegisterTile(tiling) => tiling.vector_size,
