@@ -131,22 +131,29 @@ pub(crate) fn forward(
     forward_with(Isa::detect(), p, q, k, v, key_padding, sinks)
 }
 
-/// Gradients (dq, dk, dv) shaped like (q, k, v), from the saved out and lse (lse
-/// includes the sinks, which need nothing else).
+/// `D = rowsum(dO ∘ O)` per query row, `[batch, heads, seq_q]`, from out and grad_out
+/// `[batch, heads, seq_q, d_v]`. It is all the backward reads of the saved output, so
+/// a caller can release the output before [`backward`] allocates the gradients.
+pub(crate) fn backward_deltas(p: &CpuAttention, out: &[f32], grad_out: &[f32]) -> Vec<f32> {
+    backward_deltas_with(Isa::detect(), p, out, grad_out)
+}
+
+/// Gradients (dq, dk, dv) shaped like (q, k, v), from [`backward_deltas`] and the
+/// saved lse (lse includes the sinks, which need nothing else).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn backward(
     p: &CpuAttention,
     q: &[f32],
     k: &[f32],
     v: &[f32],
-    out: &[f32],
+    delta: &[f32],
     lse: &[f32],
     grad_out: &[f32],
     key_padding: Option<&[bool]>,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let ctx = Ctx::new(p, q, k, v, key_padding);
     let single_pass = single_pass_pays(p.batch * p.kv_heads, rayon::current_num_threads());
-    backward_with(Isa::detect(), single_pass, &ctx, out, lse, grad_out)
+    backward_with(Isa::detect(), single_pass, &ctx, delta, lse, grad_out)
 }
 
 /// Whether the one-pass backward (5 tile products per tile, one task per
@@ -638,29 +645,13 @@ fn forward_block<const FMA: bool, const WIDE: bool>(sc: &mut Scratch, args: FwdA
 // ---------------------------------------------------------------------------------
 // Backward.
 
-fn backward_with(
-    isa: Isa,
-    single_pass: bool,
-    ctx: &Ctx,
-    out: &[f32],
-    lse: &[f32],
-    grad_out: &[f32],
-) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    let p = &ctx.p;
+/// [`backward_deltas`] on `isa`.
+fn backward_deltas_with(isa: Isa, p: &CpuAttention, out: &[f32], grad_out: &[f32]) -> Vec<f32> {
     let rows = p.batch * p.heads * p.seq_q;
-    assert_eq!(out.len(), rows * p.d_v, "out's length");
-    assert_eq!(grad_out.len(), rows * p.d_v, "grad_out's length");
-    assert_eq!(lse.len(), rows, "lse's length");
-    let mut dq = vec![0.0f32; ctx.q.len()];
-    let mut dk = vec![0.0f32; ctx.k.len()];
-    let mut dv = vec![0.0f32; ctx.v.len()];
-    if rows == 0 || p.seq_k == 0 {
-        return (dq, dk, dv);
-    }
-
-    // D = rowsum(dO ∘ O)
-    let mut delta = vec![0.0f32; rows];
     let d_v = p.d_v;
+    assert_eq!(out.len(), rows * d_v, "out's length");
+    assert_eq!(grad_out.len(), rows * d_v, "grad_out's length");
+    let mut delta = vec![0.0f32; rows];
     delta
         .par_chunks_mut(4096)
         .enumerate()
@@ -675,11 +666,35 @@ fn backward_with(
                 Isa::Avx2Fma | Isa::Avx512 => unsafe { row_deltas_fma(grad_out, out, d_v, delta) },
             }
         });
+    delta
+}
+
+/// [`backward`] on `isa`, in one pass or two.
+fn backward_with(
+    isa: Isa,
+    single_pass: bool,
+    ctx: &Ctx,
+    delta: &[f32],
+    lse: &[f32],
+    grad_out: &[f32],
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let p = &ctx.p;
+    let rows = p.batch * p.heads * p.seq_q;
+    assert_eq!(grad_out.len(), rows * p.d_v, "grad_out's length");
+    assert_eq!(lse.len(), rows, "lse's length");
+    assert_eq!(delta.len(), rows, "delta's length");
+    let mut dq = vec![0.0f32; ctx.q.len()];
+    let mut dk = vec![0.0f32; ctx.k.len()];
+    let mut dv = vec![0.0f32; ctx.v.len()];
+    if rows == 0 || p.seq_k == 0 {
+        return (dq, dk, dv);
+    }
+    let d_v = p.d_v;
     let grads = Grads {
         ctx,
         grad_out,
         lse,
-        delta: &delta,
+        delta,
     };
     let run_kv = |scratch: &mut Scratch, args: KvArgs| match isa {
         Isa::Baseline => backward_kv::<false, false>(scratch, &grads, args),
@@ -2136,8 +2151,9 @@ mod tests {
                     x.sinks.as_deref(),
                 );
                 let ctx = Ctx::new(&p, &x.q, &x.k, &x.v, x.padding.as_deref());
-                let (dq, dk, dv) = backward_with(isa, false, &ctx, &out, &lse, &x.grad);
-                let (dq1, dk1, dv1) = backward_with(isa, true, &ctx, &out, &lse, &x.grad);
+                let delta = backward_deltas_with(isa, &p, &out, &x.grad);
+                let (dq, dk, dv) = backward_with(isa, false, &ctx, &delta, &lse, &x.grad);
+                let (dq1, dk1, dv1) = backward_with(isa, true, &ctx, &delta, &lse, &x.grad);
                 let bits = |a: &[f32]| a.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&dq), bits(&dq1), "case {index}: one-pass dq differs");
                 assert_eq!(bits(&dk), bits(&dk1), "case {index}: one-pass dk differs");
@@ -2172,8 +2188,9 @@ mod tests {
             x.sinks.as_deref(),
         );
         let ctx = Ctx::new(&p, &x.q, &x.k, &x.v, x.padding.as_deref());
-        let (dq, dk, dv) = backward_with(Isa::detect(), false, &ctx, &out, &lse, &x.grad);
-        let (dq1, dk1, dv1) = backward_with(Isa::detect(), true, &ctx, &out, &lse, &x.grad);
+        let delta = backward_deltas(&p, &out, &x.grad);
+        let (dq, dk, dv) = backward_with(Isa::detect(), false, &ctx, &delta, &lse, &x.grad);
+        let (dq1, dk1, dv1) = backward_with(Isa::detect(), true, &ctx, &delta, &lse, &x.grad);
         assert!(
             dq.iter().zip(&dq1).all(|(a, b)| a.to_bits() == b.to_bits()),
             "{case:?}: dq splits differ"
@@ -2263,7 +2280,8 @@ mod tests {
         let (out, lse) = forward(&p, &x.q, &x.k, &x.v, None, Some(&[0.5, -1.0]));
         assert!(out.iter().all(|&x| x == 0.0));
         assert_eq!(lse, [0.5, 0.5, 0.5, -1.0, -1.0, -1.0]);
-        let (dq, dk, dv) = backward(&p, &x.q, &x.k, &x.v, &out, &lse, &x.grad, None);
+        let delta = backward_deltas(&p, &out, &x.grad);
+        let (dq, dk, dv) = backward(&p, &x.q, &x.k, &x.v, &delta, &lse, &x.grad, None);
         assert!(dq.iter().all(|&x| x == 0.0) && dk.is_empty() && dv.is_empty());
         // No queries.
         let case = Case {
@@ -2275,7 +2293,8 @@ mod tests {
         let x = inputs(&case, 4);
         let (out, lse) = forward(&p, &x.q, &x.k, &x.v, None, None);
         assert!(out.is_empty() && lse.is_empty());
-        let (dq, dk, dv) = backward(&p, &x.q, &x.k, &x.v, &out, &lse, &x.grad, None);
+        let delta = backward_deltas(&p, &out, &x.grad);
+        let (dq, dk, dv) = backward(&p, &x.q, &x.k, &x.v, &delta, &lse, &x.grad, None);
         assert!(dq.is_empty() && dk.iter().all(|&x| x == 0.0) && dv.iter().all(|&x| x == 0.0));
     }
 
@@ -2296,12 +2315,13 @@ mod tests {
         let p = case.attention();
         let x = inputs(&case, 99);
         let (out, lse) = forward(&p, &x.q, &x.k, &x.v, x.padding.as_deref(), None);
+        let delta = backward_deltas(&p, &out, &x.grad);
         let first = backward(
             &p,
             &x.q,
             &x.k,
             &x.v,
-            &out,
+            &delta,
             &lse,
             &x.grad,
             x.padding.as_deref(),
@@ -2323,7 +2343,7 @@ mod tests {
                 &x.q,
                 &x.k,
                 &x.v,
-                &out,
+                &backward_deltas(&p, &out, &x.grad),
                 &lse,
                 &x.grad,
                 x.padding.as_deref(),

@@ -322,17 +322,25 @@ mod flex {
             );
         }
         let (q, k, v) = (q.to_contiguous(), k.to_contiguous(), v.to_contiguous());
-        let (output, lse) = (output.to_contiguous(), lse.to_contiguous());
-        let grad_output = grad_output.to_contiguous();
+        let (output, grad_output) = (output.to_contiguous(), grad_output.to_contiguous());
         let problem = Problem::from_shapes(&q.shape(), &k.shape(), &v.shape(), options);
+        let attention = attention(&problem, options);
         let padding = key_padding(key_mask, options);
+        // The backward reads the output only through D = rowsum(dO ∘ O): taking D first
+        // releases the output (when the caller held the last reference) before the
+        // gradients are allocated, one output-sized buffer less at the peak.
+        let delta = on_compute_pool(&Device::flex(), || {
+            cpu_flash::backward_deltas(&attention, flex_values(&output), flex_values(&grad_output))
+        });
+        drop(output);
+        let lse = lse.to_contiguous();
         let (dq, dk, dv) = on_compute_pool(&Device::flex(), || {
             cpu_flash::backward(
-                &attention(&problem, options),
+                &attention,
                 flex_values(&q),
                 flex_values(&k),
                 flex_values(&v),
-                flex_values(&output),
+                &delta,
                 flex_values(&lse),
                 flex_values(&grad_output),
                 padding.as_deref(),
