@@ -6,6 +6,7 @@ rules as our implementations (benches/src/measure.rs):
 - warm-up runs first, then the median of the timed runs; short runs repeat until
   both add up to a floor of time;
 - fresh inputs every run, made and synchronized before the clock starts;
+- on the CPU every core is busy when the clock starts (`busy_cores`);
 - the clock stops once a scalar of the result (of each gradient, for `fwd_bwd`) is read
   back to the host;
 - forward+backward differentiates `(output * grad).sum()`, as the runner does.
@@ -33,6 +34,10 @@ LONG_RUN_MS = 10_000.0
 WARMUP_FLOOR_MS = 200.0
 TIMED_FLOOR_MS = 100.0
 SHORT_RUNS_MAX = 50
+# On the CPU, the cores are kept busy this long (ms) before each run, as the runner does
+# (`busy_cores` in benches/src/measure.rs): an idle core runs the next milliseconds at
+# about half speed on the machines these numbers come from.
+BUSY_CORES_MS = 10.0
 
 
 def vm_kib(field):
@@ -45,6 +50,14 @@ def vm_kib(field):
     except OSError:
         return None
     return None
+
+
+def busy_cores(work):
+    """Keeps PyTorch's CPU threads busy for BUSY_CORES_MS: an elementwise op on `work`,
+    a tensor large enough that every intra-op thread takes a share, repeated."""
+    start = time.perf_counter()
+    while (time.perf_counter() - start) * 1e3 < BUSY_CORES_MS:
+        work.mul_(1.0)
 
 
 def main():
@@ -114,6 +127,7 @@ def main():
     else:
         baseline = vm_kib("VmRSS")
 
+    busy_work = torch.ones(1 << 20) if device.type == "cpu" else None
     samples = []
     warmups, warmup_ms = 0, 0.0
     warming = cell["runs"]["warmup"] > 0
@@ -122,6 +136,8 @@ def main():
         while True:
             inputs = (draw(), draw(), draw(), torch.randn(shape, device=device).to(dtype))
             sync()
+            if device.type == "cpu":
+                busy_cores(busy_work)
             start = time.perf_counter()
             run(*inputs)
             elapsed = (time.perf_counter() - start) * 1e3
