@@ -230,8 +230,7 @@ fn attention_section(records: &[Record], out_dir: &Path) -> Result<Option<Sectio
     }
     let mut body = format!(
         "Median wall time (warm-up first, fresh inputs every run, on the CPU backends \
-         every core kept busy for the 10 ms before the clock starts in runs from \
-         2026-11-29 18:00 UTC on, timed until a scalar of \
+         every core kept busy for the 10 ms before the clock starts, timed until a scalar of \
          the result — or of each gradient — is read back; short cells warm up for 200 ms \
          and time at least 100 ms of runs, at most 50 of each; each record's `runs` \
          counts its timed runs). `fwd_bwd` is the forward pass \
