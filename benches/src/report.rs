@@ -59,10 +59,14 @@ pub struct Section {
     pub body: String,
 }
 
-/// A Markdown table.
+/// A Markdown table whose rows remember the runs that measured them: where the rows
+/// come from more than one run, the table gets a `run (UTC)` column, so a row is never
+/// read against a row of another run unawares.
 struct Table {
     header: Vec<String>,
     rows: Vec<Vec<String>>,
+    /// The run labels of each row's records, joined.
+    row_runs: Vec<String>,
 }
 
 impl Table {
@@ -70,17 +74,37 @@ impl Table {
         Self {
             header: header.iter().map(|h| h.to_string()).collect(),
             rows: Vec::new(),
+            row_runs: Vec::new(),
         }
     }
 
+    /// Adds `row`, made from `records`.
+    fn push<'a>(&mut self, row: Vec<String>, records: impl IntoIterator<Item = &'a Record>) {
+        self.rows.push(row);
+        self.row_runs.push(runs(records).join(" / "));
+    }
+
+    fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
     fn markdown(&self) -> String {
-        let mut text = format!("| {} |\n", self.header.join(" | "));
+        let mixed_runs = self.row_runs.iter().collect::<BTreeSet<_>>().len() > 1;
+        let mut header = self.header.clone();
+        if mixed_runs {
+            header.push("run (UTC)".into());
+        }
+        let mut text = format!("| {} |\n", header.join(" | "));
         text.push_str(&format!(
             "|{}\n",
-            self.header.iter().map(|_| "---|").collect::<String>()
+            header.iter().map(|_| "---|").collect::<String>()
         ));
-        for row in &self.rows {
-            text.push_str(&format!("| {} |\n", row.join(" | ")));
+        for (row, runs) in self.rows.iter().zip(&self.row_runs) {
+            text.push_str(&format!("| {}", row.join(" | ")));
+            if mixed_runs {
+                text.push_str(&format!(" | {runs}"));
+            }
+            text.push_str(" |\n");
         }
         text
     }
@@ -306,7 +330,6 @@ fn attention_table(cells: &[&Record]) -> Table {
     } else {
         (labels[0], labels[1..].to_vec())
     };
-    let mixed_runs = runs(cells.iter().copied()).len() > 1;
     let dtypes = cells.iter().any(|r| r.dtype_name() != "f32");
     let gpu = cells.iter().any(|r| r.backend == "cuda");
     let mut header: Vec<String> = ["pass", "batch×heads", "seq", "d", "causal"]
@@ -322,9 +345,6 @@ fn attention_table(cells: &[&Record]) -> Table {
         header.extend(labels.iter().map(|l| format!("{l} TFLOP/s")));
     }
     header.extend(labels.iter().map(|l| format!("{l} MiB")));
-    if mixed_runs {
-        header.push("run (UTC)".into());
-    }
     let header: Vec<&str> = header.iter().map(String::as_str).collect();
     let mut table = Table::new(&header);
     let keys: BTreeSet<AttentionKey> = cells.iter().map(|r| attention_key(r)).collect();
@@ -366,14 +386,7 @@ fn attention_table(cells: &[&Record]) -> Table {
                 .iter()
                 .map(|l| mib(find(l).and_then(|r| r.peak_bytes))),
         );
-        if mixed_runs {
-            let row_runs: BTreeSet<String> = labels
-                .iter()
-                .filter_map(|l| find(l).map(|r| run_label(r)))
-                .collect();
-            row.push(row_runs.into_iter().collect::<Vec<_>>().join(" / "));
-        }
-        table.rows.push(row);
+        table.push(row, labels.iter().filter_map(|l| find(l).copied()));
     }
     table
 }
@@ -511,19 +524,22 @@ fn scaling_section(records: &[Record], out_dir: &Path) -> Result<Option<Section>
         });
         let seqs: Vec<usize> = members.iter().map(|r| r.seq).collect();
         let exponent = |slope: Option<f64>| slope.map_or("–".into(), |s| format!("{s:.2}"));
-        table.rows.push(vec![
-            key.0.clone(),
-            key.1.clone(),
-            key.2.to_string(),
-            key.3.to_string(),
-            format!(
-                "{}–{}",
-                seqs.iter().min().unwrap_or(&0),
-                seqs.iter().max().unwrap_or(&0)
-            ),
-            exponent(log_log_slope(&times)),
-            exponent(log_log_slope(&memory)),
-        ]);
+        table.push(
+            vec![
+                key.0.clone(),
+                key.1.clone(),
+                key.2.to_string(),
+                key.3.to_string(),
+                format!(
+                    "{}–{}",
+                    seqs.iter().min().unwrap_or(&0),
+                    seqs.iter().max().unwrap_or(&0)
+                ),
+                exponent(log_log_slope(&times)),
+                exponent(log_log_slope(&memory)),
+            ],
+            members.iter().copied(),
+        );
         if key.3 && key.2 == 64 && memory.len() >= 2 {
             let colour = ATTENTION_IMPLS
                 .iter()
@@ -538,7 +554,7 @@ fn scaling_section(records: &[Record], out_dir: &Path) -> Result<Option<Section>
             }
         }
     }
-    if table.rows.is_empty() {
+    if table.is_empty() {
         return Ok(None);
     }
     let mut body = String::from(
@@ -602,17 +618,20 @@ fn blocks_section(records: &[Record]) -> Option<Section> {
                 };
                 let Some(ours) = find("ours") else { continue };
                 let burn = find("burn");
-                table.rows.push(vec![
-                    bench.to_string(),
-                    backend.clone(),
-                    pass.to_string(),
-                    format!("{}×{}", ours.batch, ours.seq),
-                    ours.head_dim.to_string(),
-                    ms(ours.ms_median),
-                    ms(burn.and_then(|r| r.ms_median)),
-                    ratio(burn.and_then(|r| r.ms_median), ours.ms_median),
-                    rate(ours.tokens_per_s),
-                ]);
+                table.push(
+                    vec![
+                        bench.to_string(),
+                        backend.clone(),
+                        pass.to_string(),
+                        format!("{}×{}", ours.batch, ours.seq),
+                        ours.head_dim.to_string(),
+                        ms(ours.ms_median),
+                        ms(burn.and_then(|r| r.ms_median)),
+                        ratio(burn.and_then(|r| r.ms_median), ours.ms_median),
+                        rate(ours.tokens_per_s),
+                    ],
+                    [*ours].into_iter().chain(burn.copied()),
+                );
             }
         }
     }
@@ -659,15 +678,18 @@ fn kv_cache_section(records: &[Record], out_dir: &Path) -> Result<Option<Section
                 .iter()
                 .filter(|r| r.backend == *backend && r.seq == *context)
             {
-                table.rows.push(vec![
-                    backend.clone(),
-                    context.to_string(),
-                    r.implementation.clone(),
-                    r.kv_heads.to_string(),
-                    r.bytes_per_token.map_or("–".into(), |b| b.to_string()),
-                    ms(r.ms_median),
-                    rate(r.tokens_per_s),
-                ]);
+                table.push(
+                    vec![
+                        backend.clone(),
+                        context.to_string(),
+                        r.implementation.clone(),
+                        r.kv_heads.to_string(),
+                        r.bytes_per_token.map_or("–".into(), |b| b.to_string()),
+                        ms(r.ms_median),
+                        rate(r.tokens_per_s),
+                    ],
+                    [*r],
+                );
             }
         }
         series.extend(series_by_kind(&cells, backend, b, |r| r.ms_median));
@@ -724,16 +746,19 @@ fn generation_section(records: &[Record], out_dir: &Path) -> Result<Option<Secti
                 let (Some(p), d) = (find(&prefill), find(&decode)) else {
                     continue;
                 };
-                table.rows.push(vec![
-                    backend.clone(),
-                    context.to_string(),
-                    kind.to_string(),
-                    p.bytes_per_token.map_or("–".into(), |b| b.to_string()),
-                    ms(p.ms_median),
-                    rate(p.tokens_per_s),
-                    ms(d.and_then(|r| r.ms_median)),
-                    rate(d.and_then(|r| r.tokens_per_s)),
-                ]);
+                table.push(
+                    vec![
+                        backend.clone(),
+                        context.to_string(),
+                        kind.to_string(),
+                        p.bytes_per_token.map_or("–".into(), |b| b.to_string()),
+                        ms(p.ms_median),
+                        rate(p.tokens_per_s),
+                        ms(d.and_then(|r| r.ms_median)),
+                        rate(d.and_then(|r| r.tokens_per_s)),
+                    ],
+                    [p].into_iter().chain(d),
+                );
             }
         }
         series.extend(series_by_kind(&decode, backend, b, |r| r.tokens_per_s));
@@ -794,21 +819,24 @@ fn train_step_section(records: &[Record]) -> Option<Section> {
             let auto = find("auto");
             let reference = find("reference");
             for r in [auto, reference].into_iter().flatten() {
-                table.rows.push(vec![
-                    backend.clone(),
-                    format!("d{} h{}/{} ctx {}", width, r.heads, r.kv_heads, r.seq),
-                    r.params
-                        .map_or("–".into(), |p| format!("{:.2}M", p as f64 / 1e6)),
-                    (r.batch * r.seq).to_string(),
-                    r.implementation.clone(),
-                    ms(r.ms_median),
-                    rate(r.tokens_per_s),
-                    if r.implementation == "reference" {
-                        ratio(r.ms_median, auto.and_then(|f| f.ms_median))
-                    } else {
-                        "".into()
-                    },
-                ]);
+                table.push(
+                    vec![
+                        backend.clone(),
+                        format!("d{} h{}/{} ctx {}", width, r.heads, r.kv_heads, r.seq),
+                        r.params
+                            .map_or("–".into(), |p| format!("{:.2}M", p as f64 / 1e6)),
+                        (r.batch * r.seq).to_string(),
+                        r.implementation.clone(),
+                        ms(r.ms_median),
+                        rate(r.tokens_per_s),
+                        if r.implementation == "reference" {
+                            ratio(r.ms_median, auto.and_then(|f| f.ms_median))
+                        } else {
+                            "".into()
+                        },
+                    ],
+                    [*r],
+                );
             }
         }
     }
@@ -1191,6 +1219,41 @@ mod tests {
             (table.rows[1][burn].as_str(), table.rows[1][torch].as_str()),
             ("2.00×", "–")
         );
+    }
+
+    /// A table whose rows come from two runs names each row's run; a table of one run
+    /// has no such column.
+    #[test]
+    fn tables_name_the_run_of_each_row_where_runs_mix() {
+        let cell = |backend: &str, run: &str| Record {
+            seq: 128,
+            kv_heads: 2,
+            ms_median: Some(1.0),
+            run: Some(run.into()),
+            ..Record::new("kv_cache", "gqa", backend)
+        };
+        let plots = std::env::temp_dir().join(format!("report-runs-{}", std::process::id()));
+        std::fs::create_dir_all(&plots).unwrap();
+        let body = |records: &[Record]| kv_cache_section(records, &plots).unwrap().unwrap().body;
+        let one_run = body(&[
+            cell("flex", "2026-01-02 03:04"),
+            cell("wgpu", "2026-01-02 03:04"),
+        ]);
+        assert!(!one_run.contains("run (UTC)"), "{one_run}");
+        let mixed = body(&[
+            cell("flex", "2026-01-02 03:04"),
+            cell("wgpu", "2025-12-31 23:00"),
+        ]);
+        assert!(mixed.contains("| tokens/s | run (UTC) |"), "{mixed}");
+        assert!(
+            mixed.contains("| flex | 128 | gqa | 2 | – | 1.0 | – | 2026-01-02 03:04 |"),
+            "{mixed}"
+        );
+        assert!(
+            mixed.contains("| wgpu | 128 | gqa | 2 | – | 1.0 | – | 2025-12-31 23:00 |"),
+            "{mixed}"
+        );
+        std::fs::remove_dir_all(&plots).unwrap();
     }
 
     #[test]
