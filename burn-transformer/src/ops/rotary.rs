@@ -320,13 +320,13 @@ mod autodiff {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::test_utils::{assert_close, test_devices};
     use burn::tensor::{Distribution, Tensor, TensorData};
 
     /// The rotation written out pair by pair on the host, in f64.
-    fn naive(
+    pub(crate) fn naive(
         x: &[f32],
         [batch, heads, seq, head_dim]: [usize; 4],
         cos: &[f32],
