@@ -776,8 +776,9 @@ fn generation_section(records: &[Record], out_dir: &Path) -> Result<Option<Secti
          vocabulary 512, batch 1) generating with its cache: prefill runs the whole \
          prompt through `forward_cached` into an empty cache; decode runs one new token \
          over a copy of the prefilled cache. MHA caches 8 key/value heads per layer, GQA \
-         2, MLA one 128-wide latent plus a 16-wide rotary key (decoded with absorbed \
-         projections). Bytes per token count every layer, in f32.\n\n{}{plot}",
+         2, MLA one 128-wide latent plus a 16-wide rotary key (its default path: the prompt \
+         on expanded heads, decoding steps on absorbed projections). Bytes per token \
+         count every layer, in f32.\n\n{}{plot}",
         table.markdown()
     );
     Ok(Some(Section {

@@ -62,8 +62,9 @@ pub struct LatentAttentionConfig {
     /// Default: 0.
     #[config(default = 0.0)]
     pub dropout: f64,
-    /// The path of [`LatentAttention::forward_cached`]. Default: absorbed.
-    #[config(default = "LatentPath::Absorbed")]
+    /// The path of [`LatentAttention::forward_cached`]. Default: automatic, per call
+    /// (expanded for a prompt, absorbed for decoding steps).
+    #[config(default = "LatentPath::Auto")]
     pub cached_path: LatentPath,
     /// Which attention implementation to use. Default: automatic.
     #[config(default = "AttentionImpl::Auto")]

@@ -70,6 +70,10 @@ pub enum LatentPath {
     /// (`d_qk = kv_lora_rank + qk_rope`, `d_v = kv_lora_rank`). Reads only the compact
     /// cache: the fast path for decoding.
     Absorbed,
+    /// Per call, whichever of the two needs fewer multiply-adds for its shape (see
+    /// [`LatentAttention::resolve_path`]): expanded for a prompt, absorbed for decoding
+    /// steps over a long cache.
+    Auto,
 }
 
 impl LatentAttention {
@@ -99,6 +103,45 @@ impl LatentAttention {
         self
     }
 
+    /// The path a call of `new` queries over `keys` keys (the cached ones and the new)
+    /// takes on `path`: [`LatentPath::Auto`] becomes the path with fewer multiply-adds,
+    /// the others stay. Per batch row, with `h` heads, latent width `r`, head widths
+    /// `n` (no rope), `e` (rope), `v`, and `p` visible (query, key) pairs:
+    /// - expanded: `keys·r·h·(n + v)` to expand every key, `p·h·(n + e + v)` to attend;
+    /// - absorbed: `new·r·h·(n + v)` to fold `kv_b_proj` into the queries and outputs,
+    ///   `p·h·(2r + e)` to attend over the latent.
+    ///
+    /// A prompt over an empty cache (`keys = new`) takes the expanded path, a decoding
+    /// step over a cache the absorbed one; a chunk of new queries over a long cache
+    /// takes the expanded path from `r·(n + v) / (2r − n − v)` queries on (171 at
+    /// DeepSeek-V3's sizes).
+    pub fn resolve_path(&self, path: LatentPath, new: usize, keys: usize) -> LatentPath {
+        if path != LatentPath::Auto {
+            return path;
+        }
+        let (h, r) = (self.n_heads as u128, self.kv_lora_rank as u128);
+        let (n, e, v) = (
+            self.qk_nope_head_dim as u128,
+            self.qk_rope_head_dim as u128,
+            self.v_head_dim as u128,
+        );
+        let (new, keys) = (new as u128, keys as u128);
+        let pairs = if self.causal {
+            // Query i of the new ones sees the cached keys and new keys 0..=i.
+            let cached = keys.saturating_sub(new);
+            new * cached + new * (new + 1) / 2
+        } else {
+            new * keys
+        };
+        let expanded = keys * r * h * (n + v) + pairs * h * (n + e + v);
+        let absorbed = new * r * h * (n + v) + pairs * h * (2 * r + e);
+        if expanded <= absorbed {
+            LatentPath::Expanded
+        } else {
+            LatentPath::Absorbed
+        }
+    }
+
     /// Causal self-attention over `x`, on the expanded path (as HF's forward).
     ///
     /// # Shapes
@@ -110,7 +153,8 @@ impl LatentAttention {
     }
 
     /// Self-attention over `x` on the chosen path, without a cache. Both paths give the
-    /// same values (up to float rounding).
+    /// same values (up to float rounding); [`LatentPath::Auto`] is the expanded one here,
+    /// where every key is new.
     ///
     /// # Shapes
     /// As [`forward`](Self::forward).
@@ -120,13 +164,17 @@ impl LatentAttention {
         key_padding: Option<Tensor<2, Bool>>,
         path: LatentPath,
     ) -> Tensor<3> {
+        let seq = x.dims()[1];
         let (q_nope, q_rope) = self.queries(x.clone(), 0);
         let entries = self.latent_entries(x, 0);
-        let output = match path {
-            LatentPath::Expanded => self.attend_expanded(q_nope, q_rope, entries, key_padding),
+        let output = match self.resolve_path(path, seq, seq) {
             LatentPath::Absorbed => {
                 let weights = self.absorbed_weights();
                 self.attend_absorbed(q_nope, q_rope, entries, key_padding, &weights)
+            }
+            // `resolve_path` never returns `Auto`.
+            LatentPath::Expanded | LatentPath::Auto => {
+                self.attend_expanded(q_nope, q_rope, entries, key_padding)
             }
         };
         self.merge_heads(output)
@@ -182,19 +230,29 @@ impl LatentAttention {
         path: LatentPath,
     ) -> Tensor<3> {
         let offset = cache.position();
+        let new = x.dims()[1];
         let (q_nope, q_rope) = self.queries(x.clone(), offset);
         let entries = self.latent_entries(x, offset);
         let (entries, padding) = cache.append(entries, key_padding);
-        let output = match path {
-            LatentPath::Expanded => self.attend_expanded(q_nope, q_rope, entries, padding),
+        let resolved = self.resolve_path(path, new, offset + new);
+        // The module does not change during a generation: split `kv_b_proj` once per
+        // cache instead of once per step (a copy of the whole matrix). On the automatic
+        // path the prompt is expanded and the decoding steps that follow are absorbed:
+        // the prompt's call splits it, so that the steps, and copies of the cache made
+        // after the prompt (one per beam, say), find it done.
+        if resolved == LatentPath::Absorbed || path == LatentPath::Auto {
+            cache
+                .absorbed
+                .get_or_insert_with(|| self.absorbed_weights().materialized());
+        }
+        let output = match resolved {
             LatentPath::Absorbed => {
-                // The module does not change during a generation: split `kv_b_proj` once
-                // per cache instead of once per step (a copy of the whole matrix).
-                let weights = cache
-                    .absorbed
-                    .get_or_insert_with(|| self.absorbed_weights().materialized())
-                    .clone();
+                let weights = cache.absorbed.clone().expect("split above");
                 self.attend_absorbed(q_nope, q_rope, entries, padding, &weights)
+            }
+            // `resolve_path` never returns `Auto`.
+            LatentPath::Expanded | LatentPath::Auto => {
+                self.attend_expanded(q_nope, q_rope, entries, padding)
             }
         };
         self.merge_heads(output)
@@ -373,16 +431,17 @@ mod tests {
     use super::*;
     use crate::attention::padding_mask_from_lengths;
     use crate::test_utils::{assert_close, test_devices};
-    use burn::tensor::Distribution;
+    use burn::tensor::{Device, Distribution};
 
     #[test]
-    fn cached_decoding_equals_full_forward_on_both_paths() {
+    fn cached_decoding_equals_full_forward_on_every_path() {
         for device in test_devices() {
             device.seed(11);
             let attention = small_config().init(&device);
             let x = Tensor::<3>::random([2, 9, 40], Distribution::Normal(0.0, 1.0), &device);
             let full = attention.forward(x.clone(), None);
-            for path in [LatentPath::Expanded, LatentPath::Absorbed] {
+            // Auto prefills on the expanded path and decodes on the absorbed one.
+            for path in [LatentPath::Expanded, LatentPath::Absorbed, LatentPath::Auto] {
                 // Prefill 4 positions, decode 3 one by one, then a chunk of 2.
                 let mut cache = LatentKvCache::new();
                 let mut outputs = vec![attention.forward_cached_path(
@@ -414,6 +473,36 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Auto takes the path of fewer multiply-adds: expanded for a prompt, absorbed for a
+    /// decoding step, and for a chunk over a long cache expanded from
+    /// `r·(n + v) / (2r − n − v)` new queries on (12·13 / 11 ≈ 14.2 here).
+    #[test]
+    fn auto_path_expands_prompts_and_absorbs_decoding_steps() {
+        let attention = small_config().init(&Device::flex());
+        let auto = |new, keys| attention.resolve_path(LatentPath::Auto, new, keys);
+        assert_eq!(auto(4, 4), LatentPath::Expanded);
+        assert_eq!(auto(512, 512), LatentPath::Expanded);
+        assert_eq!(auto(1, 5), LatentPath::Absorbed);
+        assert_eq!(auto(1, 4096), LatentPath::Absorbed);
+        assert_eq!(auto(14, 1_000_000), LatentPath::Absorbed);
+        assert_eq!(auto(15, 1_000_000), LatentPath::Expanded);
+        // An explicit path stays.
+        for path in [LatentPath::Expanded, LatentPath::Absorbed] {
+            assert_eq!(attention.resolve_path(path, 1, 4096), path);
+            assert_eq!(attention.resolve_path(path, 512, 512), path);
+        }
+        // Without the causal mask every new query sees every key.
+        let bidirectional = small_config().with_causal(false).init(&Device::flex());
+        assert_eq!(
+            bidirectional.resolve_path(LatentPath::Auto, 15, 1_000_000),
+            LatentPath::Expanded
+        );
+        assert_eq!(
+            bidirectional.resolve_path(LatentPath::Auto, 1, 4096),
+            LatentPath::Absorbed
+        );
     }
 
     #[test]
