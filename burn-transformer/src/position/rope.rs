@@ -346,9 +346,7 @@ fn rotate_joining_halves(
 /// `a·c − b·s`.
 ///
 /// # Shapes
-/// - x: `[batch, heads, seq, rotary_dim]`
-/// - cos, sin: `[seq, rotary_dim / 2]`
-/// - output: `[batch, heads, seq, rotary_dim]`
+/// As [`rotate_joining_halves`].
 fn rotate_flipping_pairs(
     x: Tensor<4>,
     cos: Tensor<2>,
