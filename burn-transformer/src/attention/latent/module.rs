@@ -153,8 +153,9 @@ impl LatentAttention {
     }
 
     /// Self-attention over `x` on the chosen path, without a cache. Both paths give the
-    /// same values (up to float rounding); [`LatentPath::Auto`] is the expanded one here,
-    /// where every key is new.
+    /// same values (up to float rounding). [`LatentPath::Auto`] resolves by
+    /// [`resolve_path`](Self::resolve_path) with every key new: expanded unless the
+    /// latent is narrower than half of `qk_nope + v_head_dim`.
     ///
     /// # Shapes
     /// As [`forward`](Self::forward).
