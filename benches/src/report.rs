@@ -1010,10 +1010,10 @@ pub fn combined(
     let mut text = format!(
         "{BEGIN_MARKER}\n\n## Results of the bench runner\n\nMeasured on:\n\n{}\n\
          Raw numbers: [`{folder}/results.jsonl`]({folder}/results.jsonl) (one \
-         JSON object per cell). Reproduce with `cargo run --release -p benches --bin bench \
-         -- --{}`.\n",
+         JSON object per cell). Reproduce the whole grid with `cargo run --release -p \
+         benches --bin bench -- --full` (`--quick` for the small one; `--backends`, \
+         `--suites` and `--only` measure parts of it).\n",
         machine.markdown(),
-        machine.mode
     );
     let runs = runs(records);
     if runs.len() > 1 {
