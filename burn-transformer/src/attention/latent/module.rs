@@ -168,15 +168,11 @@ impl LatentAttention {
         let seq = x.dims()[1];
         let (q_nope, q_rope) = self.queries(x.clone(), 0);
         let entries = self.latent_entries(x, 0);
-        let output = match self.resolve_path(path, seq, seq) {
-            LatentPath::Absorbed => {
-                let weights = self.absorbed_weights();
-                self.attend_absorbed(q_nope, q_rope, entries, key_padding, &weights)
-            }
-            // `resolve_path` never returns `Auto`.
-            LatentPath::Expanded | LatentPath::Auto => {
-                self.attend_expanded(q_nope, q_rope, entries, key_padding)
-            }
+        let output = if self.resolve_path(path, seq, seq) == LatentPath::Absorbed {
+            let weights = self.absorbed_weights();
+            self.attend_absorbed(q_nope, q_rope, entries, key_padding, &weights)
+        } else {
+            self.attend_expanded(q_nope, q_rope, entries, key_padding)
         };
         self.merge_heads(output)
     }
@@ -246,15 +242,11 @@ impl LatentAttention {
                 .absorbed
                 .get_or_insert_with(|| self.absorbed_weights().materialized());
         }
-        let output = match resolved {
-            LatentPath::Absorbed => {
-                let weights = cache.absorbed.clone().expect("split above");
-                self.attend_absorbed(q_nope, q_rope, entries, padding, &weights)
-            }
-            // `resolve_path` never returns `Auto`.
-            LatentPath::Expanded | LatentPath::Auto => {
-                self.attend_expanded(q_nope, q_rope, entries, padding)
-            }
+        let output = if resolved == LatentPath::Absorbed {
+            let weights = cache.absorbed.clone().expect("split above");
+            self.attend_absorbed(q_nope, q_rope, entries, padding, &weights)
+        } else {
+            self.attend_expanded(q_nope, q_rope, entries, padding)
         };
         self.merge_heads(output)
     }
