@@ -114,6 +114,9 @@ impl ModelFolder {
                 let options = LoadOptions::default().with_dtype(dtype);
                 let (model, config, report) =
                     load_causal_lm_with(dir, device, &options).map_err(|e| e.to_string())?;
+                for note in &config.unread_keys {
+                    eprintln!("warning: {}: {note}", dir.join(CONFIG_FILE).display());
+                }
                 let pad_token = config
                     .pad_token_id
                     .or(config.eos_token_ids.first().copied())

@@ -115,8 +115,9 @@ impl<F: Fn(&str) -> KeyAction> KeyMap for F {
 }
 
 /// Loads `config.json` and the weights of a Hugging Face model directory into a
-/// [`CausalLm`] on `device`, in f32. Tensors holding NaN or infinite values are logged
-/// as a warning (`log::warn!`); [`load_causal_lm_with`] returns them.
+/// [`CausalLm`] on `device`, in f32. Tensors holding NaN or infinite values and the
+/// keys of `config.json` that the family does not read ([`HfConfig::unread_keys`]) are
+/// logged as warnings (`log::warn!`); [`load_causal_lm_with`] returns them.
 ///
 /// # Errors
 /// See [`HfError`]: unreadable files, bad JSON or fields, an unsupported
@@ -127,6 +128,9 @@ pub fn load_causal_lm(
     device: &Device,
 ) -> Result<(CausalLm, HfConfig), HfError> {
     let (model, config, report) = load_causal_lm_with(dir, device, &LoadOptions::default())?;
+    for note in &config.unread_keys {
+        log::warn!("{CONFIG_FILE}: {note}");
+    }
     if let Some(warning) = report.warning() {
         log::warn!("{warning}");
     }

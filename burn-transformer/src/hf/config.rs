@@ -2,9 +2,11 @@
 //!
 //! Only the keys that change the computation are read; the rest (`architectures`,
 //! `torch_dtype`, `transformers_version`, …) are ignored. A missing key takes the
-//! default of the family's transformers configuration class. The model's own keys are
-//! read here; the rotary embedding, latent attention and mixture-of-experts keys by
-//! their own modules.
+//! default of the family's transformers configuration class ([`super::defaults`]), and
+//! a key that the family's transformers implementation does not read changes nothing
+//! here either ([`HfConfig::unread_keys`] names those the file sets). The model's own
+//! keys are read here; the rotary embedding, latent attention and mixture-of-experts
+//! keys by their own modules.
 
 use std::path::Path;
 
@@ -13,8 +15,9 @@ use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde_json::Value;
 
 use super::activation::deserialize_activation;
+use super::defaults::with_family_defaults;
 use super::error::HfError;
-use super::keys::{KeyError, read_keys, required};
+use super::keys::{KeyError, UnreadKeys, read_keys, required};
 use super::latent::LatentKeys;
 use super::model_type::ModelType;
 use super::moe::MoeKeys;
@@ -24,6 +27,7 @@ use crate::block::BlockKind;
 use crate::ffn::Activation;
 use crate::ffn::moe::ExpertGlu;
 use crate::model::CausalLmConfig;
+use crate::position::RopeScaling;
 
 /// A model configuration read from a Hugging Face `config.json`.
 #[derive(Debug, Clone)]
@@ -43,6 +47,11 @@ pub struct HfConfig {
     /// loaded as the model's [`mtp`](crate::model::CausalLm::mtp) modules when the
     /// checkpoint has them. 0 for every other family.
     pub mtp_layers: usize,
+    /// One note per key that the file sets to a value the family's transformers
+    /// implementation does not read or use (Mistral's `mlp_bias`, Gemma-3's
+    /// `attn_logit_softcapping`, Mixtral's `norm_topk_prob`, …): the model is built as
+    /// transformers builds it, and the loaders print these as warnings.
+    pub unread_keys: Vec<String>,
 }
 
 impl HfConfig {
@@ -91,8 +100,12 @@ impl HfConfig {
                 model_type,
             });
         };
+        let value = &with_family_defaults(family, value);
         let keys: ModelKeys = read_keys(value, None).map_err(in_file)?;
-        let model = keys.causal_lm_config(family, value).map_err(in_file)?;
+        let mut unread = UnreadKeys::new(value, family.name());
+        let model = keys
+            .causal_lm_config(family, value, &mut unread)
+            .map_err(in_file)?;
         model.validate().map_err(|source| HfError::Config {
             path: path.to_path_buf(),
             source,
@@ -107,6 +120,7 @@ impl HfConfig {
                 ModelType::DeepseekV3 => keys.num_nextn_predict_layers.unwrap_or(0),
                 _ => 0,
             },
+            unread_keys: unread.into_notes(),
         })
     }
 }
@@ -161,7 +175,10 @@ struct ModelKeys {
     eos_token_id: Option<TokenIds>,
     pad_token_id: Option<u32>,
     /// DeepSeek-V3's multi-token-prediction layers, stored after the decoder layers.
+    #[serde(alias = "num_mtp_layers")]
     num_nextn_predict_layers: Option<usize>,
+    /// Gemma's encoder variant (EmbeddingGemma), which this loader does not build.
+    use_bidirectional_attention: Option<bool>,
 }
 
 /// `eos_token_id`: one token id or a list of them.
@@ -207,23 +224,35 @@ impl ModelKeys {
         &self,
         family: ModelType,
         config: &Value,
+        unread: &mut UnreadKeys,
     ) -> Result<CausalLmConfig, KeyError> {
+        if self.use_bidirectional_attention == Some(true) {
+            return Err(KeyError::new(
+                "use_bidirectional_attention",
+                "is true: bidirectional (encoder) Gemma models are not supported; this \
+                 loader builds causal language models",
+            ));
+        }
         let size = |value, key| required(value, key, "a non-negative integer");
         let d_model = size(self.hidden_size, "hidden_size")?;
         let n_heads = size(self.num_attention_heads, "num_attention_heads")?;
         let n_layers = size(self.num_hidden_layers, "num_hidden_layers")?;
         let rope_keys = read_keys::<RopeKeys>(config, None)?;
-        // Gemma-3 rotates its sliding layers with their own base frequency.
+        // Gemma-3 rotates its sliding layers with their own embedding: the object of
+        // their layer type, or (in a file with one object for the model, which
+        // transformers gives the full layers) no scaling at `rope_local_base_freq`.
         let (rope, sliding_rope) = match family {
+            ModelType::Gemma3Text if rope_keys.is_per_layer_type()? => (
+                rope_keys.rope_config_of(Some("full_attention"))?,
+                Some(rope_keys.rope_config_of(Some("sliding_attention"))?),
+            ),
             ModelType::Gemma3Text => {
-                let mut sliding = rope_keys.rope_config_of(Some("sliding_attention"))?;
+                let full = rope_keys.rope_config()?;
+                let mut sliding = full.clone().with_scaling(RopeScaling::Default);
                 if let Some(theta) = self.rope_local_base_freq {
                     sliding.theta = theta;
                 }
-                (
-                    rope_keys.rope_config_of(Some("full_attention"))?,
-                    Some(sliding),
-                )
+                (full, Some(sliding))
             }
             _ => (rope_keys.rope_config()?, None),
         };
@@ -231,14 +260,65 @@ impl ModelKeys {
         let head_dim = self.head_dim.unwrap_or(rope.head_dim);
         let (qkv_bias, o_bias) = match family {
             // Qwen2 has biases on q, k and v but not on the output projection.
-            ModelType::Qwen2 => (true, false),
-            ModelType::Mistral => (false, false),
+            ModelType::Qwen2 => {
+                unread.fixed(
+                    "attention_bias",
+                    self.attention_bias,
+                    false,
+                    "biases on q, k and v only",
+                );
+                (true, false)
+            }
+            ModelType::Mistral | ModelType::Mixtral => {
+                let bias = unread.fixed(
+                    "attention_bias",
+                    self.attention_bias,
+                    false,
+                    "no attention biases",
+                );
+                (bias, bias)
+            }
             _ => {
                 let bias = self.attention_bias.unwrap_or(false);
                 (bias, bias)
             }
         };
-        let (sliding_window, sliding_layers) = self.sliding_window(family, n_layers)?;
+        let mlp_bias = match family {
+            ModelType::Llama | ModelType::DeepseekV2 => self.mlp_bias.unwrap_or(false),
+            _ => unread.fixed("mlp_bias", self.mlp_bias, false, "no feed-forward biases"),
+        };
+        // Gemma names the activation `hidden_activation`, every other family `hidden_act`.
+        let activation = if gemma {
+            let used = self.hidden_activation.unwrap_or(Activation::GeluTanh);
+            unread.fixed("hidden_act", self.hidden_act, used, "`hidden_activation`")
+        } else {
+            let used = self.hidden_act.unwrap_or(Activation::Silu);
+            unread.fixed(
+                "hidden_activation",
+                self.hidden_activation,
+                used,
+                "`hidden_act`",
+            )
+        };
+        let attention_softcap = match family {
+            ModelType::Gemma2 => self.attn_logit_softcapping,
+            _ => unread.fixed(
+                "attn_logit_softcapping",
+                self.attn_logit_softcapping.map(Some),
+                None,
+                "no attention soft-capping",
+            ),
+        };
+        let final_logit_softcap = match gemma {
+            true => self.final_logit_softcapping,
+            false => unread.fixed(
+                "final_logit_softcapping",
+                self.final_logit_softcapping.map(Some),
+                None,
+                "no logit soft-capping",
+            ),
+        };
+        let (sliding_window, sliding_layers) = self.sliding_window(family, n_layers, unread)?;
         let mut model = CausalLmConfig::new(
             size(self.vocab_size, "vocab_size")?,
             d_model,
@@ -252,16 +332,8 @@ impl ModelKeys {
         .with_norm_eps(self.rms_norm_eps.unwrap_or(1e-6))
         .with_qkv_bias(qkv_bias)
         .with_o_bias(o_bias)
-        .with_mlp_bias(self.mlp_bias.unwrap_or(false))
-        .with_activation(
-            self.hidden_activation
-                .or(self.hidden_act)
-                .unwrap_or(if gemma {
-                    Activation::GeluTanh
-                } else {
-                    Activation::Silu
-                }),
-        )
+        .with_mlp_bias(mlp_bias)
+        .with_activation(activation)
         .with_sliding_window(sliding_window)
         .with_sliding_layers(sliding_layers)
         .with_tie_word_embeddings(self.tie_word_embeddings.unwrap_or(gemma))
@@ -273,9 +345,9 @@ impl ModelKeys {
                 .unwrap_or(head_dim as f64)
                 .powf(-0.5)
         }))
-        .with_attention_softcap(self.attn_logit_softcapping.filter(|_| gemma))
+        .with_attention_softcap(attention_softcap)
         .with_attention_sinks(family == ModelType::GptOss)
-        .with_final_logit_softcap(self.final_logit_softcapping.filter(|_| gemma))
+        .with_final_logit_softcap(final_logit_softcap)
         .with_qk_norm(self.qk_norm(family))
         .with_block_kind(match family {
             ModelType::Olmo2 => BlockKind::OutputNorm,
@@ -288,7 +360,7 @@ impl ModelKeys {
         });
         if family.is_sparse() {
             let moe = read_keys::<MoeKeys>(config, None)?;
-            let mut moe_config = moe.moe_config()?;
+            let mut moe_config = moe.moe_config(unread)?;
             if family == ModelType::GptOss {
                 moe_config.router.bias = true;
                 moe_config.expert_bias = true;
@@ -342,6 +414,7 @@ impl ModelKeys {
         &self,
         family: ModelType,
         n_layers: usize,
+        unread: &mut UnreadKeys,
     ) -> Result<(Option<usize>, Option<Vec<bool>>), KeyError> {
         if self.sliding_window == Some(0) {
             return Err(KeyError::new("sliding_window", "must be positive"));
@@ -358,6 +431,22 @@ impl ModelKeys {
         let Some(window) = window else {
             return Ok((None, None));
         };
+        if matches!(
+            family,
+            ModelType::Mistral | ModelType::Mixtral | ModelType::Qwen3Moe
+        ) {
+            let every_layer_slides = self
+                .layer_types
+                .as_ref()
+                .map(|types| types.iter().all(|kind| kind == "sliding_attention"));
+            unread.fixed(
+                "layer_types",
+                every_layer_slides,
+                true,
+                "a window on every layer",
+            );
+            return Ok((Some(window), None));
+        }
         let layers = match &self.layer_types {
             Some(types) => {
                 if types.len() != n_layers {
@@ -382,7 +471,6 @@ impl ModelKeys {
                     .collect::<Result<Vec<_>, _>>()?;
                 Some(flags)
             }
-            // Qwen3-MoE slides on every layer: it has no max_window_layers rule.
             None if matches!(family, ModelType::Qwen2 | ModelType::Qwen3) => {
                 let first = self.max_window_layers.unwrap_or(28);
                 Some((0..n_layers).map(|layer| layer >= first).collect())
@@ -562,18 +650,31 @@ mod tests {
         );
         assert_eq!(
             field(with(
-                "mistral",
+                "gemma2",
                 "\"sliding_window\": 4, \"layer_types\": [\"full_attention\"],"
             )),
             "layer_types"
         );
         assert_eq!(
             field(with(
-                "mistral",
+                "gemma2",
                 "\"sliding_window\": 4, \"layer_types\": [\"full_attention\", \"chunked\"],"
             )),
             "layer_types"
         );
+        // Mistral's code reads no layer types: it slides everywhere and says so.
+        let typed = with(
+            "mistral",
+            "\"sliding_window\": 4, \"layer_types\": [\"full_attention\", \"sliding_attention\"],",
+        )
+        .unwrap();
+        assert_eq!(typed.model.window_of(0), Some(4));
+        assert_eq!(typed.unread_keys.len(), 1, "{:?}", typed.unread_keys);
+        assert!(typed.unread_keys[0].starts_with("`layer_types: "));
+        // A missing window is the class default (4096), a null one no window.
+        assert_eq!(with("mistral", "").unwrap().model.window_of(0), Some(4096));
+        let null = with("mistral", "\"sliding_window\": null,").unwrap();
+        assert_eq!(null.model.window_of(0), None);
         // Without a window, other layer kinds are not this crate's concern.
         let other_kinds = with(
             "llama",

@@ -73,6 +73,58 @@ pub(crate) fn required<T>(value: Option<T>, key: &str, expected: &str) -> Result
     value.ok_or_else(|| KeyError::new(key, format!("missing ({expected} is required)")))
 }
 
+/// The keys of a `config.json` that the family's transformers implementation does not
+/// read (or reads and never uses) where the file gives them a value other than the one
+/// that implementation computes with. The model follows transformers, the reference
+/// checkpoints are made and checked with; these notes tell the reader of the file what
+/// it asked for in vain.
+#[derive(Debug)]
+pub(crate) struct UnreadKeys<'a> {
+    config: &'a Value,
+    family: &'a str,
+    notes: Vec<String>,
+}
+
+impl<'a> UnreadKeys<'a> {
+    /// Notes on the keys of `config`, read as the family `family`.
+    pub(crate) fn new(config: &'a Value, family: &'a str) -> Self {
+        Self {
+            config,
+            family,
+            notes: Vec::new(),
+        }
+    }
+
+    /// `used`, what transformers' implementation of the family computes with whatever
+    /// the file says; `value` (the file's value of `key`) is noted where it differs,
+    /// `what` saying in words what is used instead.
+    pub(crate) fn fixed<T: PartialEq>(
+        &mut self,
+        key: &str,
+        value: Option<T>,
+        used: T,
+        what: &str,
+    ) -> T {
+        if value.is_some_and(|value| value != used) {
+            let written = self
+                .config
+                .get(key)
+                .map_or_else(String::new, Value::to_string);
+            self.notes.push(format!(
+                "`{key}: {written}` has no effect in transformers' {}, which uses {what}: \
+                 ignored",
+                self.family
+            ));
+        }
+        used
+    }
+
+    /// The notes, in the order the keys were read.
+    pub(crate) fn into_notes(self) -> Vec<String> {
+        self.notes
+    }
+}
+
 /// A non-negative integer that may be written as a float with no fractional part
 /// (`4096.0`), as some `rope_scaling` objects write their context lengths.
 pub(crate) fn whole_number<'de, D: Deserializer<'de>>(

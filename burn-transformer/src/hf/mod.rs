@@ -19,6 +19,7 @@
 mod activation;
 mod checkpoint;
 mod config;
+mod defaults;
 mod error;
 mod export;
 mod keys;

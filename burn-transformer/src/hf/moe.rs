@@ -9,7 +9,8 @@ use serde_json::Value;
 
 use super::activation::deserialize_activation;
 use super::error::HfError;
-use super::keys::{KeyError, read_keys, required};
+use super::keys::{KeyError, UnreadKeys, read_keys, required};
+use super::model_type::ModelType;
 use crate::ffn::moe::{GroupScoring, RouterConfig, RouterScoring};
 use crate::ffn::{Activation, MoeConfig, MoeLayerPlan, SwiGluConfig};
 
@@ -26,11 +27,21 @@ use crate::ffn::{Activation, MoeConfig, MoeLayerPlan, SwiGluConfig};
 /// - the correction bias for `deepseek_v3` or `topk_method: "noaux_tc"`; group score
 ///   max for `topk_method: "group_limited_greedy"` (DeepSeek-V2).
 ///
+/// For the families transformers implements, the routing is the one its code computes,
+/// whatever keys it does not read say: softmax scores (sigmoid for `deepseek_v3`);
+/// Mixtral and gpt-oss always renormalize the chosen experts' weights and DeepSeek-V2
+/// never does; only DeepSeek-V2/V3 have shared experts, expert groups and a routed
+/// scaling factor, and DeepSeek-V2's groups count only under
+/// `topk_method: "group_limited_greedy"`.
+///
 /// # Errors
 /// [`HfError::Field`] naming the key that is missing or malformed.
 pub fn moe_config(config: &Value, path: impl AsRef<Path>) -> Result<MoeConfig, HfError> {
     read_keys::<MoeKeys>(config, None)
-        .and_then(|keys| keys.moe_config())
+        .and_then(|keys| {
+            let family = keys.model_type.clone().unwrap_or_default();
+            keys.moe_config(&mut UnreadKeys::new(config, &family))
+        })
         .map_err(|error| error.in_file(path.as_ref()))
 }
 
@@ -83,26 +94,73 @@ pub(crate) struct MoeKeys {
     mlp_only_layers: Option<Vec<usize>>,
 }
 
+/// How a router picks among expert groups.
+struct GroupRouting {
+    n_group: usize,
+    topk_group: usize,
+    group_scoring: GroupScoring,
+    score_correction_bias: bool,
+}
+
+impl GroupRouting {
+    /// Every expert in one group, no bias.
+    fn ungrouped() -> Self {
+        Self {
+            n_group: 1,
+            topk_group: 1,
+            group_scoring: GroupScoring::TopTwoSum,
+            score_correction_bias: false,
+        }
+    }
+}
+
 impl MoeKeys {
-    /// The sparse layer these keys describe.
-    pub(crate) fn moe_config(&self) -> Result<MoeConfig, KeyError> {
-        let model_type = self.model_type.as_deref().unwrap_or("");
-        let topk_method = self.topk_method.as_deref().unwrap_or("");
+    /// The sparse layer these keys describe; `unread` notes the keys that the family's
+    /// transformers implementation does not read.
+    pub(crate) fn moe_config(&self, unread: &mut UnreadKeys) -> Result<MoeConfig, KeyError> {
+        let family = self.model_type.as_deref().and_then(ModelType::from_name);
         let scoring = match self.scoring_func.as_deref() {
-            Some("softmax") => RouterScoring::Softmax,
-            Some("sigmoid") => RouterScoring::Sigmoid,
+            Some("softmax") => Some(RouterScoring::Softmax),
+            Some("sigmoid") => Some(RouterScoring::Sigmoid),
             Some(other) => {
                 return Err(KeyError::new(
                     "scoring_func",
                     format!("expected softmax or sigmoid, got {other}"),
                 ));
             }
-            None if model_type == "deepseek_v3" => RouterScoring::Sigmoid,
-            None => RouterScoring::Softmax,
+            None => None,
         };
-        let norm_topk_prob = self
-            .norm_topk_prob
-            .unwrap_or(matches!(model_type, "mixtral" | "deepseek_v3" | "gpt_oss"));
+        let scoring = match family {
+            Some(ModelType::DeepseekV3) => unread.fixed(
+                "scoring_func",
+                scoring,
+                RouterScoring::Sigmoid,
+                "sigmoid scores",
+            ),
+            Some(_) => unread.fixed(
+                "scoring_func",
+                scoring,
+                RouterScoring::Softmax,
+                "softmax scores",
+            ),
+            None => scoring.unwrap_or(RouterScoring::Softmax),
+        };
+        let norm_topk_prob = match family {
+            Some(ModelType::Mixtral | ModelType::GptOss) => unread.fixed(
+                "norm_topk_prob",
+                self.norm_topk_prob,
+                true,
+                "renormalized top-k weights",
+            ),
+            Some(ModelType::DeepseekV2) => unread.fixed(
+                "norm_topk_prob",
+                self.norm_topk_prob,
+                false,
+                "the top-k scores as weights",
+            ),
+            Some(ModelType::DeepseekV3) => self.norm_topk_prob.unwrap_or(true),
+            _ => self.norm_topk_prob.unwrap_or(false),
+        };
         let n_experts = self
             .n_routed_experts
             .or(self.num_local_experts)
@@ -122,6 +180,32 @@ impl MoeKeys {
                     "missing (also looked for intermediate_size)",
                 )
             })?;
+        let routing = self.group_routing(family, unread)?;
+        let deepseek = matches!(
+            family,
+            None | Some(ModelType::DeepseekV2 | ModelType::DeepseekV3)
+        );
+        let (routed_scaling_factor, n_shared_experts) = if deepseek {
+            (
+                self.routed_scaling_factor.unwrap_or(1.0),
+                self.n_shared_experts.unwrap_or(0),
+            )
+        } else {
+            (
+                unread.fixed(
+                    "routed_scaling_factor",
+                    self.routed_scaling_factor,
+                    1.0,
+                    "unscaled expert weights",
+                ),
+                unread.fixed(
+                    "n_shared_experts",
+                    self.n_shared_experts,
+                    0,
+                    "no shared expert",
+                ),
+            )
+        };
         let router = RouterConfig::new(
             required(self.hidden_size, "hidden_size", "a non-negative integer")?,
             n_experts,
@@ -133,18 +217,83 @@ impl MoeKeys {
         )
         .with_scoring(scoring)
         .with_norm_topk_prob(norm_topk_prob)
-        .with_routed_scaling_factor(self.routed_scaling_factor.unwrap_or(1.0))
-        .with_n_group(self.n_group.unwrap_or(1))
-        .with_topk_group(self.topk_group.unwrap_or(1))
-        .with_group_scoring(if topk_method == "group_limited_greedy" {
-            GroupScoring::Max
-        } else {
-            GroupScoring::TopTwoSum
-        })
-        .with_score_correction_bias(model_type == "deepseek_v3" || topk_method == "noaux_tc");
+        .with_routed_scaling_factor(routed_scaling_factor)
+        .with_n_group(routing.n_group)
+        .with_topk_group(routing.topk_group)
+        .with_group_scoring(routing.group_scoring)
+        .with_score_correction_bias(routing.score_correction_bias);
         Ok(MoeConfig::new(router, d_ff)
-            .with_n_shared_experts(self.n_shared_experts.unwrap_or(0))
+            .with_n_shared_experts(n_shared_experts)
             .with_activation(self.hidden_act.unwrap_or(Activation::Silu)))
+    }
+
+    /// Expert groups and the correction bias: DeepSeek-V3 always routes through groups
+    /// (scored by their two best experts) with the bias; DeepSeek-V2 through groups
+    /// (scored by their best expert) under `topk_method: "group_limited_greedy"` and
+    /// over all experts under `"greedy"`; the other families over all experts. Without
+    /// a family, the keys as written.
+    fn group_routing(
+        &self,
+        family: Option<ModelType>,
+        unread: &mut UnreadKeys,
+    ) -> Result<GroupRouting, KeyError> {
+        let topk_method = self.topk_method.as_deref();
+        let groups = || (self.n_group.unwrap_or(1), self.topk_group.unwrap_or(1));
+        let ungrouped = |unread: &mut UnreadKeys, what| {
+            unread.fixed("n_group", self.n_group, 1, what);
+            unread.fixed("topk_group", self.topk_group, 1, what);
+            GroupRouting::ungrouped()
+        };
+        let routing = match family {
+            Some(ModelType::DeepseekV3) => {
+                unread.fixed(
+                    "topk_method",
+                    topk_method,
+                    "noaux_tc",
+                    "groups of the two best experts' scores with the correction bias",
+                );
+                let (n_group, topk_group) = groups();
+                GroupRouting {
+                    n_group,
+                    topk_group,
+                    group_scoring: GroupScoring::TopTwoSum,
+                    score_correction_bias: true,
+                }
+            }
+            Some(ModelType::DeepseekV2) => match topk_method.unwrap_or("greedy") {
+                "group_limited_greedy" => {
+                    let (n_group, topk_group) = groups();
+                    GroupRouting {
+                        n_group,
+                        topk_group,
+                        group_scoring: GroupScoring::Max,
+                        score_correction_bias: false,
+                    }
+                }
+                "greedy" => ungrouped(unread, "one group (`topk_method: \"greedy\"`)"),
+                other => {
+                    return Err(KeyError::new(
+                        "topk_method",
+                        format!("expected greedy or group_limited_greedy, got {other}"),
+                    ));
+                }
+            },
+            Some(_) => ungrouped(unread, "no expert groups"),
+            None => {
+                let (n_group, topk_group) = groups();
+                GroupRouting {
+                    n_group,
+                    topk_group,
+                    group_scoring: if topk_method == Some("group_limited_greedy") {
+                        GroupScoring::Max
+                    } else {
+                        GroupScoring::TopTwoSum
+                    },
+                    score_correction_bias: topk_method == Some("noaux_tc"),
+                }
+            }
+        };
+        Ok(routing)
     }
 
     /// Which layers are sparse.

@@ -138,6 +138,29 @@ fn is_per_layer_type(object: &Map<String, Value>) -> bool {
 }
 
 impl RopeKeys {
+    /// Whether the file has one rotary embedding per layer type (a `rope_parameters` or
+    /// `rope_scaling` object of objects) rather than one for the model.
+    ///
+    /// # Errors
+    /// A malformed `rope_parameters` / `rope_scaling` object, named.
+    pub(crate) fn is_per_layer_type(&self) -> Result<bool, KeyError> {
+        let (key, parameters) = self.parameters();
+        Ok(matches!(
+            parameters
+                .map(|value| RopeParameters::read(value, key))
+                .transpose()?,
+            Some(RopeParameters::PerLayerType(_))
+        ))
+    }
+
+    /// `rope_parameters` (transformers 5) when present, else `rope_scaling`, with its key.
+    fn parameters(&self) -> (&'static str, Option<&Value>) {
+        match (&self.rope_parameters, &self.rope_scaling) {
+            (Some(value), _) => ("rope_parameters", Some(value)),
+            (None, value) => ("rope_scaling", value.as_ref()),
+        }
+    }
+
     /// The rotary embedding of every layer.
     pub(crate) fn rope_config(&self) -> Result<RopeConfig, KeyError> {
         self.rope_config_of(None)
@@ -156,10 +179,7 @@ impl RopeKeys {
                 ));
             }
         };
-        let (key, parameters) = match (&self.rope_parameters, &self.rope_scaling) {
-            (Some(value), _) => ("rope_parameters", Some(value)),
-            (None, value) => ("rope_scaling", value.as_ref()),
-        };
+        let (key, parameters) = self.parameters();
         let parameters = parameters
             .map(|value| RopeParameters::read(value, key))
             .transpose()?;

@@ -203,6 +203,137 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
     matches_transformers("deepseek_v2");
 }
 
+/// Fixture configs rewritten the way other `config.json` files describe the same
+/// model (keys left at their class defaults, transformers 4's rotary keys, keys the
+/// family's transformers code does not read) load to transformers' logits, and the
+/// keys that had no effect are named.
+#[test]
+fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
+    use serde_json::json;
+    type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
+    let cases: [(&str, Edit, &[&str]); 6] = [
+        // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
+        // token. Its code has no attention or feed-forward biases, always renormalizes
+        // softmax weights and has no expert groups.
+        (
+            "mixtral",
+            |config| {
+                for key in ["rms_norm_eps", "rope_parameters", "num_experts_per_tok"] {
+                    config.remove(key);
+                }
+                config.insert("attention_bias".into(), json!(true));
+                config.insert("mlp_bias".into(), json!(true));
+                config.insert("scoring_func".into(), json!("sigmoid"));
+                config.insert("norm_topk_prob".into(), json!(false));
+                config.insert("n_group".into(), json!(2));
+            },
+            &[
+                "attention_bias",
+                "mlp_bias",
+                "scoring_func",
+                "norm_topk_prob",
+                "n_group",
+            ],
+        ),
+        // transformers 4's Gemma-3 keys: the scaling and `rope_theta` (default 1e6) are
+        // the full layers', the sliding layers rotate unscaled at
+        // `rope_local_base_freq`, and every `sliding_window_pattern`-th layer is full.
+        (
+            "gemma3_text",
+            |config| {
+                for key in ["rope_parameters", "layer_types", "_sliding_window_pattern"] {
+                    config.remove(key);
+                }
+                config.insert(
+                    "rope_scaling".into(),
+                    json!({"rope_type": "linear", "factor": 2.0}),
+                );
+                config.insert("rope_local_base_freq".into(), json!(100.0));
+                config.insert("sliding_window_pattern".into(), json!(2));
+                config.insert("attn_logit_softcapping".into(), json!(3.0));
+                config.insert("hidden_act".into(), json!("silu"));
+            },
+            &["hidden_act", "attn_logit_softcapping"],
+        ),
+        // Gemma-2's defaults: alternating layers from a sliding one, tied embeddings.
+        (
+            "gemma2",
+            |config| {
+                for key in ["layer_types", "tie_word_embeddings", "rope_parameters"] {
+                    config.remove(key);
+                }
+            },
+            &[],
+        ),
+        // gpt-oss's defaults: attention biases, the clamped SwiGLU's constants,
+        // alternating layers. Its router always renormalizes.
+        (
+            "gpt_oss",
+            |config| {
+                for key in [
+                    "attention_bias",
+                    "swiglu_alpha",
+                    "swiglu_limit",
+                    "layer_types",
+                ] {
+                    config.remove(key);
+                }
+                config.insert("norm_topk_prob".into(), json!(false));
+            },
+            &["norm_topk_prob"],
+        ),
+        // DeepSeek-V2's defaults: greedy routing, two shared experts, unscaled weights.
+        // Greedy routing ignores the groups; the weights are never renormalized.
+        (
+            "deepseek_v2",
+            |config| {
+                for key in ["topk_method", "n_shared_experts", "routed_scaling_factor"] {
+                    config.remove(key);
+                }
+                config.insert("n_group".into(), json!(4));
+                config.insert("norm_topk_prob".into(), json!(true));
+            },
+            &["norm_topk_prob", "n_group"],
+        ),
+        // Mistral slides on every layer whatever `layer_types` says; no MLP biases.
+        (
+            "mistral",
+            |config| {
+                config.insert(
+                    "layer_types".into(),
+                    json!(["full_attention", "sliding_attention"]),
+                );
+                config.insert("mlp_bias".into(), json!(true));
+            },
+            &["mlp_bias", "layer_types"],
+        ),
+    ];
+    let device = Device::flex();
+    for (name, edit, unread) in cases {
+        let scratch = ScratchModel::copy(name).edit_config(edit);
+        let (model, config) = load_causal_lm(scratch.path(), &device)
+            .unwrap_or_else(|error| panic!("{name}: {error}"));
+        let reference = reference(name);
+        let prompts = rows(&reference.data("tokens"));
+        assert_close(
+            model.forward(int_tensor(&prompts, &device), None),
+            reference.tensor::<3>("logits", &device),
+            LOGIT_TOLERANCE,
+            &format!("{name} with its config rewritten"),
+        );
+        let named: Vec<&str> = config
+            .unread_keys
+            .iter()
+            .map(|note| note.split('`').nth(1).unwrap().split(':').next().unwrap())
+            .collect();
+        let mut expected = unread.to_vec();
+        expected.sort_unstable();
+        let mut named_sorted = named.clone();
+        named_sorted.sort_unstable();
+        assert_eq!(named_sorted, expected, "{name}: {:?}", config.unread_keys);
+    }
+}
+
 /// A DeepSeek-V3 checkpoint with its multi-token-prediction layer: the model matches
 /// transformers (which ignores that layer), and the loaded module gives the PyTorch
 /// reference's states and logits (tools/make_hf_models.py: transformers' decoder layer
@@ -753,7 +884,7 @@ fn a_config_with_fewer_layers_than_its_checkpoint_is_an_error_for_every_family()
         let scratch = ScratchModel::copy(name).edit_config(|config| {
             config.insert("num_hidden_layers".into(), 1.into());
             config.remove("layer_types");
-            config.remove("num_nextn_predict_layers");
+            config.insert("num_nextn_predict_layers".into(), 0.into());
         });
         let error = scratch.load();
         assert!(

@@ -1,0 +1,224 @@
+//! The defaults of transformers' configuration classes: a key that a `config.json`
+//! leaves out takes the value that the family's class gives it, so that a file saved
+//! with only the keys that differ from those defaults (transformers 4 saved them so)
+//! builds the model transformers builds.
+//!
+//! A key written as `null` stays null: transformers reads it as `None` too, which for
+//! some keys differs from leaving it out (Mistral's `sliding_window` is 4096 when
+//! missing and no window when null).
+
+use serde_json::{Map, Value, json};
+
+use super::model_type::ModelType;
+
+/// `config` with every key it leaves out filled from the configuration class of
+/// `family` (transformers 5), including the defaults those classes derive: the layer
+/// types of Gemma-2, Gemma-3 (from `sliding_window_pattern`) and gpt-oss, and the rotary
+/// embedding where the file has neither `rope_parameters` nor `rope_scaling`.
+///
+/// The model's sizes (`vocab_size`, `hidden_size`, `intermediate_size`,
+/// `num_hidden_layers`, `num_attention_heads`) get no default: the checkpoint's tensors
+/// must match them, and a missing size is clearer as an error than as a shape mismatch.
+pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
+    let mut filled = config.clone();
+    // Anything but an object is refused by the readers, naming it.
+    let Value::Object(object) = &mut filled else {
+        return filled;
+    };
+    let Value::Object(defaults) = class_defaults(family) else {
+        unreachable!("the defaults are a JSON object");
+    };
+    let has_rope = object.contains_key("rope_parameters") || object.contains_key("rope_scaling");
+    for (key, value) in defaults {
+        if key == "rope_scaling" && has_rope {
+            continue;
+        }
+        object.entry(key).or_insert(value);
+    }
+    if !object.contains_key("layer_types")
+        && let Some(layer_types) = default_layer_types(family, object)
+    {
+        object.insert("layer_types".into(), layer_types);
+    }
+    filled
+}
+
+/// The keys the configuration class of `family` sets without being told (transformers
+/// 5.24), among those our readers read. `rope_scaling` is the rotary embedding of a
+/// file that names none.
+fn class_defaults(family: ModelType) -> Value {
+    let mut defaults = json!({
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": false,
+        "attention_bias": false,
+        "initializer_range": 0.02,
+    });
+    // Gemma's classes name the activation `hidden_activation` and have no `hidden_act`.
+    if !family.is_gemma() {
+        defaults["hidden_act"] = json!("silu");
+    }
+    let own = match family {
+        ModelType::Llama => json!({"mlp_bias": false}),
+        ModelType::Mistral => json!({"num_key_value_heads": 8, "sliding_window": 4096}),
+        ModelType::Qwen2 => json!({
+            "num_key_value_heads": 32, "use_sliding_window": false, "sliding_window": 4096,
+            "max_window_layers": 28
+        }),
+        ModelType::Qwen3 => json!({
+            "num_key_value_heads": 32, "head_dim": 128, "use_sliding_window": false,
+            "sliding_window": 4096, "max_window_layers": 28
+        }),
+        ModelType::Olmo2 => json!({"rms_norm_eps": 1e-5}),
+        ModelType::Gemma2 => json!({
+            "num_key_value_heads": 4, "head_dim": 256,
+            "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": true,
+            "query_pre_attn_scalar": 256, "sliding_window": 4096,
+            "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0
+        }),
+        ModelType::Gemma3Text => json!({
+            "num_key_value_heads": 4, "head_dim": 256,
+            "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": true,
+            "query_pre_attn_scalar": 256, "sliding_window": 4096,
+            // The full layers' base; the sliding layers' is `rope_local_base_freq`.
+            "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0
+        }),
+        ModelType::Mixtral => json!({
+            "rms_norm_eps": 1e-5, "num_key_value_heads": 8, "rope_theta": 1_000_000.0,
+            "num_local_experts": 8, "num_experts_per_tok": 2, "router_aux_loss_coef": 0.001
+        }),
+        ModelType::Qwen3Moe => json!({
+            "num_key_value_heads": 4, "use_sliding_window": false, "sliding_window": 4096,
+            "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+            "decoder_sparse_step": 1, "norm_topk_prob": false, "router_aux_loss_coef": 0.001
+        }),
+        ModelType::GptOss => json!({
+            "rms_norm_eps": 1e-5, "attention_bias": true, "num_key_value_heads": 8,
+            "head_dim": 64, "sliding_window": 128, "num_local_experts": 128,
+            "num_experts_per_tok": 4, "swiglu_alpha": 1.702, "swiglu_limit": 7.0,
+            "router_aux_loss_coef": 0.001, "rope_theta": 150_000.0,
+            "rope_scaling": {
+                "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                "truncate": false, "original_max_position_embeddings": 4096
+            }
+        }),
+        ModelType::DeepseekV2 => json!({
+            "mlp_bias": false, "kv_lora_rank": 512, "q_lora_rank": 1536,
+            "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+            "n_routed_experts": 64, "n_shared_experts": 2, "moe_intermediate_size": 1407,
+            "routed_scaling_factor": 1.0, "topk_method": "greedy", "norm_topk_prob": false,
+            "first_k_dense_replace": 0
+        }),
+        ModelType::DeepseekV3 => json!({
+            "num_key_value_heads": 128, "kv_lora_rank": 512, "q_lora_rank": 1536,
+            "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+            "rope_interleave": true, "n_routed_experts": 256, "n_shared_experts": 1,
+            "moe_intermediate_size": 2048, "num_experts_per_tok": 8, "n_group": 8,
+            "topk_group": 4, "routed_scaling_factor": 2.5, "norm_topk_prob": true,
+            "first_k_dense_replace": 3, "num_nextn_predict_layers": 1
+        }),
+    };
+    if let (Value::Object(defaults), Value::Object(own)) = (&mut defaults, own) {
+        defaults.extend(own);
+    }
+    defaults
+}
+
+/// The layer types a class derives from the layer count when the file names none:
+/// Gemma-2 and gpt-oss alternate sliding and full layers, Gemma-3 makes every
+/// `sliding_window_pattern`-th layer (default 6) full.
+fn default_layer_types(family: ModelType, config: &Map<String, Value>) -> Option<Value> {
+    let every = match family {
+        ModelType::Gemma2 | ModelType::GptOss => 2,
+        ModelType::Gemma3Text => match config.get("sliding_window_pattern") {
+            None | Some(Value::Null) => 6,
+            Some(value) => value.as_u64().filter(|&every| every > 0)? as usize,
+        },
+        _ => return None,
+    };
+    let layers = config.get("num_hidden_layers")?.as_u64()? as usize;
+    Some(
+        (0..layers)
+            .map(|layer| {
+                if (layer + 1) % every == 0 {
+                    "full_attention"
+                } else {
+                    "sliding_attention"
+                }
+            })
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_keys_take_the_class_defaults_and_null_stays_null() {
+        let mistral = with_family_defaults(
+            ModelType::Mistral,
+            &json!({"model_type": "mistral", "rms_norm_eps": 1e-5}),
+        );
+        assert_eq!(mistral["sliding_window"], json!(4096));
+        assert_eq!(mistral["rms_norm_eps"], json!(1e-5));
+        let windowless = with_family_defaults(
+            ModelType::Mistral,
+            &json!({"model_type": "mistral", "sliding_window": null}),
+        );
+        assert_eq!(windowless["sliding_window"], Value::Null);
+        let mixtral = with_family_defaults(ModelType::Mixtral, &json!({}));
+        assert_eq!(
+            (&mixtral["rms_norm_eps"], &mixtral["rope_theta"]),
+            (&json!(1e-5), &json!(1e6))
+        );
+        let gemma2 = with_family_defaults(ModelType::Gemma2, &json!({}));
+        assert_eq!(gemma2["attn_logit_softcapping"], json!(50.0));
+        assert_eq!(gemma2["query_pre_attn_scalar"], json!(256));
+    }
+
+    #[test]
+    fn a_file_with_its_own_rotary_embedding_keeps_it() {
+        let default = with_family_defaults(ModelType::GptOss, &json!({}));
+        assert_eq!(default["rope_scaling"]["rope_type"], json!("yarn"));
+        assert_eq!(default["rope_theta"], json!(150000.0));
+        let own = json!({"rope_scaling": {"rope_type": "linear", "factor": 2.0}});
+        let filled = with_family_defaults(ModelType::GptOss, &own);
+        assert_eq!(filled["rope_scaling"], own["rope_scaling"]);
+        let own = json!({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}});
+        let filled = with_family_defaults(ModelType::GptOss, &own);
+        assert!(filled.get("rope_scaling").is_none());
+    }
+
+    #[test]
+    fn layer_types_are_derived_from_the_layer_count() {
+        let types =
+            |family, config: Value| with_family_defaults(family, &config)["layer_types"].clone();
+        let sliding = "sliding_attention";
+        let full = "full_attention";
+        assert_eq!(
+            types(ModelType::Gemma2, json!({"num_hidden_layers": 3})),
+            json!([sliding, full, sliding])
+        );
+        assert_eq!(
+            types(ModelType::GptOss, json!({"num_hidden_layers": 2})),
+            json!([sliding, full])
+        );
+        assert_eq!(
+            types(ModelType::Gemma3Text, json!({"num_hidden_layers": 7})),
+            json!([sliding, sliding, sliding, sliding, sliding, full, sliding])
+        );
+        assert_eq!(
+            types(
+                ModelType::Gemma3Text,
+                json!({"num_hidden_layers": 4, "sliding_window_pattern": 2})
+            ),
+            json!([sliding, full, sliding, full])
+        );
+        let own = json!({"num_hidden_layers": 2, "layer_types": [full, full]});
+        assert_eq!(types(ModelType::Gemma2, own), json!([full, full]));
+        assert_eq!(
+            types(ModelType::Llama, json!({"num_hidden_layers": 2})),
+            Value::Null
+        );
+    }
+}
