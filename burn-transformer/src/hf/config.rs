@@ -309,14 +309,15 @@ impl ModelKeys {
                 "no attention soft-capping",
             ),
         };
-        let final_logit_softcap = match gemma {
-            true => self.final_logit_softcapping,
-            false => unread.fixed(
+        let final_logit_softcap = if gemma {
+            self.final_logit_softcapping
+        } else {
+            unread.fixed(
                 "final_logit_softcapping",
                 self.final_logit_softcapping.map(Some),
                 None,
                 "no logit soft-capping",
-            ),
+            )
         };
         let (sliding_window, sliding_layers) = self.sliding_window(family, n_layers, unread)?;
         let mut model = CausalLmConfig::new(
