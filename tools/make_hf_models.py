@@ -32,6 +32,10 @@ seeded generators (PEFT starts B at 0), plus the base's `input.json` and a
 checks merged against unmerged logits, reloads the folder with PEFT, and applies the file's
 adapter to the base by hand (`apply_adapter_by_hand`, which spells out the layout).
 
+`llama_beams` writes `llama/beams.json` (built after `llama`): transformers' best beam
+search hypothesis (new tokens and score) for each prompt of `llama/input.json` and each
+setting of BEAM_SETTINGS (beams, length penalty, repetition penalty, stop token).
+
 The `tokenizer` fixture is a small byte-level BPE `tokenizer.json` trained with the
 `tokenizers` library, with the ids it gives for a few texts (`cases.json`) and a tiny
 llama over its vocabulary (for the `generate` program).
@@ -991,16 +995,67 @@ def build_tokenizer() -> None:
     print(f"tokenizer: vocab {tokenizer.get_vocab_size()}, {len(cases)} cases, with a model")
 
 
+# Beam searches of the saved `llama` fixture, one prompt at a time (no padding): beams,
+# length penalty, repetition penalty, the token that ends a hypothesis (HF's
+# eos_token_id; tokens the model often picks, so that some hypotheses end early).
+BEAM_SETTINGS = [
+    dict(num_beams=3, length_penalty=1.0, repetition_penalty=1.0, stop=16),
+    dict(num_beams=4, length_penalty=0.5, repetition_penalty=1.3, stop=65),
+    dict(num_beams=2, length_penalty=2.0, repetition_penalty=0.8, stop=95),
+    dict(num_beams=3, length_penalty=1.0, repetition_penalty=1.5, stop=None),
+]
+BEAM_NEW_TOKENS = 8
+
+
+def build_beams() -> None:
+    """`hf/llama/beams.json`: transformers' best beam (tokens and score) per prompt and
+    setting of BEAM_SETTINGS, with HF's default early stopping (False)."""
+    folder = OUT_DIR / "llama"
+    model = load_base(folder)
+    prompts = json.loads((folder / "input.json").read_text())["tokens"]
+    cases = []
+    for setting in BEAM_SETTINGS:
+        for prompt in prompts:
+            with torch.no_grad():
+                out = model.generate(
+                    torch.tensor([prompt]),
+                    max_new_tokens=BEAM_NEW_TOKENS,
+                    do_sample=False,
+                    num_beams=setting["num_beams"],
+                    length_penalty=setting["length_penalty"],
+                    repetition_penalty=setting["repetition_penalty"],
+                    eos_token_id=setting["stop"],
+                    pad_token_id=0,
+                    return_dict_in_generate=True,
+                    output_scores=True,
+                )
+            tokens = out.sequences[0, len(prompt):].tolist()
+            cases.append(
+                {
+                    **setting,
+                    "prompt": prompt,
+                    "max_new_tokens": BEAM_NEW_TOKENS,
+                    "tokens": tokens,
+                    "score": float(out.sequences_scores[0]),
+                }
+            )
+    (folder / "beams.json").write_text(json.dumps(cases, indent=1) + "\n")
+    stopped = sum(1 for case in cases if case["stop"] in case["tokens"])
+    print(f"llama_beams: {len(cases)} searches, {stopped} ended by their stop token")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    choices = [*MODELS, "tokenizer", *LORA_ADAPTERS]
+    choices = [*MODELS, "tokenizer", *LORA_ADAPTERS, "llama_beams"]
     parser.add_argument("names", nargs="*", help=f"any of {', '.join(choices)}")
     args = parser.parse_args()
     # The adapters read their base fixtures from disk, so they come after them.
-    names = args.names or [*MODELS, "tokenizer", *LORA_ADAPTERS]
+    names = args.names or [*MODELS, "tokenizer", *LORA_ADAPTERS, "llama_beams"]
     for name in names:
         if name == "tokenizer":
             build_tokenizer()
+        elif name == "llama_beams":
+            build_beams()
         elif name in MODELS:
             build(name)
         elif name in LORA_ADAPTERS:

@@ -92,18 +92,21 @@ pub fn parse_dtype(name: &str) -> Result<burn::tensor::DType, String> {
     }
 }
 
-/// Prints generated text as it is decoded. Each new token is decoded together with
-/// the tokens before it and only the new part is printed, so that characters split
-/// over several tokens come out whole; text ending in an incomplete character
-/// (U+FFFD) waits for the next token.
+/// Generated text as it is decoded, for printing piece by piece. Each new token is
+/// decoded together with the tokens before it and only the new part is given out, so
+/// that characters split over several tokens come out whole: text ending in an
+/// incomplete character (U+FFFD) waits for the next token, and [`StreamedText::finish`]
+/// gives out what is left once decoding has ended, so that the pieces always add up to
+/// the decoded text of every token.
 #[derive(Debug, Default)]
 pub struct StreamedText {
     tokens: Vec<u32>,
-    printed: String,
+    given: String,
 }
 
 impl StreamedText {
-    /// Adds `token`, decodes with `decode` and prints what is new.
+    /// Adds `token`, decodes with `decode` and returns the text that is new (empty while
+    /// the text ends in an incomplete character).
     ///
     /// # Errors
     /// The error of `decode`.
@@ -111,18 +114,38 @@ impl StreamedText {
         &mut self,
         token: u32,
         decode: impl FnOnce(&[u32]) -> Result<String, E>,
-    ) -> Result<(), E> {
+    ) -> Result<String, E> {
         self.tokens.push(token);
         let text = decode(&self.tokens)?;
         if text.ends_with('\u{FFFD}') {
-            return Ok(());
+            return Ok(String::new());
         }
-        if let Some(new) = text.strip_prefix(self.printed.as_str()) {
-            print!("{new}");
-            let _ = std::io::stdout().flush();
-        }
-        self.printed = text;
-        Ok(())
+        Ok(self.give(text))
+    }
+
+    /// The text not given out yet, an incomplete last character included (as the
+    /// tokenizer decodes it): called once no token follows.
+    ///
+    /// # Errors
+    /// The error of `decode`.
+    pub fn finish<E>(
+        &mut self,
+        decode: impl FnOnce(&[u32]) -> Result<String, E>,
+    ) -> Result<String, E> {
+        let text = decode(&self.tokens)?;
+        Ok(self.give(text))
+    }
+
+    /// The part of `text` after what was given out; `text` becomes what was given out.
+    /// A decoding that rewrites earlier text (a tokenizer that cleans up spaces) gives
+    /// nothing out until it extends what was given again.
+    fn give(&mut self, text: String) -> String {
+        let new = text
+            .strip_prefix(self.given.as_str())
+            .map(str::to_string)
+            .unwrap_or_default();
+        self.given = text;
+        new
     }
 
     /// The tokens so far.
@@ -131,7 +154,41 @@ impl StreamedText {
     }
 }
 
+/// Prints `text` at once (no newline).
+pub fn print_now(text: &str) {
+    print!("{text}");
+    flush();
+}
+
 /// Flushes stdout (text printed without a newline shows at once).
 pub fn flush() {
     let _ = std::io::stdout().flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tokenizer whose token `t` is the byte `t`, decoded as lossy UTF-8.
+    fn decode(tokens: &[u32]) -> Result<String, std::convert::Infallible> {
+        let bytes: Vec<u8> = tokens.iter().map(|&t| t as u8).collect();
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    #[test]
+    fn streamed_pieces_add_up_to_the_decoded_text() {
+        // "a", then "é" split over two tokens, then the first byte of "🦀" with no more.
+        let tokens = [b'a', 0xC3, 0xA9, 0xF0, 0x9F];
+        let mut stream = StreamedText::default();
+        let pieces: Vec<String> = tokens
+            .iter()
+            .map(|&t| stream.push(u32::from(t), decode).unwrap())
+            .collect();
+        assert_eq!(pieces, ["a", "", "é", "", ""]);
+        let rest = stream.finish(decode).unwrap();
+        assert_eq!(rest, "\u{FFFD}");
+        let whole: String = pieces.concat() + &rest;
+        assert_eq!(whole, decode(stream.tokens()).unwrap());
+        assert_eq!(stream.finish(decode).unwrap(), "");
+    }
 }

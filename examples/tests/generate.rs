@@ -218,10 +218,6 @@ fn bad_flags_are_refused_before_anything_is_printed() {
             &["--num-beams", "2", "--temperature", "0.7"],
             "--num-beams searches deterministically",
         ),
-        (
-            &["--num-beams", "2", "--repetition-penalty", "1.2"],
-            "not to beam search",
-        ),
         (&["--dtype", "f8"], "unknown dtype `f8`"),
         (&["--device", "tpu"], "unknown device `tpu`"),
         (

@@ -3,7 +3,8 @@
 //!
 //! Each prompt keeps `num_beams` running hypotheses, all rows of one batch through the
 //! model. A step scores every continuation of every beam by its summed log
-//! probability, keeps the `2·num_beams` best per prompt, moves those ending in a stop
+//! probability (with the repetition penalty applied to each step's log probabilities,
+//! as transformers' processors are), keeps the `2·num_beams` best per prompt, moves those ending in a stop
 //! token to the finished list (scored `sum_logprobs / generated_len^length_penalty`)
 //! and continues the best `num_beams` others, reordering the KV caches to follow
 //! their beams.
@@ -13,7 +14,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use super::GenerateError;
 use super::generation::{check_prompts, last_logits, left_pad};
 use super::language_model::LanguageModel;
-use super::sampler::log_softmax;
+use super::sampler::{apply_repetition_penalty, log_softmax};
 
 /// When a prompt's search is done (HF's `early_stopping`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +41,10 @@ pub struct BeamSearchConfig {
     pub length_penalty: f32,
     /// When to stop. Default: [`EarlyStopping::Heuristic`].
     pub early_stopping: EarlyStopping,
+    /// HF's `repetition_penalty`: a step's log probability of every token already in
+    /// the prompt or the beam is multiplied by it (they are negative, so > 1 penalizes).
+    /// Default: 1 (none).
+    pub repetition_penalty: f32,
     /// Tokens that finish a hypothesis. Default: none.
     pub stop_tokens: Vec<u32>,
     /// Left padding and filler token. Default: 0.
@@ -53,6 +58,7 @@ impl Default for BeamSearchConfig {
             max_new_tokens: 32,
             length_penalty: 1.0,
             early_stopping: EarlyStopping::Heuristic,
+            repetition_penalty: 1.0,
             stop_tokens: Vec::new(),
             pad_token: 0,
         }
@@ -75,6 +81,8 @@ crate::builders::setters!(BeamSearchConfig {
     with_length_penalty => length_penalty: f32,
     /// Sets the early stopping rule.
     with_early_stopping => early_stopping: EarlyStopping,
+    /// Sets the repetition penalty.
+    with_repetition_penalty => repetition_penalty: f32,
     /// Sets the stop tokens.
     with_stop_tokens => stop_tokens: Vec<u32>,
     /// Sets the padding token.
@@ -140,6 +148,12 @@ pub fn beam_search<M: LanguageModel>(
             reason: "must be at least 1".into(),
         });
     }
+    if !(config.repetition_penalty.is_finite() && config.repetition_penalty > 0.0) {
+        return Err(GenerateError::InvalidSetting {
+            setting: "repetition_penalty",
+            reason: format!("must be > 0, got {}", config.repetition_penalty),
+        });
+    }
     let beams_per_prompt = config.num_beams;
     let batch = prompts.len();
     let rows = batch * beams_per_prompt;
@@ -195,10 +209,12 @@ pub fn beam_search<M: LanguageModel>(
                 if beam.sum_logprobs == f32::NEG_INFINITY {
                     continue;
                 }
-                for (token, logprob) in log_softmax(&row_logits[first_row + k])
-                    .into_iter()
-                    .enumerate()
-                {
+                let mut logprobs = log_softmax(&row_logits[first_row + k]);
+                if config.repetition_penalty != 1.0 {
+                    let history = [prompts[prompt].as_slice(), &beam.tokens].concat();
+                    apply_repetition_penalty(&mut logprobs, &history, config.repetition_penalty);
+                }
+                for (token, logprob) in logprobs.into_iter().enumerate() {
                     candidates.push((beam.sum_logprobs + logprob, k, token as u32));
                 }
             }

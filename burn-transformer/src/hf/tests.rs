@@ -515,6 +515,55 @@ fn beam_search_with_one_beam_is_greedy() {
     }
 }
 
+/// transformers' `generate(num_beams=…)` on the llama fixture (`hf/llama/beams.json`,
+/// `tools/make_hf_models.py llama_beams`): the same best hypothesis and score, with
+/// length penalties, repetition penalties above and below 1 (applied to each step's log
+/// probabilities, as transformers applies its processors) and stop tokens that end
+/// some hypotheses early.
+#[test]
+fn beam_search_matches_transformers_with_length_and_repetition_penalties() {
+    #[derive(serde::Deserialize)]
+    struct Case {
+        num_beams: usize,
+        length_penalty: f32,
+        repetition_penalty: f32,
+        stop: Option<u32>,
+        prompt: Vec<u32>,
+        max_new_tokens: usize,
+        tokens: Vec<u32>,
+        score: f32,
+    }
+    let text = std::fs::read_to_string(model_dir("llama").join("beams.json")).unwrap();
+    let cases: Vec<Case> = serde_json::from_str(&text).unwrap();
+    assert!(cases.iter().any(|case| case.repetition_penalty != 1.0));
+    assert!(cases.iter().any(|case| {
+        case.stop
+            .is_some_and(|stop| case.tokens.last() == Some(&stop))
+    }));
+    for device in model_test_devices() {
+        let (model, _) = load_causal_lm(model_dir("llama"), &device).unwrap();
+        for case in &cases {
+            let config = BeamSearchConfig::new(case.num_beams, case.max_new_tokens)
+                .with_length_penalty(case.length_penalty)
+                .with_repetition_penalty(case.repetition_penalty)
+                .with_stop_tokens(case.stop.into_iter().collect());
+            let best =
+                &beam_search(&model, std::slice::from_ref(&case.prompt), &config).unwrap()[0][0];
+            let what = format!(
+                "{} beams, length penalty {}, repetition penalty {}, stop {:?} on {device:?}",
+                case.num_beams, case.length_penalty, case.repetition_penalty, case.stop
+            );
+            assert_eq!(best.tokens, case.tokens, "{what}");
+            assert!(
+                (best.score - case.score).abs() < 1e-4,
+                "{what}: {} vs {}",
+                best.score,
+                case.score
+            );
+        }
+    }
+}
+
 /// The summed log probability of a continuation, from one full forward pass.
 fn sequence_logprob(model: &CausalLm, prompt: &[u32], continuation: &[u32]) -> f32 {
     let device = crate::generate::LanguageModel::device(model);

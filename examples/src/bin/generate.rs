@@ -27,6 +27,7 @@ use burn_transformer::generate::{
     BeamSearchConfig, GenerationConfig, SamplingConfig, beam_search, generate, generate_speculative,
 };
 use clap::Parser;
+use examples::trained::TextTokenizer;
 use examples::{ModelFlags, StreamedText};
 
 #[global_allocator]
@@ -61,7 +62,7 @@ struct Args {
     /// Seed of the sampler (with --temperature). Default: 0.
     #[arg(long)]
     seed: Option<u64>,
-    /// Penalize repeated tokens (greedy or sampled decoding). Default: 1 (none).
+    /// Penalize repeated tokens (greedy, sampled or beam search). Default: 1 (none).
     #[arg(long, allow_negative_numbers = true)]
     repetition_penalty: Option<f32>,
     /// Beam search with this many beams (no streaming); 1 is greedy decoding.
@@ -86,6 +87,7 @@ enum Decoding {
     Beams {
         num_beams: usize,
         length_penalty: f32,
+        repetition_penalty: f32,
     },
 }
 
@@ -163,16 +165,10 @@ fn decoding(args: &Args) -> Result<Decoding, String> {
                     .into(),
             );
         }
-        if args.repetition_penalty.is_some() {
-            return Err(
-                "--repetition-penalty applies to greedy or sampled decoding, not to beam \
-                 search (--num-beams)"
-                    .into(),
-            );
-        }
         return Ok(Decoding::Beams {
             num_beams: args.num_beams,
             length_penalty: args.length_penalty.unwrap_or(1.0),
+            repetition_penalty: args.repetition_penalty.unwrap_or(1.0),
         });
     }
     if args.length_penalty.is_some() {
@@ -191,6 +187,15 @@ fn decoding(args: &Args) -> Result<Decoding, String> {
     .with_repetition_penalty(args.repetition_penalty.unwrap_or(1.0));
     config.validate().map_err(|error| error.to_string())?;
     Ok(Decoding::Stream(config))
+}
+
+/// Prints the streamed text's rest once decoding has ended (a last incomplete
+/// character, which waited for a token that did not come).
+fn finish(stream: &mut StreamedText, tokenizer: &TextTokenizer, error: &mut Option<String>) {
+    match stream.finish(|tokens| tokenizer.decode(tokens)) {
+        Ok(text) => examples::print_now(&text),
+        Err(decode_error) => *error = error.take().or(Some(decode_error)),
+    }
 }
 
 fn run(args: &Args) -> Result<(), String> {
@@ -217,7 +222,9 @@ fn run(args: &Args) -> Result<(), String> {
     if matches!(decoding, Decoding::Speculative) {
         if loaded.model.mtp_depth() == 0 {
             return Err(
-                "--speculative: the model has no multi-token-prediction module to draft                  with (train one with train-lm --mtp-depth 1, or use a DeepSeek-V3                  checkpoint that holds its MTP layer)"
+                "--speculative: the model has no multi-token-prediction module to draft \
+                 with (train one with train-lm --mtp-depth 1, or use a DeepSeek-V3 \
+                 checkpoint that holds its MTP layer)"
                     .into(),
             );
         }
@@ -225,7 +232,9 @@ fn run(args: &Args) -> Result<(), String> {
             && prompt.len() + args.max_new_tokens > context
         {
             return Err(format!(
-                "--speculative keeps the whole context, and the model was trained on                  windows of {context} tokens: the prompt ({} tokens) and --max-new-tokens                  ({}) must fit in them",
+                "--speculative keeps the whole context, and the model was trained on \
+                 windows of {context} tokens: the prompt ({} tokens) and \
+                 --max-new-tokens ({}) must fit in them",
                 prompt.len(),
                 args.max_new_tokens
             ));
@@ -238,9 +247,11 @@ fn run(args: &Args) -> Result<(), String> {
         Decoding::Beams {
             num_beams,
             length_penalty,
+            repetition_penalty,
         } => {
             let beam = BeamSearchConfig::new(num_beams, args.max_new_tokens)
                 .with_length_penalty(length_penalty)
+                .with_repetition_penalty(repetition_penalty)
                 .with_stop_tokens(loaded.stop_tokens.clone())
                 .with_pad_token(loaded.pad_token);
             let hypotheses =
@@ -265,16 +276,16 @@ fn run(args: &Args) -> Result<(), String> {
 
     let mut stream = StreamedText::default();
     let mut decode_error = None;
-    let mut print = |token| {
-        if let Err(error) = stream.push(token, |tokens| tokenizer.decode(tokens)) {
-            decode_error = Some(error);
-        }
+    let mut print = |token| match stream.push(token, |tokens| tokenizer.decode(tokens)) {
+        Ok(text) => examples::print_now(&text),
+        Err(error) => decode_error = Some(error),
     };
     if args.speculative {
         let start = std::time::Instant::now();
         let output = generate_speculative(&loaded.model, &prompt, &generation, &mut print)
             .map_err(|error| error.to_string())?;
         let seconds = start.elapsed().as_secs_f64();
+        finish(&mut stream, &tokenizer, &mut decode_error);
         println!();
         eprintln!(
             "speculative: {} tokens in {} passes of the model, {} of {} drafts accepted \
@@ -291,6 +302,7 @@ fn run(args: &Args) -> Result<(), String> {
             print(event.token)
         })
         .map_err(|error| error.to_string())?;
+        finish(&mut stream, &tokenizer, &mut decode_error);
         println!();
     }
     match decode_error {

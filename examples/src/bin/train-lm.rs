@@ -1059,12 +1059,14 @@ fn run(args: Args, matches: &clap::ArgMatches) -> Result<(), String> {
         let prompt_text = tokenizer.decode(&prompt);
         print!("{prompt_text}");
         let mut stream = StreamedText::default();
+        let decode = |tokens: &[u32]| Ok::<_, std::convert::Infallible>(tokenizer.decode(tokens));
         generate(&result.model, &[prompt], &generation, |event| {
-            let _ = stream.push(event.token, |tokens| {
-                Ok::<_, std::convert::Infallible>(tokenizer.decode(tokens))
-            });
+            let Ok(text) = stream.push(event.token, decode);
+            examples::print_now(&text);
         })
         .map_err(|e| e.to_string())?;
+        let Ok(text) = stream.finish(decode);
+        examples::print_now(&text);
         println!("\n----");
         let text = format!("{prompt_text}{}", tokenizer.decode(stream.tokens()));
         write_atomically(&out.join("sample.txt"), text).map_err(|e| e.to_string())?;
