@@ -217,6 +217,68 @@ def gemma3_text():
     )
 
 
+def gemma3_vision():
+    # Gemma-3's multimodal checkpoint (Gemma3ForConditionalGeneration, as the 4B and
+    # larger models ship): the text model under `language_model.`, a tiny SigLIP vision
+    # tower and projector beside it, and (see `sparse_text_config`) a text_config that
+    # holds only the keys that differ from Gemma3TextConfig's defaults, as the Hub's
+    # files do: three sliding layers per full one by `sliding_window_pattern`, the full
+    # layers' linear scaling in `rope_scaling`.
+    common = {k: v for k, v in COMMON.items() if k not in ("num_hidden_layers",)}
+    text = transformers.Gemma3TextConfig(
+        **common,
+        num_hidden_layers=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        query_pre_attn_scalar=8,
+        sliding_window=3,
+        sliding_window_pattern=4,
+        rope_scaling={"rope_type": "linear", "factor": 2.0},
+        rope_local_base_freq=100.0,
+    )
+    vision = transformers.SiglipVisionConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=16,
+        patch_size=8,
+    )
+    return transformers.Gemma3Config(
+        text_config=text.to_dict(),
+        vision_config=vision.to_dict(),
+        mm_tokens_per_image=4,
+        boi_token_index=93,
+        eoi_token_index=94,
+        image_token_index=95,
+    )
+
+
+def sparse_text_config(out: Path) -> None:
+    """Keeps only the keys of `config.json`'s text_config that differ from
+    Gemma3TextConfig's defaults (and its model_type), as transformers 4 saved them."""
+    path = out / "config.json"
+    config = json.loads(path.read_text())
+    defaults = json.loads(transformers.Gemma3TextConfig().to_json_string(use_diff=False))
+    text = config["text_config"]
+    # The pattern lives in layer_types once loaded; the Hub's files give the pattern.
+    text.pop("layer_types", None)
+    text.pop("_sliding_window_pattern", None)
+    text["sliding_window_pattern"] = 4
+    # transformers 4's rotary keys: the full layers' scaling and base, the sliding
+    # layers' base.
+    rope = text.pop("rope_parameters")
+    text["rope_scaling"] = {"rope_type": "linear", "factor": rope["full_attention"]["factor"]}
+    text["rope_theta"] = rope["full_attention"]["rope_theta"]
+    text["rope_local_base_freq"] = rope["sliding_attention"]["rope_theta"]
+    config["text_config"] = {
+        key: value
+        for key, value in text.items()
+        if key == "model_type" or key not in defaults or defaults[key] != value
+    }
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
 def mixtral():
     return transformers.MixtralConfig(
         **COMMON,
@@ -341,7 +403,8 @@ def deepseek_v2():
 
 
 # name -> (config builder, options: `dtype` and `max_shard_size` for saving, `mtp` to
-# add DeepSeek-V3's multi-token-prediction layer to the checkpoint and the reference)
+# add DeepSeek-V3's multi-token-prediction layer to the checkpoint and the reference,
+# `sparse_text_config` to write a multimodal text_config as the Hub's files do)
 MODELS = {
     "llama": (llama, {}),
     "llama_sharded": (llama_sharded, {"max_shard_size": "20KB"}),
@@ -354,6 +417,7 @@ MODELS = {
     "olmo2_mqa": (olmo2_mqa, {}),
     "gemma2": (gemma2, {}),
     "gemma3_text": (gemma3_text, {}),
+    "gemma3_vision": (gemma3_vision, {"sparse_text_config": True}),
     "mixtral": (mixtral, {}),
     "qwen3_moe": (qwen3_moe, {}),
     "gpt_oss": (gpt_oss, {}),
@@ -632,7 +696,13 @@ def build(name: str) -> None:
                 for param in model.parameters():
                     param.copy_(param.to(dtype).to(torch.float32))
 
-        tokens = torch.randint(3, config.vocab_size, (BATCH, SEQ), generator=generator)
+        # Text tokens only: a multimodal model's image tokens sit at the top of its
+        # vocabulary.
+        top = min(
+            [config.get_text_config().vocab_size]
+            + [getattr(config, key) for key in ("boi_token_index",) if hasattr(config, key)]
+        )
+        tokens = torch.randint(3, top, (BATCH, SEQ), generator=generator)
         gaps = RouterGaps(model, config)
         with torch.no_grad():
             logits = model(tokens).logits.float()
@@ -663,6 +733,8 @@ def build(name: str) -> None:
     to_save.save_pretrained(out, max_shard_size=save_options.get("max_shard_size", "50MB"))
     # transformers writes a generation_config.json we do not read.
     (out / "generation_config.json").unlink(missing_ok=True)
+    if save_options.get("sparse_text_config"):
+        sparse_text_config(out)
     reference = {
         "tokens": tokens.to(torch.int64).contiguous(),
         "logits": logits.contiguous(),

@@ -23,6 +23,7 @@ use serde_json::Value;
 use super::config::HfConfig;
 use super::error::HfError;
 use super::keys::{KeyError, read_keys, required};
+use super::model_type::text_model_family;
 use crate::model::CausalLm;
 use crate::module_path::ParamPath;
 
@@ -190,8 +191,15 @@ fn check_layer_count<'a>(
     config_path: &Path,
     keys: impl Iterator<Item = &'a String>,
 ) -> Result<(), HfError> {
+    let multimodal = text_model_family(&config.model_type).is_some();
     let found = keys
-        .filter_map(|key| layer_index(key))
+        .filter_map(|key| {
+            if multimodal {
+                layer_index(&text_model_key(key)?)
+            } else {
+                layer_index(key)
+            }
+        })
         .max()
         .map(|last| last + 1);
     let allowed = config.model.n_layers + config.mtp_layers;
@@ -219,6 +227,11 @@ fn check_layer_count<'a>(
 /// multi-token prediction in the model (`mtp_depth` 0) those layers are ignored. Layers
 /// beyond them are loaded as any other key, so that a checkpoint deeper than its
 /// `config.json` is an error, not a model silently missing layers.
+///
+/// A multimodal checkpoint ([`HfConfig::model_type`] `gemma3`) stores its text model
+/// under `language_model.` (`language_model.model.layers.…`,
+/// `language_model.lm_head.weight`; `model.language_model.…` as transformers 5 names
+/// it in memory) beside its vision tower and projector, which are ignored.
 pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
     CausalLmKeys {
         tied: config.model.tie_word_embeddings,
@@ -227,7 +240,31 @@ pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
         load_mtp: config.model.mtp_depth > 0,
         mixtral: config.model_type == "mixtral",
         gpt_oss: config.model_type == "gpt_oss",
+        multimodal: text_model_family(&config.model_type).is_some(),
     }
+}
+
+/// The key a multimodal checkpoint's `key` would have in its text model's own
+/// checkpoint (`language_model.model.layers.0.…` → `model.layers.0.…`); `None` for the
+/// keys of the vision tower and projector.
+fn text_model_key(key: &str) -> Option<String> {
+    const VISION: [&str; 4] = [
+        "vision_tower.",
+        "multi_modal_projector.",
+        "model.vision_tower.",
+        "model.multi_modal_projector.",
+    ];
+    if VISION.iter().any(|prefix| key.starts_with(prefix)) {
+        return None;
+    }
+    if let Some(inner) = key.strip_prefix("model.language_model.") {
+        return Some(format!("model.{inner}"));
+    }
+    Some(
+        key.strip_prefix("language_model.")
+            .unwrap_or(key)
+            .to_string(),
+    )
 }
 
 /// The rename table of [`causal_lm_key_map`].
@@ -238,10 +275,33 @@ struct CausalLmKeys {
     load_mtp: bool,
     mixtral: bool,
     gpt_oss: bool,
+    multimodal: bool,
 }
 
 impl KeyMap for CausalLmKeys {
     fn action(&self, key: &str) -> KeyAction {
+        if self.multimodal {
+            return match text_model_key(key) {
+                Some(text_key) => self.text_action(&text_key),
+                None => KeyAction::Ignore,
+            };
+        }
+        self.text_action(key)
+    }
+
+    fn checkpoint_key(&self, path: &str) -> String {
+        let key = self.text_checkpoint_key(path);
+        if self.multimodal {
+            format!("language_model.{key}")
+        } else {
+            key
+        }
+    }
+}
+
+impl CausalLmKeys {
+    /// [`KeyMap::action`] for a key of a text model's own checkpoint.
+    fn text_action(&self, key: &str) -> KeyAction {
         if key.ends_with(".rotary_emb.inv_freq") || (self.tied && key == "lm_head.weight") {
             return KeyAction::Ignore;
         }
@@ -266,7 +326,8 @@ impl KeyMap for CausalLmKeys {
         }
     }
 
-    fn checkpoint_key(&self, path: &str) -> String {
+    /// [`KeyMap::checkpoint_key`] in a text model's own checkpoint.
+    fn text_checkpoint_key(&self, path: &str) -> String {
         if let Some(rest) = path.strip_prefix("embed_tokens.") {
             return format!("model.embed_tokens.{rest}");
         }

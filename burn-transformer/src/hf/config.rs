@@ -19,7 +19,7 @@ use super::defaults::with_family_defaults;
 use super::error::HfError;
 use super::keys::{KeyError, UnreadKeys, read_keys, required};
 use super::latent::LatentKeys;
-use super::model_type::ModelType;
+use super::model_type::{ModelType, text_model_family};
 use super::moe::MoeKeys;
 use super::rope::RopeKeys;
 use crate::attention::{QkNormConfig, QkNormPlacement};
@@ -94,7 +94,10 @@ impl HfConfig {
         // other keys hold.
         let ModelTypeKey { model_type } = read_keys(value, None).map_err(in_file)?;
         let model_type = required(model_type, "model_type", "a string").map_err(in_file)?;
-        let Some(family) = ModelType::from_name(&model_type) else {
+        let text_model = text_model_config(value).map_err(in_file)?;
+        let value = text_model.as_ref().unwrap_or(value);
+        let family = text_model_family(&model_type).or_else(|| ModelType::from_name(&model_type));
+        let Some(family) = family else {
             return Err(HfError::UnsupportedModelType {
                 path: path.to_path_buf(),
                 model_type,
@@ -123,6 +126,39 @@ impl HfConfig {
             unread_keys: unread.into_notes(),
         })
     }
+}
+
+/// The `config.json` of the text model of a multimodal `config` ([`text_model_family`]:
+/// its `text_config`, with the text family's `model_type`, and the wrapper's special
+/// tokens and `tie_word_embeddings` where the wrapper sets them, since the wrapper is
+/// the model that ties the embeddings); `None` for any other `model_type`.
+pub(crate) fn text_model_config(config: &Value) -> Result<Option<Value>, KeyError> {
+    let Some(family) = config
+        .get("model_type")
+        .and_then(Value::as_str)
+        .and_then(text_model_family)
+    else {
+        return Ok(None);
+    };
+    let Some(Value::Object(text)) = config.get("text_config") else {
+        return Err(KeyError::new(
+            "text_config",
+            "missing or not an object (a multimodal config describes its text model there)",
+        ));
+    };
+    let mut text = text.clone();
+    text.insert("model_type".into(), family.name().into());
+    for key in [
+        "tie_word_embeddings",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+    ] {
+        if let Some(value) = config.get(key).filter(|value| !value.is_null()) {
+            text.insert(key.into(), value.clone());
+        }
+    }
+    Ok(Some(Value::Object(text)))
 }
 
 /// `model_type`, read before anything else.
@@ -179,6 +215,10 @@ struct ModelKeys {
     num_nextn_predict_layers: Option<usize>,
     /// Gemma's encoder variant (EmbeddingGemma), which this loader does not build.
     use_bidirectional_attention: Option<bool>,
+    /// Set in checkpoints whose weights are stored quantized (gpt-oss's MXFP4,
+    /// DeepSeek-V3's FP8 blocks, bitsandbytes, GPTQ, AWQ, …), which this loader does
+    /// not read.
+    quantization_config: Option<Value>,
 }
 
 /// `eos_token_id`: one token id or a list of them.
@@ -226,6 +266,21 @@ impl ModelKeys {
         config: &Value,
         unread: &mut UnreadKeys,
     ) -> Result<CausalLmConfig, KeyError> {
+        if let Some(quantization) = &self.quantization_config {
+            let method = quantization
+                .get("quant_method")
+                .and_then(Value::as_str)
+                .unwrap_or("unknown method");
+            return Err(KeyError::new(
+                "quantization_config",
+                format!(
+                    "the checkpoint's weights are quantized ({method}); only f32, bf16 and \
+                     f16 weights load: dequantize it first (transformers can load it with \
+                     its quantization config's `dequantize=True` and save_pretrained the \
+                     result)"
+                ),
+            ));
+        }
         if self.use_bidirectional_attention == Some(true) {
             return Err(KeyError::new(
                 "use_bidirectional_attention",
@@ -571,12 +626,10 @@ mod tests {
             "{error}"
         );
         assert!(error.to_string().contains("expected f64"), "{error}");
+        // A missing size is LlamaConfig's.
         let text = LLAMA.replace("\"vocab_size\": 100,", "");
-        let error = HfConfig::from_json(&text, "config.json").unwrap_err();
-        assert!(
-            matches!(&error, HfError::Field { field, .. } if field == "vocab_size"),
-            "{error}"
-        );
+        let config = HfConfig::from_json(&text, "config.json").unwrap();
+        assert_eq!(config.model.vocab_size, 32000);
         let error = HfConfig::from_json("[1, 2]", "config.json").unwrap_err();
         assert!(
             matches!(&error, HfError::Field { field, .. } if field == "(root)"),
@@ -672,6 +725,14 @@ mod tests {
         assert_eq!(typed.model.window_of(0), Some(4));
         assert_eq!(typed.unread_keys.len(), 1, "{:?}", typed.unread_keys);
         assert!(typed.unread_keys[0].starts_with("`layer_types: "));
+        // Quantized checkpoints and Gemma encoders are refused by name.
+        let quantized = with(
+            "gpt_oss",
+            "\"quantization_config\": {\"quant_method\": \"mxfp4\"},",
+        );
+        assert_eq!(field(quantized), "quantization_config");
+        let encoder = with("gemma3_text", "\"use_bidirectional_attention\": true,");
+        assert_eq!(field(encoder), "use_bidirectional_attention");
         // A missing window is the class default (4096), a null one no window.
         assert_eq!(with("mistral", "").unwrap().model.window_of(0), Some(4096));
         let null = with("mistral", "\"sliding_window\": null,").unwrap();

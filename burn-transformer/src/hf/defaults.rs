@@ -12,13 +12,11 @@ use serde_json::{Map, Value, json};
 use super::model_type::ModelType;
 
 /// `config` with every key it leaves out filled from the configuration class of
-/// `family` (transformers 5), including the defaults those classes derive: the layer
-/// types of Gemma-2, Gemma-3 (from `sliding_window_pattern`) and gpt-oss, and the rotary
+/// `family` (transformers 5), the model's sizes and special tokens included (Gemma-3's
+/// multimodal checkpoints describe their text model by the keys that differ from
+/// `Gemma3TextConfig`'s only), and the defaults those classes derive: the layer types
+/// of Gemma-2, Gemma-3 (from `sliding_window_pattern`) and gpt-oss, and the rotary
 /// embedding where the file has neither `rope_parameters` nor `rope_scaling`.
-///
-/// The model's sizes (`vocab_size`, `hidden_size`, `intermediate_size`,
-/// `num_hidden_layers`, `num_attention_heads`) get no default: the checkpoint's tensors
-/// must match them, and a missing size is clearer as an error than as a shape mismatch.
 pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
     let mut filled = config.clone();
     // Anything but an object is refused by the readers, naming it.
@@ -117,10 +115,61 @@ fn class_defaults(family: ModelType) -> Value {
             "first_k_dense_replace": 3, "num_nextn_predict_layers": 1
         }),
     };
-    if let (Value::Object(defaults), Value::Object(own)) = (&mut defaults, own) {
+    if let (Value::Object(defaults), Value::Object(own), Value::Object(sizes)) =
+        (&mut defaults, own, sizes_and_tokens(family))
+    {
         defaults.extend(own);
+        defaults.extend(sizes);
     }
     defaults
+}
+
+/// The sizes and special tokens of the configuration class of `family` (the model it
+/// describes by default: LLaMA-7B's shape for `LlamaConfig`, Gemma-2 2B's for
+/// `Gemma2Config`, …); a token id the class leaves unset is not filled.
+fn sizes_and_tokens(family: ModelType) -> Value {
+    // vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
+    // max_position_embeddings
+    let sizes = match family {
+        ModelType::Llama => [32000, 4096, 11008, 32, 32, 2048],
+        ModelType::Mistral | ModelType::Mixtral => [32000, 4096, 14336, 32, 32, 131072],
+        ModelType::Qwen2 | ModelType::Qwen3 => [151936, 4096, 22016, 32, 32, 32768],
+        ModelType::Olmo2 => [50304, 4096, 11008, 32, 32, 2048],
+        ModelType::Gemma2 => [256000, 2304, 9216, 26, 8, 8192],
+        ModelType::Gemma3Text => [262208, 2304, 9216, 26, 8, 131072],
+        ModelType::Qwen3Moe => [151936, 2048, 6144, 24, 32, 32768],
+        ModelType::GptOss => [201088, 2880, 2880, 36, 64, 131072],
+        ModelType::DeepseekV2 => [102400, 4096, 11008, 32, 32, 2048],
+        ModelType::DeepseekV3 => [129280, 7168, 18432, 61, 128, 4096],
+    };
+    let [vocab, hidden, intermediate, layers, heads, positions] = sizes;
+    let mut values = json!({
+        "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": intermediate,
+        "num_hidden_layers": layers, "num_attention_heads": heads,
+        "max_position_embeddings": positions,
+    });
+    // (bos_token_id, eos_token_id, pad_token_id)
+    let tokens = match family {
+        ModelType::Llama | ModelType::Mistral | ModelType::Mixtral | ModelType::DeepseekV2 => {
+            (Some(1), Some(2), None)
+        }
+        ModelType::Olmo2 => (None, Some(50279), Some(1)),
+        ModelType::Gemma2 | ModelType::Gemma3Text => (Some(2), Some(1), Some(0)),
+        ModelType::DeepseekV3 => (Some(0), Some(1), None),
+        ModelType::Qwen2 | ModelType::Qwen3 | ModelType::Qwen3Moe | ModelType::GptOss => {
+            (None, None, None)
+        }
+    };
+    for (key, token) in [
+        ("bos_token_id", tokens.0),
+        ("eos_token_id", tokens.1),
+        ("pad_token_id", tokens.2),
+    ] {
+        if let Some(token) = token {
+            values[key] = json!(token);
+        }
+    }
+    values
 }
 
 /// The layer types a class derives from the layer count when the file names none:

@@ -19,7 +19,7 @@ use burn::tensor::DType;
 use serde_json::{Value, json};
 
 use super::checkpoint::{CONFIG_FILE, INDEX_FILE, KeyMap, WEIGHTS_FILE, causal_lm_key_map};
-use super::config::HfConfig;
+use super::config::{HfConfig, text_model_config};
 use super::error::HfError;
 use super::tensors::{HostTensor, encode, host_parameters, write_safetensors};
 use crate::attention::QkNormPlacement;
@@ -71,7 +71,8 @@ pub fn dtype_name(dtype: DType) -> &'static str {
 
 /// Saves `model` into `dir` as a Hugging Face model described by `config_json` (the
 /// `config.json` the model was loaded from, or [`hf_config_json`] of a model built
-/// here); its `dtype` key is set to the saved type. Adapters are merged into the
+/// here; a multimodal one's text model, as its text family: Gemma-3 as `gemma3_text`);
+/// its `dtype` key is set to the saved type. Adapters are merged into the
 /// weights. Every file is written under a temporary name and renamed.
 ///
 /// # Errors
@@ -94,6 +95,10 @@ pub fn save_causal_lm(
         });
     }
     let config_path = dir.join(CONFIG_FILE);
+    // A multimodal checkpoint's model is its text model (the vision tower is never
+    // loaded), saved as that family's checkpoint.
+    let text_model = text_model_config(config_json).map_err(|error| error.in_file(&config_path))?;
+    let config_json = text_model.as_ref().unwrap_or(config_json);
     let config = HfConfig::from_value(config_json, &config_path)?;
     let keys = causal_lm_key_map(&config);
     let merged = model.clone().valid().materialize();

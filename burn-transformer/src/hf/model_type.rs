@@ -1,6 +1,7 @@
 //! The model families whose `config.json` this crate reads (`model_type`).
 
-/// The `model_type`s [`HfConfig`](super::HfConfig) reads.
+/// The `model_type`s [`HfConfig`](super::HfConfig) reads: the families, then the
+/// multimodal wrappers whose text model it reads ([`text_model_family`]).
 pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "llama",
     "mistral",
@@ -14,9 +15,21 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "gpt_oss",
     "deepseek_v2",
     "deepseek_v3",
+    "gemma3",
 ];
 
-/// One of [`SUPPORTED_MODEL_TYPES`].
+/// The family of the text model of a multimodal `model_type`, whose `config.json`
+/// describes it under `text_config` and whose checkpoint stores it under
+/// `language_model.` beside a vision tower: Gemma-3's
+/// `Gemma3ForConditionalGeneration` (the 4B, 12B and 27B checkpoints).
+pub(crate) fn text_model_family(model_type: &str) -> Option<ModelType> {
+    match model_type {
+        "gemma3" => Some(ModelType::Gemma3Text),
+        _ => None,
+    }
+}
+
+/// A family whose `config.json` [`HfConfig`](super::HfConfig) reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ModelType {
     /// LLaMA 2/3: GQA, RoPE, SwiGLU, RMSNorm; optional attention biases.
@@ -117,8 +130,10 @@ mod tests {
 
     #[test]
     fn supported_model_types_are_the_families_read() {
-        let names: Vec<&str> = ModelType::ALL.iter().map(|family| family.name()).collect();
+        let mut names: Vec<&str> = ModelType::ALL.iter().map(|family| family.name()).collect();
+        names.push("gemma3");
         assert_eq!(names, SUPPORTED_MODEL_TYPES);
+        assert_eq!(text_model_family("gemma3"), Some(ModelType::Gemma3Text));
         for family in ModelType::ALL {
             assert_eq!(ModelType::from_name(family.name()), Some(family));
         }

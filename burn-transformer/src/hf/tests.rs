@@ -178,6 +178,57 @@ fn gemma3_with_qk_norm_and_a_rope_per_layer_type_matches_transformers() {
     matches_transformers("gemma3_text");
 }
 
+/// Gemma-3's multimodal checkpoint (`Gemma3ForConditionalGeneration`, as the 4B and
+/// larger models ship): the text model under `language_model.`, described by a sparse
+/// `text_config` with transformers 4's rotary keys; the vision tower is not loaded. The
+/// text model's logits equal transformers' on text, with the keys as transformers 5
+/// names them in memory too, and it exports as a `gemma3_text` checkpoint.
+#[test]
+fn gemma3_multimodal_checkpoint_loads_its_text_model_and_matches_transformers() {
+    matches_transformers("gemma3_vision");
+    let device = Device::flex();
+    let (model, config) = load_causal_lm(model_dir("gemma3_vision"), &device).unwrap();
+    assert_eq!(config.model_type, "gemma3");
+    let sliding: Vec<bool> = (0..4)
+        .map(|layer| config.model.window_of(layer).is_some())
+        .collect();
+    assert_eq!(sliding, [true, true, true, false]);
+    let reference = reference("gemma3_vision");
+    let prompts = int_tensor(&rows(&reference.data("tokens")), &device);
+    let expected = reference.tensor::<3>("logits", &device);
+
+    let renamed = ScratchModel::copy("gemma3_vision").edit_tensors(|tensors| {
+        for (name, ..) in tensors.iter_mut() {
+            *name = match name.strip_prefix("language_model.model.") {
+                Some(rest) => format!("model.language_model.{rest}"),
+                None => format!("model.{name}"),
+            };
+        }
+    });
+    let (in_memory_names, _) = load_causal_lm(renamed.path(), &device).unwrap();
+    assert_close(
+        in_memory_names.forward(prompts.clone(), None),
+        expected.clone(),
+        LOGIT_TOLERANCE,
+        "gemma3 with transformers 5's key names",
+    );
+
+    let json: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(model_dir("gemma3_vision").join(CONFIG_FILE)).unwrap(),
+    )
+    .unwrap();
+    let out = tempfile::TempDir::new().unwrap();
+    save_causal_lm(&model, &json, out.path(), &ExportOptions::default()).unwrap();
+    let (exported, hf) = load_causal_lm(out.path(), &device).unwrap();
+    assert_eq!(hf.model_type, "gemma3_text");
+    assert_close(
+        exported.forward(prompts, None),
+        expected,
+        LOGIT_TOLERANCE,
+        "gemma3 exported as its text model",
+    );
+}
+
 #[test]
 fn mixtral_sparse_moe_matches_transformers() {
     matches_transformers("mixtral");
