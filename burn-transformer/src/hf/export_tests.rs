@@ -269,6 +269,54 @@ fn adapters_trained_here_round_trip_on_latent_attention_models() {
     );
 }
 
+/// PEFT saves `target_modules="all-linear"` as the module paths it resolved to
+/// (`model.layers.0.mlp.down_proj`, …): the llama adapter with its targets written so
+/// gives the same logits.
+#[test]
+fn peft_targets_written_as_module_paths_load() {
+    let device = Device::flex();
+    let (model, config) = load_causal_lm(model_dir("llama"), &device).unwrap();
+    let dir = TempDir::new().unwrap();
+    for file in [ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE] {
+        std::fs::copy(model_dir("llama_lora").join(file), dir.path().join(file)).unwrap();
+    }
+    let path = dir.path().join(ADAPTER_CONFIG_FILE);
+    let mut adapter: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let names: Vec<String> = adapter["target_modules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|name| name.as_str().unwrap().to_string())
+        .collect();
+    let paths: Vec<String> = (0..config.model.n_layers)
+        .flat_map(|layer| {
+            names.iter().map(move |name| {
+                let block = match name.as_str() {
+                    "gate_proj" | "up_proj" | "down_proj" => "mlp",
+                    _ => "self_attn",
+                };
+                format!("model.layers.{layer}.{block}.{name}")
+            })
+        })
+        .collect();
+    adapter["target_modules"] = serde_json::json!(paths);
+    std::fs::write(&path, adapter.to_string()).unwrap();
+    let (adapted, lora, summary) = load_peft_adapters(model, &config, dir.path()).unwrap();
+    let mut targets = lora.targets.clone();
+    targets.sort_unstable();
+    let mut expected = names;
+    expected.sort_unstable();
+    assert_eq!(targets, expected);
+    assert_eq!(summary.adapted.len(), 14);
+    let reference = Fixture::load("hf/llama_lora/reference");
+    let error = max_abs_diff(
+        logits(&adapted, "llama_lora"),
+        reference.tensor::<3>("logits", &device),
+    );
+    assert!(error < 1e-4, "{error}");
+}
+
 #[test]
 fn peft_features_not_implemented_here_are_named() {
     let device = Device::flex();

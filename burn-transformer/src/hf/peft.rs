@@ -176,11 +176,23 @@ pub fn read_peft_config(dir: &Path) -> Result<LoraConfig, HfError> {
         ));
     }
     let targets: Vec<String> = match get("target_modules") {
-        Some(Value::Array(names)) => names
-            .iter()
-            .map(|name| name.as_str().map(str::to_string))
-            .collect::<Option<_>>()
-            .ok_or_else(|| unsupported("target_modules", "not a list of names".into()))?,
+        // PEFT matches a module whose path is a name or ends with `.name`, and saves
+        // `"all-linear"` as the full paths it resolved to (`model.layers.0.mlp.down_proj`,
+        // …): a path counts as its last name. A path list that leaves out some layers'
+        // projections then fails on those layers' missing tensors, naming one.
+        Some(Value::Array(names)) => {
+            let mut targets: Vec<String> = Vec::new();
+            for name in names {
+                let name = name
+                    .as_str()
+                    .ok_or_else(|| unsupported("target_modules", "not a list of names".into()))?;
+                let leaf = name.rsplit('.').next().unwrap_or(name).to_string();
+                if !targets.contains(&leaf) {
+                    targets.push(leaf);
+                }
+            }
+            targets
+        }
         Some(Value::String(name)) if name == "all-linear" => crate::lora::default_lora_targets(),
         Some(other) => {
             return Err(unsupported(
