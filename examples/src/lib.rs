@@ -69,10 +69,18 @@ impl ModelFlags {
     /// Loads the model of `folder` (opened by [`ModelFlags::folder`]) on the device.
     ///
     /// # Errors
-    /// A message for a device that does not work, or a model that cannot be loaded.
+    /// A message for a device that does not work or has no arithmetic in `--dtype`, or
+    /// a model that cannot be loaded.
     pub fn load(&self, folder: &ModelFolder) -> Result<LoadedModel, String> {
         let dtype = parse_dtype(&self.dtype)?;
         let device = device::open_device(&self.device)?;
+        if !device.supports_dtype(dtype) {
+            return Err(format!(
+                "--dtype {}: the {} device has no {dtype:?} arithmetic; use f32 (or f16 \
+                 where the device has it)",
+                self.dtype, self.device
+            ));
+        }
         folder.load(&device, dtype)
     }
 }

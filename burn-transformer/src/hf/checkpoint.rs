@@ -150,6 +150,16 @@ pub fn load_causal_lm_with(
     options: &LoadOptions,
 ) -> Result<(CausalLm, HfConfig, LoadReport), HfError> {
     let dir = dir.as_ref();
+    if !device.supports_dtype(options.dtype) {
+        return Err(HfError::Unsupported {
+            what: format!("{device:?}"),
+            reason: format!(
+                "this device has no {:?} arithmetic: load the weights in another float \
+                 type (f32, or f16 where the device has it)",
+                options.dtype
+            ),
+        });
+    }
     let config_path = dir.join(CONFIG_FILE);
     let mut config = HfConfig::from_file(&config_path)?;
     let tensors = checkpoint_tensors(dir)?;

@@ -920,6 +920,42 @@ fn loading_in_f16_converts_every_parameter() {
     assert!(diff < 0.1, "f16 logits differ by {diff}");
 }
 
+/// Every family decodes in half precision through its caches (DeepSeek's absorbed
+/// latent weights keep the model's float type), and a float type the device has no
+/// arithmetic for is refused before anything loads.
+#[test]
+fn half_precision_models_decode_and_unsupported_types_are_refused() {
+    let options = LoadOptions::default().with_dtype(burn::tensor::DType::F16);
+    for name in ["deepseek_v2", "gpt_oss"] {
+        let device = Device::flex();
+        let (model, _, _) = load_causal_lm_with(model_dir(name), &device, &options).unwrap();
+        let reference = reference(name);
+        let prompts = rows(&reference.data("tokens"));
+        let logits = model.forward(int_tensor(&prompts, &device), None);
+        let diff = max_abs_diff(
+            logits.cast(burn::tensor::DType::F32),
+            reference.tensor("logits", &device),
+        );
+        assert!(diff < 0.1, "{name}: f16 logits differ by {diff}");
+        let outputs = generate(&model, &prompts, &GenerationConfig::greedy(3), |_| {}).unwrap();
+        assert!(
+            outputs.iter().all(|output| output.tokens.len() == 3),
+            "{name}"
+        );
+    }
+    for device in model_test_devices() {
+        for dtype in [burn::tensor::DType::BF16, burn::tensor::DType::F16] {
+            if device.supports_dtype(dtype) {
+                continue;
+            }
+            let options = LoadOptions::default().with_dtype(dtype);
+            let error = load_causal_lm_with(model_dir("llama"), &device, &options).unwrap_err();
+            assert!(matches!(error, HfError::Unsupported { .. }), "{error}");
+            assert!(error.to_string().contains("arithmetic"), "{error}");
+        }
+    }
+}
+
 #[test]
 fn tensors_holding_nan_or_infinity_are_named_by_their_checkpoint_key() {
     let device = Device::flex();

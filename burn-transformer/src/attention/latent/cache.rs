@@ -18,8 +18,10 @@ impl AbsorbedWeights {
     /// The same weights as contiguous, detached tensors (read back and uploaded once):
     /// the per-head splits are strided views of `kv_b_proj`, which a matmul may copy
     /// on every call. For inference caches; gradients do not flow through the result.
+    /// The float type stays the weights' (`from_data` alone would give the device's
+    /// default, f32, beside a half-precision model's f16 activations).
     pub fn materialized(self) -> Self {
-        let fresh = |t: Tensor<4>| Tensor::from_data(t.to_data(), &t.device());
+        let fresh = |t: Tensor<4>| Tensor::from_data(t.to_data(), (&t.device(), t.dtype()));
         Self {
             w_uk_t: fresh(self.w_uk_t),
             w_uv: fresh(self.w_uv),
