@@ -52,6 +52,8 @@ impl Default for ExportOptions {
 /// What [`save_causal_lm`] wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExportReport {
+    /// The `model_type` of the saved `config.json` (a multimodal model's text family).
+    pub model_type: String,
     /// The files written, `config.json` first.
     pub files: Vec<PathBuf>,
     /// Tensors saved.
@@ -164,6 +166,7 @@ pub fn save_causal_lm(
         files.push(path);
     }
     Ok(ExportReport {
+        model_type: config.model_type.clone(),
         files,
         tensors: count,
         bytes: total,

@@ -231,7 +231,7 @@ fn write_folder(
     let report = save_causal_lm(model, config_json, dir, &options).map_err(|e| e.to_string())?;
     println!(
         "{} ({}): {} tensors, {:.1} MB in {}, {} file{}{}",
-        hf_config.model_type,
+        report.model_type,
         dtype_name(dtype),
         report.tensors,
         report.bytes as f64 / 1e6,
