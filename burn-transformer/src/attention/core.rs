@@ -22,8 +22,8 @@ use crate::ops::mask::MaskRule;
 pub enum AttentionImpl {
     /// The fused flash-attention op where it supports the call and pays: every call on
     /// CubeCL devices (wgpu, cuda); on flex (its tiled CPU flash attention), f32 calls of
-    /// more than [`DECODE_QUERIES`] query rows over at least [`FLEX_FLASH_MIN_KEYS`]
-    /// keys; the reference path elsewhere. The environment variable
+    /// more than [`DECODE_QUERIES`] query rows over at least 256 keys; the reference
+    /// path elsewhere. The environment variable
     /// `BURN_TRANSFORMER_ATTENTION=reference|fused|auto` overrides `Auto` for a whole
     /// process, which is how tests and benchmarks force one path.
     Auto,

@@ -1,7 +1,7 @@
 //! The model families whose `config.json` this crate reads (`model_type`).
 
 /// The `model_type`s [`HfConfig`](super::HfConfig) reads: the families, then the
-/// multimodal wrappers whose text model it reads ([`text_model_family`]).
+/// multimodal wrappers whose text model it reads (Gemma-3's `gemma3`).
 pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "llama",
     "mistral",

@@ -20,14 +20,13 @@ use crate::ffn::{Activation, MoeConfig, MoeLayerPlan, SwiGluConfig};
 ///   `num_experts_per_tok`; width `moe_intermediate_size`, else `intermediate_size`;
 /// - `n_shared_experts` (default 0), `routed_scaling_factor` (default 1), `n_group`
 ///   and `topk_group` (default 1), `hidden_act` (default silu);
-/// - scoring: `scoring_func` when present, else sigmoid for `model_type`
-///   `deepseek_v3`, softmax otherwise;
-/// - `norm_topk_prob`: the key, else true for `mixtral` and `deepseek_v3`, false
-///   otherwise (transformers' defaults);
-/// - the correction bias for `deepseek_v3` or `topk_method: "noaux_tc"`; group score
-///   max for `topk_method: "group_limited_greedy"` (DeepSeek-V2).
+/// - scoring: `scoring_func` (default softmax); `norm_topk_prob` (default false, true
+///   for `deepseek_v3`);
+/// - the correction bias for `topk_method: "noaux_tc"`; group score max for
+///   `topk_method: "group_limited_greedy"`.
 ///
-/// For the families transformers implements, the routing is the one its code computes,
+/// For the families transformers implements (`model_type`), the routing is the one its
+/// code computes,
 /// whatever keys it does not read say: softmax scores (sigmoid for `deepseek_v3`);
 /// Mixtral and gpt-oss always renormalize the chosen experts' weights and DeepSeek-V2
 /// never does; only DeepSeek-V2/V3 have shared experts, expert groups and a routed
