@@ -32,6 +32,10 @@ seeded generators (PEFT starts B at 0), plus the base's `input.json` and a
 checks merged against unmerged logits, reloads the folder with PEFT, and applies the file's
 adapter to the base by hand (`apply_adapter_by_hand`, which spells out the layout).
 
+`gradients` writes `gradients.json` (built after the models): for each model, the
+next-token cross-entropy of its reference tokens and the norm of every parameter's
+gradient (see `build_gradients`).
+
 `llama_beams` writes `llama/beams.json` (built after `llama`): transformers' best beam
 search hypothesis (new tokens and score) for each prompt of `llama/input.json` and each
 setting of BEAM_SETTINGS (beams, length penalty, repetition penalty, stop token).
@@ -1116,16 +1120,42 @@ def build_beams() -> None:
     print(f"llama_beams: {len(cases)} searches, {stopped} ended by their stop token")
 
 
+def build_gradients() -> None:
+    """`hf/gradients.json`: per saved model of MODELS, the next-token cross-entropy of
+    its reference tokens (mean over the `batch × (seq − 1)` predictions, in float32,
+    eager attention) and the Frobenius norm of its gradient for every parameter, named
+    as transformers names the parameter in memory."""
+    result = {}
+    for name in MODELS:
+        model = load_base(OUT_DIR / name)
+        tokens = read_safetensors(OUT_DIR / name / "reference.safetensors")["tokens"]
+        logits = model(tokens[:, :-1]).logits.float()
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1)
+        )
+        loss.backward()
+        norms = {
+            key: float(param.grad.double().norm())
+            for key, param in model.named_parameters()
+            if param.grad is not None
+        }
+        result[name] = {"loss": float(loss), "gradient_norms": norms}
+    (OUT_DIR / "gradients.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    print(f"gradients: {len(result)} models")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    choices = [*MODELS, "tokenizer", *LORA_ADAPTERS, "llama_beams"]
+    choices = [*MODELS, "tokenizer", *LORA_ADAPTERS, "llama_beams", "gradients"]
     parser.add_argument("names", nargs="*", help=f"any of {', '.join(choices)}")
     args = parser.parse_args()
     # The adapters read their base fixtures from disk, so they come after them.
-    names = args.names or [*MODELS, "tokenizer", *LORA_ADAPTERS, "llama_beams"]
+    names = args.names or [*MODELS, "tokenizer", *LORA_ADAPTERS, "llama_beams", "gradients"]
     for name in names:
         if name == "tokenizer":
             build_tokenizer()
+        elif name == "gradients":
+            build_gradients()
         elif name == "llama_beams":
             build_beams()
         elif name in MODELS:

@@ -11,6 +11,8 @@ use super::*;
 use crate::generate::{
     BeamSearchConfig, EarlyStopping, GenerationConfig, beam_search, generate, log_softmax,
 };
+use burn::tensor::activation::log_softmax as log_softmax_dim;
+
 use crate::model::CausalLm;
 use crate::test_utils::{
     Fixture, assert_close, fixture_dir, matmul_relative_rounding, max_abs_diff, model_test_devices,
@@ -562,6 +564,123 @@ fn beam_search_with_one_beam_is_greedy() {
         let beams = beam_search(&model, &prompts, &BeamSearchConfig::new(1, 6)).unwrap();
         for (row, hypotheses) in beams.iter().enumerate() {
             assert_eq!(hypotheses[0].tokens, greedy[row], "row {row} on {device:?}");
+        }
+    }
+}
+
+/// The norm of every parameter's gradient of `loss`, by the name transformers gives
+/// the parameter in memory (`model.embed_tokens.weight`, gpt-oss's `mlp.router`,
+/// Gemma-3 multimodal's `model.language_model.…`); parameters the loss does not reach
+/// (an unused multi-token-prediction module) have no gradient and are left out.
+fn gradient_norms(
+    model: &CausalLm,
+    loss: Tensor<1>,
+    model_type: &str,
+) -> std::collections::BTreeMap<String, f64> {
+    use burn::module::{Module, ModuleVisitor, Param};
+    struct Norms<'a> {
+        grads: &'a burn::tensor::Gradients,
+        path: crate::module_path::ParamPath,
+        norms: Vec<(String, f64)>,
+    }
+    impl ModuleVisitor for Norms<'_> {
+        fn enter_module(&mut self, name: &str, container_type: &str) {
+            self.path.enter(name, container_type);
+        }
+        fn exit_module(&mut self, _name: &str, container_type: &str) {
+            self.path.exit(container_type);
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if let Some(grad) = param.val().grad(self.grads) {
+                let values: Vec<f32> = grad.try_to_vec_as().unwrap();
+                let norm = values
+                    .iter()
+                    .map(|&v| f64::from(v).powi(2))
+                    .sum::<f64>()
+                    .sqrt();
+                self.norms.push((self.path.joined(), norm));
+            }
+        }
+    }
+    let grads = loss.backward();
+    let mut visitor = Norms {
+        grads: &grads,
+        path: Default::default(),
+        norms: Vec::new(),
+    };
+    model.visit(&mut visitor);
+    visitor
+        .norms
+        .into_iter()
+        .map(|(path, norm)| {
+            let name = match path.strip_prefix("embed_tokens.") {
+                Some(rest) => format!("model.embed_tokens.{rest}"),
+                None => path,
+            };
+            let name = match model_type {
+                "gpt_oss" => name.replacen(".mlp.gate.", ".mlp.router.", 1),
+                "gemma3" => name.replacen("model.", "model.language_model.", 1),
+                _ => name,
+            };
+            (name, norm)
+        })
+        .collect()
+}
+
+/// Training computes what PyTorch computes: on every fixture model, the next-token
+/// cross-entropy of its reference tokens and the gradient of every parameter equal
+/// transformers' (`hf/gradients.json`, `tools/make_hf_models.py gradients`) on flex
+/// and ndarray, and on wgpu (the CubeCL attention backward) for four families.
+#[test]
+fn loss_and_every_gradient_match_transformers() {
+    let text = std::fs::read_to_string(fixture_dir().join("hf/gradients.json")).unwrap();
+    let expected: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let expected = expected.as_object().unwrap();
+    assert!(expected.len() >= 18, "{} models", expected.len());
+    let mut devices: Vec<(Device, Option<&[&str]>)> = vec![(Device::flex(), None)];
+    #[cfg(feature = "ndarray")]
+    #[allow(deprecated)]
+    devices.push((Device::ndarray(), None));
+    #[cfg(feature = "wgpu")]
+    devices.push((
+        crate::test_utils::wgpu_device(),
+        Some(&["llama", "gemma2", "gpt_oss", "deepseek_v3"]),
+    ));
+    for (device, only) in devices {
+        for (name, reference_values) in expected {
+            if only.is_some_and(|names| !names.contains(&name.as_str())) {
+                continue;
+            }
+            let device = device.clone().autodiff();
+            let (model, config) = load_causal_lm(model_dir(name), &device).unwrap();
+            let prompts = rows(&reference(name).data("tokens"));
+            let seq = prompts[0].len();
+            let tokens = int_tensor(&prompts, &device);
+            let logits = model.forward(tokens.clone().narrow(1, 0, seq - 1), None);
+            // Mean next-token cross-entropy, as torch's `cross_entropy`.
+            let [batch, steps, vocab] = logits.dims();
+            let log_probs = log_softmax_dim(logits.reshape([batch * steps, vocab]), 1);
+            let targets = tokens.narrow(1, 1, seq - 1).reshape([batch * steps, 1]);
+            let loss: Tensor<1> = -log_probs.gather(1, targets).mean();
+            let what = format!("{name} on {device:?}");
+            let want = reference_values["loss"].as_f64().unwrap();
+            let got = f64::from(loss.clone().into_scalar::<f32>());
+            assert!(
+                (got - want).abs() < 1e-5 * want.max(1.0),
+                "{what}: loss {got} vs {want}"
+            );
+            let norms = gradient_norms(&model, loss, &config.model_type);
+            let want_norms = reference_values["gradient_norms"].as_object().unwrap();
+            let names: Vec<&String> = norms.keys().collect();
+            let want_names: Vec<&String> = want_norms.keys().collect();
+            assert_eq!(names, want_names, "{what}: parameters with a gradient");
+            for (key, norm) in &norms {
+                let want = want_norms[key].as_f64().unwrap();
+                assert!(
+                    (norm - want).abs() <= 1e-4 * want + 1e-6,
+                    "{what}: gradient of {key}: norm {norm} vs {want}"
+                );
+            }
         }
     }
 }
