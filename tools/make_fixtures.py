@@ -715,6 +715,141 @@ def moe_gpt_oss() -> Fixture:
     )
 
 
+# --------------------------------------------------------------------------------------
+# The encoder-decoder Transformer
+# --------------------------------------------------------------------------------------
+#
+# PyTorch's own nn.TransformerEncoderLayer / nn.TransformerDecoderLayer (ReLU, no
+# dropout, batch first), stacked as "Attention Is All You Need" does: embeddings scaled
+# by sqrt(d_model) plus the interleaved sinusoid, Post-LN without a final norm (or
+# Pre-LN with one per stack), the output head tied to the target embedding. Padding on
+# both sides (source padding hides keys from the encoder and from cross-attention),
+# a causal decoder. The weights are stored under our parameter paths with a `w.`
+# prefix, linear weights as PyTorch stores them `[out, in]`; q, k and v are the thirds
+# of PyTorch's `in_proj`.
+
+ED_D_MODEL, ED_HEADS, ED_D_FF, ED_LAYERS, ED_SRC_VOCAB, ED_TGT_VOCAB = 16, 2, 32, 2, 20, 24
+
+
+def transformer_fixture(name: str, norm_first: bool) -> Fixture:
+    import math
+
+    generator = seeded(name)
+    d = ED_D_MODEL
+    layer = dict(dim_feedforward=ED_D_FF, dropout=0.0, activation="relu", batch_first=True)
+    encoder = [
+        torch.nn.TransformerEncoderLayer(d, ED_HEADS, norm_first=norm_first, **layer)
+        for _ in range(ED_LAYERS)
+    ]
+    decoder = [
+        torch.nn.TransformerDecoderLayer(d, ED_HEADS, norm_first=norm_first, **layer)
+        for _ in range(ED_LAYERS)
+    ]
+    final_norms = [torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)]
+    with torch.no_grad():
+        for module in [*encoder, *decoder, *final_norms]:
+            module.eval()
+            for key, parameter in module.named_parameters():
+                if "norm" in key and key.endswith("weight"):
+                    parameter.copy_(1.0 + randn(generator, *parameter.shape, scale=0.2))
+                else:
+                    parameter.copy_(randn(generator, *parameter.shape, scale=0.3))
+    src_embed = randn(generator, ED_SRC_VOCAB, d)
+    tgt_embed = randn(generator, ED_TGT_VOCAB, d)
+
+    def sinusoid(length: int) -> torch.Tensor:
+        angle = torch.arange(length).float()[:, None] / 10000 ** (
+            torch.arange(0, d, 2).float() / d
+        )
+        out = torch.zeros(length, d)
+        out[:, 0::2], out[:, 1::2] = torch.sin(angle), torch.cos(angle)
+        return out
+
+    batch, src_len, tgt_len = 2, 7, 6
+    src = torch.randint(0, ED_SRC_VOCAB, (batch, src_len), generator=generator)
+    tgt = torch.randint(0, ED_TGT_VOCAB, (batch, tgt_len), generator=generator)
+    # Right padding, so that every query sees a key (PyTorch gives NaN rows otherwise).
+    src_padding = torch.zeros(batch, src_len, dtype=torch.bool)
+    src_padding[1, 5:] = True
+    tgt_padding = torch.zeros(batch, tgt_len, dtype=torch.bool)
+    tgt_padding[0, 4:] = True
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(tgt_len) < 0
+    with torch.no_grad():
+        x = src_embed[src] * math.sqrt(d) + sinusoid(src_len)
+        for block in encoder:
+            x = block(x, src_key_padding_mask=src_padding)
+        memory = final_norms[0](x) if norm_first else x
+        y = tgt_embed[tgt] * math.sqrt(d) + sinusoid(tgt_len)
+        for block in decoder:
+            y = block(
+                y,
+                memory,
+                tgt_mask=causal,
+                tgt_key_padding_mask=tgt_padding,
+                memory_key_padding_mask=src_padding,
+            )
+        y = final_norms[1](y) if norm_first else y
+        logits = y @ tgt_embed.T
+
+    weights = {"embed_tokens.weight": src_embed, "decoder_embed_tokens.weight": tgt_embed}
+
+    def attention(prefix: str, mha: torch.nn.MultiheadAttention) -> None:
+        for part, w, b in zip(
+            ("q", "k", "v"), mha.in_proj_weight.chunk(3), mha.in_proj_bias.chunk(3)
+        ):
+            weights[f"{prefix}.{part}_proj.weight"], weights[f"{prefix}.{part}_proj.bias"] = w, b
+        weights[f"{prefix}.o_proj.weight"] = mha.out_proj.weight
+        weights[f"{prefix}.o_proj.bias"] = mha.out_proj.bias
+
+    def norm(prefix: str, module: torch.nn.LayerNorm) -> None:
+        weights[f"{prefix}.weight"], weights[f"{prefix}.bias"] = module.weight, module.bias
+
+    def feed_forward(prefix: str, block) -> None:
+        weights[f"{prefix}.mlp.fc1.weight"] = block.linear1.weight
+        weights[f"{prefix}.mlp.fc1.bias"] = block.linear1.bias
+        weights[f"{prefix}.mlp.fc2.weight"] = block.linear2.weight
+        weights[f"{prefix}.mlp.fc2.bias"] = block.linear2.bias
+
+    for index, block in enumerate(encoder):
+        prefix = f"encoder.layers.{index}"
+        attention(f"{prefix}.self_attn", block.self_attn)
+        norm(f"{prefix}.input_layernorm", block.norm1)
+        norm(f"{prefix}.post_attention_layernorm", block.norm2)
+        feed_forward(prefix, block)
+    for index, block in enumerate(decoder):
+        prefix = f"decoder.layers.{index}"
+        attention(f"{prefix}.self_attn", block.self_attn)
+        attention(f"{prefix}.cross_attn", block.multihead_attn)
+        norm(f"{prefix}.input_layernorm", block.norm1)
+        norm(f"{prefix}.cross_attn_layernorm", block.norm2)
+        norm(f"{prefix}.post_attention_layernorm", block.norm3)
+        feed_forward(prefix, block)
+    if norm_first:
+        norm("encoder.norm", final_norms[0])
+        norm("decoder.norm", final_norms[1])
+    tensors = {f"w.{key}": value for key, value in weights.items()}
+    tensors.update(
+        src=src,
+        tgt=tgt,
+        src_padding=src_padding.long(),
+        tgt_padding=tgt_padding.long(),
+        logits=logits,
+    )
+    return Fixture(tensors, notes={"torch": torch.__version__})
+
+
+@fixture("transformer_post_ln")
+def transformer_post_ln() -> Fixture:
+    """The paper's Post-LN encoder-decoder from PyTorch's nn.Transformer*Layer modules."""
+    return transformer_fixture("transformer_post_ln", norm_first=False)
+
+
+@fixture("transformer_pre_ln")
+def transformer_pre_ln() -> Fixture:
+    """A Pre-LN encoder-decoder (a final norm per stack) from PyTorch's layers."""
+    return transformer_fixture("transformer_pre_ln", norm_first=True)
+
+
 @fixture("block_pre_ln")
 def block_pre_ln() -> Fixture:
     """A Pre-LN decoder block: HF LlamaDecoderLayer (RMSNorm, GQA + RoPE, SwiGLU), causal."""

@@ -637,6 +637,7 @@ fn loss_and_every_gradient_match_transformers() {
     let expected: serde_json::Value = serde_json::from_str(&text).unwrap();
     let expected = expected.as_object().unwrap();
     assert!(expected.len() >= 18, "{} models", expected.len());
+    #[allow(unused_mut)] // without the ndarray and wgpu features, flex alone
     let mut devices: Vec<(Device, Option<&[&str]>)> = vec![(Device::flex(), None)];
     #[cfg(feature = "ndarray")]
     #[allow(deprecated)]

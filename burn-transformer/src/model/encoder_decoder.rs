@@ -417,6 +417,59 @@ mod tests {
             .init(device)
     }
 
+    /// PyTorch's `nn.TransformerEncoderLayer` / `nn.TransformerDecoderLayer` stacked as
+    /// the paper does (`tools/make_fixtures.py transformer_post_ln transformer_pre_ln`):
+    /// the same logits at every real target position, Post-LN and Pre-LN, with padding
+    /// on both sides and the tied output head.
+    #[test]
+    fn matches_pytorch_transformer_layers() {
+        use crate::test_utils::{Fixture, fixture_dir};
+        use burn::store::{ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore};
+        for (name, kind) in [
+            ("transformer_post_ln", BlockKind::PostNorm),
+            ("transformer_pre_ln", BlockKind::PreNorm),
+        ] {
+            let fixture = Fixture::load(name);
+            for device in model_test_devices() {
+                let mut model = TransformerConfig::new(20, 24)
+                    .with_d_model(16)
+                    .with_n_heads(2)
+                    .with_d_ff(32)
+                    .with_n_encoder_layers(2)
+                    .with_n_decoder_layers(2)
+                    .with_dropout(0.0)
+                    .with_block_kind(kind)
+                    .init(&device);
+                // The weights are the fixture's `w.<our path>` tensors, PyTorch's layout.
+                let mut store =
+                    SafetensorsStore::from_file(fixture_dir().join(format!("{name}.safetensors")))
+                        .with_key_remapping(r"^w\.", "")
+                        .with_from_adapter(PyTorchToBurnAdapter)
+                        .skip_enum_variants(true);
+                let result = model.load_from(&mut store).unwrap();
+                assert!(result.missing.is_empty(), "{name}: {:?}", result.missing);
+                let ints = |key: &str| {
+                    let data = fixture.data(key);
+                    Tensor::<2, Int>::from_data(data.convert::<i64>(), &device)
+                };
+                let padding = |key: &str| ints(key).equal_elem(1);
+                let logits = model.forward(
+                    ints("src"),
+                    ints("tgt"),
+                    Some(padding("src_padding")),
+                    Some(padding("tgt_padding")),
+                );
+                // Padded target positions are never read: compare the real ones.
+                let real = padding("tgt_padding")
+                    .bool_not()
+                    .float()
+                    .unsqueeze_dim::<3>(2);
+                let expected = fixture.tensor::<3>("logits", &device);
+                assert_close(logits * real.clone(), expected * real, 1e-4, name);
+            }
+        }
+    }
+
     #[test]
     fn attention_weights_come_with_the_same_logits_and_are_distributions() {
         for device in model_test_devices() {
