@@ -36,6 +36,11 @@ adapter to the base by hand (`apply_adapter_by_hand`, which spells out the layou
 next-token cross-entropy of its reference tokens and the norm of every parameter's
 gradient (see `build_gradients`).
 
+`processors` writes `processors.json`: logits before and after transformers' logit
+processors for settings a `generation_config.json` may hold (see `build_processors`).
+`generation_files` writes `tokenizer/generation.json`: transformers' `generate` on the
+`tokenizer` model with `generation_config.json` files (see `build_generation_files`).
+
 `llama_beams` writes `llama/beams.json` (built after `llama`): transformers' best beam
 search hypothesis (new tokens and score) for each prompt of `llama/input.json` and each
 setting of BEAM_SETTINGS (beams, length penalty, repetition penalty, stop token).
@@ -1120,6 +1125,106 @@ def build_beams() -> None:
     print(f"llama_beams: {len(cases)} searches, {stopped} ended by their stop token")
 
 
+# Settings of `generation_config.json` files whose logit processors `processors`
+# records: greedy with a repetition penalty, sampling with transformers' default top-k
+# (50), published checkpoints' choices, min-p, and warpers a greedy file ignores.
+PROCESSOR_SETTINGS = [
+    {"repetition_penalty": 1.3},
+    {"do_sample": True},
+    {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05},
+    {"do_sample": True, "temperature": 0.6, "top_p": 0.9},
+    {"do_sample": True, "top_k": 0, "min_p": 0.1, "temperature": 1.5},
+    {"do_sample": True, "top_k": 64, "top_p": 0.95, "min_p": 0.05, "temperature": 0.8,
+     "repetition_penalty": 0.9},
+    {"do_sample": True, "top_k": 5, "temperature": 2.0},
+    {"do_sample": True, "top_k": 0, "top_p": 0.5},
+    {"do_sample": False, "temperature": 0.6, "top_p": 0.9},
+]
+PROCESSOR_VOCAB, PROCESSOR_ROWS = 64, 3
+
+
+def build_processors() -> None:
+    """`hf/processors.json`: for each setting of PROCESSOR_SETTINGS and a few random rows
+    of logits with a token history, the logits after transformers' `generate` applies
+    its processors (built by `_get_logits_processor` from the setting filled with
+    transformers' global defaults, as `generate` fills a model's generation config).
+    Removed tokens (`-inf`) are written as `null`."""
+    model = load_base(OUT_DIR / "llama")
+    generator = torch.Generator().manual_seed(seed_of("processors", 0))
+    defaults = transformers.GenerationConfig._get_default_generation_params()
+    cases = []
+    for settings in PROCESSOR_SETTINGS:
+        config = transformers.GenerationConfig(**settings)
+        config.update(**defaults, defaults_only=True)
+        for _ in range(PROCESSOR_ROWS):
+            logits = torch.randn(1, PROCESSOR_VOCAB, generator=generator) * 2.5
+            history = torch.randint(0, PROCESSOR_VOCAB, (1, 12), generator=generator)
+            processors = model._get_logits_processor(
+                generation_config=config, input_ids_seq_length=history.shape[1], model_kwargs={}
+            )
+            processed = processors(history, logits.clone())[0]
+            cases.append(
+                {
+                    "generation_config": settings,
+                    "history": history[0].tolist(),
+                    "logits": logits[0].tolist(),
+                    "processed": [None if math.isinf(x) else x for x in processed.tolist()],
+                }
+            )
+    (OUT_DIR / "processors.json").write_text(json.dumps(cases, indent=1) + "\n")
+    kept = [sum(x is not None for x in case["processed"]) for case in cases]
+    print(f"processors: {len(cases)} rows, {min(kept)}-{max(kept)} of {PROCESSOR_VOCAB} tokens kept")
+
+
+# `generation_config.json` files for the `tokenizer` model, each with the prompt that
+# `generate_with_files` continues; `stop_at` picks an end-of-text token the greedy
+# continuation reaches after that many tokens.
+GENERATION_FILES = [
+    ({"do_sample": False, "repetition_penalty": 1.4, "eos_token_id": 2}, 3),
+    ({"do_sample": False, "num_beams": 3, "length_penalty": 0.7, "eos_token_id": 2}, None),
+]
+GENERATION_PROMPT = "the quick brown fox"
+GENERATION_NEW_TOKENS = 10
+
+
+def build_generation_files() -> None:
+    """`hf/tokenizer/generation.json`: transformers' `generate` on the `tokenizer` model
+    with a `generation_config.json` in its folder and no other setting, for each file of
+    GENERATION_FILES: the file, the prompt's ids and the new tokens. A greedy file gets
+    a second end-of-text token, the one its continuation reaches after `stop_at` tokens,
+    so that the case ends early."""
+    import tempfile
+
+    from tokenizers import Tokenizer
+
+    folder = OUT_DIR / "tokenizer"
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    prompt = tokenizer.encode(GENERATION_PROMPT).ids
+
+    def generate(settings: dict) -> list[int]:
+        with tempfile.TemporaryDirectory() as tmp:
+            for name in ("config.json", "model.safetensors"):
+                shutil.copy(folder / name, tmp)
+            (Path(tmp) / "generation_config.json").write_text(json.dumps(settings))
+            model = load_base(Path(tmp))
+            with torch.no_grad():
+                out = model.generate(torch.tensor([prompt]), max_new_tokens=GENERATION_NEW_TOKENS)
+        return out[0, len(prompt):].tolist()
+
+    cases = []
+    for settings, stop_at in GENERATION_FILES:
+        if stop_at is not None:
+            tokens = generate(settings)
+            first = [t for i, t in enumerate(tokens) if t not in tokens[:i]]
+            stop = next(t for t in first if tokens.index(t) >= stop_at)
+            settings = {**settings, "eos_token_id": [settings["eos_token_id"], stop]}
+        tokens = generate(settings)
+        cases.append({"generation_config": settings, "prompt": GENERATION_PROMPT,
+                      "prompt_ids": prompt, "tokens": tokens})
+    (folder / "generation.json").write_text(json.dumps(cases, indent=1) + "\n")
+    print(f"generation files: {[len(case['tokens']) for case in cases]} new tokens")
+
+
 def build_gradients() -> None:
     """`hf/gradients.json`: per saved model of MODELS, the next-token cross-entropy of
     its reference tokens (mean over the `batch × (seq − 1)` predictions, in float32,
@@ -1146,11 +1251,12 @@ def build_gradients() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    choices = [*MODELS, "tokenizer", *LORA_ADAPTERS, "llama_beams", "gradients"]
+    extras = ["llama_beams", "gradients", "processors", "generation_files"]
+    choices = [*MODELS, "tokenizer", *LORA_ADAPTERS, *extras]
     parser.add_argument("names", nargs="*", help=f"any of {', '.join(choices)}")
     args = parser.parse_args()
     # The adapters read their base fixtures from disk, so they come after them.
-    names = args.names or [*MODELS, "tokenizer", *LORA_ADAPTERS, "llama_beams", "gradients"]
+    names = args.names or [*MODELS, "tokenizer", *LORA_ADAPTERS, *extras]
     for name in names:
         if name == "tokenizer":
             build_tokenizer()
@@ -1158,6 +1264,10 @@ def main() -> None:
             build_gradients()
         elif name == "llama_beams":
             build_beams()
+        elif name == "processors":
+            build_processors()
+        elif name == "generation_files":
+            build_generation_files()
         elif name in MODELS:
             build(name)
         elif name in LORA_ADAPTERS:

@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::{DType, Device, Tensor};
 use burn_transformer::hf::{
-    CONFIG_FILE, LoadOptions, LoadReport, load_causal_lm_with, non_finite_parameters,
+    CONFIG_FILE, GENERATION_CONFIG_FILE, HfGenerationConfig, LoadOptions, LoadReport,
+    load_causal_lm_with, non_finite_parameters, read_generation_config,
 };
 use burn_transformer::io::{read_bytes, read_text};
 use burn_transformer::lora::{LoraConfig, attach_lora};
@@ -36,7 +37,7 @@ pub const BASE_CONFIG_FILE: &str = "hf-config.json";
 pub const BASE_EXTRA_FILES: [&str; 3] = [
     "tokenizer_config.json",
     "special_tokens_map.json",
-    "generation_config.json",
+    GENERATION_CONFIG_FILE,
 ];
 
 /// A model folder whose kind and settings are known, its weights not yet loaded.
@@ -69,8 +70,10 @@ pub struct RunFolder {
 pub struct LoadedModel {
     /// The model.
     pub model: CausalLm,
-    /// Tokens that end a continuation: a Hugging Face model's `eos_token_id`s; none
-    /// for a run (its character vocabulary has no end-of-text token).
+    /// Tokens that end a continuation: a Hugging Face model's `eos_token_id`s (those
+    /// of its `generation_config.json`, which transformers' `generate` uses, else
+    /// those of `config.json`); none for a run (its vocabulary has no end-of-text
+    /// token).
     pub stop_tokens: Vec<u32>,
     /// The padding token.
     pub pad_token: u32,
@@ -103,6 +106,26 @@ impl ModelFolder {
         }
     }
 
+    /// The decoding settings of a Hugging Face model's `generation_config.json`, with a
+    /// warning on stderr for each setting it holds that decoding does not apply;
+    /// `None` for a Hugging Face model without the file and for a run.
+    ///
+    /// # Errors
+    /// A message naming the file and the key that is not valid.
+    pub fn generation_config(&self) -> Result<Option<HfGenerationConfig>, String> {
+        let Self::HuggingFace(dir) = self else {
+            return Ok(None);
+        };
+        let config = read_generation_config(dir).map_err(|error| error.to_string())?;
+        for note in config.iter().flat_map(|config| &config.unapplied_keys) {
+            eprintln!(
+                "warning: {}: {note}",
+                dir.join(GENERATION_CONFIG_FILE).display()
+            );
+        }
+        Ok(config)
+    }
+
     /// Loads the model on `device` with parameters of type `dtype`, printing a warning
     /// on stderr that names the tensors holding NaN or infinite values.
     ///
@@ -117,13 +140,19 @@ impl ModelFolder {
                 for note in &config.unread_keys {
                     eprintln!("warning: {}: {note}", dir.join(CONFIG_FILE).display());
                 }
-                let pad_token = config
-                    .pad_token_id
-                    .or(config.eos_token_ids.first().copied())
+                let generation = read_generation_config(dir).map_err(|error| error.to_string())?;
+                let generation = generation.as_ref();
+                let stop_tokens = generation
+                    .and_then(|generation| generation.eos_token_ids.clone())
+                    .unwrap_or(config.eos_token_ids);
+                let pad_token = generation
+                    .and_then(|generation| generation.pad_token_id)
+                    .or(config.pad_token_id)
+                    .or(stop_tokens.first().copied())
                     .unwrap_or(0);
                 let loaded = LoadedModel {
                     model,
-                    stop_tokens: config.eos_token_ids,
+                    stop_tokens,
                     pad_token,
                     max_context: None,
                 };

@@ -176,9 +176,14 @@ fn bad_flags_are_refused_before_anything_is_printed() {
         (&["--temperature", "-1"], "--temperature must be 0"),
         (&["--temperature", "NaN"], "--temperature must be 0"),
         (&["--temperature", "inf"], "--temperature must be 0"),
+        (&["--min-p", "0.1"], "--min-p applies to sampling"),
         (
-            &["--temperature", "1", "--top-k", "0"],
-            "--top-k must be at least 1",
+            &["--temperature", "0", "--top-k", "5"],
+            "--temperature 0 decodes greedily",
+        ),
+        (
+            &["--temperature", "1", "--min-p", "1.5"],
+            "--min-p must be in [0, 1]",
         ),
         (
             &["--temperature", "1", "--top-p", "1.5"],
@@ -234,6 +239,85 @@ fn bad_flags_are_refused_before_anything_is_printed() {
     );
 }
 
+/// With a `generation_config.json` in the model folder and no decoding flag, the
+/// program continues the prompt as transformers' `generate` does with that file
+/// (`tools/make_hf_models.py generation_files`): its repetition penalty and end-of-text
+/// tokens, its beams and length penalty.
+#[test]
+fn decodes_as_transformers_does_with_the_models_generation_config() {
+    #[derive(serde::Deserialize)]
+    struct Case {
+        generation_config: serde_json::Value,
+        prompt: String,
+        tokens: Vec<u32>,
+    }
+    let text = std::fs::read_to_string(model_dir().join("generation.json")).unwrap();
+    let cases: Vec<Case> = serde_json::from_str(&text).unwrap();
+    let tokenizer = tokenizers::Tokenizer::from_file(model_dir().join("tokenizer.json")).unwrap();
+    let scratch = TempDir::with_prefix("generate-generation-config").unwrap();
+    let expected_decoding = [
+        "greedy, repetition penalty 1.4",
+        "beam search, 3 beams, length penalty 0.7",
+    ];
+    assert_eq!(cases.len(), expected_decoding.len());
+    for (index, (case, decoding)) in cases.iter().zip(expected_decoding).enumerate() {
+        let model = scratch.path().join(index.to_string());
+        copy_model(&model);
+        std::fs::write(
+            model.join("generation_config.json"),
+            case.generation_config.to_string(),
+        )
+        .unwrap();
+        let output = generate_in(
+            &model,
+            &["--prompt", &case.prompt, "--max-new-tokens", "10"],
+        );
+        let stdout = assert_success(&output);
+        let continuation = tokenizer.decode(&case.tokens, false).unwrap();
+        assert_eq!(
+            stdout.trim_end_matches('\n'),
+            format!("{}{continuation}", case.prompt),
+            "{}",
+            case.generation_config
+        );
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.starts_with(&format!(
+                "decoding (the model's generation_config.json and the flags): {decoding}"
+            )),
+            "{stderr}"
+        );
+    }
+    assert!(
+        cases[0].tokens.len() < 10,
+        "the file's second end-of-text token ends it"
+    );
+
+    // A flag replaces one setting of the file, and a greedy file's sampling flags are
+    // refused as without a file.
+    let model = scratch.path().join("0");
+    let output = generate_in(
+        &model,
+        &[
+            "--prompt",
+            &cases[0].prompt,
+            "--max-new-tokens",
+            "10",
+            "--repetition-penalty",
+            "1",
+        ],
+    );
+    assert_success(&output);
+    assert!(
+        String::from_utf8_lossy(&output.stderr)
+            .starts_with("decoding (the model's generation_config.json and the flags): greedy\n")
+    );
+    assert_refused(
+        &generate_in(&model, &["--prompt", "the", "--top-p", "0.5"]),
+        "--top-p applies to sampling",
+    );
+}
+
 /// Copies every file of the fixture model into `dir`.
 fn copy_model(dir: &Path) {
     std::fs::create_dir_all(dir).unwrap();
@@ -279,6 +363,18 @@ fn damaged_model_folders_are_clear_errors() {
     assert_refused(
         &generate_in(&not_a_tokenizer, &prompt),
         "not a tokenizer.json",
+    );
+
+    let bad_generation_config = root.join("bad-generation-config");
+    copy_model(&bad_generation_config);
+    std::fs::write(
+        bad_generation_config.join("generation_config.json"),
+        r#"{"do_sample": true, "temperature": 0}"#,
+    )
+    .unwrap();
+    assert_refused(
+        &generate_in(&bad_generation_config, &prompt),
+        "generation_config.json: field `temperature`: must be > 0 to sample",
     );
 
     let empty = root.join("empty");

@@ -1,6 +1,6 @@
 //! Choosing the next token from logits: greedy or sampled, with the logit processors
-//! of Hugging Face's `generate` applied in its order (repetition penalty, temperature,
-//! top-k, top-p).
+//! of Hugging Face's `generate` applied in its order (repetition penalty, then for
+//! sampling temperature, top-k, top-p, min-p).
 //!
 //! Choices are made on the host from one `[vocab]` row of float32 logits, with a
 //! seeded random generator: a seed gives the same tokens on every backend and run.
@@ -22,6 +22,9 @@ pub struct SamplingConfig {
     /// Keep the smallest set of most likely tokens whose probabilities sum to at
     /// least `p` (nucleus sampling), in (0, 1]. Default: none.
     pub top_p: Option<f32>,
+    /// Keep only the tokens at least `p` times as likely as the most likely one
+    /// (min-p sampling, Nguyen et al. 2024), in [0, 1]. Default: none.
+    pub min_p: Option<f32>,
     /// Penalizes tokens already in the prompt or the output (CTRL, Keskar et al.
     /// 2019): a positive logit is divided by it, a negative one multiplied; must be
     /// > 0, 1 disables it. Applies to greedy decoding too. Default: 1.
@@ -41,6 +44,8 @@ crate::builders::setters!(SamplingConfig {
     with_top_k => top_k: Option<usize>,
     /// Sets top-p (nucleus) filtering.
     with_top_p => top_p: Option<f32>,
+    /// Sets min-p filtering.
+    with_min_p => min_p: Option<f32>,
     /// Sets the repetition penalty.
     with_repetition_penalty => repetition_penalty: f32,
 });
@@ -53,12 +58,13 @@ impl SamplingConfig {
             temperature: 1.0,
             top_k: None,
             top_p: None,
+            min_p: None,
             repetition_penalty: 1.0,
             seed: 0,
         }
     }
 
-    /// Sampling at `temperature`, with no top-k or top-p filter.
+    /// Sampling at `temperature`, with no top-k, top-p or min-p filter.
     pub fn sample(temperature: f32, seed: u64) -> Self {
         Self {
             do_sample: true,
@@ -89,6 +95,11 @@ impl SamplingConfig {
             && !(p > 0.0 && p <= 1.0)
         {
             return invalid("top_p", format!("must be in (0, 1], got {p}"));
+        }
+        if let Some(p) = self.min_p
+            && !(0.0..=1.0).contains(&p)
+        {
+            return invalid("min_p", format!("must be in [0, 1], got {p}"));
         }
         if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
             return invalid(
@@ -123,13 +134,14 @@ impl Sampler {
         &self.config
     }
 
-    /// Chooses the next token from one row of logits. `history` is the prompt and the
-    /// tokens generated so far (for the repetition penalty). `logits` is modified in
-    /// place by the processors.
-    pub fn choose(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+    /// Applies the logit processors to one row of logits in place, as transformers'
+    /// `generate` does before it chooses: the repetition penalty, and when sampling,
+    /// the temperature and the top-k, top-p and min-p filters (filtered tokens become
+    /// `-inf`). `history` is the prompt and the tokens generated so far.
+    pub fn process(&self, logits: &mut [f32], history: &[u32]) {
         apply_repetition_penalty(logits, history, self.config.repetition_penalty);
         if !self.config.do_sample {
-            return argmax(logits);
+            return;
         }
         let temperature = self.config.temperature;
         if temperature != 1.0 {
@@ -140,6 +152,19 @@ impl Sampler {
         }
         if let Some(p) = self.config.top_p {
             apply_top_p(logits, p);
+        }
+        if let Some(p) = self.config.min_p {
+            apply_min_p(logits, p);
+        }
+    }
+
+    /// Chooses the next token from one row of logits. `history` is the prompt and the
+    /// tokens generated so far (for the repetition penalty). `logits` is modified in
+    /// place by the processors ([`Sampler::process`]).
+    pub fn choose(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        self.process(logits, history);
+        if !self.config.do_sample {
+            return argmax(logits);
         }
         let probs = softmax(logits);
         let draw: f32 = self.rng.random();
@@ -206,25 +231,37 @@ pub(crate) fn apply_top_k(logits: &mut [f32], k: usize) {
 }
 
 /// Keeps the smallest set of most likely tokens whose probability sums to at least
-/// `p` (always at least one), `-inf` elsewhere.
+/// `p` (always at least one), `-inf` elsewhere. As transformers states it: the least
+/// likely tokens whose probabilities sum to at most `1 - p` are removed (which decides
+/// the rounding cases as it does).
 pub(crate) fn apply_top_p(logits: &mut [f32], p: f32) {
     if p >= 1.0 {
         return;
     }
     let probs = softmax(logits);
-    let mut order: Vec<usize> = (0..logits.len()).collect();
-    order.sort_unstable_by(|&a, &b| probs[b].total_cmp(&probs[a]));
-    let mut cumulative = 0.0;
-    let mut keep = vec![false; logits.len()];
-    for &token in &order {
-        keep[token] = true;
-        cumulative += probs[token];
-        if cumulative >= p {
+    let mut ascending: Vec<usize> = (0..logits.len()).collect();
+    ascending.sort_by(|&a, &b| logits[a].total_cmp(&logits[b]));
+    // The most likely token always stays.
+    ascending.pop();
+    let mut cumulative = 0.0f64;
+    for token in ascending {
+        cumulative += f64::from(probs[token]);
+        if cumulative > f64::from(1.0 - p) {
             break;
         }
+        logits[token] = f32::NEG_INFINITY;
     }
-    for (logit, keep) in logits.iter_mut().zip(keep) {
-        if !keep {
+}
+
+/// Keeps the tokens whose probability is at least `p` times the largest one (and
+/// always the most likely token), `-inf` elsewhere.
+pub(crate) fn apply_min_p(logits: &mut [f32], p: f32) {
+    let probs = softmax(logits);
+    let top = probs.iter().copied().fold(0.0f32, f32::max);
+    let threshold = p * top;
+    let best = argmax(logits) as usize;
+    for (token, logit) in logits.iter_mut().enumerate() {
+        if probs[token] < threshold && token != best {
             *logit = f32::NEG_INFINITY;
         }
     }
@@ -265,7 +302,7 @@ mod tests {
     }
 
     #[test]
-    fn top_k_and_top_p_filter_the_tail() {
+    fn top_k_top_p_and_min_p_filter_the_tail() {
         let mut logits = vec![1.0, 3.0, 2.0, 0.0];
         apply_top_k(&mut logits, 2);
         assert_eq!(logits, vec![f32::NEG_INFINITY, 3.0, 2.0, f32::NEG_INFINITY]);
@@ -276,6 +313,14 @@ mod tests {
         assert_eq!(logits, vec![3.0, 2.0, f32::NEG_INFINITY, f32::NEG_INFINITY]);
         let mut logits = vec![3.0, 2.0, 1.0, 0.0];
         apply_top_p(&mut logits, 0.1);
+        assert_eq!(logits[1..], [f32::NEG_INFINITY; 3]);
+
+        // Min-p 0.2 keeps the tokens at least 0.2 · 0.64 likely.
+        let mut logits = vec![3.0, 2.0, 1.0, 0.0];
+        apply_min_p(&mut logits, 0.2);
+        assert_eq!(logits, vec![3.0, 2.0, f32::NEG_INFINITY, f32::NEG_INFINITY]);
+        let mut logits = vec![3.0, 2.0, 1.0, 0.0];
+        apply_min_p(&mut logits, 1.0);
         assert_eq!(logits[1..], [f32::NEG_INFINITY; 3]);
     }
 

@@ -11,13 +11,12 @@
 use std::path::Path;
 
 use serde::Deserialize;
-use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde_json::Value;
 
 use super::activation::deserialize_activation;
 use super::defaults::with_family_defaults;
 use super::error::HfError;
-use super::keys::{KeyError, UnreadKeys, read_keys, required};
+use super::keys::{KeyError, TokenIds, UnreadKeys, read_keys, required};
 use super::latent::LatentKeys;
 use super::model_type::{ModelType, text_model_family};
 use super::moe::MoeKeys;
@@ -219,40 +218,6 @@ struct ModelKeys {
     /// DeepSeek-V3's FP8 blocks, bitsandbytes, GPTQ, AWQ, …), which this loader does
     /// not read.
     quantization_config: Option<Value>,
-}
-
-/// `eos_token_id`: one token id or a list of them.
-#[derive(Debug)]
-struct TokenIds(Vec<u32>);
-
-impl<'de> Deserialize<'de> for TokenIds {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct TokenIdsVisitor;
-
-        impl<'de> Visitor<'de> for TokenIdsVisitor {
-            type Value = TokenIds;
-
-            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
-                formatter.write_str("a token id or a list of token ids")
-            }
-
-            fn visit_u64<E: de::Error>(self, id: u64) -> Result<TokenIds, E> {
-                u32::try_from(id)
-                    .map(|id| TokenIds(vec![id]))
-                    .map_err(|_| E::custom(format!("{id} does not fit a token id")))
-            }
-
-            fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<TokenIds, A::Error> {
-                let mut ids = Vec::new();
-                while let Some(id) = items.next_element::<u32>()? {
-                    ids.push(id);
-                }
-                Ok(TokenIds(ids))
-            }
-        }
-
-        deserializer.deserialize_any(TokenIdsVisitor)
-    }
 }
 
 impl ModelKeys {

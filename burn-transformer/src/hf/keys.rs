@@ -8,6 +8,7 @@
 
 use std::path::Path;
 
+use serde::de::{self, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
@@ -122,6 +123,40 @@ impl<'a> UnreadKeys<'a> {
     /// The notes, in the order the keys were read.
     pub(crate) fn into_notes(self) -> Vec<String> {
         self.notes
+    }
+}
+
+/// `eos_token_id`: one token id or a list of them.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct TokenIds(pub(crate) Vec<u32>);
+
+impl<'de> Deserialize<'de> for TokenIds {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct TokenIdsVisitor;
+
+        impl<'de> Visitor<'de> for TokenIdsVisitor {
+            type Value = TokenIds;
+
+            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+                formatter.write_str("a token id or a list of token ids")
+            }
+
+            fn visit_u64<E: de::Error>(self, id: u64) -> Result<TokenIds, E> {
+                u32::try_from(id)
+                    .map(|id| TokenIds(vec![id]))
+                    .map_err(|_| E::custom(format!("{id} does not fit a token id")))
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<TokenIds, A::Error> {
+                let mut ids = Vec::new();
+                while let Some(id) = items.next_element::<u32>()? {
+                    ids.push(id);
+                }
+                Ok(TokenIds(ids))
+            }
+        }
+
+        deserializer.deserialize_any(TokenIdsVisitor)
     }
 }
 

@@ -1,5 +1,6 @@
 //! Hugging Face checkpoints: `config.json` and safetensors weights (single-file or
-//! sharded, bf16/f16/f32) loaded into our models by name.
+//! sharded, bf16/f16/f32) loaded into our models by name, and the decoding settings of
+//! `generation_config.json`.
 //!
 //! `config.json` is read here and nowhere else: serde structs for the keys of each part
 //! (the model's own, the rotary embedding, latent attention, mixture of experts) and the
@@ -22,6 +23,7 @@ mod config;
 mod defaults;
 mod error;
 mod export;
+mod generation_config;
 mod keys;
 mod latent;
 mod model_type;
@@ -37,6 +39,7 @@ pub use checkpoint::{
 pub use config::HfConfig;
 pub use error::HfError;
 pub use export::{ExportOptions, ExportReport, dtype_name, hf_config_json, save_causal_lm};
+pub use generation_config::{GENERATION_CONFIG_FILE, HfGenerationConfig, read_generation_config};
 pub use latent::latent_attention_config;
 pub use model_type::SUPPORTED_MODEL_TYPES;
 pub use moe::{moe_config, moe_layer_plan, swiglu_config};

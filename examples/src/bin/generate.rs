@@ -3,31 +3,38 @@
 //!
 //! ```text
 //! generate --model DIR --prompt TEXT [--tokenizer tokenizer.json] [--max-new-tokens N]
-//!          [--temperature T [--top-k K] [--top-p P] [--seed S]] [--repetition-penalty R]
-//!          [--num-beams B [--length-penalty L]] [--speculative]
+//!          [--temperature T [--top-k K] [--top-p P] [--min-p P] [--seed S]]
+//!          [--repetition-penalty R] [--num-beams B [--length-penalty L]] [--speculative]
 //!          [--device flex|ndarray|wgpu|cuda] [--dtype f32|f16|bf16]
 //! ```
 //!
 //! `DIR` is a Hugging Face model folder (its `tokenizer.json`, or `--tokenizer`) or the
-//! `--out` folder of a finished `train-lm` run (its own tokenizer). Greedy by default;
-//! `--temperature` above 0 samples (with optional top-k / top-p), reproducibly for a
-//! given `--seed`. `--num-beams` above 1 runs beam search and prints the best
-//! hypothesis at the end. `--speculative` decodes greedily with self-speculative
+//! `--out` folder of a finished `train-lm` run (its own tokenizer). A Hugging Face model
+//! decodes as transformers' `generate` does by default: with the settings of its
+//! `generation_config.json` (sampling or not, temperature, top-k, top-p, min-p,
+//! repetition penalty, beams, end-of-text tokens) and transformers' defaults for the
+//! rest (top-k 50 when sampling); each flag overrides one setting. A run decodes
+//! greedily by default. `--temperature 0` is greedy decoding; above 0 it samples
+//! (top-k, top-p and min-p filter the candidates), reproducibly for a given `--seed`.
+//! The decoding used is printed on stderr first. `--num-beams` above 1 runs beam
+//! search and prints the best hypothesis at the end. `--speculative` decodes greedily with self-speculative
 //! decoding: the model's multi-token-prediction module (a DeepSeek-V3 checkpoint that
 //! has one, or a `train-lm --mtp-depth 1` run) drafts the token after next and the
 //! model verifies it; the tokens are greedy decoding's, and the acceptance rate and
-//! speed are printed at the end. Generation stops at a Hugging Face model's `eos_token_id`s or
-//! after `--max-new-tokens`; a run's tokens are each predicted from at most the
+//! speed are printed at the end. Generation stops at a Hugging Face model's `eos_token_id`s
+//! (`generation_config.json`'s, else `config.json`'s) or after `--max-new-tokens`; a run's tokens are each predicted from at most the
 //! `--context` it was trained with. Every flag is checked before anything is loaded.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use burn_transformer::generate::{
-    BeamSearchConfig, GenerationConfig, SamplingConfig, beam_search, generate, generate_speculative,
+    BeamSearchConfig, EarlyStopping, GenerationConfig, SamplingConfig, beam_search, generate,
+    generate_speculative,
 };
+use burn_transformer::hf::{GENERATION_CONFIG_FILE, HfGenerationConfig};
 use clap::Parser;
-use examples::trained::TextTokenizer;
+use examples::trained::{ModelFolder, TextTokenizer};
 use examples::{ModelFlags, StreamedText};
 
 #[global_allocator]
@@ -49,26 +56,37 @@ struct Args {
     /// At most this many new tokens.
     #[arg(long, default_value_t = 64)]
     max_new_tokens: usize,
-    /// Sampling temperature; 0 is greedy decoding.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    temperature: f32,
-    /// Sample among the K most likely tokens only (with --temperature).
+    /// Sampling temperature; 0 is greedy decoding. Default: the model's
+    /// generation_config.json (greedy without one).
+    #[arg(long, allow_negative_numbers = true)]
+    temperature: Option<f32>,
+    /// Sample among the K most likely tokens only; 0: no such filter. Default: the
+    /// model's generation_config.json, else 50 for a Hugging Face model (transformers'
+    /// default) and none for a train-lm run.
     #[arg(long)]
     top_k: Option<usize>,
-    /// Sample among the most likely tokens that make up probability P (with
-    /// --temperature).
+    /// Sample among the most likely tokens that make up probability P; 1: no such
+    /// filter. Default: the model's generation_config.json, else none.
     #[arg(long, allow_negative_numbers = true)]
     top_p: Option<f32>,
-    /// Seed of the sampler (with --temperature). Default: 0.
+    /// Sample among the tokens at least P times as likely as the most likely one
+    /// (min-p); 0: no such filter. Default: the model's generation_config.json, else
+    /// none.
+    #[arg(long, allow_negative_numbers = true)]
+    min_p: Option<f32>,
+    /// Seed of the sampler (when sampling). Default: 0.
     #[arg(long)]
     seed: Option<u64>,
-    /// Penalize repeated tokens (greedy, sampled or beam search). Default: 1 (none).
+    /// Penalize repeated tokens (greedy, sampled or beam search); 1: none. Default: the
+    /// model's generation_config.json, else 1.
     #[arg(long, allow_negative_numbers = true)]
     repetition_penalty: Option<f32>,
-    /// Beam search with this many beams (no streaming); 1 is greedy decoding.
-    #[arg(long, default_value_t = 1)]
-    num_beams: usize,
-    /// Length penalty of beam search (with --num-beams above 1). Default: 1.
+    /// Beam search with this many beams (no streaming); 1 is one sequence. Default: the
+    /// model's generation_config.json, else 1.
+    #[arg(long)]
+    num_beams: Option<usize>,
+    /// Length penalty of beam search (with more than one beam). Default: the model's
+    /// generation_config.json, else 1.
     #[arg(long, allow_negative_numbers = true)]
     length_penalty: Option<f32>,
     /// Greedy decoding drafted by the model's multi-token-prediction module and
@@ -87,34 +105,85 @@ enum Decoding {
     Beams {
         num_beams: usize,
         length_penalty: f32,
+        early_stopping: EarlyStopping,
         repetition_penalty: f32,
     },
+}
+
+impl Decoding {
+    /// The decoding in words, for the line printed before the text.
+    fn describe(&self) -> String {
+        match self {
+            Self::Speculative => "greedy, self-speculative".into(),
+            Self::Beams {
+                num_beams,
+                length_penalty,
+                repetition_penalty,
+                ..
+            } => format!(
+                "beam search, {num_beams} beams, length penalty {length_penalty}, repetition \
+                 penalty {repetition_penalty}"
+            ),
+            Self::Stream(config) if !config.do_sample => match config.repetition_penalty {
+                1.0 => "greedy".into(),
+                penalty => format!("greedy, repetition penalty {penalty}"),
+            },
+            Self::Stream(config) => {
+                let mut settings = vec![format!("temperature {}", config.temperature)];
+                if let Some(k) = config.top_k {
+                    settings.push(format!("top-k {k}"));
+                }
+                if let Some(p) = config.top_p {
+                    settings.push(format!("top-p {p}"));
+                }
+                if let Some(p) = config.min_p {
+                    settings.push(format!("min-p {p}"));
+                }
+                settings.push(format!("repetition penalty {}", config.repetition_penalty));
+                settings.push(format!("seed {}", config.seed));
+                format!("sampling, {}", settings.join(", "))
+            }
+        }
+    }
 }
 
 fn main() -> ExitCode {
     examples::exit_with(run(&Args::parse()))
 }
 
-/// Checks every decoding flag, alone and together: a value out of range, or a flag
-/// that would have no effect with the others (`--top-k` on greedy decoding), is an
-/// error rather than ignored.
-fn decoding(args: &Args) -> Result<Decoding, String> {
+/// Checks every decoding flag, alone and together, and merges them with the model's
+/// `defaults` (each flag replaces one setting, as transformers' `generate` arguments
+/// replace the file's): a Hugging Face model's `generation_config.json` or
+/// transformers' defaults without one; `None` for a run (greedy, no filters). A value out of range, or a flag that would have no effect
+/// with the others (`--top-k` on greedy decoding), is an error rather than ignored.
+/// Settings of the model's file that the decoding cannot use are returned as notes.
+fn decoding(
+    args: &Args,
+    defaults: Option<&HfGenerationConfig>,
+) -> Result<(Decoding, Vec<String>), String> {
     if args.max_new_tokens == 0 {
         return Err("--max-new-tokens must be at least 1".into());
     }
-    let temperature = args.temperature;
-    if !(temperature.is_finite() && temperature >= 0.0) {
+    if let Some(temperature) = args.temperature
+        && !(temperature.is_finite() && temperature >= 0.0)
+    {
         return Err(format!(
             "--temperature must be 0 (greedy) or a finite positive number, got {temperature}"
         ));
     }
-    if args.top_k == Some(0) {
-        return Err("--top-k must be at least 1".into());
-    }
     if let Some(p) = args.top_p
         && !(p > 0.0 && p <= 1.0)
     {
-        return Err(format!("--top-p must be in (0, 1], got {p}"));
+        return Err(format!(
+            "--top-p must be in (0, 1] (1: no top-p filter), got {p}"
+        ));
+    }
+    if let Some(p) = args.min_p
+        && !(0.0..=1.0).contains(&p)
+    {
+        return Err(format!(
+            "--min-p must be in [0, 1] (0: no min-p filter), got {p}"
+        ));
     }
     if let Some(penalty) = args.repetition_penalty
         && !(penalty.is_finite() && penalty > 0.0)
@@ -124,8 +193,8 @@ fn decoding(args: &Args) -> Result<Decoding, String> {
              {penalty}"
         ));
     }
-    if args.num_beams == 0 {
-        return Err("--num-beams must be at least 1 (1 is greedy decoding)".into());
+    if args.num_beams == Some(0) {
+        return Err("--num-beams must be at least 1 (1 is one sequence)".into());
     }
     if let Some(penalty) = args.length_penalty
         && !penalty.is_finite()
@@ -133,60 +202,106 @@ fn decoding(args: &Args) -> Result<Decoding, String> {
         return Err(format!("--length-penalty must be finite, got {penalty}"));
     }
 
-    let sampling = temperature > 0.0;
+    let model = defaults.map_or_else(SamplingConfig::greedy, |file| file.sampling.clone());
+    let asked_sampling = args.temperature.is_some_and(|t| t > 0.0);
+    let sampling = args.temperature.map_or(model.do_sample, |t| t > 0.0);
+    let repetition_penalty = args.repetition_penalty.unwrap_or(model.repetition_penalty);
+    let mut notes = Vec::new();
     if args.speculative {
         let others = [
-            ("--temperature", sampling),
+            ("--temperature", asked_sampling),
             ("--repetition-penalty", args.repetition_penalty.is_some()),
-            ("--num-beams", args.num_beams > 1),
+            ("--num-beams", args.num_beams.is_some_and(|beams| beams > 1)),
         ];
         if let Some((flag, _)) = others.iter().find(|(_, given)| *given) {
             return Err(format!(
                 "--speculative decodes greedily: it cannot be combined with {flag}"
             ));
         }
+        if model.do_sample || model.repetition_penalty != 1.0 {
+            notes.push(format!(
+                "{GENERATION_CONFIG_FILE} asks for {}: --speculative decodes greedily \
+                 without it",
+                Decoding::Stream(model.clone()).describe()
+            ));
+        }
     }
     let sampling_flags = [
         ("--top-k", args.top_k.is_some()),
         ("--top-p", args.top_p.is_some()),
+        ("--min-p", args.min_p.is_some()),
         ("--seed", args.seed.is_some()),
     ];
     if !sampling && let Some((flag, _)) = sampling_flags.iter().find(|(_, given)| *given) {
-        return Err(format!(
-            "{flag} applies to sampling: add --temperature T (T > 0); without it decoding \
-             is greedy"
-        ));
+        return Err(if args.temperature.is_some() {
+            format!("{flag} applies to sampling, and --temperature 0 decodes greedily")
+        } else {
+            format!(
+                "{flag} applies to sampling: add --temperature T (T > 0); without it \
+                 decoding is greedy (as the model's defaults are)"
+            )
+        });
     }
-    if args.num_beams > 1 {
-        if sampling {
+    let file_beams = defaults.map_or(1, |file| file.num_beams);
+    let num_beams = args
+        .num_beams
+        .unwrap_or(if args.speculative { 1 } else { file_beams });
+    if num_beams > 1 {
+        if asked_sampling {
             return Err(
                 "--num-beams searches deterministically: it cannot be combined with \
                  --temperature (sampling)"
                     .into(),
             );
         }
-        return Ok(Decoding::Beams {
-            num_beams: args.num_beams,
-            length_penalty: args.length_penalty.unwrap_or(1.0),
-            repetition_penalty: args.repetition_penalty.unwrap_or(1.0),
-        });
+        if sampling && args.num_beams.is_none() {
+            // transformers would sample within the beams, which beam_search does not.
+            notes.push(format!(
+                "{GENERATION_CONFIG_FILE} asks for beam sampling ({file_beams} beams), which \
+                 this program does not do: sampling one sequence (--num-beams {file_beams} \
+                 --temperature 0 searches the beams deterministically)"
+            ));
+        } else {
+            if sampling {
+                notes.push(format!(
+                    "{GENERATION_CONFIG_FILE} asks for sampling: --num-beams searches \
+                     deterministically without it"
+                ));
+            }
+            return Ok((
+                Decoding::Beams {
+                    num_beams,
+                    length_penalty: args
+                        .length_penalty
+                        .unwrap_or(defaults.map_or(1.0, |file| file.length_penalty)),
+                    early_stopping: defaults
+                        .map_or(EarlyStopping::Heuristic, |file| file.early_stopping),
+                    repetition_penalty,
+                },
+                notes,
+            ));
+        }
     }
     if args.length_penalty.is_some() {
         return Err("--length-penalty applies to beam search: add --num-beams B (B > 1)".into());
     }
     if args.speculative {
-        return Ok(Decoding::Speculative);
+        return Ok((Decoding::Speculative, notes));
     }
-    let config = if sampling {
-        SamplingConfig::sample(temperature, args.seed.unwrap_or(0))
-            .with_top_k(args.top_k)
-            .with_top_p(args.top_p)
-    } else {
-        SamplingConfig::greedy()
-    }
-    .with_repetition_penalty(args.repetition_penalty.unwrap_or(1.0));
+    let config = SamplingConfig {
+        do_sample: sampling,
+        temperature: args
+            .temperature
+            .filter(|&t| t > 0.0)
+            .unwrap_or(model.temperature),
+        top_k: args.top_k.map_or(model.top_k, |k| (k > 0).then_some(k)),
+        top_p: args.top_p.map_or(model.top_p, |p| (p < 1.0).then_some(p)),
+        min_p: args.min_p.map_or(model.min_p, |p| (p > 0.0).then_some(p)),
+        repetition_penalty,
+        seed: args.seed.unwrap_or(0),
+    };
     config.validate().map_err(|error| error.to_string())?;
-    Ok(Decoding::Stream(config))
+    Ok((Decoding::Stream(config), notes))
 }
 
 /// Prints the streamed text's rest once decoding has ended (a last incomplete
@@ -201,8 +316,14 @@ fn finish(stream: &mut StreamedText, tokenizer: &TextTokenizer, error: &mut Opti
 fn run(args: &Args) -> Result<(), String> {
     // Everything that can be refused is refused before the model loads and before
     // the prompt is printed.
-    let decoding = decoding(args)?;
     let folder = args.model.folder()?;
+    let file = folder.generation_config()?;
+    let has_file = file.is_some();
+    let defaults = match (&folder, file) {
+        (ModelFolder::HuggingFace(_), file) => Some(file.unwrap_or_default()),
+        (ModelFolder::Run(_), _) => None,
+    };
+    let (decoding, notes) = decoding(args, defaults.as_ref())?;
     let tokenizer = folder.tokenizer(args.tokenizer.as_deref())?;
     let prompt = tokenizer
         .encode(&args.prompt)
@@ -241,16 +362,29 @@ fn run(args: &Args) -> Result<(), String> {
         }
     }
 
+    let source = match (&folder, has_file) {
+        (ModelFolder::Run(_), _) => "",
+        (ModelFolder::HuggingFace(_), true) => {
+            " (the model's generation_config.json and the flags)"
+        }
+        (ModelFolder::HuggingFace(_), false) => " (transformers' defaults and the flags)",
+    };
+    eprintln!("decoding{source}: {}", decoding.describe());
+    for note in notes {
+        eprintln!("note: {note}");
+    }
     print!("{}", args.prompt);
     examples::flush();
     let generation = match decoding {
         Decoding::Beams {
             num_beams,
             length_penalty,
+            early_stopping,
             repetition_penalty,
         } => {
             let beam = BeamSearchConfig::new(num_beams, args.max_new_tokens)
                 .with_length_penalty(length_penalty)
+                .with_early_stopping(early_stopping)
                 .with_repetition_penalty(repetition_penalty)
                 .with_stop_tokens(loaded.stop_tokens.clone())
                 .with_pad_token(loaded.pad_token);
