@@ -192,6 +192,24 @@ def olmo2_mqa():
     )
 
 
+def olmo3():
+    # OLMo-2's layout over four layers, of which transformers' default makes the first
+    # three slide (a window shorter than the prompt) and the last full; YaRN on the
+    # full layer only (its attention factor scales the rotation), at the class's base.
+    return transformers.Olmo3Config(
+        **{**COMMON, "num_hidden_layers": 4},
+        num_key_value_heads=2,
+        sliding_window=4,
+        rope_parameters={
+            "full_attention": {
+                "rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
+            "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0},
+        },
+    )
+
+
 def gemma2():
     # Sandwich norms, scaled embeddings, GeGLU (tanh), an attention scale other than
     # head_dim^-1/2, attention and final logit soft-capping small enough to bite, a
@@ -424,6 +442,7 @@ MODELS = {
     "qwen3_mqa": (qwen3_mqa, {}),
     "olmo2": (olmo2, {}),
     "olmo2_mqa": (olmo2_mqa, {}),
+    "olmo3": (olmo3, {}),
     "gemma2": (gemma2, {}),
     "gemma3_text": (gemma3_text, {}),
     "gemma3_vision": (gemma3_vision, {"sparse_text_config": True}),

@@ -110,6 +110,7 @@ fn matches_transformers_for_every_family_on_flex() {
         "qwen3_mqa",
         "olmo2",
         "olmo2_mqa",
+        "olmo3",
         "gemma2",
         "gemma3_text",
         "gemma3_vision",

@@ -258,11 +258,15 @@ impl ModelKeys {
         let n_heads = size(self.num_attention_heads, "num_attention_heads")?;
         let n_layers = size(self.num_hidden_layers, "num_hidden_layers")?;
         let rope_keys = read_keys::<RopeKeys>(config, None)?;
-        // Gemma-3 rotates its sliding layers with their own embedding: the object of
-        // their layer type, or (in a file with one object for the model, which
-        // transformers gives the full layers) no scaling at `rope_local_base_freq`.
+        // Gemma-3 and OLMo-3 rotate their sliding layers with their own embedding: the
+        // object of their layer type, or (in a file with one object for the model,
+        // which transformers gives the full layers) no scaling, at Gemma-3's
+        // `rope_local_base_freq` or OLMo-3's `rope_theta`. (transformers 5 reads an
+        // OLMo-3 file of transformers 4 with its class's base, 500 000, on the sliding
+        // layers; the checkpoints were trained with the file's, which the published
+        // ones set to that value.)
         let (rope, sliding_rope) = match family {
-            ModelType::Gemma3Text if rope_keys.is_per_layer_type()? => (
+            ModelType::Gemma3Text | ModelType::Olmo3 if rope_keys.is_per_layer_type()? => (
                 rope_keys.rope_config_of(Some("full_attention"))?,
                 Some(rope_keys.rope_config_of(Some("sliding_attention"))?),
             ),
@@ -272,6 +276,11 @@ impl ModelKeys {
                 if let Some(theta) = self.rope_local_base_freq {
                     sliding.theta = theta;
                 }
+                (full, Some(sliding))
+            }
+            ModelType::Olmo3 => {
+                let full = rope_keys.rope_config()?;
+                let sliding = full.clone().with_scaling(RopeScaling::Default);
                 (full, Some(sliding))
             }
             _ => (rope_keys.rope_config()?, None),
@@ -371,7 +380,7 @@ impl ModelKeys {
         .with_final_logit_softcap(final_logit_softcap)
         .with_qk_norm(self.qk_norm(family))
         .with_block_kind(match family {
-            ModelType::Olmo2 => BlockKind::OutputNorm,
+            ModelType::Olmo2 | ModelType::Olmo3 => BlockKind::OutputNorm,
             ModelType::Gemma2 | ModelType::Gemma3Text => BlockKind::Sandwich,
             _ => BlockKind::PreNorm,
         })
@@ -408,14 +417,14 @@ impl ModelKeys {
     }
 
     /// QK-norm, with the model's eps: Qwen3 and Gemma-3 (with Gemma's RMSNorm)
-    /// normalize each head (`q_norm` / `k_norm` of width `head_dim`), OLMo-2 the whole
-    /// projections.
+    /// normalize each head (`q_norm` / `k_norm` of width `head_dim`), OLMo-2 and
+    /// OLMo-3 the whole projections.
     fn qk_norm(&self, family: ModelType) -> Option<QkNormConfig> {
         let placement = match family {
             ModelType::Qwen3 | ModelType::Qwen3Moe | ModelType::Gemma3Text => {
                 QkNormPlacement::PerHead
             }
-            ModelType::Olmo2 => QkNormPlacement::AcrossHeads,
+            ModelType::Olmo2 | ModelType::Olmo3 => QkNormPlacement::AcrossHeads,
             _ => return None,
         };
         Some(

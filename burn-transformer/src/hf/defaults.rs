@@ -15,7 +15,7 @@ use super::model_type::ModelType;
 /// `family` (transformers 5), the model's sizes and special tokens included (Gemma-3's
 /// multimodal checkpoints describe their text model by the keys that differ from
 /// `Gemma3TextConfig`'s only), and the defaults those classes derive: the layer types
-/// of Gemma-2, Gemma-3 (from `sliding_window_pattern`) and gpt-oss, and the rotary
+/// of Gemma-2, Gemma-3 (from `sliding_window_pattern`), OLMo-3 and gpt-oss, and the rotary
 /// embedding where the file has neither `rope_parameters` nor `rope_scaling`.
 pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
     let mut filled = config.clone();
@@ -67,6 +67,9 @@ fn class_defaults(family: ModelType) -> Value {
             "sliding_window": 4096, "max_window_layers": 28
         }),
         ModelType::Olmo2 => json!({"rms_norm_eps": 1e-5}),
+        ModelType::Olmo3 => json!({
+            "rms_norm_eps": 1e-5, "sliding_window": 4096, "rope_theta": 500_000.0
+        }),
         ModelType::Gemma2 => json!({
             "num_key_value_heads": 4, "head_dim": 256,
             "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": true,
@@ -134,7 +137,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Llama => [32000, 4096, 11008, 32, 32, 2048],
         ModelType::Mistral | ModelType::Mixtral => [32000, 4096, 14336, 32, 32, 131072],
         ModelType::Qwen2 | ModelType::Qwen3 => [151936, 4096, 22016, 32, 32, 32768],
-        ModelType::Olmo2 => [50304, 4096, 11008, 32, 32, 2048],
+        ModelType::Olmo2 | ModelType::Olmo3 => [50304, 4096, 11008, 32, 32, 2048],
         ModelType::Gemma2 => [256000, 2304, 9216, 26, 8, 8192],
         ModelType::Gemma3Text => [262208, 2304, 9216, 26, 8, 131072],
         ModelType::Qwen3Moe => [151936, 2048, 6144, 24, 32, 32768],
@@ -153,7 +156,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Llama | ModelType::Mistral | ModelType::Mixtral | ModelType::DeepseekV2 => {
             (Some(1), Some(2), None)
         }
-        ModelType::Olmo2 => (None, Some(50279), Some(1)),
+        ModelType::Olmo2 | ModelType::Olmo3 => (None, Some(50279), Some(1)),
         ModelType::Gemma2 | ModelType::Gemma3Text => (Some(2), Some(1), Some(0)),
         ModelType::DeepseekV3 => (Some(0), Some(1), None),
         ModelType::Qwen2 | ModelType::Qwen3 | ModelType::Qwen3Moe | ModelType::GptOss => {
@@ -173,11 +176,12 @@ fn sizes_and_tokens(family: ModelType) -> Value {
 }
 
 /// The layer types a class derives from the layer count when the file names none:
-/// Gemma-2 and gpt-oss alternate sliding and full layers, Gemma-3 makes every
-/// `sliding_window_pattern`-th layer (default 6) full.
+/// Gemma-2 and gpt-oss alternate sliding and full layers, OLMo-3 makes every fourth
+/// layer full, Gemma-3 every `sliding_window_pattern`-th (default 6).
 fn default_layer_types(family: ModelType, config: &Map<String, Value>) -> Option<Value> {
     let every = match family {
         ModelType::Gemma2 | ModelType::GptOss => 2,
+        ModelType::Olmo3 => 4,
         ModelType::Gemma3Text => match config.get("sliding_window_pattern") {
             None | Some(Value::Null) => 6,
             Some(value) => value.as_u64().filter(|&every| every > 0)? as usize,

@@ -45,7 +45,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 17] = [
+const FAMILIES: [&str; 18] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -55,6 +55,7 @@ const FAMILIES: [&str; 17] = [
     "qwen3_mqa",
     "olmo2",
     "olmo2_mqa",
+    "olmo3",
     "gemma2",
     "gemma3_text",
     "mixtral",

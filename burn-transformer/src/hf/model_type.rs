@@ -8,6 +8,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "qwen2",
     "qwen3",
     "olmo2",
+    "olmo3",
     "gemma2",
     "gemma3_text",
     "mixtral",
@@ -43,6 +44,9 @@ pub(crate) enum ModelType {
     /// OLMo-2: norms on the sublayers' outputs (no input norms) and QK-norm across
     /// heads.
     Olmo2,
+    /// OLMo-3: OLMo-2 with sliding-window layers (three in four by default), which
+    /// rotate without the full layers' RoPE scaling.
+    Olmo3,
     /// Gemma-2: sandwich norms with Gemma's RMSNorm, scaled embeddings, GeGLU (tanh),
     /// `query_pre_attn_scalar`, attention and final logit soft-capping, alternating
     /// sliding and full layers.
@@ -65,12 +69,13 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 12] = [
+    const ALL: [Self; 13] = [
         Self::Llama,
         Self::Mistral,
         Self::Qwen2,
         Self::Qwen3,
         Self::Olmo2,
+        Self::Olmo3,
         Self::Gemma2,
         Self::Gemma3Text,
         Self::Mixtral,
@@ -88,6 +93,7 @@ impl ModelType {
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
             Self::Olmo2 => "olmo2",
+            Self::Olmo3 => "olmo3",
             Self::Gemma2 => "gemma2",
             Self::Gemma3Text => "gemma3_text",
             Self::Mixtral => "mixtral",

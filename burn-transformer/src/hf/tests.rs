@@ -171,6 +171,11 @@ fn olmo2_with_one_kv_head_biases_and_tied_embeddings_matches_transformers() {
 }
 
 #[test]
+fn olmo3_with_sliding_layers_and_yarn_on_the_full_layer_matches_transformers() {
+    matches_transformers("olmo3");
+}
+
+#[test]
 fn gemma2_with_sandwich_norms_soft_capping_and_alternating_windows_matches_transformers() {
     matches_transformers("gemma2");
 }
@@ -264,7 +269,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 6] = [
+    let cases: [(&str, Edit, &[&str]); 7] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -307,6 +312,23 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
                 config.insert("hidden_act".into(), json!("silu"));
             },
             &["hidden_act", "attn_logit_softcapping"],
+        ),
+        // transformers 4's OLMo-3 keys: the scaling is the full layers', the sliding
+        // layers rotate unscaled at the same base; three in four layers slide.
+        (
+            "olmo3",
+            |config| {
+                for key in ["rope_parameters", "layer_types"] {
+                    config.remove(key);
+                }
+                config.insert("rope_theta".into(), json!(500000.0));
+                config.insert(
+                    "rope_scaling".into(),
+                    json!({"rope_type": "yarn", "factor": 4.0,
+                        "original_max_position_embeddings": 16}),
+                );
+            },
+            &[],
         ),
         // Gemma-2's defaults: alternating layers from a sliding one, tied embeddings.
         (
