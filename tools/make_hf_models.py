@@ -210,6 +210,19 @@ def olmo3():
     )
 
 
+def smollm3():
+    # LLaMA's layers over four, two of them without RoPE; with use_sliding_window the
+    # class makes those two slide (a window shorter than the prompt); tied embeddings.
+    return transformers.SmolLM3Config(
+        **{**COMMON, "num_hidden_layers": 4},
+        num_key_value_heads=2,
+        no_rope_layers=[1, 0, 1, 0],
+        use_sliding_window=True,
+        sliding_window=4,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+
+
 def gemma2():
     # Sandwich norms, scaled embeddings, GeGLU (tanh), an attention scale other than
     # head_dim^-1/2, attention and final logit soft-capping small enough to bite, a
@@ -443,6 +456,7 @@ MODELS = {
     "olmo2": (olmo2, {}),
     "olmo2_mqa": (olmo2_mqa, {}),
     "olmo3": (olmo3, {}),
+    "smollm3": (smollm3, {}),
     "gemma2": (gemma2, {}),
     "gemma3_text": (gemma3_text, {}),
     "gemma3_vision": (gemma3_vision, {"sparse_text_config": True}),

@@ -212,6 +212,8 @@ struct ModelKeys {
     /// DeepSeek-V3's multi-token-prediction layers, stored after the decoder layers.
     #[serde(alias = "num_mtp_layers")]
     num_nextn_predict_layers: Option<usize>,
+    /// SmolLM3's layers that rotate (1) or attend without RoPE (0).
+    no_rope_layers: Option<Vec<u8>>,
     /// Gemma's encoder variant (EmbeddingGemma), which this loader does not build.
     use_bidirectional_attention: Option<bool>,
     /// Set in checkpoints whose weights are stored quantized (gpt-oss's MXFP4,
@@ -313,7 +315,9 @@ impl ModelKeys {
             }
         };
         let mlp_bias = match family {
-            ModelType::Llama | ModelType::DeepseekV2 => self.mlp_bias.unwrap_or(false),
+            ModelType::Llama | ModelType::Smollm3 | ModelType::DeepseekV2 => {
+                self.mlp_bias.unwrap_or(false)
+            }
             _ => unread.fixed("mlp_bias", self.mlp_bias, false, "no feed-forward biases"),
         };
         // Gemma names the activation `hidden_activation`, every other family `hidden_act`.
@@ -368,6 +372,7 @@ impl ModelKeys {
         .with_sliding_layers(sliding_layers)
         .with_tie_word_embeddings(self.tie_word_embeddings.unwrap_or(gemma))
         .with_sliding_rope(sliding_rope)
+        .with_nope_layers(self.nope_layers(family, n_layers)?)
         .with_norm_unit_offset(gemma)
         .with_embed_scale(gemma.then(|| (d_model as f64).sqrt()))
         .with_attention_scale(gemma.then(|| {
@@ -435,8 +440,39 @@ impl ModelKeys {
         )
     }
 
+    /// SmolLM3's layers without RoPE (`no_rope_layers` 0); `None` for the families whose
+    /// every layer rotates.
+    fn nope_layers(
+        &self,
+        family: ModelType,
+        n_layers: usize,
+    ) -> Result<Option<Vec<bool>>, KeyError> {
+        let (ModelType::Smollm3, Some(flags)) = (family, &self.no_rope_layers) else {
+            return Ok(None);
+        };
+        if flags.len() != n_layers {
+            return Err(KeyError::new(
+                "no_rope_layers",
+                format!("has {} entries for {n_layers} layers", flags.len()),
+            ));
+        }
+        flags
+            .iter()
+            .map(|&flag| match flag {
+                0 => Ok(true),
+                1 => Ok(false),
+                _ => Err(KeyError::new(
+                    "no_rope_layers",
+                    format!("expected 0 (no RoPE) or 1 (RoPE) per layer, got {flag}"),
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
+    }
+
     /// `(sliding_window, sliding_layers)`: Mistral and Mixtral slide on every layer
-    /// when `sliding_window` is set; Qwen2 and Qwen3 only with `use_sliding_window`, on the
+    /// when `sliding_window` is set; Qwen2, Qwen3 and SmolLM3 only with
+    /// `use_sliding_window`, on the
     /// layers `layer_types` (or `max_window_layers`) names; Qwen3-MoE with
     /// `use_sliding_window` on every layer; other families on the layers `layer_types`
     /// names, or every layer; LLaMA never.
@@ -450,7 +486,7 @@ impl ModelKeys {
             return Err(KeyError::new("sliding_window", "must be positive"));
         }
         let window = match family {
-            ModelType::Qwen2 | ModelType::Qwen3 | ModelType::Qwen3Moe
+            ModelType::Qwen2 | ModelType::Qwen3 | ModelType::Qwen3Moe | ModelType::Smollm3
                 if !self.use_sliding_window.unwrap_or(false) =>
             {
                 None

@@ -15,7 +15,8 @@ use super::model_type::ModelType;
 /// `family` (transformers 5), the model's sizes and special tokens included (Gemma-3's
 /// multimodal checkpoints describe their text model by the keys that differ from
 /// `Gemma3TextConfig`'s only), and the defaults those classes derive: the layer types
-/// of Gemma-2, Gemma-3 (from `sliding_window_pattern`), OLMo-3 and gpt-oss, and the rotary
+/// of Gemma-2, Gemma-3 (from `sliding_window_pattern`), OLMo-3, SmolLM3 and gpt-oss,
+/// SmolLM3's `no_rope_layers`, and the rotary
 /// embedding where the file has neither `rope_parameters` nor `rope_scaling`.
 pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
     let mut filled = config.clone();
@@ -32,6 +33,12 @@ pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
             continue;
         }
         object.entry(key).or_insert(value);
+    }
+    if family == ModelType::Smollm3
+        && !object.contains_key("no_rope_layers")
+        && let Some(no_rope_layers) = default_no_rope_layers(object)
+    {
+        object.insert("no_rope_layers".into(), no_rope_layers);
     }
     if !object.contains_key("layer_types")
         && let Some(layer_types) = default_layer_types(family, object)
@@ -69,6 +76,11 @@ fn class_defaults(family: ModelType) -> Value {
         ModelType::Olmo2 => json!({"rms_norm_eps": 1e-5}),
         ModelType::Olmo3 => json!({
             "rms_norm_eps": 1e-5, "sliding_window": 4096, "rope_theta": 500_000.0
+        }),
+        ModelType::Smollm3 => json!({
+            "num_key_value_heads": 4, "rope_theta": 2_000_000.0, "mlp_bias": false,
+            "tie_word_embeddings": true, "use_sliding_window": false,
+            "no_rope_layer_interval": 4
         }),
         ModelType::Gemma2 => json!({
             "num_key_value_heads": 4, "head_dim": 256,
@@ -138,6 +150,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Mistral | ModelType::Mixtral => [32000, 4096, 14336, 32, 32, 131072],
         ModelType::Qwen2 | ModelType::Qwen3 => [151936, 4096, 22016, 32, 32, 32768],
         ModelType::Olmo2 | ModelType::Olmo3 => [50304, 4096, 11008, 32, 32, 2048],
+        ModelType::Smollm3 => [128256, 2048, 11008, 36, 16, 32768],
         ModelType::Gemma2 => [256000, 2304, 9216, 26, 8, 8192],
         ModelType::Gemma3Text => [262208, 2304, 9216, 26, 8, 131072],
         ModelType::Qwen3Moe => [151936, 2048, 6144, 24, 32, 32768],
@@ -157,6 +170,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
             (Some(1), Some(2), None)
         }
         ModelType::Olmo2 | ModelType::Olmo3 => (None, Some(50279), Some(1)),
+        ModelType::Smollm3 => (Some(128000), Some(128001), Some(128004)),
         ModelType::Gemma2 | ModelType::Gemma3Text => (Some(2), Some(1), Some(0)),
         ModelType::DeepseekV3 => (Some(0), Some(1), None),
         ModelType::Qwen2 | ModelType::Qwen3 | ModelType::Qwen3Moe | ModelType::GptOss => {
@@ -175,10 +189,45 @@ fn sizes_and_tokens(family: ModelType) -> Value {
     values
 }
 
+/// SmolLM3's `no_rope_layers` when the file has none: 0 (no RoPE) on every
+/// `no_rope_layer_interval`-th layer, 1 elsewhere.
+fn default_no_rope_layers(config: &Map<String, Value>) -> Option<Value> {
+    let interval = config
+        .get("no_rope_layer_interval")?
+        .as_u64()
+        .filter(|&n| n > 0)?;
+    let layers = config.get("num_hidden_layers")?.as_u64()?;
+    Some(
+        (0..layers)
+            .map(|layer| u64::from((layer + 1) % interval != 0))
+            .collect(),
+    )
+}
+
 /// The layer types a class derives from the layer count when the file names none:
 /// Gemma-2 and gpt-oss alternate sliding and full layers, OLMo-3 makes every fourth
-/// layer full, Gemma-3 every `sliding_window_pattern`-th (default 6).
+/// layer full, Gemma-3 every `sliding_window_pattern`-th (default 6); SmolLM3 slides
+/// on its layers without RoPE when `use_sliding_window` and a window are set.
 fn default_layer_types(family: ModelType, config: &Map<String, Value>) -> Option<Value> {
+    if family == ModelType::Smollm3 {
+        let slides = config.get("use_sliding_window") == Some(&Value::Bool(true))
+            && config
+                .get("sliding_window")
+                .is_some_and(|window| !window.is_null());
+        let no_rope_layers = config.get("no_rope_layers")?.as_array()?;
+        return Some(
+            no_rope_layers
+                .iter()
+                .map(|uses_rope| {
+                    if slides && uses_rope.as_u64() == Some(0) {
+                        "sliding_attention"
+                    } else {
+                        "full_attention"
+                    }
+                })
+                .collect(),
+        );
+    }
     let every = match family {
         ModelType::Gemma2 | ModelType::GptOss => 2,
         ModelType::Olmo3 => 4,

@@ -45,7 +45,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 18] = [
+const FAMILIES: [&str; 19] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -56,6 +56,7 @@ const FAMILIES: [&str; 18] = [
     "olmo2",
     "olmo2_mqa",
     "olmo3",
+    "smollm3",
     "gemma2",
     "gemma3_text",
     "mixtral",

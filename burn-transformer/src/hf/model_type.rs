@@ -9,6 +9,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "qwen3",
     "olmo2",
     "olmo3",
+    "smollm3",
     "gemma2",
     "gemma3_text",
     "mixtral",
@@ -47,6 +48,9 @@ pub(crate) enum ModelType {
     /// OLMo-3: OLMo-2 with sliding-window layers (three in four by default), which
     /// rotate without the full layers' RoPE scaling.
     Olmo3,
+    /// SmolLM3: LLaMA with every fourth layer attending without RoPE (NoPE), tied
+    /// embeddings, and windows only with `use_sliding_window`.
+    Smollm3,
     /// Gemma-2: sandwich norms with Gemma's RMSNorm, scaled embeddings, GeGLU (tanh),
     /// `query_pre_attn_scalar`, attention and final logit soft-capping, alternating
     /// sliding and full layers.
@@ -69,13 +73,14 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 13] = [
+    const ALL: [Self; 14] = [
         Self::Llama,
         Self::Mistral,
         Self::Qwen2,
         Self::Qwen3,
         Self::Olmo2,
         Self::Olmo3,
+        Self::Smollm3,
         Self::Gemma2,
         Self::Gemma3Text,
         Self::Mixtral,
@@ -94,6 +99,7 @@ impl ModelType {
             Self::Qwen3 => "qwen3",
             Self::Olmo2 => "olmo2",
             Self::Olmo3 => "olmo3",
+            Self::Smollm3 => "smollm3",
             Self::Gemma2 => "gemma2",
             Self::Gemma3Text => "gemma3_text",
             Self::Mixtral => "mixtral",

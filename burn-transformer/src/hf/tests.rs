@@ -176,6 +176,11 @@ fn olmo3_with_sliding_layers_and_yarn_on_the_full_layer_matches_transformers() {
 }
 
 #[test]
+fn smollm3_with_layers_without_rope_and_their_windows_matches_transformers() {
+    matches_transformers("smollm3");
+}
+
+#[test]
 fn gemma2_with_sandwich_norms_soft_capping_and_alternating_windows_matches_transformers() {
     matches_transformers("gemma2");
 }
@@ -269,7 +274,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 7] = [
+    let cases: [(&str, Edit, &[&str]); 8] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -327,6 +332,18 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
                     json!({"rope_type": "yarn", "factor": 4.0,
                         "original_max_position_embeddings": 16}),
                 );
+            },
+            &[],
+        ),
+        // SmolLM3's derived lists: every `no_rope_layer_interval`-th layer has no RoPE
+        // and, with `use_sliding_window`, slides.
+        (
+            "smollm3",
+            |config| {
+                for key in ["no_rope_layers", "layer_types", "tie_word_embeddings"] {
+                    config.remove(key);
+                }
+                config.insert("no_rope_layer_interval".into(), json!(2));
             },
             &[],
         ),

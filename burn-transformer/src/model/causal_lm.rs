@@ -109,6 +109,11 @@ pub struct CausalLmConfig {
     /// (Gemma-3's local base frequency). Default: `rope` in every layer.
     #[config(default = "None")]
     pub sliding_rope: Option<RopeConfig>,
+    /// Which layers attend without any position encoding (NoPE: no rotary embedding;
+    /// causality alone tells positions apart), as SmolLM3's every fourth layer (HF
+    /// `no_rope_layers`, where 0 marks them). Default: none.
+    #[config(default = "None")]
+    pub nope_layers: Option<Vec<bool>>,
     /// Factor on the token embeddings before the first block (Gemma: `√d_model`).
     /// Default: none.
     #[config(default = "None")]
@@ -199,6 +204,13 @@ impl CausalLmConfig {
                 .then_some(window),
             None => Some(window),
         }
+    }
+
+    /// Whether layer `layer` attends without a position encoding ([`Self::nope_layers`]).
+    pub fn is_nope_layer(&self, layer: usize) -> bool {
+        self.nope_layers
+            .as_ref()
+            .is_some_and(|layers| layers.get(layer).copied().unwrap_or(false))
     }
 
     /// The attention configuration of layer `layer` (without its RoPE, which the model
@@ -331,13 +343,27 @@ impl CausalLmConfig {
         } else {
             self.validate_grouped_attention()?;
         }
-        if let Some(layers) = &self.sliding_layers
-            && layers.len() != self.n_layers
-        {
+        for (field, layers) in [
+            ("sliding_layers", &self.sliding_layers),
+            ("nope_layers", &self.nope_layers),
+        ] {
+            if let Some(layers) = layers
+                && layers.len() != self.n_layers
+            {
+                return Err(ConfigError::Invalid {
+                    module: MODULE,
+                    field,
+                    reason: format!("has {} entries for {} layers", layers.len(), self.n_layers),
+                });
+            }
+        }
+        if self.latent.is_some() && self.nope_layers.is_some() {
             return Err(ConfigError::Invalid {
                 module: MODULE,
-                field: "sliding_layers",
-                reason: format!("has {} entries for {} layers", layers.len(), self.n_layers),
+                field: "nope_layers",
+                reason: "latent attention rotates its own part of every head; NoPE layers \
+                         apply to grouped attention only"
+                    .into(),
             });
         }
         ConfigError::check_non_negative(MODULE, "norm_eps", self.norm_eps)
@@ -398,6 +424,7 @@ impl CausalLmConfig {
             let mut block = self.block_config(layer).try_init(device)?;
             if let SelfAttention::MultiHead(attention) = &mut block.self_attn {
                 attention.rope = match self.window_of(layer) {
+                    _ if self.is_nope_layer(layer) => None,
                     Some(_) => sliding_rope.clone(),
                     None => rope.clone(),
                 };
@@ -720,7 +747,7 @@ impl CausalLm {
 pub(crate) mod tests {
     use super::*;
     use crate::attention::LatentAttentionConfig;
-    use crate::test_utils::{assert_close, model_test_devices, test_devices, tokens};
+    use crate::test_utils::{assert_close, max_abs_diff, model_test_devices, test_devices, tokens};
     use burn::module::Param;
 
     /// A small LLaMA-style model with a sliding window on its second layer.
@@ -754,6 +781,50 @@ pub(crate) mod tests {
 
     /// Prefill then one token at a time equals the full forward, for every block
     /// arrangement and for latent attention with a mixture of experts.
+    /// A layer without position encoding sees its prefix as a set: the last
+    /// position's output does not change when the earlier tokens are reordered, as
+    /// it does when the layer rotates.
+    #[test]
+    fn nope_layers_attend_without_positions() {
+        let device = Device::flex();
+        let config = CausalLmConfig::new(40, 16, 1, 4, 24, RopeConfig::new(4)).with_initializer(
+            Initializer::Normal {
+                mean: 0.0,
+                std: 0.3,
+            },
+        );
+        let last = |model: &CausalLm, row: &[i64]| {
+            let seq = row.len();
+            model
+                .forward(tokens(&[row], &device), None)
+                .slice([0..1, seq - 1..seq, 0..40])
+        };
+        let (order, reordered) = ([3, 9, 27, 5, 11], [27, 5, 3, 9, 11]);
+        let nope = config.clone().with_nope_layers(Some(vec![true]));
+        assert!(nope.is_nope_layer(0) && !config.is_nope_layer(0));
+        let model = nope.init(&device);
+        assert_close(
+            last(&model, &order),
+            last(&model, &reordered),
+            1e-5,
+            "NoPE layer",
+        );
+        let model = config.init(&device);
+        let rotated = max_abs_diff(last(&model, &order), last(&model, &reordered));
+        assert!(rotated > 1e-3, "a rotating layer sees the order: {rotated}");
+        let error = config.with_nope_layers(Some(vec![true, false])).validate();
+        assert!(
+            matches!(
+                error,
+                Err(ConfigError::Invalid {
+                    field: "nope_layers",
+                    ..
+                })
+            ),
+            "{error:?}"
+        );
+    }
+
     #[test]
     fn cached_decoding_equals_the_full_forward_for_every_block_option() {
         for device in model_test_devices() {
