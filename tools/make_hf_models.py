@@ -223,6 +223,23 @@ def smollm3():
     )
 
 
+def phi3():
+    # Fused q/k/v and gate/up projections, GQA, a rotary embedding over half of each
+    # head with LongRoPE (the prompt is longer than its original context, so the long
+    # factors apply), a window on every layer shorter than the prompt.
+    return transformers.Phi3Config(
+        **COMMON,
+        num_key_value_heads=2,
+        original_max_position_embeddings=8,
+        partial_rotary_factor=0.5,
+        sliding_window=5,
+        rope_parameters={
+            "rope_type": "longrope", "rope_theta": 10000.0,
+            "short_factor": [1.0, 1.3], "long_factor": [2.0, 3.5],
+        },
+    )
+
+
 def gemma2():
     # Sandwich norms, scaled embeddings, GeGLU (tanh), an attention scale other than
     # head_dim^-1/2, attention and final logit soft-capping small enough to bite, a
@@ -457,6 +474,7 @@ MODELS = {
     "olmo2_mqa": (olmo2_mqa, {}),
     "olmo3": (olmo3, {}),
     "smollm3": (smollm3, {}),
+    "phi3": (phi3, {}),
     "gemma2": (gemma2, {}),
     "gemma3_text": (gemma3_text, {}),
     "gemma3_vision": (gemma3_vision, {"sparse_text_config": True}),
@@ -828,6 +846,12 @@ LORA_ADAPTERS = {
             ],
         ),
         0.003,
+    ),
+    # Phi-3's fused projections: one adapter on qkv_proj and one on gate_up_proj.
+    "phi3_lora": (
+        "phi3",
+        dict(r=2, lora_alpha=6, target_modules=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]),
+        0.01,
     ),
     # With transformers 5, PEFT turns gate_proj / up_proj / down_proj into
     # `target_parameters` on the fused routed experts (gate_up_proj with rank and alpha

@@ -112,6 +112,7 @@ fn matches_transformers_for_every_family_on_flex() {
         "olmo2_mqa",
         "olmo3",
         "smollm3",
+        "phi3",
         "gemma2",
         "gemma3_text",
         "gemma3_vision",

@@ -107,6 +107,22 @@ pub trait KeyMap {
     fn checkpoint_key(&self, path: &str) -> String {
         path.to_string()
     }
+
+    /// A checkpoint tensor that holds several projections fused, their rows stacked:
+    /// each block's own checkpoint key and row count, in order (Phi-3's `qkv_proj`
+    /// holds q, k and v). The blocks are then renamed as any key. Default: none.
+    fn split(&self, key: &str) -> Option<Vec<(String, usize)>> {
+        let _ = key;
+        None
+    }
+
+    /// The inverse of [`KeyMap::split`], for saving: the fused key that the
+    /// checkpoint key `key` is a block of, the block's place and the number of blocks.
+    /// Default: none.
+    fn fused(&self, key: &str) -> Option<(String, usize, usize)> {
+        let _ = key;
+        None
+    }
 }
 
 impl<F: Fn(&str) -> KeyAction> KeyMap for F {
@@ -238,6 +254,10 @@ fn check_layer_count<'a>(
 /// beyond them are loaded as any other key, so that a checkpoint deeper than its
 /// `config.json` is an error, not a model silently missing layers.
 ///
+/// Phi-3 stores each layer's q, k and v projections as one `qkv_proj` and its gate and
+/// up projections as one `gate_up_proj`, rows stacked in that order
+/// ([`KeyMap::split`]).
+///
 /// A multimodal checkpoint ([`HfConfig::model_type`] `gemma3`) stores its text model
 /// under `language_model.` (`language_model.model.layers.…`,
 /// `language_model.lm_head.weight`; `model.language_model.…` as transformers 5 names
@@ -251,8 +271,41 @@ pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
         mixtral: config.model_type == "mixtral",
         gpt_oss: config.model_type == "gpt_oss",
         multimodal: text_model_family(&config.model_type).is_some(),
+        fused_rows: (config.model_type == "phi3").then(|| {
+            let model = &config.model;
+            let head = model.head_width();
+            [model.n_heads * head, model.kv_heads() * head, model.d_ff]
+        }),
     }
 }
+
+/// The projections a fused layer named `name` holds, by their own names (Phi-3's
+/// `qkv_proj`: `q_proj`, `k_proj`, `v_proj`); `None` for a layer of its own.
+pub(crate) fn fused_layer_parts(name: &str) -> Option<Vec<&'static str>> {
+    let leaf = |key: &'static str| key.trim_end_matches(".weight").rsplit('.').next();
+    let (_, blocks) = FUSED_PROJECTIONS
+        .iter()
+        .find(|(fused, _)| leaf(fused) == Some(name))?;
+    blocks.iter().map(|block| leaf(block)).collect()
+}
+
+/// The projections Phi-3 stores fused: the fused key's suffix and its blocks' suffixes,
+/// in row order; the blocks' row counts are [`CausalLmKeys::fused_rows`]'
+/// `[q, k, v]` and `[gate, up]`.
+const FUSED_PROJECTIONS: [(&str, &[&str]); 2] = [
+    (
+        "self_attn.qkv_proj.weight",
+        &[
+            "self_attn.q_proj.weight",
+            "self_attn.k_proj.weight",
+            "self_attn.v_proj.weight",
+        ],
+    ),
+    (
+        "mlp.gate_up_proj.weight",
+        &["mlp.gate_proj.weight", "mlp.up_proj.weight"],
+    ),
+];
 
 /// The key a multimodal checkpoint's `key` would have in its text model's own
 /// checkpoint (`language_model.model.layers.0.…` → `model.layers.0.…`); `None` for the
@@ -286,6 +339,9 @@ struct CausalLmKeys {
     mixtral: bool,
     gpt_oss: bool,
     multimodal: bool,
+    /// Phi-3's row counts of q, of k and of v (each), and of gate and of up (each);
+    /// `None` for the families that store every projection on its own.
+    fused_rows: Option<[usize; 3]>,
 }
 
 impl KeyMap for CausalLmKeys {
@@ -306,6 +362,36 @@ impl KeyMap for CausalLmKeys {
         } else {
             key
         }
+    }
+
+    fn split(&self, key: &str) -> Option<Vec<(String, usize)>> {
+        let [q, kv, d_ff] = self.fused_rows?;
+        let (fused, blocks) = FUSED_PROJECTIONS
+            .iter()
+            .find(|(fused, _)| key.ends_with(&format!(".{fused}")))?;
+        let prefix = key.strip_suffix(fused)?;
+        let rows: &[usize] = if blocks.len() == 3 {
+            &[q, kv, kv]
+        } else {
+            &[d_ff, d_ff]
+        };
+        Some(
+            blocks
+                .iter()
+                .zip(rows)
+                .map(|(block, &rows)| (format!("{prefix}{block}"), rows))
+                .collect(),
+        )
+    }
+
+    fn fused(&self, key: &str) -> Option<(String, usize, usize)> {
+        self.fused_rows?;
+        FUSED_PROJECTIONS.iter().find_map(|(fused, blocks)| {
+            blocks.iter().enumerate().find_map(|(index, block)| {
+                let prefix = key.strip_suffix(block)?.strip_suffix('.')?;
+                Some((format!("{prefix}.{fused}"), index, blocks.len()))
+            })
+        })
     }
 }
 
@@ -575,6 +661,56 @@ fn reorder_gpt_oss_experts(
         .collect()
 }
 
+/// The fused tensors of [`KeyMap::split`] cut into their row blocks, each under its
+/// own key; a tensor whose rows are not the blocks' sum is an error naming it.
+fn split_fused(
+    tensors: BTreeMap<String, FileTensor>,
+    key_map: &impl KeyMap,
+) -> Result<BTreeMap<String, FileTensor>, HfError> {
+    let mut out = BTreeMap::new();
+    for (key, entry) in tensors {
+        let Some(blocks) = key_map.split(&key) else {
+            out.insert(key, entry);
+            continue;
+        };
+        let shape = entry.tensor.shape.as_slice().to_vec();
+        let rows: usize = blocks.iter().map(|(_, rows)| rows).sum();
+        if shape.first() != Some(&rows) {
+            return Err(HfError::ShapeMismatch {
+                file: entry.file.clone(),
+                key,
+                expected: [&[rows], shape.get(1..).unwrap_or(&[])].concat(),
+                found: shape,
+                others: 0,
+            });
+        }
+        let bytes = entry
+            .tensor
+            .to_bytes()
+            .map_err(|error| HfError::Safetensors {
+                path: entry.file.clone(),
+                message: format!("{key}: {error}"),
+            })?;
+        let row_bytes = bytes.len() / rows.max(1);
+        let mut start = 0;
+        for (block_key, block_rows) in blocks {
+            let end = start + block_rows * row_bytes;
+            let block_shape = [&[block_rows], &shape[1..]].concat();
+            let block = bytes[start..end].to_vec();
+            let tensor = FileTensor::new(
+                &block_key,
+                entry.tensor.dtype,
+                block_shape,
+                block,
+                entry.file.clone(),
+            );
+            out.insert(block_key, tensor);
+            start = end;
+        }
+    }
+    Ok(out)
+}
+
 /// Where each element of a reordered tensor comes from, as a flat index.
 type SourceIndex = Box<dyn Fn(usize) -> usize>;
 
@@ -764,7 +900,7 @@ fn apply_weights<M: Module>(
 
     let mut renamed: BTreeMap<String, (String, FileTensor)> = BTreeMap::new();
     let mut unexpected: Vec<(String, FileTensor)> = Vec::new();
-    let tensors = stack_experts(tensors)?;
+    let tensors = split_fused(stack_experts(tensors)?, key_map)?;
     let tensors = if model_type == "gpt_oss" {
         reorder_gpt_oss_experts(tensors)?
     } else {

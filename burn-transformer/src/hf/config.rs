@@ -300,7 +300,7 @@ impl ModelKeys {
                 );
                 (true, false)
             }
-            ModelType::Mistral | ModelType::Mixtral => {
+            ModelType::Mistral | ModelType::Mixtral | ModelType::Phi3 => {
                 let bias = unread.fixed(
                     "attention_bias",
                     self.attention_bias,
@@ -470,7 +470,7 @@ impl ModelKeys {
             .map(Some)
     }
 
-    /// `(sliding_window, sliding_layers)`: Mistral and Mixtral slide on every layer
+    /// `(sliding_window, sliding_layers)`: Mistral, Mixtral and Phi-3 slide on every layer
     /// when `sliding_window` is set; Qwen2, Qwen3 and SmolLM3 only with
     /// `use_sliding_window`, on the
     /// layers `layer_types` (or `max_window_layers`) names; Qwen3-MoE with
@@ -499,7 +499,7 @@ impl ModelKeys {
         };
         if matches!(
             family,
-            ModelType::Mistral | ModelType::Mixtral | ModelType::Qwen3Moe
+            ModelType::Mistral | ModelType::Mixtral | ModelType::Phi3 | ModelType::Qwen3Moe
         ) {
             let every_layer_slides = self
                 .layer_types

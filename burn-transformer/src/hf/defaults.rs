@@ -16,7 +16,7 @@ use super::model_type::ModelType;
 /// multimodal checkpoints describe their text model by the keys that differ from
 /// `Gemma3TextConfig`'s only), and the defaults those classes derive: the layer types
 /// of Gemma-2, Gemma-3 (from `sliding_window_pattern`), OLMo-3, SmolLM3 and gpt-oss,
-/// SmolLM3's `no_rope_layers`, and the rotary
+/// SmolLM3's `no_rope_layers`, and Phi-3's old names of LongRoPE (`su`, `yarn`), and the rotary
 /// embedding where the file has neither `rope_parameters` nor `rope_scaling`.
 pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
     let mut filled = config.clone();
@@ -33,6 +33,19 @@ pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
             continue;
         }
         object.entry(key).or_insert(value);
+    }
+    if family == ModelType::Phi3 {
+        for key in ["rope_scaling", "rope_parameters"] {
+            if let Some(Value::Object(rope)) = object.get_mut(key) {
+                for name in ["type", "rope_type"] {
+                    if let Some(kind) = rope.get_mut(name)
+                        && matches!(kind.as_str(), Some("su" | "yarn"))
+                    {
+                        *kind = json!("longrope");
+                    }
+                }
+            }
+        }
     }
     if family == ModelType::Smollm3
         && !object.contains_key("no_rope_layers")
@@ -81,6 +94,9 @@ fn class_defaults(family: ModelType) -> Value {
             "num_key_value_heads": 4, "rope_theta": 2_000_000.0, "mlp_bias": false,
             "tie_word_embeddings": true, "use_sliding_window": false,
             "no_rope_layer_interval": 4
+        }),
+        ModelType::Phi3 => json!({
+            "rms_norm_eps": 1e-5, "original_max_position_embeddings": 4096
         }),
         ModelType::Gemma2 => json!({
             "num_key_value_heads": 4, "head_dim": 256,
@@ -151,6 +167,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Qwen2 | ModelType::Qwen3 => [151936, 4096, 22016, 32, 32, 32768],
         ModelType::Olmo2 | ModelType::Olmo3 => [50304, 4096, 11008, 32, 32, 2048],
         ModelType::Smollm3 => [128256, 2048, 11008, 36, 16, 32768],
+        ModelType::Phi3 => [32064, 3072, 8192, 32, 32, 4096],
         ModelType::Gemma2 => [256000, 2304, 9216, 26, 8, 8192],
         ModelType::Gemma3Text => [262208, 2304, 9216, 26, 8, 131072],
         ModelType::Qwen3Moe => [151936, 2048, 6144, 24, 32, 32768],
@@ -171,6 +188,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         }
         ModelType::Olmo2 | ModelType::Olmo3 => (None, Some(50279), Some(1)),
         ModelType::Smollm3 => (Some(128000), Some(128001), Some(128004)),
+        ModelType::Phi3 => (Some(1), Some(32000), Some(32000)),
         ModelType::Gemma2 | ModelType::Gemma3Text => (Some(2), Some(1), Some(0)),
         ModelType::DeepseekV3 => (Some(0), Some(1), None),
         ModelType::Qwen2 | ModelType::Qwen3 | ModelType::Qwen3Moe | ModelType::GptOss => {

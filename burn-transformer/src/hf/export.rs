@@ -7,7 +7,8 @@
 //! family's [`KeyMap::checkpoint_key`]; linear weights are transposed to torch's
 //! `[out, in]`; our stacked experts are written per expert (`experts.E.gate_proj`, or
 //! Mixtral's `w1`/`w3`/`w2`) or, for gpt-oss, back in its interleaved
-//! `gate_up_proj` `[E, d_model, 2·d_ff]`; DeepSeek-V3's multi-token-prediction modules
+//! `gate_up_proj` `[E, d_model, 2·d_ff]`; Phi-3's fused projections are stacked back
+//! ([`KeyMap::fused`]); DeepSeek-V3's multi-token-prediction modules
 //! go to the layers after the decoder with copies of the embedding and head, as its
 //! checkpoints hold them. LoRA adapters are merged first.
 
@@ -195,8 +196,14 @@ fn checkpoint_tensors(
     };
     let mut embedding = None;
     let mut head = None;
+    // Blocks of the fused tensors (Phi-3's `qkv_proj`), by fused key, in row order.
+    let mut fused: BTreeMap<String, Vec<Option<HostTensor>>> = BTreeMap::new();
     for (path, tensor) in parameters {
         let key = keys.checkpoint_key(&path);
+        if let Some((fused_key, index, blocks)) = keys.fused(&key) {
+            fused.entry(fused_key).or_insert_with(|| vec![None; blocks])[index] = Some(tensor);
+            continue;
+        }
         if path == "embed_tokens.weight" {
             embedding = Some(tensor.values.clone());
         } else if path == "lm_head.weight" {
@@ -223,6 +230,19 @@ fn checkpoint_tensors(
             }
             None => insert(key, tensor)?,
         }
+    }
+    for (key, blocks) in fused {
+        let blocks: Option<Vec<HostTensor>> = blocks.into_iter().collect();
+        let Some(blocks) = blocks else {
+            return Err(HfError::Unsupported {
+                what: config_path.display().to_string(),
+                reason: format!("the model lacks a projection that `{key}` fuses"),
+            });
+        };
+        let rows = blocks.iter().map(|block| block.shape[0]).sum();
+        let shape = [&[rows], &blocks[0].shape[1..]].concat();
+        let values = blocks.into_iter().flat_map(|block| block.values).collect();
+        insert(key, HostTensor { values, shape })?;
     }
     // DeepSeek-V3 stores each multi-token-prediction layer with copies of the
     // embedding and of the output head.

@@ -45,7 +45,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 19] = [
+const FAMILIES: [&str; 20] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -57,6 +57,7 @@ const FAMILIES: [&str; 19] = [
     "olmo2_mqa",
     "olmo3",
     "smollm3",
+    "phi3",
     "gemma2",
     "gemma3_text",
     "mixtral",
@@ -317,6 +318,41 @@ fn peft_targets_written_as_module_paths_load() {
         reference.tensor::<3>("logits", &device),
     );
     assert!(error < 1e-4, "{error}");
+}
+
+/// PEFT's adapters of Phi-3's fused layers (`qkv_proj`, `gate_up_proj`) adapt each
+/// projection they hold (`tools/make_hf_models.py phi3_lora`): PEFT's logits, adapted
+/// and merged. Saving adapters of those projections back is refused, naming the fused
+/// layer, since PEFT could not apply them.
+#[test]
+fn peft_adapters_of_fused_layers_load_and_saving_them_is_refused() {
+    let device = Device::flex();
+    let (model, config) = load_causal_lm(model_dir("phi3"), &device).unwrap();
+    let (adapted, lora, summary) =
+        load_peft_adapters(model, &config, &model_dir("phi3_lora")).unwrap();
+    assert!(
+        lora.targets.iter().any(|target| target == "k_proj"),
+        "{:?}",
+        lora.targets
+    );
+    assert_eq!(summary.adapted.len(), 2 * 7, "{:?}", summary.adapted);
+    let reference = Fixture::load("hf/phi3_lora/reference");
+    let expected = reference.tensor::<3>("logits", &device);
+    let error = max_abs_diff(logits(&adapted, "phi3_lora"), expected.clone());
+    assert!(error < 1e-4, "adapted: {error}");
+    let merged = adapted.clone().valid().materialize();
+    let expected = reference.tensor::<3>("merged_logits", &device);
+    let error = max_abs_diff(logits(&merged, "phi3_lora"), expected);
+    assert!(error < 1e-4, "merged: {error}");
+
+    let out = TempDir::new().unwrap();
+    let error = save_peft_adapters(&adapted, &lora, &config, "../phi3", out.path())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("fused into") && error.contains("qkv_proj"),
+        "{error}"
+    );
 }
 
 #[test]

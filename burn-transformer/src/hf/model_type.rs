@@ -10,6 +10,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "olmo2",
     "olmo3",
     "smollm3",
+    "phi3",
     "gemma2",
     "gemma3_text",
     "mixtral",
@@ -51,6 +52,9 @@ pub(crate) enum ModelType {
     /// SmolLM3: LLaMA with every fourth layer attending without RoPE (NoPE), tied
     /// embeddings, and windows only with `use_sliding_window`.
     Smollm3,
+    /// Phi-3 and Phi-4: Mistral's layers with q/k/v and gate/up projections stored
+    /// fused, partial rotary embeddings and LongRoPE.
+    Phi3,
     /// Gemma-2: sandwich norms with Gemma's RMSNorm, scaled embeddings, GeGLU (tanh),
     /// `query_pre_attn_scalar`, attention and final logit soft-capping, alternating
     /// sliding and full layers.
@@ -73,7 +77,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 14] = [
+    const ALL: [Self; 15] = [
         Self::Llama,
         Self::Mistral,
         Self::Qwen2,
@@ -81,6 +85,7 @@ impl ModelType {
         Self::Olmo2,
         Self::Olmo3,
         Self::Smollm3,
+        Self::Phi3,
         Self::Gemma2,
         Self::Gemma3Text,
         Self::Mixtral,
@@ -100,6 +105,7 @@ impl ModelType {
             Self::Olmo2 => "olmo2",
             Self::Olmo3 => "olmo3",
             Self::Smollm3 => "smollm3",
+            Self::Phi3 => "phi3",
             Self::Gemma2 => "gemma2",
             Self::Gemma3Text => "gemma3_text",
             Self::Mixtral => "mixtral",

@@ -11,7 +11,7 @@ use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::{DType, Tensor, TensorData};
 use serde_json::{Value, json};
 
-use super::checkpoint::{KeyAction, KeyMap, causal_lm_key_map};
+use super::checkpoint::{KeyAction, KeyMap, causal_lm_key_map, fused_layer_parts};
 use super::config::HfConfig;
 use super::error::HfError;
 use super::tensors::{HostTensor, encode, host_parameters, read_safetensors, write_safetensors};
@@ -51,6 +51,18 @@ pub fn save_peft_adapters(
             _ => continue,
         };
         let layer = keys.checkpoint_key(weight);
+        if let Some((fused, _, _)) = keys.fused(&layer) {
+            return Err(HfError::Unsupported {
+                what: dir.display().to_string(),
+                reason: format!(
+                    "{} checkpoints store `{layer}` fused into `{fused}`, which PEFT adapts \
+                     as one layer: adapters of the separate projections would not apply \
+                     to it; save the merged model instead (export-hf without \
+                     --adapters-only), or train adapters on other layers only",
+                    config.model_type
+                ),
+            });
+        }
         let layer = layer.strip_suffix(".weight").unwrap_or(&layer);
         if let Some(name) = layer.rsplit('.').next()
             && !targets.iter().any(|t: &String| t == name)
@@ -186,9 +198,14 @@ pub fn read_peft_config(dir: &Path) -> Result<LoraConfig, HfError> {
                 let name = name
                     .as_str()
                     .ok_or_else(|| unsupported("target_modules", "not a list of names".into()))?;
-                let leaf = name.rsplit('.').next().unwrap_or(name).to_string();
-                if !targets.contains(&leaf) {
-                    targets.push(leaf);
+                let leaf = name.rsplit('.').next().unwrap_or(name);
+                // A fused layer (Phi-3's `qkv_proj`) is adapted as the projections it
+                // holds: each with the same `A` and its own rows of `B`.
+                let leaves = fused_layer_parts(leaf).unwrap_or_else(|| vec![leaf]);
+                for leaf in leaves {
+                    if !targets.iter().any(|target| target == leaf) {
+                        targets.push(leaf.to_string());
+                    }
                 }
             }
             targets
@@ -258,23 +275,45 @@ pub fn load_peft_adapters(
             Some((layer, "lora_B")) => (layer, "b"),
             _ => return Err(unexpected()),
         };
-        let path = match keys.action(&format!("{layer}.weight")) {
-            KeyAction::Load(path) => format!("{path}.lora.{factor}"),
-            KeyAction::Ignore => return Err(unexpected()),
-        };
-        let Some((shape, _)) = expected.get(&path) else {
-            return Err(unexpected());
-        };
-        if *shape != tensor.shape {
-            return Err(HfError::ShapeMismatch {
-                file: file.clone(),
-                key,
-                expected: shape.clone(),
-                found: tensor.shape,
-                others: 0,
-            });
+        let weight = format!("{layer}.weight");
+        let blocks = keys.split(&weight).unwrap_or_else(|| {
+            let rows = tensor.shape.first().copied().unwrap_or(0);
+            vec![(weight, rows)]
+        });
+        let rank = tensor.shape.get(1).copied().unwrap_or(0);
+        let mut start = 0;
+        for (block, rows) in blocks {
+            let path = match keys.action(&block) {
+                KeyAction::Load(path) => format!("{path}.lora.{factor}"),
+                KeyAction::Ignore => return Err(unexpected()),
+            };
+            let Some((shape, _)) = expected.get(&path) else {
+                return Err(unexpected());
+            };
+            // `A` is shared by the blocks; `B` has each block's rows.
+            let part = match factor {
+                "a" => tensor.clone(),
+                _ => HostTensor {
+                    values: tensor
+                        .values
+                        .get(start * rank..(start + rows) * rank)
+                        .unwrap_or_default()
+                        .to_vec(),
+                    shape: vec![rows, rank],
+                },
+            };
+            start += rows;
+            if *shape != part.shape {
+                return Err(HfError::ShapeMismatch {
+                    file: file.clone(),
+                    key,
+                    expected: shape.clone(),
+                    found: tensor.shape,
+                    others: 0,
+                });
+            }
+            values.insert(path, part);
         }
-        values.insert(path, tensor);
     }
     if let Some((path, (shape, _))) = expected
         .iter()

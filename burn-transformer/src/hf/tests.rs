@@ -181,6 +181,11 @@ fn smollm3_with_layers_without_rope_and_their_windows_matches_transformers() {
 }
 
 #[test]
+fn phi3_with_fused_projections_partial_longrope_and_windows_matches_transformers() {
+    matches_transformers("phi3");
+}
+
+#[test]
 fn gemma2_with_sandwich_norms_soft_capping_and_alternating_windows_matches_transformers() {
     matches_transformers("gemma2");
 }
@@ -274,7 +279,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 8] = [
+    let cases: [(&str, Edit, &[&str]); 9] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -346,6 +351,23 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
                 config.insert("no_rope_layer_interval".into(), json!(2));
             },
             &[],
+        ),
+        // Phi-3's files of transformers 4: LongRoPE under its old name `su` in
+        // `rope_scaling`, the partial factor and original context beside it. Its
+        // attention has no biases.
+        (
+            "phi3",
+            |config| {
+                let rope = config.remove("rope_parameters").unwrap();
+                config.insert(
+                    "rope_scaling".into(),
+                    json!({"type": "su", "short_factor": rope["short_factor"],
+                        "long_factor": rope["long_factor"]}),
+                );
+                config.insert("rope_theta".into(), rope["rope_theta"].clone());
+                config.insert("attention_bias".into(), json!(true));
+            },
+            &["attention_bias"],
         ),
         // Gemma-2's defaults: alternating layers from a sliding one, tied embeddings.
         (
@@ -648,21 +670,35 @@ fn gradient_norms(
         norms: Vec::new(),
     };
     model.visit(&mut visitor);
-    visitor
-        .norms
+    // Squared norms by transformers' parameter, which for Phi-3's fused projections
+    // holds several of ours.
+    let mut squares = std::collections::BTreeMap::new();
+    for (path, norm) in visitor.norms {
+        let name = match path.strip_prefix("embed_tokens.") {
+            Some(rest) => format!("model.embed_tokens.{rest}"),
+            None => path,
+        };
+        let name = match model_type {
+            "gpt_oss" => name.replacen(".mlp.gate.", ".mlp.router.", 1),
+            "gemma3" => name.replacen("model.", "model.language_model.", 1),
+            "phi3" => [
+                ("q_proj", "qkv_proj"),
+                ("k_proj", "qkv_proj"),
+                ("v_proj", "qkv_proj"),
+                ("gate_proj", "gate_up_proj"),
+                ("up_proj", "gate_up_proj"),
+            ]
+            .iter()
+            .fold(name, |name, (ours, fused)| {
+                name.replacen(&format!(".{ours}."), &format!(".{fused}."), 1)
+            }),
+            _ => name,
+        };
+        *squares.entry(name).or_insert(0.0) += norm * norm;
+    }
+    squares
         .into_iter()
-        .map(|(path, norm)| {
-            let name = match path.strip_prefix("embed_tokens.") {
-                Some(rest) => format!("model.embed_tokens.{rest}"),
-                None => path,
-            };
-            let name = match model_type {
-                "gpt_oss" => name.replacen(".mlp.gate.", ".mlp.router.", 1),
-                "gemma3" => name.replacen("model.", "model.language_model.", 1),
-                _ => name,
-            };
-            (name, norm)
-        })
+        .map(|(name, square)| (name, f64::sqrt(square)))
         .collect()
 }
 
