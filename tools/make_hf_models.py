@@ -41,6 +41,9 @@ processors for settings a `generation_config.json` may hold (see `build_processo
 `generation_files` writes `tokenizer/generation.json`: transformers' `generate` on the
 `tokenizer` model with `generation_config.json` files (see `build_generation_files`).
 
+`longrope_crossing` writes `phi3/crossing.json`: greedy and beam search on `phi3` across
+LongRoPE's original context (see `build_longrope_crossing`).
+
 `llama_beams` writes `llama/beams.json` (built after `llama`): transformers' best beam
 search hypothesis (new tokens and score) for each prompt of `llama/input.json` and each
 setting of BEAM_SETTINGS (beams, length penalty, repetition penalty, stop token).
@@ -1182,6 +1185,35 @@ def build_beams() -> None:
     print(f"llama_beams: {len(cases)} searches, {stopped} ended by their stop token")
 
 
+def build_longrope_crossing() -> None:
+    """`hf/phi3/crossing.json`: transformers' greedy and beam search (3 beams) on the
+    `phi3` fixture from its prompts cut to 5 tokens, for 8 new tokens: the sequences
+    grow past LongRoPE's original context (8), where Phi-3's `generate` rebuilds its
+    cache with the long factors. The greedy tokens are checked against argmax decoding
+    without a cache."""
+    folder = OUT_DIR / "phi3"
+    model = load_base(folder)
+    prompts = [row[:5] for row in json.loads((folder / "input.json").read_text())["tokens"]]
+    cases = []
+    for prompt in prompts:
+        row = {"prompt": prompt}
+        for name, beams in [("greedy", 1), ("beams", 3)]:
+            with torch.no_grad():
+                out = model.generate(
+                    torch.tensor([prompt]), max_new_tokens=8, min_new_tokens=8,
+                    do_sample=False, num_beams=beams, eos_token_id=None, pad_token_id=0,
+                )
+            row[name] = out[0, len(prompt):].tolist()
+        sequence = list(prompt)
+        for _ in range(8):
+            with torch.no_grad():
+                sequence.append(int(model(torch.tensor([sequence])).logits[0, -1].argmax()))
+        assert sequence[len(prompt):] == row["greedy"], (sequence, row)
+        cases.append(row)
+    (folder / "crossing.json").write_text(json.dumps(cases, indent=1) + "\n")
+    print(f"longrope_crossing: {len(cases)} prompts")
+
+
 # Settings of `generation_config.json` files whose logit processors `processors`
 # records: greedy with a repetition penalty, sampling with transformers' default top-k
 # (50), published checkpoints' choices, min-p, and warpers a greedy file ignores.
@@ -1308,7 +1340,7 @@ def build_gradients() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    extras = ["llama_beams", "gradients", "processors", "generation_files"]
+    extras = ["llama_beams", "gradients", "processors", "generation_files", "longrope_crossing"]
     choices = [*MODELS, "tokenizer", *LORA_ADAPTERS, *extras]
     parser.add_argument("names", nargs="*", help=f"any of {', '.join(choices)}")
     args = parser.parse_args()
@@ -1325,6 +1357,8 @@ def main() -> None:
             build_processors()
         elif name == "generation_files":
             build_generation_files()
+        elif name == "longrope_crossing":
+            build_longrope_crossing()
         elif name in MODELS:
             build(name)
         elif name in LORA_ADAPTERS:

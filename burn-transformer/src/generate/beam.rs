@@ -187,6 +187,7 @@ pub fn beam_search<M: LanguageModel>(
     let logits = model.forward_step(tokens, padding, &mut cache);
     let [_, prompt_len, _] = logits.dims();
     let mut last = logits.narrow(1, prompt_len - 1, 1);
+    let mut cached = prompt_len;
 
     for step in 0..config.max_new_tokens {
         let generated_len = step + 1;
@@ -274,6 +275,22 @@ pub fn beam_search<M: LanguageModel>(
         if finished.iter().all(|f| f.done) || step + 1 == config.max_new_tokens {
             break;
         }
+        if model.cache_rebuild_length() == Some(cached) {
+            // The sequences grow past the length at which cached keys go stale: run
+            // every beam's whole sequence through a fresh cache.
+            let sequences: Vec<Vec<u32>> = expanded
+                .iter()
+                .zip(&beams)
+                .map(|(prompt, beam)| [prompt.as_slice(), &beam.tokens].concat())
+                .collect();
+            let (tokens, padding) = left_pad(&sequences, config.pad_token, &device);
+            cache = model.new_cache(rows);
+            let logits = model.forward_step(tokens, padding, &mut cache);
+            let [_, positions, _] = logits.dims();
+            last = logits.narrow(1, positions - 1, 1);
+            cached = positions;
+            continue;
+        }
         let indices = Tensor::<1, Int>::from_data(TensorData::new(source_rows, [rows]), &device);
         model.select_cache(&mut cache, indices);
         let next: Vec<i64> = beams
@@ -282,6 +299,7 @@ pub fn beam_search<M: LanguageModel>(
             .collect();
         let tokens = Tensor::<2, Int>::from_data(TensorData::new(next, [rows, 1]), &device);
         last = model.forward_step(tokens, None, &mut cache);
+        cached += 1;
     }
 
     // Prompts still searching at the end keep their running beams as hypotheses.

@@ -159,7 +159,11 @@ pub fn generate<M: LanguageModel>(
         if outputs.iter().all(Option::is_some) || step + 1 == config.max_new_tokens {
             break;
         }
-        if config.max_context.is_some_and(|limit| cached >= limit) {
+        // A window full (a run's training context), or a sequence about to grow past
+        // the length at which the cached keys go stale: predict from a fresh cache.
+        if config.max_context.is_some_and(|limit| cached >= limit)
+            || model.cache_rebuild_length() == Some(cached)
+        {
             (cache, cached, last) = prefill(model, &histories, config, &device);
             continue;
         }

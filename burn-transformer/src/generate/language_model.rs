@@ -34,6 +34,14 @@ pub trait LanguageModel {
         cache: &mut Self::Cache,
     ) -> Tensor<3>;
 
+    /// The sequence length past which a cache filled at shorter lengths no longer holds
+    /// what a full pass would compute, so that decoding rebuilds it from the tokens once
+    /// the sequence grows past it (LongRoPE's original context, as transformers'
+    /// Phi-3 does). Default: never.
+    fn cache_rebuild_length(&self) -> Option<usize> {
+        None
+    }
+
     /// Keeps the cache rows `indices`, in that order (beam search reorders beams).
     ///
     /// # Shapes
@@ -67,6 +75,10 @@ impl LanguageModel for CausalLm {
 
     fn select_cache(&self, cache: &mut StackCache, indices: Tensor<1, Int>) {
         cache.select_batch(indices);
+    }
+
+    fn cache_rebuild_length(&self) -> Option<usize> {
+        CausalLm::cache_rebuild_length(self)
     }
 }
 

@@ -156,6 +156,16 @@ fn check_settings(model: &CausalLm, config: &GenerationConfig) -> Result<(), Gen
                 .into(),
         });
     }
+    if let Some(length) = model.cache_rebuild_length() {
+        return Err(GenerateError::InvalidSetting {
+            setting: "speculative",
+            reason: format!(
+                "the model's rotary embedding (LongRoPE) changes every position's rotation \
+                 once the sequence passes {length} tokens, which the drafting cache cannot \
+                 follow; decode with generate"
+            ),
+        });
+    }
     if config.sampling != SamplingConfig::greedy() {
         return Err(GenerateError::InvalidSetting {
             setting: "sampling",

@@ -185,6 +185,38 @@ fn phi3_with_fused_projections_partial_longrope_and_windows_matches_transformers
     matches_transformers("phi3");
 }
 
+/// Decoding past LongRoPE's original context rebuilds the cache with the long factors,
+/// as transformers' Phi-3 does (`hf/phi3/crossing.json`, `tools/make_hf_models.py
+/// longrope_crossing`: prompts of 5 tokens, 8 new tokens, an original context of 8):
+/// greedy decoding gives the tokens of argmax decoding without a cache, and beam
+/// search transformers' best beam.
+#[test]
+fn decoding_past_the_longrope_original_context_rebuilds_the_cache() {
+    #[derive(serde::Deserialize)]
+    struct Case {
+        prompt: Vec<u32>,
+        greedy: Vec<u32>,
+        beams: Vec<u32>,
+    }
+    let text = std::fs::read_to_string(model_dir("phi3").join("crossing.json")).unwrap();
+    let cases: Vec<Case> = serde_json::from_str(&text).unwrap();
+    for device in model_test_devices() {
+        let (model, _) = load_causal_lm(model_dir("phi3"), &device).unwrap();
+        assert_eq!(model.cache_rebuild_length(), Some(8));
+        for case in &cases {
+            let greedy = GenerationConfig::greedy(case.greedy.len());
+            let generated = generate(&model, std::slice::from_ref(&case.prompt), &greedy, |_| {})
+                .unwrap()
+                .remove(0);
+            assert_eq!(generated.tokens, case.greedy, "greedy on {device:?}");
+            let beams = BeamSearchConfig::new(3, case.beams.len());
+            let best =
+                &beam_search(&model, std::slice::from_ref(&case.prompt), &beams).unwrap()[0][0];
+            assert_eq!(best.tokens, case.beams, "beams on {device:?}");
+        }
+    }
+}
+
 #[test]
 fn gemma2_with_sandwich_norms_soft_capping_and_alternating_windows_matches_transformers() {
     matches_transformers("gemma2");

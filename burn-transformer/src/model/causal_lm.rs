@@ -39,7 +39,7 @@ use crate::ffn::{Activation, FeedForwardConfig, MoeConfig, MoeLayerPlan, SwiGluC
 use crate::norm::{NormConfig, RmsNormConfig};
 use crate::ops::linear::{linear_rows, matmul_rows};
 use crate::ops::soft_cap::soft_cap;
-use crate::position::RopeConfig;
+use crate::position::{Rope, RopeConfig};
 
 use super::multi_token::MultiTokenPredictor;
 
@@ -529,6 +529,21 @@ impl CausalLm {
     /// Number of multi-token-prediction modules.
     pub fn mtp_depth(&self) -> usize {
         self.mtp.len()
+    }
+
+    /// The sequence length past which a decoding cache filled at shorter lengths must
+    /// be rebuilt from the tokens: LongRoPE's original context, past which every
+    /// position rotates with the long factors (see [`Rope::cache_rebuild_length`]);
+    /// `None` when cached keys never go stale.
+    pub fn cache_rebuild_length(&self) -> Option<usize> {
+        self.model
+            .layers
+            .iter()
+            .filter_map(|layer| match &layer.self_attn {
+                SelfAttention::MultiHead(attention) => attention.rope.as_ref(),
+                _ => None,
+            })
+            .find_map(Rope::cache_rebuild_length)
     }
 
     /// Weight `λ` of the multi-token-prediction loss (see

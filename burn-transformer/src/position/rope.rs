@@ -235,6 +235,14 @@ impl Rope {
         }
     }
 
+    /// The sequence length past which this embedding rotates every position
+    /// differently than before, so that keys cached while the sequence was no longer
+    /// must be recomputed: LongRoPE's original context (its long factors then apply to
+    /// all positions, as in a full pass). `None` for the other scalings.
+    pub fn cache_rebuild_length(&self) -> Option<usize> {
+        self.frequencies.cache_rebuild_length()
+    }
+
     /// The factor transformers folds into cos and sin (YaRN's and LongRoPE's attention
     /// factor); 1 for the other scalings. q·k is scaled by its square.
     pub fn attention_scaling(&self) -> f64 {

@@ -409,6 +409,19 @@ impl RopeFrequencies {
         }
     }
 
+    /// LongRoPE's original context: a sequence growing past it switches every position
+    /// to the long factors, so keys cached at the short factors are stale; `None` for
+    /// the other scalings.
+    pub(crate) fn cache_rebuild_length(&self) -> Option<usize> {
+        match &self.scaling {
+            RopeScaling::LongRope {
+                original_max_position_embeddings,
+                ..
+            } => Some(self.original(*original_max_position_embeddings)),
+            _ => None,
+        }
+    }
+
     /// Whether a call ending at `seq_len` uses the base inverse frequencies (so a table
     /// built from them applies).
     pub(crate) fn is_base(&self, seq_len: usize) -> bool {
