@@ -243,6 +243,12 @@ def phi3():
     )
 
 
+def glm4():
+    # Norms before and after both sublayers, q/k/v biases (none on o_proj), a fused
+    # gate/up projection, the rotary embedding interleaved over half of each head, GQA.
+    return transformers.Glm4Config(**COMMON, num_key_value_heads=2, head_dim=8)
+
+
 def gemma2():
     # Sandwich norms, scaled embeddings, GeGLU (tanh), an attention scale other than
     # head_dim^-1/2, attention and final logit soft-capping small enough to bite, a
@@ -478,6 +484,7 @@ MODELS = {
     "olmo3": (olmo3, {}),
     "smollm3": (smollm3, {}),
     "phi3": (phi3, {}),
+    "glm4": (glm4, {}),
     "gemma2": (gemma2, {}),
     "gemma3_text": (gemma3_text, {}),
     "gemma3_vision": (gemma3_vision, {"sparse_text_config": True}),

@@ -113,6 +113,7 @@ fn matches_transformers_for_every_family_on_flex() {
         "olmo3",
         "smollm3",
         "phi3",
+        "glm4",
         "gemma2",
         "gemma3_text",
         "gemma3_vision",

@@ -256,7 +256,10 @@ fn check_layer_count<'a>(
 ///
 /// Phi-3 stores each layer's q, k and v projections as one `qkv_proj` and its gate and
 /// up projections as one `gate_up_proj`, rows stacked in that order
-/// ([`KeyMap::split`]).
+/// ([`KeyMap::split`]); GLM-4 fuses gate and up the same way, and names the norms of
+/// its sandwich blocks `post_self_attn_layernorm` (ours `post_attention_layernorm`),
+/// `post_attention_layernorm` (ours `pre_feedforward_layernorm`) and
+/// `post_mlp_layernorm` (ours `post_feedforward_layernorm`).
 ///
 /// A multimodal checkpoint ([`HfConfig::model_type`] `gemma3`) stores its text model
 /// under `language_model.` (`language_model.model.layers.…`,
@@ -271,12 +274,38 @@ pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
         mixtral: config.model_type == "mixtral",
         gpt_oss: config.model_type == "gpt_oss",
         multimodal: text_model_family(&config.model_type).is_some(),
-        fused_rows: (config.model_type == "phi3").then(|| {
+        fused: match config.model_type.as_str() {
+            "phi3" => &FUSED_PROJECTIONS,
+            "glm4" => &FUSED_PROJECTIONS[1..],
+            _ => &[],
+        },
+        fused_rows: {
             let model = &config.model;
             let head = model.head_width();
             [model.n_heads * head, model.kv_heads() * head, model.d_ff]
-        }),
+        },
+        glm4: config.model_type == "glm4",
     }
+}
+
+/// GLM-4's names of the sandwich block's norms and ours (Gemma's names): its
+/// `post_attention_layernorm` is the norm before the feed-forward.
+const GLM4_NORMS: [(&str, &str); 3] = [
+    (".post_self_attn_layernorm.", ".post_attention_layernorm."),
+    (".post_attention_layernorm.", ".pre_feedforward_layernorm."),
+    (".post_mlp_layernorm.", ".post_feedforward_layernorm."),
+];
+
+/// `key` with the first of `renames`' names it holds replaced (one name per key, so the
+/// renames apply as one simultaneous map).
+fn rename_one(
+    key: &str,
+    renames: impl IntoIterator<Item = (&'static str, &'static str)>,
+) -> String {
+    renames
+        .into_iter()
+        .find(|(from, _)| key.contains(from))
+        .map_or_else(|| key.to_string(), |(from, to)| key.replacen(from, to, 1))
 }
 
 /// The projections a fused layer named `name` holds, by their own names (Phi-3's
@@ -289,9 +318,9 @@ pub(crate) fn fused_layer_parts(name: &str) -> Option<Vec<&'static str>> {
     blocks.iter().map(|block| leaf(block)).collect()
 }
 
-/// The projections Phi-3 stores fused: the fused key's suffix and its blocks' suffixes,
-/// in row order; the blocks' row counts are [`CausalLmKeys::fused_rows`]'
-/// `[q, k, v]` and `[gate, up]`.
+/// The projections Phi-3 stores fused (GLM-4 the second only): the fused key's suffix
+/// and its blocks' suffixes, in row order; the blocks' row counts are
+/// [`CausalLmKeys::fused_rows`]' `[q, k, v]` and `[gate, up]`.
 const FUSED_PROJECTIONS: [(&str, &[&str]); 2] = [
     (
         "self_attn.qkv_proj.weight",
@@ -339,9 +368,13 @@ struct CausalLmKeys {
     mixtral: bool,
     gpt_oss: bool,
     multimodal: bool,
-    /// Phi-3's row counts of q, of k and of v (each), and of gate and of up (each);
-    /// `None` for the families that store every projection on its own.
-    fused_rows: Option<[usize; 3]>,
+    /// The projections the family's checkpoints store fused (of
+    /// [`FUSED_PROJECTIONS`]); empty for most.
+    fused: &'static [(&'static str, &'static [&'static str])],
+    /// The row counts of q, of k and of v (each), and of gate and of up (each).
+    fused_rows: [usize; 3],
+    /// GLM-4's names of the block's norms ([`GLM4_NORMS`]).
+    glm4: bool,
 }
 
 impl KeyMap for CausalLmKeys {
@@ -365,8 +398,9 @@ impl KeyMap for CausalLmKeys {
     }
 
     fn split(&self, key: &str) -> Option<Vec<(String, usize)>> {
-        let [q, kv, d_ff] = self.fused_rows?;
-        let (fused, blocks) = FUSED_PROJECTIONS
+        let [q, kv, d_ff] = self.fused_rows;
+        let (fused, blocks) = self
+            .fused
             .iter()
             .find(|(fused, _)| key.ends_with(&format!(".{fused}")))?;
         let prefix = key.strip_suffix(fused)?;
@@ -385,8 +419,7 @@ impl KeyMap for CausalLmKeys {
     }
 
     fn fused(&self, key: &str) -> Option<(String, usize, usize)> {
-        self.fused_rows?;
-        FUSED_PROJECTIONS.iter().find_map(|(fused, blocks)| {
+        self.fused.iter().find_map(|(fused, blocks)| {
             blocks.iter().enumerate().find_map(|(index, block)| {
                 let prefix = key.strip_suffix(block)?.strip_suffix('.')?;
                 Some((format!("{prefix}.{fused}"), index, blocks.len()))
@@ -417,6 +450,8 @@ impl CausalLmKeys {
         } else if self.gpt_oss {
             // gpt-oss names its router `router`, ours (like every other family) `gate`.
             KeyAction::Load(key.replacen(".mlp.router.", ".mlp.gate.", 1))
+        } else if self.glm4 {
+            KeyAction::Load(rename_one(key, GLM4_NORMS))
         } else {
             KeyAction::Load(key.to_string())
         }
@@ -439,6 +474,8 @@ impl CausalLmKeys {
             path.replacen(".mlp.", ".block_sparse_moe.", 1)
         } else if self.gpt_oss {
             path.replacen(".mlp.gate.", ".mlp.router.", 1)
+        } else if self.glm4 {
+            rename_one(path, GLM4_NORMS.map(|(theirs, ours)| (ours, theirs)))
         } else {
             path.to_string()
         }

@@ -26,7 +26,7 @@ use crate::block::BlockKind;
 use crate::ffn::Activation;
 use crate::ffn::moe::ExpertGlu;
 use crate::model::CausalLmConfig;
-use crate::position::RopeScaling;
+use crate::position::{RopeLayout, RopeScaling};
 
 /// A model configuration read from a Hugging Face `config.json`.
 #[derive(Debug, Clone)]
@@ -285,6 +285,13 @@ impl ModelKeys {
                 let sliding = full.clone().with_scaling(RopeScaling::Default);
                 (full, Some(sliding))
             }
+            // GLM rotates pairs of neighbouring features (GPT-J's layout).
+            ModelType::Glm4 => (
+                rope_keys
+                    .rope_config()?
+                    .with_layout(RopeLayout::Interleaved),
+                None,
+            ),
             _ => (rope_keys.rope_config()?, None),
         };
         let gemma = family.is_gemma();
@@ -300,6 +307,8 @@ impl ModelKeys {
                 );
                 (true, false)
             }
+            // GLM-4's `attention_bias` is on q, k and v; its output projection has none.
+            ModelType::Glm4 => (self.attention_bias.unwrap_or(false), false),
             ModelType::Mistral | ModelType::Mixtral | ModelType::Phi3 => {
                 let bias = unread.fixed(
                     "attention_bias",
@@ -386,7 +395,7 @@ impl ModelKeys {
         .with_qk_norm(self.qk_norm(family))
         .with_block_kind(match family {
             ModelType::Olmo2 | ModelType::Olmo3 => BlockKind::OutputNorm,
-            ModelType::Gemma2 | ModelType::Gemma3Text => BlockKind::Sandwich,
+            ModelType::Gemma2 | ModelType::Gemma3Text | ModelType::Glm4 => BlockKind::Sandwich,
             _ => BlockKind::PreNorm,
         })
         .with_initializer(burn::module::Initializer::Normal {
@@ -475,7 +484,7 @@ impl ModelKeys {
     /// `use_sliding_window`, on the
     /// layers `layer_types` (or `max_window_layers`) names; Qwen3-MoE with
     /// `use_sliding_window` on every layer; other families on the layers `layer_types`
-    /// names, or every layer; LLaMA never.
+    /// names, or every layer; LLaMA and GLM-4 never.
     fn sliding_window(
         &self,
         family: ModelType,
@@ -491,7 +500,7 @@ impl ModelKeys {
             {
                 None
             }
-            ModelType::Llama => None,
+            ModelType::Llama | ModelType::Glm4 => None,
             _ => self.sliding_window,
         };
         let Some(window) = window else {

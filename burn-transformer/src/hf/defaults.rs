@@ -98,6 +98,11 @@ fn class_defaults(family: ModelType) -> Value {
         ModelType::Phi3 => json!({
             "rms_norm_eps": 1e-5, "original_max_position_embeddings": 4096
         }),
+        ModelType::Glm4 => json!({
+            "num_key_value_heads": 2, "head_dim": 128, "rms_norm_eps": 1.5625e-7,
+            "attention_bias": true, "partial_rotary_factor": 0.5,
+            "eos_token_id": [151329, 151336, 151338]
+        }),
         ModelType::Gemma2 => json!({
             "num_key_value_heads": 4, "head_dim": 256,
             "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": true,
@@ -168,6 +173,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Olmo2 | ModelType::Olmo3 => [50304, 4096, 11008, 32, 32, 2048],
         ModelType::Smollm3 => [128256, 2048, 11008, 36, 16, 32768],
         ModelType::Phi3 => [32064, 3072, 8192, 32, 32, 4096],
+        ModelType::Glm4 => [151552, 4096, 13696, 40, 32, 131072],
         ModelType::Gemma2 => [256000, 2304, 9216, 26, 8, 8192],
         ModelType::Gemma3Text => [262208, 2304, 9216, 26, 8, 131072],
         ModelType::Qwen3Moe => [151936, 2048, 6144, 24, 32, 32768],
@@ -189,6 +195,8 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Olmo2 | ModelType::Olmo3 => (None, Some(50279), Some(1)),
         ModelType::Smollm3 => (Some(128000), Some(128001), Some(128004)),
         ModelType::Phi3 => (Some(1), Some(32000), Some(32000)),
+        // Its end-of-text tokens are a list (in the class defaults above).
+        ModelType::Glm4 => (None, None, Some(151329)),
         ModelType::Gemma2 | ModelType::Gemma3Text => (Some(2), Some(1), Some(0)),
         ModelType::DeepseekV3 => (Some(0), Some(1), None),
         ModelType::Qwen2 | ModelType::Qwen3 | ModelType::Qwen3Moe | ModelType::GptOss => {

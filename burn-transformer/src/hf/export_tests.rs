@@ -45,7 +45,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 20] = [
+const FAMILIES: [&str; 21] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -58,6 +58,7 @@ const FAMILIES: [&str; 20] = [
     "olmo3",
     "smollm3",
     "phi3",
+    "glm4",
     "gemma2",
     "gemma3_text",
     "mixtral",

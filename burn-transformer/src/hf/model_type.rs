@@ -11,6 +11,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "olmo3",
     "smollm3",
     "phi3",
+    "glm4",
     "gemma2",
     "gemma3_text",
     "mixtral",
@@ -55,6 +56,10 @@ pub(crate) enum ModelType {
     /// Phi-3 and Phi-4: Mistral's layers with q/k/v and gate/up projections stored
     /// fused, partial rotary embeddings and LongRoPE.
     Phi3,
+    /// GLM-4 (0414): norms before and after each sublayer (plain RMSNorm), q/k/v
+    /// biases, a fused gate/up projection, and the rotary embedding interleaved over
+    /// half of each head.
+    Glm4,
     /// Gemma-2: sandwich norms with Gemma's RMSNorm, scaled embeddings, GeGLU (tanh),
     /// `query_pre_attn_scalar`, attention and final logit soft-capping, alternating
     /// sliding and full layers.
@@ -77,7 +82,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 15] = [
+    const ALL: [Self; 16] = [
         Self::Llama,
         Self::Mistral,
         Self::Qwen2,
@@ -86,6 +91,7 @@ impl ModelType {
         Self::Olmo3,
         Self::Smollm3,
         Self::Phi3,
+        Self::Glm4,
         Self::Gemma2,
         Self::Gemma3Text,
         Self::Mixtral,
@@ -106,6 +112,7 @@ impl ModelType {
             Self::Olmo3 => "olmo3",
             Self::Smollm3 => "smollm3",
             Self::Phi3 => "phi3",
+            Self::Glm4 => "glm4",
             Self::Gemma2 => "gemma2",
             Self::Gemma3Text => "gemma3_text",
             Self::Mixtral => "mixtral",

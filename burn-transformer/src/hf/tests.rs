@@ -218,6 +218,11 @@ fn decoding_past_the_longrope_original_context_rebuilds_the_cache() {
 }
 
 #[test]
+fn glm4_with_sandwich_norms_and_interleaved_partial_rope_matches_transformers() {
+    matches_transformers("glm4");
+}
+
+#[test]
 fn gemma2_with_sandwich_norms_soft_capping_and_alternating_windows_matches_transformers() {
     matches_transformers("gemma2");
 }
@@ -311,7 +316,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 9] = [
+    let cases: [(&str, Edit, &[&str]); 10] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -400,6 +405,18 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
                 config.insert("attention_bias".into(), json!(true));
             },
             &["attention_bias"],
+        ),
+        // GLM-4's files of transformers 4 (the base at the top) and its class defaults:
+        // q/k/v biases, rotary over half of each head.
+        (
+            "glm4",
+            |config| {
+                for key in ["rope_parameters", "attention_bias", "partial_rotary_factor"] {
+                    config.remove(key);
+                }
+                config.insert("rope_theta".into(), json!(10000.0));
+            },
+            &[],
         ),
         // Gemma-2's defaults: alternating layers from a sliding one, tied embeddings.
         (
@@ -713,6 +730,18 @@ fn gradient_norms(
         let name = match model_type {
             "gpt_oss" => name.replacen(".mlp.gate.", ".mlp.router.", 1),
             "gemma3" => name.replacen("model.", "model.language_model.", 1),
+            "glm4" => [
+                (".post_attention_layernorm.", ".post_self_attn_layernorm."),
+                (".pre_feedforward_layernorm.", ".post_attention_layernorm."),
+                (".post_feedforward_layernorm.", ".post_mlp_layernorm."),
+                (".gate_proj.", ".gate_up_proj."),
+                (".up_proj.", ".gate_up_proj."),
+            ]
+            .iter()
+            .find(|(ours, _)| name.contains(ours))
+            .map_or(name.clone(), |(ours, theirs)| {
+                name.replacen(ours, theirs, 1)
+            }),
             "phi3" => [
                 ("q_proj", "qkv_proj"),
                 ("k_proj", "qkv_proj"),
