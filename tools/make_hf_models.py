@@ -320,6 +320,28 @@ def gemma3_vision():
     )
 
 
+def mistral3_vision():
+    # Mistral-Small-3's multimodal checkpoint (Mistral3ForConditionalGeneration): a
+    # Mistral text model (no window, as those checkpoints) beside a tiny Pixtral
+    # vision tower and projector; the image token at the top of the vocabulary.
+    text = transformers.MistralConfig(**COMMON, num_key_value_heads=2, sliding_window=None)
+    vision = transformers.PixtralVisionConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        head_dim=8,
+        image_size=16,
+        patch_size=8,
+    )
+    return transformers.Mistral3Config(
+        text_config=text.to_dict(),
+        vision_config=vision.to_dict(),
+        image_token_index=95,
+        spatial_merge_size=1,
+    )
+
+
 def sparse_text_config(out: Path) -> None:
     """Keeps only the keys of `config.json`'s text_config that differ from
     Gemma3TextConfig's defaults (and its model_type), as transformers 4 saved them."""
@@ -488,6 +510,7 @@ MODELS = {
     "gemma2": (gemma2, {}),
     "gemma3_text": (gemma3_text, {}),
     "gemma3_vision": (gemma3_vision, {"sparse_text_config": True}),
+    "mistral3_vision": (mistral3_vision, {}),
     "mixtral": (mixtral, {}),
     "qwen3_moe": (qwen3_moe, {}),
     "gpt_oss": (gpt_oss, {}),
@@ -753,7 +776,7 @@ def build(name: str) -> None:
         generator = torch.Generator().manual_seed(seed)
         config = make_config()
         config._attn_implementation = "eager"
-        model = transformers.AutoModelForCausalLM.from_config(config).eval()
+        model = auto_class(config).from_config(config).eval()
         mtp = add_mtp_layer(model) if save_options.get("mtp") else None
         perturb(model, generator)
         if mtp is not None:
@@ -770,7 +793,11 @@ def build(name: str) -> None:
         # vocabulary.
         top = min(
             [config.get_text_config().vocab_size]
-            + [getattr(config, key) for key in ("boi_token_index",) if hasattr(config, key)]
+            + [
+                getattr(config, key)
+                for key in ("boi_token_index", "image_token_index")
+                if hasattr(config, key)
+            ]
         )
         tokens = torch.randint(3, top, (BATCH, SEQ), generator=generator)
         gaps = RouterGaps(model, config)
@@ -892,9 +919,20 @@ LORA_ADAPTERS = {
 LORA_TOLERANCE = 1e-5
 
 
+def auto_class(config):
+    """The auto class that builds `config`'s model with its language-model head:
+    `AutoModelForCausalLM`, or for a multimodal model it does not map (Mistral-3)
+    `AutoModelForImageTextToText`."""
+    causal = transformers.AutoModelForCausalLM
+    if type(config) in causal._model_mapping:
+        return causal
+    return transformers.AutoModelForImageTextToText
+
+
 def load_base(folder: Path):
     """A saved fixture model in float32 with eager attention, in eval mode."""
-    return transformers.AutoModelForCausalLM.from_pretrained(
+    config = transformers.AutoConfig.from_pretrained(folder)
+    return auto_class(config).from_pretrained(
         folder, dtype=torch.float32, attn_implementation="eager"
     ).eval()
 

@@ -117,6 +117,7 @@ fn matches_transformers_for_every_family_on_flex() {
         "gemma2",
         "gemma3_text",
         "gemma3_vision",
+        "mistral3_vision",
         "mixtral",
         "qwen3_moe",
         "gpt_oss",

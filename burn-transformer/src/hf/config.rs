@@ -95,11 +95,15 @@ impl HfConfig {
         let model_type = required(model_type, "model_type", "a string").map_err(in_file)?;
         let text_model = text_model_config(value).map_err(in_file)?;
         let value = text_model.as_ref().unwrap_or(value);
-        let family = text_model_family(&model_type).or_else(|| ModelType::from_name(&model_type));
-        let Some(family) = family else {
+        // A multimodal model's family is its text model's.
+        let family_name = match &text_model {
+            Some(text) => text["model_type"].as_str().unwrap_or_default().to_string(),
+            None => model_type.clone(),
+        };
+        let Some(family) = ModelType::from_name(&family_name) else {
             return Err(HfError::UnsupportedModelType {
                 path: path.to_path_buf(),
-                model_type,
+                model_type: family_name,
             });
         };
         let value = &with_family_defaults(family, value);
@@ -128,7 +132,8 @@ impl HfConfig {
 }
 
 /// The `config.json` of the text model of a multimodal `config` ([`text_model_family`]:
-/// its `text_config`, with the text family's `model_type`, and the wrapper's special
+/// its `text_config`, with its own `model_type` or else the wrapper's text family's,
+/// and the wrapper's special
 /// tokens and `tie_word_embeddings` where the wrapper sets them, since the wrapper is
 /// the model that ties the embeddings); `None` for any other `model_type`.
 pub(crate) fn text_model_config(config: &Value) -> Result<Option<Value>, KeyError> {
@@ -146,7 +151,11 @@ pub(crate) fn text_model_config(config: &Value) -> Result<Option<Value>, KeyErro
         ));
     };
     let mut text = text.clone();
-    text.insert("model_type".into(), family.name().into());
+    // transformers builds the text model of the type `text_config` names, the
+    // wrapper's default otherwise.
+    if !text.get("model_type").is_some_and(Value::is_string) {
+        text.insert("model_type".into(), family.name().into());
+    }
     for key in [
         "tie_word_embeddings",
         "bos_token_id",

@@ -20,15 +20,18 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "deepseek_v2",
     "deepseek_v3",
     "gemma3",
+    "mistral3",
 ];
 
-/// The family of the text model of a multimodal `model_type`, whose `config.json`
-/// describes it under `text_config` and whose checkpoint stores it under
-/// `language_model.` beside a vision tower: Gemma-3's
-/// `Gemma3ForConditionalGeneration` (the 4B, 12B and 27B checkpoints).
+/// The family of the text model of a multimodal `model_type` (when its `text_config`
+/// names none), whose `config.json` describes it under `text_config` and whose
+/// checkpoint stores it under `language_model.` beside a vision tower: Gemma-3's
+/// `Gemma3ForConditionalGeneration` (the 4B, 12B and 27B checkpoints) and Mistral-3's
+/// `Mistral3ForConditionalGeneration` (Mistral-Small-3.1 and 3.2).
 pub(crate) fn text_model_family(model_type: &str) -> Option<ModelType> {
     match model_type {
         "gemma3" => Some(ModelType::Gemma3Text),
+        "mistral3" => Some(ModelType::Mistral),
         _ => None,
     }
 }
@@ -156,7 +159,7 @@ mod tests {
     #[test]
     fn supported_model_types_are_the_families_read() {
         let mut names: Vec<&str> = ModelType::ALL.iter().map(|family| family.name()).collect();
-        names.push("gemma3");
+        names.extend(["gemma3", "mistral3"]);
         assert_eq!(names, SUPPORTED_MODEL_TYPES);
         assert_eq!(text_model_family("gemma3"), Some(ModelType::Gemma3Text));
         for family in ModelType::ALL {

@@ -283,6 +283,43 @@ fn gemma3_multimodal_checkpoint_loads_its_text_model_and_matches_transformers() 
     );
 }
 
+/// Mistral-3's multimodal checkpoint (`Mistral3ForConditionalGeneration`, as
+/// Mistral-Small-3.1 and 3.2 ship): its `text_config` names the `mistral` text model,
+/// stored under `language_model.` beside a Pixtral vision tower, and the wrapper ties
+/// the embeddings. The text model's logits equal transformers' on text; it exports as
+/// a `mistral` checkpoint; a `text_config` of a family we do not read is named.
+#[test]
+fn mistral3_multimodal_checkpoint_loads_its_text_model_and_matches_transformers() {
+    matches_transformers("mistral3_vision");
+    let device = Device::flex();
+    let (model, config) = load_causal_lm(model_dir("mistral3_vision"), &device).unwrap();
+    assert_eq!(config.model_type, "mistral3");
+    assert!(config.model.tie_word_embeddings && config.model.sliding_window.is_none());
+    let json: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(model_dir("mistral3_vision").join(CONFIG_FILE)).unwrap(),
+    )
+    .unwrap();
+    let out = tempfile::TempDir::new().unwrap();
+    let report = save_causal_lm(&model, &json, out.path(), &ExportOptions::default()).unwrap();
+    assert_eq!(report.model_type, "mistral");
+    let (exported, _) = load_causal_lm(out.path(), &device).unwrap();
+    let reference = reference("mistral3_vision");
+    assert_close(
+        exported.forward(int_tensor(&rows(&reference.data("tokens")), &device), None),
+        reference.tensor::<3>("logits", &device),
+        LOGIT_TOLERANCE,
+        "mistral3 exported as its text model",
+    );
+
+    let mut other = json.clone();
+    other["text_config"]["model_type"] = "ministral3".into();
+    let error = HfConfig::from_value(&other, "config.json").unwrap_err();
+    assert!(
+        matches!(&error, HfError::UnsupportedModelType { model_type, .. } if model_type == "ministral3"),
+        "{error}"
+    );
+}
+
 #[test]
 fn mixtral_sparse_moe_matches_transformers() {
     matches_transformers("mixtral");
@@ -729,7 +766,7 @@ fn gradient_norms(
         };
         let name = match model_type {
             "gpt_oss" => name.replacen(".mlp.gate.", ".mlp.router.", 1),
-            "gemma3" => name.replacen("model.", "model.language_model.", 1),
+            "gemma3" | "mistral3" => name.replacen("model.", "model.language_model.", 1),
             "glm4" => [
                 (".post_attention_layernorm.", ".post_self_attn_layernorm."),
                 (".pre_feedforward_layernorm.", ".post_attention_layernorm."),
