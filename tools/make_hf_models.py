@@ -249,6 +249,31 @@ def glm4():
     return transformers.Glm4Config(**COMMON, num_key_value_heads=2, head_dim=8)
 
 
+def seed_oss():
+    # Biases on q, k and v but not on the output projection (separate switches), GQA.
+    return transformers.SeedOssConfig(
+        **COMMON, num_key_value_heads=2, head_dim=8, attention_bias=True, attention_out_bias=False
+    )
+
+
+def ernie4_5():
+    # Biases on every projection, the rotary embedding on neighbouring pairs, tied
+    # embeddings (the class's default).
+    return transformers.Ernie4_5Config(**COMMON, num_key_value_heads=2, head_dim=8, use_bias=True)
+
+
+def exaone4():
+    # OLMo-2's output norms, QK-norm per head; over four layers the class's pattern 4
+    # makes three slide (a window shorter than the prompt) and the last full, which
+    # goes without RoPE.
+    return transformers.Exaone4Config(
+        **{**COMMON, "num_hidden_layers": 4},
+        num_key_value_heads=2,
+        sliding_window=4,
+        sliding_window_pattern=4,
+    )
+
+
 def gemma2():
     # Sandwich norms, scaled embeddings, GeGLU (tanh), an attention scale other than
     # head_dim^-1/2, attention and final logit soft-capping small enough to bite, a
@@ -507,6 +532,9 @@ MODELS = {
     "smollm3": (smollm3, {}),
     "phi3": (phi3, {}),
     "glm4": (glm4, {}),
+    "seed_oss": (seed_oss, {}),
+    "ernie4_5": (ernie4_5, {}),
+    "exaone4": (exaone4, {}),
     "gemma2": (gemma2, {}),
     "gemma3_text": (gemma3_text, {}),
     "gemma3_vision": (gemma3_vision, {"sparse_text_config": True}),

@@ -188,6 +188,10 @@ struct ModelKeys {
     intermediate_size: Option<usize>,
     rms_norm_eps: Option<f64>,
     attention_bias: Option<bool>,
+    /// Seed-OSS's switch of the output projection's bias.
+    attention_out_bias: Option<bool>,
+    /// ERNIE-4.5's switch of every projection's bias.
+    use_bias: Option<bool>,
     mlp_bias: Option<bool>,
     #[serde(default, deserialize_with = "deserialize_activation")]
     hidden_act: Option<Activation>,
@@ -294,8 +298,8 @@ impl ModelKeys {
                 let sliding = full.clone().with_scaling(RopeScaling::Default);
                 (full, Some(sliding))
             }
-            // GLM rotates pairs of neighbouring features (GPT-J's layout).
-            ModelType::Glm4 => (
+            // GLM and ERNIE rotate pairs of neighbouring features (GPT-J's layout).
+            ModelType::Glm4 | ModelType::Ernie45 => (
                 rope_keys
                     .rope_config()?
                     .with_layout(RopeLayout::Interleaved),
@@ -318,7 +322,15 @@ impl ModelKeys {
             }
             // GLM-4's `attention_bias` is on q, k and v; its output projection has none.
             ModelType::Glm4 => (self.attention_bias.unwrap_or(false), false),
-            ModelType::Mistral | ModelType::Mixtral | ModelType::Phi3 => {
+            ModelType::SeedOss => (
+                self.attention_bias.unwrap_or(false),
+                self.attention_out_bias.unwrap_or(false),
+            ),
+            ModelType::Ernie45 => {
+                let bias = self.use_bias.unwrap_or(false);
+                (bias, bias)
+            }
+            ModelType::Mistral | ModelType::Mixtral | ModelType::Phi3 | ModelType::Exaone4 => {
                 let bias = unread.fixed(
                     "attention_bias",
                     self.attention_bias,
@@ -333,9 +345,10 @@ impl ModelKeys {
             }
         };
         let mlp_bias = match family {
-            ModelType::Llama | ModelType::Smollm3 | ModelType::DeepseekV2 => {
+            ModelType::Llama | ModelType::Smollm3 | ModelType::SeedOss | ModelType::DeepseekV2 => {
                 self.mlp_bias.unwrap_or(false)
             }
+            ModelType::Ernie45 => self.use_bias.unwrap_or(false),
             _ => unread.fixed("mlp_bias", self.mlp_bias, false, "no feed-forward biases"),
         };
         // Gemma names the activation `hidden_activation`, every other family `hidden_act`.
@@ -403,7 +416,7 @@ impl ModelKeys {
         .with_final_logit_softcap(final_logit_softcap)
         .with_qk_norm(self.qk_norm(family))
         .with_block_kind(match family {
-            ModelType::Olmo2 | ModelType::Olmo3 => BlockKind::OutputNorm,
+            ModelType::Olmo2 | ModelType::Olmo3 | ModelType::Exaone4 => BlockKind::OutputNorm,
             ModelType::Gemma2 | ModelType::Gemma3Text | ModelType::Glm4 => BlockKind::Sandwich,
             _ => BlockKind::PreNorm,
         })
@@ -444,7 +457,7 @@ impl ModelKeys {
     /// OLMo-3 the whole projections.
     fn qk_norm(&self, family: ModelType) -> Option<QkNormConfig> {
         let placement = match family {
-            ModelType::Qwen3 | ModelType::Qwen3Moe | ModelType::Gemma3Text => {
+            ModelType::Qwen3 | ModelType::Qwen3Moe | ModelType::Gemma3Text | ModelType::Exaone4 => {
                 QkNormPlacement::PerHead
             }
             ModelType::Olmo2 | ModelType::Olmo3 => QkNormPlacement::AcrossHeads,
@@ -458,13 +471,21 @@ impl ModelKeys {
         )
     }
 
-    /// SmolLM3's layers without RoPE (`no_rope_layers` 0); `None` for the families whose
-    /// every layer rotates.
+    /// SmolLM3's layers without RoPE (`no_rope_layers` 0) and EXAONE-4's full layers
+    /// beside sliding ones; `None` for the families whose every layer rotates.
     fn nope_layers(
         &self,
         family: ModelType,
         n_layers: usize,
     ) -> Result<Option<Vec<bool>>, KeyError> {
+        // EXAONE-4's full layers go without RoPE when the model has sliding ones.
+        if family == ModelType::Exaone4 {
+            let full_layers = self
+                .sliding_window
+                .and(self.layer_types.as_ref())
+                .map(|types| types.iter().map(|kind| kind == "full_attention").collect());
+            return Ok(full_layers);
+        }
         let (ModelType::Smollm3, Some(flags)) = (family, &self.no_rope_layers) else {
             return Ok(None);
         };
@@ -493,7 +514,7 @@ impl ModelKeys {
     /// `use_sliding_window`, on the
     /// layers `layer_types` (or `max_window_layers`) names; Qwen3-MoE with
     /// `use_sliding_window` on every layer; other families on the layers `layer_types`
-    /// names, or every layer; LLaMA and GLM-4 never.
+    /// names, or every layer; LLaMA, GLM-4, Seed-OSS and ERNIE-4.5 never.
     fn sliding_window(
         &self,
         family: ModelType,
@@ -509,7 +530,7 @@ impl ModelKeys {
             {
                 None
             }
-            ModelType::Llama | ModelType::Glm4 => None,
+            ModelType::Llama | ModelType::Glm4 | ModelType::SeedOss | ModelType::Ernie45 => None,
             _ => self.sliding_window,
         };
         let Some(window) = window else {

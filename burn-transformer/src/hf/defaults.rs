@@ -103,6 +103,18 @@ fn class_defaults(family: ModelType) -> Value {
             "attention_bias": true, "partial_rotary_factor": 0.5,
             "eos_token_id": [151329, 151336, 151338]
         }),
+        ModelType::SeedOss => json!({
+            "num_key_value_heads": 8, "head_dim": 128, "attention_bias": true,
+            "attention_out_bias": false, "mlp_bias": false
+        }),
+        ModelType::Ernie45 => json!({
+            "num_key_value_heads": 2, "head_dim": 128, "use_bias": false,
+            "tie_word_embeddings": true, "rms_norm_eps": 1e-5, "rope_theta": 500_000.0
+        }),
+        ModelType::Exaone4 => json!({
+            "num_key_value_heads": 32, "rms_norm_eps": 1e-5, "sliding_window": 4096,
+            "sliding_window_pattern": 4
+        }),
         ModelType::Gemma2 => json!({
             "num_key_value_heads": 4, "head_dim": 256,
             "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": true,
@@ -174,6 +186,9 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Smollm3 => [128256, 2048, 11008, 36, 16, 32768],
         ModelType::Phi3 => [32064, 3072, 8192, 32, 32, 4096],
         ModelType::Glm4 => [151552, 4096, 13696, 40, 32, 131072],
+        ModelType::SeedOss => [155136, 4096, 27648, 64, 80, 524288],
+        ModelType::Ernie45 => [103424, 1024, 3072, 18, 16, 131072],
+        ModelType::Exaone4 => [102400, 4096, 16384, 32, 32, 2048],
         ModelType::Gemma2 => [256000, 2304, 9216, 26, 8, 8192],
         ModelType::Gemma3Text => [262208, 2304, 9216, 26, 8, 131072],
         ModelType::Qwen3Moe => [151936, 2048, 6144, 24, 32, 32768],
@@ -197,6 +212,9 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Phi3 => (Some(1), Some(32000), Some(32000)),
         // Its end-of-text tokens are a list (in the class defaults above).
         ModelType::Glm4 => (None, None, Some(151329)),
+        ModelType::SeedOss => (Some(0), Some(2), Some(1)),
+        ModelType::Ernie45 => (Some(1), Some(2), Some(0)),
+        ModelType::Exaone4 => (Some(0), Some(2), None),
         ModelType::Gemma2 | ModelType::Gemma3Text => (Some(2), Some(1), Some(0)),
         ModelType::DeepseekV3 => (Some(0), Some(1), None),
         ModelType::Qwen2 | ModelType::Qwen3 | ModelType::Qwen3Moe | ModelType::GptOss => {
@@ -232,8 +250,10 @@ fn default_no_rope_layers(config: &Map<String, Value>) -> Option<Value> {
 
 /// The layer types a class derives from the layer count when the file names none:
 /// Gemma-2 and gpt-oss alternate sliding and full layers, OLMo-3 makes every fourth
-/// layer full, Gemma-3 every `sliding_window_pattern`-th (default 6); SmolLM3 slides
-/// on its layers without RoPE when `use_sliding_window` and a window are set.
+/// layer full, Gemma-3 every `sliding_window_pattern`-th (default 6), EXAONE-4 too
+/// (default 4; a pattern of letters, `"LLLG"`, names each layer of the period, and no
+/// window makes every layer full); SmolLM3 slides on its layers without RoPE when
+/// `use_sliding_window` and a window are set.
 fn default_layer_types(family: ModelType, config: &Map<String, Value>) -> Option<Value> {
     if family == ModelType::Smollm3 {
         let slides = config.get("use_sliding_window") == Some(&Value::Bool(true))
@@ -250,6 +270,28 @@ fn default_layer_types(family: ModelType, config: &Map<String, Value>) -> Option
                     } else {
                         "full_attention"
                     }
+                })
+                .collect(),
+        );
+    }
+    if family == ModelType::Exaone4 {
+        let layers = config.get("num_hidden_layers")?.as_u64()? as usize;
+        let pattern = match config.get("sliding_window") {
+            None | Some(Value::Null) => String::from("G"),
+            _ => match config.get("sliding_window_pattern")? {
+                Value::String(letters) => letters.clone(),
+                every => {
+                    let every = every.as_u64().filter(|&every| every > 0)? as usize;
+                    "L".repeat(every - 1) + "G"
+                }
+            },
+        };
+        let pattern: Vec<char> = pattern.chars().collect();
+        return Some(
+            (0..layers)
+                .map(|layer| match pattern[layer % pattern.len()] {
+                    'L' => "sliding_attention",
+                    _ => "full_attention",
                 })
                 .collect(),
         );

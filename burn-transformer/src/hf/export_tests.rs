@@ -45,7 +45,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 21] = [
+const FAMILIES: [&str; 24] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -59,6 +59,9 @@ const FAMILIES: [&str; 21] = [
     "smollm3",
     "phi3",
     "glm4",
+    "seed_oss",
+    "ernie4_5",
+    "exaone4",
     "gemma2",
     "gemma3_text",
     "mixtral",

@@ -12,6 +12,9 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "smollm3",
     "phi3",
     "glm4",
+    "seed_oss",
+    "ernie4_5",
+    "exaone4",
     "gemma2",
     "gemma3_text",
     "mixtral",
@@ -63,6 +66,14 @@ pub(crate) enum ModelType {
     /// biases, a fused gate/up projection, and the rotary embedding interleaved over
     /// half of each head.
     Glm4,
+    /// Seed-OSS: LLaMA with separate switches for the q/k/v and the output biases.
+    SeedOss,
+    /// ERNIE-4.5 (dense): LLaMA with biases on every projection when `use_bias`, the
+    /// rotary embedding interleaved, tied embeddings.
+    Ernie45,
+    /// EXAONE-4: OLMo-2's output norms with QK-norm per head; with a window, three
+    /// sliding layers per full one, the full ones without RoPE.
+    Exaone4,
     /// Gemma-2: sandwich norms with Gemma's RMSNorm, scaled embeddings, GeGLU (tanh),
     /// `query_pre_attn_scalar`, attention and final logit soft-capping, alternating
     /// sliding and full layers.
@@ -85,7 +96,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 16] = [
+    const ALL: [Self; 19] = [
         Self::Llama,
         Self::Mistral,
         Self::Qwen2,
@@ -95,6 +106,9 @@ impl ModelType {
         Self::Smollm3,
         Self::Phi3,
         Self::Glm4,
+        Self::SeedOss,
+        Self::Ernie45,
+        Self::Exaone4,
         Self::Gemma2,
         Self::Gemma3Text,
         Self::Mixtral,
@@ -116,6 +130,9 @@ impl ModelType {
             Self::Smollm3 => "smollm3",
             Self::Phi3 => "phi3",
             Self::Glm4 => "glm4",
+            Self::SeedOss => "seed_oss",
+            Self::Ernie45 => "ernie4_5",
+            Self::Exaone4 => "exaone4",
             Self::Gemma2 => "gemma2",
             Self::Gemma3Text => "gemma3_text",
             Self::Mixtral => "mixtral",

@@ -223,6 +223,21 @@ fn glm4_with_sandwich_norms_and_interleaved_partial_rope_matches_transformers() 
 }
 
 #[test]
+fn seed_oss_with_q_k_v_biases_and_none_on_the_output_matches_transformers() {
+    matches_transformers("seed_oss");
+}
+
+#[test]
+fn ernie4_5_with_biases_interleaved_rope_and_tied_embeddings_matches_transformers() {
+    matches_transformers("ernie4_5");
+}
+
+#[test]
+fn exaone4_with_output_norms_sliding_layers_and_a_full_layer_without_rope_matches_transformers() {
+    matches_transformers("exaone4");
+}
+
+#[test]
 fn gemma2_with_sandwich_norms_soft_capping_and_alternating_windows_matches_transformers() {
     matches_transformers("gemma2");
 }
@@ -353,7 +368,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 10] = [
+    let cases: [(&str, Edit, &[&str]); 13] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -452,6 +467,33 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
                     config.remove(key);
                 }
                 config.insert("rope_theta".into(), json!(10000.0));
+            },
+            &[],
+        ),
+        // Seed-OSS's defaults: biases on q, k and v, none on the output projection.
+        (
+            "seed_oss",
+            |config| {
+                for key in ["attention_bias", "attention_out_bias", "mlp_bias"] {
+                    config.remove(key);
+                }
+            },
+            &[],
+        ),
+        // ERNIE-4.5's default: tied embeddings.
+        (
+            "ernie4_5",
+            |config| {
+                config.remove("tie_word_embeddings");
+            },
+            &[],
+        ),
+        // EXAONE-4's layers named by a pattern of letters (transformers 4's files).
+        (
+            "exaone4",
+            |config| {
+                config.remove("layer_types");
+                config.insert("sliding_window_pattern".into(), json!("LLLG"));
             },
             &[],
         ),
