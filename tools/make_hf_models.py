@@ -274,6 +274,24 @@ def exaone4():
     )
 
 
+def cohere():
+    # Attention and feed-forward in parallel after one LayerNorm without a shift, the
+    # rotary embedding on neighbouring pairs, logits scaled, tied embeddings, GQA.
+    return transformers.CohereConfig(**COMMON, num_key_value_heads=2, logit_scale=0.5)
+
+
+def cohere2():
+    # Cohere's layers over four: three slide (a window shorter than the prompt) and
+    # rotate, the fourth attends to everything without RoPE.
+    return transformers.Cohere2Config(
+        **{**COMMON, "num_hidden_layers": 4},
+        num_key_value_heads=2,
+        head_dim=8,
+        sliding_window=4,
+        logit_scale=0.25,
+    )
+
+
 def gemma2():
     # Sandwich norms, scaled embeddings, GeGLU (tanh), an attention scale other than
     # head_dim^-1/2, attention and final logit soft-capping small enough to bite, a
@@ -535,6 +553,8 @@ MODELS = {
     "seed_oss": (seed_oss, {}),
     "ernie4_5": (ernie4_5, {}),
     "exaone4": (exaone4, {}),
+    "cohere": (cohere, {}),
+    "cohere2": (cohere2, {}),
     "gemma2": (gemma2, {}),
     "gemma3_text": (gemma3_text, {}),
     "gemma3_vision": (gemma3_vision, {"sparse_text_config": True}),

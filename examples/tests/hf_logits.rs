@@ -117,6 +117,8 @@ fn matches_transformers_for_every_family_on_flex() {
         "seed_oss",
         "ernie4_5",
         "exaone4",
+        "cohere",
+        "cohere2",
         "gemma2",
         "gemma3_text",
         "gemma3_vision",

@@ -187,6 +187,12 @@ struct ModelKeys {
     head_dim: Option<usize>,
     intermediate_size: Option<usize>,
     rms_norm_eps: Option<f64>,
+    /// Cohere's name of the norms' epsilon (of its LayerNorms).
+    layer_norm_eps: Option<f64>,
+    /// Cohere's factor on the output logits.
+    logit_scale: Option<f64>,
+    /// Cohere's QK-norm: a LayerNorm with its own weights per head.
+    use_qk_norm: Option<bool>,
     attention_bias: Option<bool>,
     /// Seed-OSS's switch of the output projection's bias.
     attention_out_bias: Option<bool>,
@@ -261,6 +267,13 @@ impl ModelKeys {
                 ),
             ));
         }
+        if self.use_qk_norm == Some(true) {
+            return Err(KeyError::new(
+                "use_qk_norm",
+                "is true: Cohere's QK-norm (a LayerNorm with its own weights per head) is \
+                 not supported",
+            ));
+        }
         if self.use_bidirectional_attention == Some(true) {
             return Err(KeyError::new(
                 "use_bidirectional_attention",
@@ -298,8 +311,9 @@ impl ModelKeys {
                 let sliding = full.clone().with_scaling(RopeScaling::Default);
                 (full, Some(sliding))
             }
-            // GLM and ERNIE rotate pairs of neighbouring features (GPT-J's layout).
-            ModelType::Glm4 | ModelType::Ernie45 => (
+            // GLM, ERNIE and Cohere rotate pairs of neighbouring features (GPT-J's
+            // layout).
+            ModelType::Glm4 | ModelType::Ernie45 | ModelType::Cohere | ModelType::Cohere2 => (
                 rope_keys
                     .rope_config()?
                     .with_layout(RopeLayout::Interleaved),
@@ -394,7 +408,9 @@ impl ModelKeys {
         )
         .with_n_kv_heads(Some(self.num_key_value_heads.unwrap_or(n_heads)))
         .with_head_dim(Some(head_dim))
-        .with_norm_eps(self.rms_norm_eps.unwrap_or(1e-6))
+        .with_norm_eps(self.norm_eps(family))
+        .with_layer_norm(family.is_cohere())
+        .with_logit_scale(family.is_cohere().then(|| self.logit_scale.unwrap_or(1.0)))
         .with_qkv_bias(qkv_bias)
         .with_o_bias(o_bias)
         .with_mlp_bias(mlp_bias)
@@ -417,6 +433,7 @@ impl ModelKeys {
         .with_qk_norm(self.qk_norm(family))
         .with_block_kind(match family {
             ModelType::Olmo2 | ModelType::Olmo3 | ModelType::Exaone4 => BlockKind::OutputNorm,
+            ModelType::Cohere | ModelType::Cohere2 => BlockKind::Parallel,
             ModelType::Gemma2 | ModelType::Gemma3Text | ModelType::Glm4 => BlockKind::Sandwich,
             _ => BlockKind::PreNorm,
         })
@@ -466,7 +483,7 @@ impl ModelKeys {
         Some(
             QkNormConfig::new()
                 .with_placement(placement)
-                .with_eps(self.rms_norm_eps.unwrap_or(1e-6))
+                .with_eps(self.norm_eps(family))
                 .with_unit_offset(family.is_gemma()),
         )
     }
@@ -478,6 +495,17 @@ impl ModelKeys {
         family: ModelType,
         n_layers: usize,
     ) -> Result<Option<Vec<bool>>, KeyError> {
+        // Cohere-2 rotates its sliding layers only (none without a window).
+        if family == ModelType::Cohere2 {
+            let types = self.layer_types.as_deref().unwrap_or_default();
+            let rotates = |layer: usize| {
+                self.sliding_window.is_some()
+                    && types
+                        .get(layer)
+                        .is_some_and(|kind| kind == "sliding_attention")
+            };
+            return Ok(Some((0..n_layers).map(|layer| !rotates(layer)).collect()));
+        }
         // EXAONE-4's full layers go without RoPE when the model has sliding ones.
         if family == ModelType::Exaone4 {
             let full_layers = self
@@ -509,12 +537,21 @@ impl ModelKeys {
             .map(Some)
     }
 
+    /// The norms' epsilon: Cohere's `layer_norm_eps`, every other family's
+    /// `rms_norm_eps`.
+    fn norm_eps(&self, family: ModelType) -> f64 {
+        match family.is_cohere() {
+            true => self.layer_norm_eps.unwrap_or(1e-5),
+            false => self.rms_norm_eps.unwrap_or(1e-6),
+        }
+    }
+
     /// `(sliding_window, sliding_layers)`: Mistral, Mixtral and Phi-3 slide on every layer
     /// when `sliding_window` is set; Qwen2, Qwen3 and SmolLM3 only with
     /// `use_sliding_window`, on the
     /// layers `layer_types` (or `max_window_layers`) names; Qwen3-MoE with
     /// `use_sliding_window` on every layer; other families on the layers `layer_types`
-    /// names, or every layer; LLaMA, GLM-4, Seed-OSS and ERNIE-4.5 never.
+    /// names, or every layer; LLaMA, GLM-4, Seed-OSS, ERNIE-4.5 and Cohere never.
     fn sliding_window(
         &self,
         family: ModelType,
@@ -530,7 +567,11 @@ impl ModelKeys {
             {
                 None
             }
-            ModelType::Llama | ModelType::Glm4 | ModelType::SeedOss | ModelType::Ernie45 => None,
+            ModelType::Llama
+            | ModelType::Glm4
+            | ModelType::SeedOss
+            | ModelType::Ernie45
+            | ModelType::Cohere => None,
             _ => self.sliding_window,
         };
         let Some(window) = window else {

@@ -115,6 +115,14 @@ fn class_defaults(family: ModelType) -> Value {
             "num_key_value_heads": 32, "rms_norm_eps": 1e-5, "sliding_window": 4096,
             "sliding_window_pattern": 4
         }),
+        ModelType::Cohere => json!({
+            "layer_norm_eps": 1e-5, "logit_scale": 0.0625, "use_qk_norm": false,
+            "tie_word_embeddings": true, "rope_theta": 500_000.0
+        }),
+        ModelType::Cohere2 => json!({
+            "layer_norm_eps": 1e-5, "logit_scale": 0.0625, "tie_word_embeddings": true,
+            "head_dim": 128, "sliding_window": 4096, "sliding_window_pattern": 4
+        }),
         ModelType::Gemma2 => json!({
             "num_key_value_heads": 4, "head_dim": 256,
             "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": true,
@@ -189,6 +197,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::SeedOss => [155136, 4096, 27648, 64, 80, 524288],
         ModelType::Ernie45 => [103424, 1024, 3072, 18, 16, 131072],
         ModelType::Exaone4 => [102400, 4096, 16384, 32, 32, 2048],
+        ModelType::Cohere | ModelType::Cohere2 => [256000, 8192, 22528, 40, 64, 8192],
         ModelType::Gemma2 => [256000, 2304, 9216, 26, 8, 8192],
         ModelType::Gemma3Text => [262208, 2304, 9216, 26, 8, 131072],
         ModelType::Qwen3Moe => [151936, 2048, 6144, 24, 32, 32768],
@@ -215,6 +224,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::SeedOss => (Some(0), Some(2), Some(1)),
         ModelType::Ernie45 => (Some(1), Some(2), Some(0)),
         ModelType::Exaone4 => (Some(0), Some(2), None),
+        ModelType::Cohere | ModelType::Cohere2 => (Some(5), Some(255001), Some(0)),
         ModelType::Gemma2 | ModelType::Gemma3Text => (Some(2), Some(1), Some(0)),
         ModelType::DeepseekV3 => (Some(0), Some(1), None),
         ModelType::Qwen2 | ModelType::Qwen3 | ModelType::Qwen3Moe | ModelType::GptOss => {
@@ -250,8 +260,8 @@ fn default_no_rope_layers(config: &Map<String, Value>) -> Option<Value> {
 
 /// The layer types a class derives from the layer count when the file names none:
 /// Gemma-2 and gpt-oss alternate sliding and full layers, OLMo-3 makes every fourth
-/// layer full, Gemma-3 every `sliding_window_pattern`-th (default 6), EXAONE-4 too
-/// (default 4; a pattern of letters, `"LLLG"`, names each layer of the period, and no
+/// layer full, Gemma-3 every `sliding_window_pattern`-th (default 6), Cohere-2 too
+/// (default 4), EXAONE-4 too (default 4; a pattern of letters, `"LLLG"`, names each layer of the period, and no
 /// window makes every layer full); SmolLM3 slides on its layers without RoPE when
 /// `use_sliding_window` and a window are set.
 fn default_layer_types(family: ModelType, config: &Map<String, Value>) -> Option<Value> {
@@ -299,7 +309,7 @@ fn default_layer_types(family: ModelType, config: &Map<String, Value>) -> Option
     let every = match family {
         ModelType::Gemma2 | ModelType::GptOss => 2,
         ModelType::Olmo3 => 4,
-        ModelType::Gemma3Text => match config.get("sliding_window_pattern") {
+        ModelType::Gemma3Text | ModelType::Cohere2 => match config.get("sliding_window_pattern") {
             None | Some(Value::Null) => 6,
             Some(value) => value.as_u64().filter(|&every| every > 0)? as usize,
         },

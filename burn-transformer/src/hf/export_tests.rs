@@ -45,7 +45,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 24] = [
+const FAMILIES: [&str; 26] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -62,6 +62,8 @@ const FAMILIES: [&str; 24] = [
     "seed_oss",
     "ernie4_5",
     "exaone4",
+    "cohere",
+    "cohere2",
     "gemma2",
     "gemma3_text",
     "mixtral",

@@ -15,6 +15,8 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "seed_oss",
     "ernie4_5",
     "exaone4",
+    "cohere",
+    "cohere2",
     "gemma2",
     "gemma3_text",
     "mixtral",
@@ -74,6 +76,13 @@ pub(crate) enum ModelType {
     /// EXAONE-4: OLMo-2's output norms with QK-norm per head; with a window, three
     /// sliding layers per full one, the full ones without RoPE.
     Exaone4,
+    /// Cohere (Command R): parallel attention and feed-forward after one LayerNorm
+    /// without a shift, the rotary embedding on neighbouring pairs, scaled logits,
+    /// tied embeddings.
+    Cohere,
+    /// Cohere-2 (Command R7B, Command A): Cohere with three sliding layers per full
+    /// one, only the sliding ones rotated.
+    Cohere2,
     /// Gemma-2: sandwich norms with Gemma's RMSNorm, scaled embeddings, GeGLU (tanh),
     /// `query_pre_attn_scalar`, attention and final logit soft-capping, alternating
     /// sliding and full layers.
@@ -96,7 +105,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 19] = [
+    const ALL: [Self; 21] = [
         Self::Llama,
         Self::Mistral,
         Self::Qwen2,
@@ -109,6 +118,8 @@ impl ModelType {
         Self::SeedOss,
         Self::Ernie45,
         Self::Exaone4,
+        Self::Cohere,
+        Self::Cohere2,
         Self::Gemma2,
         Self::Gemma3Text,
         Self::Mixtral,
@@ -133,6 +144,8 @@ impl ModelType {
             Self::SeedOss => "seed_oss",
             Self::Ernie45 => "ernie4_5",
             Self::Exaone4 => "exaone4",
+            Self::Cohere => "cohere",
+            Self::Cohere2 => "cohere2",
             Self::Gemma2 => "gemma2",
             Self::Gemma3Text => "gemma3_text",
             Self::Mixtral => "mixtral",
@@ -161,6 +174,11 @@ impl ModelType {
     /// embeddings).
     pub(crate) fn is_gemma(self) -> bool {
         matches!(self, Self::Gemma2 | Self::Gemma3Text)
+    }
+
+    /// Whether the family is Cohere's (LayerNorm, parallel blocks, scaled logits).
+    pub(crate) fn is_cohere(self) -> bool {
+        matches!(self, Self::Cohere | Self::Cohere2)
     }
 
     /// Whether attention is DeepSeek's multi-head latent attention.

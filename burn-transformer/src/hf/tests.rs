@@ -238,6 +238,25 @@ fn exaone4_with_output_norms_sliding_layers_and_a_full_layer_without_rope_matche
 }
 
 #[test]
+fn cohere_with_parallel_blocks_layer_norms_and_scaled_logits_matches_transformers() {
+    matches_transformers("cohere");
+    // Command R+'s QK-norm has weights per head, which our QK-norm does not.
+    let text = std::fs::read_to_string(model_dir("cohere").join(CONFIG_FILE)).unwrap();
+    let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    json["use_qk_norm"] = true.into();
+    let error = HfConfig::from_value(&json, "config.json").unwrap_err();
+    assert!(
+        matches!(&error, HfError::Field { field, .. } if field == "use_qk_norm"),
+        "{error}"
+    );
+}
+
+#[test]
+fn cohere2_with_sliding_layers_rotated_and_a_full_one_without_rope_matches_transformers() {
+    matches_transformers("cohere2");
+}
+
+#[test]
 fn gemma2_with_sandwich_norms_soft_capping_and_alternating_windows_matches_transformers() {
     matches_transformers("gemma2");
 }
@@ -368,7 +387,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 13] = [
+    let cases: [(&str, Edit, &[&str]); 14] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -496,6 +515,18 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
                 config.insert("sliding_window_pattern".into(), json!("LLLG"));
             },
             &[],
+        ),
+        // Cohere-2's defaults: every fourth layer full, tied embeddings, LayerNorm's
+        // epsilon; its code has no feed-forward biases.
+        (
+            "cohere2",
+            |config| {
+                for key in ["layer_types", "tie_word_embeddings", "layer_norm_eps"] {
+                    config.remove(key);
+                }
+                config.insert("mlp_bias".into(), json!(true));
+            },
+            &["mlp_bias"],
         ),
         // Gemma-2's defaults: alternating layers from a sliding one, tied embeddings.
         (

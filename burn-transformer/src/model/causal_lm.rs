@@ -36,7 +36,7 @@ use crate::block::{
 };
 use crate::error::ConfigError;
 use crate::ffn::{Activation, FeedForwardConfig, MoeConfig, MoeLayerPlan, SwiGluConfig};
-use crate::norm::{NormConfig, RmsNormConfig};
+use crate::norm::{LayerNormConfig, NormConfig, RmsNormConfig};
 use crate::ops::linear::{linear_rows, matmul_rows};
 use crate::ops::soft_cap::soft_cap;
 use crate::position::{Rope, RopeConfig};
@@ -122,6 +122,14 @@ pub struct CausalLmConfig {
     /// `final_logit_softcapping`). Default: none.
     #[config(default = "None")]
     pub final_logit_softcap: Option<f64>,
+    /// Factor on the output logits (Cohere's `logit_scale`). Default: none.
+    #[config(default = "None")]
+    pub logit_scale: Option<f64>,
+    /// Every norm of the model (blocks and final; not QK-norm) is a LayerNorm without
+    /// a shift, `w · (x − mean) / √(var + eps)`, instead of an RMSNorm (Cohere's).
+    /// Default: false.
+    #[config(default = false)]
+    pub layer_norm: bool,
     /// A learned attention sink per head in every grouped-attention layer (gpt-oss).
     /// Default: false.
     #[config(default = false)]
@@ -262,6 +270,13 @@ impl CausalLmConfig {
 
     /// The norm of every block and of the stack's end.
     fn norm_config(&self) -> NormConfig {
+        if self.layer_norm {
+            return NormConfig::Layer(
+                LayerNormConfig::new(self.d_model)
+                    .with_eps(self.norm_eps)
+                    .with_bias(false),
+            );
+        }
         NormConfig::Rms(
             RmsNormConfig::new(self.d_model)
                 .with_eps(self.norm_eps)
@@ -293,6 +308,9 @@ impl CausalLmConfig {
         ConfigError::check_positive(MODULE, "d_ff", self.d_ff)?;
         if let Some(scale) = self.embed_scale {
             ConfigError::check_finite(MODULE, "embed_scale", scale)?;
+        }
+        if let Some(scale) = self.logit_scale {
+            ConfigError::check_finite(MODULE, "logit_scale", scale)?;
         }
         if let Some(cap) = self.final_logit_softcap {
             ConfigError::check_positive_real(MODULE, "final_logit_softcap", cap)?;
@@ -469,6 +487,7 @@ impl CausalLmConfig {
             router_z_loss_coef: self.router_z_loss_coef,
             embed_scale: self.embed_scale,
             final_logit_softcap: self.final_logit_softcap,
+            logit_scale: self.logit_scale,
         })
     }
 }
@@ -498,6 +517,7 @@ pub struct CausalLm {
     embed_scale: Option<f64>,
     #[module(skip)]
     final_logit_softcap: Option<f64>,
+    logit_scale: Option<f64>,
 }
 
 /// What a forward pass returns.
@@ -739,9 +759,14 @@ impl CausalLm {
         }
     }
 
-    /// The output head with the final soft-cap: `[batch, seq, d_model] -> [batch, seq, vocab_size]`.
+    /// The output head with the logit scale and the final soft-cap: `[batch, seq,
+    /// d_model] -> [batch, seq, vocab_size]`.
     fn logits(&self, hidden: Tensor<3>) -> Tensor<3> {
         let logits = self.lm_head(hidden);
+        let logits = match self.logit_scale {
+            Some(scale) => logits * scale,
+            None => logits,
+        };
         match self.final_logit_softcap {
             Some(cap) => soft_cap(logits, cap),
             None => logits,
