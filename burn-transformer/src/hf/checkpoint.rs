@@ -18,11 +18,10 @@ use burn::store::{
 };
 use burn::tensor::{DType, Device, Tensor};
 use serde::Deserialize;
-use serde_json::Value;
 
 use super::config::HfConfig;
 use super::error::HfError;
-use super::keys::{KeyError, read_keys, required};
+use super::keys::{KeyError, read_json, read_keys, required};
 use super::model_type::text_model_family;
 use crate::model::CausalLm;
 use crate::module_path::ParamPath;
@@ -595,13 +594,7 @@ fn stack_experts(
             for part in [ExpertPart::Gate, ExpertPart::Up, ExpertPart::Down] {
                 let key = part_key(expert, part).expect("complete group");
                 let entry = tensors.remove(key).expect("listed key");
-                let bytes = entry
-                    .tensor
-                    .to_bytes()
-                    .map_err(|error| HfError::Safetensors {
-                        path: entry.file.clone(),
-                        message: format!("{key}: {error}"),
-                    })?;
+                let bytes = entry.bytes(key)?;
                 match part {
                     ExpertPart::Down => down_bytes.extend_from_slice(&bytes),
                     ExpertPart::Gate | ExpertPart::Up => gate_up.extend_from_slice(&bytes),
@@ -677,13 +670,7 @@ fn reorder_gpt_oss_experts(
                 return Ok((key, entry));
             };
             let dtype = entry.tensor.dtype;
-            let bytes = entry
-                .tensor
-                .to_bytes()
-                .map_err(|error| HfError::Safetensors {
-                    path: entry.file.clone(),
-                    message: format!("{key}: {error}"),
-                })?;
+            let bytes = entry.bytes(&key)?;
             let size = dtype.size();
             let count = bytes.len() / size;
             let mut reordered = vec![0u8; bytes.len()];
@@ -721,13 +708,7 @@ fn split_fused(
                 others: 0,
             });
         }
-        let bytes = entry
-            .tensor
-            .to_bytes()
-            .map_err(|error| HfError::Safetensors {
-                path: entry.file.clone(),
-                message: format!("{key}: {error}"),
-            })?;
+        let bytes = entry.bytes(&key)?;
         let row_bytes = bytes.len() / rows.max(1);
         let mut start = 0;
         for (block_key, block_rows) in blocks {
@@ -758,6 +739,16 @@ struct FileTensor {
 }
 
 impl FileTensor {
+    /// The tensor's bytes, read from its file now; an error names the file and `key`.
+    fn bytes(&self, key: &str) -> Result<impl std::ops::Deref<Target = [u8]> + use<>, HfError> {
+        self.tensor
+            .to_bytes()
+            .map_err(|error| HfError::Safetensors {
+                path: self.file.clone(),
+                message: format!("{key}: {error}"),
+            })
+    }
+
     /// A tensor made while loading (stacked or reordered) from the checkpoint's `file`.
     fn new(
         key: &str,
@@ -787,14 +778,7 @@ fn checkpoint_tensors(dir: &Path) -> Result<BTreeMap<String, FileTensor>, HfErro
     let index = dir.join(INDEX_FILE);
     let single = dir.join(WEIGHTS_FILE);
     if index.is_file() {
-        let text = std::fs::read_to_string(&index).map_err(|source| HfError::Io {
-            path: index.clone(),
-            source,
-        })?;
-        let value: Value = serde_json::from_str(&text).map_err(|source| HfError::Json {
-            path: index.clone(),
-            source,
-        })?;
+        let value = read_json(&index)?;
         let in_index = |error: KeyError| error.in_file(&index);
         let IndexKeys { weight_map } = read_keys(&value, None).map_err(in_index)?;
         let weight_map = required(weight_map, "weight_map", "an object of key to shard file")

@@ -16,7 +16,7 @@ use serde_json::Value;
 use super::activation::deserialize_activation;
 use super::defaults::with_family_defaults;
 use super::error::HfError;
-use super::keys::{KeyError, TokenIds, UnreadKeys, read_keys, required};
+use super::keys::{KeyError, TokenIds, UnreadKeys, read_json, read_keys, required};
 use super::latent::LatentKeys;
 use super::model_type::{ModelType, text_model_family};
 use super::moe::MoeKeys;
@@ -62,11 +62,7 @@ impl HfConfig {
     /// [`HfError::Config`] when the values do not make a valid model.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, HfError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| HfError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Self::from_json(&text, path)
+        Self::from_value(&read_json(path)?, path)
     }
 
     /// Parses the text of a `config.json`; `path` only names it in errors.

@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::error::HfError;
-use super::keys::{KeyError, TokenIds, read_keys};
+use super::keys::{KeyError, TokenIds, read_json, read_keys};
 use crate::generate::{EarlyStopping, SamplingConfig};
 
 /// The file name of a checkpoint's decoding settings.
@@ -121,15 +121,7 @@ impl HfGenerationConfig {
     /// above 1, …).
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, HfError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| HfError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let value: Value = serde_json::from_str(&text).map_err(|source| HfError::Json {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Self::from_value(&value, path)
+        Self::from_value(&read_json(path)?, path)
     }
 
     /// Reads an already parsed `generation_config.json`; `path` only names it in

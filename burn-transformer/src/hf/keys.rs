@@ -42,6 +42,21 @@ impl KeyError {
     }
 }
 
+/// Reads and parses the JSON file `path`.
+///
+/// # Errors
+/// [`HfError::Io`] naming the file; [`HfError::Json`] with the parser's line and column.
+pub(crate) fn read_json(path: &Path) -> Result<Value, HfError> {
+    let text = std::fs::read_to_string(path).map_err(|source| HfError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|source| HfError::Json {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
 /// Deserializes `T` from `value`, the object found at `prefix` (`None` for the whole
 /// document): errors name the key below it, dotted.
 pub(crate) fn read_keys<'a, T: Deserialize<'a>>(
