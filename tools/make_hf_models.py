@@ -292,6 +292,20 @@ def cohere2():
     )
 
 
+def granite():
+    # LLaMA's layers with Granite's multipliers on the embeddings, the attention scores
+    # and the sublayers' outputs, and logits divided by logits_scaling; attention biases.
+    return transformers.GraniteConfig(
+        **COMMON,
+        num_key_value_heads=2,
+        attention_bias=True,
+        embedding_multiplier=3.0,
+        attention_multiplier=0.15,
+        residual_multiplier=0.4,
+        logits_scaling=2.0,
+    )
+
+
 def gemma2():
     # Sandwich norms, scaled embeddings, GeGLU (tanh), an attention scale other than
     # head_dim^-1/2, attention and final logit soft-capping small enough to bite, a
@@ -555,6 +569,7 @@ MODELS = {
     "exaone4": (exaone4, {}),
     "cohere": (cohere, {}),
     "cohere2": (cohere2, {}),
+    "granite": (granite, {}),
     "gemma2": (gemma2, {}),
     "gemma3_text": (gemma3_text, {}),
     "gemma3_vision": (gemma3_vision, {"sparse_text_config": True}),

@@ -119,6 +119,7 @@ fn matches_transformers_for_every_family_on_flex() {
         "exaone4",
         "cohere",
         "cohere2",
+        "granite",
         "gemma2",
         "gemma3_text",
         "gemma3_vision",

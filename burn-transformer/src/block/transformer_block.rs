@@ -84,6 +84,10 @@ pub struct TransformerBlockConfig {
     /// training. Default: 0.
     #[config(default = 0.0)]
     pub drop_path: f64,
+    /// Factor on each sublayer's output before its residual add (Granite's
+    /// `residual_multiplier`). Default: none.
+    #[config(default = "None")]
+    pub residual_scale: Option<f64>,
 }
 
 impl TransformerBlockConfig {
@@ -130,6 +134,9 @@ impl TransformerBlockConfig {
         }
         ConfigError::check_probability(MODULE, "residual_dropout", self.residual_dropout)?;
         ConfigError::check_probability(MODULE, "drop_path", self.drop_path)?;
+        if let Some(scale) = self.residual_scale {
+            ConfigError::check_finite(MODULE, "residual_scale", scale)?;
+        }
         Ok(())
     }
 
@@ -166,6 +173,7 @@ impl TransformerBlockConfig {
                 .with_prob(self.drop_path)
                 .try_init()?,
             kind: self.kind,
+            residual_scale: self.residual_scale,
         })
     }
 }
@@ -204,6 +212,8 @@ pub struct TransformerBlock {
     pub drop_path: StochasticDepth,
     #[module(skip)]
     kind: BlockKind,
+    #[module(skip)]
+    residual_scale: Option<f64>,
 }
 
 /// The routing losses of the mixture-of-experts feed-forwards a state has passed,
@@ -594,8 +604,12 @@ impl TransformerBlock {
         self
     }
 
-    /// Residual dropout and stochastic depth on a sublayer's output.
+    /// The residual scale, residual dropout and stochastic depth on a sublayer's output.
     fn branch(&self, output: Tensor<3>) -> Tensor<3> {
+        let output = match self.residual_scale {
+            Some(scale) => output * scale,
+            None => output,
+        };
         self.drop_path.forward(self.dropout.forward(output))
     }
 }

@@ -202,6 +202,12 @@ struct ModelKeys {
     hidden_activation: Option<Activation>,
     /// Gemma: the attention scale is `query_pre_attn_scalar^-½`.
     query_pre_attn_scalar: Option<f64>,
+    /// Granite's multipliers: on the embeddings, the attention scores (the softmax
+    /// scale), each sublayer's output; and the divisor of the logits.
+    embedding_multiplier: Option<f64>,
+    attention_multiplier: Option<f64>,
+    residual_multiplier: Option<f64>,
+    logits_scaling: Option<f64>,
     attn_logit_softcapping: Option<f64>,
     final_logit_softcapping: Option<f64>,
     /// Gemma-3's RoPE base of the sliding layers, in configs without a
@@ -355,9 +361,11 @@ impl ModelKeys {
             }
         };
         let mlp_bias = match family {
-            ModelType::Llama | ModelType::Smollm3 | ModelType::SeedOss | ModelType::DeepseekV2 => {
-                self.mlp_bias.unwrap_or(false)
-            }
+            ModelType::Llama
+            | ModelType::Granite
+            | ModelType::Smollm3
+            | ModelType::SeedOss
+            | ModelType::DeepseekV2 => self.mlp_bias.unwrap_or(false),
             ModelType::Ernie45 => self.use_bias.unwrap_or(false),
             _ => unread.fixed("mlp_bias", self.mlp_bias, false, "no feed-forward biases"),
         };
@@ -406,7 +414,11 @@ impl ModelKeys {
         .with_head_dim(Some(head_dim))
         .with_norm_eps(self.norm_eps(family))
         .with_layer_norm(family.is_cohere())
-        .with_logit_scale(family.is_cohere().then(|| self.logit_scale.unwrap_or(1.0)))
+        .with_logit_scale(match family {
+            _ if family.is_cohere() => Some(self.logit_scale.unwrap_or(1.0)),
+            ModelType::Granite => self.logits_scaling.map(f64::recip),
+            _ => None,
+        })
         .with_qkv_bias(qkv_bias)
         .with_o_bias(o_bias)
         .with_mlp_bias(mlp_bias)
@@ -417,12 +429,24 @@ impl ModelKeys {
         .with_sliding_rope(sliding_rope)
         .with_nope_layers(self.nope_layers(family, n_layers)?)
         .with_norm_unit_offset(gemma)
-        .with_embed_scale(gemma.then(|| (d_model as f64).sqrt()))
-        .with_attention_scale(gemma.then(|| {
-            self.query_pre_attn_scalar
-                .unwrap_or(head_dim as f64)
-                .powf(-0.5)
-        }))
+        .with_embed_scale(match family {
+            _ if gemma => Some((d_model as f64).sqrt()),
+            ModelType::Granite => self.embedding_multiplier,
+            _ => None,
+        })
+        .with_attention_scale(match family {
+            _ if gemma => Some(
+                self.query_pre_attn_scalar
+                    .unwrap_or(head_dim as f64)
+                    .powf(-0.5),
+            ),
+            ModelType::Granite => self.attention_multiplier,
+            _ => None,
+        })
+        .with_residual_scale(match family {
+            ModelType::Granite => self.residual_multiplier,
+            _ => None,
+        })
         .with_attention_softcap(attention_softcap)
         .with_attention_sinks(family == ModelType::GptOss)
         .with_final_logit_softcap(final_logit_softcap)
@@ -547,7 +571,7 @@ impl ModelKeys {
     /// `use_sliding_window`, on the
     /// layers `layer_types` (or `max_window_layers`) names; Qwen3-MoE with
     /// `use_sliding_window` on every layer; other families on the layers `layer_types`
-    /// names, or every layer; LLaMA, GLM-4, Seed-OSS, ERNIE-4.5 and Cohere never.
+    /// names, or every layer; LLaMA, Granite, GLM-4, Seed-OSS, ERNIE-4.5 and Cohere never.
     fn sliding_window(
         &self,
         family: ModelType,
@@ -564,6 +588,7 @@ impl ModelKeys {
                 None
             }
             ModelType::Llama
+            | ModelType::Granite
             | ModelType::Glm4
             | ModelType::SeedOss
             | ModelType::Ernie45

@@ -123,6 +123,10 @@ fn class_defaults(family: ModelType) -> Value {
             "layer_norm_eps": 1e-5, "logit_scale": 0.0625, "tie_word_embeddings": true,
             "head_dim": 128, "sliding_window": 4096, "sliding_window_pattern": 4
         }),
+        ModelType::Granite => json!({
+            "mlp_bias": false, "embedding_multiplier": 1.0, "logits_scaling": 1.0,
+            "residual_multiplier": 1.0, "attention_multiplier": 1.0
+        }),
         ModelType::Gemma2 => json!({
             "num_key_value_heads": 4, "head_dim": 256,
             "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": true,
@@ -187,7 +191,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
     // vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
     // max_position_embeddings
     let sizes = match family {
-        ModelType::Llama => [32000, 4096, 11008, 32, 32, 2048],
+        ModelType::Llama | ModelType::Granite => [32000, 4096, 11008, 32, 32, 2048],
         ModelType::Mistral | ModelType::Mixtral => [32000, 4096, 14336, 32, 32, 131072],
         ModelType::Qwen2 | ModelType::Qwen3 => [151936, 4096, 22016, 32, 32, 32768],
         ModelType::Olmo2 | ModelType::Olmo3 => [50304, 4096, 11008, 32, 32, 2048],
@@ -213,9 +217,11 @@ fn sizes_and_tokens(family: ModelType) -> Value {
     });
     // (bos_token_id, eos_token_id, pad_token_id)
     let tokens = match family {
-        ModelType::Llama | ModelType::Mistral | ModelType::Mixtral | ModelType::DeepseekV2 => {
-            (Some(1), Some(2), None)
-        }
+        ModelType::Llama
+        | ModelType::Granite
+        | ModelType::Mistral
+        | ModelType::Mixtral
+        | ModelType::DeepseekV2 => (Some(1), Some(2), None),
         ModelType::Olmo2 | ModelType::Olmo3 => (None, Some(50279), Some(1)),
         ModelType::Smollm3 => (Some(128000), Some(128001), Some(128004)),
         ModelType::Phi3 => (Some(1), Some(32000), Some(32000)),

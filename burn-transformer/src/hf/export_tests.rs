@@ -45,7 +45,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 26] = [
+const FAMILIES: [&str; 27] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -64,6 +64,7 @@ const FAMILIES: [&str; 26] = [
     "exaone4",
     "cohere",
     "cohere2",
+    "granite",
     "gemma2",
     "gemma3_text",
     "mixtral",

@@ -17,6 +17,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "exaone4",
     "cohere",
     "cohere2",
+    "granite",
     "gemma2",
     "gemma3_text",
     "mixtral",
@@ -83,6 +84,9 @@ pub(crate) enum ModelType {
     /// Cohere-2 (Command R7B, Command A): Cohere with three sliding layers per full
     /// one, only the sliding ones rotated.
     Cohere2,
+    /// Granite (3.x): LLaMA with multipliers on the embeddings, the attention scores
+    /// and the sublayers' outputs, and logits divided by `logits_scaling`.
+    Granite,
     /// Gemma-2: sandwich norms with Gemma's RMSNorm, scaled embeddings, GeGLU (tanh),
     /// `query_pre_attn_scalar`, attention and final logit soft-capping, alternating
     /// sliding and full layers.
@@ -105,7 +109,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 21] = [
+    const ALL: [Self; 22] = [
         Self::Llama,
         Self::Mistral,
         Self::Qwen2,
@@ -120,6 +124,7 @@ impl ModelType {
         Self::Exaone4,
         Self::Cohere,
         Self::Cohere2,
+        Self::Granite,
         Self::Gemma2,
         Self::Gemma3Text,
         Self::Mixtral,
@@ -146,6 +151,7 @@ impl ModelType {
             Self::Exaone4 => "exaone4",
             Self::Cohere => "cohere",
             Self::Cohere2 => "cohere2",
+            Self::Granite => "granite",
             Self::Gemma2 => "gemma2",
             Self::Gemma3Text => "gemma3_text",
             Self::Mixtral => "mixtral",

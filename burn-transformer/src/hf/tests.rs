@@ -257,6 +257,11 @@ fn cohere2_with_sliding_layers_rotated_and_a_full_one_without_rope_matches_trans
 }
 
 #[test]
+fn granite_with_embedding_attention_residual_and_logit_multipliers_matches_transformers() {
+    matches_transformers("granite");
+}
+
+#[test]
 fn gemma2_with_sandwich_norms_soft_capping_and_alternating_windows_matches_transformers() {
     matches_transformers("gemma2");
 }

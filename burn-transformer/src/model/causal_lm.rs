@@ -122,7 +122,12 @@ pub struct CausalLmConfig {
     /// `final_logit_softcapping`). Default: none.
     #[config(default = "None")]
     pub final_logit_softcap: Option<f64>,
-    /// Factor on the output logits (Cohere's `logit_scale`). Default: none.
+    /// Factor on each sublayer's output before its residual add (Granite's
+    /// `residual_multiplier`). Default: none.
+    #[config(default = "None")]
+    pub residual_scale: Option<f64>,
+    /// Factor on the output logits (Cohere's `logit_scale`; Granite divides by its
+    /// `logits_scaling`). Default: none.
     #[config(default = "None")]
     pub logit_scale: Option<f64>,
     /// Every norm of the model (blocks and final; not QK-norm) is a LayerNorm without
@@ -293,6 +298,7 @@ impl CausalLmConfig {
         )
         .with_kind(self.block_kind)
         .with_drop_path(self.drop_path)
+        .with_residual_scale(self.residual_scale)
     }
 
     /// Checks the configuration without allocating anything.
