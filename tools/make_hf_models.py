@@ -306,6 +306,22 @@ def granite():
     )
 
 
+def ministral3():
+    # Mistral's layers with YaRN and the queries scaled by position past an original
+    # context of 4 (llama_4_scaling_beta), so that the prompt's last five positions
+    # take factors 1 + 0.5 ln 2 and 1 + 0.5 ln 3.
+    return transformers.Ministral3Config(
+        **COMMON,
+        num_key_value_heads=2,
+        head_dim=8,
+        rope_parameters={
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 16.0,
+            "original_max_position_embeddings": 4, "beta_fast": 32.0, "beta_slow": 1.0,
+            "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.5,
+        },
+    )
+
+
 def gemma2():
     # Sandwich norms, scaled embeddings, GeGLU (tanh), an attention scale other than
     # head_dim^-1/2, attention and final logit soft-capping small enough to bite, a
@@ -570,6 +586,7 @@ MODELS = {
     "cohere": (cohere, {}),
     "cohere2": (cohere2, {}),
     "granite": (granite, {}),
+    "ministral3": (ministral3, {}),
     "gemma2": (gemma2, {}),
     "gemma3_text": (gemma3_text, {}),
     "gemma3_vision": (gemma3_vision, {"sparse_text_config": True}),

@@ -120,6 +120,7 @@ fn matches_transformers_for_every_family_on_flex() {
         "cohere",
         "cohere2",
         "granite",
+        "ministral3",
         "gemma2",
         "gemma3_text",
         "gemma3_vision",

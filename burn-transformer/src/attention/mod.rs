@@ -5,6 +5,7 @@ mod core;
 mod latent;
 mod multi_head;
 mod qk_norm;
+mod query_temperature;
 mod self_attention;
 
 pub use self::cache::{CrossKvCache, KvCache};
@@ -18,5 +19,6 @@ pub use self::latent::{
 };
 pub use self::multi_head::{MultiHeadAttention, MultiHeadAttentionConfig};
 pub use self::qk_norm::{QkNormConfig, QkNormPlacement};
+pub use self::query_temperature::QueryTemperatureConfig;
 pub use self::self_attention::{SelfAttention, SelfAttentionCache, SelfAttentionConfig};
 pub use crate::ops::mask::padding_mask_from_lengths;

@@ -14,6 +14,7 @@ use burn::tensor::{Bool, Device, Tensor};
 use super::cache::{CrossKvCache, KvCache};
 use super::core::{AttentionImpl, AttentionOptions, attention, attention_with_weights};
 use super::qk_norm::{QkNormConfig, QkNormPlacement};
+use super::query_temperature::QueryTemperatureConfig;
 use crate::error::ConfigError;
 use crate::norm::RmsNorm;
 use crate::ops::linear::linear_rows;
@@ -65,6 +66,9 @@ pub struct MultiHeadAttentionConfig {
     /// Default: none.
     #[config(default = "None")]
     pub qk_norm: Option<QkNormConfig>,
+    /// Queries scaled by position after RoPE (Ministral-3). Default: none.
+    #[config(default = "None")]
+    pub query_temperature: Option<QueryTemperatureConfig>,
     /// A learned sink logit per query head (gpt-oss `sinks`): it joins every row's
     /// softmax and takes no value (see [`AttentionOptions::sinks`]). Default: false.
     #[config(default = false)]
@@ -118,6 +122,8 @@ pub struct MultiHeadAttention {
     implementation: AttentionImpl,
     #[module(skip)]
     qk_norm: Option<QkNormPlacement>,
+    #[module(skip)]
+    query_temperature: Option<QueryTemperatureConfig>,
 }
 
 impl MultiHeadAttentionConfig {
@@ -163,6 +169,9 @@ impl MultiHeadAttentionConfig {
         }
         if let Some(qk_norm) = &self.qk_norm {
             ConfigError::check_non_negative(MODULE, "qk_norm.eps", qk_norm.eps)?;
+        }
+        if let Some(temperature) = &self.query_temperature {
+            temperature.validate()?;
         }
         if let Some(rope) = &self.rope {
             rope.validate()?;
@@ -225,6 +234,7 @@ impl MultiHeadAttentionConfig {
             scale: self.scale,
             implementation: self.implementation,
             qk_norm: self.qk_norm.as_ref().map(|qk_norm| qk_norm.placement),
+            query_temperature: self.query_temperature.clone(),
         })
     }
 }
@@ -411,11 +421,16 @@ impl MultiHeadAttention {
             .with_implementation(self.implementation)
     }
 
-    /// `[batch, seq, d_model] -> [batch, n_heads, seq, head_dim]`, rotated from `offset`.
+    /// `[batch, seq, d_model] -> [batch, n_heads, seq, head_dim]`, rotated from `offset`
+    /// (and scaled by the query temperature).
     fn project_queries(&self, x: Tensor<3>, offset: usize) -> Tensor<4> {
         let q = self.project_queries_unrotated(x);
-        match &self.rope {
+        let q = match &self.rope {
             Some(rope) => rope.forward(q, offset),
+            None => q,
+        };
+        match &self.query_temperature {
+            Some(temperature) => temperature.scale(q, offset),
             None => q,
         }
     }

@@ -21,7 +21,7 @@ use super::latent::LatentKeys;
 use super::model_type::{ModelType, text_model_family};
 use super::moe::MoeKeys;
 use super::rope::RopeKeys;
-use crate::attention::{QkNormConfig, QkNormPlacement};
+use crate::attention::{QkNormConfig, QkNormPlacement, QueryTemperatureConfig};
 use crate::block::BlockKind;
 use crate::ffn::Activation;
 use crate::ffn::moe::ExpertGlu;
@@ -163,6 +163,21 @@ pub(crate) fn text_model_config(config: &Value) -> Result<Option<Value>, KeyErro
         }
     }
     Ok(Some(Value::Object(text)))
+}
+
+/// Ministral-3's query temperature: `llama_4_scaling_beta` and the original context of
+/// its rotary embedding's object; `None` when the object has no beta.
+fn query_temperature(config: &Value) -> Option<QueryTemperatureConfig> {
+    let rope = config
+        .get("rope_parameters")
+        .filter(|rope| !rope.is_null())
+        .or_else(|| config.get("rope_scaling"))?;
+    let beta = rope.get("llama_4_scaling_beta")?.as_f64()?;
+    let interval = rope
+        .get("original_max_position_embeddings")
+        .or_else(|| config.get("original_max_position_embeddings"))?
+        .as_u64()?;
+    Some(QueryTemperatureConfig::new(beta, interval as usize))
 }
 
 /// `model_type`, read before anything else.
@@ -346,7 +361,11 @@ impl ModelKeys {
                 let bias = self.use_bias.unwrap_or(false);
                 (bias, bias)
             }
-            ModelType::Mistral | ModelType::Mixtral | ModelType::Phi3 | ModelType::Exaone4 => {
+            ModelType::Mistral
+            | ModelType::Ministral3
+            | ModelType::Mixtral
+            | ModelType::Phi3
+            | ModelType::Exaone4 => {
                 let bias = unread.fixed(
                     "attention_bias",
                     self.attention_bias,
@@ -441,6 +460,10 @@ impl ModelKeys {
                     .powf(-0.5),
             ),
             ModelType::Granite => self.attention_multiplier,
+            _ => None,
+        })
+        .with_query_temperature(match family {
+            ModelType::Ministral3 => query_temperature(config),
             _ => None,
         })
         .with_residual_scale(match family {
@@ -566,7 +589,7 @@ impl ModelKeys {
         }
     }
 
-    /// `(sliding_window, sliding_layers)`: Mistral, Mixtral and Phi-3 slide on every layer
+    /// `(sliding_window, sliding_layers)`: Mistral, Ministral-3, Mixtral and Phi-3 slide on every layer
     /// when `sliding_window` is set; Qwen2, Qwen3 and SmolLM3 only with
     /// `use_sliding_window`, on the
     /// layers `layer_types` (or `max_window_layers`) names; Qwen3-MoE with
@@ -600,7 +623,11 @@ impl ModelKeys {
         };
         if matches!(
             family,
-            ModelType::Mistral | ModelType::Mixtral | ModelType::Phi3 | ModelType::Qwen3Moe
+            ModelType::Mistral
+                | ModelType::Ministral3
+                | ModelType::Mixtral
+                | ModelType::Phi3
+                | ModelType::Qwen3Moe
         ) {
             let every_layer_slides = self
                 .layer_types

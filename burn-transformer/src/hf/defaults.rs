@@ -78,6 +78,15 @@ fn class_defaults(family: ModelType) -> Value {
     let own = match family {
         ModelType::Llama => json!({"mlp_bias": false}),
         ModelType::Mistral => json!({"num_key_value_heads": 8, "sliding_window": 4096}),
+        ModelType::Ministral3 => json!({
+            "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5,
+            "rope_scaling": {
+                "rope_type": "yarn", "rope_theta": 1_000_000.0, "factor": 16.0,
+                "original_max_position_embeddings": 16384, "beta_fast": 32.0,
+                "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0,
+                "llama_4_scaling_beta": 0.1
+            }
+        }),
         ModelType::Qwen2 => json!({
             "num_key_value_heads": 32, "use_sliding_window": false, "sliding_window": 4096,
             "max_window_layers": 28
@@ -193,6 +202,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
     let sizes = match family {
         ModelType::Llama | ModelType::Granite => [32000, 4096, 11008, 32, 32, 2048],
         ModelType::Mistral | ModelType::Mixtral => [32000, 4096, 14336, 32, 32, 131072],
+        ModelType::Ministral3 => [131072, 4096, 14336, 34, 32, 262144],
         ModelType::Qwen2 | ModelType::Qwen3 => [151936, 4096, 22016, 32, 32, 32768],
         ModelType::Olmo2 | ModelType::Olmo3 => [50304, 4096, 11008, 32, 32, 2048],
         ModelType::Smollm3 => [128256, 2048, 11008, 36, 16, 32768],
@@ -217,6 +227,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
     });
     // (bos_token_id, eos_token_id, pad_token_id)
     let tokens = match family {
+        ModelType::Ministral3 => (Some(1), Some(2), Some(11)),
         ModelType::Llama
         | ModelType::Granite
         | ModelType::Mistral

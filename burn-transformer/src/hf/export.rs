@@ -400,6 +400,7 @@ pub fn hf_config_json(config: &CausalLmConfig) -> Result<Value, HfError> {
         _ if config.layer_norm => refuse("LayerNorm instead of RMSNorm"),
         _ if config.logit_scale.is_some() => refuse("a logit scale"),
         _ if config.residual_scale.is_some() => refuse("a residual scale"),
+        _ if config.query_temperature.is_some() => refuse("a query temperature"),
         _ if config.attention_sinks => refuse("attention sinks"),
         _ if config.activation != Activation::Silu => refuse("an activation other than SiLU"),
         _ if config.qkv_bias != config.o_bias && (!config.qkv_bias || config.qk_norm.is_some()) => {

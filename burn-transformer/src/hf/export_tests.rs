@@ -45,7 +45,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 27] = [
+const FAMILIES: [&str; 28] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -65,6 +65,7 @@ const FAMILIES: [&str; 27] = [
     "cohere",
     "cohere2",
     "granite",
+    "ministral3",
     "gemma2",
     "gemma3_text",
     "mixtral",

@@ -5,6 +5,7 @@
 pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "llama",
     "mistral",
+    "ministral3",
     "qwen2",
     "qwen3",
     "olmo2",
@@ -49,6 +50,9 @@ pub(crate) enum ModelType {
     Llama,
     /// Mistral: LLaMA with a sliding window on every layer.
     Mistral,
+    /// Ministral-3: Mistral (no window by default) with the queries scaled by position
+    /// past the original context (`llama_4_scaling_beta`), YaRN by default.
+    Ministral3,
     /// Qwen2: q/k/v biases; a sliding window only where `use_sliding_window` asks.
     Qwen2,
     /// Qwen3: Qwen2's windows, no biases by default, and QK-norm per head.
@@ -109,9 +113,10 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 22] = [
+    const ALL: [Self; 23] = [
         Self::Llama,
         Self::Mistral,
+        Self::Ministral3,
         Self::Qwen2,
         Self::Qwen3,
         Self::Olmo2,
@@ -139,6 +144,7 @@ impl ModelType {
         match self {
             Self::Llama => "llama",
             Self::Mistral => "mistral",
+            Self::Ministral3 => "ministral3",
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
             Self::Olmo2 => "olmo2",

@@ -262,6 +262,11 @@ fn granite_with_embedding_attention_residual_and_logit_multipliers_matches_trans
 }
 
 #[test]
+fn ministral3_with_queries_scaled_past_the_original_context_matches_transformers() {
+    matches_transformers("ministral3");
+}
+
+#[test]
 fn gemma2_with_sandwich_norms_soft_capping_and_alternating_windows_matches_transformers() {
     matches_transformers("gemma2");
 }
@@ -351,10 +356,10 @@ fn mistral3_multimodal_checkpoint_loads_its_text_model_and_matches_transformers(
     );
 
     let mut other = json.clone();
-    other["text_config"]["model_type"] = "ministral3".into();
+    other["text_config"]["model_type"] = "gemma4_text".into();
     let error = HfConfig::from_value(&other, "config.json").unwrap_err();
     assert!(
-        matches!(&error, HfError::UnsupportedModelType { model_type, .. } if model_type == "ministral3"),
+        matches!(&error, HfError::UnsupportedModelType { model_type, .. } if model_type == "gemma4_text"),
         "{error}"
     );
 }

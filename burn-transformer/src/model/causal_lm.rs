@@ -27,8 +27,8 @@ use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
 use burn::tensor::{Bool, Device, Int, Tensor};
 
 use crate::attention::{
-    AttentionImpl, LatentAttentionConfig, MultiHeadAttentionConfig, QkNormConfig, SelfAttention,
-    SelfAttentionConfig,
+    AttentionImpl, LatentAttentionConfig, MultiHeadAttentionConfig, QkNormConfig,
+    QueryTemperatureConfig, SelfAttention, SelfAttentionConfig,
 };
 use crate::block::{
     BlockCache, BlockKind, RoutingLosses, StackCache, TransformerBlock, TransformerBlockConfig,
@@ -122,6 +122,10 @@ pub struct CausalLmConfig {
     /// `final_logit_softcapping`). Default: none.
     #[config(default = "None")]
     pub final_logit_softcap: Option<f64>,
+    /// Queries scaled by position in every grouped-attention layer (Ministral-3's
+    /// `llama_4_scaling_beta`, see [`QueryTemperatureConfig`]). Default: none.
+    #[config(default = "None")]
+    pub query_temperature: Option<QueryTemperatureConfig>,
     /// Factor on each sublayer's output before its residual add (Granite's
     /// `residual_multiplier`). Default: none.
     #[config(default = "None")]
@@ -238,6 +242,7 @@ impl CausalLmConfig {
             .with_window(self.window_of(layer))
             .with_scale(self.attention_scale)
             .with_softcap(self.attention_softcap)
+            .with_query_temperature(self.query_temperature.clone())
             .with_sinks(self.attention_sinks)
             .with_qk_norm(self.qk_norm.clone())
             .with_implementation(self.implementation)
