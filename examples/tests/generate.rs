@@ -316,6 +316,27 @@ fn decodes_as_transformers_does_with_the_models_generation_config() {
         &generate_in(&model, &["--prompt", "the", "--top-p", "0.5"]),
         "--top-p applies to sampling",
     );
+
+    // --temperature on a file that asks for beams samples one sequence, and says so.
+    let beams = scratch.path().join("1");
+    let output = generate_in(
+        &beams,
+        &[
+            "--prompt",
+            "the",
+            "--max-new-tokens",
+            "3",
+            "--temperature",
+            "0.7",
+        ],
+    );
+    assert_success(&output);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("sampling, temperature 0.7, top-k 50"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("asks for 3 beams"), "{stderr}");
 }
 
 /// Copies every file of the fixture model into `dir`.

@@ -247,7 +247,7 @@ fn decoding(
         .num_beams
         .unwrap_or(if args.speculative { 1 } else { file_beams });
     if num_beams > 1 {
-        if asked_sampling {
+        if asked_sampling && args.num_beams.is_some() {
             return Err(
                 "--num-beams searches deterministically: it cannot be combined with \
                  --temperature (sampling)"
@@ -257,9 +257,10 @@ fn decoding(
         if sampling && args.num_beams.is_none() {
             // transformers would sample within the beams, which beam_search does not.
             notes.push(format!(
-                "{GENERATION_CONFIG_FILE} asks for beam sampling ({file_beams} beams), which \
-                 this program does not do: sampling one sequence (--num-beams {file_beams} \
-                 --temperature 0 searches the beams deterministically)"
+                "{GENERATION_CONFIG_FILE} asks for {file_beams} beams, and sampling makes \
+                 that beam sampling, which this program does not do: sampling one \
+                 sequence (--num-beams {file_beams} --temperature 0 searches the beams \
+                 deterministically)"
             ));
         } else {
             if sampling {
