@@ -154,9 +154,10 @@ fn main() -> ExitCode {
 /// Checks every decoding flag, alone and together, and merges them with the model's
 /// `defaults` (each flag replaces one setting, as transformers' `generate` arguments
 /// replace the file's): a Hugging Face model's `generation_config.json` or
-/// transformers' defaults without one; `None` for a run (greedy, no filters). A value out of range, or a flag that would have no effect
-/// with the others (`--top-k` on greedy decoding), is an error rather than ignored.
-/// Settings of the model's file that the decoding cannot use are returned as notes.
+/// transformers' defaults without one; `None` for a run (greedy, no filters). A value
+/// out of range, or a flag that would have no effect with the others (`--top-k` on
+/// greedy decoding), is an error rather than ignored. Settings of the model's file that
+/// the decoding cannot use are returned as notes.
 fn decoding(
     args: &Args,
     defaults: Option<&HfGenerationConfig>,
