@@ -1,6 +1,7 @@
-//! Text generation: greedy decoding, sampling (temperature, top-k, top-p, repetition
-//! penalty), batched beam search and self-speculative greedy decoding with a model's
-//! multi-token-prediction module, all through the models' KV caches.
+//! Text generation: greedy decoding, sampling (temperature, top-k, top-p, min-p,
+//! repetition penalty), batched beam search and self-speculative greedy decoding with a
+//! model's multi-token-prediction module, all through the models' KV caches. A Hugging
+//! Face checkpoint's own settings come from `hf::read_generation_config`.
 //!
 //! ```rust,no_run
 //! # use burn_transformer::model::CausalLmConfig;
