@@ -70,16 +70,33 @@ pub struct RunFolder {
 pub struct LoadedModel {
     /// The model.
     pub model: CausalLm,
-    /// Tokens that end a continuation: a Hugging Face model's `eos_token_id`s (those
-    /// of its `generation_config.json`, which transformers' `generate` uses, else
-    /// those of `config.json`); none for a run (its vocabulary has no end-of-text
-    /// token).
+    /// Tokens that end a continuation: a Hugging Face model's `config.json`
+    /// `eos_token_id`s; none for a run (its vocabulary has no end-of-text token). See
+    /// [`LoadedModel::stop_and_pad_tokens`] for the ones generation uses.
     pub stop_tokens: Vec<u32>,
-    /// The padding token.
-    pub pad_token: u32,
+    /// A Hugging Face model's `config.json` `pad_token_id`.
+    pub pad_token: Option<u32>,
     /// The most tokens each prediction should see: a run's training window (the
     /// model never saw more); `None` for Hugging Face models.
     pub max_context: Option<usize>,
+}
+
+impl LoadedModel {
+    /// The tokens generation stops at and pads with: those of the model's
+    /// `generation_config.json` (`file`), which transformers' `generate` uses, else
+    /// [`LoadedModel::stop_tokens`] and [`LoadedModel::pad_token`]; padding falls back
+    /// to the first stop token, then 0.
+    pub fn stop_and_pad_tokens(&self, file: Option<&HfGenerationConfig>) -> (Vec<u32>, u32) {
+        let stop_tokens = file
+            .and_then(|file| file.eos_token_ids.clone())
+            .unwrap_or_else(|| self.stop_tokens.clone());
+        let pad_token = file
+            .and_then(|file| file.pad_token_id)
+            .or(self.pad_token)
+            .or(stop_tokens.first().copied())
+            .unwrap_or(0);
+        (stop_tokens, pad_token)
+    }
 }
 
 impl ModelFolder {
@@ -140,20 +157,10 @@ impl ModelFolder {
                 for note in &config.unread_keys {
                     eprintln!("warning: {}: {note}", dir.join(CONFIG_FILE).display());
                 }
-                let generation = read_generation_config(dir).map_err(|error| error.to_string())?;
-                let generation = generation.as_ref();
-                let stop_tokens = generation
-                    .and_then(|generation| generation.eos_token_ids.clone())
-                    .unwrap_or(config.eos_token_ids);
-                let pad_token = generation
-                    .and_then(|generation| generation.pad_token_id)
-                    .or(config.pad_token_id)
-                    .or(stop_tokens.first().copied())
-                    .unwrap_or(0);
                 let loaded = LoadedModel {
                     model,
-                    stop_tokens,
-                    pad_token,
+                    stop_tokens: config.eos_token_ids,
+                    pad_token: config.pad_token_id,
                     max_context: None,
                 };
                 (loaded, report, dir)
@@ -163,7 +170,7 @@ impl ModelFolder {
                 let loaded = LoadedModel {
                     model,
                     stop_tokens: Vec::new(),
-                    pad_token: 0,
+                    pad_token: None,
                     max_context: run.context,
                 };
                 (loaded, report, &run.dir)

@@ -273,16 +273,7 @@ pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
         mixtral: config.model_type == "mixtral",
         gpt_oss: config.model_type == "gpt_oss",
         multimodal: text_model_family(&config.model_type).is_some(),
-        fused: match config.model_type.as_str() {
-            "phi3" => &FUSED_PROJECTIONS,
-            "glm4" => &FUSED_PROJECTIONS[1..],
-            _ => &[],
-        },
-        fused_rows: {
-            let model = &config.model;
-            let head = model.head_width();
-            [model.n_heads * head, model.kv_heads() * head, model.d_ff]
-        },
+        fused: fused_projections(config),
         glm4: config.model_type == "glm4",
     }
 }
@@ -317,9 +308,8 @@ pub(crate) fn fused_layer_parts(name: &str) -> Option<Vec<&'static str>> {
     blocks.iter().map(|block| leaf(block)).collect()
 }
 
-/// The projections Phi-3 stores fused (GLM-4 the second only): the fused key's suffix
-/// and its blocks' suffixes, in row order; the blocks' row counts are
-/// [`CausalLmKeys::fused_rows`]' `[q, k, v]` and `[gate, up]`.
+/// The projections that some families' checkpoints store fused: the fused key's suffix
+/// and its blocks' suffixes, in row order.
 const FUSED_PROJECTIONS: [(&str, &[&str]); 2] = [
     (
         "self_attn.qkv_proj.weight",
@@ -334,6 +324,33 @@ const FUSED_PROJECTIONS: [(&str, &[&str]); 2] = [
         &["mlp.gate_proj.weight", "mlp.up_proj.weight"],
     ),
 ];
+
+/// A fused checkpoint tensor's key suffix, and its blocks' suffixes with their row
+/// counts, in row order.
+type FusedProjection = (&'static str, Vec<(&'static str, usize)>);
+
+/// The projections `config`'s family stores fused, with the rows of each block:
+/// Phi-3's q/k/v and gate/up, GLM-4's gate/up.
+fn fused_projections(config: &HfConfig) -> Vec<FusedProjection> {
+    let model = &config.model;
+    let head = model.head_width();
+    let (q, kv, d_ff) = (model.n_heads * head, model.kv_heads() * head, model.d_ff);
+    let [qkv, gate_up] = FUSED_PROJECTIONS;
+    let with_rows = |(fused, blocks): (&'static str, &'static [&'static str]), rows: &[usize]| {
+        (
+            fused,
+            blocks.iter().copied().zip(rows.iter().copied()).collect(),
+        )
+    };
+    match config.model_type.as_str() {
+        "phi3" => vec![
+            with_rows(qkv, &[q, kv, kv]),
+            with_rows(gate_up, &[d_ff, d_ff]),
+        ],
+        "glm4" => vec![with_rows(gate_up, &[d_ff, d_ff])],
+        _ => Vec::new(),
+    }
+}
 
 /// The key a multimodal checkpoint's `key` would have in its text model's own
 /// checkpoint (`language_model.model.layers.0.…` → `model.layers.0.…`); `None` for the
@@ -367,11 +384,9 @@ struct CausalLmKeys {
     mixtral: bool,
     gpt_oss: bool,
     multimodal: bool,
-    /// The projections the family's checkpoints store fused (of
-    /// [`FUSED_PROJECTIONS`]); empty for most.
-    fused: &'static [(&'static str, &'static [&'static str])],
-    /// The row counts of q, of k and of v (each), and of gate and of up (each).
-    fused_rows: [usize; 3],
+    /// The projections the family's checkpoints store fused ([`fused_projections`]);
+    /// empty for most.
+    fused: Vec<FusedProjection>,
     /// GLM-4's names of the block's norms ([`GLM4_NORMS`]).
     glm4: bool,
 }
@@ -397,29 +412,22 @@ impl KeyMap for CausalLmKeys {
     }
 
     fn split(&self, key: &str) -> Option<Vec<(String, usize)>> {
-        let [q, kv, d_ff] = self.fused_rows;
         let (fused, blocks) = self
             .fused
             .iter()
             .find(|(fused, _)| key.ends_with(&format!(".{fused}")))?;
         let prefix = key.strip_suffix(fused)?;
-        let rows: &[usize] = if blocks.len() == 3 {
-            &[q, kv, kv]
-        } else {
-            &[d_ff, d_ff]
-        };
         Some(
             blocks
                 .iter()
-                .zip(rows)
-                .map(|(block, &rows)| (format!("{prefix}{block}"), rows))
+                .map(|(block, rows)| (format!("{prefix}{block}"), *rows))
                 .collect(),
         )
     }
 
     fn fused(&self, key: &str) -> Option<(String, usize, usize)> {
         self.fused.iter().find_map(|(fused, blocks)| {
-            blocks.iter().enumerate().find_map(|(index, block)| {
+            blocks.iter().enumerate().find_map(|(index, (block, _))| {
                 let prefix = key.strip_suffix(block)?.strip_suffix('.')?;
                 Some((format!("{prefix}.{fused}"), index, blocks.len()))
             })

@@ -377,6 +377,7 @@ fn run(args: &Args) -> Result<(), String> {
     }
     print!("{}", args.prompt);
     examples::flush();
+    let (stop_tokens, pad_token) = loaded.stop_and_pad_tokens(defaults.as_ref());
     let generation = match decoding {
         Decoding::Beams {
             num_beams,
@@ -388,8 +389,8 @@ fn run(args: &Args) -> Result<(), String> {
                 .with_length_penalty(length_penalty)
                 .with_early_stopping(early_stopping)
                 .with_repetition_penalty(repetition_penalty)
-                .with_stop_tokens(loaded.stop_tokens.clone())
-                .with_pad_token(loaded.pad_token);
+                .with_stop_tokens(stop_tokens)
+                .with_pad_token(pad_token);
             let hypotheses =
                 beam_search(&loaded.model, &[prompt], &beam).map_err(|error| error.to_string())?;
             if let Some(best) = hypotheses.first().and_then(|h| h.first()) {
@@ -401,11 +402,11 @@ fn run(args: &Args) -> Result<(), String> {
             return Ok(());
         }
         Decoding::Speculative => GenerationConfig::greedy(args.max_new_tokens)
-            .with_stop_tokens(loaded.stop_tokens.clone())
-            .with_pad_token(loaded.pad_token),
+            .with_stop_tokens(stop_tokens)
+            .with_pad_token(pad_token),
         Decoding::Stream(sampling) => GenerationConfig::greedy(args.max_new_tokens)
-            .with_stop_tokens(loaded.stop_tokens.clone())
-            .with_pad_token(loaded.pad_token)
+            .with_stop_tokens(stop_tokens)
+            .with_pad_token(pad_token)
             .with_sampling(sampling)
             .with_max_context(loaded.max_context),
     };
