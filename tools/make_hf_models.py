@@ -18,7 +18,8 @@ implementation cannot flip a token or an expert choice.
 
 `deepseek_v3_mtp` is `deepseek_v3`'s config with the checkpoint also holding DeepSeek-V3's
 multi-token-prediction (MTP) layer at `model.layers.{num_hidden_layers}.*` (transformers
-ignores those keys), saved in shards that each stay under 200 KiB; its reference adds
+ignores those keys), saved in shards that each stay under 200 KiB; `glm4_moe_mtp` is
+`glm4_moe`'s with GLM-4.5's MTP layer, stored the same way. Their references add
 `mtp_hidden` f32 [batch, seq - 1, hidden] and `mtp_logits` f32 [batch, seq - 1, vocab]
 (see `mtp_forward`).
 
@@ -78,6 +79,7 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
     DeepseekV3DecoderLayer,
     DeepseekV3RMSNorm,
 )
+from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeDecoderLayer, Glm4MoeRMSNorm
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "burn-transformer" / "tests" / "fixtures" / "hf"
@@ -322,6 +324,13 @@ def ministral3():
     )
 
 
+def gemma():
+    # LLaMA's blocks with Gemma's RMSNorm (1 + w), GeGLU (tanh), embeddings scaled by
+    # sqrt(hidden_size) and tied; one key/value head (the 2B's multi-query attention),
+    # heads wider than hidden_size / heads (as the 7B's).
+    return transformers.GemmaConfig(**COMMON, num_key_value_heads=1, head_dim=16)
+
+
 def gemma2():
     # Sandwich norms, scaled embeddings, GeGLU (tanh), an attention scale other than
     # head_dim^-1/2, attention and final logit soft-capping small enough to bite, a
@@ -475,6 +484,32 @@ def qwen3_moe():
     )
 
 
+def glm4_moe():
+    # GLM-4.5: q/k/v biases, QK-norm per head, the rotary embedding over half of each
+    # head (heads wider than hidden_size / heads); a dense first layer, then 8 experts in
+    # 4 groups (2 groups kept), top-2 by bias-corrected sigmoid scores, renormalized and
+    # scaled, and a shared expert.
+    return transformers.Glm4MoeConfig(
+        **COMMON,
+        num_key_value_heads=2,
+        head_dim=16,
+        attention_bias=True,
+        use_qk_norm=True,
+        partial_rotary_factor=0.5,
+        moe_intermediate_size=16,
+        n_routed_experts=8,
+        n_shared_experts=1,
+        n_group=4,
+        topk_group=2,
+        num_experts_per_tok=2,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+        first_k_dense_replace=1,
+        num_nextn_predict_layers=1,
+        tie_word_embeddings=False,
+    )
+
+
 def gpt_oss():
     # Attention sinks and biases, a window of 4 on the first layer only, YaRN; 4 experts
     # top-2 with router and expert biases and the clamped SwiGLU.
@@ -587,12 +622,15 @@ MODELS = {
     "cohere2": (cohere2, {}),
     "granite": (granite, {}),
     "ministral3": (ministral3, {}),
+    "gemma": (gemma, {}),
     "gemma2": (gemma2, {}),
     "gemma3_text": (gemma3_text, {}),
     "gemma3_vision": (gemma3_vision, {"sparse_text_config": True}),
     "mistral3_vision": (mistral3_vision, {}),
     "mixtral": (mixtral, {}),
     "qwen3_moe": (qwen3_moe, {}),
+    "glm4_moe": (glm4_moe, {}),
+    "glm4_moe_mtp": (glm4_moe, {"mtp": True, "max_shard_size": "150KB"}),
     "gpt_oss": (gpt_oss, {}),
     "deepseek_v3": (deepseek_v3, {}),
     # The MTP layer makes the checkpoint ~270 KiB: two shards keep each file < 200 KiB.
@@ -655,7 +693,9 @@ class RouterGaps:
     def margin(self, module, logits):
         config = self.config
         k = config.num_experts_per_tok
-        if config.model_type == "deepseek_v3":
+        if config.model_type in MTP_FAMILIES:
+            # DeepSeek-V3's routing (GLM-4.5's too): bias-corrected sigmoid scores,
+            # groups ranked by their two best experts.
             scores = logits.sigmoid() + module.e_score_correction_bias.float()
             groups = scores.view(scores.shape[0], config.n_group, -1)
             group_scores = groups.topk(2, dim=-1)[0].sum(-1)
@@ -697,56 +737,64 @@ def gap(scores: torch.Tensor, k: int) -> float:
     return float((top[:, k - 1] - top[:, k]).min())
 
 
-class DeepseekV3MTPLayer(DeepseekV3DecoderLayer):
-    """DeepSeek-V3's multi-token-prediction (MTP) module, as its checkpoints store it.
+# The decoder layer and RMSNorm of each family whose checkpoints hold MTP layers.
+MTP_FAMILIES = {
+    "deepseek_v3": (DeepseekV3DecoderLayer, DeepseekV3RMSNorm),
+    "glm4_moe": (Glm4MoeDecoderLayer, Glm4MoeRMSNorm),
+}
 
-    transformers has no MTP, so this is transformers' own decoder layer for index
-    `layer_idx = num_hidden_layers` (input_layernorm, self_attn.*, post_attention_layernorm,
-    mlp.*: an MoE layer since layer_idx >= first_k_dense_replace) plus the MTP's own
-    weights, under the names of the published checkpoint (and of vLLM's / SGLang's
-    DeepSeek MTP loaders):
+
+def mtp_layer(config, layer_idx: int):
+    """A multi-token-prediction (MTP) module, as DeepSeek-V3's and GLM-4.5's checkpoints
+    store it.
+
+    transformers' own decoder layer of the family for index `layer_idx =
+    num_hidden_layers` (input_layernorm, self_attn.*, post_attention_layernorm, mlp.*:
+    an MoE layer since layer_idx >= first_k_dense_replace) plus the MTP's own weights,
+    under the names of the published checkpoints (and of vLLM's / SGLang's MTP loaders):
     - `enorm`, `hnorm`: RMSNorms of the next token's embedding and of the main model's
       hidden state;
     - `eh_proj`: Linear 2d -> d without bias, over `cat([enorm(embedding), hnorm(hidden)])`;
     - `embed_tokens`, `shared_head.head`: copies of the main model's `embed_tokens` and
-      `lm_head` (shared in DeepSeek-V3, stored again in the checkpoint);
+      `lm_head` (shared, stored again in the checkpoint);
     - `shared_head.norm`: the RMSNorm before the head.
 
     Appended to `model.model.layers`, it is saved by `save_pretrained` like any layer (same
     key names, experts stored per expert as transformers writes them); transformers'
     forward only runs `layers[:num_hidden_layers]`, so the main model is unchanged.
     """
+    layer_cls, norm_cls = MTP_FAMILIES[config.model_type]
+    layer = layer_cls(config, layer_idx)
+    d, eps = config.hidden_size, config.rms_norm_eps
+    layer.enorm = norm_cls(d, eps=eps)
+    layer.hnorm = norm_cls(d, eps=eps)
+    layer.eh_proj = torch.nn.Linear(2 * d, d, bias=False)
+    layer.embed_tokens = torch.nn.Embedding(config.vocab_size, d)
+    layer.shared_head = torch.nn.Module()
+    layer.shared_head.norm = norm_cls(d, eps=eps)
+    layer.shared_head.head = torch.nn.Linear(d, config.vocab_size, bias=False)
+    return layer.eval()
 
-    def __init__(self, config, layer_idx: int):
-        super().__init__(config, layer_idx)
-        d, eps = config.hidden_size, config.rms_norm_eps
-        self.enorm = DeepseekV3RMSNorm(d, eps=eps)
-        self.hnorm = DeepseekV3RMSNorm(d, eps=eps)
-        self.eh_proj = torch.nn.Linear(2 * d, d, bias=False)
-        self.embed_tokens = torch.nn.Embedding(config.vocab_size, d)
-        self.shared_head = torch.nn.Module()
-        self.shared_head.norm = DeepseekV3RMSNorm(d, eps=eps)
-        self.shared_head.head = torch.nn.Linear(d, config.vocab_size, bias=False)
 
-
-def add_mtp_layer(model) -> DeepseekV3MTPLayer:
+def add_mtp_layer(model):
     """Appends an MTP layer at index num_hidden_layers to `model.model.layers`."""
     config = model.config
-    mtp = DeepseekV3MTPLayer(config, layer_idx=config.num_hidden_layers).eval()
+    mtp = mtp_layer(config, config.num_hidden_layers)
     model.model.layers.append(mtp)
     assert len(model.model.layers) == config.num_hidden_layers + 1
     return mtp
 
 
-def share_mtp_weights(model, mtp: DeepseekV3MTPLayer) -> None:
+def share_mtp_weights(model, mtp) -> None:
     """The MTP's embedding and head are exact copies of the main model's (not tied)."""
     with torch.no_grad():
         mtp.embed_tokens.weight.copy_(model.model.embed_tokens.weight)
         mtp.shared_head.head.weight.copy_(model.lm_head.weight)
 
 
-def mtp_forward(model, mtp: DeepseekV3MTPLayer, tokens: torch.Tensor):
-    """DeepSeek-V3's MTP over a prompt (depth 1, no cache), as vLLM / SGLang run it.
+def mtp_forward(model, mtp, tokens: torch.Tensor):
+    """An MTP layer over a prompt (depth 1, no cache), as vLLM / SGLang run DeepSeek-V3's
+    and GLM-4.5's.
 
     With `hidden = model.model(tokens).last_hidden_state` (after the final norm),
     [batch, T, d], for i in 0..T-2:
@@ -835,7 +883,7 @@ def check_mtp(out: Path) -> None:
     own["mlp.experts.down_proj"] = torch.stack(
         [own.pop(expert.format(e, "down_proj")) for e in range(experts)]
     )
-    mtp = DeepseekV3MTPLayer(config, layer_idx=layer).eval()
+    mtp = mtp_layer(config, layer)
     mtp.load_state_dict(own, strict=True)
 
     with torch.no_grad():

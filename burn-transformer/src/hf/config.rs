@@ -118,9 +118,9 @@ impl HfConfig {
             bos_token_id: keys.bos_token_id,
             eos_token_ids: keys.eos_token_id.map_or_else(Vec::new, |ids| ids.0),
             pad_token_id: keys.pad_token_id,
-            mtp_layers: match family {
-                ModelType::DeepseekV3 => keys.num_nextn_predict_layers.unwrap_or(0),
-                _ => 0,
+            mtp_layers: match family.is_deepseek_v3_moe() {
+                true => keys.num_nextn_predict_layers.unwrap_or(0),
+                false => 0,
             },
             unread_keys: unread.into_notes(),
         })
@@ -202,7 +202,8 @@ struct ModelKeys {
     layer_norm_eps: Option<f64>,
     /// Cohere's factor on the output logits.
     logit_scale: Option<f64>,
-    /// Cohere's QK-norm: a LayerNorm with its own weights per head.
+    /// QK-norm: GLM-4.5's RMSNorm per head; Cohere's LayerNorm with its own weights per
+    /// head (not supported).
     use_qk_norm: Option<bool>,
     attention_bias: Option<bool>,
     /// Seed-OSS's switch of the output projection's bias.
@@ -212,10 +213,10 @@ struct ModelKeys {
     mlp_bias: Option<bool>,
     #[serde(default, deserialize_with = "deserialize_activation")]
     hidden_act: Option<Activation>,
-    /// Gemma's name of `hidden_act`.
+    /// Gemma-2's and Gemma-3's name of `hidden_act`.
     #[serde(default, deserialize_with = "deserialize_activation")]
     hidden_activation: Option<Activation>,
-    /// Gemma: the attention scale is `query_pre_attn_scalar^-½`.
+    /// Gemma-2 and Gemma-3: the attention scale is `query_pre_attn_scalar^-½`.
     query_pre_attn_scalar: Option<f64>,
     /// Granite's multipliers: on the embeddings, the attention scores (the softmax
     /// scale), each sublayer's output; and the divisor of the logits.
@@ -259,10 +260,10 @@ struct ModelKeys {
 }
 
 impl ModelKeys {
-    /// LLaMA, Mistral, Qwen2, Qwen3, OLMo-2, Gemma-2 and Gemma-3 (GQA, RoPE, gated
-    /// feed-forwards, RMSNorm; they differ in biases, sliding windows, QK-norm, where
-    /// the norms sit, and Gemma's scales and soft-capping); Mixtral adds the experts, DeepSeek-V2/V3 the experts and
-    /// latent attention, whose keys are read from `config`.
+    /// The model of every family (GQA, RoPE, gated feed-forwards; they differ in
+    /// biases, sliding windows, QK-norm, where the norms sit, scales and soft-capping);
+    /// the sparse families add experts and DeepSeek-V2/V3 latent attention, whose keys
+    /// are read from `config` by their own readers.
     fn causal_lm_config(
         &self,
         family: ModelType,
@@ -284,7 +285,7 @@ impl ModelKeys {
                 ),
             ));
         }
-        if self.use_qk_norm == Some(true) {
+        if self.use_qk_norm == Some(true) && family != ModelType::Glm4Moe {
             return Err(KeyError::new(
                 "use_qk_norm",
                 "is true: Cohere's QK-norm (a LayerNorm with its own weights per head) is \
@@ -351,8 +352,8 @@ impl ModelKeys {
                 );
                 (true, false)
             }
-            // GLM-4's `attention_bias` is on q, k and v; its output projection has none.
-            ModelType::Glm4 => (self.attention_bias.unwrap_or(false), false),
+            // GLM's `attention_bias` is on q, k and v; its output projection has none.
+            ModelType::Glm4 | ModelType::Glm4Moe => (self.attention_bias.unwrap_or(false), false),
             ModelType::SeedOss => (
                 self.attention_bias.unwrap_or(false),
                 self.attention_out_bias.unwrap_or(false),
@@ -388,8 +389,22 @@ impl ModelKeys {
             ModelType::Ernie45 => self.use_bias.unwrap_or(false),
             _ => unread.fixed("mlp_bias", self.mlp_bias, false, "no feed-forward biases"),
         };
-        // Gemma names the activation `hidden_activation`, every other family `hidden_act`.
-        let activation = if gemma {
+        // Gemma-2 and Gemma-3 name the activation `hidden_activation`, every other
+        // family `hidden_act`.
+        let activation = if family == ModelType::Gemma {
+            // The first Gemma checkpoints say `gelu`, which transformers reads as the
+            // tanh approximation they were trained with.
+            let used = match self.hidden_act {
+                None | Some(Activation::Gelu) => Activation::GeluTanh,
+                Some(other) => other,
+            };
+            unread.fixed(
+                "hidden_activation",
+                self.hidden_activation,
+                used,
+                "`hidden_act`",
+            )
+        } else if family.is_gemma2_or_later() {
             let used = self.hidden_activation.unwrap_or(Activation::GeluTanh);
             unread.fixed("hidden_act", self.hidden_act, used, "`hidden_activation`")
         } else {
@@ -410,7 +425,7 @@ impl ModelKeys {
                 "no attention soft-capping",
             ),
         };
-        let final_logit_softcap = if gemma {
+        let final_logit_softcap = if family.is_gemma2_or_later() {
             self.final_logit_softcapping
         } else {
             unread.fixed(
@@ -454,13 +469,21 @@ impl ModelKeys {
             _ => None,
         })
         .with_attention_scale(match family {
-            _ if gemma => Some(
+            _ if family.is_gemma2_or_later() => Some(
                 self.query_pre_attn_scalar
                     .unwrap_or(head_dim as f64)
                     .powf(-0.5),
             ),
             ModelType::Granite => self.attention_multiplier,
-            _ => None,
+            _ => {
+                unread.fixed(
+                    "query_pre_attn_scalar",
+                    self.query_pre_attn_scalar.map(Some),
+                    None,
+                    "head_dim^-½ as the attention scale",
+                );
+                None
+            }
         })
         .with_query_temperature(match family {
             ModelType::Ministral3 => query_temperature(config),
@@ -512,14 +535,15 @@ impl ModelKeys {
         Ok(model)
     }
 
-    /// QK-norm, with the model's eps: Qwen3 and Gemma-3 (with Gemma's RMSNorm)
-    /// normalize each head (`q_norm` / `k_norm` of width `head_dim`), OLMo-2 and
-    /// OLMo-3 the whole projections.
+    /// QK-norm, with the model's eps: Qwen3, Qwen3-MoE, EXAONE-4, GLM-4.5 (with
+    /// `use_qk_norm`) and Gemma-3 (with Gemma's RMSNorm) normalize each head (`q_norm` /
+    /// `k_norm` of width `head_dim`), OLMo-2 and OLMo-3 the whole projections.
     fn qk_norm(&self, family: ModelType) -> Option<QkNormConfig> {
         let placement = match family {
             ModelType::Qwen3 | ModelType::Qwen3Moe | ModelType::Gemma3Text | ModelType::Exaone4 => {
                 QkNormPlacement::PerHead
             }
+            ModelType::Glm4Moe if self.use_qk_norm == Some(true) => QkNormPlacement::PerHead,
             ModelType::Olmo2 | ModelType::Olmo3 => QkNormPlacement::AcrossHeads,
             _ => return None,
         };
@@ -594,7 +618,8 @@ impl ModelKeys {
     /// `use_sliding_window`, on the
     /// layers `layer_types` (or `max_window_layers`) names; Qwen3-MoE with
     /// `use_sliding_window` on every layer; other families on the layers `layer_types`
-    /// names, or every layer; LLaMA, Granite, GLM-4, Seed-OSS, ERNIE-4.5 and Cohere never.
+    /// names, or every layer; LLaMA, Granite, Gemma, GLM-4, GLM-4.5, Seed-OSS, ERNIE-4.5
+    /// and Cohere never.
     fn sliding_window(
         &self,
         family: ModelType,
@@ -612,7 +637,9 @@ impl ModelKeys {
             }
             ModelType::Llama
             | ModelType::Granite
+            | ModelType::Gemma
             | ModelType::Glm4
+            | ModelType::Glm4Moe
             | ModelType::SeedOss
             | ModelType::Ernie45
             | ModelType::Cohere => None,

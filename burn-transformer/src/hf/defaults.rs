@@ -71,8 +71,9 @@ fn class_defaults(family: ModelType) -> Value {
         "attention_bias": false,
         "initializer_range": 0.02,
     });
-    // Gemma's classes name the activation `hidden_activation` and have no `hidden_act`.
-    if !family.is_gemma() {
+    // Gemma-2's and Gemma-3's classes name the activation `hidden_activation` and have
+    // no `hidden_act`.
+    if !family.is_gemma2_or_later() {
         defaults["hidden_act"] = json!("silu");
     }
     let own = match family {
@@ -136,6 +137,10 @@ fn class_defaults(family: ModelType) -> Value {
             "mlp_bias": false, "embedding_multiplier": 1.0, "logits_scaling": 1.0,
             "residual_multiplier": 1.0, "attention_multiplier": 1.0
         }),
+        ModelType::Gemma => json!({
+            "num_key_value_heads": 16, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
+            "tie_word_embeddings": true
+        }),
         ModelType::Gemma2 => json!({
             "num_key_value_heads": 4, "head_dim": 256,
             "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": true,
@@ -157,6 +162,13 @@ fn class_defaults(family: ModelType) -> Value {
             "num_key_value_heads": 4, "use_sliding_window": false, "sliding_window": 4096,
             "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
             "decoder_sparse_step": 1, "norm_topk_prob": false, "router_aux_loss_coef": 0.001
+        }),
+        ModelType::Glm4Moe => json!({
+            "num_key_value_heads": 8, "rms_norm_eps": 1e-5, "partial_rotary_factor": 0.5,
+            "use_qk_norm": false, "n_routed_experts": 128, "n_shared_experts": 1,
+            "moe_intermediate_size": 1408, "num_experts_per_tok": 8, "n_group": 1,
+            "topk_group": 1, "routed_scaling_factor": 1.0, "norm_topk_prob": true,
+            "first_k_dense_replace": 1, "num_nextn_predict_layers": 1
         }),
         ModelType::GptOss => json!({
             "rms_norm_eps": 1e-5, "attention_bias": true, "num_key_value_heads": 8,
@@ -212,9 +224,11 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Ernie45 => [103424, 1024, 3072, 18, 16, 131072],
         ModelType::Exaone4 => [102400, 4096, 16384, 32, 32, 2048],
         ModelType::Cohere | ModelType::Cohere2 => [256000, 8192, 22528, 40, 64, 8192],
+        ModelType::Gemma => [256000, 3072, 24576, 28, 16, 8192],
         ModelType::Gemma2 => [256000, 2304, 9216, 26, 8, 8192],
         ModelType::Gemma3Text => [262208, 2304, 9216, 26, 8, 131072],
         ModelType::Qwen3Moe => [151936, 2048, 6144, 24, 32, 32768],
+        ModelType::Glm4Moe => [151552, 4096, 10944, 46, 96, 131072],
         ModelType::GptOss => [201088, 2880, 2880, 36, 64, 131072],
         ModelType::DeepseekV2 => [102400, 4096, 11008, 32, 32, 2048],
         ModelType::DeepseekV3 => [129280, 7168, 18432, 61, 128, 4096],
@@ -242,11 +256,13 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Ernie45 => (Some(1), Some(2), Some(0)),
         ModelType::Exaone4 => (Some(0), Some(2), None),
         ModelType::Cohere | ModelType::Cohere2 => (Some(5), Some(255001), Some(0)),
-        ModelType::Gemma2 | ModelType::Gemma3Text => (Some(2), Some(1), Some(0)),
+        ModelType::Gemma | ModelType::Gemma2 | ModelType::Gemma3Text => (Some(2), Some(1), Some(0)),
         ModelType::DeepseekV3 => (Some(0), Some(1), None),
-        ModelType::Qwen2 | ModelType::Qwen3 | ModelType::Qwen3Moe | ModelType::GptOss => {
-            (None, None, None)
-        }
+        ModelType::Qwen2
+        | ModelType::Qwen3
+        | ModelType::Qwen3Moe
+        | ModelType::Glm4Moe
+        | ModelType::GptOss => (None, None, None),
     };
     for (key, token) in [
         ("bos_token_id", tokens.0),

@@ -45,7 +45,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 28] = [
+const FAMILIES: [&str; 31] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -66,10 +66,13 @@ const FAMILIES: [&str; 28] = [
     "cohere2",
     "granite",
     "ministral3",
+    "gemma",
     "gemma2",
     "gemma3_text",
     "mixtral",
     "qwen3_moe",
+    "glm4_moe",
+    "glm4_moe_mtp",
     "gpt_oss",
     "deepseek_v2",
     "deepseek_v3",

@@ -19,10 +19,12 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "cohere",
     "cohere2",
     "granite",
+    "gemma",
     "gemma2",
     "gemma3_text",
     "mixtral",
     "qwen3_moe",
+    "glm4_moe",
     "gpt_oss",
     "deepseek_v2",
     "deepseek_v3",
@@ -91,6 +93,9 @@ pub(crate) enum ModelType {
     /// Granite (3.x): LLaMA with multipliers on the embeddings, the attention scores
     /// and the sublayers' outputs, and logits divided by `logits_scaling`.
     Granite,
+    /// Gemma (the first generation, CodeGemma): LLaMA's blocks with Gemma's RMSNorm,
+    /// scaled and tied embeddings, and GeGLU (tanh); multi-query attention in the 2B.
+    Gemma,
     /// Gemma-2: sandwich norms with Gemma's RMSNorm, scaled embeddings, GeGLU (tanh),
     /// `query_pre_attn_scalar`, attention and final logit soft-capping, alternating
     /// sliding and full layers.
@@ -102,6 +107,11 @@ pub(crate) enum ModelType {
     /// Qwen3-MoE: Qwen3's attention, softmax top-k routing without shared experts,
     /// sparse layers by `decoder_sparse_step` and `mlp_only_layers`.
     Qwen3Moe,
+    /// GLM-4.5 and GLM-4.6: GQA with q/k/v biases, the rotary embedding over half of
+    /// each head, optional QK-norm per head; dense first layers, then DeepSeek-V3's
+    /// experts (sigmoid, bias-corrected, grouped routing, a shared expert) and its
+    /// multi-token-prediction layers.
+    Glm4Moe,
     /// gpt-oss: attention sinks and biases, alternating sliding and full layers, YaRN;
     /// every layer a mixture of experts with router and expert biases and the clamped
     /// SwiGLU.
@@ -113,7 +123,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 23] = [
+    const ALL: [Self; 25] = [
         Self::Llama,
         Self::Mistral,
         Self::Ministral3,
@@ -130,10 +140,12 @@ impl ModelType {
         Self::Cohere,
         Self::Cohere2,
         Self::Granite,
+        Self::Gemma,
         Self::Gemma2,
         Self::Gemma3Text,
         Self::Mixtral,
         Self::Qwen3Moe,
+        Self::Glm4Moe,
         Self::GptOss,
         Self::DeepseekV2,
         Self::DeepseekV3,
@@ -158,10 +170,12 @@ impl ModelType {
             Self::Cohere => "cohere",
             Self::Cohere2 => "cohere2",
             Self::Granite => "granite",
+            Self::Gemma => "gemma",
             Self::Gemma2 => "gemma2",
             Self::Gemma3Text => "gemma3_text",
             Self::Mixtral => "mixtral",
             Self::Qwen3Moe => "qwen3_moe",
+            Self::Glm4Moe => "glm4_moe",
             Self::GptOss => "gpt_oss",
             Self::DeepseekV2 => "deepseek_v2",
             Self::DeepseekV3 => "deepseek_v3",
@@ -178,19 +192,35 @@ impl ModelType {
     pub(crate) fn is_sparse(self) -> bool {
         matches!(
             self,
-            Self::Mixtral | Self::Qwen3Moe | Self::GptOss | Self::DeepseekV2 | Self::DeepseekV3
+            Self::Mixtral
+                | Self::Qwen3Moe
+                | Self::Glm4Moe
+                | Self::GptOss
+                | Self::DeepseekV2
+                | Self::DeepseekV3
         )
     }
 
-    /// Whether the family is Gemma's (sandwich norms, Gemma's RMSNorm, scaled
-    /// embeddings).
+    /// Whether the family is Gemma's (Gemma's RMSNorm, scaled and tied embeddings).
     pub(crate) fn is_gemma(self) -> bool {
+        matches!(self, Self::Gemma | Self::Gemma2 | Self::Gemma3Text)
+    }
+
+    /// Whether the family is Gemma-2's or a later Gemma's (sandwich norms,
+    /// `hidden_activation`, `query_pre_attn_scalar`, logit soft-capping).
+    pub(crate) fn is_gemma2_or_later(self) -> bool {
         matches!(self, Self::Gemma2 | Self::Gemma3Text)
     }
 
     /// Whether the family is Cohere's (LayerNorm, parallel blocks, scaled logits).
     pub(crate) fn is_cohere(self) -> bool {
         matches!(self, Self::Cohere | Self::Cohere2)
+    }
+
+    /// Whether the family routes as DeepSeek-V3 (sigmoid scores, the correction bias,
+    /// groups, shared experts) and its checkpoints append multi-token-prediction layers.
+    pub(crate) fn is_deepseek_v3_moe(self) -> bool {
+        matches!(self, Self::DeepseekV3 | Self::Glm4Moe)
     }
 
     /// Whether attention is DeepSeek's multi-head latent attention.

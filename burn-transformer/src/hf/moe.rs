@@ -21,16 +21,15 @@ use crate::ffn::{Activation, MoeConfig, MoeLayerPlan, SwiGluConfig};
 /// - `n_shared_experts` (default 0), `routed_scaling_factor` (default 1), `n_group`
 ///   and `topk_group` (default 1), `hidden_act` (default silu);
 /// - scoring: `scoring_func` (default softmax); `norm_topk_prob` (default false, true
-///   for `deepseek_v3`);
+///   for `deepseek_v3` and `glm4_moe`);
 /// - the correction bias for `topk_method: "noaux_tc"`; group score max for
 ///   `topk_method: "group_limited_greedy"`.
 ///
 /// For the families transformers implements (`model_type`), the routing is the one its
-/// code computes,
-/// whatever keys it does not read say: softmax scores (sigmoid for `deepseek_v3`);
-/// Mixtral and gpt-oss always renormalize the chosen experts' weights and DeepSeek-V2
-/// never does; only DeepSeek-V2/V3 have shared experts, expert groups and a routed
-/// scaling factor, and DeepSeek-V2's groups count only under
+/// code computes, whatever keys it does not read say: softmax scores (sigmoid for `deepseek_v3` and
+/// `glm4_moe`); Mixtral and gpt-oss always renormalize the chosen experts' weights and
+/// DeepSeek-V2 never does; only DeepSeek-V2/V3 and GLM-4.5 have shared experts, expert
+/// groups and a routed scaling factor, and DeepSeek-V2's groups count only under
 /// `topk_method: "group_limited_greedy"`.
 ///
 /// # Errors
@@ -130,7 +129,7 @@ impl MoeKeys {
             None => None,
         };
         let scoring = match family {
-            Some(ModelType::DeepseekV3) => unread.fixed(
+            Some(family) if family.is_deepseek_v3_moe() => unread.fixed(
                 "scoring_func",
                 scoring,
                 RouterScoring::Sigmoid,
@@ -157,7 +156,7 @@ impl MoeKeys {
                 false,
                 "the top-k scores as weights",
             ),
-            Some(ModelType::DeepseekV3) => self.norm_topk_prob.unwrap_or(true),
+            Some(family) if family.is_deepseek_v3_moe() => self.norm_topk_prob.unwrap_or(true),
             _ => self.norm_topk_prob.unwrap_or(false),
         };
         let n_experts = self
@@ -182,7 +181,7 @@ impl MoeKeys {
         let routing = self.group_routing(family, unread)?;
         let deepseek = matches!(
             family,
-            None | Some(ModelType::DeepseekV2 | ModelType::DeepseekV3)
+            None | Some(ModelType::DeepseekV2 | ModelType::DeepseekV3 | ModelType::Glm4Moe)
         );
         let (routed_scaling_factor, n_shared_experts) = if deepseek {
             (
@@ -226,11 +225,11 @@ impl MoeKeys {
             .with_activation(self.hidden_act.unwrap_or(Activation::Silu)))
     }
 
-    /// Expert groups and the correction bias: DeepSeek-V3 always routes through groups
-    /// (scored by their two best experts) with the bias; DeepSeek-V2 through groups
-    /// (scored by their best expert) under `topk_method: "group_limited_greedy"` and
-    /// over all experts under `"greedy"`; the other families over all experts. Without
-    /// a family, the keys as written.
+    /// Expert groups and the correction bias: DeepSeek-V3 and GLM-4.5 always route
+    /// through groups (scored by their two best experts) with the bias; DeepSeek-V2
+    /// through groups (scored by their best expert) under `topk_method:
+    /// "group_limited_greedy"` and over all experts under `"greedy"`; the other families
+    /// over all experts. Without a family, the keys as written.
     fn group_routing(
         &self,
         family: Option<ModelType>,
@@ -244,7 +243,7 @@ impl MoeKeys {
             GroupRouting::ungrouped()
         };
         let routing = match family {
-            Some(ModelType::DeepseekV3) => {
+            Some(family) if family.is_deepseek_v3_moe() => {
                 unread.fixed(
                     "topk_method",
                     topk_method,

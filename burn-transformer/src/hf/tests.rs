@@ -267,6 +267,11 @@ fn ministral3_with_queries_scaled_past_the_original_context_matches_transformers
 }
 
 #[test]
+fn gemma_with_gemma_norms_scaled_tied_embeddings_and_one_kv_head_matches_transformers() {
+    matches_transformers("gemma");
+}
+
+#[test]
 fn gemma2_with_sandwich_norms_soft_capping_and_alternating_windows_matches_transformers() {
     matches_transformers("gemma2");
 }
@@ -375,6 +380,11 @@ fn qwen3_moe_with_dense_layers_between_sparse_ones_matches_transformers() {
 }
 
 #[test]
+fn glm4_moe_with_qk_norm_partial_rope_and_grouped_sigmoid_routing_matches_transformers() {
+    matches_transformers("glm4_moe");
+}
+
+#[test]
 fn gpt_oss_with_sinks_biased_clamped_experts_and_alternating_windows_matches_transformers() {
     matches_transformers("gpt_oss");
 }
@@ -397,7 +407,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 14] = [
+    let cases: [(&str, Edit, &[&str]); 16] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -578,6 +588,40 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
             },
             &["norm_topk_prob", "n_group"],
         ),
+        // The first Gemma's files: `hidden_act: gelu`, which transformers reads as the
+        // tanh approximation, beside `hidden_activation`; tied embeddings by default.
+        // Its code has no soft-capping and scales attention by head_dim^-½.
+        (
+            "gemma",
+            |config| {
+                config.remove("tie_word_embeddings");
+                config.insert("hidden_act".into(), json!("gelu"));
+                config.insert("hidden_activation".into(), json!("gelu_pytorch_tanh"));
+                config.insert("query_pre_attn_scalar".into(), json!(10));
+                config.insert("final_logit_softcapping".into(), json!(5.0));
+            },
+            &["query_pre_attn_scalar", "final_logit_softcapping"],
+        ),
+        // GLM-4.5's files as transformers 4 wrote them: `rope_theta` on its own and the
+        // class's half-rotated heads; renormalized weights, one dense layer and one MTP
+        // layer by default. Its routing is DeepSeek-V3's whatever the method keys say.
+        (
+            "glm4_moe",
+            |config| {
+                for key in [
+                    "rope_parameters",
+                    "norm_topk_prob",
+                    "first_k_dense_replace",
+                    "num_nextn_predict_layers",
+                ] {
+                    config.remove(key);
+                }
+                config.insert("rope_theta".into(), json!(10000.0));
+                config.insert("topk_method".into(), json!("greedy"));
+                config.insert("scoring_func".into(), json!("softmax"));
+            },
+            &["topk_method", "scoring_func"],
+        ),
         // Mistral slides on every layer whatever `layer_types` says; no MLP biases.
         (
             "mistral",
@@ -624,25 +668,39 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
 /// Self-speculative decoding with it gives transformers' greedy tokens.
 #[test]
 fn deepseek_v3_multi_token_prediction_layer_matches_the_pytorch_reference() {
-    matches_transformers("deepseek_v3_mtp");
-    let reference = reference("deepseek_v3_mtp");
+    multi_token_prediction_layer_matches_the_pytorch_reference("deepseek_v3_mtp");
+}
+
+/// GLM-4.5's checkpoints store their multi-token-prediction layer as DeepSeek-V3's do
+/// (the same keys after the decoder layers, the same computation).
+#[test]
+fn glm4_moe_multi_token_prediction_layer_matches_the_pytorch_reference() {
+    multi_token_prediction_layer_matches_the_pytorch_reference("glm4_moe_mtp");
+}
+
+/// The fixture `name` (a checkpoint with one multi-token-prediction layer) matches
+/// transformers, its MTP logits the PyTorch reference's, and self-speculative decoding
+/// gives transformers' greedy tokens.
+fn multi_token_prediction_layer_matches_the_pytorch_reference(name: &str) {
+    matches_transformers(name);
+    let reference = reference(name);
     let prompts = rows(&reference.data("tokens"));
     let expected_greedy = rows(&reference.data("greedy"));
     for device in model_test_devices() {
-        let (model, config) = load_causal_lm(model_dir("deepseek_v3_mtp"), &device).unwrap();
+        let (model, config) = load_causal_lm(model_dir(name), &device).unwrap();
         assert_eq!((config.mtp_layers, model.mtp_depth()), (1, 1));
         let output = model.forward_with_mtp(int_tensor(&prompts, &device));
         assert_close(
             output.mtp_logits[0].clone(),
             reference.tensor::<3>("mtp_logits", &device),
             LOGIT_TOLERANCE,
-            &format!("mtp logits on {device:?}"),
+            &format!("{name} mtp logits on {device:?}"),
         );
         let greedy = GenerationConfig::greedy(expected_greedy[0].len());
         for (prompt, expected) in prompts.iter().zip(&expected_greedy) {
             let output =
                 crate::generate::generate_speculative(&model, prompt, &greedy, |_| {}).unwrap();
-            assert_eq!(&output.generated.tokens, expected, "on {device:?}");
+            assert_eq!(&output.generated.tokens, expected, "{name} on {device:?}");
         }
     }
 }
@@ -663,6 +721,7 @@ fn cached_decoding_equals_the_full_forward() {
         "qwen3",
         "mixtral",
         "qwen3_moe",
+        "glm4_moe",
         "gpt_oss",
         "deepseek_v3",
     ] {
