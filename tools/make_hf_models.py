@@ -460,6 +460,31 @@ def mixtral():
     )
 
 
+def qwen2_moe():
+    # Qwen2's q/k/v biases; 4 experts, top-2 with softmax weights not renormalized, and a
+    # shared expert of its own width behind a sigmoid gate; layer 1 dense
+    # (mlp_only_layers); with use_sliding_window, transformers 5 slides on every other
+    # layer below max_window_layers (layer 0 here).
+    common = {k: v for k, v in COMMON.items() if k != "num_hidden_layers"}
+    return transformers.Qwen2MoeConfig(
+        **common,
+        num_hidden_layers=3,
+        num_key_value_heads=2,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=24,
+        norm_topk_prob=False,
+        decoder_sparse_step=1,
+        mlp_only_layers=[1],
+        router_aux_loss_coef=0.01,
+        use_sliding_window=True,
+        sliding_window=4,
+        max_window_layers=2,
+        tie_word_embeddings=False,
+    )
+
+
 def qwen3_moe():
     # Qwen3 attention; 6 experts, 2 per token with renormalized weights, no shared
     # expert; layer 0 sparse, layer 1 dense (mlp_only_layers), a third sparse layer by
@@ -628,6 +653,7 @@ MODELS = {
     "gemma3_vision": (gemma3_vision, {"sparse_text_config": True}),
     "mistral3_vision": (mistral3_vision, {}),
     "mixtral": (mixtral, {}),
+    "qwen2_moe": (qwen2_moe, {}),
     "qwen3_moe": (qwen3_moe, {}),
     "glm4_moe": (glm4_moe, {}),
     "glm4_moe_mtp": (glm4_moe, {"mtp": True, "max_shard_size": "150KB"}),

@@ -243,7 +243,8 @@ fn check_layer_count<'a>(
 /// The rename table of the decoder-only families.
 ///
 /// HF's `model.embed_tokens` is our `embed_tokens`; Mixtral names its sparse block
-/// `block_sparse_moe` where our layer (like DeepSeek's) says `mlp`; DeepSeek-V3
+/// `block_sparse_moe` where our layer (like DeepSeek's) says `mlp`; Qwen2-MoE its
+/// shared expert `shared_expert` where ours says `shared_experts`; DeepSeek-V3
 /// checkpoints append multi-token-prediction layers after the last decoder layer
 /// ([`HfConfig::mtp_layers`]): `model.layers.{n_layers + k}.{enorm, hnorm, eh_proj,
 /// shared_head.norm}` are our `mtp.{k}.…`, the layer's decoder keys our
@@ -271,6 +272,7 @@ pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
         mtp_layers: config.mtp_layers,
         load_mtp: config.model.mtp_depth > 0,
         mixtral: config.model_type == "mixtral",
+        qwen2_moe: config.model_type == "qwen2_moe",
         gpt_oss: config.model_type == "gpt_oss",
         multimodal: text_model_family(&config.model_type).is_some(),
         fused: fused_projections(config),
@@ -382,6 +384,7 @@ struct CausalLmKeys {
     mtp_layers: usize,
     load_mtp: bool,
     mixtral: bool,
+    qwen2_moe: bool,
     gpt_oss: bool,
     multimodal: bool,
     /// The projections the family's checkpoints store fused ([`fused_projections`]);
@@ -454,6 +457,9 @@ impl CausalLmKeys {
         }
         if self.mixtral {
             KeyAction::Load(key.replacen(".block_sparse_moe.", ".mlp.", 1))
+        } else if self.qwen2_moe {
+            // Qwen2-MoE's one shared expert is our `shared_experts`.
+            KeyAction::Load(key.replacen(".mlp.shared_expert.", ".mlp.shared_experts.", 1))
         } else if self.gpt_oss {
             // gpt-oss names its router `router`, ours (like every other family) `gate`.
             KeyAction::Load(key.replacen(".mlp.router.", ".mlp.gate.", 1))
@@ -479,6 +485,8 @@ impl CausalLmKeys {
         }
         if self.mixtral {
             path.replacen(".mlp.", ".block_sparse_moe.", 1)
+        } else if self.qwen2_moe {
+            path.replacen(".mlp.shared_experts.", ".mlp.shared_expert.", 1)
         } else if self.gpt_oss {
             path.replacen(".mlp.gate.", ".mlp.router.", 1)
         } else if self.glm4 {

@@ -206,6 +206,8 @@ struct ModelKeys {
     /// head (not supported).
     use_qk_norm: Option<bool>,
     attention_bias: Option<bool>,
+    /// Qwen2-MoE's switch of the q/k/v biases.
+    qkv_bias: Option<bool>,
     /// Seed-OSS's switch of the output projection's bias.
     attention_out_bias: Option<bool>,
     /// ERNIE-4.5's switch of every projection's bias.
@@ -351,6 +353,15 @@ impl ModelKeys {
                     "biases on q, k and v only",
                 );
                 (true, false)
+            }
+            ModelType::Qwen2Moe => {
+                unread.fixed(
+                    "attention_bias",
+                    self.attention_bias,
+                    false,
+                    "`qkv_bias` on q, k and v only",
+                );
+                (self.qkv_bias.unwrap_or(true), false)
             }
             // GLM's `attention_bias` is on q, k and v; its output projection has none.
             ModelType::Glm4 | ModelType::Glm4Moe => (self.attention_bias.unwrap_or(false), false),
@@ -613,13 +624,12 @@ impl ModelKeys {
         }
     }
 
-    /// `(sliding_window, sliding_layers)`: Mistral, Ministral-3, Mixtral and Phi-3 slide on every layer
-    /// when `sliding_window` is set; Qwen2, Qwen3 and SmolLM3 only with
-    /// `use_sliding_window`, on the
-    /// layers `layer_types` (or `max_window_layers`) names; Qwen3-MoE with
-    /// `use_sliding_window` on every layer; other families on the layers `layer_types`
-    /// names, or every layer; LLaMA, Granite, Gemma, GLM-4, GLM-4.5, Seed-OSS, ERNIE-4.5
-    /// and Cohere never.
+    /// `(sliding_window, sliding_layers)`: Mistral, Ministral-3, Mixtral and Phi-3 slide
+    /// on every layer when `sliding_window` is set; Qwen2, Qwen2-MoE, Qwen3 and SmolLM3
+    /// only with `use_sliding_window`, on the layers `layer_types` (or
+    /// `max_window_layers`) names; Qwen3-MoE with `use_sliding_window` on every layer;
+    /// other families on the layers `layer_types` names, or every layer; LLaMA, Granite,
+    /// Gemma, GLM-4, GLM-4.5, Seed-OSS, ERNIE-4.5 and Cohere never.
     fn sliding_window(
         &self,
         family: ModelType,
@@ -630,7 +640,11 @@ impl ModelKeys {
             return Err(KeyError::new("sliding_window", "must be positive"));
         }
         let window = match family {
-            ModelType::Qwen2 | ModelType::Qwen3 | ModelType::Qwen3Moe | ModelType::Smollm3
+            ModelType::Qwen2
+            | ModelType::Qwen2Moe
+            | ModelType::Qwen3
+            | ModelType::Qwen3Moe
+            | ModelType::Smollm3
                 if !self.use_sliding_window.unwrap_or(false) =>
             {
                 None
@@ -695,6 +709,16 @@ impl ModelKeys {
             None if matches!(family, ModelType::Qwen2 | ModelType::Qwen3) => {
                 let first = self.max_window_layers.unwrap_or(28);
                 Some((0..n_layers).map(|layer| layer >= first).collect())
+            }
+            // transformers 5's Qwen2-MoE: every other layer below `max_window_layers`,
+            // from the first.
+            None if family == ModelType::Qwen2Moe => {
+                let below = self.max_window_layers.unwrap_or(28);
+                Some(
+                    (0..n_layers)
+                        .map(|layer| layer % 2 == 0 && layer < below)
+                        .collect(),
+                )
             }
             None => None,
         };

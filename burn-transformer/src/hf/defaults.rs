@@ -158,6 +158,13 @@ fn class_defaults(family: ModelType) -> Value {
             "rms_norm_eps": 1e-5, "num_key_value_heads": 8, "rope_theta": 1_000_000.0,
             "num_local_experts": 8, "num_experts_per_tok": 2, "router_aux_loss_coef": 0.001
         }),
+        ModelType::Qwen2Moe => json!({
+            "num_key_value_heads": 16, "use_sliding_window": false, "sliding_window": 4096,
+            "max_window_layers": 28, "qkv_bias": true, "num_experts": 60,
+            "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
+            "shared_expert_intermediate_size": 5632, "decoder_sparse_step": 1,
+            "norm_topk_prob": false, "router_aux_loss_coef": 0.001
+        }),
         ModelType::Qwen3Moe => json!({
             "num_key_value_heads": 4, "use_sliding_window": false, "sliding_window": 4096,
             "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
@@ -227,6 +234,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Gemma => [256000, 3072, 24576, 28, 16, 8192],
         ModelType::Gemma2 => [256000, 2304, 9216, 26, 8, 8192],
         ModelType::Gemma3Text => [262208, 2304, 9216, 26, 8, 131072],
+        ModelType::Qwen2Moe => [151936, 2048, 5632, 24, 16, 32768],
         ModelType::Qwen3Moe => [151936, 2048, 6144, 24, 32, 32768],
         ModelType::Glm4Moe => [151552, 4096, 10944, 46, 96, 131072],
         ModelType::GptOss => [201088, 2880, 2880, 36, 64, 131072],
@@ -259,6 +267,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Gemma | ModelType::Gemma2 | ModelType::Gemma3Text => (Some(2), Some(1), Some(0)),
         ModelType::DeepseekV3 => (Some(0), Some(1), None),
         ModelType::Qwen2
+        | ModelType::Qwen2Moe
         | ModelType::Qwen3
         | ModelType::Qwen3Moe
         | ModelType::Glm4Moe

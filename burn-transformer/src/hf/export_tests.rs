@@ -45,7 +45,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 31] = [
+const FAMILIES: [&str; 32] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -70,6 +70,7 @@ const FAMILIES: [&str; 31] = [
     "gemma2",
     "gemma3_text",
     "mixtral",
+    "qwen2_moe",
     "qwen3_moe",
     "glm4_moe",
     "glm4_moe_mtp",

@@ -23,6 +23,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "gemma2",
     "gemma3_text",
     "mixtral",
+    "qwen2_moe",
     "qwen3_moe",
     "glm4_moe",
     "gpt_oss",
@@ -104,6 +105,10 @@ pub(crate) enum ModelType {
     Gemma3Text,
     /// Mixtral: Mistral with every feed-forward a mixture of experts.
     Mixtral,
+    /// Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): Qwen2's attention (`qkv_bias`), softmax
+    /// top-k routing, and a shared expert of its own width behind a per-token sigmoid
+    /// gate; sparse layers by `decoder_sparse_step` and `mlp_only_layers`.
+    Qwen2Moe,
     /// Qwen3-MoE: Qwen3's attention, softmax top-k routing without shared experts,
     /// sparse layers by `decoder_sparse_step` and `mlp_only_layers`.
     Qwen3Moe,
@@ -123,7 +128,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 25] = [
+    const ALL: [Self; 26] = [
         Self::Llama,
         Self::Mistral,
         Self::Ministral3,
@@ -144,6 +149,7 @@ impl ModelType {
         Self::Gemma2,
         Self::Gemma3Text,
         Self::Mixtral,
+        Self::Qwen2Moe,
         Self::Qwen3Moe,
         Self::Glm4Moe,
         Self::GptOss,
@@ -174,6 +180,7 @@ impl ModelType {
             Self::Gemma2 => "gemma2",
             Self::Gemma3Text => "gemma3_text",
             Self::Mixtral => "mixtral",
+            Self::Qwen2Moe => "qwen2_moe",
             Self::Qwen3Moe => "qwen3_moe",
             Self::Glm4Moe => "glm4_moe",
             Self::GptOss => "gpt_oss",
@@ -193,6 +200,7 @@ impl ModelType {
         matches!(
             self,
             Self::Mixtral
+                | Self::Qwen2Moe
                 | Self::Qwen3Moe
                 | Self::Glm4Moe
                 | Self::GptOss

@@ -30,7 +30,8 @@ use crate::ffn::{Activation, MoeConfig, MoeLayerPlan, SwiGluConfig};
 /// `glm4_moe`); Mixtral and gpt-oss always renormalize the chosen experts' weights and
 /// DeepSeek-V2 never does; only DeepSeek-V2/V3 and GLM-4.5 have shared experts, expert
 /// groups and a routed scaling factor, and DeepSeek-V2's groups count only under
-/// `topk_method: "group_limited_greedy"`.
+/// `topk_method: "group_limited_greedy"`; Qwen2-MoE has one shared expert,
+/// `shared_expert_intermediate_size` wide, behind a sigmoid gate.
 ///
 /// # Errors
 /// [`HfError::Field`] naming the key that is missing or malformed.
@@ -78,6 +79,8 @@ pub(crate) struct MoeKeys {
     num_experts: Option<usize>,
     num_experts_per_tok: Option<usize>,
     n_shared_experts: Option<usize>,
+    /// Qwen2-MoE's shared expert's width.
+    shared_expert_intermediate_size: Option<usize>,
     routed_scaling_factor: Option<f64>,
     n_group: Option<usize>,
     topk_group: Option<usize>,
@@ -183,19 +186,37 @@ impl MoeKeys {
             family,
             None | Some(ModelType::DeepseekV2 | ModelType::DeepseekV3 | ModelType::Glm4Moe)
         );
+        let unscaled = |unread: &mut UnreadKeys| {
+            unread.fixed(
+                "routed_scaling_factor",
+                self.routed_scaling_factor,
+                1.0,
+                "unscaled expert weights",
+            )
+        };
+        // Qwen2-MoE's one shared expert has a width of its own and a gate.
+        let mut shared_d_ff = None;
         let (routed_scaling_factor, n_shared_experts) = if deepseek {
             (
                 self.routed_scaling_factor.unwrap_or(1.0),
                 self.n_shared_experts.unwrap_or(0),
             )
+        } else if family == Some(ModelType::Qwen2Moe) {
+            shared_d_ff = Some(required(
+                self.shared_expert_intermediate_size,
+                "shared_expert_intermediate_size",
+                "a non-negative integer",
+            )?);
+            let one = unread.fixed(
+                "n_shared_experts",
+                self.n_shared_experts,
+                1,
+                "one shared expert (`shared_expert_intermediate_size` wide)",
+            );
+            (unscaled(unread), one)
         } else {
             (
-                unread.fixed(
-                    "routed_scaling_factor",
-                    self.routed_scaling_factor,
-                    1.0,
-                    "unscaled expert weights",
-                ),
+                unscaled(unread),
                 unread.fixed(
                     "n_shared_experts",
                     self.n_shared_experts,
@@ -222,6 +243,8 @@ impl MoeKeys {
         .with_score_correction_bias(routing.score_correction_bias);
         Ok(MoeConfig::new(router, d_ff)
             .with_n_shared_experts(n_shared_experts)
+            .with_shared_d_ff(shared_d_ff)
+            .with_shared_expert_gate(shared_d_ff.is_some())
             .with_activation(self.hidden_act.unwrap_or(Activation::Silu)))
     }
 

@@ -375,6 +375,11 @@ fn mixtral_sparse_moe_matches_transformers() {
 }
 
 #[test]
+fn qwen2_moe_with_a_gated_shared_expert_and_a_dense_layer_matches_transformers() {
+    matches_transformers("qwen2_moe");
+}
+
+#[test]
 fn qwen3_moe_with_dense_layers_between_sparse_ones_matches_transformers() {
     matches_transformers("qwen3_moe");
 }
@@ -407,7 +412,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 16] = [
+    let cases: [(&str, Edit, &[&str]); 17] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -602,6 +607,26 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
             },
             &["query_pre_attn_scalar", "final_logit_softcapping"],
         ),
+        // Qwen2-MoE's defaults: q/k/v biases, weights not renormalized; without
+        // `layer_types`, transformers 5 slides on every other layer below
+        // `max_window_layers`. Its code has one shared expert, unscaled weights and no
+        // output bias.
+        (
+            "qwen2_moe",
+            |config| {
+                for key in ["qkv_bias", "norm_topk_prob", "layer_types"] {
+                    config.remove(key);
+                }
+                config.insert("n_shared_experts".into(), json!(2));
+                config.insert("routed_scaling_factor".into(), json!(2.0));
+                config.insert("attention_bias".into(), json!(true));
+            },
+            &[
+                "n_shared_experts",
+                "routed_scaling_factor",
+                "attention_bias",
+            ],
+        ),
         // GLM-4.5's files as transformers 4 wrote them: `rope_theta` on its own and the
         // class's half-rotated heads; renormalized weights, one dense layer and one MTP
         // layer by default. Its routing is DeepSeek-V3's whatever the method keys say.
@@ -720,6 +745,7 @@ fn cached_decoding_equals_the_full_forward() {
         "qwen2",
         "qwen3",
         "mixtral",
+        "qwen2_moe",
         "qwen3_moe",
         "glm4_moe",
         "gpt_oss",
@@ -908,6 +934,7 @@ fn gradient_norms(
         };
         let name = match model_type {
             "gpt_oss" => name.replacen(".mlp.gate.", ".mlp.router.", 1),
+            "qwen2_moe" => name.replacen(".mlp.shared_experts.", ".mlp.shared_expert.", 1),
             "gemma3" | "mistral3" => name.replacen("model.", "model.language_model.", 1),
             "glm4" => [
                 (".post_attention_layernorm.", ".post_self_attn_layernorm."),

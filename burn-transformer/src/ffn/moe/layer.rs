@@ -3,9 +3,10 @@
 //! experts per token, and the token's output is the weighted sum of theirs, plus the
 //! always-on shared experts (DeepSeekMoE).
 //!
-//! Equal to Hugging Face's `MixtralSparseMoeBlock` (softmax router, no shared expert)
-//! and `DeepseekV3MoE` (sigmoid, group-limited router with a balancing bias, shared
-//! experts); see the presets [`MoeConfig::mixtral`] and [`MoeConfig::deepseek_v3`].
+//! Equal to Hugging Face's `MixtralSparseMoeBlock` (softmax router, no shared expert),
+//! `DeepseekV3MoE` (sigmoid, group-limited router with a balancing bias, shared
+//! experts) and `Qwen2MoeSparseMoeBlock` (a shared expert behind a sigmoid gate); see
+//! the presets [`MoeConfig::mixtral`] and [`MoeConfig::deepseek_v3`].
 //!
 //! # Hugging Face keys
 //! Relative to the layer (`model.layers.N.mlp.` for DeepSeek and for Mixtral in
@@ -18,10 +19,13 @@
 //! | `experts.gate_up_proj` `[n_experts, 2·d_ff, d_model]`, `experts.down_proj` `[n_experts, d_model, d_ff]` (transformers 5) | `experts.gate_up_proj`, `experts.down_proj` (same layout) |
 //! | `experts.N.gate_proj.weight`, `experts.N.up_proj.weight` (DeepSeek; Mixtral `w1`, `w3`), each `[d_ff, d_model]` | `experts.gate_up_proj[N, ..d_ff]`, `[N, d_ff..]` (stack, no transpose; [`Experts::from_per_expert`]) |
 //! | `experts.N.down_proj.weight` (Mixtral `w2`) `[d_model, d_ff]` | `experts.down_proj[N]` |
-//! | `shared_experts.gate_proj/up_proj/down_proj.weight` | `shared_experts` (one SwiGLU of width `n_shared_experts · d_ff`) |
+//! | `shared_experts.gate_proj/up_proj/down_proj.weight` (Qwen2-MoE `shared_expert.…`) | `shared_experts` (one SwiGLU of width `n_shared_experts · d_ff`, or `shared_d_ff`) |
+//! | `shared_expert_gate.weight` `[1, d_model]` (Qwen2-MoE) | `shared_expert_gate.weight` `[d_model, 1]` (transposed, as every Linear) |
 
 use burn::config::Config;
 use burn::module::Module;
+use burn::nn::{Linear, LinearConfig};
+use burn::tensor::activation::sigmoid;
 use burn::tensor::{Device, Int, Tensor};
 
 use super::experts::{DispatchPlan, ExpertDispatch, ExpertGlu, Experts, ExpertsConfig};
@@ -43,6 +47,15 @@ pub struct MoeConfig {
     /// `n_shared_experts · d_ff` (HF `n_shared_experts`). Default: 0.
     #[config(default = 0)]
     pub n_shared_experts: usize,
+    /// Width of the shared experts' fused SwiGLU when it is not `n_shared_experts ·
+    /// d_ff` (Qwen2-MoE's `shared_expert_intermediate_size`). Default: none.
+    #[config(default = "None")]
+    pub shared_d_ff: Option<usize>,
+    /// Scales the shared experts' output per token by `sigmoid(x · w)`, a learned
+    /// `d_model → 1` projection without bias (Qwen2-MoE's `shared_expert_gate`), so
+    /// that each token decides how much of the shared expert it takes. Default: false.
+    #[config(default = false)]
+    pub shared_expert_gate: bool,
     /// Expert capacity `ceil(capacity_factor · tokens · top_k / n_experts)`: an expert
     /// evaluates at most that many tokens per call, the earliest ones; later
     /// assignments are dropped (the token keeps only its residual for that expert).
@@ -69,10 +82,30 @@ impl MoeConfig {
     ///
     /// # Errors
     /// The router's errors ([`RouterConfig::validate`]); [`ConfigError::Zero`] for a zero
-    /// `d_ff`; [`ConfigError::Invalid`] for a capacity factor that is not positive.
+    /// `d_ff` or `shared_d_ff`; [`ConfigError::Invalid`] for a capacity factor that is
+    /// not positive, or a shared width or gate without shared experts.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.router.validate()?;
         ConfigError::check_positive(MODULE, "d_ff", self.d_ff)?;
+        if let Some(width) = self.shared_d_ff {
+            ConfigError::check_positive(MODULE, "shared_d_ff", width)?;
+        }
+        if self.n_shared_experts == 0 {
+            for (field, set) in [
+                ("shared_d_ff", self.shared_d_ff.is_some()),
+                ("shared_expert_gate", self.shared_expert_gate),
+            ] {
+                if set {
+                    return Err(ConfigError::Invalid {
+                        module: MODULE,
+                        field,
+                        reason: "is set but n_shared_experts is 0: set n_shared_experts to 1 \
+                                 or more, or leave it unset"
+                            .into(),
+                    });
+                }
+            }
+        }
         if let Some(factor) = self.capacity_factor {
             ConfigError::check_positive_real(MODULE, "capacity_factor", factor)?;
         }
@@ -94,10 +127,16 @@ impl MoeConfig {
                 .with_bias(self.expert_bias)
                 .try_init(device)?,
             shared_experts: (self.n_shared_experts > 0).then(|| {
-                SwiGluConfig::new(d_model, self.n_shared_experts * self.d_ff)
+                let width = self
+                    .shared_d_ff
+                    .unwrap_or(self.n_shared_experts * self.d_ff);
+                SwiGluConfig::new(d_model, width)
                     .with_activation(self.activation)
                     .init(device)
             }),
+            shared_expert_gate: self
+                .shared_expert_gate
+                .then(|| LinearConfig::new(d_model, 1).with_bias(false).init(device)),
             capacity_factor: self.capacity_factor,
             dispatch: self.dispatch,
         })
@@ -117,6 +156,8 @@ pub struct Moe {
     pub experts: Experts,
     /// The shared experts, fused into one SwiGLU, if any.
     pub shared_experts: Option<SwiGlu>,
+    /// `d_model → 1`: the per-token sigmoid gate on the shared experts' output, if any.
+    pub shared_expert_gate: Option<Linear>,
     #[module(skip)]
     capacity_factor: Option<f64>,
     #[module(skip)]
@@ -175,8 +216,8 @@ impl Moe {
             .experts
             .dispatch(flat, routing.weights.clone(), &plan, self.dispatch);
         let mut output = routed.reshape([batch, seq, d_model]);
-        if let Some(shared) = &self.shared_experts {
-            output = output + shared.forward(x);
+        if let Some(shared) = self.shared_output(x) {
+            output = output + shared;
         }
         let probabilities = self.gate.balance_probabilities(routing.scores.clone());
         MoeOutput {
@@ -219,10 +260,25 @@ impl Moe {
             output = output + self.experts.forward_expert(e, flat.clone()) * weight;
         }
         let mut output = output.reshape([batch, seq, d_model]);
-        if let Some(shared) = &self.shared_experts {
-            output = output + shared.forward(x);
+        if let Some(shared) = self.shared_output(x) {
+            output = output + shared;
         }
         output
+    }
+
+    /// The shared experts' output, through their gate if there is one; `None` without
+    /// shared experts.
+    ///
+    /// # Shapes
+    /// - x: `[batch, seq, d_model]`
+    /// - output: `[batch, seq, d_model]`
+    fn shared_output(&self, x: Tensor<3>) -> Option<Tensor<3>> {
+        let shared = self.shared_experts.as_ref()?.forward(x.clone());
+        Some(match &self.shared_expert_gate {
+            // [batch, seq, 1], broadcast over the features.
+            Some(gate) => shared * sigmoid(gate.forward(x)),
+            None => shared,
+        })
     }
 }
 
@@ -350,6 +406,59 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Qwen2-MoE's shared expert: its own width, its output scaled per token by
+    /// `sigmoid(x · w)`, added to the routed experts'.
+    #[test]
+    fn gated_shared_expert_adds_its_output_times_the_sigmoid_of_its_gate() {
+        let device = Device::flex();
+        device.seed(5);
+        let mut moe = softmax_moe(12, 10, 4, 2)
+            .with_n_shared_experts(1)
+            .with_shared_d_ff(Some(6))
+            .with_shared_expert_gate(true)
+            .init(&device);
+        let shared = moe.shared_experts.take().unwrap();
+        assert_eq!(shared.gate_proj.weight.dims(), [12, 6]);
+        let gate = moe.shared_expert_gate.take().unwrap();
+        let x = Tensor::<3>::random([2, 5, 12], Distribution::Normal(0.0, 1.0), &device);
+        let routed = moe.forward(x.clone()).output;
+        // [2, 5, 1]: x · w by hand, through the sigmoid.
+        let w = gate.weight.val().unsqueeze::<3>().expand([2, 12, 1]);
+        let scale = burn::tensor::activation::sigmoid(x.clone().matmul(w));
+        let expected = routed + shared.forward(x.clone()) * scale;
+        moe.shared_experts = Some(shared);
+        moe.shared_expert_gate = Some(gate);
+        assert_close(
+            moe.forward(x.clone()).output,
+            expected.clone(),
+            1e-6,
+            "forward",
+        );
+        assert_close(
+            moe.forward_dense_reference(x),
+            expected,
+            1e-5,
+            "dense reference",
+        );
+    }
+
+    #[test]
+    fn a_shared_width_or_gate_without_shared_experts_is_an_error() {
+        for config in [
+            softmax_moe(4, 4, 2, 1).with_shared_d_ff(Some(8)),
+            softmax_moe(4, 4, 2, 1).with_shared_expert_gate(true),
+        ] {
+            let error = config.validate().unwrap_err().to_string();
+            assert!(error.contains("n_shared_experts is 0"), "{error}");
+        }
+        let error = softmax_moe(4, 4, 2, 1)
+            .with_n_shared_experts(1)
+            .with_shared_d_ff(Some(0))
+            .validate()
+            .unwrap_err();
+        assert!(error.to_string().contains("shared_d_ff"), "{error}");
     }
 
     #[test]
