@@ -460,6 +460,23 @@ def mixtral():
     )
 
 
+def olmoe():
+    # OLMo-2's QK-norm across heads in pre-norm blocks, attention biases; 4 experts of
+    # width intermediate_size, top-2, softmax weights not renormalized.
+    common = {k: v for k, v in COMMON.items() if k != "intermediate_size"}
+    return transformers.OlmoeConfig(
+        **common,
+        intermediate_size=16,
+        num_key_value_heads=2,
+        attention_bias=True,
+        num_experts=4,
+        num_experts_per_tok=2,
+        norm_topk_prob=False,
+        router_aux_loss_coef=0.02,
+        tie_word_embeddings=False,
+    )
+
+
 def qwen2_moe():
     # Qwen2's q/k/v biases; 4 experts, top-2 with softmax weights not renormalized, and a
     # shared expert of its own width behind a sigmoid gate; layer 1 dense
@@ -653,6 +670,7 @@ MODELS = {
     "gemma3_vision": (gemma3_vision, {"sparse_text_config": True}),
     "mistral3_vision": (mistral3_vision, {}),
     "mixtral": (mixtral, {}),
+    "olmoe": (olmoe, {}),
     "qwen2_moe": (qwen2_moe, {}),
     "qwen3_moe": (qwen3_moe, {}),
     "glm4_moe": (glm4_moe, {}),

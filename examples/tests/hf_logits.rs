@@ -127,6 +127,7 @@ fn matches_transformers_for_every_family_on_flex() {
         "gemma3_vision",
         "mistral3_vision",
         "mixtral",
+        "olmoe",
         "qwen2_moe",
         "qwen3_moe",
         "glm4_moe",

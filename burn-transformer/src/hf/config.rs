@@ -255,6 +255,8 @@ struct ModelKeys {
     no_rope_layers: Option<Vec<u8>>,
     /// Gemma's encoder variant (EmbeddingGemma), which this loader does not build.
     use_bidirectional_attention: Option<bool>,
+    /// OLMo's and OLMoE's clamp of q, k and v, which this loader does not build.
+    clip_qkv: Option<f64>,
     /// Set in checkpoints whose weights are stored quantized (gpt-oss's MXFP4,
     /// DeepSeek-V3's FP8 blocks, bitsandbytes, GPTQ, AWQ, …), which this loader does
     /// not read.
@@ -292,6 +294,15 @@ impl ModelKeys {
                 "use_qk_norm",
                 "is true: Cohere's QK-norm (a LayerNorm with its own weights per head) is \
                  not supported",
+            ));
+        }
+        if let Some(limit) = self.clip_qkv {
+            return Err(KeyError::new(
+                "clip_qkv",
+                format!(
+                    "is {limit}: clamping the queries, keys and values is not supported; \
+                     only checkpoints with `clip_qkv: null` load"
+                ),
             ));
         }
         if self.use_bidirectional_attention == Some(true) {
@@ -548,14 +559,14 @@ impl ModelKeys {
 
     /// QK-norm, with the model's eps: Qwen3, Qwen3-MoE, EXAONE-4, GLM-4.5 (with
     /// `use_qk_norm`) and Gemma-3 (with Gemma's RMSNorm) normalize each head (`q_norm` /
-    /// `k_norm` of width `head_dim`), OLMo-2 and OLMo-3 the whole projections.
+    /// `k_norm` of width `head_dim`), OLMo-2, OLMo-3 and OLMoE the whole projections.
     fn qk_norm(&self, family: ModelType) -> Option<QkNormConfig> {
         let placement = match family {
             ModelType::Qwen3 | ModelType::Qwen3Moe | ModelType::Gemma3Text | ModelType::Exaone4 => {
                 QkNormPlacement::PerHead
             }
             ModelType::Glm4Moe if self.use_qk_norm == Some(true) => QkNormPlacement::PerHead,
-            ModelType::Olmo2 | ModelType::Olmo3 => QkNormPlacement::AcrossHeads,
+            ModelType::Olmo2 | ModelType::Olmo3 | ModelType::Olmoe => QkNormPlacement::AcrossHeads,
             _ => return None,
         };
         Some(
@@ -629,7 +640,7 @@ impl ModelKeys {
     /// only with `use_sliding_window`, on the layers `layer_types` (or
     /// `max_window_layers`) names; Qwen3-MoE with `use_sliding_window` on every layer;
     /// other families on the layers `layer_types` names, or every layer; LLaMA, Granite,
-    /// Gemma, GLM-4, GLM-4.5, Seed-OSS, ERNIE-4.5 and Cohere never.
+    /// Gemma, GLM-4, GLM-4.5, OLMoE, Seed-OSS, ERNIE-4.5 and Cohere never.
     fn sliding_window(
         &self,
         family: ModelType,
@@ -654,6 +665,7 @@ impl ModelKeys {
             | ModelType::Gemma
             | ModelType::Glm4
             | ModelType::Glm4Moe
+            | ModelType::Olmoe
             | ModelType::SeedOss
             | ModelType::Ernie45
             | ModelType::Cohere => None,
@@ -922,6 +934,8 @@ mod tests {
         assert_eq!(field(quantized), "quantization_config");
         let encoder = with("gemma3_text", "\"use_bidirectional_attention\": true,");
         assert_eq!(field(encoder), "use_bidirectional_attention");
+        let clamped = with("olmoe", "\"clip_qkv\": 8.0,");
+        assert_eq!(field(clamped), "clip_qkv");
         // A missing window is the class default (4096), a null one no window.
         assert_eq!(with("mistral", "").unwrap().model.window_of(0), Some(4096));
         let null = with("mistral", "\"sliding_window\": null,").unwrap();

@@ -158,6 +158,10 @@ fn class_defaults(family: ModelType) -> Value {
             "rms_norm_eps": 1e-5, "num_key_value_heads": 8, "rope_theta": 1_000_000.0,
             "num_local_experts": 8, "num_experts_per_tok": 2, "router_aux_loss_coef": 0.001
         }),
+        ModelType::Olmoe => json!({
+            "rms_norm_eps": 1e-5, "num_experts": 64, "num_experts_per_tok": 8,
+            "norm_topk_prob": false, "router_aux_loss_coef": 0.01
+        }),
         ModelType::Qwen2Moe => json!({
             "num_key_value_heads": 16, "use_sliding_window": false, "sliding_window": 4096,
             "max_window_layers": 28, "qkv_bias": true, "num_experts": 60,
@@ -234,6 +238,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Gemma => [256000, 3072, 24576, 28, 16, 8192],
         ModelType::Gemma2 => [256000, 2304, 9216, 26, 8, 8192],
         ModelType::Gemma3Text => [262208, 2304, 9216, 26, 8, 131072],
+        ModelType::Olmoe => [50304, 2048, 2048, 16, 16, 4096],
         ModelType::Qwen2Moe => [151936, 2048, 5632, 24, 16, 32768],
         ModelType::Qwen3Moe => [151936, 2048, 6144, 24, 32, 32768],
         ModelType::Glm4Moe => [151552, 4096, 10944, 46, 96, 131072],
@@ -255,7 +260,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         | ModelType::Mistral
         | ModelType::Mixtral
         | ModelType::DeepseekV2 => (Some(1), Some(2), None),
-        ModelType::Olmo2 | ModelType::Olmo3 => (None, Some(50279), Some(1)),
+        ModelType::Olmo2 | ModelType::Olmo3 | ModelType::Olmoe => (None, Some(50279), Some(1)),
         ModelType::Smollm3 => (Some(128000), Some(128001), Some(128004)),
         ModelType::Phi3 => (Some(1), Some(32000), Some(32000)),
         // Its end-of-text tokens are a list (in the class defaults above).

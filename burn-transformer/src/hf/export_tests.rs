@@ -45,7 +45,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 32] = [
+const FAMILIES: [&str; 33] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -70,6 +70,7 @@ const FAMILIES: [&str; 32] = [
     "gemma2",
     "gemma3_text",
     "mixtral",
+    "olmoe",
     "qwen2_moe",
     "qwen3_moe",
     "glm4_moe",

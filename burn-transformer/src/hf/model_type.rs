@@ -23,6 +23,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "gemma2",
     "gemma3_text",
     "mixtral",
+    "olmoe",
     "qwen2_moe",
     "qwen3_moe",
     "glm4_moe",
@@ -105,6 +106,9 @@ pub(crate) enum ModelType {
     Gemma3Text,
     /// Mixtral: Mistral with every feed-forward a mixture of experts.
     Mixtral,
+    /// OLMoE: OLMo-2's QK-norm across heads in LLaMA's pre-norm blocks; every layer a
+    /// mixture of experts, softmax top-k, not renormalized by default.
+    Olmoe,
     /// Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): Qwen2's attention (`qkv_bias`), softmax
     /// top-k routing, and a shared expert of its own width behind a per-token sigmoid
     /// gate; sparse layers by `decoder_sparse_step` and `mlp_only_layers`.
@@ -128,7 +132,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 26] = [
+    const ALL: [Self; 27] = [
         Self::Llama,
         Self::Mistral,
         Self::Ministral3,
@@ -149,6 +153,7 @@ impl ModelType {
         Self::Gemma2,
         Self::Gemma3Text,
         Self::Mixtral,
+        Self::Olmoe,
         Self::Qwen2Moe,
         Self::Qwen3Moe,
         Self::Glm4Moe,
@@ -180,6 +185,7 @@ impl ModelType {
             Self::Gemma2 => "gemma2",
             Self::Gemma3Text => "gemma3_text",
             Self::Mixtral => "mixtral",
+            Self::Olmoe => "olmoe",
             Self::Qwen2Moe => "qwen2_moe",
             Self::Qwen3Moe => "qwen3_moe",
             Self::Glm4Moe => "glm4_moe",
@@ -200,6 +206,7 @@ impl ModelType {
         matches!(
             self,
             Self::Mixtral
+                | Self::Olmoe
                 | Self::Qwen2Moe
                 | Self::Qwen3Moe
                 | Self::Glm4Moe

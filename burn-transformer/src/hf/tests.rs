@@ -375,6 +375,11 @@ fn mixtral_sparse_moe_matches_transformers() {
 }
 
 #[test]
+fn olmoe_with_qk_norm_across_heads_and_unnormalized_softmax_routing_matches_transformers() {
+    matches_transformers("olmoe");
+}
+
+#[test]
 fn qwen2_moe_with_a_gated_shared_expert_and_a_dense_layer_matches_transformers() {
     matches_transformers("qwen2_moe");
 }
@@ -412,7 +417,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 17] = [
+    let cases: [(&str, Edit, &[&str]); 18] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -606,6 +611,17 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
                 config.insert("final_logit_softcapping".into(), json!(5.0));
             },
             &["query_pre_attn_scalar", "final_logit_softcapping"],
+        ),
+        // OLMoE's default: weights not renormalized. Its code has no feed-forward
+        // biases; `clip_qkv: null` is no clamp.
+        (
+            "olmoe",
+            |config| {
+                config.remove("norm_topk_prob");
+                config.insert("mlp_bias".into(), json!(true));
+                config.insert("clip_qkv".into(), json!(null));
+            },
+            &["mlp_bias"],
         ),
         // Qwen2-MoE's defaults: q/k/v biases, weights not renormalized; without
         // `layer_types`, transformers 5 slides on every other layer below
