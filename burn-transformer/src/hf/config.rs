@@ -255,7 +255,8 @@ struct ModelKeys {
     no_rope_layers: Option<Vec<u8>>,
     /// Gemma's encoder variant (EmbeddingGemma), which this loader does not build.
     use_bidirectional_attention: Option<bool>,
-    /// OLMo's and OLMoE's clamp of q, k and v, which this loader does not build.
+    /// OLMoE's clamp of q, k and v, which this loader does not build (other families'
+    /// code does not read it).
     clip_qkv: Option<f64>,
     /// Set in checkpoints whose weights are stored quantized (gpt-oss's MXFP4,
     /// DeepSeek-V3's FP8 blocks, bitsandbytes, GPTQ, AWQ, …), which this loader does
@@ -296,7 +297,7 @@ impl ModelKeys {
                  not supported",
             ));
         }
-        if let Some(limit) = self.clip_qkv {
+        if let Some(limit) = self.clip_qkv.filter(|_| family == ModelType::Olmoe) {
             return Err(KeyError::new(
                 "clip_qkv",
                 format!(
@@ -312,6 +313,14 @@ impl ModelKeys {
                  loader builds causal language models",
             ));
         }
+        unread.fixed(
+            "clip_qkv",
+            self.clip_qkv
+                .filter(|_| family != ModelType::Olmoe)
+                .map(Some),
+            None,
+            "no clamp of q, k and v",
+        );
         let size = |value, key| required(value, key, "a non-negative integer");
         let d_model = size(self.hidden_size, "hidden_size")?;
         let n_heads = size(self.num_attention_heads, "num_attention_heads")?;
@@ -936,6 +945,12 @@ mod tests {
         assert_eq!(field(encoder), "use_bidirectional_attention");
         let clamped = with("olmoe", "\"clip_qkv\": 8.0,");
         assert_eq!(field(clamped), "clip_qkv");
+        let unread = with("llama", "\"clip_qkv\": 8.0,").unwrap();
+        assert!(
+            unread.unread_keys[0].starts_with("`clip_qkv: 8.0`"),
+            "{:?}",
+            unread.unread_keys
+        );
         // A missing window is the class default (4096), a null one no window.
         assert_eq!(with("mistral", "").unwrap().model.window_of(0), Some(4096));
         let null = with("mistral", "\"sliding_window\": null,").unwrap();
