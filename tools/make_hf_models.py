@@ -552,6 +552,57 @@ def glm4_moe():
     )
 
 
+def glm4_moe_lite():
+    # GLM-4.7-Flash: DeepSeek-V3's latent attention (interleaved rotary) and routing
+    # (8 experts in 2 groups, 1 group kept, top-2, scaled by 1.8, a shared expert), with
+    # the layer kinds listed: a sparse first layer, then a dense one.
+    common = {k: v for k, v in COMMON.items() if k != "intermediate_size"}
+    return transformers.Glm4MoeLiteConfig(
+        **common,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_key_value_heads=4,
+        n_shared_experts=1,
+        n_routed_experts=8,
+        routed_scaling_factor=1.8,
+        kv_lora_rank=16,
+        q_lora_rank=24,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=12,
+        n_group=2,
+        topk_group=1,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        mlp_layer_types=["sparse", "dense"],
+        tie_word_embeddings=False,
+    )
+
+
+def dots1():
+    # dots.llm1: Qwen3's attention (per-head QK-norm) with biases, a window of 4 on the
+    # layers from max_window_layers on (layer 1); a dense first layer, then DeepSeek-V3's
+    # routing: 8 experts in 4 groups (2 kept), top-2, renormalized, scaled by 2.5, and
+    # two shared experts.
+    return transformers.Dots1Config(
+        **COMMON,
+        num_key_value_heads=2,
+        attention_bias=True,
+        moe_intermediate_size=16,
+        n_routed_experts=8,
+        n_shared_experts=2,
+        num_experts_per_tok=2,
+        n_group=4,
+        topk_group=2,
+        first_k_dense_replace=1,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+        sliding_window=4,
+        max_window_layers=1,
+        tie_word_embeddings=False,
+    )
+
+
 def gpt_oss():
     # Attention sinks and biases, a window of 4 on the first layer only, YaRN; 4 experts
     # top-2 with router and expert biases and the clamped SwiGLU.
@@ -675,6 +726,8 @@ MODELS = {
     "qwen3_moe": (qwen3_moe, {}),
     "glm4_moe": (glm4_moe, {}),
     "glm4_moe_mtp": (glm4_moe, {"mtp": True, "max_shard_size": "150KB"}),
+    "glm4_moe_lite": (glm4_moe_lite, {}),
+    "dots1": (dots1, {}),
     "gpt_oss": (gpt_oss, {}),
     "deepseek_v3": (deepseek_v3, {}),
     # The MTP layer makes the checkpoint ~270 KiB: two shards keep each file < 200 KiB.
@@ -737,9 +790,9 @@ class RouterGaps:
     def margin(self, module, logits):
         config = self.config
         k = config.num_experts_per_tok
-        if config.model_type in MTP_FAMILIES:
-            # DeepSeek-V3's routing (GLM-4.5's too): bias-corrected sigmoid scores,
-            # groups ranked by their two best experts.
+        if config.model_type in ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "dots1"):
+            # DeepSeek-V3's routing (and of the families that copy it): bias-corrected
+            # sigmoid scores, groups ranked by their two best experts.
             scores = logits.sigmoid() + module.e_score_correction_bias.float()
             groups = scores.view(scores.shape[0], config.n_group, -1)
             group_scores = groups.topk(2, dim=-1)[0].sum(-1)

@@ -131,6 +131,8 @@ fn matches_transformers_for_every_family_on_flex() {
         "qwen2_moe",
         "qwen3_moe",
         "glm4_moe",
+        "glm4_moe_lite",
+        "dots1",
         "gpt_oss",
         "deepseek_v2",
         "deepseek_v3",

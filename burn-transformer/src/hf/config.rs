@@ -118,7 +118,7 @@ impl HfConfig {
             bos_token_id: keys.bos_token_id,
             eos_token_ids: keys.eos_token_id.map_or_else(Vec::new, |ids| ids.0),
             pad_token_id: keys.pad_token_id,
-            mtp_layers: match family.is_deepseek_v3_moe() {
+            mtp_layers: match family.has_mtp_layers() {
                 true => keys.num_nextn_predict_layers.unwrap_or(0),
                 false => 0,
             },
@@ -566,14 +566,16 @@ impl ModelKeys {
         Ok(model)
     }
 
-    /// QK-norm, with the model's eps: Qwen3, Qwen3-MoE, EXAONE-4, GLM-4.5 (with
-    /// `use_qk_norm`) and Gemma-3 (with Gemma's RMSNorm) normalize each head (`q_norm` /
+    /// QK-norm, with the model's eps: Qwen3, Qwen3-MoE, dots.llm1, EXAONE-4, GLM-4.5
+    /// (with `use_qk_norm`) and Gemma-3 (with Gemma's RMSNorm) normalize each head (`q_norm` /
     /// `k_norm` of width `head_dim`), OLMo-2, OLMo-3 and OLMoE the whole projections.
     fn qk_norm(&self, family: ModelType) -> Option<QkNormConfig> {
         let placement = match family {
-            ModelType::Qwen3 | ModelType::Qwen3Moe | ModelType::Gemma3Text | ModelType::Exaone4 => {
-                QkNormPlacement::PerHead
-            }
+            ModelType::Qwen3
+            | ModelType::Qwen3Moe
+            | ModelType::Dots1
+            | ModelType::Gemma3Text
+            | ModelType::Exaone4 => QkNormPlacement::PerHead,
             ModelType::Glm4Moe if self.use_qk_norm == Some(true) => QkNormPlacement::PerHead,
             ModelType::Olmo2 | ModelType::Olmo3 | ModelType::Olmoe => QkNormPlacement::AcrossHeads,
             _ => return None,
@@ -647,9 +649,10 @@ impl ModelKeys {
     /// `(sliding_window, sliding_layers)`: Mistral, Ministral-3, Mixtral and Phi-3 slide
     /// on every layer when `sliding_window` is set; Qwen2, Qwen2-MoE, Qwen3 and SmolLM3
     /// only with `use_sliding_window`, on the layers `layer_types` (or
-    /// `max_window_layers`) names; Qwen3-MoE with `use_sliding_window` on every layer;
-    /// other families on the layers `layer_types` names, or every layer; LLaMA, Granite,
-    /// Gemma, GLM-4, GLM-4.5, OLMoE, Seed-OSS, ERNIE-4.5 and Cohere never.
+    /// `max_window_layers`) names; dots.llm1 on those layers whenever a window is set;
+    /// Qwen3-MoE with `use_sliding_window` on every layer; other families on the layers
+    /// `layer_types` names, or every layer; LLaMA, Granite, Gemma, GLM-4, GLM-4.5,
+    /// GLM-4.7-Flash, OLMoE, Seed-OSS, ERNIE-4.5 and Cohere never.
     fn sliding_window(
         &self,
         family: ModelType,
@@ -674,6 +677,7 @@ impl ModelKeys {
             | ModelType::Gemma
             | ModelType::Glm4
             | ModelType::Glm4Moe
+            | ModelType::Glm4MoeLite
             | ModelType::Olmoe
             | ModelType::SeedOss
             | ModelType::Ernie45
@@ -727,7 +731,11 @@ impl ModelKeys {
                     .collect::<Result<Vec<_>, _>>()?;
                 Some(flags)
             }
-            None if matches!(family, ModelType::Qwen2 | ModelType::Qwen3) => {
+            None if matches!(
+                family,
+                ModelType::Qwen2 | ModelType::Qwen3 | ModelType::Dots1
+            ) =>
+            {
                 let first = self.max_window_layers.unwrap_or(28);
                 Some((0..n_layers).map(|layer| layer >= first).collect())
             }

@@ -16,7 +16,8 @@ use super::model_type::ModelType;
 /// multimodal checkpoints describe their text model by the keys that differ from
 /// `Gemma3TextConfig`'s only), and the defaults those classes derive: the layer types
 /// of Gemma-2, Gemma-3 (from `sliding_window_pattern`), OLMo-3, SmolLM3 and gpt-oss,
-/// SmolLM3's `no_rope_layers`, and Phi-3's old names of LongRoPE (`su`, `yarn`), and the rotary
+/// SmolLM3's `no_rope_layers`, GLM-4.7-Flash's `mlp_layer_types`, and Phi-3's old names
+/// of LongRoPE (`su`, `yarn`), and the rotary
 /// embedding where the file has neither `rope_parameters` nor `rope_scaling`.
 pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
     let mut filled = config.clone();
@@ -52,6 +53,16 @@ pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
         && let Some(no_rope_layers) = default_no_rope_layers(object)
     {
         object.insert("no_rope_layers".into(), no_rope_layers);
+    }
+    // GLM-4.7-Flash: a dense first layer, then experts.
+    if family == ModelType::Glm4MoeLite
+        && !object.contains_key("mlp_layer_types")
+        && let Some(layers) = object.get("num_hidden_layers").and_then(Value::as_u64)
+    {
+        let kinds: Vec<&str> = (0..layers)
+            .map(|layer| if layer == 0 { "dense" } else { "sparse" })
+            .collect();
+        object.insert("mlp_layer_types".into(), json!(kinds));
     }
     if !object.contains_key("layer_types")
         && let Some(layer_types) = default_layer_types(family, object)
@@ -181,6 +192,19 @@ fn class_defaults(family: ModelType) -> Value {
             "topk_group": 1, "routed_scaling_factor": 1.0, "norm_topk_prob": true,
             "first_k_dense_replace": 1, "num_nextn_predict_layers": 1
         }),
+        ModelType::Glm4MoeLite => json!({
+            "num_key_value_heads": 20, "rms_norm_eps": 1e-5, "kv_lora_rank": 512,
+            "q_lora_rank": 768, "qk_nope_head_dim": 192, "qk_rope_head_dim": 64,
+            "v_head_dim": 256, "rope_interleave": true, "n_routed_experts": 64,
+            "n_shared_experts": 1, "moe_intermediate_size": 1536, "num_experts_per_tok": 4,
+            "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.8,
+            "norm_topk_prob": true, "num_nextn_predict_layers": 1
+        }),
+        ModelType::Dots1 => json!({
+            "num_key_value_heads": 32, "moe_intermediate_size": 1408, "n_group": 1,
+            "topk_group": 1, "first_k_dense_replace": 0, "norm_topk_prob": false,
+            "routed_scaling_factor": 1.0, "sliding_window": 4096, "max_window_layers": 62
+        }),
         ModelType::GptOss => json!({
             "rms_norm_eps": 1e-5, "attention_bias": true, "num_key_value_heads": 8,
             "head_dim": 64, "sliding_window": 128, "num_local_experts": 128,
@@ -242,6 +266,8 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Qwen2Moe => [151936, 2048, 5632, 24, 16, 32768],
         ModelType::Qwen3Moe => [151936, 2048, 6144, 24, 32, 32768],
         ModelType::Glm4Moe => [151552, 4096, 10944, 46, 96, 131072],
+        ModelType::Glm4MoeLite => [154880, 2048, 10240, 47, 20, 202752],
+        ModelType::Dots1 => [152064, 4608, 10944, 62, 32, 2048],
         ModelType::GptOss => [201088, 2880, 2880, 36, 64, 131072],
         ModelType::DeepseekV2 => [102400, 4096, 11008, 32, 32, 2048],
         ModelType::DeepseekV3 => [129280, 7168, 18432, 61, 128, 4096],
@@ -270,12 +296,13 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Exaone4 => (Some(0), Some(2), None),
         ModelType::Cohere | ModelType::Cohere2 => (Some(5), Some(255001), Some(0)),
         ModelType::Gemma | ModelType::Gemma2 | ModelType::Gemma3Text => (Some(2), Some(1), Some(0)),
-        ModelType::DeepseekV3 => (Some(0), Some(1), None),
+        ModelType::DeepseekV3 | ModelType::Glm4MoeLite => (Some(0), Some(1), None),
         ModelType::Qwen2
         | ModelType::Qwen2Moe
         | ModelType::Qwen3
         | ModelType::Qwen3Moe
         | ModelType::Glm4Moe
+        | ModelType::Dots1
         | ModelType::GptOss => (None, None, None),
     };
     for (key, token) in [
@@ -401,6 +428,20 @@ mod tests {
         let gemma2 = with_family_defaults(ModelType::Gemma2, &json!({}));
         assert_eq!(gemma2["attn_logit_softcapping"], json!(50.0));
         assert_eq!(gemma2["query_pre_attn_scalar"], json!(256));
+    }
+
+    /// transformers' `Glm4MoeLiteConfig`: a dense first layer, then experts, unless the
+    /// file lists the kinds.
+    #[test]
+    fn glm4_moe_lite_layer_kinds_default_to_a_dense_first_layer() {
+        let filled = with_family_defaults(ModelType::Glm4MoeLite, &json!({"num_hidden_layers": 3}));
+        assert_eq!(
+            filled["mlp_layer_types"],
+            json!(["dense", "sparse", "sparse"])
+        );
+        let listed = json!({"num_hidden_layers": 2, "mlp_layer_types": ["sparse", "dense"]});
+        let filled = with_family_defaults(ModelType::Glm4MoeLite, &listed);
+        assert_eq!(filled["mlp_layer_types"], listed["mlp_layer_types"]);
     }
 
     #[test]

@@ -45,7 +45,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 33] = [
+const FAMILIES: [&str; 35] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -75,6 +75,8 @@ const FAMILIES: [&str; 33] = [
     "qwen3_moe",
     "glm4_moe",
     "glm4_moe_mtp",
+    "glm4_moe_lite",
+    "dots1",
     "gpt_oss",
     "deepseek_v2",
     "deepseek_v3",

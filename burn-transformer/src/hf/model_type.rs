@@ -27,6 +27,8 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "qwen2_moe",
     "qwen3_moe",
     "glm4_moe",
+    "glm4_moe_lite",
+    "dots1",
     "gpt_oss",
     "deepseek_v2",
     "deepseek_v3",
@@ -121,6 +123,11 @@ pub(crate) enum ModelType {
     /// experts (sigmoid, bias-corrected, grouped routing, a shared expert) and its
     /// multi-token-prediction layers.
     Glm4Moe,
+    /// GLM-4.7-Flash: DeepSeek-V3's latent attention and experts, with the dense and
+    /// sparse layers listed by `mlp_layer_types`.
+    Glm4MoeLite,
+    /// dots.llm1: Qwen3's attention (QK-norm per head) and DeepSeek-V3's experts.
+    Dots1,
     /// gpt-oss: attention sinks and biases, alternating sliding and full layers, YaRN;
     /// every layer a mixture of experts with router and expert biases and the clamped
     /// SwiGLU.
@@ -132,7 +139,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 27] = [
+    const ALL: [Self; 29] = [
         Self::Llama,
         Self::Mistral,
         Self::Ministral3,
@@ -157,6 +164,8 @@ impl ModelType {
         Self::Qwen2Moe,
         Self::Qwen3Moe,
         Self::Glm4Moe,
+        Self::Glm4MoeLite,
+        Self::Dots1,
         Self::GptOss,
         Self::DeepseekV2,
         Self::DeepseekV3,
@@ -189,6 +198,8 @@ impl ModelType {
             Self::Qwen2Moe => "qwen2_moe",
             Self::Qwen3Moe => "qwen3_moe",
             Self::Glm4Moe => "glm4_moe",
+            Self::Glm4MoeLite => "glm4_moe_lite",
+            Self::Dots1 => "dots1",
             Self::GptOss => "gpt_oss",
             Self::DeepseekV2 => "deepseek_v2",
             Self::DeepseekV3 => "deepseek_v3",
@@ -210,6 +221,8 @@ impl ModelType {
                 | Self::Qwen2Moe
                 | Self::Qwen3Moe
                 | Self::Glm4Moe
+                | Self::Glm4MoeLite
+                | Self::Dots1
                 | Self::GptOss
                 | Self::DeepseekV2
                 | Self::DeepseekV3
@@ -233,14 +246,26 @@ impl ModelType {
     }
 
     /// Whether the family routes as DeepSeek-V3 (sigmoid scores, the correction bias,
-    /// groups, shared experts) and its checkpoints append multi-token-prediction layers.
-    pub(crate) fn is_deepseek_v3_moe(self) -> bool {
-        matches!(self, Self::DeepseekV3 | Self::Glm4Moe)
+    /// groups, shared experts).
+    pub(crate) fn routes_as_deepseek_v3(self) -> bool {
+        matches!(
+            self,
+            Self::DeepseekV3 | Self::Glm4Moe | Self::Glm4MoeLite | Self::Dots1
+        )
+    }
+
+    /// Whether the family's checkpoints append multi-token-prediction layers after the
+    /// decoder layers (`num_nextn_predict_layers`).
+    pub(crate) fn has_mtp_layers(self) -> bool {
+        matches!(self, Self::DeepseekV3 | Self::Glm4Moe | Self::Glm4MoeLite)
     }
 
     /// Whether attention is DeepSeek's multi-head latent attention.
     pub(crate) fn is_latent(self) -> bool {
-        matches!(self, Self::DeepseekV2 | Self::DeepseekV3)
+        matches!(
+            self,
+            Self::DeepseekV2 | Self::DeepseekV3 | Self::Glm4MoeLite
+        )
     }
 }
 

@@ -21,15 +21,17 @@ use crate::ffn::{Activation, MoeConfig, MoeLayerPlan, SwiGluConfig};
 /// - `n_shared_experts` (default 0), `routed_scaling_factor` (default 1), `n_group`
 ///   and `topk_group` (default 1), `hidden_act` (default silu);
 /// - scoring: `scoring_func` (default softmax); `norm_topk_prob` (default false, true
-///   for `deepseek_v3` and `glm4_moe`);
+///   for `deepseek_v3`, `glm4_moe` and `glm4_moe_lite`);
 /// - the correction bias for `topk_method: "noaux_tc"`; group score max for
 ///   `topk_method: "group_limited_greedy"`.
 ///
 /// For the families transformers implements (`model_type`), the routing is the one its
-/// code computes, whatever keys it does not read say: softmax scores (sigmoid for `deepseek_v3` and
-/// `glm4_moe`); Mixtral and gpt-oss always renormalize the chosen experts' weights and
-/// DeepSeek-V2 never does; only DeepSeek-V2/V3 and GLM-4.5 have shared experts, expert
-/// groups and a routed scaling factor, and DeepSeek-V2's groups count only under
+/// code computes, whatever keys it does not read say: softmax scores (sigmoid for
+/// `deepseek_v3` and the families that route as it: GLM-4.5, GLM-4.7-Flash, dots.llm1);
+/// Mixtral and
+/// gpt-oss always renormalize the chosen experts' weights and DeepSeek-V2 never does;
+/// only DeepSeek-V2/V3 and those families have shared experts, expert groups and a
+/// routed scaling factor, and DeepSeek-V2's groups count only under
 /// `topk_method: "group_limited_greedy"`; Qwen2-MoE has one shared expert,
 /// `shared_expert_intermediate_size` wide, behind a sigmoid gate.
 ///
@@ -93,6 +95,9 @@ pub(crate) struct MoeKeys {
     moe_layer_freq: Option<usize>,
     decoder_sparse_step: Option<usize>,
     mlp_only_layers: Option<Vec<usize>>,
+    /// GLM-4.7-Flash's kind of feed-forward per layer, `"dense"` or `"sparse"`.
+    mlp_layer_types: Option<Vec<String>>,
+    num_hidden_layers: Option<usize>,
 }
 
 /// How a router picks among expert groups.
@@ -132,7 +137,7 @@ impl MoeKeys {
             None => None,
         };
         let scoring = match family {
-            Some(family) if family.is_deepseek_v3_moe() => unread.fixed(
+            Some(family) if family.routes_as_deepseek_v3() => unread.fixed(
                 "scoring_func",
                 scoring,
                 RouterScoring::Sigmoid,
@@ -159,7 +164,7 @@ impl MoeKeys {
                 false,
                 "the top-k scores as weights",
             ),
-            Some(family) if family.is_deepseek_v3_moe() => self.norm_topk_prob.unwrap_or(true),
+            Some(family) if family.routes_as_deepseek_v3() => self.norm_topk_prob.unwrap_or(true),
             _ => self.norm_topk_prob.unwrap_or(false),
         };
         let n_experts = self
@@ -182,10 +187,8 @@ impl MoeKeys {
                 )
             })?;
         let routing = self.group_routing(family, unread)?;
-        let deepseek = matches!(
-            family,
-            None | Some(ModelType::DeepseekV2 | ModelType::DeepseekV3 | ModelType::Glm4Moe)
-        );
+        let deepseek = matches!(family, None | Some(ModelType::DeepseekV2))
+            || family.is_some_and(ModelType::routes_as_deepseek_v3);
         let unscaled = |unread: &mut UnreadKeys| {
             unread.fixed(
                 "routed_scaling_factor",
@@ -266,7 +269,7 @@ impl MoeKeys {
             GroupRouting::ungrouped()
         };
         let routing = match family {
-            Some(family) if family.is_deepseek_v3_moe() => {
+            Some(family) if family.routes_as_deepseek_v3() => {
                 unread.fixed(
                     "topk_method",
                     topk_method,
@@ -317,8 +320,14 @@ impl MoeKeys {
         Ok(routing)
     }
 
-    /// Which layers are sparse.
+    /// Which layers are sparse: GLM-4.7-Flash's `mlp_layer_types`, the other families'
+    /// counts and lists.
     pub(crate) fn moe_layer_plan(&self) -> Result<MoeLayerPlan, KeyError> {
+        if self.model_type.as_deref() == Some(ModelType::Glm4MoeLite.name())
+            && let Some(kinds) = &self.mlp_layer_types
+        {
+            return self.listed_layer_plan(kinds);
+        }
         let plan = MoeLayerPlan::new()
             .with_first_k_dense_replace(self.first_k_dense_replace.unwrap_or(0))
             .with_moe_layer_freq(self.moe_layer_freq.unwrap_or(1))
@@ -333,6 +342,33 @@ impl MoeKeys {
             }
         }
         Ok(plan)
+    }
+
+    /// The plan of `mlp_layer_types`: the layers it calls `"dense"` are.
+    fn listed_layer_plan(&self, kinds: &[String]) -> Result<MoeLayerPlan, KeyError> {
+        let key = "mlp_layer_types";
+        if let Some(layers) = self.num_hidden_layers
+            && kinds.len() != layers
+        {
+            return Err(KeyError::new(
+                key,
+                format!("has {} entries for {layers} layers", kinds.len()),
+            ));
+        }
+        let mut dense_layers = Vec::new();
+        for (layer, kind) in kinds.iter().enumerate() {
+            match kind.as_str() {
+                "dense" => dense_layers.push(layer),
+                "sparse" => {}
+                other => {
+                    return Err(KeyError::new(
+                        key,
+                        format!("expected \"dense\" or \"sparse\", got \"{other}\""),
+                    ));
+                }
+            }
+        }
+        Ok(MoeLayerPlan::new().with_dense_layers(dense_layers))
     }
 
     /// The dense layers' SwiGLU.
@@ -533,5 +569,37 @@ mod tests {
         )
         .unwrap();
         assert_eq!((dense.d_model, dense.d_ff), (16, 40));
+    }
+
+    /// GLM-4.7-Flash lists each layer's kind; only its family reads the list.
+    #[test]
+    fn glm4_moe_lite_takes_its_layer_kinds_from_the_list() {
+        let read = |config: serde_json::Value| moe_layer_plan(&config, "config.json");
+        let plan = read(serde_json::json!({
+            "model_type": "glm4_moe_lite", "num_hidden_layers": 3,
+            "first_k_dense_replace": 2, "mlp_layer_types": ["sparse", "dense", "sparse"]
+        }))
+        .unwrap();
+        let sparse: Vec<bool> = (0..3).map(|layer| plan.is_moe(layer)).collect();
+        assert_eq!(sparse, [true, false, true]);
+        let other = read(serde_json::json!({
+            "model_type": "deepseek_v3", "mlp_layer_types": ["dense", "dense"]
+        }))
+        .unwrap();
+        assert_eq!(other, MoeLayerPlan::all_sparse());
+        for (kinds, reason) in [
+            (serde_json::json!(["dense", "mixed"]), "\"mixed\""),
+            (serde_json::json!(["dense"]), "1 entries for 2 layers"),
+        ] {
+            let error = read(serde_json::json!({
+                "model_type": "glm4_moe_lite", "num_hidden_layers": 2, "mlp_layer_types": kinds
+            }))
+            .unwrap_err();
+            assert!(
+                matches!(&error, HfError::Field { field, .. } if field == "mlp_layer_types")
+                    && error.to_string().contains(reason),
+                "{error}"
+            );
+        }
     }
 }

@@ -395,6 +395,16 @@ fn glm4_moe_with_qk_norm_partial_rope_and_grouped_sigmoid_routing_matches_transf
 }
 
 #[test]
+fn glm4_moe_lite_with_latent_attention_and_listed_layer_kinds_matches_transformers() {
+    matches_transformers("glm4_moe_lite");
+}
+
+#[test]
+fn dots1_with_qwen3_attention_a_window_and_grouped_sigmoid_routing_matches_transformers() {
+    matches_transformers("dots1");
+}
+
+#[test]
 fn gpt_oss_with_sinks_biased_clamped_experts_and_alternating_windows_matches_transformers() {
     matches_transformers("gpt_oss");
 }
@@ -417,7 +427,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 18] = [
+    let cases: [(&str, Edit, &[&str]); 20] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -622,6 +632,28 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
                 config.insert("clip_qkv".into(), json!(null));
             },
             &["mlp_bias"],
+        ),
+        // GLM-4.7-Flash's defaults: interleaved rotary, renormalized weights. Its code
+        // takes the layer kinds from their list (here a sparse layer, then a dense one),
+        // never from a count of dense first layers.
+        (
+            "glm4_moe_lite",
+            |config| {
+                for key in ["rope_interleave", "norm_topk_prob"] {
+                    config.remove(key);
+                }
+                config.insert("first_k_dense_replace".into(), json!(1));
+            },
+            &[],
+        ),
+        // dots.llm1 as older files describe it: the windowed layers by
+        // `max_window_layers`, no `layer_types`.
+        (
+            "dots1",
+            |config| {
+                config.remove("layer_types");
+            },
+            &[],
         ),
         // Qwen2-MoE's defaults: q/k/v biases, weights not renormalized; without
         // `layer_types`, transformers 5 slides on every other layer below
