@@ -324,6 +324,23 @@ def ministral3():
     )
 
 
+def arcee():
+    # LLaMA with an ungated feed-forward of squared ReLU (up_proj, down_proj), YaRN,
+    # feed-forward biases.
+    return transformers.ArceeConfig(
+        **COMMON,
+        num_key_value_heads=2,
+        mlp_bias=True,
+        rope_parameters=dict(
+            rope_type="yarn",
+            rope_theta=10000.0,
+            factor=4.0,
+            original_max_position_embeddings=16,
+        ),
+        tie_word_embeddings=False,
+    )
+
+
 def gemma():
     # LLaMA's blocks with Gemma's RMSNorm (1 + w), GeGLU (tanh), embeddings scaled by
     # sqrt(hidden_size) and tied; one key/value head (the 2B's multi-query attention),
@@ -715,6 +732,7 @@ MODELS = {
     "cohere2": (cohere2, {}),
     "granite": (granite, {}),
     "ministral3": (ministral3, {}),
+    "arcee": (arcee, {}),
     "gemma": (gemma, {}),
     "gemma2": (gemma2, {}),
     "gemma3_text": (gemma3_text, {}),

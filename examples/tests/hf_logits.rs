@@ -121,6 +121,7 @@ fn matches_transformers_for_every_family_on_flex() {
         "cohere2",
         "granite",
         "ministral3",
+        "arcee",
         "gemma",
         "gemma2",
         "gemma3_text",

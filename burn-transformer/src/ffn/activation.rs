@@ -17,6 +17,8 @@ pub enum Activation {
     Relu,
     /// `x·σ(x)` (`"silu"`, `"swish"`; LLaMA's gate).
     Silu,
+    /// `max(0, x)²` (`"relu2"`; Primer, Arcee's ungated feed-forward).
+    Relu2,
 }
 
 impl Activation {
@@ -31,6 +33,7 @@ impl Activation {
             Self::GeluTanh => gelu_approximate(x),
             Self::Relu => relu(x),
             Self::Silu => silu(x),
+            Self::Relu2 => relu(x).powi_scalar(2),
         }
     }
 }

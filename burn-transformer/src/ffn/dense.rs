@@ -5,7 +5,7 @@
 //! Whisper, M2M-100: `fc1`, `fc2`), so their weights load by name.
 
 use burn::config::Config;
-use burn::module::Module;
+use burn::module::{Initializer, Module};
 use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
 use burn::tensor::{Device, Tensor};
 
@@ -31,6 +31,10 @@ pub struct DenseFfnConfig {
     /// Whether both projections have a bias. Default: true.
     #[config(default = true)]
     pub bias: bool,
+    /// Initializer of the projection weights. Default: Burn's (Kaiming-uniform);
+    /// decoder-only models use a normal of `initializer_range`.
+    #[config(default = "None")]
+    pub initializer: Option<Initializer>,
 }
 
 impl DenseFfnConfig {
@@ -45,20 +49,23 @@ impl DenseFfnConfig {
         ConfigError::check_probability(MODULE, "dropout", self.dropout)
     }
 
-    /// Validates the configuration and initializes the projections (Burn's default
-    /// Kaiming-uniform).
+    /// Validates the configuration and initializes the projections.
     ///
     /// # Errors
     /// See [`DenseFfnConfig::validate`].
     pub fn try_init(&self, device: &Device) -> Result<DenseFfn, ConfigError> {
         self.validate()?;
+        let linear = |d_input, d_output| {
+            let config = LinearConfig::new(d_input, d_output).with_bias(self.bias);
+            match &self.initializer {
+                Some(initializer) => config.with_initializer(initializer.clone()),
+                None => config,
+            }
+            .init(device)
+        };
         Ok(DenseFfn {
-            fc1: LinearConfig::new(self.d_model, self.d_ff)
-                .with_bias(self.bias)
-                .init(device),
-            fc2: LinearConfig::new(self.d_ff, self.d_model)
-                .with_bias(self.bias)
-                .init(device),
+            fc1: linear(self.d_model, self.d_ff),
+            fc2: linear(self.d_ff, self.d_model),
             dropout: DropoutConfig::new(self.dropout).init(),
             activation: self.activation,
         })

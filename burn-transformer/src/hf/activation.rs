@@ -13,10 +13,11 @@ pub(crate) fn activation(name: &str) -> Result<Activation, String> {
             Ok(Activation::GeluTanh)
         }
         "relu" => Ok(Activation::Relu),
+        "relu2" => Ok(Activation::Relu2),
         "silu" | "swish" => Ok(Activation::Silu),
         other => Err(format!(
             "unsupported activation \"{other}\" (expected gelu, gelu_new, gelu_pytorch_tanh, \
-             gelu_fast, relu, silu or swish)"
+             gelu_fast, relu, relu2, silu or swish)"
         )),
     }
 }
@@ -43,6 +44,7 @@ mod tests {
         assert_eq!(activation("gelu"), Ok(Activation::Gelu));
         assert_eq!(activation("gelu_pytorch_tanh"), Ok(Activation::GeluTanh));
         assert_eq!(activation("swish"), Ok(Activation::Silu));
+        assert_eq!(activation("relu2"), Ok(Activation::Relu2));
         assert!(activation("quick_gelu").is_err());
 
         #[derive(Deserialize)]

@@ -244,7 +244,8 @@ fn check_layer_count<'a>(
 ///
 /// HF's `model.embed_tokens` is our `embed_tokens`; Mixtral names its sparse block
 /// `block_sparse_moe` where our layer (like DeepSeek's) says `mlp`; Qwen2-MoE its
-/// shared expert `shared_expert` where ours says `shared_experts`; DeepSeek-V3
+/// shared expert `shared_expert` where ours says `shared_experts`; Arcee the projections
+/// of its ungated feed-forward `up_proj` and `down_proj` (ours `fc1`, `fc2`); DeepSeek-V3
 /// checkpoints append multi-token-prediction layers after the last decoder layer
 /// ([`HfConfig::mtp_layers`]): `model.layers.{n_layers + k}.{enorm, hnorm, eh_proj,
 /// shared_head.norm}` are our `mtp.{k}.…`, the layer's decoder keys our
@@ -273,6 +274,7 @@ pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
         load_mtp: config.model.mtp_depth > 0,
         mixtral: config.model_type == "mixtral",
         qwen2_moe: config.model_type == "qwen2_moe",
+        ungated_mlp: !config.model.gated_mlp,
         gpt_oss: config.model_type == "gpt_oss",
         multimodal: text_model_family(&config.model_type).is_some(),
         fused: fused_projections(config),
@@ -286,6 +288,12 @@ const GLM4_NORMS: [(&str, &str); 3] = [
     (".post_self_attn_layernorm.", ".post_attention_layernorm."),
     (".post_attention_layernorm.", ".pre_feedforward_layernorm."),
     (".post_mlp_layernorm.", ".post_feedforward_layernorm."),
+];
+
+/// Arcee's names of an ungated feed-forward's projections, and ours.
+const UNGATED_MLP: [(&str, &str); 2] = [
+    (".mlp.up_proj.", ".mlp.fc1."),
+    (".mlp.down_proj.", ".mlp.fc2."),
 ];
 
 /// `key` with the first of `renames`' names it holds replaced (one name per key, so the
@@ -385,6 +393,9 @@ struct CausalLmKeys {
     load_mtp: bool,
     mixtral: bool,
     qwen2_moe: bool,
+    /// The dense feed-forward is ungated: the checkpoint's `up_proj` and `down_proj`
+    /// are our `fc1` and `fc2` ([`UNGATED_MLP`]).
+    ungated_mlp: bool,
     gpt_oss: bool,
     multimodal: bool,
     /// The projections the family's checkpoints store fused ([`fused_projections`]);
@@ -463,6 +474,8 @@ impl CausalLmKeys {
         } else if self.gpt_oss {
             // gpt-oss names its router `router`, ours (like every other family) `gate`.
             KeyAction::Load(key.replacen(".mlp.router.", ".mlp.gate.", 1))
+        } else if self.ungated_mlp {
+            KeyAction::Load(rename_one(key, UNGATED_MLP))
         } else if self.glm4 {
             KeyAction::Load(rename_one(key, GLM4_NORMS))
         } else {
@@ -489,6 +502,8 @@ impl CausalLmKeys {
             path.replacen(".mlp.shared_experts.", ".mlp.shared_expert.", 1)
         } else if self.gpt_oss {
             path.replacen(".mlp.gate.", ".mlp.router.", 1)
+        } else if self.ungated_mlp {
+            rename_one(path, UNGATED_MLP.map(|(theirs, ours)| (ours, theirs)))
         } else if self.glm4 {
             rename_one(path, GLM4_NORMS.map(|(theirs, ours)| (ours, theirs)))
         } else {

@@ -414,6 +414,7 @@ impl ModelKeys {
         let mlp_bias = match family {
             ModelType::Llama
             | ModelType::Granite
+            | ModelType::Arcee
             | ModelType::Smollm3
             | ModelType::SeedOss
             | ModelType::DeepseekV2 => self.mlp_bias.unwrap_or(false),
@@ -488,6 +489,7 @@ impl ModelKeys {
         .with_o_bias(o_bias)
         .with_mlp_bias(mlp_bias)
         .with_activation(activation)
+        .with_gated_mlp(family != ModelType::Arcee)
         .with_sliding_window(sliding_window)
         .with_sliding_layers(sliding_layers)
         .with_tie_word_embeddings(self.tie_word_embeddings.unwrap_or(gemma))
@@ -651,7 +653,7 @@ impl ModelKeys {
     /// only with `use_sliding_window`, on the layers `layer_types` (or
     /// `max_window_layers`) names; dots.llm1 on those layers whenever a window is set;
     /// Qwen3-MoE with `use_sliding_window` on every layer; other families on the layers
-    /// `layer_types` names, or every layer; LLaMA, Granite, Gemma, GLM-4, GLM-4.5,
+    /// `layer_types` names, or every layer; LLaMA, Granite, Arcee, Gemma, GLM-4, GLM-4.5,
     /// GLM-4.7-Flash, OLMoE, Seed-OSS, ERNIE-4.5 and Cohere never.
     fn sliding_window(
         &self,
@@ -674,6 +676,7 @@ impl ModelKeys {
             }
             ModelType::Llama
             | ModelType::Granite
+            | ModelType::Arcee
             | ModelType::Gemma
             | ModelType::Glm4
             | ModelType::Glm4Moe

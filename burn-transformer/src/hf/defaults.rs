@@ -148,6 +148,9 @@ fn class_defaults(family: ModelType) -> Value {
             "mlp_bias": false, "embedding_multiplier": 1.0, "logits_scaling": 1.0,
             "residual_multiplier": 1.0, "attention_multiplier": 1.0
         }),
+        ModelType::Arcee => json!({
+            "hidden_act": "relu2", "rms_norm_eps": 1e-5, "mlp_bias": false
+        }),
         ModelType::Gemma => json!({
             "num_key_value_heads": 16, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
             "tie_word_embeddings": true
@@ -259,6 +262,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Ernie45 => [103424, 1024, 3072, 18, 16, 131072],
         ModelType::Exaone4 => [102400, 4096, 16384, 32, 32, 2048],
         ModelType::Cohere | ModelType::Cohere2 => [256000, 8192, 22528, 40, 64, 8192],
+        ModelType::Arcee => [32000, 2560, 18432, 32, 32, 4096],
         ModelType::Gemma => [256000, 3072, 24576, 28, 16, 8192],
         ModelType::Gemma2 => [256000, 2304, 9216, 26, 8, 8192],
         ModelType::Gemma3Text => [262208, 2304, 9216, 26, 8, 131072],
@@ -288,6 +292,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         | ModelType::DeepseekV2 => (Some(1), Some(2), None),
         ModelType::Olmo2 | ModelType::Olmo3 | ModelType::Olmoe => (None, Some(50279), Some(1)),
         ModelType::Smollm3 => (Some(128000), Some(128001), Some(128004)),
+        ModelType::Arcee => (Some(128000), Some(128001), None),
         ModelType::Phi3 => (Some(1), Some(32000), Some(32000)),
         // Its end-of-text tokens are a list (in the class defaults above).
         ModelType::Glm4 => (None, None, Some(151329)),

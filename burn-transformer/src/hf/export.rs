@@ -402,6 +402,7 @@ pub fn hf_config_json(config: &CausalLmConfig) -> Result<Value, HfError> {
         _ if config.residual_scale.is_some() => refuse("a residual scale"),
         _ if config.query_temperature.is_some() => refuse("a query temperature"),
         _ if config.attention_sinks => refuse("attention sinks"),
+        _ if !config.gated_mlp => refuse("a feed-forward without a gate"),
         _ if config.activation != Activation::Silu => refuse("an activation other than SiLU"),
         _ if config.qkv_bias != config.o_bias && (!config.qkv_bias || config.qk_norm.is_some()) => {
             refuse("a bias on the output projection without q/k/v biases")

@@ -45,7 +45,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 35] = [
+const FAMILIES: [&str; 36] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -66,6 +66,7 @@ const FAMILIES: [&str; 35] = [
     "cohere2",
     "granite",
     "ministral3",
+    "arcee",
     "gemma",
     "gemma2",
     "gemma3_text",
@@ -200,6 +201,9 @@ mod built_here {
         let gemma = scratch_config().with_block_kind(BlockKind::Sandwich);
         let error = hf_config_json(&gemma).unwrap_err().to_string();
         assert!(error.contains("a block kind other than Pre-LN"), "{error}");
+        let ungated = scratch_config().with_gated_mlp(false);
+        let error = hf_config_json(&ungated).unwrap_err().to_string();
+        assert!(error.contains("a feed-forward without a gate"), "{error}");
     }
 }
 

@@ -19,6 +19,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "cohere",
     "cohere2",
     "granite",
+    "arcee",
     "gemma",
     "gemma2",
     "gemma3_text",
@@ -97,6 +98,9 @@ pub(crate) enum ModelType {
     /// Granite (3.x): LLaMA with multipliers on the embeddings, the attention scores
     /// and the sublayers' outputs, and logits divided by `logits_scaling`.
     Granite,
+    /// Arcee (AFM): LLaMA with an ungated feed-forward of squared ReLU,
+    /// `down(relu(up(x))²)`.
+    Arcee,
     /// Gemma (the first generation, CodeGemma): LLaMA's blocks with Gemma's RMSNorm,
     /// scaled and tied embeddings, and GeGLU (tanh); multi-query attention in the 2B.
     Gemma,
@@ -139,7 +143,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 29] = [
+    const ALL: [Self; 30] = [
         Self::Llama,
         Self::Mistral,
         Self::Ministral3,
@@ -156,6 +160,7 @@ impl ModelType {
         Self::Cohere,
         Self::Cohere2,
         Self::Granite,
+        Self::Arcee,
         Self::Gemma,
         Self::Gemma2,
         Self::Gemma3Text,
@@ -190,6 +195,7 @@ impl ModelType {
             Self::Cohere => "cohere",
             Self::Cohere2 => "cohere2",
             Self::Granite => "granite",
+            Self::Arcee => "arcee",
             Self::Gemma => "gemma",
             Self::Gemma2 => "gemma2",
             Self::Gemma3Text => "gemma3_text",

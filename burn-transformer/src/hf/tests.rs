@@ -267,6 +267,11 @@ fn ministral3_with_queries_scaled_past_the_original_context_matches_transformers
 }
 
 #[test]
+fn arcee_with_an_ungated_squared_relu_feed_forward_matches_transformers() {
+    matches_transformers("arcee");
+}
+
+#[test]
 fn gemma_with_gemma_norms_scaled_tied_embeddings_and_one_kv_head_matches_transformers() {
     matches_transformers("gemma");
 }
@@ -427,7 +432,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 20] = [
+    let cases: [(&str, Edit, &[&str]); 21] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -607,6 +612,14 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
                 config.insert("norm_topk_prob".into(), json!(true));
             },
             &["norm_topk_prob", "n_group"],
+        ),
+        // Arcee's default activation: the squared ReLU.
+        (
+            "arcee",
+            |config| {
+                config.remove("hidden_act");
+            },
+            &[],
         ),
         // The first Gemma's files: `hidden_act: gelu`, which transformers reads as the
         // tanh approximation, beside `hidden_activation`; tied embeddings by default.
@@ -983,6 +996,11 @@ fn gradient_norms(
         let name = match model_type {
             "gpt_oss" => name.replacen(".mlp.gate.", ".mlp.router.", 1),
             "qwen2_moe" => name.replacen(".mlp.shared_experts.", ".mlp.shared_expert.", 1),
+            "arcee" => name.replacen(".mlp.fc1.", ".mlp.up_proj.", 1).replacen(
+                ".mlp.fc2.",
+                ".mlp.down_proj.",
+                1,
+            ),
             "gemma3" | "mistral3" => name.replacen("model.", "model.language_model.", 1),
             "glm4" => [
                 (".post_attention_layernorm.", ".post_self_attn_layernorm."),

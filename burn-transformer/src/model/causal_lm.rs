@@ -35,7 +35,9 @@ use crate::block::{
     TransformerStack,
 };
 use crate::error::ConfigError;
-use crate::ffn::{Activation, FeedForwardConfig, MoeConfig, MoeLayerPlan, SwiGluConfig};
+use crate::ffn::{
+    Activation, DenseFfnConfig, FeedForwardConfig, MoeConfig, MoeLayerPlan, SwiGluConfig,
+};
 use crate::norm::{LayerNormConfig, NormConfig, RmsNormConfig};
 use crate::ops::linear::{linear_rows, matmul_rows};
 use crate::ops::soft_cap::soft_cap;
@@ -86,6 +88,10 @@ pub struct CausalLmConfig {
     /// Activation of the feed-forward gate (HF `hidden_act`). Default: SiLU.
     #[config(default = "Activation::Silu")]
     pub activation: Activation,
+    /// Whether the dense feed-forward is gated (`down(act(gate(x)) · up(x))`, LLaMA's
+    /// SwiGLU) or not (`fc2(act(fc1(x)))`, Arcee's squared ReLU). Default: gated.
+    #[config(default = true)]
+    pub gated_mlp: bool,
     /// Sliding attention window (HF `sliding_window`; Mistral). Default: none.
     #[config(default = "None")]
     pub sliding_window: Option<usize>,
@@ -265,10 +271,17 @@ impl CausalLmConfig {
     }
 
     /// The feed-forward of layer `layer`: the mixture of experts where `moe_layers`
-    /// says so, else the dense SwiGLU of width `d_ff`.
+    /// says so, else the dense feed-forward of width `d_ff` (gated unless `gated_mlp`
+    /// is false).
     pub fn feed_forward_config(&self, layer: usize) -> FeedForwardConfig {
         match &self.moe {
             Some(moe) if self.moe_layers.is_moe(layer) => FeedForwardConfig::Moe(moe.clone()),
+            _ if !self.gated_mlp => FeedForwardConfig::Dense(
+                DenseFfnConfig::new(self.d_model, self.d_ff)
+                    .with_bias(self.mlp_bias)
+                    .with_activation(self.activation)
+                    .with_initializer(Some(self.initializer.clone())),
+            ),
             _ => FeedForwardConfig::SwiGlu(
                 SwiGluConfig::new(self.d_model, self.d_ff)
                     .with_bias(self.mlp_bias)
