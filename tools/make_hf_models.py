@@ -341,6 +341,30 @@ def arcee():
     )
 
 
+def helium():
+    # LLaMA with the rotary embedding on neighbouring pairs, biases on q, k, v (none on
+    # the output projection) and on the feed-forward.
+    return transformers.HeliumConfig(
+        **COMMON,
+        num_key_value_heads=2,
+        head_dim=8,
+        attention_bias=True,
+        mlp_bias=True,
+    )
+
+
+def ministral():
+    # Mistral's layers, the window (4) on the layers `layer_types` names only. (Its
+    # class leaves head_dim unset, which its attention cannot take: files set it.)
+    return transformers.MinistralConfig(
+        **COMMON,
+        num_key_value_heads=2,
+        head_dim=8,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"],
+    )
+
+
 def gemma():
     # LLaMA's blocks with Gemma's RMSNorm (1 + w), GeGLU (tanh), embeddings scaled by
     # sqrt(hidden_size) and tied; one key/value head (the 2B's multi-query attention),
@@ -733,6 +757,8 @@ MODELS = {
     "granite": (granite, {}),
     "ministral3": (ministral3, {}),
     "arcee": (arcee, {}),
+    "helium": (helium, {}),
+    "ministral": (ministral, {}),
     "gemma": (gemma, {}),
     "gemma2": (gemma2, {}),
     "gemma3_text": (gemma3_text, {}),

@@ -122,6 +122,8 @@ fn matches_transformers_for_every_family_on_flex() {
         "granite",
         "ministral3",
         "arcee",
+        "helium",
+        "ministral",
         "gemma",
         "gemma2",
         "gemma3_text",

@@ -351,9 +351,13 @@ impl ModelKeys {
                 let sliding = full.clone().with_scaling(RopeScaling::Default);
                 (full, Some(sliding))
             }
-            // GLM, ERNIE and Cohere rotate pairs of neighbouring features (GPT-J's
-            // layout).
-            ModelType::Glm4 | ModelType::Ernie45 | ModelType::Cohere | ModelType::Cohere2 => (
+            // GLM, ERNIE, Cohere and Helium rotate pairs of neighbouring features
+            // (GPT-J's layout).
+            ModelType::Glm4
+            | ModelType::Ernie45
+            | ModelType::Cohere
+            | ModelType::Cohere2
+            | ModelType::Helium => (
                 rope_keys
                     .rope_config()?
                     .with_layout(RopeLayout::Interleaved),
@@ -383,8 +387,11 @@ impl ModelKeys {
                 );
                 (self.qkv_bias.unwrap_or(true), false)
             }
-            // GLM's `attention_bias` is on q, k and v; its output projection has none.
-            ModelType::Glm4 | ModelType::Glm4Moe => (self.attention_bias.unwrap_or(false), false),
+            // GLM's and Helium's `attention_bias` is on q, k and v; their output
+            // projection has none.
+            ModelType::Glm4 | ModelType::Glm4Moe | ModelType::Helium => {
+                (self.attention_bias.unwrap_or(false), false)
+            }
             ModelType::SeedOss => (
                 self.attention_bias.unwrap_or(false),
                 self.attention_out_bias.unwrap_or(false),
@@ -394,6 +401,7 @@ impl ModelKeys {
                 (bias, bias)
             }
             ModelType::Mistral
+            | ModelType::Ministral
             | ModelType::Ministral3
             | ModelType::Mixtral
             | ModelType::Phi3
@@ -415,6 +423,7 @@ impl ModelKeys {
             ModelType::Llama
             | ModelType::Granite
             | ModelType::Arcee
+            | ModelType::Helium
             | ModelType::Smollm3
             | ModelType::SeedOss
             | ModelType::DeepseekV2 => self.mlp_bias.unwrap_or(false),
@@ -653,7 +662,8 @@ impl ModelKeys {
     /// only with `use_sliding_window`, on the layers `layer_types` (or
     /// `max_window_layers`) names; dots.llm1 on those layers whenever a window is set;
     /// Qwen3-MoE with `use_sliding_window` on every layer; other families on the layers
-    /// `layer_types` names, or every layer; LLaMA, Granite, Arcee, Gemma, GLM-4, GLM-4.5,
+    /// `layer_types` names, or every layer; LLaMA, Granite, Arcee, Helium, Gemma, GLM-4,
+    /// GLM-4.5,
     /// GLM-4.7-Flash, OLMoE, Seed-OSS, ERNIE-4.5 and Cohere never.
     fn sliding_window(
         &self,
@@ -677,6 +687,7 @@ impl ModelKeys {
             ModelType::Llama
             | ModelType::Granite
             | ModelType::Arcee
+            | ModelType::Helium
             | ModelType::Gemma
             | ModelType::Glm4
             | ModelType::Glm4Moe

@@ -90,6 +90,7 @@ fn class_defaults(family: ModelType) -> Value {
     let own = match family {
         ModelType::Llama => json!({"mlp_bias": false}),
         ModelType::Mistral => json!({"num_key_value_heads": 8, "sliding_window": 4096}),
+        ModelType::Ministral => json!({"num_key_value_heads": 8, "sliding_window": 4096}),
         ModelType::Ministral3 => json!({
             "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5,
             "rope_scaling": {
@@ -150,6 +151,9 @@ fn class_defaults(family: ModelType) -> Value {
         }),
         ModelType::Arcee => json!({
             "hidden_act": "relu2", "rms_norm_eps": 1e-5, "mlp_bias": false
+        }),
+        ModelType::Helium => json!({
+            "num_key_value_heads": 20, "head_dim": 128, "rms_norm_eps": 1e-8, "mlp_bias": false
         }),
         ModelType::Gemma => json!({
             "num_key_value_heads": 16, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
@@ -252,6 +256,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
     let sizes = match family {
         ModelType::Llama | ModelType::Granite => [32000, 4096, 11008, 32, 32, 2048],
         ModelType::Mistral | ModelType::Mixtral => [32000, 4096, 14336, 32, 32, 131072],
+        ModelType::Ministral => [32000, 4096, 14336, 32, 32, 131072],
         ModelType::Ministral3 => [131072, 4096, 14336, 34, 32, 262144],
         ModelType::Qwen2 | ModelType::Qwen3 => [151936, 4096, 22016, 32, 32, 32768],
         ModelType::Olmo2 | ModelType::Olmo3 => [50304, 4096, 11008, 32, 32, 2048],
@@ -263,6 +268,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Exaone4 => [102400, 4096, 16384, 32, 32, 2048],
         ModelType::Cohere | ModelType::Cohere2 => [256000, 8192, 22528, 40, 64, 8192],
         ModelType::Arcee => [32000, 2560, 18432, 32, 32, 4096],
+        ModelType::Helium => [48000, 2560, 7040, 24, 20, 4096],
         ModelType::Gemma => [256000, 3072, 24576, 28, 16, 8192],
         ModelType::Gemma2 => [256000, 2304, 9216, 26, 8, 8192],
         ModelType::Gemma3Text => [262208, 2304, 9216, 26, 8, 131072],
@@ -288,11 +294,13 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Llama
         | ModelType::Granite
         | ModelType::Mistral
+        | ModelType::Ministral
         | ModelType::Mixtral
         | ModelType::DeepseekV2 => (Some(1), Some(2), None),
         ModelType::Olmo2 | ModelType::Olmo3 | ModelType::Olmoe => (None, Some(50279), Some(1)),
         ModelType::Smollm3 => (Some(128000), Some(128001), Some(128004)),
         ModelType::Arcee => (Some(128000), Some(128001), None),
+        ModelType::Helium => (Some(1), Some(2), Some(3)),
         ModelType::Phi3 => (Some(1), Some(32000), Some(32000)),
         // Its end-of-text tokens are a list (in the class defaults above).
         ModelType::Glm4 => (None, None, Some(151329)),

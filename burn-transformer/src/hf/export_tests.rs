@@ -45,7 +45,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 36] = [
+const FAMILIES: [&str; 38] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -67,6 +67,8 @@ const FAMILIES: [&str; 36] = [
     "granite",
     "ministral3",
     "arcee",
+    "helium",
+    "ministral",
     "gemma",
     "gemma2",
     "gemma3_text",

@@ -5,6 +5,7 @@
 pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "llama",
     "mistral",
+    "ministral",
     "ministral3",
     "qwen2",
     "qwen3",
@@ -20,6 +21,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "cohere2",
     "granite",
     "arcee",
+    "helium",
     "gemma",
     "gemma2",
     "gemma3_text",
@@ -57,6 +59,9 @@ pub(crate) enum ModelType {
     Llama,
     /// Mistral: LLaMA with a sliding window on every layer.
     Mistral,
+    /// Ministral (8B, 2410): Mistral's layers with the windowed ones named by
+    /// `layer_types` (every layer when a window is set and none are named).
+    Ministral,
     /// Ministral-3: Mistral (no window by default) with the queries scaled by position
     /// past the original context (`llama_4_scaling_beta`), YaRN by default.
     Ministral3,
@@ -101,6 +106,9 @@ pub(crate) enum ModelType {
     /// Arcee (AFM): LLaMA with an ungated feed-forward of squared ReLU,
     /// `down(relu(up(x))²)`.
     Arcee,
+    /// Helium (Kyutai): LLaMA with the rotary embedding on neighbouring pairs and no
+    /// bias on the output projection.
+    Helium,
     /// Gemma (the first generation, CodeGemma): LLaMA's blocks with Gemma's RMSNorm,
     /// scaled and tied embeddings, and GeGLU (tanh); multi-query attention in the 2B.
     Gemma,
@@ -143,9 +151,10 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 30] = [
+    const ALL: [Self; 32] = [
         Self::Llama,
         Self::Mistral,
+        Self::Ministral,
         Self::Ministral3,
         Self::Qwen2,
         Self::Qwen3,
@@ -161,6 +170,7 @@ impl ModelType {
         Self::Cohere2,
         Self::Granite,
         Self::Arcee,
+        Self::Helium,
         Self::Gemma,
         Self::Gemma2,
         Self::Gemma3Text,
@@ -181,6 +191,7 @@ impl ModelType {
         match self {
             Self::Llama => "llama",
             Self::Mistral => "mistral",
+            Self::Ministral => "ministral",
             Self::Ministral3 => "ministral3",
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
@@ -196,6 +207,7 @@ impl ModelType {
             Self::Cohere2 => "cohere2",
             Self::Granite => "granite",
             Self::Arcee => "arcee",
+            Self::Helium => "helium",
             Self::Gemma => "gemma",
             Self::Gemma2 => "gemma2",
             Self::Gemma3Text => "gemma3_text",

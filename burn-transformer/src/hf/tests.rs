@@ -272,6 +272,16 @@ fn arcee_with_an_ungated_squared_relu_feed_forward_matches_transformers() {
 }
 
 #[test]
+fn helium_with_interleaved_rope_and_biases_on_q_k_v_only_matches_transformers() {
+    matches_transformers("helium");
+}
+
+#[test]
+fn ministral_with_a_window_on_the_layers_it_names_matches_transformers() {
+    matches_transformers("ministral");
+}
+
+#[test]
 fn gemma_with_gemma_norms_scaled_tied_embeddings_and_one_kv_head_matches_transformers() {
     matches_transformers("gemma");
 }
@@ -432,7 +442,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 21] = [
+    let cases: [(&str, Edit, &[&str]); 22] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -612,6 +622,15 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
                 config.insert("norm_topk_prob".into(), json!(true));
             },
             &["norm_topk_prob", "n_group"],
+        ),
+        // Ministral's code has no attention or feed-forward biases.
+        (
+            "ministral",
+            |config| {
+                config.insert("attention_bias".into(), json!(true));
+                config.insert("mlp_bias".into(), json!(true));
+            },
+            &["attention_bias", "mlp_bias"],
         ),
         // Arcee's default activation: the squared ReLU.
         (
