@@ -353,6 +353,17 @@ def helium():
     )
 
 
+def starcoder2():
+    # LayerNorms with a shift, biases on every projection, an ungated GELU-tanh
+    # feed-forward (c_fc, c_proj), a window of 4 on every layer, tied embeddings.
+    return transformers.Starcoder2Config(
+        **{k: v for k, v in COMMON.items() if k != "rms_norm_eps"},
+        norm_epsilon=1e-5,
+        num_key_value_heads=2,
+        sliding_window=4,
+    )
+
+
 def ministral():
     # Mistral's layers, the window (4) on the layers `layer_types` names only. (Its
     # class leaves head_dim unset, which its attention cannot take: files set it.)
@@ -759,6 +770,7 @@ MODELS = {
     "arcee": (arcee, {}),
     "helium": (helium, {}),
     "ministral": (ministral, {}),
+    "starcoder2": (starcoder2, {}),
     "gemma": (gemma, {}),
     "gemma2": (gemma2, {}),
     "gemma3_text": (gemma3_text, {}),

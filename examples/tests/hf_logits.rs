@@ -124,6 +124,7 @@ fn matches_transformers_for_every_family_on_flex() {
         "arcee",
         "helium",
         "ministral",
+        "starcoder2",
         "gemma",
         "gemma2",
         "gemma3_text",

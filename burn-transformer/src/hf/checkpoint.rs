@@ -245,7 +245,8 @@ fn check_layer_count<'a>(
 /// HF's `model.embed_tokens` is our `embed_tokens`; Mixtral names its sparse block
 /// `block_sparse_moe` where our layer (like DeepSeek's) says `mlp`; Qwen2-MoE its
 /// shared expert `shared_expert` where ours says `shared_experts`; Arcee the projections
-/// of its ungated feed-forward `up_proj` and `down_proj` (ours `fc1`, `fc2`); DeepSeek-V3
+/// of its ungated feed-forward `up_proj` and `down_proj`, StarCoder2 `c_fc` and
+/// `c_proj` (ours `fc1`, `fc2`); DeepSeek-V3
 /// checkpoints append multi-token-prediction layers after the last decoder layer
 /// ([`HfConfig::mtp_layers`]): `model.layers.{n_layers + k}.{enorm, hnorm, eh_proj,
 /// shared_head.norm}` are our `mtp.{k}.…`, the layer's decoder keys our
@@ -274,7 +275,10 @@ pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
         load_mtp: config.model.mtp_depth > 0,
         mixtral: config.model_type == "mixtral",
         qwen2_moe: config.model_type == "qwen2_moe",
-        ungated_mlp: !config.model.gated_mlp,
+        ungated_mlp: (!config.model.gated_mlp).then_some(match config.model_type.as_str() {
+            "starcoder2" => STARCODER2_MLP,
+            _ => ARCEE_MLP,
+        }),
         gpt_oss: config.model_type == "gpt_oss",
         multimodal: text_model_family(&config.model_type).is_some(),
         fused: fused_projections(config),
@@ -291,10 +295,14 @@ const GLM4_NORMS: [(&str, &str); 3] = [
 ];
 
 /// Arcee's names of an ungated feed-forward's projections, and ours.
-const UNGATED_MLP: [(&str, &str); 2] = [
+const ARCEE_MLP: [(&str, &str); 2] = [
     (".mlp.up_proj.", ".mlp.fc1."),
     (".mlp.down_proj.", ".mlp.fc2."),
 ];
+
+/// StarCoder2's names of an ungated feed-forward's projections, and ours.
+const STARCODER2_MLP: [(&str, &str); 2] =
+    [(".mlp.c_fc.", ".mlp.fc1."), (".mlp.c_proj.", ".mlp.fc2.")];
 
 /// `key` with the first of `renames`' names it holds replaced (one name per key, so the
 /// renames apply as one simultaneous map).
@@ -393,9 +401,9 @@ struct CausalLmKeys {
     load_mtp: bool,
     mixtral: bool,
     qwen2_moe: bool,
-    /// The dense feed-forward is ungated: the checkpoint's `up_proj` and `down_proj`
-    /// are our `fc1` and `fc2` ([`UNGATED_MLP`]).
-    ungated_mlp: bool,
+    /// The checkpoint's names of an ungated dense feed-forward's projections, and ours
+    /// (`fc1`, `fc2`); `None` for a gated one.
+    ungated_mlp: Option<[(&'static str, &'static str); 2]>,
     gpt_oss: bool,
     multimodal: bool,
     /// The projections the family's checkpoints store fused ([`fused_projections`]);
@@ -474,8 +482,8 @@ impl CausalLmKeys {
         } else if self.gpt_oss {
             // gpt-oss names its router `router`, ours (like every other family) `gate`.
             KeyAction::Load(key.replacen(".mlp.router.", ".mlp.gate.", 1))
-        } else if self.ungated_mlp {
-            KeyAction::Load(rename_one(key, UNGATED_MLP))
+        } else if let Some(names) = self.ungated_mlp {
+            KeyAction::Load(rename_one(key, names))
         } else if self.glm4 {
             KeyAction::Load(rename_one(key, GLM4_NORMS))
         } else {
@@ -502,8 +510,8 @@ impl CausalLmKeys {
             path.replacen(".mlp.shared_experts.", ".mlp.shared_expert.", 1)
         } else if self.gpt_oss {
             path.replacen(".mlp.gate.", ".mlp.router.", 1)
-        } else if self.ungated_mlp {
-            rename_one(path, UNGATED_MLP.map(|(theirs, ours)| (ours, theirs)))
+        } else if let Some(names) = self.ungated_mlp {
+            rename_one(path, names.map(|(theirs, ours)| (ours, theirs)))
         } else if self.glm4 {
             rename_one(path, GLM4_NORMS.map(|(theirs, ours)| (ours, theirs)))
         } else {

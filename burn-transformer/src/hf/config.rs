@@ -200,6 +200,8 @@ struct ModelKeys {
     rms_norm_eps: Option<f64>,
     /// Cohere's name of the norms' epsilon (of its LayerNorms).
     layer_norm_eps: Option<f64>,
+    /// StarCoder2's name of the norms' epsilon (of its LayerNorms).
+    norm_epsilon: Option<f64>,
     /// Cohere's factor on the output logits.
     logit_scale: Option<f64>,
     /// QK-norm: GLM-4.5's RMSNorm per head; Cohere's LayerNorm with its own weights per
@@ -396,7 +398,7 @@ impl ModelKeys {
                 self.attention_bias.unwrap_or(false),
                 self.attention_out_bias.unwrap_or(false),
             ),
-            ModelType::Ernie45 => {
+            ModelType::Ernie45 | ModelType::Starcoder2 => {
                 let bias = self.use_bias.unwrap_or(false);
                 (bias, bias)
             }
@@ -427,7 +429,7 @@ impl ModelKeys {
             | ModelType::Smollm3
             | ModelType::SeedOss
             | ModelType::DeepseekV2 => self.mlp_bias.unwrap_or(false),
-            ModelType::Ernie45 => self.use_bias.unwrap_or(false),
+            ModelType::Ernie45 | ModelType::Starcoder2 => self.use_bias.unwrap_or(false),
             _ => unread.fixed("mlp_bias", self.mlp_bias, false, "no feed-forward biases"),
         };
         // Gemma-2 and Gemma-3 name the activation `hidden_activation`, every other
@@ -488,7 +490,8 @@ impl ModelKeys {
         .with_n_kv_heads(Some(self.num_key_value_heads.unwrap_or(n_heads)))
         .with_head_dim(Some(head_dim))
         .with_norm_eps(self.norm_eps(family))
-        .with_layer_norm(family.is_cohere())
+        .with_layer_norm(family.is_cohere() || family == ModelType::Starcoder2)
+        .with_layer_norm_bias(family == ModelType::Starcoder2)
         .with_logit_scale(match family {
             _ if family.is_cohere() => Some(self.logit_scale.unwrap_or(1.0)),
             ModelType::Granite => self.logits_scaling.map(f64::recip),
@@ -498,7 +501,7 @@ impl ModelKeys {
         .with_o_bias(o_bias)
         .with_mlp_bias(mlp_bias)
         .with_activation(activation)
-        .with_gated_mlp(family != ModelType::Arcee)
+        .with_gated_mlp(!matches!(family, ModelType::Arcee | ModelType::Starcoder2))
         .with_sliding_window(sliding_window)
         .with_sliding_layers(sliding_layers)
         .with_tie_word_embeddings(self.tie_word_embeddings.unwrap_or(gemma))
@@ -648,23 +651,23 @@ impl ModelKeys {
             .map(Some)
     }
 
-    /// The norms' epsilon: Cohere's `layer_norm_eps`, every other family's
-    /// `rms_norm_eps`.
+    /// The norms' epsilon: Cohere's `layer_norm_eps`, StarCoder2's `norm_epsilon`, every
+    /// other family's `rms_norm_eps`.
     fn norm_eps(&self, family: ModelType) -> f64 {
-        match family.is_cohere() {
-            true => self.layer_norm_eps.unwrap_or(1e-5),
-            false => self.rms_norm_eps.unwrap_or(1e-6),
+        match family {
+            _ if family.is_cohere() => self.layer_norm_eps.unwrap_or(1e-5),
+            ModelType::Starcoder2 => self.norm_epsilon.unwrap_or(1e-5),
+            _ => self.rms_norm_eps.unwrap_or(1e-6),
         }
     }
 
-    /// `(sliding_window, sliding_layers)`: Mistral, Ministral-3, Mixtral and Phi-3 slide
-    /// on every layer when `sliding_window` is set; Qwen2, Qwen2-MoE, Qwen3 and SmolLM3
-    /// only with `use_sliding_window`, on the layers `layer_types` (or
+    /// `(sliding_window, sliding_layers)`: Mistral, Ministral-3, Mixtral, Phi-3 and
+    /// StarCoder2 slide on every layer when `sliding_window` is set; Qwen2, Qwen2-MoE,
+    /// Qwen3 and SmolLM3 only with `use_sliding_window`, on the layers `layer_types` (or
     /// `max_window_layers`) names; dots.llm1 on those layers whenever a window is set;
     /// Qwen3-MoE with `use_sliding_window` on every layer; other families on the layers
     /// `layer_types` names, or every layer; LLaMA, Granite, Arcee, Helium, Gemma, GLM-4,
-    /// GLM-4.5,
-    /// GLM-4.7-Flash, OLMoE, Seed-OSS, ERNIE-4.5 and Cohere never.
+    /// GLM-4.5, GLM-4.7-Flash, OLMoE, Seed-OSS, ERNIE-4.5 and Cohere never.
     fn sliding_window(
         &self,
         family: ModelType,
@@ -704,6 +707,7 @@ impl ModelKeys {
         if matches!(
             family,
             ModelType::Mistral
+                | ModelType::Starcoder2
                 | ModelType::Ministral3
                 | ModelType::Mixtral
                 | ModelType::Phi3

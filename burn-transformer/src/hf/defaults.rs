@@ -155,6 +155,11 @@ fn class_defaults(family: ModelType) -> Value {
         ModelType::Helium => json!({
             "num_key_value_heads": 20, "head_dim": 128, "rms_norm_eps": 1e-8, "mlp_bias": false
         }),
+        ModelType::Starcoder2 => json!({
+            "num_key_value_heads": 2, "hidden_act": "gelu_pytorch_tanh", "norm_epsilon": 1e-5,
+            "use_bias": true, "tie_word_embeddings": true, "initializer_range": 0.018042,
+            "sliding_window": null
+        }),
         ModelType::Gemma => json!({
             "num_key_value_heads": 16, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
             "tie_word_embeddings": true
@@ -269,6 +274,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Cohere | ModelType::Cohere2 => [256000, 8192, 22528, 40, 64, 8192],
         ModelType::Arcee => [32000, 2560, 18432, 32, 32, 4096],
         ModelType::Helium => [48000, 2560, 7040, 24, 20, 4096],
+        ModelType::Starcoder2 => [49152, 3072, 12288, 30, 24, 4096],
         ModelType::Gemma => [256000, 3072, 24576, 28, 16, 8192],
         ModelType::Gemma2 => [256000, 2304, 9216, 26, 8, 8192],
         ModelType::Gemma3Text => [262208, 2304, 9216, 26, 8, 131072],
@@ -301,6 +307,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Smollm3 => (Some(128000), Some(128001), Some(128004)),
         ModelType::Arcee => (Some(128000), Some(128001), None),
         ModelType::Helium => (Some(1), Some(2), Some(3)),
+        ModelType::Starcoder2 => (Some(50256), Some(50256), None),
         ModelType::Phi3 => (Some(1), Some(32000), Some(32000)),
         // Its end-of-text tokens are a list (in the class defaults above).
         ModelType::Glm4 => (None, None, Some(151329)),

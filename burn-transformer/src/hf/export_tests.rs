@@ -45,7 +45,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 38] = [
+const FAMILIES: [&str; 39] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -69,6 +69,7 @@ const FAMILIES: [&str; 38] = [
     "arcee",
     "helium",
     "ministral",
+    "starcoder2",
     "gemma",
     "gemma2",
     "gemma3_text",

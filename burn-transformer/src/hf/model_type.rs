@@ -22,6 +22,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "granite",
     "arcee",
     "helium",
+    "starcoder2",
     "gemma",
     "gemma2",
     "gemma3_text",
@@ -109,6 +110,9 @@ pub(crate) enum ModelType {
     /// Helium (Kyutai): LLaMA with the rotary embedding on neighbouring pairs and no
     /// bias on the output projection.
     Helium,
+    /// StarCoder2: LayerNorms with a shift, biases on every projection, an ungated
+    /// feed-forward (GELU-tanh), a window on every layer when one is set.
+    Starcoder2,
     /// Gemma (the first generation, CodeGemma): LLaMA's blocks with Gemma's RMSNorm,
     /// scaled and tied embeddings, and GeGLU (tanh); multi-query attention in the 2B.
     Gemma,
@@ -151,7 +155,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 32] = [
+    const ALL: [Self; 33] = [
         Self::Llama,
         Self::Mistral,
         Self::Ministral,
@@ -171,6 +175,7 @@ impl ModelType {
         Self::Granite,
         Self::Arcee,
         Self::Helium,
+        Self::Starcoder2,
         Self::Gemma,
         Self::Gemma2,
         Self::Gemma3Text,
@@ -208,6 +213,7 @@ impl ModelType {
             Self::Granite => "granite",
             Self::Arcee => "arcee",
             Self::Helium => "helium",
+            Self::Starcoder2 => "starcoder2",
             Self::Gemma => "gemma",
             Self::Gemma2 => "gemma2",
             Self::Gemma3Text => "gemma3_text",

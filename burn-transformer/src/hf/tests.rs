@@ -282,6 +282,11 @@ fn ministral_with_a_window_on_the_layers_it_names_matches_transformers() {
 }
 
 #[test]
+fn starcoder2_with_shifted_layer_norms_biases_and_an_ungated_feed_forward_matches_transformers() {
+    matches_transformers("starcoder2");
+}
+
+#[test]
 fn gemma_with_gemma_norms_scaled_tied_embeddings_and_one_kv_head_matches_transformers() {
     matches_transformers("gemma");
 }
@@ -442,7 +447,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 22] = [
+    let cases: [(&str, Edit, &[&str]); 23] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -622,6 +627,18 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
                 config.insert("norm_topk_prob".into(), json!(true));
             },
             &["norm_topk_prob", "n_group"],
+        ),
+        // StarCoder2's defaults: biases everywhere, GELU-tanh, tied embeddings, its own
+        // name of the norms' epsilon (`rms_norm_eps` is another family's key).
+        (
+            "starcoder2",
+            |config| {
+                for key in ["use_bias", "hidden_act", "tie_word_embeddings"] {
+                    config.remove(key);
+                }
+                config.insert("rms_norm_eps".into(), json!(0.5));
+            },
+            &[],
         ),
         // Ministral's code has no attention or feed-forward biases.
         (
@@ -1015,11 +1032,9 @@ fn gradient_norms(
         let name = match model_type {
             "gpt_oss" => name.replacen(".mlp.gate.", ".mlp.router.", 1),
             "qwen2_moe" => name.replacen(".mlp.shared_experts.", ".mlp.shared_expert.", 1),
-            "arcee" => name.replacen(".mlp.fc1.", ".mlp.up_proj.", 1).replacen(
-                ".mlp.fc2.",
-                ".mlp.down_proj.",
-                1,
-            ),
+            // Ungated feed-forwards: Arcee's and StarCoder2's names of `fc1` and `fc2`.
+            "arcee" => rename_ungated(&name, "up_proj", "down_proj"),
+            "starcoder2" => rename_ungated(&name, "c_fc", "c_proj"),
             "gemma3" | "mistral3" => name.replacen("model.", "model.language_model.", 1),
             "glm4" => [
                 (".post_attention_layernorm.", ".post_self_attn_layernorm."),
@@ -1052,6 +1067,12 @@ fn gradient_norms(
         .into_iter()
         .map(|(name, square)| (name, f64::sqrt(square)))
         .collect()
+}
+
+/// `name` with an ungated feed-forward's `fc1` and `fc2` named `first` and `second`.
+fn rename_ungated(name: &str, first: &str, second: &str) -> String {
+    name.replacen(".mlp.fc1.", &format!(".mlp.{first}."), 1)
+        .replacen(".mlp.fc2.", &format!(".mlp.{second}."), 1)
 }
 
 /// Training computes what PyTorch computes: on every fixture model, the next-token

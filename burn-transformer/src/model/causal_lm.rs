@@ -145,6 +145,10 @@ pub struct CausalLmConfig {
     /// Default: false.
     #[config(default = false)]
     pub layer_norm: bool,
+    /// With `layer_norm`, a learned shift too, `w · (x − mean) / √(var + eps) + b`
+    /// (PyTorch's `nn.LayerNorm`, StarCoder2's). Default: false.
+    #[config(default = false)]
+    pub layer_norm_bias: bool,
     /// A learned attention sink per head in every grouped-attention layer (gpt-oss).
     /// Default: false.
     #[config(default = false)]
@@ -297,7 +301,7 @@ impl CausalLmConfig {
             return NormConfig::Layer(
                 LayerNormConfig::new(self.d_model)
                     .with_eps(self.norm_eps)
-                    .with_bias(false),
+                    .with_bias(self.layer_norm_bias),
             );
         }
         NormConfig::Rms(
@@ -349,6 +353,15 @@ impl CausalLmConfig {
         ConfigError::check_non_negative(MODULE, "router_z_loss_coef", self.router_z_loss_coef)?;
         ConfigError::check_probability(MODULE, "drop_path", self.drop_path)?;
         ConfigError::check_non_negative(MODULE, "mtp_loss_weight", self.mtp_loss_weight)?;
+        if self.layer_norm_bias && !self.layer_norm {
+            return Err(ConfigError::Invalid {
+                module: MODULE,
+                field: "layer_norm_bias",
+                reason: "shifts LayerNorms, but the model's norms are RMSNorms: set \
+                         layer_norm too, or leave layer_norm_bias false"
+                    .into(),
+            });
+        }
         if self.mtp_depth > 0 && self.block_kind == BlockKind::ResiDual {
             return Err(ConfigError::Invalid {
                 module: MODULE,
@@ -887,6 +900,23 @@ pub(crate) mod tests {
             ),
             "{error:?}"
         );
+    }
+
+    #[test]
+    fn a_layer_norm_shift_without_layer_norms_is_an_error() {
+        let config = CausalLmConfig::tiny().with_layer_norm_bias(true);
+        let error = config.validate().unwrap_err();
+        assert!(
+            matches!(
+                error,
+                ConfigError::Invalid {
+                    field: "layer_norm_bias",
+                    ..
+                }
+            ),
+            "{error:?}"
+        );
+        assert!(config.with_layer_norm(true).validate().is_ok());
     }
 
     #[test]
