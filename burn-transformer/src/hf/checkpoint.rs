@@ -246,7 +246,7 @@ fn check_layer_count<'a>(
 /// `block_sparse_moe` where our layer (like DeepSeek's) says `mlp`; Qwen2-MoE its
 /// shared expert `shared_expert` where ours says `shared_experts`; Arcee the projections
 /// of its ungated feed-forward `up_proj` and `down_proj`, StarCoder2 `c_fc` and
-/// `c_proj` (ours `fc1`, `fc2`); DeepSeek-V3
+/// `c_proj` (ours `fc1`, `fc2`). DeepSeek-V3's, GLM-4.5's and GLM-4.7-Flash's
 /// checkpoints append multi-token-prediction layers after the last decoder layer
 /// ([`HfConfig::mtp_layers`]): `model.layers.{n_layers + k}.{enorm, hnorm, eh_proj,
 /// shared_head.norm}` are our `mtp.{k}.…`, the layer's decoder keys our

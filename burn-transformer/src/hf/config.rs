@@ -42,9 +42,10 @@ pub struct HfConfig {
     /// `pad_token_id`, if set.
     pub pad_token_id: Option<u32>,
     /// Layers a checkpoint may hold after the `num_hidden_layers` decoder layers:
-    /// DeepSeek-V3's multi-token-prediction layers (`num_nextn_predict_layers`),
-    /// loaded as the model's [`mtp`](crate::model::CausalLm::mtp) modules when the
-    /// checkpoint has them. 0 for every other family.
+    /// DeepSeek-V3's, GLM-4.5's and GLM-4.7-Flash's multi-token-prediction layers
+    /// (`num_nextn_predict_layers`), loaded as the model's
+    /// [`mtp`](crate::model::CausalLm::mtp) modules when the checkpoint has them. 0 for
+    /// every other family.
     pub mtp_layers: usize,
     /// One note per key that the file sets to a value the family's transformers
     /// implementation does not read or use (Mistral's `mlp_bias`, Gemma-3's
@@ -205,7 +206,7 @@ struct ModelKeys {
     /// Cohere's factor on the output logits.
     logit_scale: Option<f64>,
     /// QK-norm: GLM-4.5's RMSNorm per head; Cohere's LayerNorm with its own weights per
-    /// head (not supported).
+    /// head (not supported); no other family reads it.
     use_qk_norm: Option<bool>,
     attention_bias: Option<bool>,
     /// Qwen2-MoE's switch of the q/k/v biases.
@@ -250,7 +251,8 @@ struct ModelKeys {
     bos_token_id: Option<u32>,
     eos_token_id: Option<TokenIds>,
     pad_token_id: Option<u32>,
-    /// DeepSeek-V3's multi-token-prediction layers, stored after the decoder layers.
+    /// The multi-token-prediction layers stored after the decoder layers (DeepSeek-V3,
+    /// GLM-4.5, GLM-4.7-Flash).
     #[serde(alias = "num_mtp_layers")]
     num_nextn_predict_layers: Option<usize>,
     /// SmolLM3's layers that rotate (1) or attend without RoPE (0).
@@ -292,7 +294,7 @@ impl ModelKeys {
                 ),
             ));
         }
-        if self.use_qk_norm == Some(true) && family != ModelType::Glm4Moe {
+        if self.use_qk_norm == Some(true) && family.is_cohere() {
             return Err(KeyError::new(
                 "use_qk_norm",
                 "is true: Cohere's QK-norm (a LayerNorm with its own weights per head) is \
@@ -314,6 +316,9 @@ impl ModelKeys {
                 "is true: bidirectional (encoder) Gemma models are not supported; this \
                  loader builds causal language models",
             ));
+        }
+        if family != ModelType::Glm4Moe && !family.is_cohere() {
+            unread.fixed("use_qk_norm", self.use_qk_norm, false, "no such switch");
         }
         unread.fixed(
             "clip_qkv",
@@ -581,8 +586,9 @@ impl ModelKeys {
     }
 
     /// QK-norm, with the model's eps: Qwen3, Qwen3-MoE, dots.llm1, EXAONE-4, GLM-4.5
-    /// (with `use_qk_norm`) and Gemma-3 (with Gemma's RMSNorm) normalize each head (`q_norm` /
-    /// `k_norm` of width `head_dim`), OLMo-2, OLMo-3 and OLMoE the whole projections.
+    /// (with `use_qk_norm`) and Gemma-3 (with Gemma's RMSNorm) normalize each head
+    /// (`q_norm` / `k_norm` of width `head_dim`), OLMo-2, OLMo-3 and OLMoE the whole
+    /// projections.
     fn qk_norm(&self, family: ModelType) -> Option<QkNormConfig> {
         let placement = match family {
             ModelType::Qwen3
@@ -971,6 +977,9 @@ mod tests {
         assert_eq!(field(encoder), "use_bidirectional_attention");
         let clamped = with("olmoe", "\"clip_qkv\": 8.0,");
         assert_eq!(field(clamped), "clip_qkv");
+        let switch = with("llama", "\"use_qk_norm\": true,").unwrap();
+        assert!(switch.model.qk_norm.is_none());
+        assert!(switch.unread_keys[0].starts_with("`use_qk_norm: true`"));
         let unread = with("llama", "\"clip_qkv\": 8.0,").unwrap();
         assert!(
             unread.unread_keys[0].starts_with("`clip_qkv: 8.0`"),

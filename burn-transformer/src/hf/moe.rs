@@ -28,10 +28,9 @@ use crate::ffn::{Activation, MoeConfig, MoeLayerPlan, SwiGluConfig};
 /// For the families transformers implements (`model_type`), the routing is the one its
 /// code computes, whatever keys it does not read say: softmax scores (sigmoid for
 /// `deepseek_v3` and the families that route as it: GLM-4.5, GLM-4.7-Flash, dots.llm1);
-/// Mixtral and
-/// gpt-oss always renormalize the chosen experts' weights and DeepSeek-V2 never does;
-/// only DeepSeek-V2/V3 and those families have shared experts, expert groups and a
-/// routed scaling factor, and DeepSeek-V2's groups count only under
+/// Mixtral and gpt-oss always renormalize the chosen experts' weights and DeepSeek-V2
+/// never does; only DeepSeek-V2/V3 and those families have shared experts, expert
+/// groups and a routed scaling factor, and DeepSeek-V2's groups count only under
 /// `topk_method: "group_limited_greedy"`; Qwen2-MoE has one shared expert,
 /// `shared_expert_intermediate_size` wide, behind a sigmoid gate.
 ///
@@ -251,11 +250,11 @@ impl MoeKeys {
             .with_activation(self.hidden_act.unwrap_or(Activation::Silu)))
     }
 
-    /// Expert groups and the correction bias: DeepSeek-V3 and GLM-4.5 always route
-    /// through groups (scored by their two best experts) with the bias; DeepSeek-V2
-    /// through groups (scored by their best expert) under `topk_method:
-    /// "group_limited_greedy"` and over all experts under `"greedy"`; the other families
-    /// over all experts. Without a family, the keys as written.
+    /// Expert groups and the correction bias: DeepSeek-V3 and the families that route
+    /// as it always route through groups (scored by their two best experts) with the
+    /// bias; DeepSeek-V2 through groups (scored by their best expert) under
+    /// `topk_method: "group_limited_greedy"` and over all experts under `"greedy"`; the
+    /// other families over all experts. Without a family, the keys as written.
     fn group_routing(
         &self,
         family: Option<ModelType>,
