@@ -655,6 +655,24 @@ def dots1():
     )
 
 
+def minimax_m2():
+    # QK-norm across heads, the rotary embedding over half of each head (as the Hub's
+    # files say it: rotary_dim); 8 experts, top-2 by bias-corrected sigmoid scores,
+    # renormalized.
+    common = {k: v for k, v in COMMON.items() if k != "intermediate_size"}
+    return transformers.MiniMaxM2Config(
+        **common,
+        intermediate_size=16,
+        num_key_value_heads=2,
+        head_dim=8,
+        rotary_dim=4,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        router_aux_loss_coef=0.02,
+        tie_word_embeddings=False,
+    )
+
+
 def gpt_oss():
     # Attention sinks and biases, a window of 4 on the first layer only, YaRN; 4 experts
     # top-2 with router and expert biases and the clamped SwiGLU.
@@ -784,6 +802,7 @@ MODELS = {
     "glm4_moe_mtp": (glm4_moe, {"mtp": True, "max_shard_size": "150KB"}),
     "glm4_moe_lite": (glm4_moe_lite, {}),
     "dots1": (dots1, {}),
+    "minimax_m2": (minimax_m2, {}),
     "gpt_oss": (gpt_oss, {}),
     "deepseek_v3": (deepseek_v3, {}),
     # The MTP layer makes the checkpoint ~270 KiB: two shards keep each file < 200 KiB.
@@ -839,13 +858,18 @@ class RouterGaps:
         def record(_module, inputs, _output):
             hidden = inputs[0].reshape(-1, inputs[0].shape[-1]).float()
             logits = hidden @ module.weight.float().t()
-            self.smallest = min(self.smallest, self.margin(module, logits))
+            # MiniMax-M2's router takes its block's correction bias as an argument.
+            bias = inputs[1] if len(inputs) > 1 else None
+            self.smallest = min(self.smallest, self.margin(module, logits, bias))
 
         return record
 
-    def margin(self, module, logits):
+    def margin(self, module, logits, bias=None):
         config = self.config
         k = config.num_experts_per_tok
+        if config.model_type == "minimax_m2":
+            scores = logits.sigmoid() + bias.float()
+            return gap(scores, k)
         if config.model_type in ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "dots1"):
             # DeepSeek-V3's routing (and of the families that copy it): bias-corrected
             # sigmoid scores, groups ranked by their two best experts.

@@ -137,6 +137,7 @@ fn matches_transformers_for_every_family_on_flex() {
         "glm4_moe",
         "glm4_moe_lite",
         "dots1",
+        "minimax_m2",
         "gpt_oss",
         "deepseek_v2",
         "deepseek_v3",

@@ -242,8 +242,9 @@ fn check_layer_count<'a>(
 
 /// The rename table of the decoder-only families.
 ///
-/// HF's `model.embed_tokens` is our `embed_tokens`; Mixtral names its sparse block
-/// `block_sparse_moe` where our layer (like DeepSeek's) says `mlp`; Qwen2-MoE its
+/// HF's `model.embed_tokens` is our `embed_tokens`; Mixtral and MiniMax-M2 name their
+/// sparse block `block_sparse_moe` where our layer (like DeepSeek's) says `mlp`, and
+/// MiniMax-M2 keeps the router's correction bias in that block; Qwen2-MoE its
 /// shared expert `shared_expert` where ours says `shared_experts`; Arcee the projections
 /// of its ungated feed-forward `up_proj` and `down_proj`, StarCoder2 `c_fc` and
 /// `c_proj` (ours `fc1`, `fc2`). DeepSeek-V3's, GLM-4.5's and GLM-4.7-Flash's
@@ -273,7 +274,7 @@ pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
         n_layers: config.model.n_layers,
         mtp_layers: config.mtp_layers,
         load_mtp: config.model.mtp_depth > 0,
-        mixtral: config.model_type == "mixtral",
+        mixtral: has_mixtral_layout(&config.model_type),
         qwen2_moe: config.model_type == "qwen2_moe",
         ungated_mlp: (!config.model.gated_mlp).then_some(match config.model_type.as_str() {
             "starcoder2" => STARCODER2_MLP,
@@ -292,6 +293,23 @@ const GLM4_NORMS: [(&str, &str); 3] = [
     (".post_self_attn_layernorm.", ".post_attention_layernorm."),
     (".post_attention_layernorm.", ".pre_feedforward_layernorm."),
     (".post_mlp_layernorm.", ".post_feedforward_layernorm."),
+];
+
+/// Whether the checkpoints of the family `model_type` lay their sparse layers out as
+/// Mixtral's: the block named `block_sparse_moe`, each expert's projections `w1` (gate),
+/// `w3` (up) and `w2` (down).
+pub(crate) fn has_mixtral_layout(model_type: &str) -> bool {
+    matches!(model_type, "mixtral" | "minimax_m2")
+}
+
+/// Mixtral's and MiniMax-M2's names of the sparse block and of MiniMax-M2's correction
+/// bias (beside the router, in the block), and ours (the bias is the router's).
+const MIXTRAL_NAMES: [(&str, &str); 2] = [
+    (
+        ".block_sparse_moe.e_score_correction_bias",
+        ".mlp.gate.e_score_correction_bias",
+    ),
+    (".block_sparse_moe.", ".mlp."),
 ];
 
 /// Arcee's names of an ungated feed-forward's projections, and ours.
@@ -475,7 +493,7 @@ impl CausalLmKeys {
             return KeyAction::Load(format!("embed_tokens.{rest}"));
         }
         if self.mixtral {
-            KeyAction::Load(key.replacen(".block_sparse_moe.", ".mlp.", 1))
+            KeyAction::Load(rename_one(key, MIXTRAL_NAMES))
         } else if self.qwen2_moe {
             // Qwen2-MoE's one shared expert is our `shared_experts`.
             KeyAction::Load(key.replacen(".mlp.shared_expert.", ".mlp.shared_experts.", 1))
@@ -505,7 +523,7 @@ impl CausalLmKeys {
             return format!("model.layers.{}.{rest}", self.n_layers + depth_index);
         }
         if self.mixtral {
-            path.replacen(".mlp.", ".block_sparse_moe.", 1)
+            rename_one(path, MIXTRAL_NAMES.map(|(theirs, ours)| (ours, theirs)))
         } else if self.qwen2_moe {
             path.replacen(".mlp.shared_experts.", ".mlp.shared_expert.", 1)
         } else if self.gpt_oss {

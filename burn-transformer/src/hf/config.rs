@@ -587,8 +587,8 @@ impl ModelKeys {
 
     /// QK-norm, with the model's eps: Qwen3, Qwen3-MoE, dots.llm1, EXAONE-4, GLM-4.5
     /// (with `use_qk_norm`) and Gemma-3 (with Gemma's RMSNorm) normalize each head
-    /// (`q_norm` / `k_norm` of width `head_dim`), OLMo-2, OLMo-3 and OLMoE the whole
-    /// projections.
+    /// (`q_norm` / `k_norm` of width `head_dim`), OLMo-2, OLMo-3, OLMoE and MiniMax-M2
+    /// the whole projections.
     fn qk_norm(&self, family: ModelType) -> Option<QkNormConfig> {
         let placement = match family {
             ModelType::Qwen3
@@ -597,7 +597,9 @@ impl ModelKeys {
             | ModelType::Gemma3Text
             | ModelType::Exaone4 => QkNormPlacement::PerHead,
             ModelType::Glm4Moe if self.use_qk_norm == Some(true) => QkNormPlacement::PerHead,
-            ModelType::Olmo2 | ModelType::Olmo3 | ModelType::Olmoe => QkNormPlacement::AcrossHeads,
+            ModelType::Olmo2 | ModelType::Olmo3 | ModelType::Olmoe | ModelType::MinimaxM2 => {
+                QkNormPlacement::AcrossHeads
+            }
             _ => return None,
         };
         Some(
@@ -673,7 +675,7 @@ impl ModelKeys {
     /// `max_window_layers`) names; dots.llm1 on those layers whenever a window is set;
     /// Qwen3-MoE with `use_sliding_window` on every layer; other families on the layers
     /// `layer_types` names, or every layer; LLaMA, Granite, Arcee, Helium, Gemma, GLM-4,
-    /// GLM-4.5, GLM-4.7-Flash, OLMoE, Seed-OSS, ERNIE-4.5 and Cohere never.
+    /// GLM-4.5, GLM-4.7-Flash, OLMoE, MiniMax-M2, Seed-OSS, ERNIE-4.5 and Cohere never.
     fn sliding_window(
         &self,
         family: ModelType,
@@ -702,6 +704,7 @@ impl ModelKeys {
             | ModelType::Glm4Moe
             | ModelType::Glm4MoeLite
             | ModelType::Olmoe
+            | ModelType::MinimaxM2
             | ModelType::SeedOss
             | ModelType::Ernie45
             | ModelType::Cohere => None,

@@ -16,8 +16,8 @@ use super::model_type::ModelType;
 /// multimodal checkpoints describe their text model by the keys that differ from
 /// `Gemma3TextConfig`'s only), and the defaults those classes derive: the layer types
 /// of Gemma-2, Gemma-3 (from `sliding_window_pattern`), OLMo-3, SmolLM3 and gpt-oss,
-/// SmolLM3's `no_rope_layers`, GLM-4.7-Flash's `mlp_layer_types`, and Phi-3's old names
-/// of LongRoPE (`su`, `yarn`), and the rotary
+/// SmolLM3's `no_rope_layers`, GLM-4.7-Flash's `mlp_layer_types`, MiniMax-M2's
+/// `partial_rotary_factor` (from `rotary_dim`), and Phi-3's old names of LongRoPE (`su`, `yarn`), and the rotary
 /// embedding where the file has neither `rope_parameters` nor `rope_scaling`.
 pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
     let mut filled = config.clone();
@@ -47,6 +47,20 @@ pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
                 }
             }
         }
+    }
+    // MiniMax-M2's files give the rotated width as `rotary_dim`.
+    let has_factor = object.contains_key("partial_rotary_factor")
+        || object
+            .get("rope_parameters")
+            .is_some_and(|rope| rope.get("partial_rotary_factor").is_some());
+    if family == ModelType::MinimaxM2
+        && !has_factor
+        && let (Some(rotary), Some(head)) = (
+            object.get("rotary_dim").and_then(Value::as_f64),
+            object.get("head_dim").and_then(Value::as_f64),
+        )
+    {
+        object.insert("partial_rotary_factor".into(), json!(rotary / head));
     }
     if family == ModelType::Smollm3
         && !object.contains_key("no_rope_layers")
@@ -217,6 +231,10 @@ fn class_defaults(family: ModelType) -> Value {
             "topk_group": 1, "first_k_dense_replace": 0, "norm_topk_prob": false,
             "routed_scaling_factor": 1.0, "sliding_window": 4096, "max_window_layers": 62
         }),
+        ModelType::MinimaxM2 => json!({
+            "num_key_value_heads": 8, "head_dim": 128, "rope_theta": 5_000_000.0,
+            "num_local_experts": 256, "num_experts_per_tok": 8, "router_aux_loss_coef": 0.001
+        }),
         ModelType::GptOss => json!({
             "rms_norm_eps": 1e-5, "attention_bias": true, "num_key_value_heads": 8,
             "head_dim": 64, "sliding_window": 128, "num_local_experts": 128,
@@ -284,6 +302,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Glm4Moe => [151552, 4096, 10944, 46, 96, 131072],
         ModelType::Glm4MoeLite => [154880, 2048, 10240, 47, 20, 202752],
         ModelType::Dots1 => [152064, 4608, 10944, 62, 32, 2048],
+        ModelType::MinimaxM2 => [200064, 3072, 1536, 62, 48, 196608],
         ModelType::GptOss => [201088, 2880, 2880, 36, 64, 131072],
         ModelType::DeepseekV2 => [102400, 4096, 11008, 32, 32, 2048],
         ModelType::DeepseekV3 => [129280, 7168, 18432, 61, 128, 4096],
@@ -308,6 +327,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Arcee => (Some(128000), Some(128001), None),
         ModelType::Helium => (Some(1), Some(2), Some(3)),
         ModelType::Starcoder2 => (Some(50256), Some(50256), None),
+        ModelType::MinimaxM2 => (Some(200034), Some(200020), None),
         ModelType::Phi3 => (Some(1), Some(32000), Some(32000)),
         // Its end-of-text tokens are a list (in the class defaults above).
         ModelType::Glm4 => (None, None, Some(151329)),

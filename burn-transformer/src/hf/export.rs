@@ -6,7 +6,7 @@
 //! The inverse of loading: our parameter paths become checkpoint keys through the
 //! family's [`KeyMap::checkpoint_key`]; linear weights are transposed to torch's
 //! `[out, in]`; our stacked experts are written per expert (`experts.E.gate_proj`, or
-//! Mixtral's `w1`/`w3`/`w2`) or, for gpt-oss, back in its interleaved
+//! Mixtral's and MiniMax-M2's `w1`/`w3`/`w2`) or, for gpt-oss, back in its interleaved
 //! `gate_up_proj` `[E, d_model, 2·d_ff]`; Phi-3's fused projections are stacked back
 //! ([`KeyMap::fused`]); DeepSeek-V3's multi-token-prediction modules
 //! go to the layers after the decoder with copies of the embedding and head, as its
@@ -19,7 +19,9 @@ use burn::module::Module;
 use burn::tensor::DType;
 use serde_json::{Value, json};
 
-use super::checkpoint::{CONFIG_FILE, INDEX_FILE, KeyMap, WEIGHTS_FILE, causal_lm_key_map};
+use super::checkpoint::{
+    CONFIG_FILE, INDEX_FILE, KeyMap, WEIGHTS_FILE, causal_lm_key_map, has_mixtral_layout,
+};
 use super::config::{HfConfig, text_model_config};
 use super::error::HfError;
 use super::tensors::{HostTensor, encode, host_parameters, write_safetensors};
@@ -182,7 +184,7 @@ fn checkpoint_tensors(
     keys: &impl KeyMap,
     config_path: &Path,
 ) -> Result<BTreeMap<String, HostTensor>, HfError> {
-    let mixtral = config.model_type == "mixtral";
+    let mixtral = has_mixtral_layout(&config.model_type);
     let gpt_oss = config.model_type == "gpt_oss";
     let mut tensors = BTreeMap::new();
     let mut insert = |key: String, tensor: HostTensor| -> Result<(), HfError> {

@@ -45,7 +45,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 39] = [
+const FAMILIES: [&str; 40] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -81,6 +81,7 @@ const FAMILIES: [&str; 39] = [
     "glm4_moe_mtp",
     "glm4_moe_lite",
     "dots1",
+    "minimax_m2",
     "gpt_oss",
     "deepseek_v2",
     "deepseek_v3",

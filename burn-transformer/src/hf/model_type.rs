@@ -33,6 +33,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "glm4_moe",
     "glm4_moe_lite",
     "dots1",
+    "minimax_m2",
     "gpt_oss",
     "deepseek_v2",
     "deepseek_v3",
@@ -144,6 +145,10 @@ pub(crate) enum ModelType {
     Glm4MoeLite,
     /// dots.llm1: Qwen3's attention (QK-norm per head) and DeepSeek-V3's experts.
     Dots1,
+    /// MiniMax-M2: QK-norm across heads, the rotary embedding over `rotary_dim` of each
+    /// head; every layer a mixture of experts routed by bias-corrected sigmoid scores,
+    /// renormalized, without groups or shared experts.
+    MinimaxM2,
     /// gpt-oss: attention sinks and biases, alternating sliding and full layers, YaRN;
     /// every layer a mixture of experts with router and expert biases and the clamped
     /// SwiGLU.
@@ -155,7 +160,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 33] = [
+    const ALL: [Self; 34] = [
         Self::Llama,
         Self::Mistral,
         Self::Ministral,
@@ -186,6 +191,7 @@ impl ModelType {
         Self::Glm4Moe,
         Self::Glm4MoeLite,
         Self::Dots1,
+        Self::MinimaxM2,
         Self::GptOss,
         Self::DeepseekV2,
         Self::DeepseekV3,
@@ -224,6 +230,7 @@ impl ModelType {
             Self::Glm4Moe => "glm4_moe",
             Self::Glm4MoeLite => "glm4_moe_lite",
             Self::Dots1 => "dots1",
+            Self::MinimaxM2 => "minimax_m2",
             Self::GptOss => "gpt_oss",
             Self::DeepseekV2 => "deepseek_v2",
             Self::DeepseekV3 => "deepseek_v3",
@@ -247,6 +254,7 @@ impl ModelType {
                 | Self::Glm4Moe
                 | Self::Glm4MoeLite
                 | Self::Dots1
+                | Self::MinimaxM2
                 | Self::GptOss
                 | Self::DeepseekV2
                 | Self::DeepseekV3

@@ -27,9 +27,10 @@ use crate::ffn::{Activation, MoeConfig, MoeLayerPlan, SwiGluConfig};
 ///
 /// For the families transformers implements (`model_type`), the routing is the one its
 /// code computes, whatever keys it does not read say: softmax scores (sigmoid for
-/// `deepseek_v3` and the families that route as it: GLM-4.5, GLM-4.7-Flash, dots.llm1);
-/// Mixtral and gpt-oss always renormalize the chosen experts' weights and DeepSeek-V2
-/// never does; only DeepSeek-V2/V3 and those families have shared experts, expert
+/// `deepseek_v3` and the families that route as it: GLM-4.5, GLM-4.7-Flash, dots.llm1;
+/// and for MiniMax-M2, with the correction bias but without groups); Mixtral, gpt-oss
+/// and MiniMax-M2 always renormalize the chosen experts' weights and DeepSeek-V2 never
+/// does; only DeepSeek-V2/V3 and those families have shared experts, expert
 /// groups and a routed scaling factor, and DeepSeek-V2's groups count only under
 /// `topk_method: "group_limited_greedy"`; Qwen2-MoE has one shared expert,
 /// `shared_expert_intermediate_size` wide, behind a sigmoid gate.
@@ -136,12 +137,14 @@ impl MoeKeys {
             None => None,
         };
         let scoring = match family {
-            Some(family) if family.routes_as_deepseek_v3() => unread.fixed(
-                "scoring_func",
-                scoring,
-                RouterScoring::Sigmoid,
-                "sigmoid scores",
-            ),
+            Some(family) if family.routes_as_deepseek_v3() || family == ModelType::MinimaxM2 => {
+                unread.fixed(
+                    "scoring_func",
+                    scoring,
+                    RouterScoring::Sigmoid,
+                    "sigmoid scores",
+                )
+            }
             Some(_) => unread.fixed(
                 "scoring_func",
                 scoring,
@@ -151,7 +154,7 @@ impl MoeKeys {
             None => scoring.unwrap_or(RouterScoring::Softmax),
         };
         let norm_topk_prob = match family {
-            Some(ModelType::Mixtral | ModelType::GptOss) => unread.fixed(
+            Some(ModelType::Mixtral | ModelType::GptOss | ModelType::MinimaxM2) => unread.fixed(
                 "norm_topk_prob",
                 self.norm_topk_prob,
                 true,
@@ -301,6 +304,19 @@ impl MoeKeys {
                     ));
                 }
             },
+            // MiniMax-M2 corrects the sigmoid scores with the bias, over all experts.
+            Some(ModelType::MinimaxM2) => {
+                unread.fixed(
+                    "topk_method",
+                    topk_method,
+                    "noaux_tc",
+                    "the correction bias",
+                );
+                GroupRouting {
+                    score_correction_bias: true,
+                    ..ungrouped(unread, "no expert groups")
+                }
+            }
             Some(_) => ungrouped(unread, "no expert groups"),
             None => {
                 let (n_group, topk_group) = groups();

@@ -425,6 +425,11 @@ fn dots1_with_qwen3_attention_a_window_and_grouped_sigmoid_routing_matches_trans
 }
 
 #[test]
+fn minimax_m2_with_qk_norm_across_heads_and_bias_corrected_sigmoid_routing_matches_transformers() {
+    matches_transformers("minimax_m2");
+}
+
+#[test]
 fn gpt_oss_with_sinks_biased_clamped_experts_and_alternating_windows_matches_transformers() {
     matches_transformers("gpt_oss");
 }
@@ -447,7 +452,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 23] = [
+    let cases: [(&str, Edit, &[&str]); 24] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -704,6 +709,17 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
             },
             &[],
         ),
+        // MiniMax-M2's files as published: the rotated width as `rotary_dim`, the base
+        // at its class's default. Its code always renormalizes, without groups.
+        (
+            "minimax_m2",
+            |config| {
+                config.remove("rope_parameters");
+                config.insert("norm_topk_prob".into(), json!(false));
+                config.insert("n_group".into(), json!(2));
+            },
+            &["norm_topk_prob", "n_group"],
+        ),
         // Qwen2-MoE's defaults: q/k/v biases, weights not renormalized; without
         // `layer_types`, transformers 5 slides on every other layer below
         // `max_window_layers`. Its code has one shared expert, unscaled weights and no
@@ -845,6 +861,7 @@ fn cached_decoding_equals_the_full_forward() {
         "qwen2_moe",
         "qwen3_moe",
         "glm4_moe",
+        "minimax_m2",
         "gpt_oss",
         "deepseek_v3",
     ] {
