@@ -673,6 +673,26 @@ def minimax_m2():
     )
 
 
+def granitemoe():
+    # Granite's four multipliers; 4 experts, top-2 (softmax over the chosen logits),
+    # stored as 3-D input_linear / output_linear tensors; attention biases.
+    common = {k: v for k, v in COMMON.items() if k != "intermediate_size"}
+    return transformers.GraniteMoeConfig(
+        **common,
+        intermediate_size=16,
+        num_key_value_heads=2,
+        attention_bias=True,
+        embedding_multiplier=3.0,
+        attention_multiplier=0.15,
+        residual_multiplier=0.4,
+        logits_scaling=2.0,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        router_aux_loss_coef=0.02,
+        tie_word_embeddings=False,
+    )
+
+
 def gpt_oss():
     # Attention sinks and biases, a window of 4 on the first layer only, YaRN; 4 experts
     # top-2 with router and expert biases and the clamped SwiGLU.
@@ -803,6 +823,7 @@ MODELS = {
     "glm4_moe_lite": (glm4_moe_lite, {}),
     "dots1": (dots1, {}),
     "minimax_m2": (minimax_m2, {}),
+    "granitemoe": (granitemoe, {}),
     "gpt_oss": (gpt_oss, {}),
     "deepseek_v3": (deepseek_v3, {}),
     # The MTP layer makes the checkpoint ~270 KiB: two shards keep each file < 200 KiB.
@@ -851,7 +872,7 @@ class RouterGaps:
         self.smallest = math.inf
         self.handles = []
         for name, module in model.named_modules():
-            if name.endswith("mlp.gate") or name.endswith("block_sparse_moe.gate"):
+            if name.endswith(("mlp.gate", "block_sparse_moe.gate", "block_sparse_moe.router")):
                 self.handles.append(module.register_forward_hook(self.hook(module)))
 
     def hook(self, module):

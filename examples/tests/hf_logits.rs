@@ -138,6 +138,7 @@ fn matches_transformers_for_every_family_on_flex() {
         "glm4_moe_lite",
         "dots1",
         "minimax_m2",
+        "granitemoe",
         "gpt_oss",
         "deepseek_v2",
         "deepseek_v3",

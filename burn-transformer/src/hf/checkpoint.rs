@@ -244,9 +244,11 @@ fn check_layer_count<'a>(
 ///
 /// HF's `model.embed_tokens` is our `embed_tokens`; Mixtral and MiniMax-M2 name their
 /// sparse block `block_sparse_moe` where our layer (like DeepSeek's) says `mlp`, and
-/// MiniMax-M2 keeps the router's correction bias in that block; Qwen2-MoE its
-/// shared expert `shared_expert` where ours says `shared_experts`; Arcee the projections
-/// of its ungated feed-forward `up_proj` and `down_proj`, StarCoder2 `c_fc` and
+/// MiniMax-M2 keeps the router's correction bias in that block; GraniteMoE names its
+/// router `block_sparse_moe.router.layer` and its stacked experts `input_linear` and
+/// `output_linear`; Qwen2-MoE its shared expert `shared_expert` where ours says
+/// `shared_experts`; Arcee the projections of its ungated feed-forward `up_proj` and
+/// `down_proj`, StarCoder2 `c_fc` and
 /// `c_proj` (ours `fc1`, `fc2`). DeepSeek-V3's, GLM-4.5's and GLM-4.7-Flash's
 /// checkpoints append multi-token-prediction layers after the last decoder layer
 /// ([`HfConfig::mtp_layers`]): `model.layers.{n_layers + k}.{enorm, hnorm, eh_proj,
@@ -276,6 +278,7 @@ pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
         load_mtp: config.model.mtp_depth > 0,
         mixtral: has_mixtral_layout(&config.model_type),
         qwen2_moe: config.model_type == "qwen2_moe",
+        granite_moe: config.model_type == "granitemoe",
         ungated_mlp: (!config.model.gated_mlp).then_some(match config.model_type.as_str() {
             "starcoder2" => STARCODER2_MLP,
             _ => ARCEE_MLP,
@@ -293,6 +296,21 @@ const GLM4_NORMS: [(&str, &str); 3] = [
     (".post_self_attn_layernorm.", ".post_attention_layernorm."),
     (".post_attention_layernorm.", ".pre_feedforward_layernorm."),
     (".post_mlp_layernorm.", ".post_feedforward_layernorm."),
+];
+
+/// GraniteMoE's names of the router and of the experts, stacked as ours
+/// (`input_linear` `[E, 2·d_ff, d_model]`, gate rows then up rows; `output_linear`
+/// `[E, d_model, d_ff]`), and ours.
+const GRANITEMOE_NAMES: [(&str, &str); 3] = [
+    (
+        ".block_sparse_moe.input_linear.weight",
+        ".mlp.experts.gate_up_proj",
+    ),
+    (
+        ".block_sparse_moe.output_linear.weight",
+        ".mlp.experts.down_proj",
+    ),
+    (".block_sparse_moe.router.layer.weight", ".mlp.gate.weight"),
 ];
 
 /// Whether the checkpoints of the family `model_type` lay their sparse layers out as
@@ -419,6 +437,8 @@ struct CausalLmKeys {
     load_mtp: bool,
     mixtral: bool,
     qwen2_moe: bool,
+    /// GraniteMoE's names of the router and the stacked experts ([`GRANITEMOE_NAMES`]).
+    granite_moe: bool,
     /// The checkpoint's names of an ungated dense feed-forward's projections, and ours
     /// (`fc1`, `fc2`); `None` for a gated one.
     ungated_mlp: Option<[(&'static str, &'static str); 2]>,
@@ -494,6 +514,8 @@ impl CausalLmKeys {
         }
         if self.mixtral {
             KeyAction::Load(rename_one(key, MIXTRAL_NAMES))
+        } else if self.granite_moe {
+            KeyAction::Load(rename_one(key, GRANITEMOE_NAMES))
         } else if self.qwen2_moe {
             // Qwen2-MoE's one shared expert is our `shared_experts`.
             KeyAction::Load(key.replacen(".mlp.shared_expert.", ".mlp.shared_experts.", 1))
@@ -524,6 +546,8 @@ impl CausalLmKeys {
         }
         if self.mixtral {
             rename_one(path, MIXTRAL_NAMES.map(|(theirs, ours)| (ours, theirs)))
+        } else if self.granite_moe {
+            rename_one(path, GRANITEMOE_NAMES.map(|(theirs, ours)| (ours, theirs)))
         } else if self.qwen2_moe {
             path.replacen(".mlp.shared_experts.", ".mlp.shared_expert.", 1)
         } else if self.gpt_oss {

@@ -499,7 +499,7 @@ impl ModelKeys {
         .with_layer_norm_bias(family == ModelType::Starcoder2)
         .with_logit_scale(match family {
             _ if family.is_cohere() => Some(self.logit_scale.unwrap_or(1.0)),
-            ModelType::Granite => self.logits_scaling.map(f64::recip),
+            _ if family.is_granite() => self.logits_scaling.map(f64::recip),
             _ => None,
         })
         .with_qkv_bias(qkv_bias)
@@ -515,7 +515,7 @@ impl ModelKeys {
         .with_norm_unit_offset(gemma)
         .with_embed_scale(match family {
             _ if gemma => Some((d_model as f64).sqrt()),
-            ModelType::Granite => self.embedding_multiplier,
+            _ if family.is_granite() => self.embedding_multiplier,
             _ => None,
         })
         .with_attention_scale(match family {
@@ -524,7 +524,7 @@ impl ModelKeys {
                     .unwrap_or(head_dim as f64)
                     .powf(-0.5),
             ),
-            ModelType::Granite => self.attention_multiplier,
+            _ if family.is_granite() => self.attention_multiplier,
             _ => {
                 unread.fixed(
                     "query_pre_attn_scalar",
@@ -540,7 +540,7 @@ impl ModelKeys {
             _ => None,
         })
         .with_residual_scale(match family {
-            ModelType::Granite => self.residual_multiplier,
+            _ if family.is_granite() => self.residual_multiplier,
             _ => None,
         })
         .with_attention_softcap(attention_softcap)
@@ -697,6 +697,7 @@ impl ModelKeys {
             }
             ModelType::Llama
             | ModelType::Granite
+            | ModelType::GraniteMoe
             | ModelType::Arcee
             | ModelType::Helium
             | ModelType::Gemma

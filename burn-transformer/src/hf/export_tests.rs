@@ -45,7 +45,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 40] = [
+const FAMILIES: [&str; 41] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -82,6 +82,7 @@ const FAMILIES: [&str; 40] = [
     "glm4_moe_lite",
     "dots1",
     "minimax_m2",
+    "granitemoe",
     "gpt_oss",
     "deepseek_v2",
     "deepseek_v3",

@@ -34,6 +34,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "glm4_moe_lite",
     "dots1",
     "minimax_m2",
+    "granitemoe",
     "gpt_oss",
     "deepseek_v2",
     "deepseek_v3",
@@ -149,6 +150,10 @@ pub(crate) enum ModelType {
     /// head; every layer a mixture of experts routed by bias-corrected sigmoid scores,
     /// renormalized, without groups or shared experts.
     MinimaxM2,
+    /// GraniteMoE (3.x MoE): Granite's multipliers, every layer a mixture of experts
+    /// (softmax over the chosen experts' logits), stored as 3-D `input_linear` /
+    /// `output_linear` tensors.
+    GraniteMoe,
     /// gpt-oss: attention sinks and biases, alternating sliding and full layers, YaRN;
     /// every layer a mixture of experts with router and expert biases and the clamped
     /// SwiGLU.
@@ -160,7 +165,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 34] = [
+    const ALL: [Self; 35] = [
         Self::Llama,
         Self::Mistral,
         Self::Ministral,
@@ -192,6 +197,7 @@ impl ModelType {
         Self::Glm4MoeLite,
         Self::Dots1,
         Self::MinimaxM2,
+        Self::GraniteMoe,
         Self::GptOss,
         Self::DeepseekV2,
         Self::DeepseekV3,
@@ -231,6 +237,7 @@ impl ModelType {
             Self::Glm4MoeLite => "glm4_moe_lite",
             Self::Dots1 => "dots1",
             Self::MinimaxM2 => "minimax_m2",
+            Self::GraniteMoe => "granitemoe",
             Self::GptOss => "gpt_oss",
             Self::DeepseekV2 => "deepseek_v2",
             Self::DeepseekV3 => "deepseek_v3",
@@ -255,6 +262,7 @@ impl ModelType {
                 | Self::Glm4MoeLite
                 | Self::Dots1
                 | Self::MinimaxM2
+                | Self::GraniteMoe
                 | Self::GptOss
                 | Self::DeepseekV2
                 | Self::DeepseekV3
@@ -270,6 +278,12 @@ impl ModelType {
     /// `hidden_activation`, `query_pre_attn_scalar`, logit soft-capping).
     pub(crate) fn is_gemma2_or_later(self) -> bool {
         matches!(self, Self::Gemma2 | Self::Gemma3Text)
+    }
+
+    /// Whether the family is Granite's (multipliers on the embeddings, the attention
+    /// scores, the sublayers' outputs, and a divisor of the logits).
+    pub(crate) fn is_granite(self) -> bool {
+        matches!(self, Self::Granite | Self::GraniteMoe)
     }
 
     /// Whether the family is Cohere's (LayerNorm, parallel blocks, scaled logits).

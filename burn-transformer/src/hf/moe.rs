@@ -28,9 +28,9 @@ use crate::ffn::{Activation, MoeConfig, MoeLayerPlan, SwiGluConfig};
 /// For the families transformers implements (`model_type`), the routing is the one its
 /// code computes, whatever keys it does not read say: softmax scores (sigmoid for
 /// `deepseek_v3` and the families that route as it: GLM-4.5, GLM-4.7-Flash, dots.llm1;
-/// and for MiniMax-M2, with the correction bias but without groups); Mixtral, gpt-oss
-/// and MiniMax-M2 always renormalize the chosen experts' weights and DeepSeek-V2 never
-/// does; only DeepSeek-V2/V3 and those families have shared experts, expert
+/// and for MiniMax-M2, with the correction bias but without groups); Mixtral, gpt-oss,
+/// MiniMax-M2 and GraniteMoE always renormalize the chosen experts' weights and
+/// DeepSeek-V2 never does; only DeepSeek-V2/V3 and those families have shared experts, expert
 /// groups and a routed scaling factor, and DeepSeek-V2's groups count only under
 /// `topk_method: "group_limited_greedy"`; Qwen2-MoE has one shared expert,
 /// `shared_expert_intermediate_size` wide, behind a sigmoid gate.
@@ -154,7 +154,12 @@ impl MoeKeys {
             None => scoring.unwrap_or(RouterScoring::Softmax),
         };
         let norm_topk_prob = match family {
-            Some(ModelType::Mixtral | ModelType::GptOss | ModelType::MinimaxM2) => unread.fixed(
+            Some(
+                ModelType::Mixtral
+                | ModelType::GptOss
+                | ModelType::MinimaxM2
+                | ModelType::GraniteMoe,
+            ) => unread.fixed(
                 "norm_topk_prob",
                 self.norm_topk_prob,
                 true,

@@ -430,6 +430,11 @@ fn minimax_m2_with_qk_norm_across_heads_and_bias_corrected_sigmoid_routing_match
 }
 
 #[test]
+fn granitemoe_with_multipliers_and_stacked_experts_matches_transformers() {
+    matches_transformers("granitemoe");
+}
+
+#[test]
 fn gpt_oss_with_sinks_biased_clamped_experts_and_alternating_windows_matches_transformers() {
     matches_transformers("gpt_oss");
 }
@@ -452,7 +457,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 24] = [
+    let cases: [(&str, Edit, &[&str]); 25] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -708,6 +713,16 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
                 config.remove("layer_types");
             },
             &[],
+        ),
+        // GraniteMoE's code always renormalizes over the chosen experts and has no
+        // shared expert.
+        (
+            "granitemoe",
+            |config| {
+                config.insert("norm_topk_prob".into(), json!(false));
+                config.insert("n_shared_experts".into(), json!(1));
+            },
+            &["norm_topk_prob", "n_shared_experts"],
         ),
         // MiniMax-M2's files as published: the rotated width as `rotary_dim`, the base
         // at its class's default. Its code always renormalizes, without groups.
@@ -1049,6 +1064,9 @@ fn gradient_norms(
         let name = match model_type {
             "gpt_oss" => name.replacen(".mlp.gate.", ".mlp.router.", 1),
             "qwen2_moe" => name.replacen(".mlp.shared_experts.", ".mlp.shared_expert.", 1),
+            "granitemoe" => name
+                .replacen(".mlp.gate.", ".block_sparse_moe.router.", 1)
+                .replacen(".mlp.", ".block_sparse_moe.", 1),
             // Ungated feed-forwards: Arcee's and StarCoder2's names of `fc1` and `fc2`.
             "arcee" => rename_ungated(&name, "up_proj", "down_proj"),
             "starcoder2" => rename_ungated(&name, "c_fc", "c_proj"),
