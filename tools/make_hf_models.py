@@ -693,6 +693,31 @@ def granitemoe():
     )
 
 
+def granitemoeshared():
+    # GraniteMoE with a shared expert of width 24 beside the experts (gate and up
+    # fused in shared_mlp.input_linear).
+    config = granitemoe()
+    return transformers.GraniteMoeSharedConfig(
+        **{k: v for k, v in config.to_dict().items() if k in GRANITEMOE_KEYS},
+        shared_intermediate_size=24,
+    )
+
+
+GRANITEMOE_KEYS = [
+    *COMMON,
+    "num_key_value_heads",
+    "attention_bias",
+    "embedding_multiplier",
+    "attention_multiplier",
+    "residual_multiplier",
+    "logits_scaling",
+    "num_local_experts",
+    "num_experts_per_tok",
+    "router_aux_loss_coef",
+    "tie_word_embeddings",
+]
+
+
 def gpt_oss():
     # Attention sinks and biases, a window of 4 on the first layer only, YaRN; 4 experts
     # top-2 with router and expert biases and the clamped SwiGLU.
@@ -824,6 +849,7 @@ MODELS = {
     "dots1": (dots1, {}),
     "minimax_m2": (minimax_m2, {}),
     "granitemoe": (granitemoe, {}),
+    "granitemoeshared": (granitemoeshared, {}),
     "gpt_oss": (gpt_oss, {}),
     "deepseek_v3": (deepseek_v3, {}),
     # The MTP layer makes the checkpoint ~270 KiB: two shards keep each file < 200 KiB.

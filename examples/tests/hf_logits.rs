@@ -139,6 +139,7 @@ fn matches_transformers_for_every_family_on_flex() {
         "dots1",
         "minimax_m2",
         "granitemoe",
+        "granitemoeshared",
         "gpt_oss",
         "deepseek_v2",
         "deepseek_v3",

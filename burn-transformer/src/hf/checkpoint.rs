@@ -246,7 +246,8 @@ fn check_layer_count<'a>(
 /// sparse block `block_sparse_moe` where our layer (like DeepSeek's) says `mlp`, and
 /// MiniMax-M2 keeps the router's correction bias in that block; GraniteMoE names its
 /// router `block_sparse_moe.router.layer` and its stacked experts `input_linear` and
-/// `output_linear`; Qwen2-MoE its shared expert `shared_expert` where ours says
+/// `output_linear` (GraniteMoE-Shared its shared expert `shared_mlp`, gate and up
+/// fused); Qwen2-MoE its shared expert `shared_expert` where ours says
 /// `shared_experts`; Arcee the projections of its ungated feed-forward `up_proj` and
 /// `down_proj`, StarCoder2 `c_fc` and
 /// `c_proj` (ours `fc1`, `fc2`). DeepSeek-V3's, GLM-4.5's and GLM-4.7-Flash's
@@ -278,7 +279,10 @@ pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
         load_mtp: config.model.mtp_depth > 0,
         mixtral: has_mixtral_layout(&config.model_type),
         qwen2_moe: config.model_type == "qwen2_moe",
-        granite_moe: config.model_type == "granitemoe",
+        granite_moe: matches!(
+            config.model_type.as_str(),
+            "granitemoe" | "granitemoeshared"
+        ),
         ungated_mlp: (!config.model.gated_mlp).then_some(match config.model_type.as_str() {
             "starcoder2" => STARCODER2_MLP,
             _ => ARCEE_MLP,
@@ -298,10 +302,18 @@ const GLM4_NORMS: [(&str, &str); 3] = [
     (".post_mlp_layernorm.", ".post_feedforward_layernorm."),
 ];
 
-/// GraniteMoE's names of the router and of the experts, stacked as ours
+/// GraniteMoE's names of the shared expert (beside the sparse block), the router and
+/// the experts, stacked as ours
 /// (`input_linear` `[E, 2·d_ff, d_model]`, gate rows then up rows; `output_linear`
 /// `[E, d_model, d_ff]`), and ours.
-const GRANITEMOE_NAMES: [(&str, &str); 3] = [
+const GRANITEMOE_NAMES: [(&str, &str); 5] = [
+    // GraniteMoE-Shared's shared expert (its gate and up rows split from
+    // `shared_mlp.input_linear`, [`KeyMap::split`]).
+    (
+        ".shared_mlp.output_linear.",
+        ".mlp.shared_experts.down_proj.",
+    ),
+    (".shared_mlp.", ".mlp.shared_experts."),
     (
         ".block_sparse_moe.input_linear.weight",
         ".mlp.experts.gate_up_proj",
@@ -364,7 +376,7 @@ pub(crate) fn fused_layer_parts(name: &str) -> Option<Vec<&'static str>> {
 
 /// The projections that some families' checkpoints store fused: the fused key's suffix
 /// and its blocks' suffixes, in row order.
-const FUSED_PROJECTIONS: [(&str, &[&str]); 2] = [
+const FUSED_PROJECTIONS: [(&str, &[&str]); 3] = [
     (
         "self_attn.qkv_proj.weight",
         &[
@@ -377,6 +389,10 @@ const FUSED_PROJECTIONS: [(&str, &[&str]); 2] = [
         "mlp.gate_up_proj.weight",
         &["mlp.gate_proj.weight", "mlp.up_proj.weight"],
     ),
+    (
+        "shared_mlp.input_linear.weight",
+        &["shared_mlp.gate_proj.weight", "shared_mlp.up_proj.weight"],
+    ),
 ];
 
 /// A fused checkpoint tensor's key suffix, and its blocks' suffixes with their row
@@ -384,12 +400,12 @@ const FUSED_PROJECTIONS: [(&str, &[&str]); 2] = [
 type FusedProjection = (&'static str, Vec<(&'static str, usize)>);
 
 /// The projections `config`'s family stores fused, with the rows of each block:
-/// Phi-3's q/k/v and gate/up, GLM-4's gate/up.
+/// Phi-3's q/k/v and gate/up, GLM-4's gate/up, GraniteMoE-Shared's shared gate/up.
 fn fused_projections(config: &HfConfig) -> Vec<FusedProjection> {
     let model = &config.model;
     let head = model.head_width();
     let (q, kv, d_ff) = (model.n_heads * head, model.kv_heads() * head, model.d_ff);
-    let [qkv, gate_up] = FUSED_PROJECTIONS;
+    let [qkv, gate_up, shared_input] = FUSED_PROJECTIONS;
     let with_rows = |(fused, blocks): (&'static str, &'static [&'static str]), rows: &[usize]| {
         (
             fused,
@@ -402,6 +418,12 @@ fn fused_projections(config: &HfConfig) -> Vec<FusedProjection> {
             with_rows(gate_up, &[d_ff, d_ff]),
         ],
         "glm4" => vec![with_rows(gate_up, &[d_ff, d_ff])],
+        "granitemoeshared" => {
+            let shared = model.moe.as_ref().and_then(|moe| moe.shared_d_ff);
+            shared.map_or_else(Vec::new, |width| {
+                vec![with_rows(shared_input, &[width, width])]
+            })
+        }
         _ => Vec::new(),
     }
 }
@@ -437,7 +459,8 @@ struct CausalLmKeys {
     load_mtp: bool,
     mixtral: bool,
     qwen2_moe: bool,
-    /// GraniteMoE's names of the router and the stacked experts ([`GRANITEMOE_NAMES`]).
+    /// GraniteMoE's names of the router, the stacked experts and the shared expert
+    /// ([`GRANITEMOE_NAMES`]).
     granite_moe: bool,
     /// The checkpoint's names of an ungated dense feed-forward's projections, and ours
     /// (`fc1`, `fc2`); `None` for a gated one.

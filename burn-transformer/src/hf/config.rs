@@ -698,6 +698,7 @@ impl ModelKeys {
             ModelType::Llama
             | ModelType::Granite
             | ModelType::GraniteMoe
+            | ModelType::GraniteMoeShared
             | ModelType::Arcee
             | ModelType::Helium
             | ModelType::Gemma

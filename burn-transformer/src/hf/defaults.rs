@@ -159,10 +159,10 @@ fn class_defaults(family: ModelType) -> Value {
             "layer_norm_eps": 1e-5, "logit_scale": 0.0625, "tie_word_embeddings": true,
             "head_dim": 128, "sliding_window": 4096, "sliding_window_pattern": 4
         }),
-        ModelType::GraniteMoe => json!({
+        ModelType::GraniteMoe | ModelType::GraniteMoeShared => json!({
             "embedding_multiplier": 1.0, "logits_scaling": 1.0, "residual_multiplier": 1.0,
             "attention_multiplier": 1.0, "num_local_experts": 8, "num_experts_per_tok": 2,
-            "router_aux_loss_coef": 0.001
+            "router_aux_loss_coef": 0.001, "shared_intermediate_size": 0
         }),
         ModelType::Granite => json!({
             "mlp_bias": false, "embedding_multiplier": 1.0, "logits_scaling": 1.0,
@@ -282,9 +282,10 @@ fn sizes_and_tokens(family: ModelType) -> Value {
     // vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
     // max_position_embeddings
     let sizes = match family {
-        ModelType::Llama | ModelType::Granite | ModelType::GraniteMoe => {
-            [32000, 4096, 11008, 32, 32, 2048]
-        }
+        ModelType::Llama
+        | ModelType::Granite
+        | ModelType::GraniteMoe
+        | ModelType::GraniteMoeShared => [32000, 4096, 11008, 32, 32, 2048],
         ModelType::Mistral | ModelType::Mixtral => [32000, 4096, 14336, 32, 32, 131072],
         ModelType::Ministral => [32000, 4096, 14336, 32, 32, 131072],
         ModelType::Ministral3 => [131072, 4096, 14336, 34, 32, 262144],
@@ -326,6 +327,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Llama
         | ModelType::Granite
         | ModelType::GraniteMoe
+        | ModelType::GraniteMoeShared
         | ModelType::Mistral
         | ModelType::Ministral
         | ModelType::Mixtral

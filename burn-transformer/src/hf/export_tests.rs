@@ -45,7 +45,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 41] = [
+const FAMILIES: [&str; 42] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -83,6 +83,7 @@ const FAMILIES: [&str; 41] = [
     "dots1",
     "minimax_m2",
     "granitemoe",
+    "granitemoeshared",
     "gpt_oss",
     "deepseek_v2",
     "deepseek_v3",

@@ -35,6 +35,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "dots1",
     "minimax_m2",
     "granitemoe",
+    "granitemoeshared",
     "gpt_oss",
     "deepseek_v2",
     "deepseek_v3",
@@ -154,6 +155,9 @@ pub(crate) enum ModelType {
     /// (softmax over the chosen experts' logits), stored as 3-D `input_linear` /
     /// `output_linear` tensors.
     GraniteMoe,
+    /// GraniteMoE-Shared: GraniteMoE with a shared expert of `shared_intermediate_size`
+    /// beside the experts (`shared_mlp`, its gate and up fused).
+    GraniteMoeShared,
     /// gpt-oss: attention sinks and biases, alternating sliding and full layers, YaRN;
     /// every layer a mixture of experts with router and expert biases and the clamped
     /// SwiGLU.
@@ -165,7 +169,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 35] = [
+    const ALL: [Self; 36] = [
         Self::Llama,
         Self::Mistral,
         Self::Ministral,
@@ -198,6 +202,7 @@ impl ModelType {
         Self::Dots1,
         Self::MinimaxM2,
         Self::GraniteMoe,
+        Self::GraniteMoeShared,
         Self::GptOss,
         Self::DeepseekV2,
         Self::DeepseekV3,
@@ -238,6 +243,7 @@ impl ModelType {
             Self::Dots1 => "dots1",
             Self::MinimaxM2 => "minimax_m2",
             Self::GraniteMoe => "granitemoe",
+            Self::GraniteMoeShared => "granitemoeshared",
             Self::GptOss => "gpt_oss",
             Self::DeepseekV2 => "deepseek_v2",
             Self::DeepseekV3 => "deepseek_v3",
@@ -263,6 +269,7 @@ impl ModelType {
                 | Self::Dots1
                 | Self::MinimaxM2
                 | Self::GraniteMoe
+                | Self::GraniteMoeShared
                 | Self::GptOss
                 | Self::DeepseekV2
                 | Self::DeepseekV3
@@ -283,7 +290,10 @@ impl ModelType {
     /// Whether the family is Granite's (multipliers on the embeddings, the attention
     /// scores, the sublayers' outputs, and a divisor of the logits).
     pub(crate) fn is_granite(self) -> bool {
-        matches!(self, Self::Granite | Self::GraniteMoe)
+        matches!(
+            self,
+            Self::Granite | Self::GraniteMoe | Self::GraniteMoeShared
+        )
     }
 
     /// Whether the family is Cohere's (LayerNorm, parallel blocks, scaled logits).

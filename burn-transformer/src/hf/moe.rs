@@ -29,11 +29,12 @@ use crate::ffn::{Activation, MoeConfig, MoeLayerPlan, SwiGluConfig};
 /// code computes, whatever keys it does not read say: softmax scores (sigmoid for
 /// `deepseek_v3` and the families that route as it: GLM-4.5, GLM-4.7-Flash, dots.llm1;
 /// and for MiniMax-M2, with the correction bias but without groups); Mixtral, gpt-oss,
-/// MiniMax-M2 and GraniteMoE always renormalize the chosen experts' weights and
+/// MiniMax-M2 and GraniteMoE(-Shared) always renormalize the chosen experts' weights and
 /// DeepSeek-V2 never does; only DeepSeek-V2/V3 and those families have shared experts, expert
 /// groups and a routed scaling factor, and DeepSeek-V2's groups count only under
 /// `topk_method: "group_limited_greedy"`; Qwen2-MoE has one shared expert,
-/// `shared_expert_intermediate_size` wide, behind a sigmoid gate.
+/// `shared_expert_intermediate_size` wide, behind a sigmoid gate, and GraniteMoE-Shared
+/// one of `shared_intermediate_size` without a gate.
 ///
 /// # Errors
 /// [`HfError::Field`] naming the key that is missing or malformed.
@@ -83,6 +84,8 @@ pub(crate) struct MoeKeys {
     n_shared_experts: Option<usize>,
     /// Qwen2-MoE's shared expert's width.
     shared_expert_intermediate_size: Option<usize>,
+    /// GraniteMoE-Shared's shared expert's width (0: none).
+    shared_intermediate_size: Option<usize>,
     routed_scaling_factor: Option<f64>,
     n_group: Option<usize>,
     topk_group: Option<usize>,
@@ -158,7 +161,8 @@ impl MoeKeys {
                 ModelType::Mixtral
                 | ModelType::GptOss
                 | ModelType::MinimaxM2
-                | ModelType::GraniteMoe,
+                | ModelType::GraniteMoe
+                | ModelType::GraniteMoeShared,
             ) => unread.fixed(
                 "norm_topk_prob",
                 self.norm_topk_prob,
@@ -204,13 +208,24 @@ impl MoeKeys {
                 "unscaled expert weights",
             )
         };
-        // Qwen2-MoE's one shared expert has a width of its own and a gate.
+        // Qwen2-MoE's and GraniteMoE-Shared's one shared expert has a width of its own
+        // (Qwen2-MoE's a gate too).
         let mut shared_d_ff = None;
         let (routed_scaling_factor, n_shared_experts) = if deepseek {
             (
                 self.routed_scaling_factor.unwrap_or(1.0),
                 self.n_shared_experts.unwrap_or(0),
             )
+        } else if family == Some(ModelType::GraniteMoeShared) {
+            // One shared expert, ungated, unless its width is 0.
+            shared_d_ff = self.shared_intermediate_size.filter(|&width| width > 0);
+            let shared = unread.fixed(
+                "n_shared_experts",
+                self.n_shared_experts,
+                usize::from(shared_d_ff.is_some()),
+                "one shared expert of `shared_intermediate_size` (none when 0)",
+            );
+            (unscaled(unread), shared)
         } else if family == Some(ModelType::Qwen2Moe) {
             shared_d_ff = Some(required(
                 self.shared_expert_intermediate_size,
@@ -254,7 +269,7 @@ impl MoeKeys {
         Ok(MoeConfig::new(router, d_ff)
             .with_n_shared_experts(n_shared_experts)
             .with_shared_d_ff(shared_d_ff)
-            .with_shared_expert_gate(shared_d_ff.is_some())
+            .with_shared_expert_gate(family == Some(ModelType::Qwen2Moe))
             .with_activation(self.hidden_act.unwrap_or(Activation::Silu)))
     }
 
@@ -621,5 +636,34 @@ mod tests {
                 "{error}"
             );
         }
+    }
+
+    /// GraniteMoE-Shared's shared expert: `shared_intermediate_size` wide, ungated
+    /// (Qwen2-MoE's is gated); none at width 0.
+    #[test]
+    fn granitemoeshared_has_one_ungated_shared_expert_unless_its_width_is_zero() {
+        let read = |width: usize| {
+            moe_config(
+                &serde_json::json!({
+                    "model_type": "granitemoeshared", "hidden_size": 16,
+                    "intermediate_size": 8, "num_local_experts": 4, "num_experts_per_tok": 2,
+                    "shared_intermediate_size": width
+                }),
+                "config.json",
+            )
+            .unwrap()
+        };
+        let shared = read(24);
+        assert_eq!(
+            (
+                shared.n_shared_experts,
+                shared.shared_d_ff,
+                shared.shared_expert_gate
+            ),
+            (1, Some(24), false)
+        );
+        let none = read(0);
+        assert_eq!((none.n_shared_experts, none.shared_d_ff), (0, None));
+        assert!(none.router.norm_topk_prob);
     }
 }

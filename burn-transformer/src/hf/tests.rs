@@ -435,6 +435,11 @@ fn granitemoe_with_multipliers_and_stacked_experts_matches_transformers() {
 }
 
 #[test]
+fn granitemoeshared_with_a_fused_shared_expert_matches_transformers() {
+    matches_transformers("granitemoeshared");
+}
+
+#[test]
 fn gpt_oss_with_sinks_biased_clamped_experts_and_alternating_windows_matches_transformers() {
     matches_transformers("gpt_oss");
 }
@@ -1064,9 +1069,24 @@ fn gradient_norms(
         let name = match model_type {
             "gpt_oss" => name.replacen(".mlp.gate.", ".mlp.router.", 1),
             "qwen2_moe" => name.replacen(".mlp.shared_experts.", ".mlp.shared_expert.", 1),
-            "granitemoe" => name
-                .replacen(".mlp.gate.", ".block_sparse_moe.router.", 1)
-                .replacen(".mlp.", ".block_sparse_moe.", 1),
+            "granitemoe" | "granitemoeshared" => [
+                (
+                    ".mlp.shared_experts.gate_proj.",
+                    ".shared_mlp.input_linear.",
+                ),
+                (".mlp.shared_experts.up_proj.", ".shared_mlp.input_linear."),
+                (
+                    ".mlp.shared_experts.down_proj.",
+                    ".shared_mlp.output_linear.",
+                ),
+                (".mlp.gate.", ".block_sparse_moe.router."),
+                (".mlp.", ".block_sparse_moe."),
+            ]
+            .iter()
+            .find(|(ours, _)| name.contains(ours))
+            .map_or(name.clone(), |(ours, theirs)| {
+                name.replacen(ours, theirs, 1)
+            }),
             // Ungated feed-forwards: Arcee's and StarCoder2's names of `fc1` and `fc2`.
             "arcee" => rename_ungated(&name, "up_proj", "down_proj"),
             "starcoder2" => rename_ungated(&name, "c_fc", "c_proj"),
