@@ -6,7 +6,7 @@
 
 use burn::config::Config;
 use burn::module::{Initializer, Module};
-use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
+use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::tensor::{Device, Tensor};
 
 use super::Activation;
@@ -56,12 +56,7 @@ impl DenseFfnConfig {
     pub fn try_init(&self, device: &Device) -> Result<DenseFfn, ConfigError> {
         self.validate()?;
         let linear = |d_input, d_output| {
-            let config = LinearConfig::new(d_input, d_output).with_bias(self.bias);
-            match &self.initializer {
-                Some(initializer) => config.with_initializer(initializer.clone()),
-                None => config,
-            }
-            .init(device)
+            super::projection(d_input, d_output, self.bias, &self.initializer, device)
         };
         Ok(DenseFfn {
             fc1: linear(self.d_model, self.d_ff),

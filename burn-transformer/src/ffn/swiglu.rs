@@ -7,7 +7,7 @@
 
 use burn::config::Config;
 use burn::module::{Initializer, Module};
-use burn::nn::{Linear, LinearConfig};
+use burn::nn::Linear;
 use burn::tensor::{Device, Tensor};
 
 use super::Activation;
@@ -53,12 +53,7 @@ impl SwiGluConfig {
     pub fn try_init(&self, device: &Device) -> Result<SwiGlu, ConfigError> {
         self.validate()?;
         let linear = |d_input, d_output| {
-            let config = LinearConfig::new(d_input, d_output).with_bias(self.bias);
-            match &self.initializer {
-                Some(initializer) => config.with_initializer(initializer.clone()),
-                None => config,
-            }
-            .init(device)
+            super::projection(d_input, d_output, self.bias, &self.initializer, device)
         };
         Ok(SwiGlu {
             gate_proj: linear(self.d_model, self.d_ff),
