@@ -376,6 +376,18 @@ def ministral():
     )
 
 
+def hunyuan_v1_dense():
+    # LLaMA with QK-norm per head after RoPE, attention biases, and RoPE's base stretched
+    # by a fixed NTK alpha (a "dynamic" embedding with `alpha`, as its files say).
+    return transformers.HunYuanDenseV1Config(
+        **COMMON,
+        num_key_value_heads=2,
+        head_dim=8,
+        attention_bias=True,
+        rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, factor=1.0, alpha=50.0),
+    )
+
+
 def gemma():
     # LLaMA's blocks with Gemma's RMSNorm (1 + w), GeGLU (tanh), embeddings scaled by
     # sqrt(hidden_size) and tied; one key/value head (the 2B's multi-query attention),
@@ -834,6 +846,7 @@ MODELS = {
     "helium": (helium, {}),
     "ministral": (ministral, {}),
     "starcoder2": (starcoder2, {}),
+    "hunyuan_v1_dense": (hunyuan_v1_dense, {}),
     "gemma": (gemma, {}),
     "gemma2": (gemma2, {}),
     "gemma3_text": (gemma3_text, {}),

@@ -125,6 +125,7 @@ fn matches_transformers_for_every_family_on_flex() {
         "helium",
         "ministral",
         "starcoder2",
+        "hunyuan_v1_dense",
         "gemma",
         "gemma2",
         "gemma3_text",

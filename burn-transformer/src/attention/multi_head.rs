@@ -424,27 +424,45 @@ impl MultiHeadAttention {
     /// `[batch, seq, d_model] -> [batch, n_heads, seq, head_dim]`, rotated from `offset`
     /// (and scaled by the query temperature).
     fn project_queries(&self, x: Tensor<3>, offset: usize) -> Tensor<4> {
-        let q = self.project_queries_unrotated(x);
+        let q = self.split_normed(
+            linear_rows(&self.q_proj, x),
+            self.n_heads,
+            self.q_norm.as_ref(),
+        );
         let q = match &self.rope {
             Some(rope) => rope.forward(q, offset),
             None => q,
         };
+        let q = self.normed_after_rope(q, self.q_norm.as_ref());
         match &self.query_temperature {
             Some(temperature) => temperature.scale(q, offset),
             None => q,
         }
     }
 
+    /// Queries without RoPE (cross-attention), QK-normed.
     fn project_queries_unrotated(&self, x: Tensor<3>) -> Tensor<4> {
-        self.split_normed(
+        let q = self.split_normed(
             linear_rows(&self.q_proj, x),
             self.n_heads,
             self.q_norm.as_ref(),
-        )
+        );
+        self.normed_after_rope(q, self.q_norm.as_ref())
+    }
+
+    /// `x` through QK-norm `norm` when its placement is after RoPE; `x` otherwise.
+    ///
+    /// # Shapes
+    /// - x: `[batch, heads, seq, head_dim]`
+    fn normed_after_rope(&self, x: Tensor<4>, norm: Option<&RmsNorm>) -> Tensor<4> {
+        match (norm, self.qk_norm) {
+            (Some(norm), Some(QkNormPlacement::PerHeadAfterRope)) => norm.forward(x),
+            _ => x,
+        }
     }
 
     /// `[batch, seq, heads * head_dim] -> [batch, heads, seq, head_dim]`, with QK-norm
-    /// `norm` applied where its placement says.
+    /// `norm` applied here when its placement is before RoPE.
     fn split_normed(&self, x: Tensor<3>, heads: usize, norm: Option<&RmsNorm>) -> Tensor<4> {
         match (norm, self.qk_norm) {
             (Some(norm), Some(QkNormPlacement::AcrossHeads)) => {
@@ -474,7 +492,7 @@ impl MultiHeadAttention {
             (Some(rope), Some(offset)) => rope.forward(k, offset),
             _ => k,
         };
-        (k, v)
+        (self.normed_after_rope(k, self.k_norm.as_ref()), v)
     }
 
     /// `[batch, n_heads, seq, head_dim] -> [batch, seq, d_model]`.
@@ -551,10 +569,14 @@ mod tests {
     }
 
     #[test]
-    fn qk_norm_normalizes_queries_and_keys_before_rope_in_both_placements() {
+    fn qk_norm_normalizes_queries_and_keys_where_each_placement_says() {
         use crate::attention::reference_attention;
         use burn::module::Param;
-        for placement in [QkNormPlacement::PerHead, QkNormPlacement::AcrossHeads] {
+        for placement in [
+            QkNormPlacement::PerHead,
+            QkNormPlacement::AcrossHeads,
+            QkNormPlacement::PerHeadAfterRope,
+        ] {
             for device in test_devices() {
                 device.seed(11);
                 let eps = 1e-5;
@@ -568,7 +590,7 @@ mod tests {
                     Tensor::<1>::random([width], Distribution::Uniform(0.5, 1.5), &device)
                 };
                 let (q_width, k_width) = match placement {
-                    QkNormPlacement::PerHead => (12, 12),
+                    QkNormPlacement::PerHead | QkNormPlacement::PerHeadAfterRope => (12, 12),
                     QkNormPlacement::AcrossHeads => (4 * 12, 2 * 12),
                 };
                 let (q_weight, k_weight) = (random_weight(q_width), random_weight(k_width));
@@ -582,23 +604,29 @@ mod tests {
                 }
                 let x = Tensor::<3>::random([2, 5, 32], Distribution::Normal(0.0, 1.0), &device);
 
-                // The same layer written out: project, normalize where the placement
-                // says, split into heads, rotate, attend, merge.
-                let normed = |projected: Tensor<3>, heads: usize, weight: &Tensor<1>| {
+                // The same layer written out: project, split into heads, rotate, with
+                // the norm where the placement says; attend, merge.
+                let rope = attention.rope.as_ref().unwrap();
+                let rotated_normed = |projected: Tensor<3>, heads: usize, weight: &Tensor<1>| {
                     let [batch, seq, _] = projected.dims();
                     match placement {
-                        QkNormPlacement::AcrossHeads => {
-                            split_heads(naive_rms(projected, weight.clone(), eps), heads, 12)
-                        }
+                        QkNormPlacement::AcrossHeads => rope.forward(
+                            split_heads(naive_rms(projected, weight.clone(), eps), heads, 12),
+                            0,
+                        ),
                         QkNormPlacement::PerHead => {
                             let heads_last = projected.reshape([batch, seq, heads, 12]);
-                            naive_rms(heads_last, weight.clone(), eps).swap_dims(1, 2)
+                            let normed = naive_rms(heads_last, weight.clone(), eps);
+                            rope.forward(normed.swap_dims(1, 2), 0)
+                        }
+                        QkNormPlacement::PerHeadAfterRope => {
+                            let rotated = rope.forward(split_heads(projected, heads, 12), 0);
+                            naive_rms(rotated, weight.clone(), eps)
                         }
                     }
                 };
-                let rope = attention.rope.as_ref().unwrap();
-                let q = rope.forward(normed(attention.q_proj.forward(x.clone()), 4, &q_weight), 0);
-                let k = rope.forward(normed(attention.k_proj.forward(x.clone()), 2, &k_weight), 0);
+                let q = rotated_normed(attention.q_proj.forward(x.clone()), 4, &q_weight);
+                let k = rotated_normed(attention.k_proj.forward(x.clone()), 2, &k_weight);
                 let v = split_heads(attention.v_proj.forward(x.clone()), 2, 12);
                 let options = AttentionOptions::new().with_causal(true);
                 let expected = attention.merge_heads(reference_attention(q, k, v, &options));

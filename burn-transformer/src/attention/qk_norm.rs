@@ -1,13 +1,15 @@
-//! QK-norm: an RMSNorm of the projected queries and keys before RoPE, which keeps the
-//! attention logits bounded as training goes on (Dehghani et al., 2023; Wortsman et
-//! al., 2023).
+//! QK-norm: an RMSNorm of the projected queries and keys, which keeps the attention
+//! logits bounded as training goes on (Dehghani et al., 2023; Wortsman et al., 2023).
 //!
-//! Two placements exist in the models people load:
+//! Three placements exist in the models people load:
 //! - [`QkNormPlacement::PerHead`] (Qwen3, Gemma-3): one norm of width `head_dim`,
 //!   shared by every head, applied to each head's vector;
 //! - [`QkNormPlacement::AcrossHeads`] (OLMo-2): one norm over the whole projection
 //!   (`n_heads · head_dim` for queries, `n_kv_heads · head_dim` for keys), before it
-//!   is split into heads.
+//!   is split into heads;
+//! - [`QkNormPlacement::PerHeadAfterRope`] (Hunyuan): per head, on the rotated vectors.
+//!
+//! The first two come before RoPE.
 
 use burn::config::Config;
 use burn::tensor::Device;
@@ -23,6 +25,9 @@ pub enum QkNormPlacement {
     PerHead,
     /// The whole projection, before the split into heads (OLMo-2).
     AcrossHeads,
+    /// Each head's vector as [`PerHead`](Self::PerHead), but after RoPE (Hunyuan's
+    /// `query_layernorm` / `key_layernorm`).
+    PerHeadAfterRope,
 }
 
 /// Configuration of QK-norm in an attention layer.
@@ -59,7 +64,9 @@ impl QkNormConfig {
                 .try_init(device)
         };
         Ok(match self.placement {
-            QkNormPlacement::PerHead => (norm(head_dim)?, norm(head_dim)?),
+            QkNormPlacement::PerHead | QkNormPlacement::PerHeadAfterRope => {
+                (norm(head_dim)?, norm(head_dim)?)
+            }
             QkNormPlacement::AcrossHeads => {
                 (norm(n_heads * head_dim)?, norm(n_kv_heads * head_dim)?)
             }

@@ -249,8 +249,8 @@ fn check_layer_count<'a>(
 /// `output_linear` (GraniteMoE-Shared its shared expert `shared_mlp`, gate and up
 /// fused); Qwen2-MoE its shared expert `shared_expert` where ours says
 /// `shared_experts`; Arcee the projections of its ungated feed-forward `up_proj` and
-/// `down_proj`, StarCoder2 `c_fc` and
-/// `c_proj` (ours `fc1`, `fc2`). DeepSeek-V3's, GLM-4.5's and GLM-4.7-Flash's
+/// `down_proj`, StarCoder2 `c_fc` and `c_proj` (ours `fc1`, `fc2`); Hunyuan its
+/// QK-norms `query_layernorm` and `key_layernorm` (ours `q_norm`, `k_norm`). DeepSeek-V3's, GLM-4.5's and GLM-4.7-Flash's
 /// checkpoints append multi-token-prediction layers after the last decoder layer
 /// ([`HfConfig::mtp_layers`]): `model.layers.{n_layers + k}.{enorm, hnorm, eh_proj,
 /// shared_head.norm}` are our `mtp.{k}.…`, the layer's decoder keys our
@@ -283,6 +283,7 @@ pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
             config.model_type.as_str(),
             "granitemoe" | "granitemoeshared"
         ),
+        hunyuan: config.model_type == "hunyuan_v1_dense",
         ungated_mlp: (!config.model.gated_mlp).then_some(match config.model_type.as_str() {
             "starcoder2" => STARCODER2_MLP,
             _ => ARCEE_MLP,
@@ -323,6 +324,12 @@ const GRANITEMOE_NAMES: [(&str, &str); 5] = [
         ".mlp.experts.down_proj",
     ),
     (".block_sparse_moe.router.layer.weight", ".mlp.gate.weight"),
+];
+
+/// Hunyuan's names of the QK-norms, and ours.
+const HUNYUAN_QK_NORMS: [(&str, &str); 2] = [
+    (".self_attn.query_layernorm.", ".self_attn.q_norm."),
+    (".self_attn.key_layernorm.", ".self_attn.k_norm."),
 ];
 
 /// Whether the checkpoints of the family `model_type` lay their sparse layers out as
@@ -462,6 +469,8 @@ struct CausalLmKeys {
     /// GraniteMoE's names of the router, the stacked experts and the shared expert
     /// ([`GRANITEMOE_NAMES`]).
     granite_moe: bool,
+    /// Hunyuan's names of the QK-norms ([`HUNYUAN_QK_NORMS`]).
+    hunyuan: bool,
     /// The checkpoint's names of an ungated dense feed-forward's projections, and ours
     /// (`fc1`, `fc2`); `None` for a gated one.
     ungated_mlp: Option<[(&'static str, &'static str); 2]>,
@@ -537,6 +546,8 @@ impl CausalLmKeys {
         }
         if self.mixtral {
             KeyAction::Load(rename_one(key, MIXTRAL_NAMES))
+        } else if self.hunyuan {
+            KeyAction::Load(rename_one(key, HUNYUAN_QK_NORMS))
         } else if self.granite_moe {
             KeyAction::Load(rename_one(key, GRANITEMOE_NAMES))
         } else if self.qwen2_moe {
@@ -569,6 +580,8 @@ impl CausalLmKeys {
         }
         if self.mixtral {
             rename_one(path, MIXTRAL_NAMES.map(|(theirs, ours)| (ours, theirs)))
+        } else if self.hunyuan {
+            rename_one(path, HUNYUAN_QK_NORMS.map(|(theirs, ours)| (ours, theirs)))
         } else if self.granite_moe {
             rename_one(path, GRANITEMOE_NAMES.map(|(theirs, ours)| (ours, theirs)))
         } else if self.qwen2_moe {

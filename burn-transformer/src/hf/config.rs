@@ -587,8 +587,8 @@ impl ModelKeys {
 
     /// QK-norm, with the model's eps: Qwen3, Qwen3-MoE, dots.llm1, EXAONE-4, GLM-4.5
     /// (with `use_qk_norm`) and Gemma-3 (with Gemma's RMSNorm) normalize each head
-    /// (`q_norm` / `k_norm` of width `head_dim`), OLMo-2, OLMo-3, OLMoE and MiniMax-M2
-    /// the whole projections.
+    /// (`q_norm` / `k_norm` of width `head_dim`), Hunyuan each rotated head, OLMo-2,
+    /// OLMo-3, OLMoE and MiniMax-M2 the whole projections.
     fn qk_norm(&self, family: ModelType) -> Option<QkNormConfig> {
         let placement = match family {
             ModelType::Qwen3
@@ -597,6 +597,7 @@ impl ModelKeys {
             | ModelType::Gemma3Text
             | ModelType::Exaone4 => QkNormPlacement::PerHead,
             ModelType::Glm4Moe if self.use_qk_norm == Some(true) => QkNormPlacement::PerHead,
+            ModelType::HunyuanV1Dense => QkNormPlacement::PerHeadAfterRope,
             ModelType::Olmo2 | ModelType::Olmo3 | ModelType::Olmoe | ModelType::MinimaxM2 => {
                 QkNormPlacement::AcrossHeads
             }
@@ -674,8 +675,9 @@ impl ModelKeys {
     /// Qwen3 and SmolLM3 only with `use_sliding_window`, on the layers `layer_types` (or
     /// `max_window_layers`) names; dots.llm1 on those layers whenever a window is set;
     /// Qwen3-MoE with `use_sliding_window` on every layer; other families on the layers
-    /// `layer_types` names, or every layer; LLaMA, Granite, Arcee, Helium, Gemma, GLM-4,
-    /// GLM-4.5, GLM-4.7-Flash, OLMoE, MiniMax-M2, Seed-OSS, ERNIE-4.5 and Cohere never.
+    /// `layer_types` names, or every layer; LLaMA, Granite, Arcee, Helium, Hunyuan, Gemma,
+    /// GLM-4, GLM-4.5, GLM-4.7-Flash, OLMoE, MiniMax-M2, Seed-OSS, ERNIE-4.5 and Cohere
+    /// never.
     fn sliding_window(
         &self,
         family: ModelType,
@@ -701,6 +703,7 @@ impl ModelKeys {
             | ModelType::GraniteMoeShared
             | ModelType::Arcee
             | ModelType::Helium
+            | ModelType::HunyuanV1Dense
             | ModelType::Gemma
             | ModelType::Glm4
             | ModelType::Glm4Moe

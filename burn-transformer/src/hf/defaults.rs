@@ -17,7 +17,8 @@ use super::model_type::ModelType;
 /// `Gemma3TextConfig`'s only), and the defaults those classes derive: the layer types
 /// of Gemma-2, Gemma-3 (from `sliding_window_pattern`), OLMo-3, SmolLM3 and gpt-oss,
 /// SmolLM3's `no_rope_layers`, GLM-4.7-Flash's `mlp_layer_types`, MiniMax-M2's
-/// `partial_rotary_factor` (from `rotary_dim`), and Phi-3's old names of LongRoPE (`su`, `yarn`), and the rotary
+/// `partial_rotary_factor` (from `rotary_dim`), Hunyuan's NTK-alpha base, and Phi-3's
+/// old names of LongRoPE (`su`, `yarn`), and the rotary
 /// embedding where the file has neither `rope_parameters` nor `rope_scaling`.
 pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
     let mut filled = config.clone();
@@ -47,6 +48,9 @@ pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
                 }
             }
         }
+    }
+    if family == ModelType::HunyuanV1Dense {
+        fix_ntk_alpha(object);
     }
     // MiniMax-M2's files give the rotated width as `rotary_dim`.
     let has_factor = object.contains_key("partial_rotary_factor")
@@ -179,6 +183,7 @@ fn class_defaults(family: ModelType) -> Value {
             "use_bias": true, "tie_word_embeddings": true, "initializer_range": 0.018042,
             "sliding_window": null
         }),
+        ModelType::HunyuanV1Dense => json!({"rms_norm_eps": 1e-5}),
         ModelType::Gemma => json!({
             "num_key_value_heads": 16, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
             "tie_word_embeddings": true
@@ -300,6 +305,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Cohere | ModelType::Cohere2 => [256000, 8192, 22528, 40, 64, 8192],
         ModelType::Arcee => [32000, 2560, 18432, 32, 32, 4096],
         ModelType::Helium => [48000, 2560, 7040, 24, 20, 4096],
+        ModelType::HunyuanV1Dense => [290943, 4096, 11008, 32, 32, 2048],
         ModelType::Starcoder2 => [49152, 3072, 12288, 30, 24, 4096],
         ModelType::Gemma => [256000, 3072, 24576, 28, 16, 8192],
         ModelType::Gemma2 => [256000, 2304, 9216, 26, 8, 8192],
@@ -336,6 +342,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Smollm3 => (Some(128000), Some(128001), Some(128004)),
         ModelType::Arcee => (Some(128000), Some(128001), None),
         ModelType::Helium => (Some(1), Some(2), Some(3)),
+        ModelType::HunyuanV1Dense => (Some(1), Some(2), Some(0)),
         ModelType::Starcoder2 => (Some(50256), Some(50256), None),
         ModelType::MinimaxM2 => (Some(200034), Some(200020), None),
         ModelType::Phi3 => (Some(1), Some(32000), Some(32000)),
@@ -365,6 +372,47 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         }
     }
     values
+}
+
+/// Hunyuan's RoPE: a `dynamic` rotary embedding with an `alpha` is, in transformers,
+/// NTK scaling by a fixed factor that only stretches the base,
+/// `theta · alpha^(d / (d − 2))` over the head width `d`, whatever the sequence length.
+/// The object is rewritten as the default embedding at that base.
+fn fix_ntk_alpha(config: &mut Map<String, Value>) {
+    let Some(key) = ["rope_parameters", "rope_scaling"]
+        .into_iter()
+        .find(|key| config.get(*key).is_some_and(Value::is_object))
+    else {
+        return;
+    };
+    let rope = &config[key];
+    let kind = rope.get("rope_type").or_else(|| rope.get("type"));
+    let alpha = rope
+        .get("alpha")
+        .and_then(Value::as_f64)
+        .filter(|&a| a != 0.0);
+    let (Some("dynamic"), Some(alpha)) = (kind.and_then(Value::as_str), alpha) else {
+        return;
+    };
+    let head_dim = config.get("head_dim").and_then(Value::as_f64).or_else(|| {
+        let hidden = config.get("hidden_size")?.as_f64()?;
+        let heads = config.get("num_attention_heads")?.as_f64()?;
+        Some(hidden / heads)
+    });
+    let theta = rope
+        .get("rope_theta")
+        .or_else(|| config.get("rope_theta"))
+        .and_then(Value::as_f64)
+        .unwrap_or(10_000.0);
+    let Some(d) = head_dim.filter(|&d| d > 2.0) else {
+        return;
+    };
+    let base = theta * alpha.powf(d / (d - 2.0));
+    config.insert(
+        key.into(),
+        json!({"rope_type": "default", "rope_theta": base}),
+    );
+    config.insert("rope_theta".into(), json!(base));
 }
 
 /// SmolLM3's `no_rope_layers` when the file has none: 0 (no RoPE) on every

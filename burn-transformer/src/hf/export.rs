@@ -424,7 +424,7 @@ pub fn hf_config_json(config: &CausalLmConfig) -> Result<Value, HfError> {
             .as_ref()
             .is_some_and(|qk| qk.placement != QkNormPlacement::PerHead || qk.unit_offset) =>
         {
-            refuse("QK-norm across heads or with a unit offset")
+            refuse("QK-norm other than Qwen3's (per head, before RoPE, without a unit offset)")
         }
         _ => {
             let (model_type, architecture) =

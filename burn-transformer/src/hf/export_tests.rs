@@ -45,7 +45,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 42] = [
+const FAMILIES: [&str; 43] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -70,6 +70,7 @@ const FAMILIES: [&str; 42] = [
     "helium",
     "ministral",
     "starcoder2",
+    "hunyuan_v1_dense",
     "gemma",
     "gemma2",
     "gemma3_text",

@@ -23,6 +23,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "arcee",
     "helium",
     "starcoder2",
+    "hunyuan_v1_dense",
     "gemma",
     "gemma2",
     "gemma3_text",
@@ -116,6 +117,9 @@ pub(crate) enum ModelType {
     /// StarCoder2: LayerNorms with a shift, biases on every projection, an ungated
     /// feed-forward (GELU-tanh), a window on every layer when one is set.
     Starcoder2,
+    /// Hunyuan (dense v1): LLaMA with QK-norm per head after RoPE, and RoPE's base
+    /// stretched by a fixed NTK `alpha`.
+    HunyuanV1Dense,
     /// Gemma (the first generation, CodeGemma): LLaMA's blocks with Gemma's RMSNorm,
     /// scaled and tied embeddings, and GeGLU (tanh); multi-query attention in the 2B.
     Gemma,
@@ -169,7 +173,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 36] = [
+    const ALL: [Self; 37] = [
         Self::Llama,
         Self::Mistral,
         Self::Ministral,
@@ -190,6 +194,7 @@ impl ModelType {
         Self::Arcee,
         Self::Helium,
         Self::Starcoder2,
+        Self::HunyuanV1Dense,
         Self::Gemma,
         Self::Gemma2,
         Self::Gemma3Text,
@@ -231,6 +236,7 @@ impl ModelType {
             Self::Arcee => "arcee",
             Self::Helium => "helium",
             Self::Starcoder2 => "starcoder2",
+            Self::HunyuanV1Dense => "hunyuan_v1_dense",
             Self::Gemma => "gemma",
             Self::Gemma2 => "gemma2",
             Self::Gemma3Text => "gemma3_text",

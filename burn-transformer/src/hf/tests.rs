@@ -287,6 +287,11 @@ fn starcoder2_with_shifted_layer_norms_biases_and_an_ungated_feed_forward_matche
 }
 
 #[test]
+fn hunyuan_with_qk_norm_after_rope_and_an_ntk_alpha_base_matches_transformers() {
+    matches_transformers("hunyuan_v1_dense");
+}
+
+#[test]
 fn gemma_with_gemma_norms_scaled_tied_embeddings_and_one_kv_head_matches_transformers() {
     matches_transformers("gemma");
 }
@@ -462,7 +467,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 25] = [
+    let cases: [(&str, Edit, &[&str]); 26] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -654,6 +659,21 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
                 config.insert("rms_norm_eps".into(), json!(0.5));
             },
             &[],
+        ),
+        // Hunyuan's files as published: the embedding under `rope_scaling` with its old
+        // `type` key and the base beside it. Its code has no feed-forward biases.
+        (
+            "hunyuan_v1_dense",
+            |config| {
+                config.remove("rope_parameters");
+                config.insert("rope_theta".into(), json!(10000.0));
+                config.insert(
+                    "rope_scaling".into(),
+                    json!({"type": "dynamic", "alpha": 50.0, "factor": 1.0}),
+                );
+                config.insert("mlp_bias".into(), json!(true));
+            },
+            &["mlp_bias"],
         ),
         // Ministral's code has no attention or feed-forward biases.
         (
@@ -1069,6 +1089,9 @@ fn gradient_norms(
         let name = match model_type {
             "gpt_oss" => name.replacen(".mlp.gate.", ".mlp.router.", 1),
             "qwen2_moe" => name.replacen(".mlp.shared_experts.", ".mlp.shared_expert.", 1),
+            "hunyuan_v1_dense" => name
+                .replacen(".self_attn.q_norm.", ".self_attn.query_layernorm.", 1)
+                .replacen(".self_attn.k_norm.", ".self_attn.key_layernorm.", 1),
             "granitemoe" | "granitemoeshared" => [
                 (
                     ".mlp.shared_experts.gate_proj.",
