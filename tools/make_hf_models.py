@@ -388,6 +388,22 @@ def hunyuan_v1_dense():
     )
 
 
+def hunyuan_v1_moe():
+    # Hunyuan's attention (QK-norm after RoPE, NTK-alpha RoPE); 4 experts, top-2 (given
+    # per layer, as its files do), renormalized, beside a shared expert.
+    common = {k: v for k, v in COMMON.items() if k != "intermediate_size"}
+    return transformers.HunYuanMoEV1Config(
+        **common,
+        intermediate_size=16,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_experts=4,
+        moe_topk=[2, 2],
+        rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, factor=1.0, alpha=50.0),
+        tie_word_embeddings=False,
+    )
+
+
 def gemma():
     # LLaMA's blocks with Gemma's RMSNorm (1 + w), GeGLU (tanh), embeddings scaled by
     # sqrt(hidden_size) and tied; one key/value head (the 2B's multi-query attention),
@@ -847,6 +863,7 @@ MODELS = {
     "ministral": (ministral, {}),
     "starcoder2": (starcoder2, {}),
     "hunyuan_v1_dense": (hunyuan_v1_dense, {}),
+    "hunyuan_v1_moe": (hunyuan_v1_moe, {}),
     "gemma": (gemma, {}),
     "gemma2": (gemma2, {}),
     "gemma3_text": (gemma3_text, {}),
@@ -917,7 +934,9 @@ class RouterGaps:
     def hook(self, module):
         def record(_module, inputs, _output):
             hidden = inputs[0].reshape(-1, inputs[0].shape[-1]).float()
-            logits = hidden @ module.weight.float().t()
+            # Hunyuan's router keeps its projection as `wg`.
+            weight = module.wg.weight if hasattr(module, "wg") else module.weight
+            logits = hidden @ weight.float().t()
             # MiniMax-M2's router takes its block's correction bias as an argument.
             bias = inputs[1] if len(inputs) > 1 else None
             self.smallest = min(self.smallest, self.margin(module, logits, bias))
@@ -927,6 +946,8 @@ class RouterGaps:
     def margin(self, module, logits, bias=None):
         config = self.config
         k = config.num_experts_per_tok
+        if isinstance(k, list):  # Hunyuan's per-layer top-k
+            k = module.top_k
         if config.model_type == "minimax_m2":
             scores = logits.sigmoid() + bias.float()
             return gap(scores, k)

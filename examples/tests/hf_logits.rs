@@ -126,6 +126,7 @@ fn matches_transformers_for_every_family_on_flex() {
         "ministral",
         "starcoder2",
         "hunyuan_v1_dense",
+        "hunyuan_v1_moe",
         "gemma",
         "gemma2",
         "gemma3_text",

@@ -250,7 +250,8 @@ fn check_layer_count<'a>(
 /// fused); Qwen2-MoE its shared expert `shared_expert` where ours says
 /// `shared_experts`; Arcee the projections of its ungated feed-forward `up_proj` and
 /// `down_proj`, StarCoder2 `c_fc` and `c_proj` (ours `fc1`, `fc2`); Hunyuan its
-/// QK-norms `query_layernorm` and `key_layernorm` (ours `q_norm`, `k_norm`). DeepSeek-V3's, GLM-4.5's and GLM-4.7-Flash's
+/// QK-norms `query_layernorm` and `key_layernorm` (ours `q_norm`, `k_norm`), its router
+/// `gate.wg` and its shared expert `shared_mlp`. DeepSeek-V3's, GLM-4.5's and GLM-4.7-Flash's
 /// checkpoints append multi-token-prediction layers after the last decoder layer
 /// ([`HfConfig::mtp_layers`]): `model.layers.{n_layers + k}.{enorm, hnorm, eh_proj,
 /// shared_head.norm}` are our `mtp.{k}.…`, the layer's decoder keys our
@@ -283,7 +284,10 @@ pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
             config.model_type.as_str(),
             "granitemoe" | "granitemoeshared"
         ),
-        hunyuan: config.model_type == "hunyuan_v1_dense",
+        hunyuan: matches!(
+            config.model_type.as_str(),
+            "hunyuan_v1_dense" | "hunyuan_v1_moe"
+        ),
         ungated_mlp: (!config.model.gated_mlp).then_some(match config.model_type.as_str() {
             "starcoder2" => STARCODER2_MLP,
             _ => ARCEE_MLP,
@@ -326,10 +330,12 @@ const GRANITEMOE_NAMES: [(&str, &str); 5] = [
     (".block_sparse_moe.router.layer.weight", ".mlp.gate.weight"),
 ];
 
-/// Hunyuan's names of the QK-norms, and ours.
-const HUNYUAN_QK_NORMS: [(&str, &str); 2] = [
+/// Hunyuan's names of the QK-norms, the router and the shared expert, and ours.
+const HUNYUAN_NAMES: [(&str, &str); 4] = [
     (".self_attn.query_layernorm.", ".self_attn.q_norm."),
     (".self_attn.key_layernorm.", ".self_attn.k_norm."),
+    (".mlp.gate.wg.", ".mlp.gate."),
+    (".mlp.shared_mlp.", ".mlp.shared_experts."),
 ];
 
 /// Whether the checkpoints of the family `model_type` lay their sparse layers out as
@@ -469,7 +475,7 @@ struct CausalLmKeys {
     /// GraniteMoE's names of the router, the stacked experts and the shared expert
     /// ([`GRANITEMOE_NAMES`]).
     granite_moe: bool,
-    /// Hunyuan's names of the QK-norms ([`HUNYUAN_QK_NORMS`]).
+    /// Hunyuan's names of the QK-norms, router and shared expert ([`HUNYUAN_NAMES`]).
     hunyuan: bool,
     /// The checkpoint's names of an ungated dense feed-forward's projections, and ours
     /// (`fc1`, `fc2`); `None` for a gated one.
@@ -547,7 +553,7 @@ impl CausalLmKeys {
         if self.mixtral {
             KeyAction::Load(rename_one(key, MIXTRAL_NAMES))
         } else if self.hunyuan {
-            KeyAction::Load(rename_one(key, HUNYUAN_QK_NORMS))
+            KeyAction::Load(rename_one(key, HUNYUAN_NAMES))
         } else if self.granite_moe {
             KeyAction::Load(rename_one(key, GRANITEMOE_NAMES))
         } else if self.qwen2_moe {
@@ -581,7 +587,7 @@ impl CausalLmKeys {
         if self.mixtral {
             rename_one(path, MIXTRAL_NAMES.map(|(theirs, ours)| (ours, theirs)))
         } else if self.hunyuan {
-            rename_one(path, HUNYUAN_QK_NORMS.map(|(theirs, ours)| (ours, theirs)))
+            rename_one(path, HUNYUAN_NAMES.map(|(theirs, ours)| (ours, theirs)))
         } else if self.granite_moe {
             rename_one(path, GRANITEMOE_NAMES.map(|(theirs, ours)| (ours, theirs)))
         } else if self.qwen2_moe {

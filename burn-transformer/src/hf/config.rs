@@ -597,7 +597,7 @@ impl ModelKeys {
             | ModelType::Gemma3Text
             | ModelType::Exaone4 => QkNormPlacement::PerHead,
             ModelType::Glm4Moe if self.use_qk_norm == Some(true) => QkNormPlacement::PerHead,
-            ModelType::HunyuanV1Dense => QkNormPlacement::PerHeadAfterRope,
+            _ if family.is_hunyuan() => QkNormPlacement::PerHeadAfterRope,
             ModelType::Olmo2 | ModelType::Olmo3 | ModelType::Olmoe | ModelType::MinimaxM2 => {
                 QkNormPlacement::AcrossHeads
             }
@@ -704,6 +704,7 @@ impl ModelKeys {
             | ModelType::Arcee
             | ModelType::Helium
             | ModelType::HunyuanV1Dense
+            | ModelType::HunyuanV1Moe
             | ModelType::Gemma
             | ModelType::Glm4
             | ModelType::Glm4Moe

@@ -49,7 +49,7 @@ pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
             }
         }
     }
-    if family == ModelType::HunyuanV1Dense {
+    if family.is_hunyuan() {
         fix_ntk_alpha(object);
     }
     // MiniMax-M2's files give the rotated width as `rotary_dim`.
@@ -184,6 +184,7 @@ fn class_defaults(family: ModelType) -> Value {
             "sliding_window": null
         }),
         ModelType::HunyuanV1Dense => json!({"rms_norm_eps": 1e-5}),
+        ModelType::HunyuanV1Moe => json!({"rms_norm_eps": 1e-5, "num_experts": 1, "moe_topk": 1}),
         ModelType::Gemma => json!({
             "num_key_value_heads": 16, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
             "tie_word_embeddings": true
@@ -305,7 +306,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Cohere | ModelType::Cohere2 => [256000, 8192, 22528, 40, 64, 8192],
         ModelType::Arcee => [32000, 2560, 18432, 32, 32, 4096],
         ModelType::Helium => [48000, 2560, 7040, 24, 20, 4096],
-        ModelType::HunyuanV1Dense => [290943, 4096, 11008, 32, 32, 2048],
+        ModelType::HunyuanV1Dense | ModelType::HunyuanV1Moe => [290943, 4096, 11008, 32, 32, 2048],
         ModelType::Starcoder2 => [49152, 3072, 12288, 30, 24, 4096],
         ModelType::Gemma => [256000, 3072, 24576, 28, 16, 8192],
         ModelType::Gemma2 => [256000, 2304, 9216, 26, 8, 8192],
@@ -342,7 +343,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Smollm3 => (Some(128000), Some(128001), Some(128004)),
         ModelType::Arcee => (Some(128000), Some(128001), None),
         ModelType::Helium => (Some(1), Some(2), Some(3)),
-        ModelType::HunyuanV1Dense => (Some(1), Some(2), Some(0)),
+        ModelType::HunyuanV1Dense | ModelType::HunyuanV1Moe => (Some(1), Some(2), Some(0)),
         ModelType::Starcoder2 => (Some(50256), Some(50256), None),
         ModelType::MinimaxM2 => (Some(200034), Some(200020), None),
         ModelType::Phi3 => (Some(1), Some(32000), Some(32000)),

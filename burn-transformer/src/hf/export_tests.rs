@@ -45,7 +45,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 43] = [
+const FAMILIES: [&str; 44] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -71,6 +71,7 @@ const FAMILIES: [&str; 43] = [
     "ministral",
     "starcoder2",
     "hunyuan_v1_dense",
+    "hunyuan_v1_moe",
     "gemma",
     "gemma2",
     "gemma3_text",

@@ -37,6 +37,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "minimax_m2",
     "granitemoe",
     "granitemoeshared",
+    "hunyuan_v1_moe",
     "gpt_oss",
     "deepseek_v2",
     "deepseek_v3",
@@ -162,6 +163,10 @@ pub(crate) enum ModelType {
     /// GraniteMoE-Shared: GraniteMoE with a shared expert of `shared_intermediate_size`
     /// beside the experts (`shared_mlp`, its gate and up fused).
     GraniteMoeShared,
+    /// Hunyuan-MoE (A13B): Hunyuan's attention; every layer a mixture of experts
+    /// (softmax top-k, renormalized) beside a shared expert, all `intermediate_size`
+    /// wide.
+    HunyuanV1Moe,
     /// gpt-oss: attention sinks and biases, alternating sliding and full layers, YaRN;
     /// every layer a mixture of experts with router and expert biases and the clamped
     /// SwiGLU.
@@ -173,7 +178,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 37] = [
+    const ALL: [Self; 38] = [
         Self::Llama,
         Self::Mistral,
         Self::Ministral,
@@ -208,6 +213,7 @@ impl ModelType {
         Self::MinimaxM2,
         Self::GraniteMoe,
         Self::GraniteMoeShared,
+        Self::HunyuanV1Moe,
         Self::GptOss,
         Self::DeepseekV2,
         Self::DeepseekV3,
@@ -250,6 +256,7 @@ impl ModelType {
             Self::MinimaxM2 => "minimax_m2",
             Self::GraniteMoe => "granitemoe",
             Self::GraniteMoeShared => "granitemoeshared",
+            Self::HunyuanV1Moe => "hunyuan_v1_moe",
             Self::GptOss => "gpt_oss",
             Self::DeepseekV2 => "deepseek_v2",
             Self::DeepseekV3 => "deepseek_v3",
@@ -276,6 +283,7 @@ impl ModelType {
                 | Self::MinimaxM2
                 | Self::GraniteMoe
                 | Self::GraniteMoeShared
+                | Self::HunyuanV1Moe
                 | Self::GptOss
                 | Self::DeepseekV2
                 | Self::DeepseekV3
@@ -291,6 +299,11 @@ impl ModelType {
     /// `hidden_activation`, `query_pre_attn_scalar`, logit soft-capping).
     pub(crate) fn is_gemma2_or_later(self) -> bool {
         matches!(self, Self::Gemma2 | Self::Gemma3Text)
+    }
+
+    /// Whether the family is Hunyuan's (QK-norm after RoPE, NTK-alpha RoPE).
+    pub(crate) fn is_hunyuan(self) -> bool {
+        matches!(self, Self::HunyuanV1Dense | Self::HunyuanV1Moe)
     }
 
     /// Whether the family is Granite's (multipliers on the embeddings, the attention

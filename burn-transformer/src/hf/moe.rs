@@ -76,11 +76,16 @@ pub(crate) struct MoeKeys {
     model_type: Option<String>,
     hidden_size: Option<usize>,
     intermediate_size: Option<usize>,
+    #[serde(default, deserialize_with = "deserialize_same_per_layer")]
     moe_intermediate_size: Option<usize>,
     n_routed_experts: Option<usize>,
     num_local_experts: Option<usize>,
+    #[serde(default, deserialize_with = "deserialize_same_per_layer")]
     num_experts: Option<usize>,
     num_experts_per_tok: Option<usize>,
+    /// Hunyuan's name of `num_experts_per_tok` (a number, or one per layer).
+    #[serde(default, deserialize_with = "deserialize_same_per_layer")]
+    moe_topk: Option<usize>,
     n_shared_experts: Option<usize>,
     /// Qwen2-MoE's shared expert's width.
     shared_expert_intermediate_size: Option<usize>,
@@ -101,6 +106,32 @@ pub(crate) struct MoeKeys {
     /// GLM-4.7-Flash's kind of feed-forward per layer, `"dense"` or `"sparse"`.
     mlp_layer_types: Option<Vec<String>>,
     num_hidden_layers: Option<usize>,
+}
+
+/// serde's reader of a size that a file may give once or once per layer (Hunyuan's
+/// `moe_topk`, `moe_intermediate_size`): a list must hold one value, repeated, since
+/// every sparse layer here has the same shape.
+fn deserialize_same_per_layer<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<usize>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrPerLayer {
+        One(usize),
+        PerLayer(Vec<usize>),
+    }
+    match Option::<OneOrPerLayer>::deserialize(deserializer)? {
+        None => Ok(None),
+        Some(OneOrPerLayer::One(value)) => Ok(Some(value)),
+        Some(OneOrPerLayer::PerLayer(values)) => match values.split_first() {
+            Some((&first, rest)) if rest.iter().all(|&value| value == first) => Ok(Some(first)),
+            Some(_) => Err(serde::de::Error::custom(format!(
+                "differs across layers ({values:?}): layers of different sizes are not \
+                 supported"
+            ))),
+            None => Err(serde::de::Error::custom("is an empty list")),
+        },
+    }
 }
 
 /// How a router picks among expert groups.
@@ -162,7 +193,8 @@ impl MoeKeys {
                 | ModelType::GptOss
                 | ModelType::MinimaxM2
                 | ModelType::GraniteMoe
-                | ModelType::GraniteMoeShared,
+                | ModelType::GraniteMoeShared
+                | ModelType::HunyuanV1Moe,
             ) => unread.fixed(
                 "norm_topk_prob",
                 self.norm_topk_prob,
@@ -188,8 +220,13 @@ impl MoeKeys {
                     "missing (also looked for num_local_experts and num_experts)",
                 )
             })?;
-        let d_ff = self
-            .moe_intermediate_size
+        // Hunyuan's experts (and its shared expert) are `intermediate_size` wide,
+        // whatever `moe_intermediate_size` says.
+        let moe_intermediate_size = match family {
+            Some(ModelType::HunyuanV1Moe) => None,
+            _ => self.moe_intermediate_size,
+        };
+        let d_ff = moe_intermediate_size
             .or(self.intermediate_size)
             .ok_or_else(|| {
                 KeyError::new(
@@ -216,6 +253,15 @@ impl MoeKeys {
                 self.routed_scaling_factor.unwrap_or(1.0),
                 self.n_shared_experts.unwrap_or(0),
             )
+        } else if family == Some(ModelType::HunyuanV1Moe) {
+            // One shared expert (`shared_mlp`) as wide as the routed ones.
+            let one = unread.fixed(
+                "n_shared_experts",
+                self.n_shared_experts,
+                1,
+                "one shared expert of `intermediate_size`",
+            );
+            (unscaled(unread), one)
         } else if family == Some(ModelType::GraniteMoeShared) {
             // One shared expert, ungated, unless its width is 0.
             shared_d_ff = self.shared_intermediate_size.filter(|&width| width > 0);
@@ -254,9 +300,9 @@ impl MoeKeys {
             required(self.hidden_size, "hidden_size", "a non-negative integer")?,
             n_experts,
             required(
-                self.num_experts_per_tok,
+                self.num_experts_per_tok.or(self.moe_topk),
                 "num_experts_per_tok",
-                "a non-negative integer",
+                "a non-negative integer (also looked for moe_topk)",
             )?,
         )
         .with_scoring(scoring)
@@ -665,5 +711,30 @@ mod tests {
         let none = read(0);
         assert_eq!((none.n_shared_experts, none.shared_d_ff), (0, None));
         assert!(none.router.norm_topk_prob);
+    }
+
+    /// Hunyuan gives top-k (and widths) once per layer: one repeated value reads as
+    /// that value; different values are refused by name.
+    #[test]
+    fn per_layer_sizes_must_repeat_one_value() {
+        let read = |top_k: serde_json::Value| {
+            moe_config(
+                &serde_json::json!({
+                    "model_type": "hunyuan_v1_moe", "hidden_size": 16,
+                    "intermediate_size": 8, "moe_intermediate_size": [99, 99],
+                    "num_experts": 4, "moe_topk": top_k
+                }),
+                "config.json",
+            )
+        };
+        let config = read(serde_json::json!([2, 2])).unwrap();
+        assert_eq!((config.router.top_k, config.d_ff), (2, 8));
+        assert_eq!(config.n_shared_experts, 1);
+        let error = read(serde_json::json!([2, 3])).unwrap_err();
+        assert!(
+            matches!(&error, HfError::Field { field, .. } if field == "moe_topk")
+                && error.to_string().contains("differs across layers"),
+            "{error}"
+        );
     }
 }

@@ -292,6 +292,11 @@ fn hunyuan_with_qk_norm_after_rope_and_an_ntk_alpha_base_matches_transformers() 
 }
 
 #[test]
+fn hunyuan_moe_with_per_layer_top_k_and_a_shared_expert_matches_transformers() {
+    matches_transformers("hunyuan_v1_moe");
+}
+
+#[test]
 fn gemma_with_gemma_norms_scaled_tied_embeddings_and_one_kv_head_matches_transformers() {
     matches_transformers("gemma");
 }
@@ -1089,9 +1094,17 @@ fn gradient_norms(
         let name = match model_type {
             "gpt_oss" => name.replacen(".mlp.gate.", ".mlp.router.", 1),
             "qwen2_moe" => name.replacen(".mlp.shared_experts.", ".mlp.shared_expert.", 1),
-            "hunyuan_v1_dense" => name
-                .replacen(".self_attn.q_norm.", ".self_attn.query_layernorm.", 1)
-                .replacen(".self_attn.k_norm.", ".self_attn.key_layernorm.", 1),
+            "hunyuan_v1_dense" | "hunyuan_v1_moe" => [
+                (".self_attn.q_norm.", ".self_attn.query_layernorm."),
+                (".self_attn.k_norm.", ".self_attn.key_layernorm."),
+                (".mlp.gate.", ".mlp.gate.wg."),
+                (".mlp.shared_experts.", ".mlp.shared_mlp."),
+            ]
+            .iter()
+            .find(|(ours, _)| name.contains(ours))
+            .map_or(name.clone(), |(ours, theirs)| {
+                name.replacen(ours, theirs, 1)
+            }),
             "granitemoe" | "granitemoeshared" => [
                 (
                     ".mlp.shared_experts.gate_proj.",
