@@ -278,24 +278,28 @@ pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
         n_layers: config.model.n_layers,
         mtp_layers: config.mtp_layers,
         load_mtp: config.model.mtp_depth > 0,
-        mixtral: has_mixtral_layout(&config.model_type),
-        qwen2_moe: config.model_type == "qwen2_moe",
-        granite_moe: matches!(
-            config.model_type.as_str(),
-            "granitemoe" | "granitemoeshared"
-        ),
-        hunyuan: matches!(
-            config.model_type.as_str(),
-            "hunyuan_v1_dense" | "hunyuan_v1_moe"
-        ),
-        ungated_mlp: (!config.model.gated_mlp).then_some(match config.model_type.as_str() {
-            "starcoder2" => STARCODER2_MLP,
-            _ => ARCEE_MLP,
-        }),
-        gpt_oss: config.model_type == "gpt_oss",
+        renames: family_renames(config),
         multimodal: text_model_family(&config.model_type).is_some(),
         fused: fused_projections(config),
-        glm4: config.model_type == "glm4",
+    }
+}
+
+/// The checkpoint names that `config`'s family gives some of our parameters, and ours
+/// (applied one per key, in order; read backwards when saving); empty for most.
+fn family_renames(config: &HfConfig) -> &'static [(&'static str, &'static str)] {
+    let model_type = config.model_type.as_str();
+    match model_type {
+        _ if has_mixtral_layout(model_type) => &MIXTRAL_NAMES,
+        "hunyuan_v1_dense" | "hunyuan_v1_moe" => &HUNYUAN_NAMES,
+        "granitemoe" | "granitemoeshared" => &GRANITEMOE_NAMES,
+        // Qwen2-MoE's one shared expert is our `shared_experts`.
+        "qwen2_moe" => &[(".mlp.shared_expert.", ".mlp.shared_experts.")],
+        // gpt-oss names its router `router`, ours (like every other family) `gate`.
+        "gpt_oss" => &[(".mlp.router.", ".mlp.gate.")],
+        "starcoder2" => &STARCODER2_MLP,
+        "glm4" => &GLM4_NORMS,
+        _ if !config.model.gated_mlp => &ARCEE_MLP,
+        _ => &[],
     }
 }
 
@@ -470,23 +474,12 @@ struct CausalLmKeys {
     n_layers: usize,
     mtp_layers: usize,
     load_mtp: bool,
-    mixtral: bool,
-    qwen2_moe: bool,
-    /// GraniteMoE's names of the router, the stacked experts and the shared expert
-    /// ([`GRANITEMOE_NAMES`]).
-    granite_moe: bool,
-    /// Hunyuan's names of the QK-norms, router and shared expert ([`HUNYUAN_NAMES`]).
-    hunyuan: bool,
-    /// The checkpoint's names of an ungated dense feed-forward's projections, and ours
-    /// (`fc1`, `fc2`); `None` for a gated one.
-    ungated_mlp: Option<[(&'static str, &'static str); 2]>,
-    gpt_oss: bool,
+    /// The family's names of some parameters, and ours ([`family_renames`]).
+    renames: &'static [(&'static str, &'static str)],
     multimodal: bool,
     /// The projections the family's checkpoints store fused ([`fused_projections`]);
     /// empty for most.
     fused: Vec<FusedProjection>,
-    /// GLM-4's names of the block's norms ([`GLM4_NORMS`]).
-    glm4: bool,
 }
 
 impl KeyMap for CausalLmKeys {
@@ -550,25 +543,7 @@ impl CausalLmKeys {
         if let Some(rest) = key.strip_prefix("model.embed_tokens.") {
             return KeyAction::Load(format!("embed_tokens.{rest}"));
         }
-        if self.mixtral {
-            KeyAction::Load(rename_one(key, MIXTRAL_NAMES))
-        } else if self.hunyuan {
-            KeyAction::Load(rename_one(key, HUNYUAN_NAMES))
-        } else if self.granite_moe {
-            KeyAction::Load(rename_one(key, GRANITEMOE_NAMES))
-        } else if self.qwen2_moe {
-            // Qwen2-MoE's one shared expert is our `shared_experts`.
-            KeyAction::Load(key.replacen(".mlp.shared_expert.", ".mlp.shared_experts.", 1))
-        } else if self.gpt_oss {
-            // gpt-oss names its router `router`, ours (like every other family) `gate`.
-            KeyAction::Load(key.replacen(".mlp.router.", ".mlp.gate.", 1))
-        } else if let Some(names) = self.ungated_mlp {
-            KeyAction::Load(rename_one(key, names))
-        } else if self.glm4 {
-            KeyAction::Load(rename_one(key, GLM4_NORMS))
-        } else {
-            KeyAction::Load(key.to_string())
-        }
+        KeyAction::Load(rename_one(key, self.renames.iter().copied()))
     }
 
     /// [`KeyMap::checkpoint_key`] in a text model's own checkpoint.
@@ -584,23 +559,8 @@ impl CausalLmKeys {
             let rest = rest.strip_prefix("block.").unwrap_or(rest);
             return format!("model.layers.{}.{rest}", self.n_layers + depth_index);
         }
-        if self.mixtral {
-            rename_one(path, MIXTRAL_NAMES.map(|(theirs, ours)| (ours, theirs)))
-        } else if self.hunyuan {
-            rename_one(path, HUNYUAN_NAMES.map(|(theirs, ours)| (ours, theirs)))
-        } else if self.granite_moe {
-            rename_one(path, GRANITEMOE_NAMES.map(|(theirs, ours)| (ours, theirs)))
-        } else if self.qwen2_moe {
-            path.replacen(".mlp.shared_experts.", ".mlp.shared_expert.", 1)
-        } else if self.gpt_oss {
-            path.replacen(".mlp.gate.", ".mlp.router.", 1)
-        } else if let Some(names) = self.ungated_mlp {
-            rename_one(path, names.map(|(theirs, ours)| (ours, theirs)))
-        } else if self.glm4 {
-            rename_one(path, GLM4_NORMS.map(|(theirs, ours)| (ours, theirs)))
-        } else {
-            path.to_string()
-        }
+        let ours_to_theirs = self.renames.iter().map(|&(theirs, ours)| (ours, theirs));
+        rename_one(path, ours_to_theirs)
     }
 }
 

@@ -1091,21 +1091,16 @@ fn gradient_norms(
             Some(rest) => format!("model.embed_tokens.{rest}"),
             None => path,
         };
-        let name = match model_type {
-            "gpt_oss" => name.replacen(".mlp.gate.", ".mlp.router.", 1),
-            "qwen2_moe" => name.replacen(".mlp.shared_experts.", ".mlp.shared_expert.", 1),
-            "hunyuan_v1_dense" | "hunyuan_v1_moe" => [
+        let renames: &[(&str, &str)] = match model_type {
+            "gpt_oss" => &[(".mlp.gate.", ".mlp.router.")],
+            "qwen2_moe" => &[(".mlp.shared_experts.", ".mlp.shared_expert.")],
+            "hunyuan_v1_dense" | "hunyuan_v1_moe" => &[
                 (".self_attn.q_norm.", ".self_attn.query_layernorm."),
                 (".self_attn.k_norm.", ".self_attn.key_layernorm."),
                 (".mlp.gate.", ".mlp.gate.wg."),
                 (".mlp.shared_experts.", ".mlp.shared_mlp."),
-            ]
-            .iter()
-            .find(|(ours, _)| name.contains(ours))
-            .map_or(name.clone(), |(ours, theirs)| {
-                name.replacen(ours, theirs, 1)
-            }),
-            "granitemoe" | "granitemoeshared" => [
+            ],
+            "granitemoe" | "granitemoeshared" => &[
                 (
                     ".mlp.shared_experts.gate_proj.",
                     ".shared_mlp.input_linear.",
@@ -1117,53 +1112,43 @@ fn gradient_norms(
                 ),
                 (".mlp.gate.", ".block_sparse_moe.router."),
                 (".mlp.", ".block_sparse_moe."),
-            ]
-            .iter()
-            .find(|(ours, _)| name.contains(ours))
-            .map_or(name.clone(), |(ours, theirs)| {
-                name.replacen(ours, theirs, 1)
-            }),
+            ],
             // Ungated feed-forwards: Arcee's and StarCoder2's names of `fc1` and `fc2`.
-            "arcee" => rename_ungated(&name, "up_proj", "down_proj"),
-            "starcoder2" => rename_ungated(&name, "c_fc", "c_proj"),
-            "gemma3" | "mistral3" => name.replacen("model.", "model.language_model.", 1),
-            "glm4" => [
+            "arcee" => &[
+                (".mlp.fc1.", ".mlp.up_proj."),
+                (".mlp.fc2.", ".mlp.down_proj."),
+            ],
+            "starcoder2" => &[(".mlp.fc1.", ".mlp.c_fc."), (".mlp.fc2.", ".mlp.c_proj.")],
+            "gemma3" | "mistral3" => &[("model.", "model.language_model.")],
+            "glm4" => &[
                 (".post_attention_layernorm.", ".post_self_attn_layernorm."),
                 (".pre_feedforward_layernorm.", ".post_attention_layernorm."),
                 (".post_feedforward_layernorm.", ".post_mlp_layernorm."),
                 (".gate_proj.", ".gate_up_proj."),
                 (".up_proj.", ".gate_up_proj."),
-            ]
+            ],
+            "phi3" => &[
+                (".q_proj.", ".qkv_proj."),
+                (".k_proj.", ".qkv_proj."),
+                (".v_proj.", ".qkv_proj."),
+                (".gate_proj.", ".gate_up_proj."),
+                (".up_proj.", ".gate_up_proj."),
+            ],
+            _ => &[],
+        };
+        // At most one rename applies to a name.
+        let name = renames
             .iter()
             .find(|(ours, _)| name.contains(ours))
             .map_or(name.clone(), |(ours, theirs)| {
                 name.replacen(ours, theirs, 1)
-            }),
-            "phi3" => [
-                ("q_proj", "qkv_proj"),
-                ("k_proj", "qkv_proj"),
-                ("v_proj", "qkv_proj"),
-                ("gate_proj", "gate_up_proj"),
-                ("up_proj", "gate_up_proj"),
-            ]
-            .iter()
-            .fold(name, |name, (ours, fused)| {
-                name.replacen(&format!(".{ours}."), &format!(".{fused}."), 1)
-            }),
-            _ => name,
-        };
+            });
         *squares.entry(name).or_insert(0.0) += norm * norm;
     }
     squares
         .into_iter()
         .map(|(name, square)| (name, f64::sqrt(square)))
         .collect()
-}
-
-/// `name` with an ungated feed-forward's `fc1` and `fc2` named `first` and `second`.
-fn rename_ungated(name: &str, first: &str, second: &str) -> String {
-    name.replacen(".mlp.fc1.", &format!(".mlp.{first}."), 1)
-        .replacen(".mlp.fc2.", &format!(".mlp.{second}."), 1)
 }
 
 /// Training computes what PyTorch computes: on every fixture model, the next-token
