@@ -701,6 +701,29 @@ def minimax_m2():
     )
 
 
+def ernie4_5_moe():
+    # ERNIE-4.5's attention (biases on every projection: use_bias, which here also puts
+    # a bias on the tied output head); 4 experts, top-2 chosen by softmax scores plus
+    # the correction bias (stored [1, experts]), weighted by the uncorrected scores,
+    # renormalized; two shared experts as one MLP; sparse layers 1 and 2 of 4 (the
+    # start and end indices), the others dense.
+    common = {k: v for k, v in COMMON.items() if k != "num_hidden_layers"}
+    return transformers.Ernie4_5_MoeConfig(
+        **common,
+        num_hidden_layers=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        use_bias=True,
+        moe_num_experts=4,
+        moe_k=2,
+        moe_intermediate_size=16,
+        moe_num_shared_experts=2,
+        moe_layer_start_index=1,
+        moe_layer_end_index=2,
+        moe_layer_interval=1,
+    )
+
+
 def granitemoe():
     # Granite's four multipliers; 4 experts, top-2 (softmax over the chosen logits),
     # stored as 3-D input_linear / output_linear tensors; attention biases.
@@ -878,6 +901,7 @@ MODELS = {
     "glm4_moe_lite": (glm4_moe_lite, {}),
     "dots1": (dots1, {}),
     "minimax_m2": (minimax_m2, {}),
+    "ernie4_5_moe": (ernie4_5_moe, {}),
     "granitemoe": (granitemoe, {}),
     "granitemoeshared": (granitemoeshared, {}),
     "gpt_oss": (gpt_oss, {}),
@@ -950,6 +974,10 @@ class RouterGaps:
             k = module.top_k
         if config.model_type == "minimax_m2":
             scores = logits.sigmoid() + bias.float()
+            return gap(scores, k)
+        if config.model_type == "ernie4_5_moe":
+            # Softmax scores plus the correction bias choose; stored [1, experts].
+            scores = logits.softmax(-1) + module.moe_statics.e_score_correction_bias.float()
             return gap(scores, k)
         if config.model_type in ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "dots1"):
             # DeepSeek-V3's routing (and of the families that copy it): bias-corrected

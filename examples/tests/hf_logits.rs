@@ -139,6 +139,7 @@ fn matches_transformers_for_every_family_on_flex() {
         "glm4_moe",
         "glm4_moe_lite",
         "dots1",
+        "ernie4_5_moe",
         "minimax_m2",
         "granitemoe",
         "granitemoeshared",

@@ -251,7 +251,10 @@ fn check_layer_count<'a>(
 /// `shared_experts`; Arcee the projections of its ungated feed-forward `up_proj` and
 /// `down_proj`, StarCoder2 `c_fc` and `c_proj` (ours `fc1`, `fc2`); Hunyuan its
 /// QK-norms `query_layernorm` and `key_layernorm` (ours `q_norm`, `k_norm`), its router
-/// `gate.wg` and its shared expert `shared_mlp`. DeepSeek-V3's, GLM-4.5's and GLM-4.7-Flash's
+/// `gate.wg` and its shared expert `shared_mlp`; ERNIE-4.5-MoE its correction bias
+/// `moe_statics.e_score_correction_bias`, stored `[1, E]` ([`has_unit_leading_dim`]),
+/// and it ignores the `mtp…` modules of its checkpoints as transformers does. A bias on
+/// the logits, `lm_head.bias`, is our `lm_head_bias`. DeepSeek-V3's, GLM-4.5's and GLM-4.7-Flash's
 /// checkpoints append multi-token-prediction layers after the last decoder layer
 /// ([`HfConfig::mtp_layers`]): `model.layers.{n_layers + k}.{enorm, hnorm, eh_proj,
 /// shared_head.norm}` are our `mtp.{k}.…`, the layer's decoder keys our
@@ -281,6 +284,7 @@ pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
         renames: family_renames(config),
         multimodal: text_model_family(&config.model_type).is_some(),
         fused: fused_projections(config),
+        unloaded_mtp_modules: config.model_type == "ernie4_5_moe",
     }
 }
 
@@ -294,6 +298,11 @@ fn family_renames(config: &HfConfig) -> &'static [(&'static str, &'static str)] 
         "granitemoe" | "granitemoeshared" => &GRANITEMOE_NAMES,
         // Qwen2-MoE's one shared expert is our `shared_experts`.
         "qwen2_moe" => &[(".mlp.shared_expert.", ".mlp.shared_experts.")],
+        // ERNIE-4.5-MoE keeps the router's correction bias in `moe_statics`.
+        "ernie4_5_moe" => &[(
+            ".mlp.moe_statics.e_score_correction_bias",
+            ".mlp.gate.e_score_correction_bias",
+        )],
         // gpt-oss names its router `router`, ours (like every other family) `gate`.
         "gpt_oss" => &[(".mlp.router.", ".mlp.gate.")],
         "starcoder2" => &STARCODER2_MLP,
@@ -480,6 +489,9 @@ struct CausalLmKeys {
     /// The projections the family's checkpoints store fused ([`fused_projections`]);
     /// empty for most.
     fused: Vec<FusedProjection>,
+    /// The checkpoints hold multi-token-prediction modules that transformers does not
+    /// load, named `mtp…` (ERNIE-4.5-MoE's `model.mtp_block.0.…`, `model.mtp_emb_norm.0.…`).
+    unloaded_mtp_modules: bool,
 }
 
 impl KeyMap for CausalLmKeys {
@@ -532,6 +544,13 @@ impl CausalLmKeys {
         if key.ends_with(".rotary_emb.inv_freq") || (self.tied && key == "lm_head.weight") {
             return KeyAction::Ignore;
         }
+        if self.unloaded_mtp_modules && key.split('.').any(|part| part.starts_with("mtp")) {
+            return KeyAction::Ignore;
+        }
+        // Our logit bias sits beside the head (which a tied model lacks).
+        if key == "lm_head.bias" {
+            return KeyAction::Load(LM_HEAD_BIAS.into());
+        }
         let mtp_layers = self.n_layers..self.n_layers + self.mtp_layers;
         if let Some(layer) = layer_index(key).filter(|layer| mtp_layers.contains(layer)) {
             return match self.load_mtp {
@@ -548,6 +567,9 @@ impl CausalLmKeys {
 
     /// [`KeyMap::checkpoint_key`] in a text model's own checkpoint.
     fn text_checkpoint_key(&self, path: &str) -> String {
+        if path == LM_HEAD_BIAS {
+            return "lm_head.bias".into();
+        }
         if let Some(rest) = path.strip_prefix("embed_tokens.") {
             return format!("model.embed_tokens.{rest}");
         }
@@ -562,6 +584,37 @@ impl CausalLmKeys {
         let ours_to_theirs = self.renames.iter().map(|&(theirs, ours)| (ours, theirs));
         rename_one(path, ours_to_theirs)
     }
+}
+
+/// Our parameter path of the logits' bias (HF `lm_head.bias`).
+const LM_HEAD_BIAS: &str = "lm_head_bias";
+
+/// Whether `model_type`'s checkpoints store the tensor `key` with a leading dimension of
+/// one, which ours lacks: ERNIE-4.5-MoE keeps each router's correction bias for one
+/// group of experts, `….mlp.moe_statics.e_score_correction_bias` `[1, E]` (ours `[E]`).
+pub(crate) fn has_unit_leading_dim(model_type: &str, key: &str) -> bool {
+    model_type == "ernie4_5_moe" && key.ends_with(".mlp.moe_statics.e_score_correction_bias")
+}
+
+/// The tensors of [`has_unit_leading_dim`] without that dimension; a tensor whose first
+/// dimension is not one passes unchanged, and its shape is then named as mismatched.
+fn drop_unit_leading_dims(
+    tensors: BTreeMap<String, FileTensor>,
+    model_type: &str,
+) -> Result<BTreeMap<String, FileTensor>, HfError> {
+    tensors
+        .into_iter()
+        .map(|(key, entry)| {
+            let shape = entry.tensor.shape.as_slice().to_vec();
+            if !has_unit_leading_dim(model_type, &key) || shape.first() != Some(&1) {
+                return Ok((key, entry));
+            }
+            let bytes = entry.bytes(&key)?.to_vec();
+            let dtype = entry.tensor.dtype;
+            let tensor = FileTensor::new(&key, dtype, shape[1..].to_vec(), bytes, entry.file);
+            Ok((key, tensor))
+        })
+        .collect()
 }
 
 /// Where a key of multi-token-prediction layer `layer` (our module `depth_index`)
@@ -970,7 +1023,8 @@ impl ModuleVisitor for ExpectedParams {
 /// [`HfError::NoWeights`], [`HfError::Io`], [`HfError::Safetensors`],
 /// [`HfError::MissingTensor`], [`HfError::UnexpectedTensor`],
 /// [`HfError::ShapeMismatch`], [`HfError::UnsupportedDtype`], [`HfError::Apply`].
-/// `model_type` only names the model in messages.
+/// `model_type` names the model in messages and picks its family's tensor layouts
+/// (gpt-oss's experts, ERNIE-4.5-MoE's correction biases).
 pub fn load_weights<M: Module>(
     module: &mut M,
     dir: impl AsRef<Path>,
@@ -1008,7 +1062,7 @@ fn apply_weights<M: Module>(
     let tensors = if model_type == "gpt_oss" {
         reorder_gpt_oss_experts(tensors)?
     } else {
-        tensors
+        drop_unit_leading_dims(tensors, model_type)?
     };
     for (key, entry) in tensors {
         match key_map.action(&key) {

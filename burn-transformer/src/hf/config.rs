@@ -362,6 +362,7 @@ impl ModelKeys {
             // (GPT-J's layout).
             ModelType::Glm4
             | ModelType::Ernie45
+            | ModelType::Ernie45Moe
             | ModelType::Cohere
             | ModelType::Cohere2
             | ModelType::Helium => (
@@ -403,7 +404,7 @@ impl ModelKeys {
                 self.attention_bias.unwrap_or(false),
                 self.attention_out_bias.unwrap_or(false),
             ),
-            ModelType::Ernie45 | ModelType::Starcoder2 => {
+            _ if family.is_ernie() || family == ModelType::Starcoder2 => {
                 let bias = self.use_bias.unwrap_or(false);
                 (bias, bias)
             }
@@ -434,7 +435,9 @@ impl ModelKeys {
             | ModelType::Smollm3
             | ModelType::SeedOss
             | ModelType::DeepseekV2 => self.mlp_bias.unwrap_or(false),
-            ModelType::Ernie45 | ModelType::Starcoder2 => self.use_bias.unwrap_or(false),
+            _ if family.is_ernie() || family == ModelType::Starcoder2 => {
+                self.use_bias.unwrap_or(false)
+            }
             _ => unread.fixed("mlp_bias", self.mlp_bias, false, "no feed-forward biases"),
         };
         // Gemma-2 and Gemma-3 name the activation `hidden_activation`, every other
@@ -510,6 +513,9 @@ impl ModelKeys {
         .with_sliding_window(sliding_window)
         .with_sliding_layers(sliding_layers)
         .with_tie_word_embeddings(self.tie_word_embeddings.unwrap_or(gemma))
+        // ERNIE-4.5-MoE's `use_bias` reaches the output head too (the dense model's
+        // head has none).
+        .with_lm_head_bias(family == ModelType::Ernie45Moe && self.use_bias.unwrap_or(false))
         .with_sliding_rope(sliding_rope)
         .with_nope_layers(self.nope_layers(family, n_layers)?)
         .with_norm_unit_offset(gemma)
@@ -676,8 +682,8 @@ impl ModelKeys {
     /// `max_window_layers`) names; dots.llm1 on those layers whenever a window is set;
     /// Qwen3-MoE with `use_sliding_window` on every layer; other families on the layers
     /// `layer_types` names, or every layer; LLaMA, Granite, Arcee, Helium, Hunyuan, Gemma,
-    /// GLM-4, GLM-4.5, GLM-4.7-Flash, OLMoE, MiniMax-M2, Seed-OSS, ERNIE-4.5 and Cohere
-    /// never.
+    /// GLM-4, GLM-4.5, GLM-4.7-Flash, OLMoE, MiniMax-M2, Seed-OSS, ERNIE-4.5(-MoE) and
+    /// Cohere never.
     fn sliding_window(
         &self,
         family: ModelType,
@@ -713,6 +719,7 @@ impl ModelKeys {
             | ModelType::MinimaxM2
             | ModelType::SeedOss
             | ModelType::Ernie45
+            | ModelType::Ernie45Moe
             | ModelType::Cohere => None,
             _ => self.sliding_window,
         };

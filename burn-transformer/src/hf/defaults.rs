@@ -14,7 +14,8 @@ use super::model_type::ModelType;
 /// `config` with every key it leaves out filled from the configuration class of
 /// `family` (transformers 5), the model's sizes and special tokens included (Gemma-3's
 /// multimodal checkpoints describe their text model by the keys that differ from
-/// `Gemma3TextConfig`'s only), and the defaults those classes derive: the layer types
+/// `Gemma3TextConfig`'s only) after the common names a class maps to its own keys
+/// (ERNIE-4.5-MoE's `num_experts`), and the defaults those classes derive: the layer types
 /// of Gemma-2, Gemma-3 (from `sliding_window_pattern`), OLMo-3, SmolLM3 and gpt-oss,
 /// SmolLM3's `no_rope_layers`, GLM-4.7-Flash's `mlp_layer_types`, MiniMax-M2's
 /// `partial_rotary_factor` (from `rotary_dim`), Hunyuan's NTK-alpha base, and Phi-3's
@@ -29,6 +30,15 @@ pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
     let Value::Object(defaults) = class_defaults(family) else {
         unreachable!("the defaults are a JSON object");
     };
+    // A class's `attribute_map` reads a common name as its own key: the file's value
+    // under the common name is the key's, not the class default.
+    for &(common, own) in attribute_map(family) {
+        if !object.contains_key(own)
+            && let Some(value) = object.remove(common)
+        {
+            object.insert(own.into(), value);
+        }
+    }
     let has_rope = object.contains_key("rope_parameters") || object.contains_key("rope_scaling");
     for (key, value) in defaults {
         if key == "rope_scaling" && has_rope {
@@ -88,6 +98,18 @@ pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
         object.insert("layer_types".into(), layer_types);
     }
     filled
+}
+
+/// The common names that the configuration class of `family` maps to keys of its own
+/// (transformers' `attribute_map`), where our readers look for the class's key.
+fn attribute_map(family: ModelType) -> &'static [(&'static str, &'static str)] {
+    match family {
+        ModelType::Ernie45Moe => &[
+            ("num_experts", "moe_num_experts"),
+            ("num_experts_per_tok", "moe_k"),
+        ],
+        _ => &[],
+    }
 }
 
 /// The keys the configuration class of `family` sets without being told (transformers
@@ -182,6 +204,13 @@ fn class_defaults(family: ModelType) -> Value {
             "num_key_value_heads": 2, "hidden_act": "gelu_pytorch_tanh", "norm_epsilon": 1e-5,
             "use_bias": true, "tie_word_embeddings": true, "initializer_range": 0.018042,
             "sliding_window": null
+        }),
+        ModelType::Ernie45Moe => json!({
+            "num_key_value_heads": 4, "use_bias": false, "tie_word_embeddings": true,
+            "rms_norm_eps": 1e-5, "rope_theta": 500_000.0, "moe_intermediate_size": 1536,
+            "moe_k": 6, "moe_num_experts": 64, "moe_num_shared_experts": 2,
+            "moe_layer_start_index": 1, "moe_layer_end_index": -1, "moe_layer_interval": 1,
+            "router_aux_loss_coef": 0.001
         }),
         ModelType::HunyuanV1Dense => json!({"rms_norm_eps": 1e-5}),
         ModelType::HunyuanV1Moe => json!({"rms_norm_eps": 1e-5, "num_experts": 1, "moe_topk": 1}),
@@ -317,6 +346,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Glm4Moe => [151552, 4096, 10944, 46, 96, 131072],
         ModelType::Glm4MoeLite => [154880, 2048, 10240, 47, 20, 202752],
         ModelType::Dots1 => [152064, 4608, 10944, 62, 32, 2048],
+        ModelType::Ernie45Moe => [103424, 2560, 12288, 28, 20, 131072],
         ModelType::MinimaxM2 => [200064, 3072, 1536, 62, 48, 196608],
         ModelType::GptOss => [201088, 2880, 2880, 36, 64, 131072],
         ModelType::DeepseekV2 => [102400, 4096, 11008, 32, 32, 2048],
@@ -350,7 +380,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         // Its end-of-text tokens are a list (in the class defaults above).
         ModelType::Glm4 => (None, None, Some(151329)),
         ModelType::SeedOss => (Some(0), Some(2), Some(1)),
-        ModelType::Ernie45 => (Some(1), Some(2), Some(0)),
+        ModelType::Ernie45 | ModelType::Ernie45Moe => (Some(1), Some(2), Some(0)),
         ModelType::Exaone4 => (Some(0), Some(2), None),
         ModelType::Cohere | ModelType::Cohere2 => (Some(5), Some(255001), Some(0)),
         ModelType::Gemma | ModelType::Gemma2 | ModelType::Gemma3Text => (Some(2), Some(1), Some(0)),

@@ -7,7 +7,8 @@
 //! family's [`KeyMap::checkpoint_key`]; linear weights are transposed to torch's
 //! `[out, in]`; our stacked experts are written per expert (`experts.E.gate_proj`, or
 //! Mixtral's and MiniMax-M2's `w1`/`w3`/`w2`) or, for gpt-oss, back in its interleaved
-//! `gate_up_proj` `[E, d_model, 2·d_ff]`; Phi-3's fused projections are stacked back
+//! `gate_up_proj` `[E, d_model, 2·d_ff]`; ERNIE-4.5-MoE's correction biases get their
+//! leading unit dimension back; Phi-3's fused projections are stacked back
 //! ([`KeyMap::fused`]); DeepSeek-V3's multi-token-prediction modules
 //! go to the layers after the decoder with copies of the embedding and head, as its
 //! checkpoints hold them. LoRA adapters are merged first.
@@ -21,6 +22,7 @@ use serde_json::{Value, json};
 
 use super::checkpoint::{
     CONFIG_FILE, INDEX_FILE, KeyMap, WEIGHTS_FILE, causal_lm_key_map, has_mixtral_layout,
+    has_unit_leading_dim,
 };
 use super::config::{HfConfig, text_model_config};
 use super::error::HfError;
@@ -200,8 +202,11 @@ fn checkpoint_tensors(
     let mut head = None;
     // Blocks of the fused tensors (Phi-3's `qkv_proj`), by fused key, in row order.
     let mut fused: BTreeMap<String, Vec<Option<HostTensor>>> = BTreeMap::new();
-    for (path, tensor) in parameters {
+    for (path, mut tensor) in parameters {
         let key = keys.checkpoint_key(&path);
+        if has_unit_leading_dim(&config.model_type, &key) {
+            tensor.shape.insert(0, 1);
+        }
         if let Some((fused_key, index, blocks)) = keys.fused(&key) {
             fused.entry(fused_key).or_insert_with(|| vec![None; blocks])[index] = Some(tensor);
             continue;
@@ -401,6 +406,7 @@ pub fn hf_config_json(config: &CausalLmConfig) -> Result<Value, HfError> {
         _ if config.nope_layers.is_some() => refuse("layers without RoPE (nope_layers)"),
         _ if config.layer_norm => refuse("LayerNorm instead of RMSNorm"),
         _ if config.logit_scale.is_some() => refuse("a logit scale"),
+        _ if config.lm_head_bias => refuse("a bias on the logits"),
         _ if config.residual_scale.is_some() => refuse("a residual scale"),
         _ if config.query_temperature.is_some() => refuse("a query temperature"),
         _ if config.attention_sinks => refuse("attention sinks"),

@@ -45,7 +45,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 44] = [
+const FAMILIES: [&str; 45] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -83,6 +83,7 @@ const FAMILIES: [&str; 44] = [
     "glm4_moe_mtp",
     "glm4_moe_lite",
     "dots1",
+    "ernie4_5_moe",
     "minimax_m2",
     "granitemoe",
     "granitemoeshared",

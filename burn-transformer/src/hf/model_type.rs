@@ -34,6 +34,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "glm4_moe",
     "glm4_moe_lite",
     "dots1",
+    "ernie4_5_moe",
     "minimax_m2",
     "granitemoe",
     "granitemoeshared",
@@ -152,6 +153,11 @@ pub(crate) enum ModelType {
     Glm4MoeLite,
     /// dots.llm1: Qwen3's attention (QK-norm per head) and DeepSeek-V3's experts.
     Dots1,
+    /// ERNIE-4.5-MoE: ERNIE-4.5's attention; from `moe_layer_start_index` to
+    /// `moe_layer_end_index`, every `moe_layer_interval`-th layer a mixture of experts
+    /// chosen by softmax scores plus a correction bias, renormalized, beside shared
+    /// experts.
+    Ernie45Moe,
     /// MiniMax-M2: QK-norm across heads, the rotary embedding over `rotary_dim` of each
     /// head; every layer a mixture of experts routed by bias-corrected sigmoid scores,
     /// renormalized, without groups or shared experts.
@@ -178,7 +184,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 38] = [
+    const ALL: [Self; 39] = [
         Self::Llama,
         Self::Mistral,
         Self::Ministral,
@@ -210,6 +216,7 @@ impl ModelType {
         Self::Glm4Moe,
         Self::Glm4MoeLite,
         Self::Dots1,
+        Self::Ernie45Moe,
         Self::MinimaxM2,
         Self::GraniteMoe,
         Self::GraniteMoeShared,
@@ -253,6 +260,7 @@ impl ModelType {
             Self::Glm4Moe => "glm4_moe",
             Self::Glm4MoeLite => "glm4_moe_lite",
             Self::Dots1 => "dots1",
+            Self::Ernie45Moe => "ernie4_5_moe",
             Self::MinimaxM2 => "minimax_m2",
             Self::GraniteMoe => "granitemoe",
             Self::GraniteMoeShared => "granitemoeshared",
@@ -280,6 +288,7 @@ impl ModelType {
                 | Self::Glm4Moe
                 | Self::Glm4MoeLite
                 | Self::Dots1
+                | Self::Ernie45Moe
                 | Self::MinimaxM2
                 | Self::GraniteMoe
                 | Self::GraniteMoeShared
@@ -299,6 +308,12 @@ impl ModelType {
     /// `hidden_activation`, `query_pre_attn_scalar`, logit soft-capping).
     pub(crate) fn is_gemma2_or_later(self) -> bool {
         matches!(self, Self::Gemma2 | Self::Gemma3Text)
+    }
+
+    /// Whether the family is ERNIE-4.5's (`use_bias` on every projection, the rotary
+    /// embedding on neighbouring pairs).
+    pub(crate) fn is_ernie(self) -> bool {
+        matches!(self, Self::Ernie45 | Self::Ernie45Moe)
     }
 
     /// Whether the family is Hunyuan's (QK-norm after RoPE, NTK-alpha RoPE).

@@ -16,8 +16,9 @@ use crate::ffn::{Activation, MoeConfig, MoeLayerPlan, SwiGluConfig};
 
 /// Reads the sparse layers of a Hugging Face `config.json` (already parsed; `path` only
 /// names it in errors):
-/// - experts: `n_routed_experts`, else `num_local_experts`, else `num_experts`;
-///   `num_experts_per_tok`; width `moe_intermediate_size`, else `intermediate_size`;
+/// - experts: `n_routed_experts`, else `num_local_experts`, else `moe_num_experts`,
+///   else `num_experts`; `num_experts_per_tok` (Hunyuan's `moe_topk`, ERNIE's
+///   `moe_k`); width `moe_intermediate_size`, else `intermediate_size`;
 /// - `n_shared_experts` (default 0), `routed_scaling_factor` (default 1), `n_group`
 ///   and `topk_group` (default 1), `hidden_act` (default silu);
 /// - scoring: `scoring_func` (default softmax); `norm_topk_prob` (default false, true
@@ -26,15 +27,21 @@ use crate::ffn::{Activation, MoeConfig, MoeLayerPlan, SwiGluConfig};
 ///   `topk_method: "group_limited_greedy"`.
 ///
 /// For the families transformers implements (`model_type`), the routing is the one its
-/// code computes, whatever keys it does not read say: softmax scores (sigmoid for
-/// `deepseek_v3` and the families that route as it: GLM-4.5, GLM-4.7-Flash, dots.llm1;
-/// and for MiniMax-M2, with the correction bias but without groups); Mixtral, gpt-oss,
-/// MiniMax-M2 and GraniteMoE(-Shared) always renormalize the chosen experts' weights and
-/// DeepSeek-V2 never does; only DeepSeek-V2/V3 and those families have shared experts, expert
-/// groups and a routed scaling factor, and DeepSeek-V2's groups count only under
-/// `topk_method: "group_limited_greedy"`; Qwen2-MoE has one shared expert,
-/// `shared_expert_intermediate_size` wide, behind a sigmoid gate, and GraniteMoE-Shared
-/// one of `shared_intermediate_size` without a gate.
+/// code computes, whatever keys it does not read say:
+/// - scores: softmax, but sigmoid for `deepseek_v3` and the families that route as it
+///   (GLM-4.5, GLM-4.7-Flash, dots.llm1) and for MiniMax-M2;
+/// - the correction bias: DeepSeek-V3 and those families (with groups), MiniMax-M2 and
+///   ERNIE-4.5-MoE (without);
+/// - renormalized top-k weights always for Mixtral, gpt-oss, MiniMax-M2, ERNIE-4.5-MoE,
+///   Hunyuan-MoE and GraniteMoE(-Shared), never for DeepSeek-V2;
+/// - expert groups and a routed scaling factor only for DeepSeek-V2/V3 and the families
+///   that route as V3 (DeepSeek-V2's groups only under `topk_method:
+///   "group_limited_greedy"`);
+/// - shared experts: DeepSeek's `n_shared_experts`; Qwen2-MoE's one of
+///   `shared_expert_intermediate_size` behind a sigmoid gate; GraniteMoE-Shared's one
+///   of `shared_intermediate_size`; Hunyuan-MoE's one as wide as the routed ones;
+///   ERNIE-4.5-MoE's `moe_num_shared_experts` as wide as the routed ones, with biases
+///   under `use_bias`.
 ///
 /// # Errors
 /// [`HfError::Field`] naming the key that is missing or malformed.
@@ -48,7 +55,9 @@ pub fn moe_config(config: &Value, path: impl AsRef<Path>) -> Result<MoeConfig, H
 }
 
 /// Reads which layers are sparse: `first_k_dense_replace` and `moe_layer_freq`
-/// (defaults 0 and 1: every layer, as Mixtral).
+/// (defaults 0 and 1: every layer, as Mixtral), Qwen-MoE's `decoder_sparse_step` and
+/// `mlp_only_layers`, GLM-4.7-Flash's `mlp_layer_types`, ERNIE-4.5-MoE's
+/// `moe_layer_start_index`, `moe_layer_end_index` and `moe_layer_interval`.
 ///
 /// # Errors
 /// [`HfError::Field`] naming a value that is not a non-negative integer, or a zero
@@ -83,6 +92,17 @@ pub(crate) struct MoeKeys {
     #[serde(default, deserialize_with = "deserialize_same_per_layer")]
     num_experts: Option<usize>,
     num_experts_per_tok: Option<usize>,
+    /// ERNIE-4.5-MoE's switch of every projection's bias (its shared experts' too).
+    use_bias: Option<bool>,
+    /// ERNIE-4.5-MoE's names of the experts, experts per token and shared experts.
+    moe_num_experts: Option<usize>,
+    moe_k: Option<usize>,
+    moe_num_shared_experts: Option<usize>,
+    /// ERNIE-4.5-MoE's sparse layers: every `moe_layer_interval`-th (counting from 1)
+    /// from `moe_layer_start_index` to `moe_layer_end_index` (-1: the last layer).
+    moe_layer_start_index: Option<usize>,
+    moe_layer_end_index: Option<i64>,
+    moe_layer_interval: Option<usize>,
     /// Hunyuan's name of `num_experts_per_tok` (a number, or one per layer).
     #[serde(default, deserialize_with = "deserialize_same_per_layer")]
     moe_topk: Option<usize>,
@@ -194,7 +214,8 @@ impl MoeKeys {
                 | ModelType::MinimaxM2
                 | ModelType::GraniteMoe
                 | ModelType::GraniteMoeShared
-                | ModelType::HunyuanV1Moe,
+                | ModelType::HunyuanV1Moe
+                | ModelType::Ernie45Moe,
             ) => unread.fixed(
                 "norm_topk_prob",
                 self.norm_topk_prob,
@@ -213,11 +234,13 @@ impl MoeKeys {
         let n_experts = self
             .n_routed_experts
             .or(self.num_local_experts)
+            .or(self.moe_num_experts)
             .or(self.num_experts)
             .ok_or_else(|| {
                 KeyError::new(
                     "n_routed_experts",
-                    "missing (also looked for num_local_experts and num_experts)",
+                    "missing (also looked for num_local_experts, moe_num_experts and \
+                     num_experts)",
                 )
             })?;
         // Hunyuan's experts (and its shared expert) are `intermediate_size` wide,
@@ -253,6 +276,15 @@ impl MoeKeys {
                 self.routed_scaling_factor.unwrap_or(1.0),
                 self.n_shared_experts.unwrap_or(0),
             )
+        } else if family == Some(ModelType::Ernie45Moe) {
+            // `moe_num_shared_experts` experts as wide as the routed ones, as one MLP.
+            unread.fixed(
+                "n_shared_experts",
+                self.n_shared_experts,
+                self.moe_num_shared_experts.unwrap_or(0),
+                "`moe_num_shared_experts`",
+            );
+            (unscaled(unread), self.moe_num_shared_experts.unwrap_or(0))
         } else if family == Some(ModelType::HunyuanV1Moe) {
             // One shared expert (`shared_mlp`) as wide as the routed ones.
             let one = unread.fixed(
@@ -300,9 +332,9 @@ impl MoeKeys {
             required(self.hidden_size, "hidden_size", "a non-negative integer")?,
             n_experts,
             required(
-                self.num_experts_per_tok.or(self.moe_topk),
+                self.num_experts_per_tok.or(self.moe_topk).or(self.moe_k),
                 "num_experts_per_tok",
-                "a non-negative integer (also looked for moe_topk)",
+                "a non-negative integer (also looked for moe_topk and moe_k)",
             )?,
         )
         .with_scoring(scoring)
@@ -316,6 +348,9 @@ impl MoeKeys {
             .with_n_shared_experts(n_shared_experts)
             .with_shared_d_ff(shared_d_ff)
             .with_shared_expert_gate(family == Some(ModelType::Qwen2Moe))
+            .with_shared_expert_bias(
+                family == Some(ModelType::Ernie45Moe) && self.use_bias.unwrap_or(false),
+            )
             .with_activation(self.hidden_act.unwrap_or(Activation::Silu)))
     }
 
@@ -370,8 +405,9 @@ impl MoeKeys {
                     ));
                 }
             },
-            // MiniMax-M2 corrects the sigmoid scores with the bias, over all experts.
-            Some(ModelType::MinimaxM2) => {
+            // MiniMax-M2 corrects the sigmoid scores with the bias, ERNIE-4.5-MoE the
+            // softmax scores, over all experts.
+            Some(ModelType::MinimaxM2 | ModelType::Ernie45Moe) => {
                 unread.fixed(
                     "topk_method",
                     topk_method,
@@ -404,10 +440,14 @@ impl MoeKeys {
     /// Which layers are sparse: GLM-4.7-Flash's `mlp_layer_types`, the other families'
     /// counts and lists.
     pub(crate) fn moe_layer_plan(&self) -> Result<MoeLayerPlan, KeyError> {
-        if self.model_type.as_deref() == Some(ModelType::Glm4MoeLite.name())
+        let family = self.model_type.as_deref().and_then(ModelType::from_name);
+        if family == Some(ModelType::Glm4MoeLite)
             && let Some(kinds) = &self.mlp_layer_types
         {
             return self.listed_layer_plan(kinds);
+        }
+        if family == Some(ModelType::Ernie45Moe) {
+            return self.ernie_layer_plan();
         }
         let plan = MoeLayerPlan::new()
             .with_first_k_dense_replace(self.first_k_dense_replace.unwrap_or(0))
@@ -423,6 +463,31 @@ impl MoeKeys {
             }
         }
         Ok(plan)
+    }
+
+    /// ERNIE-4.5-MoE's plan: layer `i` is sparse when `(i + 1) % moe_layer_interval == 0`
+    /// and `moe_layer_start_index <= i <= moe_layer_end_index` (-1: no end).
+    fn ernie_layer_plan(&self) -> Result<MoeLayerPlan, KeyError> {
+        let interval = self.moe_layer_interval.unwrap_or(1);
+        if interval == 0 {
+            return Err(KeyError::new(
+                "moe_layer_interval",
+                "must be greater than 0",
+            ));
+        }
+        let last = match self.moe_layer_end_index.unwrap_or(-1) {
+            -1 => None,
+            end => Some(usize::try_from(end).map_err(|_| {
+                KeyError::new(
+                    "moe_layer_end_index",
+                    format!("expected a layer index, or -1 for the last layer, got {end}"),
+                )
+            })?),
+        };
+        Ok(MoeLayerPlan::new()
+            .with_first_k_dense_replace(self.moe_layer_start_index.unwrap_or(1))
+            .with_decoder_sparse_step(interval)
+            .with_last_sparse_layer(last))
     }
 
     /// The plan of `mlp_layer_types`: the layers it calls `"dense"` are.
@@ -679,6 +744,56 @@ mod tests {
             assert!(
                 matches!(&error, HfError::Field { field, .. } if field == "mlp_layer_types")
                     && error.to_string().contains(reason),
+                "{error}"
+            );
+        }
+    }
+
+    /// ERNIE-4.5-MoE's sparse layers: every `moe_layer_interval`-th (counting from 1)
+    /// from the start index to the end index (-1: the last layer); other families do
+    /// not read those keys.
+    #[test]
+    fn ernie4_5_moe_reads_its_range_and_interval_of_sparse_layers() {
+        let read = |model_type: &str, keys: serde_json::Value| {
+            let mut config = keys;
+            config["model_type"] = Value::from(model_type);
+            moe_layer_plan(&config, "config.json")
+        };
+        let sparse =
+            |plan: MoeLayerPlan| (0..8).map(|layer| plan.is_moe(layer)).collect::<Vec<_>>();
+        let range = serde_json::json!({
+            "moe_layer_start_index": 2, "moe_layer_end_index": 6, "moe_layer_interval": 2
+        });
+        assert_eq!(
+            sparse(read("ernie4_5_moe", range.clone()).unwrap()),
+            [false, false, false, true, false, true, false, false]
+        );
+        assert_eq!(
+            sparse(read("deepseek_v3", range).unwrap()),
+            sparse(MoeLayerPlan::all_sparse())
+        );
+        let to_the_end = serde_json::json!({"moe_layer_start_index": 1, "moe_layer_end_index": -1});
+        assert_eq!(
+            sparse(read("ernie4_5_moe", to_the_end).unwrap()),
+            [false, true, true, true, true, true, true, true]
+        );
+        for (keys, field) in [
+            (
+                serde_json::json!({"moe_layer_end_index": -2}),
+                "moe_layer_end_index",
+            ),
+            (
+                serde_json::json!({"moe_layer_interval": 0}),
+                "moe_layer_interval",
+            ),
+            (
+                serde_json::json!({"moe_layer_start_index": [1, 1]}),
+                "moe_layer_start_index",
+            ),
+        ] {
+            let error = read("ernie4_5_moe", keys).unwrap_err();
+            assert!(
+                matches!(&error, HfError::Field { field: named, .. } if named == field),
                 "{error}"
             );
         }

@@ -435,6 +435,50 @@ fn dots1_with_qwen3_attention_a_window_and_grouped_sigmoid_routing_matches_trans
 }
 
 #[test]
+fn ernie4_5_moe_with_bias_corrected_softmax_routing_and_a_range_of_sparse_layers_matches_transformers()
+ {
+    matches_transformers("ernie4_5_moe");
+}
+
+/// ERNIE-4.5-MoE's checkpoints keep multi-token-prediction modules that transformers
+/// does not load (`model.mtp_block.0.…`, `model.mtp_emb_norm.0.…`): they are ignored as
+/// there. A correction bias stored for more than one group of experts is a shape error
+/// naming its key.
+#[test]
+fn ernie4_5_moe_ignores_its_mtp_modules_and_names_a_misshapen_correction_bias() {
+    let bias_key = "model.layers.1.mlp.moe_statics.e_score_correction_bias";
+    let with_mtp = ScratchModel::copy("ernie4_5_moe").edit_tensors(|tensors| {
+        let norm = tensor_mut(tensors, "model.norm.weight").clone();
+        let gate = tensor_mut(tensors, "model.layers.1.mlp.gate.weight").clone();
+        for (name, tensor) in [
+            ("model.mtp_emb_norm.0.weight", norm.clone()),
+            ("model.mtp_hidden_norm.0.weight", norm),
+            ("model.mtp_block.0.mlp.gate.weight", gate),
+        ] {
+            tensors.push((name.to_string(), tensor.1, tensor.2, tensor.3));
+        }
+    });
+    let device = Device::flex();
+    let (model, _) = load_causal_lm(with_mtp.path(), &device).unwrap();
+    let reference = reference("ernie4_5_moe");
+    assert_close(
+        model.forward(int_tensor(&rows(&reference.data("tokens")), &device), None),
+        reference.tensor::<3>("logits", &device),
+        LOGIT_TOLERANCE,
+        "ernie4_5_moe with its mtp modules",
+    );
+    let two_groups = ScratchModel::copy("ernie4_5_moe").edit_tensors(|tensors| {
+        tensor_mut(tensors, bias_key).2 = vec![2, 2];
+    });
+    let error = two_groups.load();
+    assert!(
+        matches!(&error, HfError::ShapeMismatch { key, expected, found, .. }
+            if key == bias_key && expected == &[4] && found == &[2, 2]),
+        "{error}"
+    );
+}
+
+#[test]
 fn minimax_m2_with_qk_norm_across_heads_and_bias_corrected_sigmoid_routing_matches_transformers() {
     matches_transformers("minimax_m2");
 }
@@ -472,7 +516,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 26] = [
+    let cases: [(&str, Edit, &[&str]); 27] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -743,6 +787,22 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
                 config.remove("layer_types");
             },
             &[],
+        ),
+        // ERNIE-4.5-MoE's files may give its experts and top-k by the common names its
+        // class maps to its own (`moe_num_experts`, `moe_k`); the base at its class's
+        // default. Its code always renormalizes, without groups.
+        (
+            "ernie4_5_moe",
+            |config| {
+                config.remove("rope_parameters");
+                let experts = config.remove("moe_num_experts").unwrap();
+                config.insert("num_experts".into(), experts);
+                let top_k = config.remove("moe_k").unwrap();
+                config.insert("num_experts_per_tok".into(), top_k);
+                config.insert("norm_topk_prob".into(), json!(false));
+                config.insert("n_group".into(), json!(2));
+            },
+            &["norm_topk_prob", "n_group"],
         ),
         // GraniteMoE's code always renormalizes over the chosen experts and has no
         // shared expert.
@@ -1089,6 +1149,7 @@ fn gradient_norms(
     for (path, norm) in visitor.norms {
         let name = match path.strip_prefix("embed_tokens.") {
             Some(rest) => format!("model.embed_tokens.{rest}"),
+            None if path == "lm_head_bias" => "lm_head.bias".to_string(),
             None => path,
         };
         let renames: &[(&str, &str)] = match model_type {

@@ -22,7 +22,7 @@
 //! [`crate::hf::HfConfig`].
 
 use burn::config::Config;
-use burn::module::{Initializer, Module};
+use burn::module::{Initializer, Module, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
 use burn::tensor::{Bool, Device, Int, Tensor};
 
@@ -161,6 +161,11 @@ pub struct CausalLmConfig {
     /// Default: false.
     #[config(default = false)]
     pub tie_word_embeddings: bool,
+    /// A learned bias on the logits, `[vocab_size]` (HF `lm_head.bias`; ERNIE-4.5-MoE's
+    /// `use_bias`), kept apart from the head's weight so that it also works with
+    /// `tie_word_embeddings`. Default: false.
+    #[config(default = false)]
+    pub lm_head_bias: bool,
     /// Multi-head latent attention in every layer instead of grouped attention
     /// (DeepSeek-V2/V3). Its `d_model` and `n_heads` must be the model's; `rope`,
     /// `head_dim` and `n_kv_heads` above are then unused. Default: none.
@@ -517,6 +522,9 @@ impl CausalLmConfig {
             embed_tokens,
             model: TransformerStack::new(layers, norm)?,
             lm_head,
+            lm_head_bias: self
+                .lm_head_bias
+                .then(|| Param::from_tensor(Tensor::zeros([self.vocab_size], device))),
             mtp,
             vocab_size: self.vocab_size,
             mtp_loss_weight: self.mtp_loss_weight,
@@ -540,6 +548,8 @@ pub struct CausalLm {
     pub model: TransformerStack,
     /// The output projection; `None` when tied to `embed_tokens`.
     pub lm_head: Option<Linear>,
+    /// `[vocab_size]`: added to the logits (HF `lm_head.bias`), if any.
+    pub lm_head_bias: Option<Param<Tensor<1>>>,
     /// The multi-token-prediction modules, depth 1 first (empty without).
     pub mtp: Vec<MultiTokenPredictor>,
     #[module(skip)]
@@ -812,10 +822,14 @@ impl CausalLm {
 
     /// `[batch, seq, d_model] -> [batch, seq, vocab_size]`.
     fn lm_head(&self, hidden: Tensor<3>) -> Tensor<3> {
-        match &self.lm_head {
+        let logits = match &self.lm_head {
             Some(head) => linear_rows(head, hidden),
             // The embedding is [vocab, d_model]; tied logits are hidden · Eᵀ.
             None => matmul_rows(hidden, self.embed_tokens.weight.val().transpose()),
+        };
+        match &self.lm_head_bias {
+            Some(bias) => logits + bias.val().unsqueeze::<3>(),
+            None => logits,
         }
     }
 }

@@ -56,6 +56,10 @@ pub struct MoeConfig {
     /// that each token decides how much of the shared expert it takes. Default: false.
     #[config(default = false)]
     pub shared_expert_gate: bool,
+    /// Biases on the shared experts' three projections (ERNIE-4.5-MoE's `use_bias`,
+    /// which leaves the routed experts without). Default: false.
+    #[config(default = false)]
+    pub shared_expert_bias: bool,
     /// Expert capacity `ceil(capacity_factor · tokens · top_k / n_experts)`: an expert
     /// evaluates at most that many tokens per call, the earliest ones; later
     /// assignments are dropped (the token keeps only its residual for that expert).
@@ -94,6 +98,7 @@ impl MoeConfig {
             for (field, set) in [
                 ("shared_d_ff", self.shared_d_ff.is_some()),
                 ("shared_expert_gate", self.shared_expert_gate),
+                ("shared_expert_bias", self.shared_expert_bias),
             ] {
                 if set {
                     return Err(ConfigError::Invalid {
@@ -132,6 +137,7 @@ impl MoeConfig {
                     .unwrap_or(self.n_shared_experts * self.d_ff);
                 SwiGluConfig::new(d_model, width)
                     .with_activation(self.activation)
+                    .with_bias(self.shared_expert_bias)
                     .init(device)
             }),
             shared_expert_gate: self

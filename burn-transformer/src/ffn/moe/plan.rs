@@ -2,7 +2,8 @@
 //! DeepSeek-V2/V3 keep the first `first_k_dense_replace` layers dense (3 in V3), then
 //! use MoE every `moe_layer_freq` layers; Qwen3-MoE makes every
 //! `decoder_sparse_step`-th layer sparse (counting from 1) except the layers it lists
-//! as dense (`mlp_only_layers`).
+//! as dense (`mlp_only_layers`); ERNIE-4.5 makes sparse every `moe_layer_interval`-th
+//! layer (counting from 1) from `moe_layer_start_index` to `moe_layer_end_index`.
 //!
 //! A layer's feed-forward is then a [`FeedForwardConfig::SwiGlu`] or a
 //! [`FeedForwardConfig::Moe`] ([`MoeLayerPlan::layer_config`]).
@@ -30,6 +31,10 @@ pub struct MoeLayerPlan {
     /// Default: none.
     #[config(default = "Vec::new()")]
     pub dense_layers: Vec<usize>,
+    /// The last layer that may be sparse; those after it are dense (HF
+    /// `moe_layer_end_index`, ERNIE-4.5). Default: none (no limit).
+    #[config(default = "None")]
+    pub last_sparse_layer: Option<usize>,
 }
 
 impl MoeLayerPlan {
@@ -44,6 +49,7 @@ impl MoeLayerPlan {
             && layer.is_multiple_of(self.moe_layer_freq.max(1))
             && (layer + 1).is_multiple_of(self.decoder_sparse_step.max(1))
             && !self.dense_layers.contains(&layer)
+            && self.last_sparse_layer.is_none_or(|last| layer <= last)
     }
 
     /// The feed-forward config of layer `layer`: `moe` where sparse, else `dense`.
@@ -86,6 +92,12 @@ mod tests {
             .with_dense_layers(vec![3]);
         let sparse: Vec<bool> = (0..6).map(|layer| qwen.is_moe(layer)).collect();
         assert_eq!(sparse, [false, true, false, false, false, true]);
+        // ERNIE-4.5: layers 1 to 3 sparse, the rest dense.
+        let ernie = MoeLayerPlan::new()
+            .with_first_k_dense_replace(1)
+            .with_last_sparse_layer(Some(3));
+        let sparse: Vec<bool> = (0..6).map(|layer| ernie.is_moe(layer)).collect();
+        assert_eq!(sparse, [false, true, true, true, false, false]);
     }
 
     #[test]
