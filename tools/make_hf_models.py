@@ -724,6 +724,138 @@ def ernie4_5_moe():
     )
 
 
+def cwm():
+    # LLaMA's blocks with a window on the layers layer_types names (by default every
+    # layer but each fourth from the first: layers 1 to 3 of 4 here, window 4), GQA,
+    # LLaMA-3 RoPE (the class's default, at a small original context), feed-forward
+    # biases.
+    return transformers.CwmConfig(
+        **{**COMMON, "num_hidden_layers": 4},
+        num_key_value_heads=2,
+        head_dim=8,
+        sliding_window=4,
+        mlp_bias=True,
+        rope_parameters=dict(
+            rope_type="llama3",
+            rope_theta=1_000_000.0,
+            factor=16.0,
+            high_freq_factor=4.0,
+            low_freq_factor=1.0,
+            original_max_position_embeddings=8,
+        ),
+    )
+
+
+def glm():
+    # GLM-4's first transformers port: LLaMA's pre-norm blocks with q/k/v biases (none
+    # on o_proj), a fused gate/up projection, the rotary embedding interleaved over half
+    # of each head (the class's default), GQA.
+    return transformers.GlmConfig(**COMMON, num_key_value_heads=2, head_dim=8)
+
+
+def jais2():
+    # LLaMA with LayerNorms (a shift too), an ungated squared-ReLU feed-forward
+    # (up_proj, down_proj), biases on every projection (the class's defaults).
+    return transformers.Jais2Config(**{k: v for k, v in COMMON.items() if k != "rms_norm_eps"},
+                                    num_key_value_heads=2, layer_norm_eps=1e-5)
+
+
+def vaultgemma():
+    # Gemma-2 in pre-norm blocks (input_layernorm, pre_feedforward_layernorm): scaled
+    # embeddings, GeGLU (tanh), an attention scale other than head_dim^-1/2, attention
+    # and final soft-capping small enough to bite, a window shorter than the prompt on
+    # the first layer.
+    return transformers.VaultGemmaConfig(
+        **COMMON,
+        num_key_value_heads=2,
+        head_dim=8,
+        query_pre_attn_scalar=10,
+        attn_logit_softcapping=4.0,
+        final_logit_softcapping=10.0,
+        sliding_window=3,
+        layer_types=["sliding_attention", "full_attention"],
+    )
+
+
+def youtu():
+    # DeepSeek-V3's latent attention (interleaved rotary, compressed queries) in LLaMA's
+    # pre-norm blocks with a dense feed-forward on every layer; tied embeddings (the
+    # class's default).
+    return transformers.YoutuConfig(
+        **COMMON,
+        num_key_value_heads=4,
+        kv_lora_rank=16,
+        q_lora_rank=24,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=12,
+        rope_interleave=True,
+    )
+
+
+def flex_olmo():
+    # OLMo-2's blocks (norms on the sublayers' outputs, QK-norm across heads) with
+    # OLMoE's experts: 4 of width intermediate_size, top-2, softmax weights not
+    # renormalized; attention biases.
+    common = {k: v for k, v in COMMON.items() if k != "intermediate_size"}
+    return transformers.FlexOlmoConfig(
+        **common,
+        intermediate_size=16,
+        num_key_value_heads=2,
+        attention_bias=True,
+        num_experts=4,
+        num_experts_per_tok=2,
+        norm_topk_prob=False,
+        router_aux_loss_coef=0.02,
+    )
+
+
+def solar_open():
+    # LLaMA's attention with q/k/v biases, every layer GLM-4.5's experts: 8 in 4 groups
+    # (2 kept), top-2 by bias-corrected sigmoid scores, renormalized and scaled, beside a
+    # shared expert.
+    common = {k: v for k, v in COMMON.items() if k != "intermediate_size"}
+    return transformers.SolarOpenConfig(
+        **common,
+        num_key_value_heads=2,
+        head_dim=8,
+        attention_bias=True,
+        moe_intermediate_size=16,
+        n_routed_experts=8,
+        n_shared_experts=1,
+        n_group=4,
+        topk_group=2,
+        num_experts_per_tok=2,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+    )
+
+
+def exaone_moe():
+    # EXAONE-4's attention (QK-norm per head; with a window, two sliding layers of
+    # three, the full one without RoPE) in pre-norm blocks; a dense first layer
+    # (first_k_dense_replace, the class's default), then 8 experts in 4 groups (2 kept),
+    # top-2 by bias-corrected sigmoid scores (the bias stored beside the router),
+    # renormalized and scaled, and a shared expert (num_shared_experts).
+    common = {k: v for k, v in COMMON.items() if k != "num_hidden_layers"}
+    return transformers.ExaoneMoeConfig(
+        **common,
+        num_hidden_layers=3,
+        num_key_value_heads=2,
+        head_dim=8,
+        sliding_window=4,
+        sliding_window_pattern=3,
+        moe_intermediate_size=16,
+        num_experts=8,
+        num_shared_experts=1,
+        n_group=4,
+        topk_group=2,
+        num_experts_per_tok=2,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+    )
+
+
 def granitemoe():
     # Granite's four multipliers; 4 experts, top-2 (softmax over the chosen logits),
     # stored as 3-D input_linear / output_linear tensors; attention biases.
@@ -902,6 +1034,14 @@ MODELS = {
     "dots1": (dots1, {}),
     "minimax_m2": (minimax_m2, {}),
     "ernie4_5_moe": (ernie4_5_moe, {}),
+    "cwm": (cwm, {}),
+    "glm": (glm, {}),
+    "jais2": (jais2, {}),
+    "vaultgemma": (vaultgemma, {}),
+    "youtu": (youtu, {}),
+    "flex_olmo": (flex_olmo, {}),
+    "solar_open": (solar_open, {}),
+    "exaone_moe": (exaone_moe, {}),
     "granitemoe": (granitemoe, {}),
     "granitemoeshared": (granitemoeshared, {}),
     "gpt_oss": (gpt_oss, {}),
@@ -979,7 +1119,8 @@ class RouterGaps:
             # Softmax scores plus the correction bias choose; stored [1, experts].
             scores = logits.softmax(-1) + module.moe_statics.e_score_correction_bias.float()
             return gap(scores, k)
-        if config.model_type in ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "dots1"):
+        if config.model_type in ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "dots1", "solar_open",
+                                 "exaone_moe"):
             # DeepSeek-V3's routing (and of the families that copy it): bias-corrected
             # sigmoid scores, groups ranked by their two best experts.
             scores = logits.sigmoid() + module.e_score_correction_bias.float()
@@ -1195,6 +1336,12 @@ def build(name: str) -> None:
         perturb(model, generator)
         if mtp is not None:
             share_mtp_weights(model, mtp)
+        if config.model_type == "youtu" and config.pad_token_id is not None:
+            # transformers' Youtu loader zeroes the padding token's embedding row of
+            # whatever checkpoint it reads (its weight init runs on loaded weights):
+            # the fixture holds the row every load ends with.
+            with torch.no_grad():
+                model.model.embed_tokens.weight[config.pad_token_id].zero_()
         dtype = save_options.get("dtype")
         if dtype is not None:
             # The reference is the f32 model whose weights went through the file's

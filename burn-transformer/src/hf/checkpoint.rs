@@ -253,7 +253,8 @@ fn check_layer_count<'a>(
 /// QK-norms `query_layernorm` and `key_layernorm` (ours `q_norm`, `k_norm`), its router
 /// `gate.wg` and its shared expert `shared_mlp`; ERNIE-4.5-MoE its correction bias
 /// `moe_statics.e_score_correction_bias`, stored `[1, E]` ([`has_unit_leading_dim`]),
-/// and it ignores the `mtp…` modules of its checkpoints as transformers does. A bias on
+/// and it ignores the `mtp…` modules of its checkpoints as transformers does (as for
+/// EXAONE-MoE, which keeps the correction bias as `mlp.e_score_correction_bias`). A bias on
 /// the logits, `lm_head.bias`, is our `lm_head_bias`. DeepSeek-V3's, GLM-4.5's and GLM-4.7-Flash's
 /// checkpoints append multi-token-prediction layers after the last decoder layer
 /// ([`HfConfig::mtp_layers`]): `model.layers.{n_layers + k}.{enorm, hnorm, eh_proj,
@@ -266,10 +267,12 @@ fn check_layer_count<'a>(
 ///
 /// Phi-3 stores each layer's q, k and v projections as one `qkv_proj` and its gate and
 /// up projections as one `gate_up_proj`, rows stacked in that order
-/// ([`KeyMap::split`]); GLM-4 fuses gate and up the same way, and names the norms of
-/// its sandwich blocks `post_self_attn_layernorm` (ours `post_attention_layernorm`),
-/// `post_attention_layernorm` (ours `pre_feedforward_layernorm`) and
-/// `post_mlp_layernorm` (ours `post_feedforward_layernorm`).
+/// ([`KeyMap::split`]); GLM and GLM-4 fuse gate and up the same way, and GLM-4 names the
+/// norms of its sandwich blocks `post_self_attn_layernorm` (ours
+/// `post_attention_layernorm`), `post_attention_layernorm` (ours
+/// `pre_feedforward_layernorm`) and `post_mlp_layernorm` (ours
+/// `post_feedforward_layernorm`); VaultGemma names the second norm of its pre-norm
+/// blocks `pre_feedforward_layernorm` (ours `post_attention_layernorm`).
 ///
 /// A multimodal checkpoint ([`HfConfig::model_type`] `gemma3`) stores its text model
 /// under `language_model.` (`language_model.model.layers.…`,
@@ -284,7 +287,7 @@ pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
         renames: family_renames(config),
         multimodal: text_model_family(&config.model_type).is_some(),
         fused: fused_projections(config),
-        unloaded_mtp_modules: config.model_type == "ernie4_5_moe",
+        unloaded_mtp_modules: matches!(config.model_type.as_str(), "ernie4_5_moe" | "exaone_moe"),
     }
 }
 
@@ -299,6 +302,11 @@ fn family_renames(config: &HfConfig) -> &'static [(&'static str, &'static str)] 
         // Qwen2-MoE's one shared expert is our `shared_experts`.
         "qwen2_moe" => &[(".mlp.shared_expert.", ".mlp.shared_experts.")],
         // ERNIE-4.5-MoE keeps the router's correction bias in `moe_statics`.
+        // EXAONE-MoE keeps it in the sparse block, beside the router.
+        "exaone_moe" => &[(
+            ".mlp.e_score_correction_bias",
+            ".mlp.gate.e_score_correction_bias",
+        )],
         "ernie4_5_moe" => &[(
             ".mlp.moe_statics.e_score_correction_bias",
             ".mlp.gate.e_score_correction_bias",
@@ -307,6 +315,9 @@ fn family_renames(config: &HfConfig) -> &'static [(&'static str, &'static str)] 
         "gpt_oss" => &[(".mlp.router.", ".mlp.gate.")],
         "starcoder2" => &STARCODER2_MLP,
         "glm4" => &GLM4_NORMS,
+        // VaultGemma's pre-norm blocks keep Gemma-2's name of the norm before the
+        // feed-forward.
+        "vaultgemma" => &[(".pre_feedforward_layernorm.", ".post_attention_layernorm.")],
         _ if !config.model.gated_mlp => &ARCEE_MLP,
         _ => &[],
     }
@@ -426,7 +437,8 @@ const FUSED_PROJECTIONS: [(&str, &[&str]); 3] = [
 type FusedProjection = (&'static str, Vec<(&'static str, usize)>);
 
 /// The projections `config`'s family stores fused, with the rows of each block:
-/// Phi-3's q/k/v and gate/up, GLM-4's gate/up, GraniteMoE-Shared's shared gate/up.
+/// Phi-3's q/k/v and gate/up, GLM's and GLM-4's gate/up, GraniteMoE-Shared's shared
+/// gate/up.
 fn fused_projections(config: &HfConfig) -> Vec<FusedProjection> {
     let model = &config.model;
     let head = model.head_width();
@@ -443,7 +455,7 @@ fn fused_projections(config: &HfConfig) -> Vec<FusedProjection> {
             with_rows(qkv, &[q, kv, kv]),
             with_rows(gate_up, &[d_ff, d_ff]),
         ],
-        "glm4" => vec![with_rows(gate_up, &[d_ff, d_ff])],
+        "glm" | "glm4" => vec![with_rows(gate_up, &[d_ff, d_ff])],
         "granitemoeshared" => {
             let shared = model.moe.as_ref().and_then(|moe| moe.shared_d_ff);
             shared.map_or_else(Vec::new, |width| {
@@ -490,7 +502,8 @@ struct CausalLmKeys {
     /// empty for most.
     fused: Vec<FusedProjection>,
     /// The checkpoints hold multi-token-prediction modules that transformers does not
-    /// load, named `mtp…` (ERNIE-4.5-MoE's `model.mtp_block.0.…`, `model.mtp_emb_norm.0.…`).
+    /// load, named `mtp…` (ERNIE-4.5-MoE's `model.mtp_block.0.…`,
+    /// `model.mtp_emb_norm.0.…`; EXAONE-MoE's `mtp.…`).
     unloaded_mtp_modules: bool,
 }
 

@@ -358,9 +358,10 @@ impl ModelKeys {
                 let sliding = full.clone().with_scaling(RopeScaling::Default);
                 (full, Some(sliding))
             }
-            // GLM, ERNIE, Cohere and Helium rotate pairs of neighbouring features
+            // GLM, GLM-4, ERNIE, Cohere and Helium rotate pairs of neighbouring features
             // (GPT-J's layout).
-            ModelType::Glm4
+            ModelType::Glm
+            | ModelType::Glm4
             | ModelType::Ernie45
             | ModelType::Ernie45Moe
             | ModelType::Cohere
@@ -395,10 +396,22 @@ impl ModelKeys {
                 );
                 (self.qkv_bias.unwrap_or(true), false)
             }
-            // GLM's and Helium's `attention_bias` is on q, k and v; their output
-            // projection has none.
-            ModelType::Glm4 | ModelType::Glm4Moe | ModelType::Helium => {
-                (self.attention_bias.unwrap_or(false), false)
+            // GLM's, GLM-4's, Helium's and Solar-Open's `attention_bias` is on q, k and
+            // v; their output projection has none.
+            ModelType::Glm
+            | ModelType::Glm4
+            | ModelType::Glm4Moe
+            | ModelType::Helium
+            | ModelType::SolarOpen => (self.attention_bias.unwrap_or(false), false),
+            // CWM's attention has no biases.
+            ModelType::Cwm => {
+                let bias = unread.fixed(
+                    "attention_bias",
+                    self.attention_bias,
+                    false,
+                    "no attention biases",
+                );
+                (bias, bias)
             }
             ModelType::SeedOss => (
                 self.attention_bias.unwrap_or(false),
@@ -413,7 +426,8 @@ impl ModelKeys {
             | ModelType::Ministral3
             | ModelType::Mixtral
             | ModelType::Phi3
-            | ModelType::Exaone4 => {
+            | ModelType::Exaone4
+            | ModelType::ExaoneMoe => {
                 let bias = unread.fixed(
                     "attention_bias",
                     self.attention_bias,
@@ -429,6 +443,8 @@ impl ModelKeys {
         };
         let mlp_bias = match family {
             ModelType::Llama
+            | ModelType::Cwm
+            | ModelType::Jais2
             | ModelType::Granite
             | ModelType::Arcee
             | ModelType::Helium
@@ -468,7 +484,7 @@ impl ModelKeys {
             )
         };
         let attention_softcap = match family {
-            ModelType::Gemma2 => self.attn_logit_softcapping,
+            ModelType::Gemma2 | ModelType::VaultGemma => self.attn_logit_softcapping,
             _ => unread.fixed(
                 "attn_logit_softcapping",
                 self.attn_logit_softcapping.map(Some),
@@ -498,8 +514,10 @@ impl ModelKeys {
         .with_n_kv_heads(Some(self.num_key_value_heads.unwrap_or(n_heads)))
         .with_head_dim(Some(head_dim))
         .with_norm_eps(self.norm_eps(family))
-        .with_layer_norm(family.is_cohere() || family == ModelType::Starcoder2)
-        .with_layer_norm_bias(family == ModelType::Starcoder2)
+        .with_layer_norm(
+            family.is_cohere() || matches!(family, ModelType::Starcoder2 | ModelType::Jais2),
+        )
+        .with_layer_norm_bias(matches!(family, ModelType::Starcoder2 | ModelType::Jais2))
         .with_logit_scale(match family {
             _ if family.is_cohere() => Some(self.logit_scale.unwrap_or(1.0)),
             _ if family.is_granite() => self.logits_scaling.map(f64::recip),
@@ -509,7 +527,10 @@ impl ModelKeys {
         .with_o_bias(o_bias)
         .with_mlp_bias(mlp_bias)
         .with_activation(activation)
-        .with_gated_mlp(!matches!(family, ModelType::Arcee | ModelType::Starcoder2))
+        .with_gated_mlp(!matches!(
+            family,
+            ModelType::Arcee | ModelType::Starcoder2 | ModelType::Jais2
+        ))
         .with_sliding_window(sliding_window)
         .with_sliding_layers(sliding_layers)
         .with_tie_word_embeddings(self.tie_word_embeddings.unwrap_or(gemma))
@@ -554,7 +575,9 @@ impl ModelKeys {
         .with_final_logit_softcap(final_logit_softcap)
         .with_qk_norm(self.qk_norm(family))
         .with_block_kind(match family {
-            ModelType::Olmo2 | ModelType::Olmo3 | ModelType::Exaone4 => BlockKind::OutputNorm,
+            ModelType::Olmo2 | ModelType::Olmo3 | ModelType::Exaone4 | ModelType::FlexOlmo => {
+                BlockKind::OutputNorm
+            }
             ModelType::Cohere | ModelType::Cohere2 => BlockKind::Parallel,
             ModelType::Gemma2 | ModelType::Gemma3Text | ModelType::Glm4 => BlockKind::Sandwich,
             _ => BlockKind::PreNorm,
@@ -601,12 +624,15 @@ impl ModelKeys {
             | ModelType::Qwen3Moe
             | ModelType::Dots1
             | ModelType::Gemma3Text
-            | ModelType::Exaone4 => QkNormPlacement::PerHead,
+            | ModelType::Exaone4
+            | ModelType::ExaoneMoe => QkNormPlacement::PerHead,
             ModelType::Glm4Moe if self.use_qk_norm == Some(true) => QkNormPlacement::PerHead,
             _ if family.is_hunyuan() => QkNormPlacement::PerHeadAfterRope,
-            ModelType::Olmo2 | ModelType::Olmo3 | ModelType::Olmoe | ModelType::MinimaxM2 => {
-                QkNormPlacement::AcrossHeads
-            }
+            ModelType::Olmo2
+            | ModelType::Olmo3
+            | ModelType::Olmoe
+            | ModelType::FlexOlmo
+            | ModelType::MinimaxM2 => QkNormPlacement::AcrossHeads,
             _ => return None,
         };
         Some(
@@ -617,8 +643,9 @@ impl ModelKeys {
         )
     }
 
-    /// SmolLM3's layers without RoPE (`no_rope_layers` 0) and EXAONE-4's full layers
-    /// beside sliding ones; `None` for the families whose every layer rotates.
+    /// SmolLM3's layers without RoPE (`no_rope_layers` 0) and EXAONE-4's (EXAONE-MoE's)
+    /// full layers beside sliding ones; `None` for the families whose every layer
+    /// rotates.
     fn nope_layers(
         &self,
         family: ModelType,
@@ -635,8 +662,9 @@ impl ModelKeys {
             };
             return Ok(Some((0..n_layers).map(|layer| !rotates(layer)).collect()));
         }
-        // EXAONE-4's full layers go without RoPE when the model has sliding ones.
-        if family == ModelType::Exaone4 {
+        // EXAONE-4's (and EXAONE-MoE's) full layers go without RoPE when the model has
+        // sliding ones.
+        if matches!(family, ModelType::Exaone4 | ModelType::ExaoneMoe) {
             let full_layers = self
                 .sliding_window
                 .and(self.layer_types.as_ref())
@@ -666,11 +694,13 @@ impl ModelKeys {
             .map(Some)
     }
 
-    /// The norms' epsilon: Cohere's `layer_norm_eps`, StarCoder2's `norm_epsilon`, every
-    /// other family's `rms_norm_eps`.
+    /// The norms' epsilon: Cohere's and Jais-2's `layer_norm_eps`, StarCoder2's
+    /// `norm_epsilon`, every other family's `rms_norm_eps`.
     fn norm_eps(&self, family: ModelType) -> f64 {
         match family {
-            _ if family.is_cohere() => self.layer_norm_eps.unwrap_or(1e-5),
+            _ if family.is_cohere() || family == ModelType::Jais2 => {
+                self.layer_norm_eps.unwrap_or(1e-5)
+            }
             ModelType::Starcoder2 => self.norm_epsilon.unwrap_or(1e-5),
             _ => self.rms_norm_eps.unwrap_or(1e-6),
         }
@@ -681,9 +711,9 @@ impl ModelKeys {
     /// Qwen3 and SmolLM3 only with `use_sliding_window`, on the layers `layer_types` (or
     /// `max_window_layers`) names; dots.llm1 on those layers whenever a window is set;
     /// Qwen3-MoE with `use_sliding_window` on every layer; other families on the layers
-    /// `layer_types` names, or every layer; LLaMA, Granite, Arcee, Helium, Hunyuan, Gemma,
-    /// GLM-4, GLM-4.5, GLM-4.7-Flash, OLMoE, MiniMax-M2, Seed-OSS, ERNIE-4.5(-MoE) and
-    /// Cohere never.
+    /// `layer_types` names, or every layer; LLaMA, GLM, Jais-2, Youtu, FlexOlmo,
+    /// Solar-Open, Granite, Arcee, Helium, Hunyuan, Gemma, GLM-4, GLM-4.5, GLM-4.7-Flash,
+    /// OLMoE, MiniMax-M2, Seed-OSS, ERNIE-4.5(-MoE) and Cohere never.
     fn sliding_window(
         &self,
         family: ModelType,
@@ -704,6 +734,11 @@ impl ModelKeys {
                 None
             }
             ModelType::Llama
+            | ModelType::Glm
+            | ModelType::Jais2
+            | ModelType::Youtu
+            | ModelType::FlexOlmo
+            | ModelType::SolarOpen
             | ModelType::Granite
             | ModelType::GraniteMoe
             | ModelType::GraniteMoeShared

@@ -16,11 +16,11 @@ use super::model_type::ModelType;
 /// multimodal checkpoints describe their text model by the keys that differ from
 /// `Gemma3TextConfig`'s only) after the common names a class maps to its own keys
 /// (ERNIE-4.5-MoE's `num_experts`), and the defaults those classes derive: the layer types
-/// of Gemma-2, Gemma-3 (from `sliding_window_pattern`), OLMo-3, SmolLM3 and gpt-oss,
-/// SmolLM3's `no_rope_layers`, GLM-4.7-Flash's `mlp_layer_types`, MiniMax-M2's
-/// `partial_rotary_factor` (from `rotary_dim`), Hunyuan's NTK-alpha base, and Phi-3's
-/// old names of LongRoPE (`su`, `yarn`), and the rotary
-/// embedding where the file has neither `rope_parameters` nor `rope_scaling`.
+/// of Gemma-2, VaultGemma, Gemma-3 (from `sliding_window_pattern`), OLMo-3, SmolLM3,
+/// CWM and gpt-oss, SmolLM3's `no_rope_layers`, GLM-4.7-Flash's `mlp_layer_types`,
+/// MiniMax-M2's `partial_rotary_factor` (from `rotary_dim`), Hunyuan's NTK-alpha base,
+/// Youtu's initializer scale, and Phi-3's old names of LongRoPE (`su`, `yarn`), and the
+/// rotary embedding where the file has neither `rope_parameters` nor `rope_scaling`.
 pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
     let mut filled = config.clone();
     // Anything but an object is refused by the readers, naming it.
@@ -62,6 +62,17 @@ pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
     if family.is_hunyuan() {
         fix_ntk_alpha(object);
     }
+    // Youtu's initializer scale follows the width, `2 / √(5 · hidden_size)`.
+    if family == ModelType::Youtu
+        && config.get("initializer_range").is_none_or(Value::is_null)
+        && let Some(hidden) = object.get("hidden_size").and_then(Value::as_f64)
+        && hidden > 0.0
+    {
+        object.insert(
+            "initializer_range".into(),
+            json!(2.0 / (5.0 * hidden).sqrt()),
+        );
+    }
     // MiniMax-M2's files give the rotated width as `rotary_dim`.
     let has_factor = object.contains_key("partial_rotary_factor")
         || object
@@ -82,13 +93,25 @@ pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
     {
         object.insert("no_rope_layers".into(), no_rope_layers);
     }
-    // GLM-4.7-Flash: a dense first layer, then experts.
-    if family == ModelType::Glm4MoeLite
+    // GLM-4.7-Flash: a dense first layer, then experts; EXAONE-MoE:
+    // `first_k_dense_replace` dense layers, then experts.
+    let dense_first = match family {
+        ModelType::Glm4MoeLite => Some(1),
+        ModelType::ExaoneMoe => object.get("first_k_dense_replace").and_then(Value::as_u64),
+        _ => None,
+    };
+    if let Some(dense_first) = dense_first
         && !object.contains_key("mlp_layer_types")
         && let Some(layers) = object.get("num_hidden_layers").and_then(Value::as_u64)
     {
         let kinds: Vec<&str> = (0..layers)
-            .map(|layer| if layer == 0 { "dense" } else { "sparse" })
+            .map(|layer| {
+                if layer < dense_first {
+                    "dense"
+                } else {
+                    "sparse"
+                }
+            })
             .collect();
         object.insert("mlp_layer_types".into(), json!(kinds));
     }
@@ -160,6 +183,30 @@ fn class_defaults(family: ModelType) -> Value {
         ModelType::Phi3 => json!({
             "rms_norm_eps": 1e-5, "original_max_position_embeddings": 4096
         }),
+        ModelType::Cwm => json!({
+            "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5,
+            "mlp_bias": false, "sliding_window": 8192,
+            "eos_token_id": [128001, 128008, 128009],
+            "rope_scaling": {
+                "rope_type": "llama3", "rope_theta": 1_000_000.0, "factor": 16.0,
+                "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                "original_max_position_embeddings": 8192
+            }
+        }),
+        ModelType::Glm => json!({
+            "num_key_value_heads": 2, "head_dim": 128, "rms_norm_eps": 1.5625e-7,
+            "attention_bias": true, "partial_rotary_factor": 0.5,
+            "eos_token_id": [151329, 151336, 151338]
+        }),
+        ModelType::Jais2 => json!({
+            "hidden_act": "relu2", "layer_norm_eps": 1e-5, "attention_bias": true,
+            "mlp_bias": true
+        }),
+        ModelType::Youtu => json!({
+            "num_key_value_heads": 16, "kv_lora_rank": 512, "q_lora_rank": 1536,
+            "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+            "rope_interleave": true, "tie_word_embeddings": true
+        }),
         ModelType::Glm4 => json!({
             "num_key_value_heads": 2, "head_dim": 128, "rms_norm_eps": 1.5625e-7,
             "attention_bias": true, "partial_rotary_factor": 0.5,
@@ -176,6 +223,13 @@ fn class_defaults(family: ModelType) -> Value {
         ModelType::Exaone4 => json!({
             "num_key_value_heads": 32, "rms_norm_eps": 1e-5, "sliding_window": 4096,
             "sliding_window_pattern": 4
+        }),
+        ModelType::ExaoneMoe => json!({
+            "num_key_value_heads": 32, "rms_norm_eps": 1e-5, "sliding_window": 4096,
+            "sliding_window_pattern": 4, "first_k_dense_replace": 1,
+            "moe_intermediate_size": 1024, "num_experts": 64, "num_experts_per_tok": 8,
+            "num_shared_experts": 1, "norm_topk_prob": true, "routed_scaling_factor": 2.5,
+            "n_group": 1, "topk_group": 1
         }),
         ModelType::Cohere => json!({
             "layer_norm_eps": 1e-5, "logit_scale": 0.0625, "use_qk_norm": false,
@@ -218,7 +272,7 @@ fn class_defaults(family: ModelType) -> Value {
             "num_key_value_heads": 16, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
             "tie_word_embeddings": true
         }),
-        ModelType::Gemma2 => json!({
+        ModelType::Gemma2 | ModelType::VaultGemma => json!({
             "num_key_value_heads": 4, "head_dim": 256,
             "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": true,
             "query_pre_attn_scalar": 256, "sliding_window": 4096,
@@ -234,6 +288,10 @@ fn class_defaults(family: ModelType) -> Value {
         ModelType::Mixtral => json!({
             "rms_norm_eps": 1e-5, "num_key_value_heads": 8, "rope_theta": 1_000_000.0,
             "num_local_experts": 8, "num_experts_per_tok": 2, "router_aux_loss_coef": 0.001
+        }),
+        ModelType::FlexOlmo => json!({
+            "num_experts": 7, "num_experts_per_tok": 5, "norm_topk_prob": false,
+            "router_aux_loss_coef": 0.01, "rope_theta": 500_000.0
         }),
         ModelType::Olmoe => json!({
             "rms_norm_eps": 1e-5, "num_experts": 64, "num_experts_per_tok": 8,
@@ -270,6 +328,15 @@ fn class_defaults(family: ModelType) -> Value {
             "num_key_value_heads": 32, "moe_intermediate_size": 1408, "n_group": 1,
             "topk_group": 1, "first_k_dense_replace": 0, "norm_topk_prob": false,
             "routed_scaling_factor": 1.0, "sliding_window": 4096, "max_window_layers": 62
+        }),
+        // Every layer is sparse: the dense width (a key its class does not have) is
+        // never used.
+        ModelType::SolarOpen => json!({
+            "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5,
+            "rope_theta": 1_000_000.0, "intermediate_size": 1280,
+            "moe_intermediate_size": 1280, "num_experts_per_tok": 8, "n_shared_experts": 1,
+            "n_routed_experts": 128, "routed_scaling_factor": 1.0, "n_group": 1,
+            "topk_group": 1, "norm_topk_prob": true
         }),
         ModelType::MinimaxM2 => json!({
             "num_key_value_heads": 8, "head_dim": 128, "rope_theta": 5_000_000.0,
@@ -328,17 +395,22 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Olmo2 | ModelType::Olmo3 => [50304, 4096, 11008, 32, 32, 2048],
         ModelType::Smollm3 => [128256, 2048, 11008, 36, 16, 32768],
         ModelType::Phi3 => [32064, 3072, 8192, 32, 32, 4096],
-        ModelType::Glm4 => [151552, 4096, 13696, 40, 32, 131072],
+        ModelType::Glm | ModelType::Glm4 => [151552, 4096, 13696, 40, 32, 131072],
+        ModelType::Cwm => [128256, 6144, 21504, 64, 48, 131072],
+        ModelType::Jais2 => [150272, 3328, 26624, 32, 26, 8192],
+        ModelType::Youtu => [128256, 2048, 6144, 32, 16, 131072],
+        ModelType::FlexOlmo => [100352, 4096, 11008, 32, 32, 4096],
+        ModelType::SolarOpen => [196608, 4096, 1280, 48, 64, 131072],
         ModelType::SeedOss => [155136, 4096, 27648, 64, 80, 524288],
         ModelType::Ernie45 => [103424, 1024, 3072, 18, 16, 131072],
-        ModelType::Exaone4 => [102400, 4096, 16384, 32, 32, 2048],
+        ModelType::Exaone4 | ModelType::ExaoneMoe => [102400, 4096, 16384, 32, 32, 2048],
         ModelType::Cohere | ModelType::Cohere2 => [256000, 8192, 22528, 40, 64, 8192],
         ModelType::Arcee => [32000, 2560, 18432, 32, 32, 4096],
         ModelType::Helium => [48000, 2560, 7040, 24, 20, 4096],
         ModelType::HunyuanV1Dense | ModelType::HunyuanV1Moe => [290943, 4096, 11008, 32, 32, 2048],
         ModelType::Starcoder2 => [49152, 3072, 12288, 30, 24, 4096],
         ModelType::Gemma => [256000, 3072, 24576, 28, 16, 8192],
-        ModelType::Gemma2 => [256000, 2304, 9216, 26, 8, 8192],
+        ModelType::Gemma2 | ModelType::VaultGemma => [256000, 2304, 9216, 26, 8, 8192],
         ModelType::Gemma3Text => [262208, 2304, 9216, 26, 8, 131072],
         ModelType::Olmoe => [50304, 2048, 2048, 16, 16, 4096],
         ModelType::Qwen2Moe => [151936, 2048, 5632, 24, 16, 32768],
@@ -378,12 +450,20 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::MinimaxM2 => (Some(200034), Some(200020), None),
         ModelType::Phi3 => (Some(1), Some(32000), Some(32000)),
         // Its end-of-text tokens are a list (in the class defaults above).
-        ModelType::Glm4 => (None, None, Some(151329)),
+        ModelType::Glm | ModelType::Glm4 => (None, None, Some(151329)),
+        ModelType::Cwm => (Some(128000), None, None),
+        ModelType::Jais2 => (Some(0), Some(150024), None),
+        ModelType::Youtu => (Some(128000), Some(128001), None),
+        ModelType::FlexOlmo => (None, Some(100257), Some(100277)),
+        ModelType::SolarOpen => (None, None, None),
         ModelType::SeedOss => (Some(0), Some(2), Some(1)),
         ModelType::Ernie45 | ModelType::Ernie45Moe => (Some(1), Some(2), Some(0)),
         ModelType::Exaone4 => (Some(0), Some(2), None),
+        ModelType::ExaoneMoe => (Some(1), Some(53), Some(0)),
         ModelType::Cohere | ModelType::Cohere2 => (Some(5), Some(255001), Some(0)),
-        ModelType::Gemma | ModelType::Gemma2 | ModelType::Gemma3Text => (Some(2), Some(1), Some(0)),
+        ModelType::Gemma | ModelType::Gemma2 | ModelType::Gemma3Text | ModelType::VaultGemma => {
+            (Some(2), Some(1), Some(0))
+        }
         ModelType::DeepseekV3 | ModelType::Glm4MoeLite => (Some(0), Some(1), None),
         ModelType::Qwen2
         | ModelType::Qwen2Moe
@@ -487,7 +567,7 @@ fn default_layer_types(family: ModelType, config: &Map<String, Value>) -> Option
                 .collect(),
         );
     }
-    if family == ModelType::Exaone4 {
+    if matches!(family, ModelType::Exaone4 | ModelType::ExaoneMoe) {
         let layers = config.get("num_hidden_layers")?.as_u64()? as usize;
         let pattern = match config.get("sliding_window") {
             None | Some(Value::Null) => String::from("G"),
@@ -509,8 +589,20 @@ fn default_layer_types(family: ModelType, config: &Map<String, Value>) -> Option
                 .collect(),
         );
     }
+    // CWM: every fourth layer, from the first, attends in full.
+    if family == ModelType::Cwm {
+        let layers = config.get("num_hidden_layers")?.as_u64()?;
+        return Some(
+            (0..layers)
+                .map(|layer| match layer % 4 {
+                    0 => "full_attention",
+                    _ => "sliding_attention",
+                })
+                .collect(),
+        );
+    }
     let every = match family {
-        ModelType::Gemma2 | ModelType::GptOss => 2,
+        ModelType::Gemma2 | ModelType::VaultGemma | ModelType::GptOss => 2,
         ModelType::Olmo3 => 4,
         ModelType::Gemma3Text | ModelType::Cohere2 => match config.get("sliding_window_pattern") {
             None | Some(Value::Null) => 6,
@@ -587,6 +679,19 @@ mod tests {
     }
 
     #[test]
+    fn youtu_initializer_scale_follows_the_width_unless_given() {
+        let range = |config: Value| {
+            with_family_defaults(ModelType::Youtu, &config)["initializer_range"].clone()
+        };
+        let derived = range(json!({"hidden_size": 20})).as_f64().unwrap();
+        assert!((derived - 0.2).abs() < 1e-12, "{derived}");
+        assert_eq!(
+            range(json!({"hidden_size": 20, "initializer_range": 0.5})),
+            json!(0.5)
+        );
+    }
+
+    #[test]
     fn layer_types_are_derived_from_the_layer_count() {
         let types =
             |family, config: Value| with_family_defaults(family, &config)["layer_types"].clone();
@@ -610,6 +715,11 @@ mod tests {
                 json!({"num_hidden_layers": 4, "sliding_window_pattern": 2})
             ),
             json!([sliding, full, sliding, full])
+        );
+        // CWM: every fourth layer full, from the first.
+        assert_eq!(
+            types(ModelType::Cwm, json!({"num_hidden_layers": 6})),
+            json!([full, sliding, sliding, sliding, full, sliding])
         );
         let own = json!({"num_hidden_layers": 2, "layer_types": [full, full]});
         assert_eq!(types(ModelType::Gemma2, own), json!([full, full]));

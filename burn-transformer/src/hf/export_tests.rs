@@ -45,7 +45,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 45] = [
+const FAMILIES: [&str; 53] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -84,6 +84,14 @@ const FAMILIES: [&str; 45] = [
     "glm4_moe_lite",
     "dots1",
     "ernie4_5_moe",
+    "cwm",
+    "glm",
+    "jais2",
+    "vaultgemma",
+    "youtu",
+    "flex_olmo",
+    "solar_open",
+    "exaone_moe",
     "minimax_m2",
     "granitemoe",
     "granitemoeshared",

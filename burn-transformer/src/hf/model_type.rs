@@ -24,17 +24,25 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "helium",
     "starcoder2",
     "hunyuan_v1_dense",
+    "cwm",
+    "glm",
+    "jais2",
+    "youtu",
     "gemma",
     "gemma2",
     "gemma3_text",
+    "vaultgemma",
     "mixtral",
     "olmoe",
+    "flex_olmo",
     "qwen2_moe",
     "qwen3_moe",
     "glm4_moe",
     "glm4_moe_lite",
     "dots1",
     "ernie4_5_moe",
+    "solar_open",
+    "exaone_moe",
     "minimax_m2",
     "granitemoe",
     "granitemoeshared",
@@ -122,6 +130,19 @@ pub(crate) enum ModelType {
     /// Hunyuan (dense v1): LLaMA with QK-norm per head after RoPE, and RoPE's base
     /// stretched by a fixed NTK `alpha`.
     HunyuanV1Dense,
+    /// CWM (Code World Model): LLaMA with a window on the layers `layer_types` names
+    /// (by default all but every fourth, from the first), LLaMA-3 RoPE by default.
+    Cwm,
+    /// GLM (GLM-4-9B's first transformers port): LLaMA's pre-norm blocks with GLM-4's
+    /// q/k/v biases, fused gate/up projection and interleaved rotary over half of each
+    /// head.
+    Glm,
+    /// Jais-2: LLaMA with LayerNorms (with a shift), an ungated squared-ReLU
+    /// feed-forward and biases on every projection.
+    Jais2,
+    /// Youtu-LLM: DeepSeek-V3's latent attention in LLaMA's blocks, a dense feed-forward
+    /// on every layer.
+    Youtu,
     /// Gemma (the first generation, CodeGemma): LLaMA's blocks with Gemma's RMSNorm,
     /// scaled and tied embeddings, and GeGLU (tanh); multi-query attention in the 2B.
     Gemma,
@@ -131,11 +152,15 @@ pub(crate) enum ModelType {
     Gemma2,
     /// Gemma-3 (text): Gemma-2 with QK-norm and a RoPE per layer type.
     Gemma3Text,
+    /// VaultGemma: Gemma-2 in pre-norm blocks (no norms after the sublayers).
+    VaultGemma,
     /// Mixtral: Mistral with every feed-forward a mixture of experts.
     Mixtral,
     /// OLMoE: OLMo-2's QK-norm across heads in LLaMA's pre-norm blocks; every layer a
     /// mixture of experts, softmax top-k, not renormalized by default.
     Olmoe,
+    /// FlexOlmo: OLMo-2's blocks with OLMoE's experts on every layer.
+    FlexOlmo,
     /// Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): Qwen2's attention (`qkv_bias`), softmax
     /// top-k routing, and a shared expert of its own width behind a per-token sigmoid
     /// gate; sparse layers by `decoder_sparse_step` and `mlp_only_layers`.
@@ -158,6 +183,12 @@ pub(crate) enum ModelType {
     /// chosen by softmax scores plus a correction bias, renormalized, beside shared
     /// experts.
     Ernie45Moe,
+    /// Solar-Open: LLaMA's attention with q/k/v biases; every layer GLM-4.5's
+    /// (DeepSeek-V3's) experts.
+    SolarOpen,
+    /// EXAONE-MoE (K-EXAONE): EXAONE-4's attention in pre-norm blocks; dense first
+    /// layers (`mlp_layer_types`), then DeepSeek-V3's experts.
+    ExaoneMoe,
     /// MiniMax-M2: QK-norm across heads, the rotary embedding over `rotary_dim` of each
     /// head; every layer a mixture of experts routed by bias-corrected sigmoid scores,
     /// renormalized, without groups or shared experts.
@@ -184,7 +215,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 39] = [
+    const ALL: [Self; 47] = [
         Self::Llama,
         Self::Mistral,
         Self::Ministral,
@@ -206,17 +237,25 @@ impl ModelType {
         Self::Helium,
         Self::Starcoder2,
         Self::HunyuanV1Dense,
+        Self::Cwm,
+        Self::Glm,
+        Self::Jais2,
+        Self::Youtu,
         Self::Gemma,
         Self::Gemma2,
         Self::Gemma3Text,
+        Self::VaultGemma,
         Self::Mixtral,
         Self::Olmoe,
+        Self::FlexOlmo,
         Self::Qwen2Moe,
         Self::Qwen3Moe,
         Self::Glm4Moe,
         Self::Glm4MoeLite,
         Self::Dots1,
         Self::Ernie45Moe,
+        Self::SolarOpen,
+        Self::ExaoneMoe,
         Self::MinimaxM2,
         Self::GraniteMoe,
         Self::GraniteMoeShared,
@@ -250,17 +289,25 @@ impl ModelType {
             Self::Helium => "helium",
             Self::Starcoder2 => "starcoder2",
             Self::HunyuanV1Dense => "hunyuan_v1_dense",
+            Self::Cwm => "cwm",
+            Self::Glm => "glm",
+            Self::Jais2 => "jais2",
+            Self::Youtu => "youtu",
             Self::Gemma => "gemma",
             Self::Gemma2 => "gemma2",
             Self::Gemma3Text => "gemma3_text",
+            Self::VaultGemma => "vaultgemma",
             Self::Mixtral => "mixtral",
             Self::Olmoe => "olmoe",
+            Self::FlexOlmo => "flex_olmo",
             Self::Qwen2Moe => "qwen2_moe",
             Self::Qwen3Moe => "qwen3_moe",
             Self::Glm4Moe => "glm4_moe",
             Self::Glm4MoeLite => "glm4_moe_lite",
             Self::Dots1 => "dots1",
             Self::Ernie45Moe => "ernie4_5_moe",
+            Self::SolarOpen => "solar_open",
+            Self::ExaoneMoe => "exaone_moe",
             Self::MinimaxM2 => "minimax_m2",
             Self::GraniteMoe => "granitemoe",
             Self::GraniteMoeShared => "granitemoeshared",
@@ -283,12 +330,15 @@ impl ModelType {
             self,
             Self::Mixtral
                 | Self::Olmoe
+                | Self::FlexOlmo
                 | Self::Qwen2Moe
                 | Self::Qwen3Moe
                 | Self::Glm4Moe
                 | Self::Glm4MoeLite
                 | Self::Dots1
                 | Self::Ernie45Moe
+                | Self::SolarOpen
+                | Self::ExaoneMoe
                 | Self::MinimaxM2
                 | Self::GraniteMoe
                 | Self::GraniteMoeShared
@@ -301,13 +351,17 @@ impl ModelType {
 
     /// Whether the family is Gemma's (Gemma's RMSNorm, scaled and tied embeddings).
     pub(crate) fn is_gemma(self) -> bool {
-        matches!(self, Self::Gemma | Self::Gemma2 | Self::Gemma3Text)
+        matches!(
+            self,
+            Self::Gemma | Self::Gemma2 | Self::Gemma3Text | Self::VaultGemma
+        )
     }
 
-    /// Whether the family is Gemma-2's or a later Gemma's (sandwich norms,
-    /// `hidden_activation`, `query_pre_attn_scalar`, logit soft-capping).
+    /// Whether the family is Gemma-2's or a later Gemma's (`hidden_activation`,
+    /// `query_pre_attn_scalar`, final logit soft-capping; sandwich norms but in
+    /// VaultGemma).
     pub(crate) fn is_gemma2_or_later(self) -> bool {
-        matches!(self, Self::Gemma2 | Self::Gemma3Text)
+        matches!(self, Self::Gemma2 | Self::Gemma3Text | Self::VaultGemma)
     }
 
     /// Whether the family is ERNIE-4.5's (`use_bias` on every projection, the rotary
@@ -340,7 +394,12 @@ impl ModelType {
     pub(crate) fn routes_as_deepseek_v3(self) -> bool {
         matches!(
             self,
-            Self::DeepseekV3 | Self::Glm4Moe | Self::Glm4MoeLite | Self::Dots1
+            Self::DeepseekV3
+                | Self::Glm4Moe
+                | Self::Glm4MoeLite
+                | Self::Dots1
+                | Self::SolarOpen
+                | Self::ExaoneMoe
         )
     }
 
@@ -354,7 +413,7 @@ impl ModelType {
     pub(crate) fn is_latent(self) -> bool {
         matches!(
             self,
-            Self::DeepseekV2 | Self::DeepseekV3 | Self::Glm4MoeLite
+            Self::DeepseekV2 | Self::DeepseekV3 | Self::Glm4MoeLite | Self::Youtu
         )
     }
 }

@@ -22,14 +22,14 @@ use crate::ffn::{Activation, MoeConfig, MoeLayerPlan, SwiGluConfig};
 /// - `n_shared_experts` (default 0), `routed_scaling_factor` (default 1), `n_group`
 ///   and `topk_group` (default 1), `hidden_act` (default silu);
 /// - scoring: `scoring_func` (default softmax); `norm_topk_prob` (default false, true
-///   for `deepseek_v3`, `glm4_moe` and `glm4_moe_lite`);
+///   for `deepseek_v3` and the families that route as it);
 /// - the correction bias for `topk_method: "noaux_tc"`; group score max for
 ///   `topk_method: "group_limited_greedy"`.
 ///
 /// For the families transformers implements (`model_type`), the routing is the one its
 /// code computes, whatever keys it does not read say:
 /// - scores: softmax, but sigmoid for `deepseek_v3` and the families that route as it
-///   (GLM-4.5, GLM-4.7-Flash, dots.llm1) and for MiniMax-M2;
+///   (GLM-4.5, GLM-4.7-Flash, dots.llm1, Solar-Open) and for MiniMax-M2;
 /// - the correction bias: DeepSeek-V3 and those families (with groups), MiniMax-M2 and
 ///   ERNIE-4.5-MoE (without);
 /// - renormalized top-k weights always for Mixtral, gpt-oss, MiniMax-M2, ERNIE-4.5-MoE,
@@ -37,9 +37,10 @@ use crate::ffn::{Activation, MoeConfig, MoeLayerPlan, SwiGluConfig};
 /// - expert groups and a routed scaling factor only for DeepSeek-V2/V3 and the families
 ///   that route as V3 (DeepSeek-V2's groups only under `topk_method:
 ///   "group_limited_greedy"`);
-/// - shared experts: DeepSeek's `n_shared_experts`; Qwen2-MoE's one of
-///   `shared_expert_intermediate_size` behind a sigmoid gate; GraniteMoE-Shared's one
-///   of `shared_intermediate_size`; Hunyuan-MoE's one as wide as the routed ones;
+/// - shared experts: DeepSeek's `n_shared_experts` (EXAONE-MoE's
+///   `num_shared_experts`); Qwen2-MoE's one of `shared_expert_intermediate_size` behind
+///   a sigmoid gate; GraniteMoE-Shared's one of `shared_intermediate_size`;
+///   Hunyuan-MoE's one as wide as the routed ones;
 ///   ERNIE-4.5-MoE's `moe_num_shared_experts` as wide as the routed ones, with biases
 ///   under `use_bias`.
 ///
@@ -56,8 +57,9 @@ pub fn moe_config(config: &Value, path: impl AsRef<Path>) -> Result<MoeConfig, H
 
 /// Reads which layers are sparse: `first_k_dense_replace` and `moe_layer_freq`
 /// (defaults 0 and 1: every layer, as Mixtral), Qwen-MoE's `decoder_sparse_step` and
-/// `mlp_only_layers`, GLM-4.7-Flash's `mlp_layer_types`, ERNIE-4.5-MoE's
-/// `moe_layer_start_index`, `moe_layer_end_index` and `moe_layer_interval`.
+/// `mlp_only_layers`, GLM-4.7-Flash's and EXAONE-MoE's `mlp_layer_types`, ERNIE-4.5-MoE's
+/// `moe_layer_start_index`, `moe_layer_end_index` and `moe_layer_interval`; Solar-Open
+/// is sparse on every layer.
 ///
 /// # Errors
 /// [`HfError::Field`] naming a value that is not a non-negative integer, or a zero
@@ -107,6 +109,8 @@ pub(crate) struct MoeKeys {
     #[serde(default, deserialize_with = "deserialize_same_per_layer")]
     moe_topk: Option<usize>,
     n_shared_experts: Option<usize>,
+    /// EXAONE-MoE's name of `n_shared_experts`.
+    num_shared_experts: Option<usize>,
     /// Qwen2-MoE's shared expert's width.
     shared_expert_intermediate_size: Option<usize>,
     /// GraniteMoE-Shared's shared expert's width (0: none).
@@ -271,7 +275,18 @@ impl MoeKeys {
         // Qwen2-MoE's and GraniteMoE-Shared's one shared expert has a width of its own
         // (Qwen2-MoE's a gate too).
         let mut shared_d_ff = None;
-        let (routed_scaling_factor, n_shared_experts) = if deepseek {
+        let (routed_scaling_factor, n_shared_experts) = if family == Some(ModelType::ExaoneMoe) {
+            unread.fixed(
+                "n_shared_experts",
+                self.n_shared_experts,
+                self.num_shared_experts.unwrap_or(0),
+                "`num_shared_experts`",
+            );
+            (
+                self.routed_scaling_factor.unwrap_or(1.0),
+                self.num_shared_experts.unwrap_or(0),
+            )
+        } else if deepseek {
             (
                 self.routed_scaling_factor.unwrap_or(1.0),
                 self.n_shared_experts.unwrap_or(0),
@@ -437,17 +452,21 @@ impl MoeKeys {
         Ok(routing)
     }
 
-    /// Which layers are sparse: GLM-4.7-Flash's `mlp_layer_types`, the other families'
-    /// counts and lists.
+    /// Which layers are sparse: GLM-4.7-Flash's and EXAONE-MoE's `mlp_layer_types`, the
+    /// other families' counts and lists.
     pub(crate) fn moe_layer_plan(&self) -> Result<MoeLayerPlan, KeyError> {
         let family = self.model_type.as_deref().and_then(ModelType::from_name);
-        if family == Some(ModelType::Glm4MoeLite)
+        if matches!(family, Some(ModelType::Glm4MoeLite | ModelType::ExaoneMoe))
             && let Some(kinds) = &self.mlp_layer_types
         {
             return self.listed_layer_plan(kinds);
         }
         if family == Some(ModelType::Ernie45Moe) {
             return self.ernie_layer_plan();
+        }
+        // Solar-Open's class has no dense layers (nor `first_k_dense_replace`).
+        if family == Some(ModelType::SolarOpen) {
+            return Ok(MoeLayerPlan::all_sparse());
         }
         let plan = MoeLayerPlan::new()
             .with_first_k_dense_replace(self.first_k_dense_replace.unwrap_or(0))

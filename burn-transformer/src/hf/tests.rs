@@ -479,6 +479,47 @@ fn ernie4_5_moe_ignores_its_mtp_modules_and_names_a_misshapen_correction_bias() 
 }
 
 #[test]
+fn cwm_with_windows_on_three_layers_of_four_and_llama3_rope_matches_transformers() {
+    matches_transformers("cwm");
+}
+
+#[test]
+fn glm_with_qkv_biases_fused_gate_up_and_interleaved_half_rope_matches_transformers() {
+    matches_transformers("glm");
+}
+
+#[test]
+fn jais2_with_shifted_layer_norms_and_an_ungated_relu2_feed_forward_matches_transformers() {
+    matches_transformers("jais2");
+}
+
+#[test]
+fn vaultgemma_with_gemma2_attention_in_pre_norm_blocks_matches_transformers() {
+    matches_transformers("vaultgemma");
+}
+
+#[test]
+fn youtu_with_latent_attention_and_dense_feed_forwards_matches_transformers() {
+    matches_transformers("youtu");
+}
+
+#[test]
+fn flex_olmo_with_olmo2_blocks_and_softmax_routing_matches_transformers() {
+    matches_transformers("flex_olmo");
+}
+
+#[test]
+fn solar_open_with_grouped_sigmoid_routing_on_every_layer_matches_transformers() {
+    matches_transformers("solar_open");
+}
+
+#[test]
+fn exaone_moe_with_nope_full_layers_a_dense_layer_and_grouped_sigmoid_routing_matches_transformers()
+{
+    matches_transformers("exaone_moe");
+}
+
+#[test]
 fn minimax_m2_with_qk_norm_across_heads_and_bias_corrected_sigmoid_routing_matches_transformers() {
     matches_transformers("minimax_m2");
 }
@@ -516,7 +557,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 27] = [
+    let cases: [(&str, Edit, &[&str]); 35] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -803,6 +844,93 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
                 config.insert("n_group".into(), json!(2));
             },
             &["norm_topk_prob", "n_group"],
+        ),
+        // CWM's default layer kinds (every fourth full, from the first); its attention
+        // has no biases.
+        (
+            "cwm",
+            |config| {
+                config.remove("layer_types");
+                config.insert("attention_bias".into(), json!(true));
+            },
+            &["attention_bias"],
+        ),
+        // GLM's files as transformers 4 wrote them: no rotary object (the base and the
+        // half-rotated heads are its class's defaults); its code has no feed-forward
+        // biases.
+        (
+            "glm",
+            |config| {
+                config.remove("rope_parameters");
+                config.insert("mlp_bias".into(), json!(true));
+            },
+            &["mlp_bias"],
+        ),
+        // Jais-2's defaults: biases everywhere, squared ReLU; `rms_norm_eps` is another
+        // family's key.
+        (
+            "jais2",
+            |config| {
+                for key in ["attention_bias", "mlp_bias", "hidden_act"] {
+                    config.remove(key);
+                }
+                config.insert("rms_norm_eps".into(), json!(0.5));
+            },
+            &[],
+        ),
+        // VaultGemma's defaults: alternating layers from a sliding one, tied embeddings.
+        (
+            "vaultgemma",
+            |config| {
+                for key in ["layer_types", "tie_word_embeddings"] {
+                    config.remove(key);
+                }
+            },
+            &[],
+        ),
+        // Youtu's defaults: interleaved rotary, tied embeddings.
+        (
+            "youtu",
+            |config| {
+                for key in ["rope_interleave", "tie_word_embeddings"] {
+                    config.remove(key);
+                }
+            },
+            &[],
+        ),
+        // FlexOlmo's default: weights not renormalized; its code has no feed-forward
+        // biases.
+        (
+            "flex_olmo",
+            |config| {
+                config.remove("norm_topk_prob");
+                config.insert("mlp_bias".into(), json!(true));
+            },
+            &["mlp_bias"],
+        ),
+        // Solar-Open's default: renormalized weights; its class has no dense layers,
+        // whatever `first_k_dense_replace` says.
+        (
+            "solar_open",
+            |config| {
+                config.remove("norm_topk_prob");
+                config.insert("first_k_dense_replace".into(), json!(1));
+            },
+            &[],
+        ),
+        // EXAONE-MoE's files as its class derives them: the layer kinds from
+        // `sliding_window_pattern`, the feed-forward kinds from
+        // `first_k_dense_replace`; DeepSeek's name of the shared experts is another
+        // family's key.
+        (
+            "exaone_moe",
+            |config| {
+                for key in ["layer_types", "mlp_layer_types"] {
+                    config.remove(key);
+                }
+                config.insert("n_shared_experts".into(), json!(3));
+            },
+            &["n_shared_experts"],
         ),
         // GraniteMoE's code always renormalizes over the chosen experts and has no
         // shared expert.
@@ -1180,6 +1308,15 @@ fn gradient_norms(
                 (".mlp.fc2.", ".mlp.down_proj."),
             ],
             "starcoder2" => &[(".mlp.fc1.", ".mlp.c_fc."), (".mlp.fc2.", ".mlp.c_proj.")],
+            "jais2" => &[
+                (".mlp.fc1.", ".mlp.up_proj."),
+                (".mlp.fc2.", ".mlp.down_proj."),
+            ],
+            "vaultgemma" => &[(".post_attention_layernorm.", ".pre_feedforward_layernorm.")],
+            "glm" => &[
+                (".gate_proj.", ".gate_up_proj."),
+                (".up_proj.", ".gate_up_proj."),
+            ],
             "gemma3" | "mistral3" => &[("model.", "model.language_model.")],
             "glm4" => &[
                 (".post_attention_layernorm.", ".post_self_attn_layernorm."),
