@@ -746,6 +746,22 @@ def cwm():
     )
 
 
+def phi():
+    # Phi-2's layout: attention and an ungated GELU (tanh) feed-forward in parallel after
+    # one LayerNorm, biases on every projection and on the output head, the rotary
+    # embedding over half of each head (the class's default).
+    return transformers.PhiConfig(**{k: v for k, v in COMMON.items() if k != "rms_norm_eps"})
+
+
+def stablelm():
+    # StableLM-2's layout: LLaMA with LayerNorms, q/k/v biases, the rotary embedding
+    # over a quarter of each head (the class's default; heads of 16 here), GQA.
+    common = {k: v for k, v in COMMON.items() if k != "rms_norm_eps"}
+    return transformers.StableLmConfig(
+        **{**common, "num_attention_heads": 2}, num_key_value_heads=1, use_qkv_bias=True
+    )
+
+
 def glm():
     # GLM-4's first transformers port: LLaMA's pre-norm blocks with q/k/v biases (none
     # on o_proj), a fused gate/up projection, the rotary embedding interleaved over half
@@ -1035,6 +1051,8 @@ MODELS = {
     "minimax_m2": (minimax_m2, {}),
     "ernie4_5_moe": (ernie4_5_moe, {}),
     "cwm": (cwm, {}),
+    "phi": (phi, {}),
+    "stablelm": (stablelm, {}),
     "glm": (glm, {}),
     "jais2": (jais2, {}),
     "vaultgemma": (vaultgemma, {}),

@@ -141,6 +141,8 @@ fn matches_transformers_for_every_family_on_flex() {
         "dots1",
         "ernie4_5_moe",
         "cwm",
+        "phi",
+        "stablelm",
         "glm",
         "jais2",
         "vaultgemma",

@@ -314,6 +314,7 @@ fn family_renames(config: &HfConfig) -> &'static [(&'static str, &'static str)] 
         // gpt-oss names its router `router`, ours (like every other family) `gate`.
         "gpt_oss" => &[(".mlp.router.", ".mlp.gate.")],
         "starcoder2" => &STARCODER2_MLP,
+        "phi" => &PHI_NAMES,
         "glm4" => &GLM4_NORMS,
         // VaultGemma's pre-norm blocks keep Gemma-2's name of the norm before the
         // feed-forward.
@@ -383,6 +384,13 @@ const MIXTRAL_NAMES: [(&str, &str); 2] = [
 const ARCEE_MLP: [(&str, &str); 2] = [
     (".mlp.up_proj.", ".mlp.fc1."),
     (".mlp.down_proj.", ".mlp.fc2."),
+];
+
+/// Phi's names of the output projection and the final norm, and ours (its feed-forward's
+/// `fc1`, `fc2` are ours).
+const PHI_NAMES: [(&str, &str); 2] = [
+    (".self_attn.dense.", ".self_attn.o_proj."),
+    ("model.final_layernorm.", "model.norm."),
 ];
 
 /// StarCoder2's names of an ungated feed-forward's projections, and ours.

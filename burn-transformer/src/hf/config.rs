@@ -215,6 +215,12 @@ struct ModelKeys {
     attention_out_bias: Option<bool>,
     /// ERNIE-4.5's switch of every projection's bias.
     use_bias: Option<bool>,
+    /// StableLM's switch of the q/k/v biases.
+    use_qkv_bias: Option<bool>,
+    /// Phi's and StableLM's LayerNorm of the queries and keys (not supported).
+    qk_layernorm: Option<bool>,
+    /// StableLM's parallel attention and feed-forward.
+    use_parallel_residual: Option<bool>,
     mlp_bias: Option<bool>,
     #[serde(default, deserialize_with = "deserialize_activation")]
     hidden_act: Option<Activation>,
@@ -308,6 +314,14 @@ impl ModelKeys {
                     "is {limit}: clamping the queries, keys and values is not supported; \
                      only checkpoints with `clip_qkv: null` load"
                 ),
+            ));
+        }
+        if self.qk_layernorm == Some(true) && matches!(family, ModelType::Phi | ModelType::StableLm)
+        {
+            return Err(KeyError::new(
+                "qk_layernorm",
+                "is true: a LayerNorm of the queries and keys (with a shift) is not \
+                 supported; only checkpoints with `qk_layernorm: false` load",
             ));
         }
         if self.use_bidirectional_attention == Some(true) {
@@ -417,6 +431,26 @@ impl ModelKeys {
                 self.attention_bias.unwrap_or(false),
                 self.attention_out_bias.unwrap_or(false),
             ),
+            // Phi's four projections always have biases; StableLM's q, k and v with
+            // `use_qkv_bias`, its output projection never.
+            ModelType::Phi => {
+                unread.fixed(
+                    "attention_bias",
+                    self.attention_bias,
+                    true,
+                    "biases on all four projections",
+                );
+                (true, true)
+            }
+            ModelType::StableLm => {
+                unread.fixed(
+                    "attention_bias",
+                    self.attention_bias,
+                    false,
+                    "`use_qkv_bias` on q, k and v only",
+                );
+                (self.use_qkv_bias.unwrap_or(false), false)
+            }
             _ if family.is_ernie() || family == ModelType::Starcoder2 => {
                 let bias = self.use_bias.unwrap_or(false);
                 (bias, bias)
@@ -454,6 +488,7 @@ impl ModelKeys {
             _ if family.is_ernie() || family == ModelType::Starcoder2 => {
                 self.use_bias.unwrap_or(false)
             }
+            ModelType::Phi => unread.fixed("mlp_bias", self.mlp_bias, true, "feed-forward biases"),
             _ => unread.fixed("mlp_bias", self.mlp_bias, false, "no feed-forward biases"),
         };
         // Gemma-2 and Gemma-3 name the activation `hidden_activation`, every other
@@ -515,9 +550,16 @@ impl ModelKeys {
         .with_head_dim(Some(head_dim))
         .with_norm_eps(self.norm_eps(family))
         .with_layer_norm(
-            family.is_cohere() || matches!(family, ModelType::Starcoder2 | ModelType::Jais2),
+            family.is_cohere()
+                || matches!(
+                    family,
+                    ModelType::Starcoder2 | ModelType::Jais2 | ModelType::Phi | ModelType::StableLm
+                ),
         )
-        .with_layer_norm_bias(matches!(family, ModelType::Starcoder2 | ModelType::Jais2))
+        .with_layer_norm_bias(matches!(
+            family,
+            ModelType::Starcoder2 | ModelType::Jais2 | ModelType::Phi | ModelType::StableLm
+        ))
         .with_logit_scale(match family {
             _ if family.is_cohere() => Some(self.logit_scale.unwrap_or(1.0)),
             _ if family.is_granite() => self.logits_scaling.map(f64::recip),
@@ -529,14 +571,17 @@ impl ModelKeys {
         .with_activation(activation)
         .with_gated_mlp(!matches!(
             family,
-            ModelType::Arcee | ModelType::Starcoder2 | ModelType::Jais2
+            ModelType::Arcee | ModelType::Starcoder2 | ModelType::Jais2 | ModelType::Phi
         ))
         .with_sliding_window(sliding_window)
         .with_sliding_layers(sliding_layers)
         .with_tie_word_embeddings(self.tie_word_embeddings.unwrap_or(gemma))
         // ERNIE-4.5-MoE's `use_bias` reaches the output head too (the dense model's
-        // head has none).
-        .with_lm_head_bias(family == ModelType::Ernie45Moe && self.use_bias.unwrap_or(false))
+        // head has none); Phi's head always has a bias.
+        .with_lm_head_bias(
+            family == ModelType::Phi
+                || (family == ModelType::Ernie45Moe && self.use_bias.unwrap_or(false)),
+        )
         .with_sliding_rope(sliding_rope)
         .with_nope_layers(self.nope_layers(family, n_layers)?)
         .with_norm_unit_offset(gemma)
@@ -578,7 +623,8 @@ impl ModelKeys {
             ModelType::Olmo2 | ModelType::Olmo3 | ModelType::Exaone4 | ModelType::FlexOlmo => {
                 BlockKind::OutputNorm
             }
-            ModelType::Cohere | ModelType::Cohere2 => BlockKind::Parallel,
+            ModelType::Cohere | ModelType::Cohere2 | ModelType::Phi => BlockKind::Parallel,
+            ModelType::StableLm if self.use_parallel_residual == Some(true) => BlockKind::Parallel,
             ModelType::Gemma2 | ModelType::Gemma3Text | ModelType::Glm4 => BlockKind::Sandwich,
             _ => BlockKind::PreNorm,
         })
@@ -694,11 +740,16 @@ impl ModelKeys {
             .map(Some)
     }
 
-    /// The norms' epsilon: Cohere's and Jais-2's `layer_norm_eps`, StarCoder2's
-    /// `norm_epsilon`, every other family's `rms_norm_eps`.
+    /// The norms' epsilon: Cohere's, Jais-2's, Phi's and StableLM's `layer_norm_eps`,
+    /// StarCoder2's `norm_epsilon`, every other family's `rms_norm_eps`.
     fn norm_eps(&self, family: ModelType) -> f64 {
         match family {
-            _ if family.is_cohere() || family == ModelType::Jais2 => {
+            _ if family.is_cohere()
+                || matches!(
+                    family,
+                    ModelType::Jais2 | ModelType::Phi | ModelType::StableLm
+                ) =>
+            {
                 self.layer_norm_eps.unwrap_or(1e-5)
             }
             ModelType::Starcoder2 => self.norm_epsilon.unwrap_or(1e-5),
@@ -711,8 +762,8 @@ impl ModelKeys {
     /// Qwen3 and SmolLM3 only with `use_sliding_window`, on the layers `layer_types` (or
     /// `max_window_layers`) names; dots.llm1 on those layers whenever a window is set;
     /// Qwen3-MoE with `use_sliding_window` on every layer; other families on the layers
-    /// `layer_types` names, or every layer; LLaMA, GLM, Jais-2, Youtu, FlexOlmo,
-    /// Solar-Open, Granite, Arcee, Helium, Hunyuan, Gemma, GLM-4, GLM-4.5, GLM-4.7-Flash,
+    /// `layer_types` names, or every layer; LLaMA, Phi, StableLM, GLM, Jais-2, Youtu,
+    /// FlexOlmo, Solar-Open, Granite, Arcee, Helium, Hunyuan, Gemma, GLM-4, GLM-4.5, GLM-4.7-Flash,
     /// OLMoE, MiniMax-M2, Seed-OSS, ERNIE-4.5(-MoE) and Cohere never.
     fn sliding_window(
         &self,
@@ -734,6 +785,8 @@ impl ModelKeys {
                 None
             }
             ModelType::Llama
+            | ModelType::Phi
+            | ModelType::StableLm
             | ModelType::Glm
             | ModelType::Jais2
             | ModelType::Youtu

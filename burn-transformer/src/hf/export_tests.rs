@@ -45,7 +45,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 53] = [
+const FAMILIES: [&str; 55] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -85,6 +85,8 @@ const FAMILIES: [&str; 53] = [
     "dots1",
     "ernie4_5_moe",
     "cwm",
+    "phi",
+    "stablelm",
     "glm",
     "jais2",
     "vaultgemma",

@@ -25,6 +25,8 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "starcoder2",
     "hunyuan_v1_dense",
     "cwm",
+    "phi",
+    "stablelm",
     "glm",
     "jais2",
     "youtu",
@@ -133,6 +135,14 @@ pub(crate) enum ModelType {
     /// CWM (Code World Model): LLaMA with a window on the layers `layer_types` names
     /// (by default all but every fourth, from the first), LLaMA-3 RoPE by default.
     Cwm,
+    /// Phi (Phi-1, Phi-1.5, Phi-2): attention and an ungated GELU feed-forward in
+    /// parallel after one LayerNorm, biases everywhere (the output head's too), the
+    /// rotary embedding over part of each head.
+    Phi,
+    /// StableLM (StableLM-2, StableLM-3B-4E1T): LLaMA with LayerNorms, the rotary
+    /// embedding over a quarter of each head, optional q/k/v biases and parallel
+    /// blocks.
+    StableLm,
     /// GLM (GLM-4-9B's first transformers port): LLaMA's pre-norm blocks with GLM-4's
     /// q/k/v biases, fused gate/up projection and interleaved rotary over half of each
     /// head.
@@ -215,7 +225,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 47] = [
+    const ALL: [Self; 49] = [
         Self::Llama,
         Self::Mistral,
         Self::Ministral,
@@ -238,6 +248,8 @@ impl ModelType {
         Self::Starcoder2,
         Self::HunyuanV1Dense,
         Self::Cwm,
+        Self::Phi,
+        Self::StableLm,
         Self::Glm,
         Self::Jais2,
         Self::Youtu,
@@ -290,6 +302,8 @@ impl ModelType {
             Self::Starcoder2 => "starcoder2",
             Self::HunyuanV1Dense => "hunyuan_v1_dense",
             Self::Cwm => "cwm",
+            Self::Phi => "phi",
+            Self::StableLm => "stablelm",
             Self::Glm => "glm",
             Self::Jais2 => "jais2",
             Self::Youtu => "youtu",

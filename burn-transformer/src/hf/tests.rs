@@ -484,6 +484,31 @@ fn cwm_with_windows_on_three_layers_of_four_and_llama3_rope_matches_transformers
 }
 
 #[test]
+fn phi_with_parallel_blocks_partial_rope_and_a_biased_head_matches_transformers() {
+    matches_transformers("phi");
+}
+
+#[test]
+fn stablelm_with_layer_norms_qkv_biases_and_quarter_rope_matches_transformers() {
+    matches_transformers("stablelm");
+}
+
+/// Phi's and StableLM's LayerNorm of the queries and keys is refused by name.
+#[test]
+fn phi_and_stablelm_refuse_a_layer_norm_of_queries_and_keys() {
+    for name in ["phi", "stablelm"] {
+        let text = std::fs::read_to_string(model_dir(name).join(CONFIG_FILE)).unwrap();
+        let mut config: serde_json::Value = serde_json::from_str(&text).unwrap();
+        config["qk_layernorm"] = serde_json::Value::Bool(true);
+        let error = HfConfig::from_value(&config, "config.json").unwrap_err();
+        assert!(
+            matches!(&error, HfError::Field { field, .. } if field == "qk_layernorm"),
+            "{name}: {error}"
+        );
+    }
+}
+
+#[test]
 fn glm_with_qkv_biases_fused_gate_up_and_interleaved_half_rope_matches_transformers() {
     matches_transformers("glm");
 }
@@ -557,7 +582,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 35] = [
+    let cases: [(&str, Edit, &[&str]); 37] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -844,6 +869,30 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
                 config.insert("n_group".into(), json!(2));
             },
             &["norm_topk_prob", "n_group"],
+        ),
+        // Phi's files as transformers 4 wrote them: no rotary object (half-rotated heads
+        // by its class's default), GELU-tanh by default; its projections always have
+        // biases.
+        (
+            "phi",
+            |config| {
+                for key in ["rope_parameters", "hidden_act"] {
+                    config.remove(key);
+                }
+                config.insert("attention_bias".into(), json!(false));
+                config.insert("mlp_bias".into(), json!(false));
+            },
+            &["attention_bias", "mlp_bias"],
+        ),
+        // StableLM's files as transformers 4 wrote them: no rotary object (a quarter of
+        // each head rotated by its class's default); its output projection has no bias.
+        (
+            "stablelm",
+            |config| {
+                config.remove("rope_parameters");
+                config.insert("attention_bias".into(), json!(true));
+            },
+            &["attention_bias"],
         ),
         // CWM's default layer kinds (every fourth full, from the first); its attention
         // has no biases.
@@ -1313,6 +1362,10 @@ fn gradient_norms(
                 (".mlp.fc2.", ".mlp.down_proj."),
             ],
             "vaultgemma" => &[(".post_attention_layernorm.", ".pre_feedforward_layernorm.")],
+            "phi" => &[
+                (".self_attn.o_proj.", ".self_attn.dense."),
+                ("model.norm.", "model.final_layernorm."),
+            ],
             "glm" => &[
                 (".gate_proj.", ".gate_up_proj."),
                 (".up_proj.", ".gate_up_proj."),
