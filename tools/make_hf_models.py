@@ -762,6 +762,18 @@ def stablelm():
     )
 
 
+def nemotron():
+    # LLaMA's attention with biases, LayerNorm1P (a shifted LayerNorm scaling by
+    # 1 + weight), an ungated squared-ReLU feed-forward with biases, the rotary
+    # embedding over half of each head (the class's default), GQA.
+    return transformers.NemotronConfig(
+        **{k: v for k, v in COMMON.items() if k != "rms_norm_eps"},
+        num_key_value_heads=2,
+        attention_bias=True,
+        mlp_bias=True,
+    )
+
+
 def glm():
     # GLM-4's first transformers port: LLaMA's pre-norm blocks with q/k/v biases (none
     # on o_proj), a fused gate/up projection, the rotary embedding interleaved over half
@@ -1053,6 +1065,7 @@ MODELS = {
     "cwm": (cwm, {}),
     "phi": (phi, {}),
     "stablelm": (stablelm, {}),
+    "nemotron": (nemotron, {}),
     "glm": (glm, {}),
     "jais2": (jais2, {}),
     "vaultgemma": (vaultgemma, {}),

@@ -143,6 +143,7 @@ fn matches_transformers_for_every_family_on_flex() {
         "cwm",
         "phi",
         "stablelm",
+        "nemotron",
         "glm",
         "jais2",
         "vaultgemma",

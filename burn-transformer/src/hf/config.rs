@@ -203,6 +203,8 @@ struct ModelKeys {
     layer_norm_eps: Option<f64>,
     /// StarCoder2's name of the norms' epsilon (of its LayerNorms).
     norm_epsilon: Option<f64>,
+    /// Nemotron's name of the norms' epsilon (of its LayerNorms).
+    norm_eps: Option<f64>,
     /// Cohere's factor on the output logits.
     logit_scale: Option<f64>,
     /// QK-norm: GLM-4.5's RMSNorm per head; Cohere's LayerNorm with its own weights per
@@ -479,6 +481,7 @@ impl ModelKeys {
             ModelType::Llama
             | ModelType::Cwm
             | ModelType::Jais2
+            | ModelType::Nemotron
             | ModelType::Granite
             | ModelType::Arcee
             | ModelType::Helium
@@ -553,12 +556,20 @@ impl ModelKeys {
             family.is_cohere()
                 || matches!(
                     family,
-                    ModelType::Starcoder2 | ModelType::Jais2 | ModelType::Phi | ModelType::StableLm
+                    ModelType::Starcoder2
+                        | ModelType::Jais2
+                        | ModelType::Phi
+                        | ModelType::StableLm
+                        | ModelType::Nemotron
                 ),
         )
         .with_layer_norm_bias(matches!(
             family,
-            ModelType::Starcoder2 | ModelType::Jais2 | ModelType::Phi | ModelType::StableLm
+            ModelType::Starcoder2
+                | ModelType::Jais2
+                | ModelType::Phi
+                | ModelType::StableLm
+                | ModelType::Nemotron
         ))
         .with_logit_scale(match family {
             _ if family.is_cohere() => Some(self.logit_scale.unwrap_or(1.0)),
@@ -571,7 +582,11 @@ impl ModelKeys {
         .with_activation(activation)
         .with_gated_mlp(!matches!(
             family,
-            ModelType::Arcee | ModelType::Starcoder2 | ModelType::Jais2 | ModelType::Phi
+            ModelType::Arcee
+                | ModelType::Starcoder2
+                | ModelType::Jais2
+                | ModelType::Phi
+                | ModelType::Nemotron
         ))
         .with_sliding_window(sliding_window)
         .with_sliding_layers(sliding_layers)
@@ -584,7 +599,7 @@ impl ModelKeys {
         )
         .with_sliding_rope(sliding_rope)
         .with_nope_layers(self.nope_layers(family, n_layers)?)
-        .with_norm_unit_offset(gemma)
+        .with_norm_unit_offset(gemma || family == ModelType::Nemotron)
         .with_embed_scale(match family {
             _ if gemma => Some((d_model as f64).sqrt()),
             _ if family.is_granite() => self.embedding_multiplier,
@@ -741,7 +756,8 @@ impl ModelKeys {
     }
 
     /// The norms' epsilon: Cohere's, Jais-2's, Phi's and StableLM's `layer_norm_eps`,
-    /// StarCoder2's `norm_epsilon`, every other family's `rms_norm_eps`.
+    /// StarCoder2's `norm_epsilon`, Nemotron's `norm_eps`, every other family's
+    /// `rms_norm_eps`.
     fn norm_eps(&self, family: ModelType) -> f64 {
         match family {
             _ if family.is_cohere()
@@ -753,6 +769,7 @@ impl ModelKeys {
                 self.layer_norm_eps.unwrap_or(1e-5)
             }
             ModelType::Starcoder2 => self.norm_epsilon.unwrap_or(1e-5),
+            ModelType::Nemotron => self.norm_eps.unwrap_or(1e-5),
             _ => self.rms_norm_eps.unwrap_or(1e-6),
         }
     }
@@ -762,9 +779,9 @@ impl ModelKeys {
     /// Qwen3 and SmolLM3 only with `use_sliding_window`, on the layers `layer_types` (or
     /// `max_window_layers`) names; dots.llm1 on those layers whenever a window is set;
     /// Qwen3-MoE with `use_sliding_window` on every layer; other families on the layers
-    /// `layer_types` names, or every layer; LLaMA, Phi, StableLM, GLM, Jais-2, Youtu,
-    /// FlexOlmo, Solar-Open, Granite, Arcee, Helium, Hunyuan, Gemma, GLM-4, GLM-4.5, GLM-4.7-Flash,
-    /// OLMoE, MiniMax-M2, Seed-OSS, ERNIE-4.5(-MoE) and Cohere never.
+    /// `layer_types` names, or every layer; LLaMA, Phi, StableLM, Nemotron, GLM, Jais-2,
+    /// Youtu, FlexOlmo, Solar-Open, Granite, Arcee, Helium, Hunyuan, Gemma, GLM-4, GLM-4.5,
+    /// GLM-4.7-Flash, OLMoE, MiniMax-M2, Seed-OSS, ERNIE-4.5(-MoE) and Cohere never.
     fn sliding_window(
         &self,
         family: ModelType,
@@ -787,6 +804,7 @@ impl ModelKeys {
             ModelType::Llama
             | ModelType::Phi
             | ModelType::StableLm
+            | ModelType::Nemotron
             | ModelType::Glm
             | ModelType::Jais2
             | ModelType::Youtu

@@ -201,6 +201,10 @@ fn class_defaults(family: ModelType) -> Value {
             "num_key_value_heads": 32, "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.25,
             "use_qkv_bias": false, "qk_layernorm": false, "use_parallel_residual": false
         }),
+        ModelType::Nemotron => json!({
+            "hidden_act": "relu2", "norm_eps": 1e-5, "partial_rotary_factor": 0.5,
+            "initializer_range": 0.0134, "mlp_bias": false
+        }),
         ModelType::Glm => json!({
             "num_key_value_heads": 2, "head_dim": 128, "rms_norm_eps": 1.5625e-7,
             "attention_bias": true, "partial_rotary_factor": 0.5,
@@ -406,6 +410,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Glm | ModelType::Glm4 => [151552, 4096, 13696, 40, 32, 131072],
         ModelType::Cwm => [128256, 6144, 21504, 64, 48, 131072],
         ModelType::Phi => [51200, 2048, 8192, 24, 32, 2048],
+        ModelType::Nemotron => [256000, 6144, 24576, 32, 48, 4096],
         ModelType::StableLm => [50304, 2560, 6912, 32, 32, 4096],
         ModelType::Jais2 => [150272, 3328, 26624, 32, 26, 8192],
         ModelType::Youtu => [128256, 2048, 6144, 32, 16, 131072],
@@ -463,6 +468,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Glm | ModelType::Glm4 => (None, None, Some(151329)),
         ModelType::Cwm => (Some(128000), None, None),
         ModelType::Phi => (Some(1), Some(2), None),
+        ModelType::Nemotron => (Some(2), Some(3), None),
         ModelType::StableLm => (Some(0), Some(0), None),
         ModelType::Jais2 => (Some(0), Some(150024), None),
         ModelType::Youtu => (Some(128000), Some(128001), None),

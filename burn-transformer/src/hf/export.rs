@@ -397,7 +397,9 @@ pub fn hf_config_json(config: &CausalLmConfig) -> Result<Value, HfError> {
         _ if config.moe.is_some() => refuse("a mixture of experts"),
         _ if config.mtp_depth > 0 => refuse("multi-token prediction (mtp_depth > 0)"),
         _ if config.block_kind != BlockKind::PreNorm => refuse("a block kind other than Pre-LN"),
-        _ if config.norm_unit_offset => refuse("Gemma's RMSNorm (1 + weight)"),
+        _ if config.norm_unit_offset => {
+            refuse("norms scaling by 1 + weight (Gemma's RMSNorm, Nemotron's LayerNorm1P)")
+        }
         _ if config.embed_scale.is_some() => refuse("scaled embeddings"),
         _ if config.attention_softcap.is_some() || config.final_logit_softcap.is_some() => {
             refuse("logit soft-capping")

@@ -45,7 +45,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 55] = [
+const FAMILIES: [&str; 56] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -87,6 +87,7 @@ const FAMILIES: [&str; 55] = [
     "cwm",
     "phi",
     "stablelm",
+    "nemotron",
     "glm",
     "jais2",
     "vaultgemma",

@@ -27,6 +27,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "cwm",
     "phi",
     "stablelm",
+    "nemotron",
     "glm",
     "jais2",
     "youtu",
@@ -143,6 +144,10 @@ pub(crate) enum ModelType {
     /// embedding over a quarter of each head, optional q/k/v biases and parallel
     /// blocks.
     StableLm,
+    /// Nemotron (Nemotron-3, Minitron): LLaMA's attention with `LayerNorm1P` (a shifted
+    /// LayerNorm scaling by `1 + weight`), an ungated squared-ReLU feed-forward and the
+    /// rotary embedding over half of each head.
+    Nemotron,
     /// GLM (GLM-4-9B's first transformers port): LLaMA's pre-norm blocks with GLM-4's
     /// q/k/v biases, fused gate/up projection and interleaved rotary over half of each
     /// head.
@@ -225,7 +230,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 49] = [
+    const ALL: [Self; 50] = [
         Self::Llama,
         Self::Mistral,
         Self::Ministral,
@@ -250,6 +255,7 @@ impl ModelType {
         Self::Cwm,
         Self::Phi,
         Self::StableLm,
+        Self::Nemotron,
         Self::Glm,
         Self::Jais2,
         Self::Youtu,
@@ -304,6 +310,7 @@ impl ModelType {
             Self::Cwm => "cwm",
             Self::Phi => "phi",
             Self::StableLm => "stablelm",
+            Self::Nemotron => "nemotron",
             Self::Glm => "glm",
             Self::Jais2 => "jais2",
             Self::Youtu => "youtu",

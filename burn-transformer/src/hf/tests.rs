@@ -493,6 +493,11 @@ fn stablelm_with_layer_norms_qkv_biases_and_quarter_rope_matches_transformers() 
     matches_transformers("stablelm");
 }
 
+#[test]
+fn nemotron_with_layer_norm_1p_and_an_ungated_relu2_feed_forward_matches_transformers() {
+    matches_transformers("nemotron");
+}
+
 /// Phi's and StableLM's LayerNorm of the queries and keys is refused by name.
 #[test]
 fn phi_and_stablelm_refuse_a_layer_norm_of_queries_and_keys() {
@@ -582,7 +587,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 37] = [
+    let cases: [(&str, Edit, &[&str]); 38] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -893,6 +898,19 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
                 config.insert("attention_bias".into(), json!(true));
             },
             &["attention_bias"],
+        ),
+        // Nemotron's files as transformers 4 wrote them: no rotary object (half-rotated
+        // heads by its class's default), squared ReLU by default; `rms_norm_eps` is
+        // another family's key.
+        (
+            "nemotron",
+            |config| {
+                for key in ["rope_parameters", "hidden_act"] {
+                    config.remove(key);
+                }
+                config.insert("rms_norm_eps".into(), json!(0.5));
+            },
+            &[],
         ),
         // CWM's default layer kinds (every fourth full, from the first); its attention
         // has no biases.
@@ -1357,7 +1375,7 @@ fn gradient_norms(
                 (".mlp.fc2.", ".mlp.down_proj."),
             ],
             "starcoder2" => &[(".mlp.fc1.", ".mlp.c_fc."), (".mlp.fc2.", ".mlp.c_proj.")],
-            "jais2" => &[
+            "jais2" | "nemotron" => &[
                 (".mlp.fc1.", ".mlp.up_proj."),
                 (".mlp.fc2.", ".mlp.down_proj."),
             ],

@@ -99,8 +99,8 @@ pub struct CausalLmConfig {
     /// `max_window_layers`). Default: all of them.
     #[config(default = "None")]
     pub sliding_layers: Option<Vec<bool>>,
-    /// Gemma's RMSNorm, scaling by `1 + weight`, in every norm of the model (QK-norm
-    /// sets its own). Default: false.
+    /// Every norm of the model scales by `1 + weight` (Gemma's RMSNorm; with
+    /// `layer_norm`, Nemotron's `LayerNorm1P`); QK-norm sets its own. Default: false.
     #[config(default = false)]
     pub norm_unit_offset: bool,
     /// Scale of `q·kᵀ` in every grouped-attention layer (Gemma:
@@ -306,7 +306,8 @@ impl CausalLmConfig {
             return NormConfig::Layer(
                 LayerNormConfig::new(self.d_model)
                     .with_eps(self.norm_eps)
-                    .with_bias(self.layer_norm_bias),
+                    .with_bias(self.layer_norm_bias)
+                    .with_unit_offset(self.norm_unit_offset),
             );
         }
         NormConfig::Rms(

@@ -1,7 +1,8 @@
 //! LayerNorm ([Ba et al. 2016](https://arxiv.org/abs/1607.06450)): normalize each vector
 //! to zero mean and unit variance, then scale and (optionally) shift. Equal to
 //! `torch.nn.LayerNorm` over the last axis, with its parameter names (`weight`, `bias`),
-//! so Hugging Face checkpoints load by name.
+//! so Hugging Face checkpoints load by name. With `unit_offset` the scale is
+//! `1 + weight` (Nemotron's `LayerNorm1P`).
 //!
 //! The statistics are computed in float32 for half-precision inputs, like [`RmsNorm`]'s.
 //!
@@ -28,6 +29,10 @@ pub struct LayerNormConfig {
     /// Whether to add a learned shift. Default: true.
     #[config(default = true)]
     pub bias: bool,
+    /// Scale by `1 + weight` instead of `weight` (Nemotron's `LayerNorm1P`), the weight
+    /// then starting at zeros. Default: false.
+    #[config(default = false)]
+    pub unit_offset: bool,
 }
 
 impl LayerNormConfig {
@@ -41,18 +46,25 @@ impl LayerNormConfig {
         ConfigError::check_non_negative(MODULE, "eps", self.eps)
     }
 
-    /// Validates the configuration and initializes weight (ones) and bias (zeros).
+    /// Validates the configuration and initializes weight (ones; zeros with
+    /// `unit_offset`: the identity scale either way) and bias (zeros).
     ///
     /// # Errors
     /// See [`LayerNormConfig::validate`].
     pub fn try_init(&self, device: &Device) -> Result<LayerNorm, ConfigError> {
         self.validate()?;
+        let scale = if self.unit_offset {
+            Initializer::Zeros
+        } else {
+            Initializer::Ones
+        };
         Ok(LayerNorm {
-            weight: Initializer::Ones.init([self.d_model], device),
+            weight: scale.init([self.d_model], device),
             bias: self
                 .bias
                 .then(|| Initializer::Zeros.init([self.d_model], device)),
             eps: self.eps,
+            unit_offset: self.unit_offset,
         })
     }
 }
@@ -68,11 +80,13 @@ pub struct LayerNorm {
     pub bias: Option<Param<Tensor<1>>>,
     /// Added to the variance.
     pub eps: f64,
+    /// Whether the scale is `1 + weight` (Nemotron).
+    pub unit_offset: bool,
 }
 
 impl LayerNorm {
-    /// `(x − mean) / sqrt(var + eps) · weight + bias`, with the biased variance over the
-    /// last axis. The output has the input's dtype.
+    /// `(x − mean) / sqrt(var + eps) · weight + bias` (`1 + weight` with `unit_offset`),
+    /// with the biased variance over the last axis. The output has the input's dtype.
     ///
     /// # Shapes
     /// - x: `[..., d_model]`
@@ -89,7 +103,10 @@ impl LayerNorm {
             x.dims()[D - 1]
         );
         let dtype = x.dtype();
-        let weight = self.weight.val();
+        let weight = match self.unit_offset {
+            true => self.weight.val() + 1.0,
+            false => self.weight.val(),
+        };
         let bias = self.bias.as_ref().map(|bias| bias.val());
         if matches!(dtype, DType::F16 | DType::BF16) {
             // Burn's layer_norm op takes one dtype: widen everything, narrow the result.
@@ -133,6 +150,34 @@ mod tests {
                     &format!("layer_norm {prefix}"),
                 );
             }
+        }
+    }
+
+    /// With `unit_offset` the scale is `1 + weight`: the same as a plain LayerNorm
+    /// holding `1 + weight`.
+    #[test]
+    fn unit_offset_scales_by_one_plus_the_weight() {
+        for device in test_devices() {
+            device.seed(5);
+            let x = Tensor::<3>::random([2, 3, 8], burn::tensor::Distribution::Default, &device);
+            let mut offset = LayerNormConfig::new(8).with_unit_offset(true).init(&device);
+            let mut plain = LayerNormConfig::new(8).init(&device);
+            assert_eq!(
+                offset.weight.val().into_data().try_to_vec::<f32>().unwrap(),
+                [0.0; 8]
+            );
+            let weight = Tensor::<1>::random([8], burn::tensor::Distribution::Default, &device);
+            let bias = Tensor::<1>::random([8], burn::tensor::Distribution::Default, &device);
+            offset.weight = Param::from_tensor(weight.clone());
+            offset.bias = Some(Param::from_tensor(bias.clone()));
+            plain.weight = Param::from_tensor(weight + 1.0);
+            plain.bias = Some(Param::from_tensor(bias));
+            assert_close(
+                offset.forward(x.clone()),
+                plain.forward(x),
+                1e-6,
+                "1 + weight",
+            );
         }
     }
 
