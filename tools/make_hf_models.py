@@ -185,6 +185,17 @@ def qwen3_mqa():
     )
 
 
+def olmo():
+    # The first OLMo: LLaMA with LayerNorms without parameters, q, k and v clamped to
+    # clip_qkv (small enough to bite), attention biases, GQA.
+    return transformers.OlmoConfig(
+        **{k: v for k, v in COMMON.items() if k != "rms_norm_eps"},
+        num_key_value_heads=2,
+        attention_bias=True,
+        clip_qkv=0.6,
+    )
+
+
 def olmo2():
     # Norms on the sublayers' outputs, QK-norm across heads, GQA, untied embeddings.
     return transformers.Olmo2Config(**COMMON, num_key_value_heads=2, tie_word_embeddings=False)
@@ -1028,6 +1039,7 @@ MODELS = {
     "qwen2_bf16": (qwen2_bf16, {"dtype": torch.bfloat16}),
     "qwen3": (qwen3, {}),
     "qwen3_mqa": (qwen3_mqa, {}),
+    "olmo": (olmo, {}),
     "olmo2": (olmo2, {}),
     "olmo2_mqa": (olmo2_mqa, {}),
     "olmo3": (olmo3, {}),

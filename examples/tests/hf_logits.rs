@@ -144,6 +144,7 @@ fn matches_transformers_for_every_family_on_flex() {
         "phi",
         "stablelm",
         "nemotron",
+        "olmo",
         "glm",
         "jais2",
         "vaultgemma",

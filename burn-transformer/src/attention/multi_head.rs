@@ -66,6 +66,11 @@ pub struct MultiHeadAttentionConfig {
     /// Default: none.
     #[config(default = "None")]
     pub qk_norm: Option<QkNormConfig>,
+    /// Clamps the projected queries, keys and values to `[-clip, clip]` (HF `clip_qkv`:
+    /// OLMo, OLMoE), after a QK-norm across heads and before one per head or RoPE.
+    /// Default: none.
+    #[config(default = "None")]
+    pub qkv_clip: Option<f64>,
     /// Queries scaled by position after RoPE (Ministral-3). Default: none.
     #[config(default = "None")]
     pub query_temperature: Option<QueryTemperatureConfig>,
@@ -124,6 +129,8 @@ pub struct MultiHeadAttention {
     qk_norm: Option<QkNormPlacement>,
     #[module(skip)]
     query_temperature: Option<QueryTemperatureConfig>,
+    #[module(skip)]
+    qkv_clip: Option<f64>,
 }
 
 impl MultiHeadAttentionConfig {
@@ -161,6 +168,9 @@ impl MultiHeadAttentionConfig {
             ConfigError::check_positive(MODULE, "window", window)?;
         }
         ConfigError::check_probability(MODULE, "dropout", self.dropout)?;
+        if let Some(clip) = self.qkv_clip {
+            ConfigError::check_positive_real(MODULE, "qkv_clip", clip)?;
+        }
         if let Some(cap) = self.softcap {
             ConfigError::check_positive_real(MODULE, "softcap", cap)?;
         }
@@ -235,6 +245,7 @@ impl MultiHeadAttentionConfig {
             implementation: self.implementation,
             qk_norm: self.qk_norm.as_ref().map(|qk_norm| qk_norm.placement),
             query_temperature: self.query_temperature.clone(),
+            qkv_clip: self.qkv_clip,
         })
     }
 }
@@ -466,12 +477,23 @@ impl MultiHeadAttention {
     fn split_normed(&self, x: Tensor<3>, heads: usize, norm: Option<&RmsNorm>) -> Tensor<4> {
         match (norm, self.qk_norm) {
             (Some(norm), Some(QkNormPlacement::AcrossHeads)) => {
-                split_heads(norm.forward(x), heads, self.head_dim)
+                split_heads(self.clipped(norm.forward(x)), heads, self.head_dim)
             }
             (Some(norm), Some(QkNormPlacement::PerHead)) => {
-                norm.forward(split_heads(x, heads, self.head_dim))
+                norm.forward(split_heads(self.clipped(x), heads, self.head_dim))
             }
-            _ => split_heads(x, heads, self.head_dim),
+            _ => split_heads(self.clipped(x), heads, self.head_dim),
+        }
+    }
+
+    /// `x` clamped to `[-qkv_clip, qkv_clip]`, if the module clips.
+    ///
+    /// # Shapes
+    /// - x: `[batch, seq, heads * head_dim]`
+    fn clipped(&self, x: Tensor<3>) -> Tensor<3> {
+        match self.qkv_clip {
+            Some(clip) => x.clamp(-clip, clip),
+            None => x,
         }
     }
 
@@ -487,7 +509,11 @@ impl MultiHeadAttention {
             self.n_kv_heads,
             self.k_norm.as_ref(),
         );
-        let v = split_heads(linear_rows(&self.v_proj, x), self.n_kv_heads, self.head_dim);
+        let v = split_heads(
+            self.clipped(linear_rows(&self.v_proj, x)),
+            self.n_kv_heads,
+            self.head_dim,
+        );
         let k = match (&self.rope, rope_offset) {
             (Some(rope), Some(offset)) => rope.forward(k, offset),
             _ => k,
@@ -815,6 +841,8 @@ mod tests {
         );
         let error = config().with_dropout(-0.1).validate().unwrap_err();
         assert!(matches!(error, ConfigError::Probability { .. }), "{error}");
+        let error = config().with_qkv_clip(Some(0.0)).validate().unwrap_err();
+        assert!(error.to_string().contains("qkv_clip"), "{error}");
     }
 
     #[test]

@@ -267,8 +267,8 @@ struct ModelKeys {
     no_rope_layers: Option<Vec<u8>>,
     /// Gemma's encoder variant (EmbeddingGemma), which this loader does not build.
     use_bidirectional_attention: Option<bool>,
-    /// OLMoE's clamp of q, k and v, which this loader does not build (other families'
-    /// code does not read it).
+    /// OLMo's clamp of q, k and v; OLMoE's, which this loader does not build (other
+    /// families' code does not read it).
     clip_qkv: Option<f64>,
     /// Set in checkpoints whose weights are stored quantized (gpt-oss's MXFP4,
     /// DeepSeek-V3's FP8 blocks, bitsandbytes, GPTQ, AWQ, …), which this loader does
@@ -313,8 +313,8 @@ impl ModelKeys {
             return Err(KeyError::new(
                 "clip_qkv",
                 format!(
-                    "is {limit}: clamping the queries, keys and values is not supported; \
-                     only checkpoints with `clip_qkv: null` load"
+                    "is {limit}: OLMoE's clamp of the queries, keys and values is not \
+                     supported; only OLMoE checkpoints with `clip_qkv: null` load"
                 ),
             ));
         }
@@ -339,7 +339,7 @@ impl ModelKeys {
         unread.fixed(
             "clip_qkv",
             self.clip_qkv
-                .filter(|_| family != ModelType::Olmoe)
+                .filter(|_| !matches!(family, ModelType::Olmoe | ModelType::Olmo))
                 .map(Some),
             None,
             "no clamp of q, k and v",
@@ -419,16 +419,6 @@ impl ModelKeys {
             | ModelType::Glm4Moe
             | ModelType::Helium
             | ModelType::SolarOpen => (self.attention_bias.unwrap_or(false), false),
-            // CWM's attention has no biases.
-            ModelType::Cwm => {
-                let bias = unread.fixed(
-                    "attention_bias",
-                    self.attention_bias,
-                    false,
-                    "no attention biases",
-                );
-                (bias, bias)
-            }
             ModelType::SeedOss => (
                 self.attention_bias.unwrap_or(false),
                 self.attention_out_bias.unwrap_or(false),
@@ -457,9 +447,11 @@ impl ModelKeys {
                 let bias = self.use_bias.unwrap_or(false);
                 (bias, bias)
             }
+            // These families' attention has no biases.
             ModelType::Mistral
             | ModelType::Ministral
             | ModelType::Ministral3
+            | ModelType::Cwm
             | ModelType::Mixtral
             | ModelType::Phi3
             | ModelType::Exaone4
@@ -556,13 +548,20 @@ impl ModelKeys {
             family.is_cohere()
                 || matches!(
                     family,
-                    ModelType::Starcoder2
+                    ModelType::Olmo
+                        | ModelType::Starcoder2
                         | ModelType::Jais2
                         | ModelType::Phi
                         | ModelType::StableLm
                         | ModelType::Nemotron
                 ),
         )
+        // OLMo's LayerNorm has no parameters.
+        .with_layer_norm_scale(family != ModelType::Olmo)
+        .with_qkv_clip(match family {
+            ModelType::Olmo => self.clip_qkv,
+            _ => None,
+        })
         .with_layer_norm_bias(matches!(
             family,
             ModelType::Starcoder2
@@ -756,8 +755,8 @@ impl ModelKeys {
     }
 
     /// The norms' epsilon: Cohere's, Jais-2's, Phi's and StableLM's `layer_norm_eps`,
-    /// StarCoder2's `norm_epsilon`, Nemotron's `norm_eps`, every other family's
-    /// `rms_norm_eps`.
+    /// StarCoder2's `norm_epsilon`, Nemotron's `norm_eps`, OLMo's fixed 1e-5, every
+    /// other family's `rms_norm_eps`.
     fn norm_eps(&self, family: ModelType) -> f64 {
         match family {
             _ if family.is_cohere()
@@ -769,6 +768,8 @@ impl ModelKeys {
                 self.layer_norm_eps.unwrap_or(1e-5)
             }
             ModelType::Starcoder2 => self.norm_epsilon.unwrap_or(1e-5),
+            // OLMo's LayerNorm has no epsilon to set.
+            ModelType::Olmo => 1e-5,
             ModelType::Nemotron => self.norm_eps.unwrap_or(1e-5),
             _ => self.rms_norm_eps.unwrap_or(1e-6),
         }
@@ -779,7 +780,7 @@ impl ModelKeys {
     /// Qwen3 and SmolLM3 only with `use_sliding_window`, on the layers `layer_types` (or
     /// `max_window_layers`) names; dots.llm1 on those layers whenever a window is set;
     /// Qwen3-MoE with `use_sliding_window` on every layer; other families on the layers
-    /// `layer_types` names, or every layer; LLaMA, Phi, StableLM, Nemotron, GLM, Jais-2,
+    /// `layer_types` names, or every layer; LLaMA, OLMo, Phi, StableLM, Nemotron, GLM, Jais-2,
     /// Youtu, FlexOlmo, Solar-Open, Granite, Arcee, Helium, Hunyuan, Gemma, GLM-4, GLM-4.5,
     /// GLM-4.7-Flash, OLMoE, MiniMax-M2, Seed-OSS, ERNIE-4.5(-MoE) and Cohere never.
     fn sliding_window(
@@ -802,6 +803,7 @@ impl ModelKeys {
                 None
             }
             ModelType::Llama
+            | ModelType::Olmo
             | ModelType::Phi
             | ModelType::StableLm
             | ModelType::Nemotron

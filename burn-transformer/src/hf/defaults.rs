@@ -171,6 +171,7 @@ fn class_defaults(family: ModelType) -> Value {
             "num_key_value_heads": 32, "head_dim": 128, "use_sliding_window": false,
             "sliding_window": 4096, "max_window_layers": 28
         }),
+        ModelType::Olmo => json!({}),
         ModelType::Olmo2 => json!({"rms_norm_eps": 1e-5}),
         ModelType::Olmo3 => json!({
             "rms_norm_eps": 1e-5, "sliding_window": 4096, "rope_theta": 500_000.0
@@ -404,7 +405,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Ministral => [32000, 4096, 14336, 32, 32, 131072],
         ModelType::Ministral3 => [131072, 4096, 14336, 34, 32, 262144],
         ModelType::Qwen2 | ModelType::Qwen3 => [151936, 4096, 22016, 32, 32, 32768],
-        ModelType::Olmo2 | ModelType::Olmo3 => [50304, 4096, 11008, 32, 32, 2048],
+        ModelType::Olmo | ModelType::Olmo2 | ModelType::Olmo3 => [50304, 4096, 11008, 32, 32, 2048],
         ModelType::Smollm3 => [128256, 2048, 11008, 36, 16, 32768],
         ModelType::Phi3 => [32064, 3072, 8192, 32, 32, 4096],
         ModelType::Glm | ModelType::Glm4 => [151552, 4096, 13696, 40, 32, 131072],
@@ -456,7 +457,9 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         | ModelType::Ministral
         | ModelType::Mixtral
         | ModelType::DeepseekV2 => (Some(1), Some(2), None),
-        ModelType::Olmo2 | ModelType::Olmo3 | ModelType::Olmoe => (None, Some(50279), Some(1)),
+        ModelType::Olmo | ModelType::Olmo2 | ModelType::Olmo3 | ModelType::Olmoe => {
+            (None, Some(50279), Some(1))
+        }
         ModelType::Smollm3 => (Some(128000), Some(128001), Some(128004)),
         ModelType::Arcee => (Some(128000), Some(128001), None),
         ModelType::Helium => (Some(1), Some(2), Some(3)),

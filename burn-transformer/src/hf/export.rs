@@ -407,6 +407,7 @@ pub fn hf_config_json(config: &CausalLmConfig) -> Result<Value, HfError> {
         _ if config.sliding_window.is_some() => refuse("a sliding window"),
         _ if config.nope_layers.is_some() => refuse("layers without RoPE (nope_layers)"),
         _ if config.layer_norm => refuse("LayerNorm instead of RMSNorm"),
+        _ if config.qkv_clip.is_some() => refuse("a clamp of q, k and v (qkv_clip)"),
         _ if config.logit_scale.is_some() => refuse("a logit scale"),
         _ if config.lm_head_bias => refuse("a bias on the logits"),
         _ if config.residual_scale.is_some() => refuse("a residual scale"),

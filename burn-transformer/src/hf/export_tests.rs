@@ -45,7 +45,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 56] = [
+const FAMILIES: [&str; 57] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -88,6 +88,7 @@ const FAMILIES: [&str; 56] = [
     "phi",
     "stablelm",
     "nemotron",
+    "olmo",
     "glm",
     "jais2",
     "vaultgemma",

@@ -9,6 +9,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "ministral3",
     "qwen2",
     "qwen3",
+    "olmo",
     "olmo2",
     "olmo3",
     "smollm3",
@@ -87,6 +88,9 @@ pub(crate) enum ModelType {
     Qwen2,
     /// Qwen3: Qwen2's windows, no biases by default, and QK-norm per head.
     Qwen3,
+    /// OLMo (the first generation): LLaMA with LayerNorms without parameters, and q, k
+    /// and v clamped to `clip_qkv`.
+    Olmo,
     /// OLMo-2: norms on the sublayers' outputs (no input norms) and QK-norm across
     /// heads.
     Olmo2,
@@ -230,13 +234,14 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 50] = [
+    const ALL: [Self; 51] = [
         Self::Llama,
         Self::Mistral,
         Self::Ministral,
         Self::Ministral3,
         Self::Qwen2,
         Self::Qwen3,
+        Self::Olmo,
         Self::Olmo2,
         Self::Olmo3,
         Self::Smollm3,
@@ -292,6 +297,7 @@ impl ModelType {
             Self::Ministral3 => "ministral3",
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
+            Self::Olmo => "olmo",
             Self::Olmo2 => "olmo2",
             Self::Olmo3 => "olmo3",
             Self::Smollm3 => "smollm3",

@@ -494,6 +494,11 @@ fn stablelm_with_layer_norms_qkv_biases_and_quarter_rope_matches_transformers() 
 }
 
 #[test]
+fn olmo_with_parameter_free_layer_norms_and_clamped_qkv_matches_transformers() {
+    matches_transformers("olmo");
+}
+
+#[test]
 fn nemotron_with_layer_norm_1p_and_an_ungated_relu2_feed_forward_matches_transformers() {
     matches_transformers("nemotron");
 }
@@ -587,7 +592,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 38] = [
+    let cases: [(&str, Edit, &[&str]); 39] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -898,6 +903,16 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
                 config.insert("attention_bias".into(), json!(true));
             },
             &["attention_bias"],
+        ),
+        // OLMo's LayerNorm has no epsilon to set (`rms_norm_eps` is another family's
+        // key); its code has no feed-forward biases.
+        (
+            "olmo",
+            |config| {
+                config.insert("rms_norm_eps".into(), json!(0.5));
+                config.insert("mlp_bias".into(), json!(true));
+            },
+            &["mlp_bias"],
         ),
         // Nemotron's files as transformers 4 wrote them: no rotary object (half-rotated
         // heads by its class's default), squared ReLU by default; `rms_norm_eps` is

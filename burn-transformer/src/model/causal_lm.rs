@@ -149,6 +149,14 @@ pub struct CausalLmConfig {
     /// (PyTorch's `nn.LayerNorm`, StarCoder2's). Default: false.
     #[config(default = false)]
     pub layer_norm_bias: bool,
+    /// With `layer_norm`, a learned scale `w` (false: OLMo's LayerNorm, which has no
+    /// parameters). Default: true.
+    #[config(default = true)]
+    pub layer_norm_scale: bool,
+    /// Clamps every layer's projected queries, keys and values to `[-clip, clip]` (HF
+    /// `clip_qkv`, OLMo). Not available with `latent`. Default: none.
+    #[config(default = "None")]
+    pub qkv_clip: Option<f64>,
     /// A learned attention sink per head in every grouped-attention layer (gpt-oss).
     /// Default: false.
     #[config(default = false)]
@@ -260,6 +268,7 @@ impl CausalLmConfig {
             .with_query_temperature(self.query_temperature.clone())
             .with_sinks(self.attention_sinks)
             .with_qk_norm(self.qk_norm.clone())
+            .with_qkv_clip(self.qkv_clip)
             .with_implementation(self.implementation)
             .with_initializer(self.initializer.clone())
     }
@@ -306,6 +315,7 @@ impl CausalLmConfig {
             return NormConfig::Layer(
                 LayerNormConfig::new(self.d_model)
                     .with_eps(self.norm_eps)
+                    .with_scale(self.layer_norm_scale)
                     .with_bias(self.layer_norm_bias)
                     .with_unit_offset(self.norm_unit_offset),
             );
@@ -384,6 +394,15 @@ impl CausalLmConfig {
                     field: "qk_norm",
                     reason: "applies to grouped attention; latent attention normalizes its \
                              own low-rank projections"
+                        .into(),
+                });
+            }
+            if self.qkv_clip.is_some() {
+                return Err(ConfigError::Invalid {
+                    module: MODULE,
+                    field: "qkv_clip",
+                    reason: "applies to grouped attention; latent attention has no q/k/v \
+                             projections to clamp: leave it unset"
                         .into(),
                 });
             }

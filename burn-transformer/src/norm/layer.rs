@@ -2,7 +2,8 @@
 //! to zero mean and unit variance, then scale and (optionally) shift. Equal to
 //! `torch.nn.LayerNorm` over the last axis, with its parameter names (`weight`, `bias`),
 //! so Hugging Face checkpoints load by name. With `unit_offset` the scale is
-//! `1 + weight` (Nemotron's `LayerNorm1P`).
+//! `1 + weight` (Nemotron's `LayerNorm1P`); without `scale` and `bias` it has no
+//! parameters (OLMo's).
 //!
 //! The statistics are computed in float32 for half-precision inputs, like [`RmsNorm`]'s.
 //!
@@ -26,6 +27,10 @@ pub struct LayerNormConfig {
     /// Added to the variance before the square root. Default: 1e-5 (PyTorch).
     #[config(default = 1e-5)]
     pub eps: f64,
+    /// Whether to multiply by a learned scale (false: OLMo's LayerNorm, which has
+    /// none). Default: true.
+    #[config(default = true)]
+    pub scale: bool,
     /// Whether to add a learned shift. Default: true.
     #[config(default = true)]
     pub bias: bool,
@@ -47,7 +52,7 @@ impl LayerNormConfig {
     }
 
     /// Validates the configuration and initializes weight (ones; zeros with
-    /// `unit_offset`: the identity scale either way) and bias (zeros).
+    /// `unit_offset`: the identity scale either way) and bias (zeros), each if any.
     ///
     /// # Errors
     /// See [`LayerNormConfig::validate`].
@@ -59,7 +64,8 @@ impl LayerNormConfig {
             Initializer::Ones
         };
         Ok(LayerNorm {
-            weight: scale.init([self.d_model], device),
+            weight: self.scale.then(|| scale.init([self.d_model], device)),
+            d_model: self.d_model,
             bias: self
                 .bias
                 .then(|| Initializer::Zeros.init([self.d_model], device)),
@@ -74,8 +80,10 @@ crate::builders::init_or_panic!(LayerNormConfig => LayerNorm);
 /// Layer normalization over the last axis.
 #[derive(Module, Debug)]
 pub struct LayerNorm {
-    /// The learned scale, `[d_model]` (HF `weight`).
-    pub weight: Param<Tensor<1>>,
+    /// The learned scale, `[d_model]` (HF `weight`), if any.
+    pub weight: Option<Param<Tensor<1>>>,
+    /// Size of the normalized axis.
+    pub d_model: usize,
     /// The learned shift, `[d_model]` (HF `bias`), if any.
     pub bias: Option<Param<Tensor<1>>>,
     /// Added to the variance.
@@ -85,8 +93,9 @@ pub struct LayerNorm {
 }
 
 impl LayerNorm {
-    /// `(x − mean) / sqrt(var + eps) · weight + bias` (`1 + weight` with `unit_offset`),
-    /// with the biased variance over the last axis. The output has the input's dtype.
+    /// `(x − mean) / sqrt(var + eps) · weight + bias` (`1 + weight` with `unit_offset`;
+    /// a missing weight or bias is 1 or 0), with the biased variance over the last
+    /// axis. The output has the input's dtype.
     ///
     /// # Shapes
     /// - x: `[..., d_model]`
@@ -95,7 +104,7 @@ impl LayerNorm {
     /// # Panics
     /// If the last axis of `x` is not `d_model`.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        let [d_model] = self.weight.dims();
+        let d_model = self.d_model;
         assert_eq!(
             x.dims()[D - 1],
             d_model,
@@ -103,9 +112,11 @@ impl LayerNorm {
             x.dims()[D - 1]
         );
         let dtype = x.dtype();
-        let weight = match self.unit_offset {
-            true => self.weight.val() + 1.0,
-            false => self.weight.val(),
+        let weight = match (&self.weight, self.unit_offset) {
+            (Some(weight), true) => weight.val() + 1.0,
+            (Some(weight), false) => weight.val(),
+            // Burn's op takes a scale: ones on the input's device, in its float type.
+            (None, _) => Tensor::<1>::ones([d_model], &x.device()).cast(dtype),
         };
         let bias = self.bias.as_ref().map(|bias| bias.val());
         if matches!(dtype, DType::F16 | DType::BF16) {
@@ -134,8 +145,9 @@ mod tests {
         for device in test_devices() {
             for (bias, prefix) in [(true, "bias"), (false, "no_bias")] {
                 let mut norm = LayerNormConfig::new(24).with_bias(bias).init(&device);
-                norm.weight =
-                    Param::from_tensor(fixture.tensor(&format!("{prefix}.weight"), &device));
+                norm.weight = Some(Param::from_tensor(
+                    fixture.tensor(&format!("{prefix}.weight"), &device),
+                ));
                 if bias {
                     norm.bias = Some(Param::from_tensor(
                         fixture.tensor(&format!("{prefix}.bias"), &device),
@@ -163,14 +175,21 @@ mod tests {
             let mut offset = LayerNormConfig::new(8).with_unit_offset(true).init(&device);
             let mut plain = LayerNormConfig::new(8).init(&device);
             assert_eq!(
-                offset.weight.val().into_data().try_to_vec::<f32>().unwrap(),
+                offset
+                    .weight
+                    .as_ref()
+                    .unwrap()
+                    .val()
+                    .into_data()
+                    .try_to_vec::<f32>()
+                    .unwrap(),
                 [0.0; 8]
             );
             let weight = Tensor::<1>::random([8], burn::tensor::Distribution::Default, &device);
             let bias = Tensor::<1>::random([8], burn::tensor::Distribution::Default, &device);
-            offset.weight = Param::from_tensor(weight.clone());
+            offset.weight = Some(Param::from_tensor(weight.clone()));
             offset.bias = Some(Param::from_tensor(bias.clone()));
-            plain.weight = Param::from_tensor(weight + 1.0);
+            plain.weight = Some(Param::from_tensor(weight + 1.0));
             plain.bias = Some(Param::from_tensor(bias));
             assert_close(
                 offset.forward(x.clone()),
@@ -181,12 +200,30 @@ mod tests {
         }
     }
 
+    /// Without scale and shift (OLMo's) it has no parameters and only standardizes.
+    #[test]
+    fn without_parameters_it_standardizes() {
+        for device in test_devices() {
+            device.seed(6);
+            let norm = LayerNormConfig::new(8)
+                .with_scale(false)
+                .with_bias(false)
+                .init(&device);
+            assert_eq!(norm.num_params(), 0);
+            let x = Tensor::<3>::random([2, 3, 8], burn::tensor::Distribution::Default, &device);
+            let centred = x.clone() - x.clone().mean_dim(2);
+            let variance = centred.clone().square().mean_dim(2);
+            let expected = centred / (variance + 1e-5).sqrt();
+            assert_close(norm.forward(x), expected, 1e-5, "standardized");
+        }
+    }
+
     #[test]
     fn f16_input_returns_f16() {
         let fixture = Fixture::load("layer_norm");
         for device in test_devices() {
             let mut norm = LayerNormConfig::new(24).init(&device);
-            norm.weight = Param::from_tensor(fixture.tensor("bias.weight", &device));
+            norm.weight = Some(Param::from_tensor(fixture.tensor("bias.weight", &device)));
             norm.bias = Some(Param::from_tensor(fixture.tensor("bias.bias", &device)));
             let x = fixture.tensor::<3>("x", &device);
             let y = norm.forward(x.cast(DType::F16));
