@@ -335,6 +335,20 @@ def ministral3():
     )
 
 
+def hyperclovax():
+    # Granite's four multipliers (the logits multiplied, not divided) with a norm after
+    # each sublayer's output (use_post_norm, the class's default); attention biases.
+    return transformers.HyperCLOVAXConfig(
+        **COMMON,
+        num_key_value_heads=2,
+        attention_bias=True,
+        embedding_multiplier=3.0,
+        attention_multiplier=0.2,
+        residual_multiplier=0.5,
+        logits_scaling=0.25,
+    )
+
+
 def arcee():
     # LLaMA with an ungated feed-forward of squared ReLU (up_proj, down_proj), YaRN,
     # feed-forward biases.
@@ -1053,6 +1067,7 @@ MODELS = {
     "cohere2": (cohere2, {}),
     "granite": (granite, {}),
     "ministral3": (ministral3, {}),
+    "hyperclovax": (hyperclovax, {}),
     "arcee": (arcee, {}),
     "helium": (helium, {}),
     "ministral": (ministral, {}),

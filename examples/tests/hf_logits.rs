@@ -145,6 +145,7 @@ fn matches_transformers_for_every_family_on_flex() {
         "stablelm",
         "nemotron",
         "olmo",
+        "hyperclovax",
         "glm",
         "jais2",
         "vaultgemma",

@@ -23,6 +23,7 @@ use super::config::HfConfig;
 use super::error::HfError;
 use super::keys::{KeyError, read_json, read_keys, required};
 use super::model_type::text_model_family;
+use crate::block::BlockKind;
 use crate::model::CausalLm;
 use crate::module_path::ParamPath;
 
@@ -316,6 +317,7 @@ fn family_renames(config: &HfConfig) -> &'static [(&'static str, &'static str)] 
         "starcoder2" => &STARCODER2_MLP,
         "phi" => &PHI_NAMES,
         "glm4" => &GLM4_NORMS,
+        "hyperclovax" if config.model.block_kind == BlockKind::Sandwich => &HYPERCLOVAX_NORMS,
         // VaultGemma's pre-norm blocks keep Gemma-2's name of the norm before the
         // feed-forward.
         "vaultgemma" => &[(".pre_feedforward_layernorm.", ".post_attention_layernorm.")],
@@ -353,6 +355,15 @@ const GRANITEMOE_NAMES: [(&str, &str); 5] = [
         ".mlp.experts.down_proj",
     ),
     (".block_sparse_moe.router.layer.weight", ".mlp.gate.weight"),
+];
+
+/// HyperCLOVA X's names of the norms of its blocks with `use_post_norm` (our sandwich
+/// block's): `post_norm1` after the attention, `post_attention_layernorm` before the
+/// feed-forward and `post_norm2` after it.
+const HYPERCLOVAX_NORMS: [(&str, &str); 3] = [
+    (".post_norm1.", ".post_attention_layernorm."),
+    (".post_attention_layernorm.", ".pre_feedforward_layernorm."),
+    (".post_norm2.", ".post_feedforward_layernorm."),
 ];
 
 /// Hunyuan's names of the QK-norms, the router and the shared expert, and ours.

@@ -223,6 +223,8 @@ struct ModelKeys {
     qk_layernorm: Option<bool>,
     /// StableLM's parallel attention and feed-forward.
     use_parallel_residual: Option<bool>,
+    /// HyperCLOVA X's norms after each sublayer's output.
+    use_post_norm: Option<bool>,
     mlp_bias: Option<bool>,
     #[serde(default, deserialize_with = "deserialize_activation")]
     hidden_act: Option<Activation>,
@@ -475,6 +477,7 @@ impl ModelKeys {
             | ModelType::Jais2
             | ModelType::Nemotron
             | ModelType::Granite
+            | ModelType::HyperClovaX
             | ModelType::Arcee
             | ModelType::Helium
             | ModelType::Smollm3
@@ -572,6 +575,8 @@ impl ModelKeys {
         ))
         .with_logit_scale(match family {
             _ if family.is_cohere() => Some(self.logit_scale.unwrap_or(1.0)),
+            // HyperCLOVA X multiplies by `logits_scaling`, Granite divides.
+            ModelType::HyperClovaX => self.logits_scaling,
             _ if family.is_granite() => self.logits_scaling.map(f64::recip),
             _ => None,
         })
@@ -640,6 +645,7 @@ impl ModelKeys {
             ModelType::Cohere | ModelType::Cohere2 | ModelType::Phi => BlockKind::Parallel,
             ModelType::StableLm if self.use_parallel_residual == Some(true) => BlockKind::Parallel,
             ModelType::Gemma2 | ModelType::Gemma3Text | ModelType::Glm4 => BlockKind::Sandwich,
+            ModelType::HyperClovaX if self.use_post_norm.unwrap_or(true) => BlockKind::Sandwich,
             _ => BlockKind::PreNorm,
         })
         .with_initializer(burn::module::Initializer::Normal {
@@ -780,9 +786,10 @@ impl ModelKeys {
     /// Qwen3 and SmolLM3 only with `use_sliding_window`, on the layers `layer_types` (or
     /// `max_window_layers`) names; dots.llm1 on those layers whenever a window is set;
     /// Qwen3-MoE with `use_sliding_window` on every layer; other families on the layers
-    /// `layer_types` names, or every layer; LLaMA, OLMo, Phi, StableLM, Nemotron, GLM, Jais-2,
-    /// Youtu, FlexOlmo, Solar-Open, Granite, Arcee, Helium, Hunyuan, Gemma, GLM-4, GLM-4.5,
-    /// GLM-4.7-Flash, OLMoE, MiniMax-M2, Seed-OSS, ERNIE-4.5(-MoE) and Cohere never.
+    /// `layer_types` names, or every layer; LLaMA, HyperCLOVA X, OLMo, Phi, StableLM,
+    /// Nemotron, GLM, Jais-2, Youtu, FlexOlmo, Solar-Open, Granite, Arcee, Helium, Hunyuan,
+    /// Gemma, GLM-4, GLM-4.5, GLM-4.7-Flash, OLMoE, MiniMax-M2, Seed-OSS, ERNIE-4.5(-MoE)
+    /// and Cohere never.
     fn sliding_window(
         &self,
         family: ModelType,
@@ -803,6 +810,7 @@ impl ModelKeys {
                 None
             }
             ModelType::Llama
+            | ModelType::HyperClovaX
             | ModelType::Olmo
             | ModelType::Phi
             | ModelType::StableLm

@@ -261,6 +261,11 @@ fn class_defaults(family: ModelType) -> Value {
             "mlp_bias": false, "embedding_multiplier": 1.0, "logits_scaling": 1.0,
             "residual_multiplier": 1.0, "attention_multiplier": 1.0
         }),
+        // Its attention scale is head_dim^-½ unless `attention_multiplier` is set.
+        ModelType::HyperClovaX => json!({
+            "mlp_bias": false, "embedding_multiplier": 1.0, "logits_scaling": 1.0,
+            "residual_multiplier": 1.0, "use_post_norm": true
+        }),
         ModelType::Arcee => json!({
             "hidden_act": "relu2", "rms_norm_eps": 1e-5, "mlp_bias": false
         }),
@@ -399,6 +404,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
     let sizes = match family {
         ModelType::Llama
         | ModelType::Granite
+        | ModelType::HyperClovaX
         | ModelType::GraniteMoe
         | ModelType::GraniteMoeShared => [32000, 4096, 11008, 32, 32, 2048],
         ModelType::Mistral | ModelType::Mixtral => [32000, 4096, 14336, 32, 32, 131072],
@@ -451,6 +457,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Ministral3 => (Some(1), Some(2), Some(11)),
         ModelType::Llama
         | ModelType::Granite
+        | ModelType::HyperClovaX
         | ModelType::GraniteMoe
         | ModelType::GraniteMoeShared
         | ModelType::Mistral

@@ -45,7 +45,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 57] = [
+const FAMILIES: [&str; 58] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -89,6 +89,7 @@ const FAMILIES: [&str; 57] = [
     "stablelm",
     "nemotron",
     "olmo",
+    "hyperclovax",
     "glm",
     "jais2",
     "vaultgemma",

@@ -21,6 +21,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "cohere",
     "cohere2",
     "granite",
+    "hyperclovax",
     "arcee",
     "helium",
     "starcoder2",
@@ -125,6 +126,9 @@ pub(crate) enum ModelType {
     /// Granite (3.x): LLaMA with multipliers on the embeddings, the attention scores
     /// and the sublayers' outputs, and logits divided by `logits_scaling`.
     Granite,
+    /// HyperCLOVA X (SEED): Granite's multipliers (the logits multiplied by
+    /// `logits_scaling`), with a norm after each sublayer's output (`use_post_norm`).
+    HyperClovaX,
     /// Arcee (AFM): LLaMA with an ungated feed-forward of squared ReLU,
     /// `down(relu(up(x))²)`.
     Arcee,
@@ -234,7 +238,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 51] = [
+    const ALL: [Self; 52] = [
         Self::Llama,
         Self::Mistral,
         Self::Ministral,
@@ -253,6 +257,7 @@ impl ModelType {
         Self::Cohere,
         Self::Cohere2,
         Self::Granite,
+        Self::HyperClovaX,
         Self::Arcee,
         Self::Helium,
         Self::Starcoder2,
@@ -309,6 +314,7 @@ impl ModelType {
             Self::Cohere => "cohere",
             Self::Cohere2 => "cohere2",
             Self::Granite => "granite",
+            Self::HyperClovaX => "hyperclovax",
             Self::Arcee => "arcee",
             Self::Helium => "helium",
             Self::Starcoder2 => "starcoder2",
@@ -403,11 +409,11 @@ impl ModelType {
     }
 
     /// Whether the family is Granite's (multipliers on the embeddings, the attention
-    /// scores, the sublayers' outputs, and a divisor of the logits).
+    /// scores, the sublayers' outputs, and a factor or divisor of the logits).
     pub(crate) fn is_granite(self) -> bool {
         matches!(
             self,
-            Self::Granite | Self::GraniteMoe | Self::GraniteMoeShared
+            Self::Granite | Self::GraniteMoe | Self::GraniteMoeShared | Self::HyperClovaX
         )
     }
 

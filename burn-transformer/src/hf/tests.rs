@@ -494,6 +494,11 @@ fn stablelm_with_layer_norms_qkv_biases_and_quarter_rope_matches_transformers() 
 }
 
 #[test]
+fn hyperclovax_with_granite_multipliers_and_post_norms_matches_transformers() {
+    matches_transformers("hyperclovax");
+}
+
+#[test]
 fn olmo_with_parameter_free_layer_norms_and_clamped_qkv_matches_transformers() {
     matches_transformers("olmo");
 }
@@ -592,7 +597,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 39] = [
+    let cases: [(&str, Edit, &[&str]); 40] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -903,6 +908,14 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
                 config.insert("attention_bias".into(), json!(true));
             },
             &["attention_bias"],
+        ),
+        // HyperCLOVA X's default: norms after the sublayers.
+        (
+            "hyperclovax",
+            |config| {
+                config.remove("use_post_norm");
+            },
+            &[],
         ),
         // OLMo's LayerNorm has no epsilon to set (`rms_norm_eps` is another family's
         // key); its code has no feed-forward biases.
@@ -1395,6 +1408,11 @@ fn gradient_norms(
                 (".mlp.fc2.", ".mlp.down_proj."),
             ],
             "vaultgemma" => &[(".post_attention_layernorm.", ".pre_feedforward_layernorm.")],
+            "hyperclovax" => &[
+                (".post_attention_layernorm.", ".post_norm1."),
+                (".pre_feedforward_layernorm.", ".post_attention_layernorm."),
+                (".post_feedforward_layernorm.", ".post_norm2."),
+            ],
             "phi" => &[
                 (".self_attn.o_proj.", ".self_attn.dense."),
                 ("model.norm.", "model.final_layernorm."),
