@@ -566,8 +566,9 @@ def mixtral():
 
 
 def olmoe():
-    # OLMo-2's QK-norm across heads in pre-norm blocks, attention biases; 4 experts of
-    # width intermediate_size, top-2, softmax weights not renormalized.
+    # OLMo-2's QK-norm across heads in pre-norm blocks, then q, k and v clamped to
+    # clip_qkv (small enough to bite), attention biases; 4 experts of width
+    # intermediate_size, top-2, softmax weights not renormalized.
     common = {k: v for k, v in COMMON.items() if k != "intermediate_size"}
     return transformers.OlmoeConfig(
         **common,
@@ -579,6 +580,7 @@ def olmoe():
         norm_topk_prob=False,
         router_aux_loss_coef=0.02,
         tie_word_embeddings=False,
+        clip_qkv=0.6,
     )
 
 

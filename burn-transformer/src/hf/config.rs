@@ -269,8 +269,7 @@ struct ModelKeys {
     no_rope_layers: Option<Vec<u8>>,
     /// Gemma's encoder variant (EmbeddingGemma), which this loader does not build.
     use_bidirectional_attention: Option<bool>,
-    /// OLMo's clamp of q, k and v; OLMoE's, which this loader does not build (other
-    /// families' code does not read it).
+    /// OLMo's and OLMoE's clamp of q, k and v (other families' code does not read it).
     clip_qkv: Option<f64>,
     /// Set in checkpoints whose weights are stored quantized (gpt-oss's MXFP4,
     /// DeepSeek-V3's FP8 blocks, bitsandbytes, GPTQ, AWQ, …), which this loader does
@@ -309,15 +308,6 @@ impl ModelKeys {
                 "use_qk_norm",
                 "is true: Cohere's QK-norm (a LayerNorm with its own weights per head) is \
                  not supported",
-            ));
-        }
-        if let Some(limit) = self.clip_qkv.filter(|_| family == ModelType::Olmoe) {
-            return Err(KeyError::new(
-                "clip_qkv",
-                format!(
-                    "is {limit}: OLMoE's clamp of the queries, keys and values is not \
-                     supported; only OLMoE checkpoints with `clip_qkv: null` load"
-                ),
             ));
         }
         if self.qk_layernorm == Some(true) && matches!(family, ModelType::Phi | ModelType::StableLm)
@@ -562,7 +552,7 @@ impl ModelKeys {
         // OLMo's LayerNorm has no parameters.
         .with_layer_norm_scale(family != ModelType::Olmo)
         .with_qkv_clip(match family {
-            ModelType::Olmo => self.clip_qkv,
+            ModelType::Olmo | ModelType::Olmoe => self.clip_qkv,
             _ => None,
         })
         .with_layer_norm_bias(matches!(
@@ -1107,8 +1097,8 @@ mod tests {
         assert_eq!(field(quantized), "quantization_config");
         let encoder = with("gemma3_text", "\"use_bidirectional_attention\": true,");
         assert_eq!(field(encoder), "use_bidirectional_attention");
-        let clamped = with("olmoe", "\"clip_qkv\": 8.0,");
-        assert_eq!(field(clamped), "clip_qkv");
+        let clamped = with("olmoe", "\"clip_qkv\": 8.0,").unwrap();
+        assert_eq!(clamped.model.qkv_clip, Some(8.0));
         let switch = with("llama", "\"use_qk_norm\": true,").unwrap();
         assert!(switch.model.qk_norm.is_none());
         assert!(switch.unread_keys[0].starts_with("`use_qk_norm: true`"));

@@ -837,13 +837,12 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
             &["query_pre_attn_scalar", "final_logit_softcapping"],
         ),
         // OLMoE's default: weights not renormalized. Its code has no feed-forward
-        // biases; `clip_qkv: null` is no clamp.
+        // biases.
         (
             "olmoe",
             |config| {
                 config.remove("norm_topk_prob");
                 config.insert("mlp_bias".into(), json!(true));
-                config.insert("clip_qkv".into(), json!(null));
             },
             &["mlp_bias"],
         ),
