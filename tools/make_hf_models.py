@@ -1511,6 +1511,19 @@ LORA_ADAPTERS = {
         dict(r=2, lora_alpha=6, target_modules=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]),
         0.01,
     ),
+    # Phi's names of the output projection (`dense`) and its ungated feed-forward's
+    # (`fc1`, `fc2`, ours too).
+    "phi_lora": (
+        "phi",
+        dict(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj", "dense", "fc1", "fc2"]),
+        0.01,
+    ),
+    # An ungated feed-forward's `up_proj` / `down_proj` (our `fc1` / `fc2`).
+    "nemotron_lora": (
+        "nemotron",
+        dict(r=2, lora_alpha=4, target_modules=["k_proj", "o_proj", "up_proj", "down_proj"]),
+        0.01,
+    ),
     # With transformers 5, PEFT turns gate_proj / up_proj / down_proj into
     # `target_parameters` on the fused routed experts (gate_up_proj with rank and alpha
     # doubled) and drops them from `target_modules`, so the dense MLP of layer 0 and the

@@ -408,6 +408,24 @@ const PHI_NAMES: [(&str, &str); 2] = [
 const STARCODER2_MLP: [(&str, &str); 2] =
     [(".mlp.c_fc.", ".mlp.fc1."), (".mlp.c_proj.", ".mlp.fc2.")];
 
+/// Our name of the layer that `config`'s family names `name` (Phi's `dense` is our
+/// `o_proj`; an ungated feed-forward's `up_proj` and `down_proj` are our `fc1` and
+/// `fc2`), or `name` itself: the last part of the family's renames.
+pub(crate) fn our_layer_name(config: &HfConfig, name: &str) -> String {
+    let leaf = |pattern: &str| {
+        pattern
+            .trim_matches('.')
+            .rsplit('.')
+            .next()
+            .map(str::to_string)
+    };
+    family_renames(config)
+        .iter()
+        .find(|(theirs, _)| leaf(theirs).as_deref() == Some(name))
+        .and_then(|(_, ours)| leaf(ours))
+        .unwrap_or_else(|| name.to_string())
+}
+
 /// `key` with the first of `renames`' names it holds replaced (one name per key, so the
 /// renames apply as one simultaneous map).
 fn rename_one(

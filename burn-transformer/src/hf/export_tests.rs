@@ -236,30 +236,58 @@ fn logits(model: &CausalLm, name: &str) -> Tensor<3> {
 
 #[test]
 fn peft_adapters_give_peft_logits_and_merge_into_peft_merged_logits() {
-    let device = Device::flex();
-    let (model, config) = load_causal_lm(model_dir("llama"), &device).unwrap();
-    let reference = Fixture::load("hf/llama_lora/reference");
-    let (adapted, lora, summary) =
-        load_peft_adapters(model, &config, &model_dir("llama_lora")).unwrap();
+    let lora = peft_adapters_round_trip("llama", "llama_lora", 14);
     assert_eq!((lora.rank, lora.alpha, lora.rslora), (4, 8.0, false));
-    assert_eq!(summary.adapted.len(), 14);
+}
+
+/// PEFT's adapters of the projections other families name otherwise: Phi's output
+/// projection `dense` and its feed-forward's `fc1` / `fc2`, Nemotron's ungated
+/// `up_proj` / `down_proj` (our `fc1` / `fc2`).
+#[test]
+fn peft_adapters_of_families_with_their_own_projection_names_round_trip() {
+    let lora = peft_adapters_round_trip("phi", "phi_lora", 10);
+    let mut targets = lora.targets.clone();
+    targets.sort();
+    assert_eq!(targets, ["fc1", "fc2", "o_proj", "q_proj", "v_proj"]);
+    let lora = peft_adapters_round_trip("nemotron", "nemotron_lora", 8);
+    assert!(
+        lora.targets.iter().any(|target| target == "fc1"),
+        "{:?}",
+        lora.targets
+    );
+}
+
+/// The adapters of fixture `adapter` over the model `base` give PEFT's logits, adapted
+/// (`pairs` adapted layers) and merged; saved in PEFT's layout they are the same
+/// tensors under the same keys, and load back to the same logits.
+fn peft_adapters_round_trip(base: &str, adapter: &str, pairs: usize) -> LoraConfig {
+    let device = Device::flex();
+    let (model, config) = load_causal_lm(model_dir(base), &device).unwrap();
+    let reference = Fixture::load(&format!("hf/{adapter}/reference"));
+    let (adapted, lora, summary) = load_peft_adapters(model, &config, &model_dir(adapter)).unwrap();
+    assert_eq!(
+        summary.adapted.len(),
+        pairs,
+        "{adapter}: {:?}",
+        summary.adapted
+    );
     let expected = reference.tensor::<3>("logits", &device);
-    let error = max_abs_diff(logits(&adapted, "llama_lora"), expected);
-    assert!(error < 1e-4, "{error}");
+    let error = max_abs_diff(logits(&adapted, adapter), expected);
+    assert!(error < 1e-4, "{adapter}: {error}");
     let merged = adapted.clone().valid().materialize();
     let error = max_abs_diff(
-        logits(&merged, "llama_lora"),
+        logits(&merged, adapter),
         reference.tensor::<3>("merged_logits", &device),
     );
-    assert!(error < 1e-4, "{error}");
+    assert!(error < 1e-4, "{adapter} merged: {error}");
 
     // Saved in PEFT's layout, the same adapters come back.
     let out = TempDir::new().unwrap();
-    let pairs = save_peft_adapters(&adapted, &lora, &config, "llama", out.path()).unwrap();
-    assert_eq!(pairs, 14);
+    let saved = save_peft_adapters(&adapted, &lora, &config, base, out.path()).unwrap();
+    assert_eq!(saved, pairs, "{adapter}");
     let ours = read_safetensors(&out.path().join(ADAPTER_WEIGHTS_FILE)).unwrap();
-    let peft = read_safetensors(&model_dir("llama_lora").join(ADAPTER_WEIGHTS_FILE)).unwrap();
-    assert_eq!(ours.len(), peft.len());
+    let peft = read_safetensors(&model_dir(adapter).join(ADAPTER_WEIGHTS_FILE)).unwrap();
+    assert_eq!(ours.len(), peft.len(), "{adapter}");
     for ((key, a), (peft_key, b)) in ours.iter().zip(&peft) {
         assert_eq!((key, &a.shape), (peft_key, &b.shape));
         let close = a
@@ -269,13 +297,14 @@ fn peft_adapters_give_peft_logits_and_merge_into_peft_merged_logits() {
             .all(|(x, y)| (x - y).abs() < 1e-7);
         assert!(close, "{key}");
     }
-    assert_eq!(read_peft_config(out.path()).unwrap(), lora);
-    let (base, _) = load_causal_lm(model_dir("llama"), &device).unwrap();
-    let (again, _, _) = load_peft_adapters(base, &config, out.path()).unwrap();
+    assert_eq!(read_peft_config(out.path(), &config).unwrap(), lora);
+    let (base_model, _) = load_causal_lm(model_dir(base), &device).unwrap();
+    let (again, _, _) = load_peft_adapters(base_model, &config, out.path()).unwrap();
     assert_eq!(
-        max_abs_diff(logits(&again, "llama_lora"), logits(&adapted, "llama_lora")),
+        max_abs_diff(logits(&again, adapter), logits(&adapted, adapter)),
         0.0
     );
+    lora
 }
 
 #[test]

@@ -11,7 +11,7 @@ use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::{DType, Tensor, TensorData};
 use serde_json::{Value, json};
 
-use super::checkpoint::{KeyAction, KeyMap, causal_lm_key_map, fused_layer_parts};
+use super::checkpoint::{KeyAction, KeyMap, causal_lm_key_map, fused_layer_parts, our_layer_name};
 use super::config::HfConfig;
 use super::error::HfError;
 use super::tensors::{HostTensor, encode, host_parameters, read_safetensors, write_safetensors};
@@ -108,7 +108,9 @@ pub fn save_peft_adapters(
     Ok(tensors.len() / 2)
 }
 
-/// Reads PEFT's `adapter_config.json` in `dir` as a [`LoraConfig`].
+/// Reads PEFT's `adapter_config.json` in `dir` as a [`LoraConfig`] for a model of
+/// `config`'s family: its targets in our layer names (Phi's `dense` is our `o_proj`,
+/// Phi-3's fused `qkv_proj` the three projections it holds).
 ///
 /// # Errors
 /// [`HfError`] naming the file and the key: not a LoRA adapter (`peft_type`),
@@ -116,7 +118,7 @@ pub fn save_peft_adapters(
 /// (DoRA, per-layer ranks or alphas, `fan_in_fan_out`, trained biases, adapted
 /// expert parameters (`target_parameters`), extra trained modules, regex targets,
 /// targets that are not linear layers of our models).
-pub fn read_peft_config(dir: &Path) -> Result<LoraConfig, HfError> {
+pub fn read_peft_config(dir: &Path, config: &HfConfig) -> Result<LoraConfig, HfError> {
     let path = dir.join(ADAPTER_CONFIG_FILE);
     let text = read_text(&path).map_err(|error| HfError::Io {
         path: path.clone(),
@@ -203,8 +205,9 @@ pub fn read_peft_config(dir: &Path) -> Result<LoraConfig, HfError> {
                 // holds: each with the same `A` and its own rows of `B`.
                 let leaves = fused_layer_parts(leaf).unwrap_or_else(|| vec![leaf]);
                 for leaf in leaves {
-                    if !targets.iter().any(|target| target == leaf) {
-                        targets.push(leaf.to_string());
+                    let ours = our_layer_name(config, leaf);
+                    if !targets.contains(&ours) {
+                        targets.push(ours);
                     }
                 }
             }
@@ -222,14 +225,13 @@ pub fn read_peft_config(dir: &Path) -> Result<LoraConfig, HfError> {
         }
         None => return Err(unsupported("target_modules", "missing".into())),
     };
-    let config = LoraConfig::new(rank as usize, alpha)
+    let lora = LoraConfig::new(rank as usize, alpha)
         .with_dropout(dropout)
         .with_targets(targets)
         .with_rslora(flag("use_rslora"));
-    config
-        .validate()
+    lora.validate()
         .map_err(|source| HfError::Config { path, source })?;
-    Ok(config)
+    Ok(lora)
 }
 
 /// Attaches the PEFT adapters in `dir` to `model` (a model of `config`'s family,
@@ -244,7 +246,7 @@ pub fn load_peft_adapters(
     config: &HfConfig,
     dir: &Path,
 ) -> Result<(CausalLm, LoraConfig, LoraSummary), HfError> {
-    let lora = read_peft_config(dir)?;
+    let lora = read_peft_config(dir, config)?;
     let file = dir.join(ADAPTER_WEIGHTS_FILE);
     let tensors = read_safetensors(&file)?;
     let (model, summary) = attach_lora(model, &lora).map_err(|source| HfError::Config {
