@@ -255,16 +255,20 @@ fn check_layer_count<'a>(
 /// `gate.wg` and its shared expert `shared_mlp`; ERNIE-4.5-MoE its correction bias
 /// `moe_statics.e_score_correction_bias`, stored `[1, E]` ([`has_unit_leading_dim`]),
 /// and it ignores the `mtp…` modules of its checkpoints as transformers does (as for
-/// EXAONE-MoE, which keeps the correction bias as `mlp.e_score_correction_bias`). A bias on
-/// the logits, `lm_head.bias`, is our `lm_head_bias`. DeepSeek-V3's, GLM-4.5's and GLM-4.7-Flash's
+/// EXAONE-MoE, which keeps the correction bias as `mlp.e_score_correction_bias`); Phi
+/// its output projection `dense` and its final norm `final_layernorm` (ours `o_proj`,
+/// `model.norm`); HyperCLOVA X the norms of its post-norm blocks `post_norm1`,
+/// `post_attention_layernorm` and `post_norm2` (ours `post_attention_layernorm`,
+/// `pre_feedforward_layernorm`, `post_feedforward_layernorm`). A bias on the logits,
+/// `lm_head.bias`, is our `lm_head_bias`. DeepSeek-V3's, GLM-4.5's and GLM-4.7-Flash's
 /// checkpoints append multi-token-prediction layers after the last decoder layer
 /// ([`HfConfig::mtp_layers`]): `model.layers.{n_layers + k}.{enorm, hnorm, eh_proj,
 /// shared_head.norm}` are our `mtp.{k}.…`, the layer's decoder keys our
-/// `mtp.{k}.block.…`, and its copies of the embedding and output head
-/// (`embed_tokens`, `shared_head.head`) are the model's own, so ignored. Without
-/// multi-token prediction in the model (`mtp_depth` 0) those layers are ignored. Layers
-/// beyond them are loaded as any other key, so that a checkpoint deeper than its
-/// `config.json` is an error, not a model silently missing layers.
+/// `mtp.{k}.block.…`, and its copies of the embedding and output head (`embed_tokens`,
+/// `shared_head.head`) are the model's own, so ignored. Without multi-token prediction
+/// in the model (`mtp_depth` 0) those layers are ignored. Layers beyond them are loaded
+/// as any other key, so that a checkpoint deeper than its `config.json` is an error,
+/// not a model silently missing layers.
 ///
 /// Phi-3 stores each layer's q, k and v projections as one `qkv_proj` and its gate and
 /// up projections as one `gate_up_proj`, rows stacked in that order
@@ -302,8 +306,8 @@ fn family_renames(config: &HfConfig) -> &'static [(&'static str, &'static str)] 
         "granitemoe" | "granitemoeshared" => &GRANITEMOE_NAMES,
         // Qwen2-MoE's one shared expert is our `shared_experts`.
         "qwen2_moe" => &[(".mlp.shared_expert.", ".mlp.shared_experts.")],
-        // ERNIE-4.5-MoE keeps the router's correction bias in `moe_statics`.
-        // EXAONE-MoE keeps it in the sparse block, beside the router.
+        // EXAONE-MoE keeps the router's correction bias in the sparse block, beside
+        // the router; ERNIE-4.5-MoE in `moe_statics`.
         "exaone_moe" => &[(
             ".mlp.e_score_correction_bias",
             ".mlp.gate.e_score_correction_bias",

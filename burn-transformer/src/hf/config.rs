@@ -537,32 +537,14 @@ impl ModelKeys {
         .with_n_kv_heads(Some(self.num_key_value_heads.unwrap_or(n_heads)))
         .with_head_dim(Some(head_dim))
         .with_norm_eps(self.norm_eps(family))
-        .with_layer_norm(
-            family.is_cohere()
-                || matches!(
-                    family,
-                    ModelType::Olmo
-                        | ModelType::Starcoder2
-                        | ModelType::Jais2
-                        | ModelType::Phi
-                        | ModelType::StableLm
-                        | ModelType::Nemotron
-                ),
-        )
+        .with_layer_norm(family.uses_layer_norm())
         // OLMo's LayerNorm has no parameters.
         .with_layer_norm_scale(family != ModelType::Olmo)
+        .with_layer_norm_bias(family.has_shifted_layer_norm())
         .with_qkv_clip(match family {
             ModelType::Olmo | ModelType::Olmoe => self.clip_qkv,
             _ => None,
         })
-        .with_layer_norm_bias(matches!(
-            family,
-            ModelType::Starcoder2
-                | ModelType::Jais2
-                | ModelType::Phi
-                | ModelType::StableLm
-                | ModelType::Nemotron
-        ))
         .with_logit_scale(match family {
             _ if family.is_cohere() => Some(self.logit_scale.unwrap_or(1.0)),
             // HyperCLOVA X multiplies by `logits_scaling`, Granite divides.
@@ -574,14 +556,7 @@ impl ModelKeys {
         .with_o_bias(o_bias)
         .with_mlp_bias(mlp_bias)
         .with_activation(activation)
-        .with_gated_mlp(!matches!(
-            family,
-            ModelType::Arcee
-                | ModelType::Starcoder2
-                | ModelType::Jais2
-                | ModelType::Phi
-                | ModelType::Nemotron
-        ))
+        .with_gated_mlp(!family.has_ungated_mlp())
         .with_sliding_window(sliding_window)
         .with_sliding_layers(sliding_layers)
         .with_tie_word_embeddings(self.tie_word_embeddings.unwrap_or(gemma))

@@ -417,6 +417,28 @@ impl ModelType {
         )
     }
 
+    /// Whether the family's norms are LayerNorms, not RMSNorms (Cohere's without a
+    /// shift, OLMo's without parameters, the others' shifted).
+    pub(crate) fn uses_layer_norm(self) -> bool {
+        self.is_cohere() || self == Self::Olmo || self.has_shifted_layer_norm()
+    }
+
+    /// Whether the family's LayerNorms have a learned shift (PyTorch's `nn.LayerNorm`).
+    pub(crate) fn has_shifted_layer_norm(self) -> bool {
+        matches!(
+            self,
+            Self::Starcoder2 | Self::Jais2 | Self::Phi | Self::StableLm | Self::Nemotron
+        )
+    }
+
+    /// Whether the family's dense feed-forward is ungated, `down(act(up(x)))`.
+    pub(crate) fn has_ungated_mlp(self) -> bool {
+        matches!(
+            self,
+            Self::Arcee | Self::Starcoder2 | Self::Jais2 | Self::Phi | Self::Nemotron
+        )
+    }
+
     /// Whether the family is Cohere's (LayerNorm, parallel blocks, scaled logits).
     pub(crate) fn is_cohere(self) -> bool {
         matches!(self, Self::Cohere | Self::Cohere2)
