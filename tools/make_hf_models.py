@@ -751,6 +751,15 @@ def ernie4_5_moe():
     )
 
 
+def internlm3():
+    # LLaMA with biases on the four attention projections and the feed-forward, switched
+    # by the names its class maps (`qkv_bias`, `bias`), GQA, heads wider than
+    # hidden_size / heads.
+    return transformers.InternLM3Config(
+        **COMMON, num_key_value_heads=2, head_dim=16, qkv_bias=True, bias=True
+    )
+
+
 def cwm():
     # LLaMA's blocks with a window on the layers layer_types names (by default every
     # layer but each fourth from the first: layers 1 to 3 of 4 here, window 4), GQA,
@@ -1091,6 +1100,7 @@ MODELS = {
     "dots1": (dots1, {}),
     "minimax_m2": (minimax_m2, {}),
     "ernie4_5_moe": (ernie4_5_moe, {}),
+    "internlm3": (internlm3, {}),
     "cwm": (cwm, {}),
     "phi": (phi, {}),
     "stablelm": (stablelm, {}),

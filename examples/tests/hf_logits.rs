@@ -146,6 +146,7 @@ fn matches_transformers_for_every_family_on_flex() {
         "nemotron",
         "olmo",
         "hyperclovax",
+        "internlm3",
         "glm",
         "jais2",
         "vaultgemma",

@@ -318,6 +318,15 @@ impl ModelKeys {
                  supported; only checkpoints with `qk_layernorm: false` load",
             ));
         }
+        if family == ModelType::InternLm3
+            && self.attention_bias.unwrap_or(false) != self.mlp_bias.unwrap_or(false)
+        {
+            return Err(KeyError::new(
+                "qkv_bias",
+                "differs from `bias`: InternLM3 (as transformers builds it) has one bias \
+                 switch for the attention and the feed-forward; set both alike",
+            ));
+        }
         if self.use_bidirectional_attention == Some(true) {
             return Err(KeyError::new(
                 "use_bidirectional_attention",
@@ -463,6 +472,7 @@ impl ModelKeys {
         };
         let mlp_bias = match family {
             ModelType::Llama
+            | ModelType::InternLm3
             | ModelType::Cwm
             | ModelType::Jais2
             | ModelType::Nemotron
@@ -751,10 +761,10 @@ impl ModelKeys {
     /// Qwen3 and SmolLM3 only with `use_sliding_window`, on the layers `layer_types` (or
     /// `max_window_layers`) names; dots.llm1 on those layers whenever a window is set;
     /// Qwen3-MoE with `use_sliding_window` on every layer; other families on the layers
-    /// `layer_types` names, or every layer; LLaMA, HyperCLOVA X, OLMo, Phi, StableLM,
-    /// Nemotron, GLM, Jais-2, Youtu, FlexOlmo, Solar-Open, Granite, Arcee, Helium, Hunyuan,
-    /// Gemma, GLM-4, GLM-4.5, GLM-4.7-Flash, OLMoE, MiniMax-M2, Seed-OSS, ERNIE-4.5(-MoE)
-    /// and Cohere never.
+    /// `layer_types` names, or every layer; LLaMA, InternLM3, HyperCLOVA X, OLMo, Phi,
+    /// StableLM, Nemotron, GLM, Jais-2, Youtu, FlexOlmo, Solar-Open, Granite, Arcee,
+    /// Helium, Hunyuan, Gemma, GLM-4, GLM-4.5, GLM-4.7-Flash, OLMoE, MiniMax-M2, Seed-OSS,
+    /// ERNIE-4.5(-MoE) and Cohere never.
     fn sliding_window(
         &self,
         family: ModelType,
@@ -775,6 +785,7 @@ impl ModelKeys {
                 None
             }
             ModelType::Llama
+            | ModelType::InternLm3
             | ModelType::HyperClovaX
             | ModelType::Olmo
             | ModelType::Phi

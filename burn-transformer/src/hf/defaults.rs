@@ -15,7 +15,7 @@ use super::model_type::ModelType;
 /// `family` (transformers 5), the model's sizes and special tokens included (Gemma-3's
 /// multimodal checkpoints describe their text model by the keys that differ from
 /// `Gemma3TextConfig`'s only) after the common names a class maps to its own keys
-/// (ERNIE-4.5-MoE's `num_experts`), and the defaults those classes derive: the layer types
+/// (ERNIE-4.5-MoE's `num_experts`, InternLM3's `qkv_bias`), and the defaults those classes derive: the layer types
 /// of Gemma-2, VaultGemma, Gemma-3 (from `sliding_window_pattern`), OLMo-3, SmolLM3,
 /// CWM and gpt-oss, SmolLM3's `no_rope_layers`, GLM-4.7-Flash's `mlp_layer_types`,
 /// MiniMax-M2's `partial_rotary_factor` (from `rotary_dim`), Hunyuan's NTK-alpha base,
@@ -131,6 +131,7 @@ fn attribute_map(family: ModelType) -> &'static [(&'static str, &'static str)] {
             ("num_experts", "moe_num_experts"),
             ("num_experts_per_tok", "moe_k"),
         ],
+        ModelType::InternLm3 => &[("qkv_bias", "attention_bias"), ("bias", "mlp_bias")],
         _ => &[],
     }
 }
@@ -152,6 +153,9 @@ fn class_defaults(family: ModelType) -> Value {
     }
     let own = match family {
         ModelType::Llama => json!({"mlp_bias": false}),
+        ModelType::InternLm3 => json!({
+            "num_key_value_heads": 2, "head_dim": 128, "rms_norm_eps": 1e-5, "mlp_bias": false
+        }),
         ModelType::Mistral => json!({"num_key_value_heads": 8, "sliding_window": 4096}),
         ModelType::Ministral => json!({"num_key_value_heads": 8, "sliding_window": 4096}),
         ModelType::Ministral3 => json!({
@@ -416,6 +420,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Phi3 => [32064, 3072, 8192, 32, 32, 4096],
         ModelType::Glm | ModelType::Glm4 => [151552, 4096, 13696, 40, 32, 131072],
         ModelType::Cwm => [128256, 6144, 21504, 64, 48, 131072],
+        ModelType::InternLm3 => [128512, 4096, 10240, 48, 32, 32768],
         ModelType::Phi => [51200, 2048, 8192, 24, 32, 2048],
         ModelType::Nemotron => [256000, 6144, 24576, 32, 48, 4096],
         ModelType::StableLm => [50304, 2560, 6912, 32, 32, 4096],
@@ -477,6 +482,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         // Its end-of-text tokens are a list (in the class defaults above).
         ModelType::Glm | ModelType::Glm4 => (None, None, Some(151329)),
         ModelType::Cwm => (Some(128000), None, None),
+        ModelType::InternLm3 => (Some(1), Some(2), Some(2)),
         ModelType::Phi => (Some(1), Some(2), None),
         ModelType::Nemotron => (Some(2), Some(3), None),
         ModelType::StableLm => (Some(0), Some(0), None),

@@ -45,7 +45,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 58] = [
+const FAMILIES: [&str; 59] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -90,6 +90,7 @@ const FAMILIES: [&str; 58] = [
     "nemotron",
     "olmo",
     "hyperclovax",
+    "internlm3",
     "glm",
     "jais2",
     "vaultgemma",

@@ -4,6 +4,7 @@
 /// multimodal wrappers whose text model it reads (Gemma-3's `gemma3`).
 pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "llama",
+    "internlm3",
     "mistral",
     "ministral",
     "ministral3",
@@ -77,6 +78,9 @@ pub(crate) fn text_model_family(model_type: &str) -> Option<ModelType> {
 pub(crate) enum ModelType {
     /// LLaMA 2/3: GQA, RoPE, SwiGLU, RMSNorm; optional attention biases.
     Llama,
+    /// InternLM3: LLaMA, its biases switched by `qkv_bias` (all four attention
+    /// projections) and `bias` (the feed-forward's), which must agree.
+    InternLm3,
     /// Mistral: LLaMA with a sliding window on every layer.
     Mistral,
     /// Ministral (8B, 2410): Mistral's layers with the windowed ones named by
@@ -238,8 +242,9 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 52] = [
+    const ALL: [Self; 53] = [
         Self::Llama,
+        Self::InternLm3,
         Self::Mistral,
         Self::Ministral,
         Self::Ministral3,
@@ -297,6 +302,7 @@ impl ModelType {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Llama => "llama",
+            Self::InternLm3 => "internlm3",
             Self::Mistral => "mistral",
             Self::Ministral => "ministral",
             Self::Ministral3 => "ministral3",

@@ -479,6 +479,24 @@ fn ernie4_5_moe_ignores_its_mtp_modules_and_names_a_misshapen_correction_bias() 
 }
 
 #[test]
+fn internlm3_with_attention_and_feed_forward_biases_matches_transformers() {
+    matches_transformers("internlm3");
+}
+
+/// InternLM3's two bias switches must agree, as transformers' configuration requires.
+#[test]
+fn internlm3_refuses_different_attention_and_feed_forward_bias_switches() {
+    let text = std::fs::read_to_string(model_dir("internlm3").join(CONFIG_FILE)).unwrap();
+    let mut config: serde_json::Value = serde_json::from_str(&text).unwrap();
+    config["mlp_bias"] = serde_json::Value::Bool(false);
+    let error = HfConfig::from_value(&config, "config.json").unwrap_err();
+    assert!(
+        matches!(&error, HfError::Field { field, .. } if field == "qkv_bias"),
+        "{error}"
+    );
+}
+
+#[test]
 fn cwm_with_windows_on_three_layers_of_four_and_llama3_rope_matches_transformers() {
     matches_transformers("cwm");
 }
@@ -597,7 +615,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 40] = [
+    let cases: [(&str, Edit, &[&str]); 41] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -936,6 +954,18 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
                     config.remove(key);
                 }
                 config.insert("rms_norm_eps".into(), json!(0.5));
+            },
+            &[],
+        ),
+        // InternLM3's files as published: the bias switches by the names its class maps
+        // (`qkv_bias` and `bias`).
+        (
+            "internlm3",
+            |config| {
+                let attention = config.remove("attention_bias").unwrap();
+                config.insert("qkv_bias".into(), attention);
+                let mlp = config.remove("mlp_bias").unwrap();
+                config.insert("bias".into(), mlp);
             },
             &[],
         ),
