@@ -841,6 +841,32 @@ def vaultgemma():
     )
 
 
+def minicpm3():
+    # DeepSeek-V2's latent attention rotating the halves of each head (value heads of
+    # hidden_size / heads, the class's default), LongRoPE as the published checkpoint
+    # (short factors for this prompt), embeddings times scale_emb, each sublayer's output
+    # times scale_depth / sqrt(layers), logits times dim_model_base / hidden_size; tied
+    # embeddings (the class's default).
+    return transformers.MiniCPM3Config(
+        **COMMON,
+        num_key_value_heads=4,
+        kv_lora_rank=16,
+        q_lora_rank=24,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=8,
+        scale_emb=3.0,
+        scale_depth=1.4,
+        dim_model_base=16,
+        rope_parameters=dict(
+            rope_type="longrope",
+            rope_theta=10000.0,
+            short_factor=[1.0, 1.3, 2.1, 3.5],
+            long_factor=[1.2, 2.0, 4.5, 9.0],
+            original_max_position_embeddings=16,
+        ),
+    )
+
+
 def youtu():
     # DeepSeek-V3's latent attention (interleaved rotary, compressed queries) in LLaMA's
     # pre-norm blocks with a dense feed-forward on every layer; tied embeddings (the
@@ -1109,6 +1135,7 @@ MODELS = {
     "jais2": (jais2, {}),
     "vaultgemma": (vaultgemma, {}),
     "youtu": (youtu, {}),
+    "minicpm3": (minicpm3, {}),
     "flex_olmo": (flex_olmo, {}),
     "solar_open": (solar_open, {}),
     "exaone_moe": (exaone_moe, {}),

@@ -147,6 +147,7 @@ fn matches_transformers_for_every_family_on_flex() {
         "olmo",
         "hyperclovax",
         "internlm3",
+        "minicpm3",
         "glm",
         "jais2",
         "vaultgemma",

@@ -231,6 +231,12 @@ struct ModelKeys {
     /// Gemma-2's and Gemma-3's name of `hidden_act`.
     #[serde(default, deserialize_with = "deserialize_activation")]
     hidden_activation: Option<Activation>,
+    /// MiniCPM3's scales: the embeddings times `scale_emb`, each sublayer's output times
+    /// `scale_depth / √num_hidden_layers`, the logits times `dim_model_base /
+    /// hidden_size` (null: no scale).
+    scale_emb: Option<f64>,
+    scale_depth: Option<f64>,
+    dim_model_base: Option<f64>,
     /// Gemma-2 and Gemma-3: the attention scale is `query_pre_attn_scalar^-½`.
     query_pre_attn_scalar: Option<f64>,
     /// Granite's multipliers: on the embeddings, the attention scores (the softmax
@@ -473,6 +479,7 @@ impl ModelKeys {
         let mlp_bias = match family {
             ModelType::Llama
             | ModelType::InternLm3
+            | ModelType::MiniCpm3
             | ModelType::Cwm
             | ModelType::Jais2
             | ModelType::Nemotron
@@ -559,6 +566,8 @@ impl ModelKeys {
             _ if family.is_cohere() => Some(self.logit_scale.unwrap_or(1.0)),
             // HyperCLOVA X multiplies by `logits_scaling`, Granite divides.
             ModelType::HyperClovaX => self.logits_scaling,
+            // MiniCPM3 divides the final states by `hidden_size / dim_model_base`.
+            ModelType::MiniCpm3 => self.dim_model_base.map(|base| base / d_model as f64),
             _ if family.is_granite() => self.logits_scaling.map(f64::recip),
             _ => None,
         })
@@ -581,6 +590,7 @@ impl ModelKeys {
         .with_norm_unit_offset(gemma || family == ModelType::Nemotron)
         .with_embed_scale(match family {
             _ if gemma => Some((d_model as f64).sqrt()),
+            ModelType::MiniCpm3 => self.scale_emb,
             _ if family.is_granite() => self.embedding_multiplier,
             _ => None,
         })
@@ -607,6 +617,9 @@ impl ModelKeys {
         })
         .with_residual_scale(match family {
             _ if family.is_granite() => self.residual_multiplier,
+            ModelType::MiniCpm3 => self
+                .scale_depth
+                .map(|depth| depth / (n_layers as f64).sqrt()),
             _ => None,
         })
         .with_attention_softcap(attention_softcap)
@@ -649,7 +662,16 @@ impl ModelKeys {
             }
         }
         if family.is_latent() {
-            let (latent, rope) = LatentKeys::read(config)?;
+            let (mut latent, rope) = LatentKeys::read(config)?;
+            // MiniCPM3 rotates the two halves of each head (its class has no switch).
+            if family == ModelType::MiniCpm3 {
+                latent.rope_interleave = Some(unread.fixed(
+                    "rope_interleave",
+                    latent.rope_interleave,
+                    false,
+                    "the rotary embedding on the halves of each head",
+                ));
+            }
             model.latent = Some(latent.latent_attention_config(&rope)?);
         }
         Ok(model)
@@ -761,8 +783,8 @@ impl ModelKeys {
     /// Qwen3 and SmolLM3 only with `use_sliding_window`, on the layers `layer_types` (or
     /// `max_window_layers`) names; dots.llm1 on those layers whenever a window is set;
     /// Qwen3-MoE with `use_sliding_window` on every layer; other families on the layers
-    /// `layer_types` names, or every layer; LLaMA, InternLM3, HyperCLOVA X, OLMo, Phi,
-    /// StableLM, Nemotron, GLM, Jais-2, Youtu, FlexOlmo, Solar-Open, Granite, Arcee,
+    /// `layer_types` names, or every layer; LLaMA, InternLM3, MiniCPM3, HyperCLOVA X, OLMo,
+    /// Phi, StableLM, Nemotron, GLM, Jais-2, Youtu, FlexOlmo, Solar-Open, Granite, Arcee,
     /// Helium, Hunyuan, Gemma, GLM-4, GLM-4.5, GLM-4.7-Flash, OLMoE, MiniMax-M2, Seed-OSS,
     /// ERNIE-4.5(-MoE) and Cohere never.
     fn sliding_window(
@@ -786,6 +808,7 @@ impl ModelKeys {
             }
             ModelType::Llama
             | ModelType::InternLm3
+            | ModelType::MiniCpm3
             | ModelType::HyperClovaX
             | ModelType::Olmo
             | ModelType::Phi

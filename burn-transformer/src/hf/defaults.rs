@@ -15,12 +15,14 @@ use super::model_type::ModelType;
 /// `family` (transformers 5), the model's sizes and special tokens included (Gemma-3's
 /// multimodal checkpoints describe their text model by the keys that differ from
 /// `Gemma3TextConfig`'s only) after the common names a class maps to its own keys
-/// (ERNIE-4.5-MoE's `num_experts`, InternLM3's `qkv_bias`), and the defaults those classes derive: the layer types
-/// of Gemma-2, VaultGemma, Gemma-3 (from `sliding_window_pattern`), OLMo-3, SmolLM3,
-/// CWM and gpt-oss, SmolLM3's `no_rope_layers`, GLM-4.7-Flash's `mlp_layer_types`,
-/// MiniMax-M2's `partial_rotary_factor` (from `rotary_dim`), Hunyuan's NTK-alpha base,
-/// Youtu's initializer scale, and Phi-3's old names of LongRoPE (`su`, `yarn`), and the
-/// rotary embedding where the file has neither `rope_parameters` nor `rope_scaling`.
+/// (ERNIE-4.5-MoE's `num_experts`, InternLM3's `qkv_bias`), and the defaults those
+/// classes derive: the layer types of Gemma-2, VaultGemma, Gemma-3 (from
+/// `sliding_window_pattern`), OLMo-3, SmolLM3, CWM and gpt-oss, SmolLM3's
+/// `no_rope_layers`, GLM-4.7-Flash's and EXAONE-MoE's `mlp_layer_types`, MiniMax-M2's
+/// `partial_rotary_factor` (from `rotary_dim`), Hunyuan's NTK-alpha base, Youtu's
+/// initializer scale, MiniCPM3's value head width, and Phi-3's old names of LongRoPE
+/// (`su`, `yarn`), and the rotary embedding where the file has neither
+/// `rope_parameters` nor `rope_scaling`.
 pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
     let mut filled = config.clone();
     // Anything but an object is refused by the readers, naming it.
@@ -61,6 +63,17 @@ pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
     }
     if family.is_hunyuan() {
         fix_ntk_alpha(object);
+    }
+    // MiniCPM3's value heads are `hidden_size / num_attention_heads` wide unless set.
+    if family == ModelType::MiniCpm3
+        && object.get("v_head_dim").is_none_or(Value::is_null)
+        && let (Some(hidden), Some(heads)) = (
+            object.get("hidden_size").and_then(Value::as_u64),
+            object.get("num_attention_heads").and_then(Value::as_u64),
+        )
+        && heads > 0
+    {
+        object.insert("v_head_dim".into(), json!(hidden / heads));
     }
     // Youtu's initializer scale follows the width, `2 / √(5 · hidden_size)`.
     if family == ModelType::Youtu
@@ -218,6 +231,13 @@ fn class_defaults(family: ModelType) -> Value {
         ModelType::Jais2 => json!({
             "hidden_act": "relu2", "layer_norm_eps": 1e-5, "attention_bias": true,
             "mlp_bias": true
+        }),
+        // `v_head_dim` is derived from the width below.
+        ModelType::MiniCpm3 => json!({
+            "num_key_value_heads": 40, "rms_norm_eps": 1e-5, "tie_word_embeddings": true,
+            "initializer_range": 0.1, "kv_lora_rank": 256, "q_lora_rank": 768,
+            "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "scale_emb": 12,
+            "scale_depth": 1.4, "dim_model_base": 256, "mlp_bias": false
         }),
         ModelType::Youtu => json!({
             "num_key_value_heads": 16, "kv_lora_rank": 512, "q_lora_rank": 1536,
@@ -426,6 +446,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::StableLm => [50304, 2560, 6912, 32, 32, 4096],
         ModelType::Jais2 => [150272, 3328, 26624, 32, 26, 8192],
         ModelType::Youtu => [128256, 2048, 6144, 32, 16, 131072],
+        ModelType::MiniCpm3 => [73448, 2560, 6400, 62, 40, 32768],
         ModelType::FlexOlmo => [100352, 4096, 11008, 32, 32, 4096],
         ModelType::SolarOpen => [196608, 4096, 1280, 48, 64, 131072],
         ModelType::SeedOss => [155136, 4096, 27648, 64, 80, 524288],
@@ -488,6 +509,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::StableLm => (Some(0), Some(0), None),
         ModelType::Jais2 => (Some(0), Some(150024), None),
         ModelType::Youtu => (Some(128000), Some(128001), None),
+        ModelType::MiniCpm3 => (Some(1), Some(2), None),
         ModelType::FlexOlmo => (None, Some(100257), Some(100277)),
         ModelType::SolarOpen => (None, None, None),
         ModelType::SeedOss => (Some(0), Some(2), Some(1)),

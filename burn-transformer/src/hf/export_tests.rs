@@ -45,7 +45,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 59] = [
+const FAMILIES: [&str; 60] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -91,6 +91,7 @@ const FAMILIES: [&str; 59] = [
     "olmo",
     "hyperclovax",
     "internlm3",
+    "minicpm3",
     "glm",
     "jais2",
     "vaultgemma",

@@ -44,7 +44,7 @@ pub(crate) struct LatentKeys {
     q_lora_rank: Option<usize>,
     attention_bias: Option<bool>,
     attention_dropout: Option<f64>,
-    rope_interleave: Option<bool>,
+    pub(crate) rope_interleave: Option<bool>,
 }
 
 impl LatentKeys {

@@ -34,6 +34,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "glm",
     "jais2",
     "youtu",
+    "minicpm3",
     "gemma",
     "gemma2",
     "gemma3_text",
@@ -170,6 +171,10 @@ pub(crate) enum ModelType {
     /// Youtu-LLM: DeepSeek-V3's latent attention in LLaMA's blocks, a dense feed-forward
     /// on every layer.
     Youtu,
+    /// MiniCPM3: DeepSeek-V2's latent attention (rotating the halves of each head) in
+    /// LLaMA's blocks, with the embeddings, each sublayer's output and the logits
+    /// scaled (`scale_emb`, `scale_depth`, `dim_model_base`).
+    MiniCpm3,
     /// Gemma (the first generation, CodeGemma): LLaMA's blocks with Gemma's RMSNorm,
     /// scaled and tied embeddings, and GeGLU (tanh); multi-query attention in the 2B.
     Gemma,
@@ -242,7 +247,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 53] = [
+    const ALL: [Self; 54] = [
         Self::Llama,
         Self::InternLm3,
         Self::Mistral,
@@ -274,6 +279,7 @@ impl ModelType {
         Self::Glm,
         Self::Jais2,
         Self::Youtu,
+        Self::MiniCpm3,
         Self::Gemma,
         Self::Gemma2,
         Self::Gemma3Text,
@@ -332,6 +338,7 @@ impl ModelType {
             Self::Glm => "glm",
             Self::Jais2 => "jais2",
             Self::Youtu => "youtu",
+            Self::MiniCpm3 => "minicpm3",
             Self::Gemma => "gemma",
             Self::Gemma2 => "gemma2",
             Self::Gemma3Text => "gemma3_text",
@@ -474,7 +481,7 @@ impl ModelType {
     pub(crate) fn is_latent(self) -> bool {
         matches!(
             self,
-            Self::DeepseekV2 | Self::DeepseekV3 | Self::Glm4MoeLite | Self::Youtu
+            Self::DeepseekV2 | Self::DeepseekV3 | Self::Glm4MoeLite | Self::Youtu | Self::MiniCpm3
         )
     }
 }

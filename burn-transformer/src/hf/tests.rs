@@ -557,6 +557,11 @@ fn vaultgemma_with_gemma2_attention_in_pre_norm_blocks_matches_transformers() {
 }
 
 #[test]
+fn minicpm3_with_latent_attention_longrope_and_its_scales_matches_transformers() {
+    matches_transformers("minicpm3");
+}
+
+#[test]
 fn youtu_with_latent_attention_and_dense_feed_forwards_matches_transformers() {
     matches_transformers("youtu");
 }
@@ -615,7 +620,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 41] = [
+    let cases: [(&str, Edit, &[&str]); 42] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -1011,6 +1016,16 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
                 }
             },
             &[],
+        ),
+        // MiniCPM3's value heads default to hidden_size / heads; its code rotates the
+        // halves of each head whatever `rope_interleave` says.
+        (
+            "minicpm3",
+            |config| {
+                config.remove("v_head_dim");
+                config.insert("rope_interleave".into(), json!(true));
+            },
+            &["rope_interleave"],
         ),
         // Youtu's defaults: interleaved rotary, tied embeddings.
         (
