@@ -967,7 +967,8 @@ mod tests {
         assert!(matches!(error, HfError::UnsupportedModelType { .. }));
         assert!(message.contains("dir/config.json"), "{message}");
         assert!(message.contains("\"gpt2\""), "{message}");
-        assert!(message.contains("llama, mistral"), "{message}");
+        assert!(message.contains("(supported: llama, "), "{message}");
+        assert!(message.contains(", mistral, "), "{message}");
         // Another family's keys do not matter: its type is the error.
         let text = text.replace("\"hidden_size\": 32", "\"hidden_size\": \"wide\"");
         let error = HfConfig::from_json(&text, "config.json").unwrap_err();
