@@ -65,7 +65,6 @@ impl LayerNormConfig {
         };
         Ok(LayerNorm {
             weight: self.scale.then(|| scale.init([self.d_model], device)),
-            d_model: self.d_model,
             bias: self
                 .bias
                 .then(|| Initializer::Zeros.init([self.d_model], device)),
@@ -82,13 +81,13 @@ crate::builders::init_or_panic!(LayerNormConfig => LayerNorm);
 pub struct LayerNorm {
     /// The learned scale, `[d_model]` (HF `weight`), if any.
     pub weight: Option<Param<Tensor<1>>>,
-    /// Size of the normalized axis.
-    pub d_model: usize,
     /// The learned shift, `[d_model]` (HF `bias`), if any.
     pub bias: Option<Param<Tensor<1>>>,
     /// Added to the variance.
     pub eps: f64,
-    /// Whether the scale is `1 + weight` (Nemotron).
+    /// Whether the scale is `1 + weight` (Nemotron). Set by the configuration, not
+    /// saved with the weights.
+    #[module(skip)]
     pub unit_offset: bool,
 }
 
@@ -102,15 +101,16 @@ impl LayerNorm {
     /// - output: `[..., d_model]`
     ///
     /// # Panics
-    /// If the last axis of `x` is not `d_model`.
+    /// If the last axis of `x` is not the weight's `d_model`.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        let d_model = self.d_model;
-        assert_eq!(
-            x.dims()[D - 1],
-            d_model,
-            "LayerNorm: input last axis {} differs from d_model {d_model}",
-            x.dims()[D - 1]
-        );
+        let d_model = x.dims()[D - 1];
+        if let Some(weight) = &self.weight {
+            let [width] = weight.dims();
+            assert_eq!(
+                d_model, width,
+                "LayerNorm: input last axis {d_model} differs from d_model {width}"
+            );
+        }
         let dtype = x.dtype();
         let weight = match (&self.weight, self.unit_offset) {
             (Some(weight), true) => weight.val() + 1.0,
