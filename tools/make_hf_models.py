@@ -349,6 +349,23 @@ def hyperclovax():
     )
 
 
+def granite_swa():
+    # Granite's multipliers with attention sinks, a window (4) on all layers but the
+    # first of four (the class's default) and a RoPE base per layer, the second layer
+    # without RoPE (base 0).
+    return transformers.GraniteSWAConfig(
+        **{**COMMON, "num_hidden_layers": 4},
+        num_key_value_heads=2,
+        head_dim=8,
+        sliding_window=4,
+        layer_rope_theta=[10000.0, 0, 500000.0, 10000.0],
+        embedding_multiplier=2.0,
+        attention_multiplier=0.3,
+        residual_multiplier=0.6,
+        logits_scaling=2.0,
+    )
+
+
 def arcee():
     # LLaMA with an ungated feed-forward of squared ReLU (up_proj, down_proj), YaRN,
     # feed-forward biases.
@@ -1105,6 +1122,7 @@ MODELS = {
     "granite": (granite, {}),
     "ministral3": (ministral3, {}),
     "hyperclovax": (hyperclovax, {}),
+    "granite_swa": (granite_swa, {}),
     "arcee": (arcee, {}),
     "helium": (helium, {}),
     "ministral": (ministral, {}),

@@ -148,6 +148,7 @@ fn matches_transformers_for_every_family_on_flex() {
         "hyperclovax",
         "internlm3",
         "minicpm3",
+        "granite_swa",
         "glm",
         "jais2",
         "vaultgemma",

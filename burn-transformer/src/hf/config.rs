@@ -225,6 +225,8 @@ struct ModelKeys {
     use_parallel_residual: Option<bool>,
     /// HyperCLOVA X's norms after each sublayer's output.
     use_post_norm: Option<bool>,
+    /// Granite-SWA's RoPE base per layer (0: no RoPE).
+    layer_rope_theta: Option<Vec<f64>>,
     mlp_bias: Option<bool>,
     #[serde(default, deserialize_with = "deserialize_activation")]
     hidden_act: Option<Activation>,
@@ -485,6 +487,7 @@ impl ModelKeys {
             | ModelType::Nemotron
             | ModelType::Granite
             | ModelType::HyperClovaX
+            | ModelType::GraniteSwa
             | ModelType::Arcee
             | ModelType::Helium
             | ModelType::Smollm3
@@ -623,7 +626,7 @@ impl ModelKeys {
             _ => None,
         })
         .with_attention_softcap(attention_softcap)
-        .with_attention_sinks(family == ModelType::GptOss)
+        .with_attention_sinks(matches!(family, ModelType::GptOss | ModelType::GraniteSwa))
         .with_final_logit_softcap(final_logit_softcap)
         .with_qk_norm(self.qk_norm(family))
         .with_block_kind(match family {
@@ -640,6 +643,18 @@ impl ModelKeys {
             mean: 0.0,
             std: self.initializer_range.unwrap_or(0.02),
         });
+        // Granite-SWA's bases per layer; a layer of base 0 is among `nope_layers` above,
+        // so the base it keeps here is never used.
+        if family == ModelType::GraniteSwa
+            && let Some(bases) = self.layer_rope_theta_checked(n_layers)?
+        {
+            let theta = model.rope.theta;
+            let bases = bases
+                .iter()
+                .map(|&base| if base == 0.0 { theta } else { base })
+                .collect();
+            model.layer_rope_theta = Some(bases);
+        }
         if family.is_sparse() {
             let moe = read_keys::<MoeKeys>(config, None)?;
             let mut moe_config = moe.moe_config(unread)?;
@@ -706,6 +721,31 @@ impl ModelKeys {
         )
     }
 
+    /// Granite-SWA's `layer_rope_theta`, one non-negative base per layer; `None` without
+    /// the key.
+    fn layer_rope_theta_checked(&self, n_layers: usize) -> Result<Option<&[f64]>, KeyError> {
+        let Some(bases) = &self.layer_rope_theta else {
+            return Ok(None);
+        };
+        let key = "layer_rope_theta";
+        if bases.len() != n_layers {
+            return Err(KeyError::new(
+                key,
+                format!("has {} entries for {n_layers} layers", bases.len()),
+            ));
+        }
+        if let Some(base) = bases
+            .iter()
+            .find(|base| !(base.is_finite() && **base >= 0.0))
+        {
+            return Err(KeyError::new(
+                key,
+                format!("expected a non-negative base per layer (0: no RoPE), got {base}"),
+            ));
+        }
+        Ok(Some(bases))
+    }
+
     /// SmolLM3's layers without RoPE (`no_rope_layers` 0) and EXAONE-4's (EXAONE-MoE's)
     /// full layers beside sliding ones; `None` for the families whose every layer
     /// rotates.
@@ -714,6 +754,12 @@ impl ModelKeys {
         family: ModelType,
         n_layers: usize,
     ) -> Result<Option<Vec<bool>>, KeyError> {
+        // Granite-SWA's layers of base 0 do not rotate.
+        if family == ModelType::GraniteSwa
+            && let Some(bases) = self.layer_rope_theta_checked(n_layers)?
+        {
+            return Ok(Some(bases.iter().map(|&base| base == 0.0).collect()));
+        }
         // Cohere-2 rotates its sliding layers only (none without a window).
         if family == ModelType::Cohere2 {
             let types = self.layer_types.as_deref().unwrap_or_default();

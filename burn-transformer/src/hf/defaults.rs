@@ -17,7 +17,7 @@ use super::model_type::ModelType;
 /// `Gemma3TextConfig`'s only) after the common names a class maps to its own keys
 /// (ERNIE-4.5-MoE's `num_experts`, InternLM3's `qkv_bias`), and the defaults those
 /// classes derive: the layer types of Gemma-2, VaultGemma, Gemma-3 (from
-/// `sliding_window_pattern`), OLMo-3, SmolLM3, CWM and gpt-oss, SmolLM3's
+/// `sliding_window_pattern`), OLMo-3, SmolLM3, CWM, Granite-SWA and gpt-oss, SmolLM3's
 /// `no_rope_layers`, GLM-4.7-Flash's and EXAONE-MoE's `mlp_layer_types`, MiniMax-M2's
 /// `partial_rotary_factor` (from `rotary_dim`), Hunyuan's NTK-alpha base, Youtu's
 /// initializer scale, MiniCPM3's value head width, and Phi-3's old names of LongRoPE
@@ -290,6 +290,11 @@ fn class_defaults(family: ModelType) -> Value {
             "mlp_bias": false, "embedding_multiplier": 1.0, "logits_scaling": 1.0,
             "residual_multiplier": 1.0, "use_post_norm": true
         }),
+        ModelType::GraniteSwa => json!({
+            "num_key_value_heads": 4, "rms_norm_eps": 1e-5, "tie_word_embeddings": true,
+            "sliding_window": 128, "mlp_bias": false, "embedding_multiplier": 1.0,
+            "logits_scaling": 1.0, "residual_multiplier": 1.0, "attention_multiplier": 1.0
+        }),
         ModelType::Arcee => json!({
             "hidden_act": "relu2", "rms_norm_eps": 1e-5, "mlp_bias": false
         }),
@@ -440,6 +445,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Phi3 => [32064, 3072, 8192, 32, 32, 4096],
         ModelType::Glm | ModelType::Glm4 => [151552, 4096, 13696, 40, 32, 131072],
         ModelType::Cwm => [128256, 6144, 21504, 64, 48, 131072],
+        ModelType::GraniteSwa => [100352, 2560, 8192, 24, 20, 8192],
         ModelType::InternLm3 => [128512, 4096, 10240, 48, 32, 32768],
         ModelType::Phi => [51200, 2048, 8192, 24, 32, 2048],
         ModelType::Nemotron => [256000, 6144, 24576, 32, 48, 4096],
@@ -503,6 +509,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         // Its end-of-text tokens are a list (in the class defaults above).
         ModelType::Glm | ModelType::Glm4 => (None, None, Some(151329)),
         ModelType::Cwm => (Some(128000), None, None),
+        ModelType::GraniteSwa => (Some(100257), Some(100257), None),
         ModelType::InternLm3 => (Some(1), Some(2), Some(2)),
         ModelType::Phi => (Some(1), Some(2), None),
         ModelType::Nemotron => (Some(2), Some(3), None),
@@ -645,8 +652,8 @@ fn default_layer_types(family: ModelType, config: &Map<String, Value>) -> Option
                 .collect(),
         );
     }
-    // CWM: every fourth layer, from the first, attends in full.
-    if family == ModelType::Cwm {
+    // CWM and Granite-SWA: every fourth layer, from the first, attends in full.
+    if matches!(family, ModelType::Cwm | ModelType::GraniteSwa) {
         let layers = config.get("num_hidden_layers")?.as_u64()?;
         return Some(
             (0..layers)

@@ -45,7 +45,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 60] = [
+const FAMILIES: [&str; 61] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -92,6 +92,7 @@ const FAMILIES: [&str; 60] = [
     "hyperclovax",
     "internlm3",
     "minicpm3",
+    "granite_swa",
     "glm",
     "jais2",
     "vaultgemma",

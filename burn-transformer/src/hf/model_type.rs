@@ -23,6 +23,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "cohere2",
     "granite",
     "hyperclovax",
+    "granite_swa",
     "arcee",
     "helium",
     "starcoder2",
@@ -134,6 +135,10 @@ pub(crate) enum ModelType {
     /// HyperCLOVA X (SEED): Granite's multipliers (the logits multiplied by
     /// `logits_scaling`), with a norm after each sublayer's output (`use_post_norm`).
     HyperClovaX,
+    /// Granite-SWA: Granite's multipliers with attention sinks, a window on the layers
+    /// `layer_types` names (by default all but every fourth, from the first) and a RoPE
+    /// base per layer (`layer_rope_theta`, 0: no RoPE).
+    GraniteSwa,
     /// Arcee (AFM): LLaMA with an ungated feed-forward of squared ReLU,
     /// `down(relu(up(x))²)`.
     Arcee,
@@ -247,7 +252,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 54] = [
+    const ALL: [Self; 55] = [
         Self::Llama,
         Self::InternLm3,
         Self::Mistral,
@@ -268,6 +273,7 @@ impl ModelType {
         Self::Cohere2,
         Self::Granite,
         Self::HyperClovaX,
+        Self::GraniteSwa,
         Self::Arcee,
         Self::Helium,
         Self::Starcoder2,
@@ -327,6 +333,7 @@ impl ModelType {
             Self::Cohere2 => "cohere2",
             Self::Granite => "granite",
             Self::HyperClovaX => "hyperclovax",
+            Self::GraniteSwa => "granite_swa",
             Self::Arcee => "arcee",
             Self::Helium => "helium",
             Self::Starcoder2 => "starcoder2",
@@ -426,7 +433,11 @@ impl ModelType {
     pub(crate) fn is_granite(self) -> bool {
         matches!(
             self,
-            Self::Granite | Self::GraniteMoe | Self::GraniteMoeShared | Self::HyperClovaX
+            Self::Granite
+                | Self::GraniteMoe
+                | Self::GraniteMoeShared
+                | Self::HyperClovaX
+                | Self::GraniteSwa
         )
     }
 

@@ -512,6 +512,31 @@ fn stablelm_with_layer_norms_qkv_biases_and_quarter_rope_matches_transformers() 
 }
 
 #[test]
+fn granite_swa_with_sinks_windows_and_a_rope_base_per_layer_matches_transformers() {
+    matches_transformers("granite_swa");
+}
+
+/// Granite-SWA's bases per layer: one per layer, none negative.
+#[test]
+fn granite_swa_names_a_malformed_list_of_rope_bases() {
+    let text = std::fs::read_to_string(model_dir("granite_swa").join(CONFIG_FILE)).unwrap();
+    let config: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for (bases, reason) in [
+        (serde_json::json!([10000.0, 0]), "2 entries for 4 layers"),
+        (serde_json::json!([10000.0, -1.0, 0, 0]), "non-negative"),
+    ] {
+        let mut config = config.clone();
+        config["layer_rope_theta"] = bases;
+        let error = HfConfig::from_value(&config, "config.json").unwrap_err();
+        assert!(
+            matches!(&error, HfError::Field { field, .. } if field == "layer_rope_theta")
+                && error.to_string().contains(reason),
+            "{error}"
+        );
+    }
+}
+
+#[test]
 fn hyperclovax_with_granite_multipliers_and_post_norms_matches_transformers() {
     matches_transformers("hyperclovax");
 }
@@ -620,7 +645,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 42] = [
+    let cases: [(&str, Edit, &[&str]); 43] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -930,6 +955,14 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
                 config.insert("attention_bias".into(), json!(true));
             },
             &["attention_bias"],
+        ),
+        // Granite-SWA's default layer kinds: every fourth full, from the first.
+        (
+            "granite_swa",
+            |config| {
+                config.remove("layer_types");
+            },
+            &[],
         ),
         // HyperCLOVA X's default: norms after the sublayers.
         (

@@ -153,6 +153,11 @@ pub struct CausalLmConfig {
     /// parameters). Default: true.
     #[config(default = true)]
     pub layer_norm_scale: bool,
+    /// The RoPE base of each layer, in place of `rope.theta` (HF `layer_rope_theta`,
+    /// Granite-SWA); layers of `nope_layers` do not rotate whatever it says. Not
+    /// available with `latent`. Default: none (every layer at `rope.theta`).
+    #[config(default = "None")]
+    pub layer_rope_theta: Option<Vec<f64>>,
     /// Clamps every layer's projected queries, keys and values to `[-clip, clip]` (HF
     /// `clip_qkv`, OLMo). Not available with `latent`. Default: none.
     #[config(default = "None")]
@@ -437,6 +442,33 @@ impl CausalLmConfig {
                 });
             }
         }
+        if let Some(bases) = &self.layer_rope_theta {
+            let problem = if self.latent.is_some() {
+                Some(
+                    "latent attention rotates with its own RoPE; per-layer bases apply to \
+                      grouped attention only"
+                        .to_string(),
+                )
+            } else if bases.len() != self.n_layers {
+                Some(format!(
+                    "has {} entries for {} layers",
+                    bases.len(),
+                    self.n_layers
+                ))
+            } else {
+                bases
+                    .iter()
+                    .find(|base| !(base.is_finite() && **base > 0.0))
+                    .map(|base| format!("every base must be positive and finite, got {base}"))
+            };
+            if let Some(reason) = problem {
+                return Err(ConfigError::Invalid {
+                    module: MODULE,
+                    field: "layer_rope_theta",
+                    reason,
+                });
+            }
+        }
         if self.latent.is_some() && self.nope_layers.is_some() {
             return Err(ConfigError::Invalid {
                 module: MODULE,
@@ -500,11 +532,26 @@ impl CausalLmConfig {
             (None, Some(sliding)) => Some(sliding.try_init(device)?),
             _ => rope.clone(),
         };
+        // Layers with a base of their own: one RoPE per distinct base, shared by cloning.
+        let mut bases: Vec<(f64, Rope)> = Vec::new();
+        let mut layer_ropes = Vec::new();
+        for &theta in self.layer_rope_theta.iter().flatten() {
+            let rope = match bases.iter().find(|(base, _)| *base == theta) {
+                Some((_, rope)) => rope.clone(),
+                None => {
+                    let rope = self.rope.clone().with_theta(theta).try_init(device)?;
+                    bases.push((theta, rope.clone()));
+                    rope
+                }
+            };
+            layer_ropes.push(rope);
+        }
         let block = |layer: usize| -> Result<TransformerBlock, ConfigError> {
             let mut block = self.block_config(layer).try_init(device)?;
             if let SelfAttention::MultiHead(attention) = &mut block.self_attn {
                 attention.rope = match self.window_of(layer) {
                     _ if self.is_nope_layer(layer) => None,
+                    _ if layer < layer_ropes.len() => Some(layer_ropes[layer].clone()),
                     Some(_) => sliding_rope.clone(),
                     None => rope.clone(),
                 };
