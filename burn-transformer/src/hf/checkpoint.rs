@@ -312,10 +312,7 @@ fn family_renames(config: &HfConfig) -> &'static [(&'static str, &'static str)] 
             ".mlp.e_score_correction_bias",
             ".mlp.gate.e_score_correction_bias",
         )],
-        "ernie4_5_moe" => &[(
-            ".mlp.moe_statics.e_score_correction_bias",
-            ".mlp.gate.e_score_correction_bias",
-        )],
+        "ernie4_5_moe" => &[(ERNIE_CORRECTION_BIAS, ".mlp.gate.e_score_correction_bias")],
         // gpt-oss names its router `router`, ours (like every other family) `gate`.
         "gpt_oss" => &[(".mlp.router.", ".mlp.gate.")],
         "starcoder2" => &STARCODER2_MLP,
@@ -643,11 +640,14 @@ impl CausalLmKeys {
 /// Our parameter path of the logits' bias (HF `lm_head.bias`).
 const LM_HEAD_BIAS: &str = "lm_head_bias";
 
+/// ERNIE-4.5-MoE's name of a router's correction bias.
+const ERNIE_CORRECTION_BIAS: &str = ".mlp.moe_statics.e_score_correction_bias";
+
 /// Whether `model_type`'s checkpoints store the tensor `key` with a leading dimension of
 /// one, which ours lacks: ERNIE-4.5-MoE keeps each router's correction bias for one
-/// group of experts, `….mlp.moe_statics.e_score_correction_bias` `[1, E]` (ours `[E]`).
+/// group of experts, [`ERNIE_CORRECTION_BIAS`] `[1, E]` (ours `[E]`).
 pub(crate) fn has_unit_leading_dim(model_type: &str, key: &str) -> bool {
-    model_type == "ernie4_5_moe" && key.ends_with(".mlp.moe_statics.e_score_correction_bias")
+    model_type == "ernie4_5_moe" && key.ends_with(ERNIE_CORRECTION_BIAS)
 }
 
 /// The tensors of [`has_unit_leading_dim`] without that dimension; a tensor whose first

@@ -4,30 +4,23 @@
 //! our adapters round-trip through PEFT's layout.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use burn::module::Module;
 use burn::tensor::{DType, Device, Int, Tensor};
 
 use super::tensors::read_safetensors;
+use super::tests::{config_json, model_dir};
 use super::*;
 use crate::io::tests::TempDir;
 use crate::lora::{LoraConfig, attach_lora};
 use crate::model::CausalLm;
-use crate::test_utils::{Fixture, fixture_dir, max_abs_diff};
-
-fn model_dir(name: &str) -> PathBuf {
-    fixture_dir().join("hf").join(name)
-}
+use crate::test_utils::{Fixture, max_abs_diff};
 
 fn tokens(name: &str, device: &Device) -> Tensor<2, Int> {
     let reference = Fixture::load(&format!("hf/{name}/reference"));
     let data = reference.data("tokens").convert::<i64>();
     Tensor::from_data(data, device)
-}
-
-fn config_json(dir: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(dir.join(CONFIG_FILE)).unwrap()).unwrap()
 }
 
 /// Every tensor of a model folder: key → shape.

@@ -275,31 +275,34 @@ impl MoeKeys {
         // Qwen2-MoE's and GraniteMoE-Shared's one shared expert has a width of its own
         // (Qwen2-MoE's a gate too).
         let mut shared_d_ff = None;
-        let (routed_scaling_factor, n_shared_experts) = if family == Some(ModelType::ExaoneMoe) {
+        // EXAONE-MoE and ERNIE-4.5-MoE count their shared experts (as wide as the routed
+        // ones, as one MLP) under a name of their own.
+        let own_shared_count = match family {
+            Some(ModelType::ExaoneMoe) => Some(("num_shared_experts", self.num_shared_experts)),
+            Some(ModelType::Ernie45Moe) => {
+                Some(("moe_num_shared_experts", self.moe_num_shared_experts))
+            }
+            _ => None,
+        };
+        let (routed_scaling_factor, n_shared_experts) = if let Some((key, count)) = own_shared_count
+        {
+            let count = count.unwrap_or(0);
             unread.fixed(
                 "n_shared_experts",
                 self.n_shared_experts,
-                self.num_shared_experts.unwrap_or(0),
-                "`num_shared_experts`",
+                count,
+                &format!("`{key}`"),
             );
-            (
-                self.routed_scaling_factor.unwrap_or(1.0),
-                self.num_shared_experts.unwrap_or(0),
-            )
+            let scale = match deepseek {
+                true => self.routed_scaling_factor.unwrap_or(1.0),
+                false => unscaled(unread),
+            };
+            (scale, count)
         } else if deepseek {
             (
                 self.routed_scaling_factor.unwrap_or(1.0),
                 self.n_shared_experts.unwrap_or(0),
             )
-        } else if family == Some(ModelType::Ernie45Moe) {
-            // `moe_num_shared_experts` experts as wide as the routed ones, as one MLP.
-            unread.fixed(
-                "n_shared_experts",
-                self.n_shared_experts,
-                self.moe_num_shared_experts.unwrap_or(0),
-                "`moe_num_shared_experts`",
-            );
-            (unscaled(unread), self.moe_num_shared_experts.unwrap_or(0))
         } else if family == Some(ModelType::HunyuanV1Moe) {
             // One shared expert (`shared_mlp`) as wide as the routed ones.
             let one = unread.fixed(

@@ -3,7 +3,7 @@
 //! cached decoding equals the full forward, batched prompts equal one-by-one, and a
 //! broken checkpoint gives an error that names the problem.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
@@ -31,8 +31,20 @@ pub(super) fn fixture_config(name: &str) -> serde_json::Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-fn model_dir(name: &str) -> PathBuf {
+pub(super) fn model_dir(name: &str) -> PathBuf {
     fixture_dir().join("hf").join(name)
+}
+
+/// The `config.json` of the model folder `dir`.
+pub(super) fn config_json(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join(CONFIG_FILE)).unwrap()).unwrap()
+}
+
+/// Why the fixture model `name`'s `config.json`, with `key` set to `value`, is refused.
+fn config_error_with(name: &str, key: &str, value: serde_json::Value) -> HfError {
+    let mut config = config_json(&model_dir(name));
+    config[key] = value;
+    HfConfig::from_value(&config, "config.json").unwrap_err()
 }
 
 fn reference(name: &str) -> Fixture {
@@ -241,10 +253,7 @@ fn exaone4_with_output_norms_sliding_layers_and_a_full_layer_without_rope_matche
 fn cohere_with_parallel_blocks_layer_norms_and_scaled_logits_matches_transformers() {
     matches_transformers("cohere");
     // Command R+'s QK-norm has weights per head, which our QK-norm does not.
-    let text = std::fs::read_to_string(model_dir("cohere").join(CONFIG_FILE)).unwrap();
-    let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
-    json["use_qk_norm"] = true.into();
-    let error = HfConfig::from_value(&json, "config.json").unwrap_err();
+    let error = config_error_with("cohere", "use_qk_norm", true.into());
     assert!(
         matches!(&error, HfError::Field { field, .. } if field == "use_qk_norm"),
         "{error}"
@@ -486,10 +495,7 @@ fn internlm3_with_attention_and_feed_forward_biases_matches_transformers() {
 /// InternLM3's two bias switches must agree, as transformers' configuration requires.
 #[test]
 fn internlm3_refuses_different_attention_and_feed_forward_bias_switches() {
-    let text = std::fs::read_to_string(model_dir("internlm3").join(CONFIG_FILE)).unwrap();
-    let mut config: serde_json::Value = serde_json::from_str(&text).unwrap();
-    config["mlp_bias"] = serde_json::Value::Bool(false);
-    let error = HfConfig::from_value(&config, "config.json").unwrap_err();
+    let error = config_error_with("internlm3", "mlp_bias", false.into());
     assert!(
         matches!(&error, HfError::Field { field, .. } if field == "qkv_bias"),
         "{error}"
@@ -519,15 +525,11 @@ fn granite_swa_with_sinks_windows_and_a_rope_base_per_layer_matches_transformers
 /// Granite-SWA's bases per layer: one per layer, none negative.
 #[test]
 fn granite_swa_names_a_malformed_list_of_rope_bases() {
-    let text = std::fs::read_to_string(model_dir("granite_swa").join(CONFIG_FILE)).unwrap();
-    let config: serde_json::Value = serde_json::from_str(&text).unwrap();
     for (bases, reason) in [
         (serde_json::json!([10000.0, 0]), "2 entries for 4 layers"),
         (serde_json::json!([10000.0, -1.0, 0, 0]), "non-negative"),
     ] {
-        let mut config = config.clone();
-        config["layer_rope_theta"] = bases;
-        let error = HfConfig::from_value(&config, "config.json").unwrap_err();
+        let error = config_error_with("granite_swa", "layer_rope_theta", bases);
         assert!(
             matches!(&error, HfError::Field { field, .. } if field == "layer_rope_theta")
                 && error.to_string().contains(reason),
@@ -555,10 +557,7 @@ fn nemotron_with_layer_norm_1p_and_an_ungated_relu2_feed_forward_matches_transfo
 #[test]
 fn phi_and_stablelm_refuse_a_layer_norm_of_queries_and_keys() {
     for name in ["phi", "stablelm"] {
-        let text = std::fs::read_to_string(model_dir(name).join(CONFIG_FILE)).unwrap();
-        let mut config: serde_json::Value = serde_json::from_str(&text).unwrap();
-        config["qk_layernorm"] = serde_json::Value::Bool(true);
-        let error = HfConfig::from_value(&config, "config.json").unwrap_err();
+        let error = config_error_with(name, "qk_layernorm", true.into());
         assert!(
             matches!(&error, HfError::Field { field, .. } if field == "qk_layernorm"),
             "{name}: {error}"
