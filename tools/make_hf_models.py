@@ -799,6 +799,84 @@ def cwm():
     )
 
 
+def gpt2():
+    # GPT-2's layout: learned positions, shifted LayerNorms, biases everywhere, an
+    # ungated GELU (tanh) feed-forward 4× the width (`n_inner` null), tied embeddings;
+    # stored as Conv1D layers with q, k and v fused in `c_attn`.
+    return transformers.GPT2Config(
+        vocab_size=COMMON["vocab_size"],
+        n_embd=COMMON["hidden_size"],
+        n_layer=COMMON["num_hidden_layers"],
+        n_head=COMMON["num_attention_heads"],
+        n_positions=COMMON["max_position_embeddings"],
+        bos_token_id=COMMON["bos_token_id"],
+        eos_token_id=COMMON["eos_token_id"],
+        pad_token_id=COMMON["pad_token_id"],
+    )
+
+
+def opt():
+    # OPT's layout (125M and 1.3B+): learned positions whose table starts 2 rows in,
+    # Pre-LN blocks of shifted LayerNorms (`self_attn_layer_norm`, `final_layer_norm`),
+    # biases everywhere, an ungated ReLU feed-forward `ffn_dim` wide, tied embeddings.
+    return transformers.OPTConfig(
+        vocab_size=COMMON["vocab_size"],
+        hidden_size=COMMON["hidden_size"],
+        num_hidden_layers=COMMON["num_hidden_layers"],
+        ffn_dim=COMMON["intermediate_size"],
+        max_position_embeddings=COMMON["max_position_embeddings"],
+        num_attention_heads=COMMON["num_attention_heads"],
+        word_embed_proj_dim=COMMON["hidden_size"],
+        bos_token_id=COMMON["bos_token_id"],
+        eos_token_id=COMMON["eos_token_id"],
+        pad_token_id=COMMON["pad_token_id"],
+    )
+
+
+def opt_post_norm():
+    # OPT's post-norm blocks (350M's, without its embedding projections): each
+    # LayerNorm after its sublayer's residual add, no final norm.
+    config = opt()
+    config.do_layer_norm_before = False
+    return config
+
+
+def gptj():
+    # GPT-J's layout: attention (no biases) and an ungated GELU-tanh feed-forward (with
+    # biases) in parallel after one shifted LayerNorm; the rotary embedding on pairs of
+    # neighbouring features over the first `rotary_dim` (4 of 8) of each head, at base
+    # 10000; an untied head with a bias; GPT-2's names for the sizes.
+    return transformers.GPTJConfig(
+        vocab_size=COMMON["vocab_size"],
+        n_embd=COMMON["hidden_size"],
+        n_layer=COMMON["num_hidden_layers"],
+        n_head=COMMON["num_attention_heads"],
+        n_positions=COMMON["max_position_embeddings"],
+        rotary_dim=4,
+        bos_token_id=COMMON["bos_token_id"],
+        eos_token_id=COMMON["eos_token_id"],
+        pad_token_id=COMMON["pad_token_id"],
+    )
+
+
+def gpt_neox():
+    # Pythia's layout: attention and feed-forward in parallel, each after its own
+    # shifted LayerNorm; q, k, v fused per head in `query_key_value`; the rotary
+    # embedding over a quarter of each head (rotary_pct, the class's default; heads of
+    # 16 here); an ungated exact-GELU feed-forward with biases; an untied head.
+    common = {k: v for k, v in COMMON.items() if k not in ("rms_norm_eps", "num_attention_heads")}
+    return transformers.GPTNeoXConfig(**common, num_attention_heads=2, rotary_emb_base=1000.0)
+
+
+def gpt_neox_sequential():
+    # GPT-NeoX without the parallel residual: Pre-LN blocks; 4 heads of 8, half rotated.
+    return transformers.GPTNeoXConfig(
+        **{k: v for k, v in COMMON.items() if k != "rms_norm_eps"},
+        use_parallel_residual=False,
+        rotary_pct=0.5,
+    )
+
+
 def phi():
     # Phi-2's layout: attention and an ungated GELU (tanh) feed-forward in parallel after
     # one LayerNorm, biases on every projection and on the output head, the rotary
@@ -1146,6 +1224,12 @@ MODELS = {
     "ernie4_5_moe": (ernie4_5_moe, {}),
     "internlm3": (internlm3, {}),
     "cwm": (cwm, {}),
+    "gpt2": (gpt2, {}),
+    "gptj": (gptj, {}),
+    "opt": (opt, {}),
+    "opt_post_norm": (opt_post_norm, {}),
+    "gpt_neox": (gpt_neox, {}),
+    "gpt_neox_sequential": (gpt_neox_sequential, {}),
     "phi": (phi, {}),
     "stablelm": (stablelm, {}),
     "nemotron": (nemotron, {}),
@@ -1180,14 +1264,17 @@ def perturb(model: torch.nn.Module, generator: torch.Generator) -> None:
     with torch.no_grad():
         for name, param in model.named_parameters():
             leaf = name.rsplit(".", 1)[-1]
-            if "norm" in name and param.dim() == 1:
+            owner = model.get_submodule(name.rsplit(".", 1)[0])
+            # GPT-2's LayerNorms are `ln_1`, `ln_2`, `ln_f`.
+            if ("norm" in name or ".ln_" in name) and param.dim() == 1:
                 param.copy_(1.0 + normal(param.shape, 0.2))
             elif leaf == "bias" or param.dim() == 1:
                 param.copy_(normal(param.shape, 0.1))
             elif "embed_tokens" in name:
                 param.copy_(normal(param.shape, 1.0))
             else:
-                fan_in = param.shape[-1]
+                # GPT-2's Conv1D stores its weight [in, out].
+                fan_in = param.shape[0] if type(owner).__name__ == "Conv1D" else param.shape[-1]
                 param.copy_(normal(param.shape, 1.0 / math.sqrt(fan_in)))
         # Buffers the checkpoint does not save (Gemma's embedding scale) are the
         # architecture's, not weights: a loader computes them from config.json.
@@ -1573,6 +1660,31 @@ LORA_ADAPTERS = {
         dict(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj", "dense", "fc1", "fc2"]),
         0.01,
     ),
+    # GPT-2's Conv1D layers (PEFT sets fan_in_fan_out): the fused `c_attn`, and
+    # `mlp.c_proj` but not the attention's `c_proj`.
+    "gpt2_lora": (
+        "gpt2",
+        dict(r=2, lora_alpha=4, target_modules=["c_attn", "mlp.c_proj", "c_fc"], fan_in_fan_out=True),
+        0.01,
+    ),
+    # GPT-NeoX's q, k and v fused head by head in `query_key_value`, its output
+    # projection `dense` and feed-forward `dense_4h_to_h`.
+    "gpt_neox_lora": (
+        "gpt_neox",
+        dict(r=2, lora_alpha=4, target_modules=["query_key_value", "attention.dense", "dense_4h_to_h"]),
+        0.01,
+    ),
+    # GPT-J's and OPT's names of the output projection (`out_proj`) and feed-forward.
+    "gptj_lora": (
+        "gptj",
+        dict(r=2, lora_alpha=4, target_modules=["q_proj", "out_proj", "fc_in"]),
+        0.01,
+    ),
+    "opt_lora": (
+        "opt",
+        dict(r=2, lora_alpha=4, target_modules=["v_proj", "out_proj", "fc2"]),
+        0.01,
+    ),
     # An ungated feed-forward's `up_proj` / `down_proj` (our `fc1` / `fc2`).
     "nemotron_lora": (
         "nemotron",
@@ -1647,7 +1759,8 @@ def apply_adapter_by_hand(model, folder: Path) -> list[str]:
     """Adds the adapter in `folder` to `model`'s weights, from the files alone.
 
     Keys are `base_model.model.<module>.lora_A.weight` / `.lora_B.weight`. For an
-    `nn.Linear` (weight [out, in]): A [r, in], B [out, r], W += scale * B @ A.
+    `nn.Linear` (weight [out, in]): A [r, in], B [out, r], W += scale * B @ A; for
+    GPT-2's `Conv1D` (weight [in, out]) the same factors, W += scale * (B @ A)ᵀ.
     For a targeted 3-D parameter of fused MoE experts (`target_parameters`, weight
     [E, out, in] in transformers 5), A is [E * r, in] with expert-major rows and B is
     [out, r * E] with expert-minor columns:
@@ -1672,6 +1785,11 @@ def apply_adapter_by_hand(model, folder: Path) -> list[str]:
                 name, weight = f"{path}.weight", module.weight
                 rank = a.shape[0]
                 delta = b @ a
+            elif type(module).__name__ == "Conv1D":
+                # GPT-2's Conv1D stores its weight [in, out]; A and B keep Linear's layout.
+                name, weight = f"{path}.weight", module.weight
+                rank = a.shape[0]
+                delta = (b @ a).t()
             else:
                 params = [n for n, _ in module.named_parameters(recurse=False) if n in targeted]
                 param = params[len(params) - 1 - depth]

@@ -443,12 +443,13 @@ fn damaged_or_foreign_checkpoints_never_panic() {
     assert_clear_error(&resume("8"), "not a run file");
 }
 
-/// Every `--arch` builds a model whose validation loss falls in a few steps.
+/// Every `--arch` builds a model whose validation loss falls in a few steps; a GPT-2
+/// run exports as transformers' `gpt2`.
 #[test]
 fn every_arch_learns() {
     let dir = TempDir::with_prefix("arch").unwrap();
     let text = corpus(dir.path());
-    for arch in ["qwen3", "olmo2", "gemma", "gpt-oss"] {
+    for arch in ["qwen3", "olmo2", "gemma", "gpt-oss", "gpt2"] {
         let out = dir.path().join(arch);
         let mut args = vec![
             "--data",
@@ -473,6 +474,20 @@ fn every_arch_learns() {
         let (first, last) = (validation[0].1, validation[validation.len() - 1].1);
         assert!(last < first, "{arch}: validation loss {first} -> {last}");
     }
+    let exported = dir.path().join("gpt2-hf");
+    let export = env!("CARGO_BIN_EXE_export-hf");
+    let gpt2 = dir.path().join("gpt2");
+    let flags = [
+        "--checkpoint",
+        gpt2.to_str().unwrap(),
+        "--out",
+        exported.to_str().unwrap(),
+    ];
+    assert_success(&common::run(export, &flags));
+    let config = std::fs::read_to_string(exported.join("config.json")).unwrap();
+    let config: serde_json::Value = serde_json::from_str(&config).unwrap();
+    assert_eq!(config["model_type"], "gpt2", "{config}");
+    assert_eq!(config["n_positions"], 8, "the context of TINY: {config}");
 }
 
 /// `--mtp-depth 1` trains a multi-token-prediction module: its validation loss falls

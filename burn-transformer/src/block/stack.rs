@@ -93,9 +93,31 @@ pub struct TransformerStack {
 pub struct StackCache {
     /// One per block, first to last.
     pub blocks: Vec<BlockCache>,
+    /// `[batch]`: how many of the positions seen were padding in each row; `None` while
+    /// no step had padding.
+    padded: Option<Tensor<1, Int>>,
 }
 
 impl StackCache {
+    /// `[batch]`: how many of the positions seen were padding in each row (absolute
+    /// positions count real tokens only); `None` while no step had padding.
+    pub fn padded_positions(&self) -> Option<Tensor<1, Int>> {
+        self.padded.clone()
+    }
+
+    /// Counts the padding of new positions.
+    ///
+    /// # Shapes
+    /// - key_padding: `[batch, new]`
+    fn count_padding(&mut self, key_padding: Tensor<2, Bool>) {
+        // [batch]
+        let new = key_padding.int().sum_dim(1).squeeze_dim::<1>(1);
+        self.padded = Some(match self.padded.take() {
+            Some(seen) => seen + new,
+            None => new,
+        });
+    }
+
     /// The absolute position of the next token (the number of positions seen).
     pub fn position(&self) -> usize {
         self.blocks
@@ -120,6 +142,10 @@ impl StackCache {
             block.self_attn.select_batch(indices.clone());
             block.cross_attn.select_batch(indices.clone());
         }
+        self.padded = self
+            .padded
+            .take()
+            .map(|padded| padded.select(0, indices.clone()));
     }
 }
 
@@ -231,6 +257,9 @@ impl TransformerStack {
             cache.blocks.len(),
             self.layers.len()
         );
+        if let Some(padding) = &key_padding {
+            cache.count_padding(padding.clone());
+        }
         let mut state = BlockState::new(x, self.kind);
         for (layer, block_cache) in self.layers.iter().zip(cache.blocks.iter_mut()) {
             state = layer.forward_cached(state, block_cache, key_padding.clone(), memory);
@@ -242,6 +271,7 @@ impl TransformerStack {
     pub fn new_cache(&self) -> StackCache {
         StackCache {
             blocks: self.layers.iter().map(BlockCache::for_block).collect(),
+            padded: None,
         }
     }
 

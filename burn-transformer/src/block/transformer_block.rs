@@ -5,7 +5,9 @@
 //!
 //! - Pre-LN (GPT-2, LLaMA): `x + f(norm(x))` — stable deep training; needs a final norm.
 //! - Post-LN (Vaswani et al., 2017): `norm(x + f(x))`.
-//! - Parallel (GPT-J, PaLM): `x + attn(norm(x)) + ffn(norm(x))`, one norm read by both.
+//! - Parallel (GPT-J, PaLM): `x + attn(norm(x)) + ffn(norm(x))`, one norm read by both;
+//!   or each sublayer after its own norm (GPT-NeoX, Pythia):
+//!   `x + attn(norm₁(x)) + ffn(norm₂(x))`.
 //! - ResiDual (Xie et al., 2023): a Post-LN stream `a ← norm(a + f(a))` and a Pre-LN-like
 //!   dual stream `d ← d + f(a)`, combined at the end of the stack as `a + norm(d)`
 //!   (see [`TransformerStack`](super::TransformerStack)). Both streams start from the input.
@@ -41,6 +43,9 @@ pub enum BlockKind {
     PostNorm,
     /// `x + attn(norm(x)) + ffn(norm(x))`: both sublayers read one normed input.
     Parallel,
+    /// `x + attn(norm₁(x)) + ffn(norm₂(x))`: parallel sublayers, each after its own
+    /// norm (GPT-NeoX's `input_layernorm` and `post_attention_layernorm`).
+    ParallelSeparateNorms,
     /// Post-LN stream plus an un-normalized dual stream (ResiDual).
     ResiDual,
     /// `x + norm(f(x))` for each sublayer: the norm on the sublayer's output, before
@@ -196,10 +201,11 @@ pub struct TransformerBlock {
     /// The feed-forward sublayer.
     pub mlp: FeedForward,
     /// The second norm, named as Hugging Face names it in each family: the
-    /// feed-forward's input norm of a Pre-LN block (LLaMA), the norm after the
-    /// feed-forward's residual add of a post-norm or ResiDual block, the norm of the
-    /// attention's output in an [`BlockKind::OutputNorm`] or [`BlockKind::Sandwich`]
-    /// block (OLMo-2, Gemma); none in a parallel block.
+    /// feed-forward's input norm of a Pre-LN block (LLaMA) or of a parallel block of
+    /// two norms (GPT-NeoX), the norm after the feed-forward's residual add of a
+    /// post-norm or ResiDual block, the norm of the attention's output in an
+    /// [`BlockKind::OutputNorm`] or [`BlockKind::Sandwich`] block (OLMo-2, Gemma); none
+    /// in a parallel block of one norm.
     pub post_attention_layernorm: Option<Norm>,
     /// The feed-forward's input norm of a [`BlockKind::Sandwich`] block.
     pub pre_feedforward_layernorm: Option<Norm>,
@@ -527,6 +533,17 @@ impl TransformerBlock {
                     losses,
                 }
             }
+            BlockKind::ParallelSeparateNorms => {
+                let normed = input_norm().forward(x.clone());
+                let attended = self.branch(calls.self_attention(&self.self_attn, normed));
+                let norm = second_norm.expect("a parallel block of two norms has a second");
+                let (fed, losses) = self.feed_forward(norm.forward(x.clone()), losses, None);
+                BlockState {
+                    hidden: x + attended + fed,
+                    dual: None,
+                    losses,
+                }
+            }
             BlockKind::ResiDual => {
                 let (a, d) = (
                     x,
@@ -668,6 +685,7 @@ mod tests {
                 BlockKind::PreNorm,
                 BlockKind::PostNorm,
                 BlockKind::Parallel,
+                BlockKind::ParallelSeparateNorms,
                 BlockKind::ResiDual,
                 BlockKind::OutputNorm,
                 BlockKind::Sandwich,
@@ -712,6 +730,9 @@ mod tests {
                     BlockKind::Parallel => {
                         let h = n1(x.clone());
                         (x.clone() + attn(h.clone()) + mlp(h), None)
+                    }
+                    BlockKind::ParallelSeparateNorms => {
+                        (x.clone() + attn(n1(x.clone())) + mlp(n2(x.clone())), None)
                     }
                     BlockKind::ResiDual => {
                         let out = attn(x.clone());
@@ -816,6 +837,7 @@ mod tests {
                 BlockKind::PreNorm,
                 BlockKind::PostNorm,
                 BlockKind::Parallel,
+                BlockKind::ParallelSeparateNorms,
                 BlockKind::ResiDual,
                 BlockKind::OutputNorm,
                 BlockKind::Sandwich,
@@ -1021,6 +1043,7 @@ mod tests {
         assert!(error.to_string().contains("norm.d_model"), "{error}");
         for kind in [
             BlockKind::Parallel,
+            BlockKind::ParallelSeparateNorms,
             BlockKind::OutputNorm,
             BlockKind::Sandwich,
         ] {

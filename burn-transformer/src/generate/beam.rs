@@ -134,8 +134,8 @@ struct Beam {
 /// best first (`num_beams` of them unless fewer finished).
 ///
 /// # Errors
-/// [`GenerateError`] for an empty batch or prompt, a token outside the vocabulary or
-/// `num_beams == 0`.
+/// [`GenerateError`] for an empty batch or prompt, a token outside the vocabulary,
+/// `num_beams == 0`, or sequences longer than a model's learned positions.
 pub fn beam_search<M: LanguageModel>(
     model: &M,
     prompts: &[Vec<u32>],
@@ -152,6 +152,21 @@ pub fn beam_search<M: LanguageModel>(
         return Err(GenerateError::InvalidSetting {
             setting: "repetition_penalty",
             reason: format!("must be > 0, got {}", config.repetition_penalty),
+        });
+    }
+    // Beams keep every token: the prompt, then the new ones but the last, are fed.
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    if let Some(positions) = model.max_positions()
+        && longest + config.max_new_tokens.max(1) - 1 > positions
+    {
+        return Err(GenerateError::InvalidSetting {
+            setting: "max_new_tokens",
+            reason: format!(
+                "a prompt of {longest} tokens and {} new ones exceed the model's {positions} \
+                 learned positions: ask for at most {} new tokens or shorten the prompt",
+                config.max_new_tokens,
+                (positions + 1).saturating_sub(longest)
+            ),
         });
     }
     let beams_per_prompt = config.num_beams;

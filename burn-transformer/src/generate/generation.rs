@@ -4,7 +4,9 @@
 //! With [`GenerationConfig::max_context`], every token is predicted from at most that
 //! many of the latest tokens, as a model trained on windows of that length saw them:
 //! once the cache is full, each step prefills the latest `max_context` tokens into an
-//! empty cache instead of appending one.
+//! empty cache instead of appending one. A model with learned positions (GPT-2) caps
+//! the context at its number of positions ([`LanguageModel::max_positions`]), as
+//! nanoGPT's sampling crops to its block size.
 //!
 //! Prompts of different lengths run as one batch with left padding: every prompt ends
 //! at the last column, the padded positions are masked as keys (and their queries
@@ -12,7 +14,9 @@
 //! padded row's tokens sit `pad` positions later than alone; attention depends only
 //! on position differences, so its logits equal the unpadded row's up to float
 //! rounding (this does not hold for RoPE variants whose frequencies depend on the
-//! total length: dynamic NTK and LongRoPE beyond their original context).
+//! total length: dynamic NTK and LongRoPE beyond their original context). Learned
+//! positions count a row's real tokens only, so there too a padded row is numbered
+//! as alone.
 
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
@@ -120,6 +124,14 @@ pub fn generate<M: LanguageModel>(
             reason: "must be at least 1".into(),
         });
     }
+    // A model with learned positions cannot see more than it has.
+    let config = &GenerationConfig {
+        max_context: match (config.max_context, model.max_positions()) {
+            (Some(limit), Some(positions)) => Some(limit.min(positions)),
+            (limit, positions) => limit.or(positions),
+        },
+        ..config.clone()
+    };
     let batch = prompts.len();
     let vocab = model.vocab_size();
     let device = model.device();
@@ -286,6 +298,7 @@ pub(crate) fn last_logits(logits: Tensor<3>, batch: usize, vocab: usize) -> Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::generate::{BeamSearchConfig, beam_search};
     use crate::model::{CausalLm, CausalLmConfig};
     use crate::position::RopeConfig;
     use crate::test_utils::model_test_devices;
@@ -365,5 +378,32 @@ mod tests {
             generate(&model, &prompts, &zero, |_| {}),
             Err(GenerateError::InvalidSetting { .. })
         ));
+    }
+
+    /// A model with learned positions generates past them, each token predicted from
+    /// as many of the latest tokens as it has positions (a padded batch too); beam
+    /// search, which keeps whole sequences, refuses to go past them.
+    #[test]
+    fn learned_positions_bound_the_context() {
+        let device = Device::flex();
+        let model = crate::model::causal_lm_tests::small_gpt().init(&device);
+        let positions = model.max_positions().unwrap();
+        let prompts = vec![vec![1, 2, 3], vec![3, 4, 5, 6, 7, 8, 9]];
+        let config = GenerationConfig::greedy(12);
+        let batched = generate(&model, &prompts, &config, |_| {}).unwrap();
+        for (prompt, output) in prompts.iter().zip(&batched) {
+            let alone = windowed_reference(&model, prompt, 12, positions, SamplingConfig::greedy());
+            assert_eq!(output.tokens, alone, "prompt {prompt:?}");
+        }
+        let narrower = GenerationConfig::greedy(12).with_max_context(Some(5));
+        let output = generate(&model, &prompts[..1], &narrower, |_| {}).unwrap();
+        let alone = windowed_reference(&model, &prompts[0], 12, 5, SamplingConfig::greedy());
+        assert_eq!(output[0].tokens, alone, "the smaller context wins");
+
+        // The longest prompt (7 tokens) and 2 new ones fill the 8 positions.
+        let fits = BeamSearchConfig::new(2, 2);
+        assert!(beam_search(&model, &prompts, &fits).is_ok());
+        let error = beam_search(&model, &prompts, &BeamSearchConfig::new(2, 3)).unwrap_err();
+        assert!(error.to_string().contains("8 learned positions"), "{error}");
     }
 }

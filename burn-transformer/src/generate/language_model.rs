@@ -42,6 +42,13 @@ pub trait LanguageModel {
         None
     }
 
+    /// The longest sequence the model can take (a table of learned positions, as
+    /// GPT-2's): generation then predicts from at most that many of the latest tokens.
+    /// Default: no limit.
+    fn max_positions(&self) -> Option<usize> {
+        None
+    }
+
     /// Keeps the cache rows `indices`, in that order (beam search reorders beams).
     ///
     /// # Shapes
@@ -79,6 +86,10 @@ impl LanguageModel for CausalLm {
 
     fn cache_rebuild_length(&self) -> Option<usize> {
         CausalLm::cache_rebuild_length(self)
+    }
+
+    fn max_positions(&self) -> Option<usize> {
+        CausalLm::max_positions(self)
     }
 }
 

@@ -23,6 +23,8 @@ use super::config::HfConfig;
 use super::error::HfError;
 use super::keys::{KeyError, read_json, read_keys, required};
 use super::model_type::text_model_family;
+use super::own_names::OwnNames;
+use super::{gpt_neox, gpt2, gptj, opt};
 use crate::block::BlockKind;
 use crate::model::CausalLm;
 use crate::module_path::ParamPath;
@@ -120,6 +122,14 @@ pub trait KeyMap {
     /// checkpoint key `key` is a block of, the block's place and the number of blocks.
     /// Default: none.
     fn fused(&self, key: &str) -> Option<(String, usize, usize)> {
+        let _ = key;
+        None
+    }
+
+    /// The head width, when the fused tensor `key` holds its blocks head by head
+    /// (GPT-NeoX's `query_key_value`: head 0's q, k and v rows, then head 1's, …)
+    /// rather than one block after the other. Default: none.
+    fn fused_per_head(&self, key: &str) -> Option<usize> {
         let _ = key;
         None
     }
@@ -253,7 +263,7 @@ fn check_layer_count<'a>(
 /// `down_proj`, StarCoder2 `c_fc` and `c_proj` (ours `fc1`, `fc2`); Hunyuan its
 /// QK-norms `query_layernorm` and `key_layernorm` (ours `q_norm`, `k_norm`), its router
 /// `gate.wg` and its shared expert `shared_mlp`; ERNIE-4.5-MoE its correction bias
-/// `moe_statics.e_score_correction_bias`, stored `[1, E]` ([`has_unit_leading_dim`]),
+/// `moe_statics.e_score_correction_bias`, stored `[1, E]`,
 /// and it ignores the `mtp…` modules of its checkpoints as transformers does (as for
 /// EXAONE-MoE, which keeps the correction bias as `mlp.e_score_correction_bias`); Phi
 /// its output projection `dense` and its final norm `final_layernorm` (ours `o_proj`,
@@ -279,6 +289,12 @@ fn check_layer_count<'a>(
 /// `post_feedforward_layernorm`); VaultGemma names the second norm of its pre-norm
 /// blocks `pre_feedforward_layernorm` (ours `post_attention_layernorm`).
 ///
+/// GPT-2's, GPT-J's, GPT-NeoX's and OPT's checkpoints name every part their own way
+/// (`transformer.h.N.attn.c_attn`, `gpt_neox.layers.N.attention.query_key_value`): each
+/// key is translated whole before the rest; GPT-2's `Conv1D` weights are
+/// transposed to `[out, in]` and its `c_attn` split as Phi-3's `qkv_proj`, GPT-NeoX's
+/// `query_key_value` head by head ([`KeyMap::fused_per_head`]).
+///
 /// A multimodal checkpoint ([`HfConfig::model_type`] `gemma3`) stores its text model
 /// under `language_model.` (`language_model.model.layers.…`,
 /// `language_model.lm_head.weight`; `model.language_model.…` as transformers 5 names
@@ -292,6 +308,8 @@ pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
         renames: family_renames(config),
         multimodal: text_model_family(&config.model_type).is_some(),
         fused: fused_projections(config),
+        fused_head_dim: (config.model_type == "gpt_neox").then(|| config.model.head_width()),
+        own_names: own_names(&config.model_type),
         unloaded_mtp_modules: matches!(config.model_type.as_str(), "ernie4_5_moe" | "exaone_moe"),
     }
 }
@@ -316,6 +334,8 @@ fn family_renames(config: &HfConfig) -> &'static [(&'static str, &'static str)] 
         // gpt-oss names its router `router`, ours (like every other family) `gate`.
         "gpt_oss" => &[(".mlp.router.", ".mlp.gate.")],
         "starcoder2" => &STARCODER2_MLP,
+        // GPT-2's, GPT-J's and GPT-NeoX's names are translated whole ([`own_names`]).
+        "gpt2" | "gptj" | "gpt_neox" | "opt" => &[],
         "phi" => &PHI_NAMES,
         "glm4" => &GLM4_NORMS,
         "hyperclovax" if config.model.block_kind == BlockKind::Sandwich => &HYPERCLOVAX_NORMS,
@@ -475,8 +495,8 @@ const FUSED_PROJECTIONS: [(&str, &[&str]); 3] = [
 type FusedProjection = (&'static str, Vec<(&'static str, usize)>);
 
 /// The projections `config`'s family stores fused, with the rows of each block:
-/// Phi-3's q/k/v and gate/up, GLM's and GLM-4's gate/up, GraniteMoE-Shared's shared
-/// gate/up.
+/// Phi-3's q/k/v and gate/up, GPT-2's and GPT-NeoX's q/k/v (weight and bias, in their
+/// own names), GLM's and GLM-4's gate/up, GraniteMoE-Shared's shared gate/up.
 fn fused_projections(config: &HfConfig) -> Vec<FusedProjection> {
     let model = &config.model;
     let head = model.head_width();
@@ -494,6 +514,14 @@ fn fused_projections(config: &HfConfig) -> Vec<FusedProjection> {
             with_rows(gate_up, &[d_ff, d_ff]),
         ],
         "glm" | "glm4" => vec![with_rows(gate_up, &[d_ff, d_ff])],
+        "gpt2" => gpt2::FUSED_QKV
+            .iter()
+            .map(|(fused, blocks)| with_rows((fused, blocks), &[q, kv, kv]))
+            .collect(),
+        "gpt_neox" => gpt_neox::FUSED_QKV
+            .iter()
+            .map(|(fused, blocks)| with_rows((fused, blocks), &[q, kv, kv]))
+            .collect(),
         "granitemoeshared" => {
             let shared = model.moe.as_ref().and_then(|moe| moe.shared_d_ff);
             shared.map_or_else(Vec::new, |width| {
@@ -539,6 +567,12 @@ struct CausalLmKeys {
     /// The projections the family's checkpoints store fused ([`fused_projections`]);
     /// empty for most.
     fused: Vec<FusedProjection>,
+    /// The head width of GPT-NeoX's fused projections, which hold q, k and v head by
+    /// head ([`KeyMap::fused_per_head`]).
+    fused_head_dim: Option<usize>,
+    /// The names of a family whose every key is its own (GPT-2, GPT-NeoX), read as
+    /// LLaMA's before the renames.
+    own_names: Option<&'static OwnNames>,
     /// The checkpoints hold multi-token-prediction modules that transformers does not
     /// load, named `mtp…` (ERNIE-4.5-MoE's `model.mtp_block.0.…`,
     /// `model.mtp_emb_norm.0.…`; EXAONE-MoE's `mtp.…`).
@@ -547,6 +581,12 @@ struct CausalLmKeys {
 
 impl KeyMap for CausalLmKeys {
     fn action(&self, key: &str) -> KeyAction {
+        if let Some(names) = self.own_names {
+            return match names.our_key(key) {
+                Some(key) => self.text_action(&key),
+                None => KeyAction::Ignore,
+            };
+        }
         if self.multimodal {
             return match text_model_key(key) {
                 Some(text_key) => self.text_action(&text_key),
@@ -558,7 +598,9 @@ impl KeyMap for CausalLmKeys {
 
     fn checkpoint_key(&self, path: &str) -> String {
         let key = self.text_checkpoint_key(path);
-        if self.multimodal {
+        if let Some(names) = self.own_names {
+            names.checkpoint_key(&key)
+        } else if self.multimodal {
             format!("language_model.{key}")
         } else {
             key
@@ -577,6 +619,14 @@ impl KeyMap for CausalLmKeys {
                 .map(|(block, rows)| (format!("{prefix}{block}"), *rows))
                 .collect(),
         )
+    }
+
+    fn fused_per_head(&self, key: &str) -> Option<usize> {
+        let fused = self
+            .fused
+            .iter()
+            .any(|(fused, _)| key.ends_with(&format!(".{fused}")));
+        self.fused_head_dim.filter(|_| fused)
     }
 
     fn fused(&self, key: &str) -> Option<(String, usize, usize)> {
@@ -666,6 +716,42 @@ fn drop_unit_leading_dims(
             let bytes = entry.bytes(&key)?.to_vec();
             let dtype = entry.tensor.dtype;
             let tensor = FileTensor::new(&key, dtype, shape[1..].to_vec(), bytes, entry.file);
+            Ok((key, tensor))
+        })
+        .collect()
+}
+
+/// GPT-2's `Conv1D` weights ([`gpt2::is_conv1d_weight`], `[in, out]`) transposed to
+/// torch's `nn.Linear` layout `[out, in]`, as every other checkpoint stores them; other
+/// tensors and other families pass unchanged.
+fn conv1d_as_linear(
+    tensors: BTreeMap<String, FileTensor>,
+    model_type: &str,
+) -> Result<BTreeMap<String, FileTensor>, HfError> {
+    if model_type != "gpt2" {
+        return Ok(tensors);
+    }
+    tensors
+        .into_iter()
+        .map(|(key, entry)| {
+            let &[rows, columns] = entry.tensor.shape.as_slice() else {
+                return Ok((key, entry));
+            };
+            if !gpt2::is_conv1d_weight(&key) {
+                return Ok((key, entry));
+            }
+            let bytes = entry.bytes(&key)?;
+            let element = bytes.len() / (rows * columns).max(1);
+            let mut transposed = vec![0u8; bytes.len()];
+            for row in 0..rows {
+                for column in 0..columns {
+                    let from = (row * columns + column) * element;
+                    let to = (column * rows + row) * element;
+                    transposed[to..to + element].copy_from_slice(&bytes[from..from + element]);
+                }
+            }
+            let dtype = entry.tensor.dtype;
+            let tensor = FileTensor::new(&key, dtype, vec![columns, rows], transposed, entry.file);
             Ok((key, tensor))
         })
         .collect()
@@ -875,8 +961,21 @@ fn reorder_gpt_oss_experts(
         .collect()
 }
 
+/// The names of the family `model_type` when its checkpoints name every part their own
+/// way.
+pub(crate) fn own_names(model_type: &str) -> Option<&'static OwnNames> {
+    match model_type {
+        "gpt2" => Some(&gpt2::NAMES),
+        "gptj" => Some(&gptj::NAMES),
+        "opt" => Some(&opt::NAMES),
+        "gpt_neox" => Some(&gpt_neox::NAMES),
+        _ => None,
+    }
+}
+
 /// The fused tensors of [`KeyMap::split`] cut into their row blocks, each under its
-/// own key; a tensor whose rows are not the blocks' sum is an error naming it.
+/// own key (taken head by head where [`KeyMap::fused_per_head`] says so); a tensor
+/// whose rows are not the blocks' sum is an error naming it.
 fn split_fused(
     tensors: BTreeMap<String, FileTensor>,
     key_map: &impl KeyMap,
@@ -900,11 +999,24 @@ fn split_fused(
         }
         let bytes = entry.bytes(&key)?;
         let row_bytes = bytes.len() / rows.max(1);
+        // Where row `row` of the blocks, stacked one after the other, is in the tensor.
+        let parts = blocks.len();
+        let source_row = |row: usize| match key_map.fused_per_head(&key) {
+            Some(head_dim) => {
+                gpt_neox::interleaved_row(row, parts, rows / parts / head_dim.max(1), head_dim)
+            }
+            None => row,
+        };
         let mut start = 0;
         for (block_key, block_rows) in blocks {
-            let end = start + block_rows * row_bytes;
             let block_shape = [&[block_rows], &shape[1..]].concat();
-            let block = bytes[start..end].to_vec();
+            let block: Vec<u8> = (start..start + block_rows)
+                .flat_map(|row| {
+                    let from = source_row(row) * row_bytes;
+                    bytes[from..from + row_bytes].iter().copied()
+                })
+                .collect();
+            let end = start + block_rows;
             let tensor = FileTensor::new(
                 &block_key,
                 entry.tensor.dtype,
@@ -1112,6 +1224,7 @@ fn apply_weights<M: Module>(
 
     let mut renamed: BTreeMap<String, (String, FileTensor)> = BTreeMap::new();
     let mut unexpected: Vec<(String, FileTensor)> = Vec::new();
+    let tensors = conv1d_as_linear(tensors, model_type)?;
     let tensors = split_fused(stack_experts(tensors)?, key_map)?;
     let tensors = if model_type == "gpt_oss" {
         reorder_gpt_oss_experts(tensors)?

@@ -26,7 +26,7 @@ use crate::block::BlockKind;
 use crate::ffn::Activation;
 use crate::ffn::moe::ExpertGlu;
 use crate::model::CausalLmConfig;
-use crate::position::{RopeLayout, RopeScaling};
+use crate::position::{RopeConfig, RopeLayout, RopeScaling};
 
 /// A model configuration read from a Hugging Face `config.json`.
 #[derive(Debug, Clone)]
@@ -279,6 +279,26 @@ struct ModelKeys {
     use_bidirectional_attention: Option<bool>,
     /// OLMo's and OLMoE's clamp of q, k and v (other families' code does not read it).
     clip_qkv: Option<f64>,
+    /// GPT-2's number of learned positions (`n_positions`).
+    max_position_embeddings: Option<usize>,
+    /// GPT-2: whether `q·kᵀ` is scaled by `head_dim^-½` (else not at all).
+    scale_attn_weights: Option<bool>,
+    /// GPT-2: a further scale `1 / (layer + 1)` of each layer's scores (not supported).
+    scale_attn_by_inverse_layer_idx: Option<bool>,
+    /// GPT-2: cross-attention layers for an encoder's states (not supported).
+    add_cross_attention: Option<bool>,
+    /// OPT: norms before each sublayer (else after its residual add).
+    do_layer_norm_before: Option<bool>,
+    /// OPT: biases on every projection.
+    enable_bias: Option<bool>,
+    /// OPT: LayerNorms with a scale and a shift (else without parameters).
+    layer_norm_elementwise_affine: Option<bool>,
+    /// OPT: no norm after the last layer (not supported).
+    #[serde(rename = "_remove_final_layer_norm")]
+    remove_final_layer_norm: Option<bool>,
+    /// OPT: the embeddings' width, projected to `hidden_size` when it differs (not
+    /// supported).
+    word_embed_proj_dim: Option<usize>,
     /// Set in checkpoints whose weights are stored quantized (gpt-oss's MXFP4,
     /// DeepSeek-V3's FP8 blocks, bitsandbytes, GPTQ, AWQ, …), which this loader does
     /// not read.
@@ -335,6 +355,22 @@ impl ModelKeys {
                  switch for the attention and the feed-forward; set both alike",
             ));
         }
+        if family == ModelType::Gpt2 {
+            self.check_gpt2()?;
+        }
+        if family == ModelType::Opt {
+            self.check_opt()?;
+        }
+        if let (ModelType::Gptj, Some(width), Some(heads)) =
+            (family, self.hidden_size, self.num_attention_heads)
+            && heads > 0
+            && width % heads != 0
+        {
+            return Err(KeyError::new(
+                "n_head",
+                format!("{heads} heads do not divide the width n_embd {width}"),
+            ));
+        }
         if self.use_bidirectional_attention == Some(true) {
             return Err(KeyError::new(
                 "use_bidirectional_attention",
@@ -383,6 +419,8 @@ impl ModelKeys {
                 let sliding = full.clone().with_scaling(RopeScaling::Default);
                 (full, Some(sliding))
             }
+            // GPT-2 and OPT learn their positions; the rotary embedding is unused.
+            ModelType::Gpt2 | ModelType::Opt => (RopeConfig::new(d_model / n_heads.max(1)), None),
             // GLM, GLM-4, ERNIE, Cohere and Helium rotate pairs of neighbouring features
             // (GPT-J's layout).
             ModelType::Glm
@@ -391,7 +429,8 @@ impl ModelKeys {
             | ModelType::Ernie45Moe
             | ModelType::Cohere
             | ModelType::Cohere2
-            | ModelType::Helium => (
+            | ModelType::Helium
+            | ModelType::Gptj => (
                 rope_keys
                     .rope_config()?
                     .with_layout(RopeLayout::Interleaved),
@@ -400,7 +439,14 @@ impl ModelKeys {
             _ => (rope_keys.rope_config()?, None),
         };
         let gemma = family.is_gemma();
-        let head_dim = self.head_dim.unwrap_or(rope.head_dim);
+        // GPT-2's, GPT-J's and GPT-NeoX's heads split the width, whatever else the file
+        // says.
+        let head_dim = match family {
+            ModelType::Gpt2 | ModelType::Gptj | ModelType::GptNeox | ModelType::Opt => {
+                rope.head_dim
+            }
+            _ => self.head_dim.unwrap_or(rope.head_dim),
+        };
         let (qkv_bias, o_bias) = match family {
             // Qwen2 has biases on q, k and v but not on the output projection.
             ModelType::Qwen2 => {
@@ -432,8 +478,17 @@ impl ModelKeys {
                 self.attention_bias.unwrap_or(false),
                 self.attention_out_bias.unwrap_or(false),
             ),
-            // Phi's four projections always have biases; StableLM's q, k and v with
-            // `use_qkv_bias`, its output projection never.
+            // GPT-2's and Phi's four projections always have biases; StableLM's q, k
+            // and v with `use_qkv_bias`, its output projection never.
+            ModelType::Gpt2 => (true, true),
+            ModelType::Opt => {
+                let bias = self.enable_bias.unwrap_or(true);
+                (bias, bias)
+            }
+            ModelType::GptNeox => {
+                let bias = self.attention_bias.unwrap_or(true);
+                (bias, bias)
+            }
             ModelType::Phi => {
                 unread.fixed(
                     "attention_bias",
@@ -464,7 +519,8 @@ impl ModelKeys {
             | ModelType::Mixtral
             | ModelType::Phi3
             | ModelType::Exaone4
-            | ModelType::ExaoneMoe => {
+            | ModelType::ExaoneMoe
+            | ModelType::Gptj => {
                 let bias = unread.fixed(
                     "attention_bias",
                     self.attention_bias,
@@ -497,6 +553,12 @@ impl ModelKeys {
                 self.use_bias.unwrap_or(false)
             }
             ModelType::Phi => unread.fixed("mlp_bias", self.mlp_bias, true, "feed-forward biases"),
+            // GPT-NeoX's feed-forward always has biases.
+            ModelType::Gpt2 | ModelType::Gptj => true,
+            ModelType::Opt => self.enable_bias.unwrap_or(true),
+            ModelType::GptNeox => {
+                unread.fixed("mlp_bias", self.mlp_bias, true, "feed-forward biases")
+            }
             _ => unread.fixed("mlp_bias", self.mlp_bias, false, "no feed-forward biases"),
         };
         // Gemma-2 and Gemma-3 name the activation `hidden_activation`, every other
@@ -554,7 +616,10 @@ impl ModelKeys {
             size(self.intermediate_size, "intermediate_size")?,
             rope,
         )
-        .with_n_kv_heads(Some(self.num_key_value_heads.unwrap_or(n_heads)))
+        .with_n_kv_heads(Some(match family {
+            ModelType::Gpt2 | ModelType::Gptj | ModelType::GptNeox | ModelType::Opt => n_heads,
+            _ => self.num_key_value_heads.unwrap_or(n_heads),
+        }))
         .with_head_dim(Some(head_dim))
         .with_norm_eps(self.norm_eps(family))
         .with_layer_norm(family.uses_layer_norm())
@@ -585,7 +650,7 @@ impl ModelKeys {
         // ERNIE-4.5-MoE's `use_bias` reaches the output head too (the dense model's
         // head has none); Phi's head always has a bias.
         .with_lm_head_bias(
-            family == ModelType::Phi
+            matches!(family, ModelType::Phi | ModelType::Gptj)
                 || (family == ModelType::Ernie45Moe && self.use_bias.unwrap_or(false)),
         )
         .with_sliding_rope(sliding_rope)
@@ -633,8 +698,14 @@ impl ModelKeys {
             ModelType::Olmo2 | ModelType::Olmo3 | ModelType::Exaone4 | ModelType::FlexOlmo => {
                 BlockKind::OutputNorm
             }
-            ModelType::Cohere | ModelType::Cohere2 | ModelType::Phi => BlockKind::Parallel,
+            ModelType::Cohere | ModelType::Cohere2 | ModelType::Phi | ModelType::Gptj => {
+                BlockKind::Parallel
+            }
             ModelType::StableLm if self.use_parallel_residual == Some(true) => BlockKind::Parallel,
+            ModelType::GptNeox if self.use_parallel_residual.unwrap_or(true) => {
+                BlockKind::ParallelSeparateNorms
+            }
+            ModelType::Opt if !self.do_layer_norm_before.unwrap_or(true) => BlockKind::PostNorm,
             ModelType::Gemma2 | ModelType::Gemma3Text | ModelType::Glm4 => BlockKind::Sandwich,
             ModelType::HyperClovaX if self.use_post_norm.unwrap_or(true) => BlockKind::Sandwich,
             _ => BlockKind::PreNorm,
@@ -643,6 +714,22 @@ impl ModelKeys {
             mean: 0.0,
             std: self.initializer_range.unwrap_or(0.02),
         });
+        if matches!(family, ModelType::Gpt2 | ModelType::Opt) {
+            model.learned_positions = Some(size(
+                self.max_position_embeddings,
+                "max_position_embeddings",
+            )?);
+        }
+        if family == ModelType::Opt {
+            model.reserved_position_rows = super::opt::RESERVED_POSITION_ROWS;
+            // OPT's LayerNorms have or lack both parameters.
+            let affine = self.layer_norm_elementwise_affine.unwrap_or(true);
+            model.layer_norm_scale = affine;
+            model.layer_norm_bias = affine;
+        }
+        if family == ModelType::Gpt2 && self.scale_attn_weights == Some(false) {
+            model.attention_scale = Some(1.0);
+        }
         // Granite-SWA's bases per layer; a layer of base 0 is among `nope_layers` above,
         // so the base it keeps here is never used.
         if family == ModelType::GraniteSwa
@@ -690,6 +777,61 @@ impl ModelKeys {
             model.latent = Some(latent.latent_attention_config(&rope)?);
         }
         Ok(model)
+    }
+
+    /// GPT-2's switches that change the model beyond what this crate builds: a per-layer
+    /// scale of the scores, cross-attention layers; its heads must split the width.
+    fn check_gpt2(&self) -> Result<(), KeyError> {
+        if self.scale_attn_by_inverse_layer_idx == Some(true) {
+            return Err(KeyError::new(
+                "scale_attn_by_inverse_layer_idx",
+                "is true: a further scale 1 / (layer + 1) of each layer's attention scores \
+                 is not supported; only checkpoints with it false load",
+            ));
+        }
+        if self.add_cross_attention == Some(true) {
+            return Err(KeyError::new(
+                "add_cross_attention",
+                "is true: GPT-2 with cross-attention layers (an encoder-decoder's decoder) \
+                 is not supported; this loader builds causal language models",
+            ));
+        }
+        if let (Some(width), Some(heads)) = (self.hidden_size, self.num_attention_heads)
+            && heads > 0
+            && width % heads != 0
+        {
+            return Err(KeyError::new(
+                "n_head",
+                format!("{heads} heads do not divide the width n_embd {width}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// OPT's switches that change the model beyond what this crate builds: embeddings
+    /// of another width than the model's (OPT-350M's `project_in` / `project_out`), no
+    /// final norm after pre-norm blocks.
+    fn check_opt(&self) -> Result<(), KeyError> {
+        if let (Some(width), Some(hidden)) = (self.word_embed_proj_dim, self.hidden_size)
+            && width != hidden
+        {
+            return Err(KeyError::new(
+                "word_embed_proj_dim",
+                format!(
+                    "is {width}, not hidden_size {hidden}: embeddings projected to and from \
+                     the model's width (OPT-350M's project_in / project_out) are not \
+                     supported"
+                ),
+            ));
+        }
+        if self.remove_final_layer_norm == Some(true) && self.do_layer_norm_before != Some(false) {
+            return Err(KeyError::new(
+                "_remove_final_layer_norm",
+                "is true: pre-norm blocks without a norm after the last one are not \
+                 supported",
+            ));
+        }
+        Ok(())
     }
 
     /// QK-norm, with the model's eps: Qwen3, Qwen3-MoE, dots.llm1, EXAONE-4, GLM-4.5
@@ -803,7 +945,8 @@ impl ModelKeys {
             .map(Some)
     }
 
-    /// The norms' epsilon: Cohere's, Jais-2's, Phi's and StableLM's `layer_norm_eps`,
+    /// The norms' epsilon: Cohere's, Jais-2's, GPT-2's and GPT-J's (`layer_norm_epsilon`),
+    /// GPT-NeoX's, Phi's and StableLM's `layer_norm_eps`,
     /// StarCoder2's `norm_epsilon`, Nemotron's `norm_eps`, OLMo's fixed 1e-5, every
     /// other family's `rms_norm_eps`.
     fn norm_eps(&self, family: ModelType) -> f64 {
@@ -811,14 +954,19 @@ impl ModelKeys {
             _ if family.is_cohere()
                 || matches!(
                     family,
-                    ModelType::Jais2 | ModelType::Phi | ModelType::StableLm
+                    ModelType::Jais2
+                        | ModelType::Gpt2
+                        | ModelType::Gptj
+                        | ModelType::GptNeox
+                        | ModelType::Phi
+                        | ModelType::StableLm
                 ) =>
             {
                 self.layer_norm_eps.unwrap_or(1e-5)
             }
             ModelType::Starcoder2 => self.norm_epsilon.unwrap_or(1e-5),
-            // OLMo's LayerNorm has no epsilon to set.
-            ModelType::Olmo => 1e-5,
+            // OLMo's and OPT's LayerNorms have no epsilon to set.
+            ModelType::Olmo | ModelType::Opt => 1e-5,
             ModelType::Nemotron => self.norm_eps.unwrap_or(1e-5),
             _ => self.rms_norm_eps.unwrap_or(1e-6),
         }
@@ -830,7 +978,7 @@ impl ModelKeys {
     /// `max_window_layers`) names; dots.llm1 on those layers whenever a window is set;
     /// Qwen3-MoE with `use_sliding_window` on every layer; other families on the layers
     /// `layer_types` names, or every layer; LLaMA, InternLM3, MiniCPM3, HyperCLOVA X, OLMo,
-    /// Phi, StableLM, Nemotron, GLM, Jais-2, Youtu, FlexOlmo, Solar-Open, Granite, Arcee,
+    /// GPT-2, GPT-J, GPT-NeoX, OPT, Phi, StableLM, Nemotron, GLM, Jais-2, Youtu, FlexOlmo, Solar-Open, Granite, Arcee,
     /// Helium, Hunyuan, Gemma, GLM-4, GLM-4.5, GLM-4.7-Flash, OLMoE, MiniMax-M2, Seed-OSS,
     /// ERNIE-4.5(-MoE) and Cohere never.
     fn sliding_window(
@@ -857,6 +1005,10 @@ impl ModelKeys {
             | ModelType::MiniCpm3
             | ModelType::HyperClovaX
             | ModelType::Olmo
+            | ModelType::Gpt2
+            | ModelType::Gptj
+            | ModelType::GptNeox
+            | ModelType::Opt
             | ModelType::Phi
             | ModelType::StableLm
             | ModelType::Nemotron
@@ -1007,12 +1159,12 @@ mod tests {
 
     #[test]
     fn unsupported_model_type_lists_the_supported_ones() {
-        let text = LLAMA.replace("\"llama\"", "\"gpt2\"");
+        let text = LLAMA.replace("\"llama\"", "\"bloom\"");
         let error = HfConfig::from_json(&text, "dir/config.json").unwrap_err();
         let message = error.to_string();
         assert!(matches!(error, HfError::UnsupportedModelType { .. }));
         assert!(message.contains("dir/config.json"), "{message}");
-        assert!(message.contains("\"gpt2\""), "{message}");
+        assert!(message.contains("\"bloom\""), "{message}");
         assert!(message.contains("(supported: llama, "), "{message}");
         assert!(message.contains(", mistral, "), "{message}");
         // Another family's keys do not matter: its type is the error.

@@ -14,9 +14,11 @@ use super::model_type::ModelType;
 /// `config` with every key it leaves out filled from the configuration class of
 /// `family` (transformers 5), the model's sizes and special tokens included (Gemma-3's
 /// multimodal checkpoints describe their text model by the keys that differ from
-/// `Gemma3TextConfig`'s only) after the common names a class maps to its own keys
-/// (ERNIE-4.5-MoE's `num_experts`, InternLM3's `qkv_bias`), and the defaults those
-/// classes derive: the layer types of Gemma-2, VaultGemma, Gemma-3 (from
+/// `Gemma3TextConfig`'s only) after the keys a file may give under other names
+/// (ERNIE-4.5-MoE's `num_experts`, InternLM3's `qkv_bias`, GPT-2's `n_embd`), and the
+/// defaults those classes derive: GPT-2's and GPT-J's feed-forward width (from
+/// `n_inner`), GPT-J's rotated part of each head (from `rotary_dim`), the
+/// layer types of Gemma-2, VaultGemma, Gemma-3 (from
 /// `sliding_window_pattern`), OLMo-3, SmolLM3, CWM, Granite-SWA and gpt-oss, SmolLM3's
 /// `no_rope_layers`, GLM-4.7-Flash's and EXAONE-MoE's `mlp_layer_types`, MiniMax-M2's
 /// `partial_rotary_factor` (from `rotary_dim`), Hunyuan's NTK-alpha base, Youtu's
@@ -32,13 +34,12 @@ pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
     let Value::Object(defaults) = class_defaults(family) else {
         unreachable!("the defaults are a JSON object");
     };
-    // A class's `attribute_map` reads a common name as its own key: the file's value
-    // under the common name is the key's, not the class default.
-    for &(common, own) in attribute_map(family) {
-        if !object.contains_key(own)
-            && let Some(value) = object.remove(common)
+    // A key the file gives under another name is the key's, not the class default.
+    for &(given, read) in attribute_map(family) {
+        if !object.contains_key(read)
+            && let Some(value) = object.remove(given)
         {
-            object.insert(own.into(), value);
+            object.insert(read.into(), value);
         }
     }
     let has_rope = object.contains_key("rope_parameters") || object.contains_key("rope_scaling");
@@ -47,6 +48,34 @@ pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
             continue;
         }
         object.entry(key).or_insert(value);
+    }
+    // GPT-2's and GPT-J's feed-forward is `n_inner` wide, or four times the width when
+    // null.
+    if matches!(family, ModelType::Gpt2 | ModelType::Gptj) {
+        let width = match object.get("n_inner") {
+            Some(inner) if !inner.is_null() => Some(inner.clone()),
+            _ => object
+                .get("hidden_size")
+                .and_then(Value::as_u64)
+                .map(|hidden| json!(4 * hidden)),
+        };
+        if let Some(width) = width {
+            object.insert("intermediate_size".into(), width);
+        }
+    }
+    // GPT-J rotates the first `rotary_dim` features of each head (all when null).
+    if family == ModelType::Gptj
+        && let (Some(hidden), Some(heads)) = (
+            object.get("hidden_size").and_then(Value::as_f64),
+            object.get("num_attention_heads").and_then(Value::as_f64),
+        )
+        && heads > 0.0
+    {
+        let factor = match object.get("rotary_dim").and_then(Value::as_f64) {
+            Some(rotary) => rotary * heads / hidden,
+            None => 1.0,
+        };
+        object.insert("partial_rotary_factor".into(), json!(factor));
     }
     if family == ModelType::Phi3 {
         for key in ["rope_scaling", "rope_parameters"] {
@@ -136,10 +165,31 @@ pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
     filled
 }
 
-/// The common names that the configuration class of `family` maps to keys of its own
-/// (transformers' `attribute_map`), where our readers look for the class's key.
+/// The names under which a file of `family` may give a key that our readers read
+/// under another, `(given, read)`: the common names a configuration class maps to keys
+/// of its own (transformers' `attribute_map`: ERNIE-4.5-MoE's `num_experts` is its
+/// `moe_num_experts`), and GPT-2's own names of the common keys (`n_embd` is
+/// `hidden_size`). Where the file has both, the read name wins.
 fn attribute_map(family: ModelType) -> &'static [(&'static str, &'static str)] {
     match family {
+        ModelType::Gpt2 | ModelType::Gptj => &[
+            ("n_embd", "hidden_size"),
+            ("n_layer", "num_hidden_layers"),
+            ("n_head", "num_attention_heads"),
+            ("n_positions", "max_position_embeddings"),
+            ("layer_norm_epsilon", "layer_norm_eps"),
+            ("activation_function", "hidden_act"),
+        ],
+        ModelType::Opt => &[
+            ("ffn_dim", "intermediate_size"),
+            ("activation_function", "hidden_act"),
+            ("init_std", "initializer_range"),
+        ],
+        // GPT-NeoX's rotary keys of transformers 4.
+        ModelType::GptNeox => &[
+            ("rotary_pct", "partial_rotary_factor"),
+            ("rotary_emb_base", "rope_theta"),
+        ],
         ModelType::Ernie45Moe => &[
             ("num_experts", "moe_num_experts"),
             ("num_experts_per_tok", "moe_k"),
@@ -210,6 +260,23 @@ fn class_defaults(family: ModelType) -> Value {
                 "high_freq_factor": 4.0, "low_freq_factor": 1.0,
                 "original_max_position_embeddings": 8192
             }
+        }),
+        ModelType::Gpt2 => json!({
+            "hidden_act": "gelu_new", "layer_norm_eps": 1e-5, "tie_word_embeddings": true,
+            "scale_attn_weights": true, "scale_attn_by_inverse_layer_idx": false,
+            "add_cross_attention": false
+        }),
+        ModelType::Gptj => json!({
+            "hidden_act": "gelu_new", "layer_norm_eps": 1e-5, "rotary_dim": 64
+        }),
+        ModelType::Opt => json!({
+            "hidden_act": "relu", "do_layer_norm_before": true, "enable_bias": true,
+            "layer_norm_elementwise_affine": true, "tie_word_embeddings": true,
+            "_remove_final_layer_norm": false
+        }),
+        ModelType::GptNeox => json!({
+            "hidden_act": "gelu", "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.25,
+            "use_parallel_residual": true, "attention_bias": true
         }),
         ModelType::Phi => json!({
             "hidden_act": "gelu_new", "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.5,
@@ -447,6 +514,10 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Cwm => [128256, 6144, 21504, 64, 48, 131072],
         ModelType::GraniteSwa => [100352, 2560, 8192, 24, 20, 8192],
         ModelType::InternLm3 => [128512, 4096, 10240, 48, 32, 32768],
+        ModelType::Gpt2 => [50257, 768, 3072, 12, 12, 1024],
+        ModelType::Gptj => [50400, 4096, 16384, 28, 16, 2048],
+        ModelType::GptNeox => [50432, 6144, 24576, 44, 64, 2048],
+        ModelType::Opt => [50272, 768, 3072, 12, 12, 2048],
         ModelType::Phi => [51200, 2048, 8192, 24, 32, 2048],
         ModelType::Nemotron => [256000, 6144, 24576, 32, 48, 4096],
         ModelType::StableLm => [50304, 2560, 6912, 32, 32, 4096],
@@ -511,6 +582,10 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Cwm => (Some(128000), None, None),
         ModelType::GraniteSwa => (Some(100257), Some(100257), None),
         ModelType::InternLm3 => (Some(1), Some(2), Some(2)),
+        ModelType::Gpt2 => (Some(50256), Some(50256), None),
+        ModelType::Gptj => (Some(50256), Some(50256), None),
+        ModelType::GptNeox => (Some(0), Some(2), None),
+        ModelType::Opt => (Some(2), Some(2), Some(1)),
         ModelType::Phi => (Some(1), Some(2), None),
         ModelType::Nemotron => (Some(2), Some(3), None),
         ModelType::StableLm => (Some(0), Some(0), None),

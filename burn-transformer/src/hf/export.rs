@@ -8,8 +8,10 @@
 //! `[out, in]`; our stacked experts are written per expert (`experts.E.gate_proj`, or
 //! Mixtral's and MiniMax-M2's `w1`/`w3`/`w2`) or, for gpt-oss, back in its interleaved
 //! `gate_up_proj` `[E, d_model, 2·d_ff]`; ERNIE-4.5-MoE's correction biases get their
-//! leading unit dimension back; Phi-3's fused projections are stacked back
-//! ([`KeyMap::fused`]); DeepSeek-V3's multi-token-prediction modules
+//! leading unit dimension back; Phi-3's, GPT-2's and GPT-NeoX's fused projections are
+//! stacked back ([`KeyMap::fused`], GPT-NeoX's head by head) and GPT-2's `Conv1D`
+//! weights transposed back to `[in, out]`;
+//! DeepSeek-V3's multi-token-prediction modules
 //! go to the layers after the decoder with copies of the embedding and head, as its
 //! checkpoints hold them. LoRA adapters are merged first.
 
@@ -27,6 +29,7 @@ use super::checkpoint::{
 use super::config::{HfConfig, text_model_config};
 use super::error::HfError;
 use super::tensors::{HostTensor, encode, host_parameters, write_safetensors};
+use super::{gpt_neox, gpt2};
 use crate::attention::QkNormPlacement;
 use crate::block::BlockKind;
 use crate::ffn::Activation;
@@ -246,9 +249,24 @@ fn checkpoint_tensors(
                 reason: format!("the model lacks a projection that `{key}` fuses"),
             });
         };
-        let rows = blocks.iter().map(|block| block.shape[0]).sum();
+        let rows: usize = blocks.iter().map(|block| block.shape[0]).sum();
         let shape = [&[rows], &blocks[0].shape[1..]].concat();
-        let values = blocks.into_iter().flat_map(|block| block.values).collect();
+        let parts = blocks.len();
+        let stacked: Vec<f32> = blocks.into_iter().flat_map(|block| block.values).collect();
+        // GPT-NeoX's `query_key_value` holds its blocks head by head.
+        let values = match keys.fused_per_head(&key) {
+            Some(head_dim) => {
+                let width = stacked.len() / rows.max(1);
+                let heads = rows / parts / head_dim.max(1);
+                let mut values = vec![0.0; stacked.len()];
+                for (row, chunk) in stacked.chunks(width).enumerate() {
+                    let to = gpt_neox::interleaved_row(row, parts, heads, head_dim) * width;
+                    values[to..to + width].copy_from_slice(chunk);
+                }
+                values
+            }
+            None => stacked,
+        };
         insert(key, HostTensor { values, shape })?;
     }
     // DeepSeek-V3 stores each multi-token-prediction layer with copies of the
@@ -277,7 +295,119 @@ fn checkpoint_tensors(
             )?;
         }
     }
+    // GPT-2's `Conv1D` layers store their weights `[in, out]`.
+    if config.model_type == "gpt2" {
+        for (key, tensor) in tensors.iter_mut() {
+            if gpt2::is_conv1d_weight(key) {
+                *tensor = transposed(std::mem::take(tensor));
+            }
+        }
+    }
     Ok(tensors)
+}
+
+/// A matrix `[rows, columns]` as `[columns, rows]`.
+fn transposed(tensor: HostTensor) -> HostTensor {
+    let &[rows, columns] = tensor.shape.as_slice() else {
+        return tensor;
+    };
+    let mut values = vec![0.0; tensor.values.len()];
+    for row in 0..rows {
+        for column in 0..columns {
+            values[column * rows + row] = tensor.values[row * columns + column];
+        }
+    }
+    HostTensor {
+        values,
+        shape: vec![columns, rows],
+    }
+}
+
+/// The `config.json` of a GPT-2 built here (`train-lm --arch gpt2`): learned
+/// positions, Pre-LN blocks of shifted LayerNorms, biases on every projection, an
+/// ungated feed-forward, multi-head attention splitting the width, scores scaled by
+/// `head_dim^-½` or not at all.
+///
+/// # Errors
+/// [`HfError::Unsupported`] naming the first option GPT-2 does not have.
+fn gpt2_config_json(config: &CausalLmConfig) -> Result<Value, HfError> {
+    let refuse = |option: &str| {
+        Err(HfError::Unsupported {
+            what: "config.json".into(),
+            reason: format!(
+                "the model has learned positions, so it exports as GPT-2, which has no \
+                 {option}"
+            ),
+        })
+    };
+    let head_dim = config.head_width();
+    let default_scale = 1.0 / (head_dim as f64).sqrt();
+    let activation = match config.activation {
+        Activation::GeluTanh => "gelu_new",
+        Activation::Gelu => "gelu",
+        Activation::Relu => "relu",
+        Activation::Silu => "silu",
+        Activation::Relu2 => "relu2",
+    };
+    let scale_attn_weights = match config.attention_scale {
+        None => true,
+        Some(scale) if (scale - default_scale).abs() <= 1e-12 => true,
+        Some(1.0) => false,
+        Some(_) => return refuse("attention scale but head_dim^-½ or 1"),
+    };
+    match () {
+        _ if config.reserved_position_rows > 0 => {
+            refuse("rows reserved before position 0 in its table of positions")
+        }
+        _ if config.moe.is_some() => refuse("mixture of experts"),
+        _ if config.block_kind != BlockKind::PreNorm => refuse("block kind but Pre-LN"),
+        _ if !(config.layer_norm && config.layer_norm_bias && config.layer_norm_scale)
+            || config.norm_unit_offset =>
+        {
+            refuse("norm but LayerNorm with a scale and a shift")
+        }
+        _ if config.gated_mlp => refuse("gated feed-forward"),
+        _ if !(config.qkv_bias && config.o_bias && config.mlp_bias) || config.lm_head_bias => {
+            refuse("other biases than on every projection (and none on the logits)")
+        }
+        _ if config.kv_heads() != config.n_heads || head_dim * config.n_heads != config.d_model => {
+            refuse("grouped-query attention, nor heads that do not split the width")
+        }
+        _ if config.embed_scale.is_some() => refuse("embedding scale"),
+        _ if config.attention_softcap.is_some() || config.final_logit_softcap.is_some() => {
+            refuse("logit soft-capping")
+        }
+        _ if config.sliding_window.is_some() => refuse("sliding window"),
+        _ if config.qk_norm.is_some() => refuse("QK-norm"),
+        _ if config.qkv_clip.is_some() => refuse("clamp of q, k and v"),
+        _ if config.logit_scale.is_some() => refuse("logit scale"),
+        _ if config.residual_scale.is_some() => refuse("residual scale"),
+        _ if config.query_temperature.is_some() => refuse("query temperature"),
+        _ if config.attention_sinks => refuse("attention sinks"),
+        _ => Ok(json!({
+            "architectures": ["GPT2LMHeadModel"],
+            "model_type": "gpt2",
+            "vocab_size": config.vocab_size,
+            "n_embd": config.d_model,
+            "n_layer": config.n_layers,
+            "n_head": config.n_heads,
+            "n_inner": config.d_ff,
+            "n_positions": config.learned_positions,
+            "activation_function": activation,
+            "layer_norm_epsilon": config.norm_eps,
+            "tie_word_embeddings": config.tie_word_embeddings,
+            "scale_attn_weights": scale_attn_weights,
+            "scale_attn_by_inverse_layer_idx": false,
+            "reorder_and_upcast_attn": false,
+            "add_cross_attention": false,
+            // Our model has no dropout in these places.
+            "attn_pdrop": 0.0,
+            "embd_pdrop": 0.0,
+            "resid_pdrop": 0.0,
+            "use_cache": true,
+            "dtype": "float32",
+        })),
+    }
 }
 
 /// Our stacked experts of `part` as per-expert tensors: `gate_up_proj` `[E, 2F, D]`
@@ -372,7 +502,9 @@ fn to_gpt_oss(part: &str, tensor: HostTensor) -> HostTensor {
 /// The `config.json` of a model built here (not loaded from a checkpoint), as the
 /// transformers family that computes the same function: `llama` (Pre-LN, SwiGLU,
 /// RoPE; biases on all four attention projections or none), `qwen2` (biases on q, k,
-/// v only) or `qwen3` (QK-norm per head).
+/// v only), `qwen3` (QK-norm per head) or, with learned positions, `gpt2` (Pre-LN
+/// blocks of shifted LayerNorms, biases everywhere, an ungated feed-forward, one
+/// key/value head per head).
 ///
 /// # Errors
 /// [`HfError::Unsupported`] naming the first option no such family has (latent
@@ -380,6 +512,9 @@ fn to_gpt_oss(part: &str, tensor: HostTensor) -> HostTensor {
 /// multi-token prediction, a RoPE scaling or layout other than LLaMA's), so that an
 /// export never silently computes something else.
 pub fn hf_config_json(config: &CausalLmConfig) -> Result<Value, HfError> {
+    if config.learned_positions.is_some() {
+        return gpt2_config_json(config);
+    }
     let refuse = |option: &str| {
         Err(HfError::Unsupported {
             what: "config.json".into(),

@@ -38,7 +38,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 61] = [
+const FAMILIES: [&str; 67] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -78,6 +78,12 @@ const FAMILIES: [&str; 61] = [
     "dots1",
     "ernie4_5_moe",
     "cwm",
+    "gpt2",
+    "gptj",
+    "gpt_neox",
+    "gpt_neox_sequential",
+    "opt",
+    "opt_post_norm",
     "phi",
     "stablelm",
     "nemotron",
@@ -197,6 +203,13 @@ mod built_here {
             ),
             (scratch_config().with_qkv_bias(true), "qwen2"),
             (scratch_config().with_qk_norm(Some(qk_norm)), "qwen3"),
+            (gpt2_config(), "gpt2"),
+            (
+                gpt2_config()
+                    .with_attention_scale(Some(1.0))
+                    .with_tie_word_embeddings(false),
+                "gpt2",
+            ),
         ];
         for (config, family) in cases {
             let model = crate::train::host_init(7, |host| config.try_init(host)).unwrap();
@@ -222,6 +235,19 @@ mod built_here {
         let ungated = scratch_config().with_gated_mlp(false);
         let error = hf_config_json(&ungated).unwrap_err().to_string();
         assert!(error.contains("a feed-forward without a gate"), "{error}");
+        let gated = gpt2_config().with_gated_mlp(true);
+        let error = hf_config_json(&gated).unwrap_err().to_string();
+        assert!(
+            error.contains("learned positions") && error.contains("gated feed-forward"),
+            "{error}"
+        );
+    }
+
+    /// A GPT-2 as `train-lm --arch gpt2` builds it.
+    fn gpt2_config() -> CausalLmConfig {
+        CausalLmConfig::new(50, 32, 2, 4, 128, RopeConfig::new(8))
+            .with_norm_eps(1e-5)
+            .with_gpt2_design(16)
     }
 }
 
@@ -245,6 +271,12 @@ fn peft_adapters_of_families_with_their_own_projection_names_round_trip() {
     let mut targets = lora.targets.clone();
     targets.sort();
     assert_eq!(targets, ["fc1", "fc2", "o_proj", "q_proj", "v_proj"]);
+    // GPT-J's `out_proj` and `fc_in` (our `o_proj`, `fc1`), OPT's `out_proj` and `fc2`,
+    // saved back as their paths in the block (`attn.out_proj`, `fc2`).
+    let lora = peft_adapters_round_trip("gptj", "gptj_lora", 6);
+    assert_eq!(lora.targets, ["fc1", "o_proj", "q_proj"]);
+    let lora = peft_adapters_round_trip("opt", "opt_lora", 6);
+    assert_eq!(lora.targets, ["fc2", "o_proj", "v_proj"]);
     let lora = peft_adapters_round_trip("nemotron", "nemotron_lora", 8);
     assert!(
         lora.targets.iter().any(|target| target == "fc1"),
@@ -386,38 +418,84 @@ fn peft_targets_written_as_module_paths_load() {
     assert!(error < 1e-4, "{error}");
 }
 
-/// PEFT's adapters of Phi-3's fused layers (`qkv_proj`, `gate_up_proj`) adapt each
-/// projection they hold (`tools/make_hf_models.py phi3_lora`): PEFT's logits, adapted
-/// and merged. Saving adapters of those projections back is refused, naming the fused
+/// PEFT's adapters of fused layers (Phi-3's `qkv_proj`, `gate_up_proj`; GPT-2's
+/// `c_attn`, beside its `Conv1D` layers `c_fc` and `mlp.c_proj`) adapt each projection
+/// they hold (`tools/make_hf_models.py phi3_lora gpt2_lora`): PEFT's logits, adapted and
+/// merged. Saving adapters of those projections back is refused, naming the fused
 /// layer, since PEFT could not apply them.
 #[test]
 fn peft_adapters_of_fused_layers_load_and_saving_them_is_refused() {
     let device = Device::flex();
-    let (model, config) = load_causal_lm(model_dir("phi3"), &device).unwrap();
-    let (adapted, lora, summary) =
-        load_peft_adapters(model, &config, &model_dir("phi3_lora")).unwrap();
-    assert!(
-        lora.targets.iter().any(|target| target == "k_proj"),
-        "{:?}",
-        lora.targets
-    );
-    assert_eq!(summary.adapted.len(), 2 * 7, "{:?}", summary.adapted);
-    let reference = Fixture::load("hf/phi3_lora/reference");
-    let expected = reference.tensor::<3>("logits", &device);
-    let error = max_abs_diff(logits(&adapted, "phi3_lora"), expected.clone());
-    assert!(error < 1e-4, "adapted: {error}");
-    let merged = adapted.clone().valid().materialize();
-    let expected = reference.tensor::<3>("merged_logits", &device);
-    let error = max_abs_diff(logits(&merged, "phi3_lora"), expected);
-    assert!(error < 1e-4, "merged: {error}");
+    for (base, adapter, adapted_layers, fused) in [
+        ("phi3", "phi3_lora", 2 * 7, "qkv_proj"),
+        // q, k, v, fc1, fc2 (not the attention's c_proj) in each of 2 layers.
+        ("gpt2", "gpt2_lora", 2 * 5, "c_attn"),
+        // q, k, v (fused head by head), o_proj, fc2 in each of 2 layers.
+        ("gpt_neox", "gpt_neox_lora", 2 * 5, "query_key_value"),
+    ] {
+        let (model, config) = load_causal_lm(model_dir(base), &device).unwrap();
+        let (adapted, lora, summary) =
+            load_peft_adapters(model, &config, &model_dir(adapter)).unwrap();
+        assert!(
+            lora.targets.iter().any(|target| target == "k_proj"),
+            "{:?}",
+            lora.targets
+        );
+        assert_eq!(
+            summary.adapted.len(),
+            adapted_layers,
+            "{:?}",
+            summary.adapted
+        );
+        let reference = Fixture::load(&format!("hf/{adapter}/reference"));
+        let expected = reference.tensor::<3>("logits", &device);
+        let error = max_abs_diff(logits(&adapted, adapter), expected.clone());
+        assert!(error < 1e-4, "{adapter} adapted: {error}");
+        let merged = adapted.clone().valid().materialize();
+        let expected = reference.tensor::<3>("merged_logits", &device);
+        let error = max_abs_diff(logits(&merged, adapter), expected);
+        assert!(error < 1e-4, "{adapter} merged: {error}");
 
+        let out = TempDir::new().unwrap();
+        let error = save_peft_adapters(&adapted, &lora, &config, base, out.path())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("fused into") && error.contains(fused),
+            "{error}"
+        );
+    }
+}
+
+/// GPT-2 adapters trained here on the attention's output projection and the
+/// feed-forward's second layer, both `c_proj` in GPT-2's names, are saved as targets
+/// PEFT tells apart (`attn.c_proj`, `mlp.c_proj`) with `fan_in_fan_out` (its `Conv1D`
+/// layers), and load back to the same logits.
+#[test]
+fn gpt2_adapters_of_its_two_c_proj_layers_round_trip() {
+    let device = Device::flex();
+    let (model, config) = load_causal_lm(model_dir("gpt2"), &device).unwrap();
+    let lora = LoraConfig::new(2, 4.0).with_targets(vec!["o_proj".into(), "fc2".into()]);
+    let (adapted, summary) = attach_lora(model, &lora).unwrap();
+    assert_eq!(summary.adapted.len(), 4, "{:?}", summary.adapted);
+    let adapted = adapted.map(&mut RandomB);
     let out = TempDir::new().unwrap();
-    let error = save_peft_adapters(&adapted, &lora, &config, "../phi3", out.path())
-        .unwrap_err()
-        .to_string();
-    assert!(
-        error.contains("fused into") && error.contains("qkv_proj"),
-        "{error}"
+    save_peft_adapters(&adapted, &lora, &config, "gpt2", out.path()).unwrap();
+    let written: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.path().join(ADAPTER_CONFIG_FILE)).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        written["target_modules"],
+        serde_json::json!(["attn.c_proj", "mlp.c_proj"])
+    );
+    assert_eq!(written["fan_in_fan_out"], serde_json::json!(true));
+    let (base, _) = load_causal_lm(model_dir("gpt2"), &device).unwrap();
+    let (again, read, _) = load_peft_adapters(base, &config, out.path()).unwrap();
+    assert_eq!(read.targets, ["fc2", "o_proj"]);
+    assert_eq!(
+        max_abs_diff(logits(&again, "gpt2"), logits(&adapted, "gpt2")),
+        0.0
     );
 }
 

@@ -29,6 +29,10 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "starcoder2",
     "hunyuan_v1_dense",
     "cwm",
+    "gpt2",
+    "gptj",
+    "gpt_neox",
+    "opt",
     "phi",
     "stablelm",
     "nemotron",
@@ -154,6 +158,26 @@ pub(crate) enum ModelType {
     /// CWM (Code World Model): LLaMA with a window on the layers `layer_types` names
     /// (by default all but every fourth, from the first), LLaMA-3 RoPE by default.
     Cwm,
+    /// GPT-2 (and nanoGPT's checkpoints): learned absolute positions instead of RoPE,
+    /// LayerNorms with a shift, biases everywhere, an ungated GELU (tanh) feed-forward,
+    /// tied embeddings; stored as `Conv1D` layers (`[in, out]`) with q, k and v fused
+    /// in `c_attn`.
+    Gpt2,
+    /// GPT-NeoX (Pythia, GPT-NeoX-20B): attention and an ungated GELU feed-forward in
+    /// parallel, each after its own shifted LayerNorm (`use_parallel_residual`, else
+    /// Pre-LN blocks), biases everywhere, the rotary embedding over a quarter of each
+    /// head by default; q, k and v fused per head in `query_key_value`.
+    GptNeox,
+    /// GPT-J (and its fine-tunes): attention without biases and an ungated GELU (tanh)
+    /// feed-forward with biases, in parallel after one shifted LayerNorm; the rotary
+    /// embedding on neighbouring pairs over the first `rotary_dim` of each head; an
+    /// untied head with a bias; GPT-2's names of the sizes.
+    Gptj,
+    /// OPT (125M to 66B): learned positions (their table keeps two rows before position
+    /// 0), LayerNorms with a shift before each sublayer (after it with
+    /// `do_layer_norm_before: false`), biases everywhere (`enable_bias`), an ungated
+    /// ReLU feed-forward `ffn_dim` wide, tied embeddings.
+    Opt,
     /// Phi (Phi-1, Phi-1.5, Phi-2): attention and an ungated GELU feed-forward in
     /// parallel after one LayerNorm, biases everywhere (the output head's too), the
     /// rotary embedding over part of each head.
@@ -252,7 +276,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 55] = [
+    const ALL: [Self; 59] = [
         Self::Llama,
         Self::InternLm3,
         Self::Mistral,
@@ -279,6 +303,10 @@ impl ModelType {
         Self::Starcoder2,
         Self::HunyuanV1Dense,
         Self::Cwm,
+        Self::Gpt2,
+        Self::Gptj,
+        Self::GptNeox,
+        Self::Opt,
         Self::Phi,
         Self::StableLm,
         Self::Nemotron,
@@ -339,6 +367,10 @@ impl ModelType {
             Self::Starcoder2 => "starcoder2",
             Self::HunyuanV1Dense => "hunyuan_v1_dense",
             Self::Cwm => "cwm",
+            Self::Gpt2 => "gpt2",
+            Self::Gptj => "gptj",
+            Self::GptNeox => "gpt_neox",
+            Self::Opt => "opt",
             Self::Phi => "phi",
             Self::StableLm => "stablelm",
             Self::Nemotron => "nemotron",
@@ -451,7 +483,15 @@ impl ModelType {
     pub(crate) fn has_shifted_layer_norm(self) -> bool {
         matches!(
             self,
-            Self::Starcoder2 | Self::Jais2 | Self::Phi | Self::StableLm | Self::Nemotron
+            Self::Starcoder2
+                | Self::Jais2
+                | Self::Gpt2
+                | Self::Gptj
+                | Self::GptNeox
+                | Self::Opt
+                | Self::Phi
+                | Self::StableLm
+                | Self::Nemotron
         )
     }
 
@@ -459,7 +499,15 @@ impl ModelType {
     pub(crate) fn has_ungated_mlp(self) -> bool {
         matches!(
             self,
-            Self::Arcee | Self::Starcoder2 | Self::Jais2 | Self::Phi | Self::Nemotron
+            Self::Arcee
+                | Self::Starcoder2
+                | Self::Jais2
+                | Self::Gpt2
+                | Self::Gptj
+                | Self::GptNeox
+                | Self::Opt
+                | Self::Phi
+                | Self::Nemotron
         )
     }
 
@@ -510,6 +558,6 @@ mod tests {
         for family in ModelType::ALL {
             assert_eq!(ModelType::from_name(family.name()), Some(family));
         }
-        assert_eq!(ModelType::from_name("gpt2"), None);
+        assert_eq!(ModelType::from_name("bloom"), None);
     }
 }

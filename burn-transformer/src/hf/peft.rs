@@ -11,9 +11,12 @@ use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::{DType, Tensor, TensorData};
 use serde_json::{Value, json};
 
-use super::checkpoint::{KeyAction, KeyMap, causal_lm_key_map, fused_layer_parts, our_layer_name};
+use super::checkpoint::{
+    KeyAction, KeyMap, causal_lm_key_map, fused_layer_parts, our_layer_name, own_names,
+};
 use super::config::HfConfig;
 use super::error::HfError;
+use super::gpt_neox::interleaved_row;
 use super::tensors::{HostTensor, encode, host_parameters, read_safetensors, write_safetensors};
 use crate::io::{read_text, write_atomically};
 use crate::lora::{LORA_TARGETS, LoraConfig, LoraSummary, attach_lora};
@@ -42,8 +45,9 @@ pub fn save_peft_adapters(
     dir: &Path,
 ) -> Result<usize, HfError> {
     let keys = causal_lm_key_map(config);
+    let own = own_names(&config.model_type);
     let mut tensors = Vec::new();
-    let mut targets = Vec::new();
+    let mut targets: Vec<String> = Vec::new();
     for (path, tensor) in host_parameters(model) {
         let (weight, factor) = match path.rsplit_once(".lora.") {
             Some((weight, "a")) => (weight, "lora_A"),
@@ -64,10 +68,12 @@ pub fn save_peft_adapters(
             });
         }
         let layer = layer.strip_suffix(".weight").unwrap_or(&layer);
-        if let Some(name) = layer.rsplit('.').next()
-            && !targets.iter().any(|t: &String| t == name)
-        {
-            targets.push(name.to_string());
+        let name = match own {
+            Some(names) => names.peft_target(layer),
+            None => layer.rsplit('.').next().unwrap_or(layer).to_string(),
+        };
+        if !targets.contains(&name) {
+            targets.push(name);
         }
         let key = format!("{PEFT_PREFIX}{layer}.{factor}.weight");
         tensors.push((key, tensor.shape, encode(&tensor.values, DType::F32)));
@@ -90,7 +96,9 @@ pub fn save_peft_adapters(
         "use_rslora": lora.rslora,
         "target_modules": targets,
         "bias": "none",
-        "fan_in_fan_out": false,
+        // GPT-2's layers are `Conv1D`s, stored `[in, out]` (the factors keep
+        // `nn.Linear`'s layout all the same).
+        "fan_in_fan_out": config.model_type == "gpt2",
         "init_lora_weights": true,
         "inference_mode": true,
         "modules_to_save": null,
@@ -110,12 +118,13 @@ pub fn save_peft_adapters(
 
 /// Reads PEFT's `adapter_config.json` in `dir` as a [`LoraConfig`] for a model of
 /// `config`'s family: its targets in our layer names (Phi's `dense` is our `o_proj`,
-/// Phi-3's fused `qkv_proj` the three projections it holds).
+/// Phi-3's fused `qkv_proj` and GPT-2's `c_attn` the three projections they hold,
+/// GPT-2's `c_proj` its attention's `o_proj` and its feed-forward's `fc2`).
 ///
 /// # Errors
 /// [`HfError`] naming the file and the key: not a LoRA adapter (`peft_type`),
 /// missing `r` or `lora_alpha`, or a PEFT feature this crate does not implement
-/// (DoRA, per-layer ranks or alphas, `fan_in_fan_out`, trained biases, adapted
+/// (DoRA, per-layer ranks or alphas, `fan_in_fan_out` outside GPT-2, trained biases, adapted
 /// expert parameters (`target_parameters`), extra trained modules, regex targets,
 /// targets that are not linear layers of our models).
 pub fn read_peft_config(dir: &Path, config: &HfConfig) -> Result<LoraConfig, HfError> {
@@ -157,6 +166,11 @@ pub fn read_peft_config(dir: &Path, config: &HfConfig) -> Result<LoraConfig, HfE
         Some(_) => false,
     };
     for key in ["use_dora", "fan_in_fan_out", "lora_bias"] {
+        // PEFT sets `fan_in_fan_out` for GPT-2's `Conv1D` layers; it changes how a
+        // merge transposes, not the factors' layout.
+        if key == "fan_in_fan_out" && config.model_type == "gpt2" {
+            continue;
+        }
         if flag(key) {
             return Err(unsupported(key, "is true: not implemented here".into()));
         }
@@ -201,9 +215,16 @@ pub fn read_peft_config(dir: &Path, config: &HfConfig) -> Result<LoraConfig, HfE
                     .as_str()
                     .ok_or_else(|| unsupported("target_modules", "not a list of names".into()))?;
                 let leaf = name.rsplit('.').next().unwrap_or(name);
-                // A fused layer (Phi-3's `qkv_proj`) is adapted as the projections it
-                // holds: each with the same `A` and its own rows of `B`.
-                let leaves = fused_layer_parts(leaf).unwrap_or_else(|| vec![leaf]);
+                // A fused layer (Phi-3's `qkv_proj`, GPT-2's `c_attn`) is adapted as the
+                // projections it holds: each with the same `A` and its own rows of `B`.
+                // Families with names of their own name our layers by their paths.
+                let own_layers = own_names(&config.model_type)
+                    .map(|names| names.adapted_layers(name))
+                    .filter(|layers| !layers.is_empty());
+                let leaves = match own_layers {
+                    Some(layers) => layers,
+                    None => fused_layer_parts(leaf).unwrap_or_else(|| vec![leaf]),
+                };
                 for leaf in leaves {
                     let ours = our_layer_name(config, leaf);
                     if !targets.contains(&ours) {
@@ -211,6 +232,8 @@ pub fn read_peft_config(dir: &Path, config: &HfConfig) -> Result<LoraConfig, HfE
                     }
                 }
             }
+            // In one order whatever the file's names (a saved adapter reads back equal).
+            targets.sort();
             targets
         }
         Some(Value::String(name)) if name == "all-linear" => crate::lora::default_lora_targets(),
@@ -278,11 +301,14 @@ pub fn load_peft_adapters(
             _ => return Err(unexpected()),
         };
         let weight = format!("{layer}.weight");
+        // GPT-NeoX's fused layer holds its blocks' rows head by head.
+        let per_head = keys.fused_per_head(&weight);
         let blocks = keys.split(&weight).unwrap_or_else(|| {
             let rows = tensor.shape.first().copied().unwrap_or(0);
             vec![(weight, rows)]
         });
         let rank = tensor.shape.get(1).copied().unwrap_or(0);
+        let parts = blocks.len();
         let mut start = 0;
         for (block, rows) in blocks {
             let path = match keys.action(&block) {
@@ -293,14 +319,20 @@ pub fn load_peft_adapters(
                 return Err(unexpected());
             };
             // `A` is shared by the blocks; `B` has each block's rows.
+            let source_row = |row: usize| match per_head {
+                Some(head_dim) => interleaved_row(row, parts, rows / head_dim.max(1), head_dim),
+                None => row,
+            };
             let part = match factor {
                 "a" => tensor.clone(),
                 _ => HostTensor {
-                    values: tensor
-                        .values
-                        .get(start * rank..(start + rows) * rank)
-                        .unwrap_or_default()
-                        .to_vec(),
+                    values: (start..start + rows)
+                        .flat_map(|row| {
+                            let from = source_row(row) * rank;
+                            tensor.values.get(from..from + rank).unwrap_or_default()
+                        })
+                        .copied()
+                        .collect(),
                     shape: vec![rows, rank],
                 },
             };

@@ -12,7 +12,7 @@ use crate::io::write_atomically;
 use crate::module_path::ParamPath;
 
 /// One parameter, read back to the host.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub(crate) struct HostTensor {
     /// Row-major values.
     pub values: Vec<f32>,

@@ -47,6 +47,17 @@ fn config_error_with(name: &str, key: &str, value: serde_json::Value) -> HfError
     HfConfig::from_value(&config, "config.json").unwrap_err()
 }
 
+/// The fixture `name`'s `config.json` with `key` set to `value` is refused, naming the
+/// key, with `reason` in the message.
+fn assert_field_refused(name: &str, key: &str, value: serde_json::Value, reason: &str) {
+    let error = config_error_with(name, key, value);
+    assert!(
+        matches!(&error, HfError::Field { field, .. } if field == key)
+            && error.to_string().contains(reason),
+        "{name}, {key}: {error}"
+    );
+}
+
 fn reference(name: &str) -> Fixture {
     Fixture::load(&format!("hf/{name}/reference"))
 }
@@ -253,11 +264,7 @@ fn exaone4_with_output_norms_sliding_layers_and_a_full_layer_without_rope_matche
 fn cohere_with_parallel_blocks_layer_norms_and_scaled_logits_matches_transformers() {
     matches_transformers("cohere");
     // Command R+'s QK-norm has weights per head, which our QK-norm does not.
-    let error = config_error_with("cohere", "use_qk_norm", true.into());
-    assert!(
-        matches!(&error, HfError::Field { field, .. } if field == "use_qk_norm"),
-        "{error}"
-    );
+    assert_field_refused("cohere", "use_qk_norm", true.into(), "is true");
 }
 
 #[test]
@@ -508,6 +515,79 @@ fn cwm_with_windows_on_three_layers_of_four_and_llama3_rope_matches_transformers
 }
 
 #[test]
+fn gpt2_with_learned_positions_conv1d_layers_and_fused_qkv_matches_transformers() {
+    matches_transformers("gpt2");
+}
+
+#[test]
+fn opt_with_learned_positions_after_two_reserved_rows_matches_transformers() {
+    matches_transformers("opt");
+}
+
+#[test]
+fn opt_with_post_norm_blocks_and_no_final_norm_matches_transformers() {
+    matches_transformers("opt_post_norm");
+}
+
+/// OPT's embedding projections (OPT-350M) and a pre-norm stack without its final norm
+/// are refused by name.
+#[test]
+fn opt_refuses_projected_embeddings_and_a_removed_final_norm() {
+    for (key, value, reason) in [
+        ("word_embed_proj_dim", 16.into(), "project_in"),
+        (
+            "_remove_final_layer_norm",
+            true.into(),
+            "without a norm after the last",
+        ),
+    ] {
+        assert_field_refused("opt", key, value, reason);
+    }
+}
+
+#[test]
+fn gptj_with_parallel_blocks_partial_interleaved_rope_and_a_biased_head_matches_transformers() {
+    matches_transformers("gptj");
+}
+
+#[test]
+fn gpt_neox_with_parallel_blocks_of_two_norms_and_per_head_fused_qkv_matches_transformers() {
+    matches_transformers("gpt_neox");
+}
+
+#[test]
+fn gpt_neox_with_sequential_blocks_and_half_rotated_heads_matches_transformers() {
+    matches_transformers("gpt_neox_sequential");
+}
+
+/// GPT-2's switches this crate does not build are refused by name, and so are heads
+/// that do not split the width; `scale_attn_weights: false` leaves the scores unscaled.
+#[test]
+fn gpt2_refuses_what_it_does_not_build_and_reads_its_scale_switch() {
+    for (key, value, reason) in [
+        (
+            "scale_attn_by_inverse_layer_idx",
+            true.into(),
+            "1 / (layer + 1)",
+        ),
+        ("add_cross_attention", true.into(), "cross-attention"),
+        (
+            "n_head",
+            5.into(),
+            "5 heads do not divide the width n_embd 32",
+        ),
+    ] {
+        assert_field_refused("gpt2", key, value, reason);
+    }
+    let mut json = config_json(&model_dir("gpt2"));
+    json["scale_attn_weights"] = false.into();
+    let config = HfConfig::from_value(&json, "config.json").unwrap();
+    assert_eq!(config.model.attention_scale, Some(1.0));
+    assert_eq!(config.model.learned_positions, Some(64));
+    assert_eq!((config.model.d_ff, config.model.head_width()), (128, 8));
+}
+
+#[test]
 fn phi_with_parallel_blocks_partial_rope_and_a_biased_head_matches_transformers() {
     matches_transformers("phi");
 }
@@ -529,12 +609,7 @@ fn granite_swa_names_a_malformed_list_of_rope_bases() {
         (serde_json::json!([10000.0, 0]), "2 entries for 4 layers"),
         (serde_json::json!([10000.0, -1.0, 0, 0]), "non-negative"),
     ] {
-        let error = config_error_with("granite_swa", "layer_rope_theta", bases);
-        assert!(
-            matches!(&error, HfError::Field { field, .. } if field == "layer_rope_theta")
-                && error.to_string().contains(reason),
-            "{error}"
-        );
+        assert_field_refused("granite_swa", "layer_rope_theta", bases, reason);
     }
 }
 
@@ -557,11 +632,7 @@ fn nemotron_with_layer_norm_1p_and_an_ungated_relu2_feed_forward_matches_transfo
 #[test]
 fn phi_and_stablelm_refuse_a_layer_norm_of_queries_and_keys() {
     for name in ["phi", "stablelm"] {
-        let error = config_error_with(name, "qk_layernorm", true.into());
-        assert!(
-            matches!(&error, HfError::Field { field, .. } if field == "qk_layernorm"),
-            "{name}: {error}"
-        );
+        assert_field_refused(name, "qk_layernorm", true.into(), "is true");
     }
 }
 
@@ -644,7 +715,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 43] = [
+    let cases: [(&str, Edit, &[&str]); 46] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -944,6 +1015,69 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
                 config.insert("mlp_bias".into(), json!(false));
             },
             &["attention_bias", "mlp_bias"],
+        ),
+        // GPT-2's sizes under the common names (its class maps them to its own), its
+        // class defaults left out, and the feed-forward's width given as `n_inner`,
+        // which wins over any `intermediate_size`.
+        (
+            "gpt2",
+            |config| {
+                for (own, common) in [("n_embd", "hidden_size"), ("n_layer", "num_hidden_layers")] {
+                    let value = config.remove(own).unwrap();
+                    config.insert(common.into(), value);
+                }
+                for key in [
+                    "activation_function",
+                    "layer_norm_epsilon",
+                    "scale_attn_weights",
+                    "tie_word_embeddings",
+                ] {
+                    config.remove(key);
+                }
+                config.insert("n_inner".into(), json!(128));
+                config.insert("intermediate_size".into(), json!(48));
+            },
+            &[],
+        ),
+        // GPT-J's sizes under the common names, its feed-forward's width as `n_inner`
+        // and the class's GELU (tanh) and epsilon left out. Its attention has no biases.
+        (
+            "gptj",
+            |config| {
+                for (own, common) in [
+                    ("n_head", "num_attention_heads"),
+                    ("n_positions", "max_position_embeddings"),
+                ] {
+                    let value = config.remove(own).unwrap();
+                    config.insert(common.into(), value);
+                }
+                for key in ["activation_function", "layer_norm_epsilon"] {
+                    config.remove(key);
+                }
+                config.insert("n_inner".into(), json!(128));
+                config.insert("attention_bias".into(), json!(true));
+            },
+            &["attention_bias"],
+        ),
+        // GPT-NeoX's files as transformers 4 wrote them: the rotary keys on their own
+        // (`rotary_pct`, `rotary_emb_base`), the class's parallel blocks, biases and
+        // exact GELU left out. Its feed-forward always has biases.
+        (
+            "gpt_neox",
+            |config| {
+                for key in [
+                    "rope_parameters",
+                    "use_parallel_residual",
+                    "attention_bias",
+                    "hidden_act",
+                ] {
+                    config.remove(key);
+                }
+                config.insert("rotary_pct".into(), json!(0.25));
+                config.insert("rotary_emb_base".into(), json!(1000.0));
+                config.insert("mlp_bias".into(), json!(false));
+            },
+            &["mlp_bias"],
         ),
         // StableLM's files as transformers 4 wrote them: no rotary object (a quarter of
         // each head rotated by its class's default); its output projection has no bias.
@@ -1451,6 +1585,30 @@ fn gradient_norms(
             None if path == "lm_head_bias" => "lm_head.bias".to_string(),
             None => path,
         };
+        // GPT-2's, GPT-J's, GPT-NeoX's and OPT's names are their own throughout; q, k and v
+        // share GPT-2's `c_attn` and GPT-NeoX's `query_key_value`. transformers names
+        // GPT-NeoX's head `lm_head`.
+        let own = match model_type {
+            "gpt2" => Some((&crate::hf::gpt2::NAMES, Some("c_attn"))),
+            "gptj" => Some((&crate::hf::gptj::NAMES, None)),
+            "gpt_neox" => Some((&crate::hf::gpt_neox::NAMES, Some("query_key_value"))),
+            "opt" => Some((&crate::hf::opt::NAMES, None)),
+            _ => None,
+        };
+        if let Some((names, fused)) = own {
+            let name = match name.as_str() {
+                "lm_head.weight" => name.clone(),
+                _ => names.checkpoint_key(&name),
+            };
+            let name = match fused {
+                Some(fused) => ["q_proj", "k_proj", "v_proj"]
+                    .iter()
+                    .fold(name, |name, part| name.replace(part, fused)),
+                None => name,
+            };
+            *squares.entry(name).or_insert(0.0) += norm * norm;
+            continue;
+        }
         let renames: &[(&str, &str)] = match model_type {
             "gpt_oss" => &[(".mlp.gate.", ".mlp.router.")],
             "qwen2_moe" => &[(".mlp.shared_experts.", ".mlp.shared_expert.")],

@@ -3,11 +3,12 @@
 //! [Jiang et al. 2023](https://arxiv.org/abs/2310.06825)), Qwen2 (q/k/v biases),
 //! Mixtral (sparse mixture of experts) and DeepSeek-V2/V3 (multi-head latent attention,
 //! dense first layers then mixture of experts with shared experts, multi-token
-//! prediction).
+//! prediction); and GPT-2 ([Radford et al. 2019](https://openai.com/research/better-language-models)),
+//! whose positions are a learned table instead of RoPE.
 //!
 //! ```text
-//! tokens ─► embed_tokens ─► model.layers × N ─► model.norm ─► lm_head ─► logits
-//!                           (a TransformerStack of TransformerBlocks)
+//! tokens ─► embed_tokens (+ embed_positions) ─► model.layers × N ─► model.norm ─► lm_head ─► logits
+//!                                              (a TransformerStack of TransformerBlocks)
 //! ```
 //!
 //! The body is a [`TransformerStack`], the same blocks as the encoder-decoder's, so
@@ -41,7 +42,7 @@ use crate::ffn::{
 use crate::norm::{LayerNormConfig, NormConfig, RmsNormConfig};
 use crate::ops::linear::{linear_rows, matmul_rows};
 use crate::ops::soft_cap::soft_cap;
-use crate::position::{Rope, RopeConfig};
+use crate::position::{LearnedPosition, LearnedPositionConfig, Rope, RopeConfig};
 
 use super::multi_token::MultiTokenPredictor;
 
@@ -120,6 +121,19 @@ pub struct CausalLmConfig {
     /// `no_rope_layers`, where 0 marks them). Default: none.
     #[config(default = "None")]
     pub nope_layers: Option<Vec<bool>>,
+    /// Learned absolute positions instead of RoPE: a table of this many positions
+    /// (GPT-2's `n_positions`, HF `wpe`) whose rows are added to the token embeddings,
+    /// counting real tokens only (left padding takes no position, see
+    /// [`LearnedPosition::forward_padded`]). No layer rotates, so `rope` is unused and
+    /// `sliding_rope`, `nope_layers` and `layer_rope_theta` must stay unset; sequences
+    /// are limited to this length (generation slides its context window there). Not
+    /// available with `latent` or `mtp_depth`. Default: none (RoPE).
+    #[config(default = "None")]
+    pub learned_positions: Option<usize>,
+    /// With `learned_positions`, rows of the table before position 0, never read (OPT
+    /// keeps 2: position `p` reads row `p + 2`). Default: 0.
+    #[config(default = 0)]
+    pub reserved_position_rows: usize,
     /// Factor on the token embeddings before the first block (Gemma: `√d_model`).
     /// Default: none.
     #[config(default = "None")]
@@ -469,6 +483,36 @@ impl CausalLmConfig {
                 });
             }
         }
+        if self.reserved_position_rows > 0 && self.learned_positions.is_none() {
+            return Err(ConfigError::Invalid {
+                module: MODULE,
+                field: "reserved_position_rows",
+                reason: "reserves rows of a table of learned positions, which the model does \
+                         not have: set learned_positions too, or leave it 0"
+                    .into(),
+            });
+        }
+        if let Some(positions) = self.learned_positions {
+            ConfigError::check_positive(MODULE, "learned_positions", positions)?;
+            let conflict = [
+                (self.latent.is_some(), "latent"),
+                (self.mtp_depth > 0, "mtp_depth"),
+                (self.sliding_rope.is_some(), "sliding_rope"),
+                (self.nope_layers.is_some(), "nope_layers"),
+                (self.layer_rope_theta.is_some(), "layer_rope_theta"),
+            ]
+            .into_iter()
+            .find_map(|(set, field)| set.then_some(field));
+            if let Some(field) = conflict {
+                return Err(ConfigError::Invalid {
+                    module: MODULE,
+                    field,
+                    reason: "does not apply with learned_positions, which replace the \
+                             rotary embedding in every layer: leave one of them unset"
+                        .into(),
+                });
+            }
+        }
         if self.latent.is_some() && self.nope_layers.is_some() {
             return Err(ConfigError::Invalid {
                 module: MODULE,
@@ -523,9 +567,9 @@ impl CausalLmConfig {
         self.validate()?;
         // One RoPE for all grouped-attention layers: its cos/sin tables are shared by
         // cloning. MLA layers carry their own (decoupled, rope part only).
-        let rope = match self.latent {
-            None => Some(self.rope.try_init(device)?),
-            Some(_) => None,
+        let rope = match (&self.latent, self.learned_positions) {
+            (None, None) => Some(self.rope.try_init(device)?),
+            _ => None,
         };
         // Sliding-window layers may rotate with their own frequencies (Gemma-3).
         let sliding_rope = match (&self.latent, &self.sliding_rope) {
@@ -579,6 +623,15 @@ impl CausalLmConfig {
         let embed_tokens = EmbeddingConfig::new(self.vocab_size, self.d_model)
             .with_initializer(self.initializer.clone())
             .init(device);
+        let embed_positions = self
+            .learned_positions
+            .map(|positions| {
+                LearnedPositionConfig::new(positions, self.d_model)
+                    .with_reserved_rows(self.reserved_position_rows)
+                    .with_initializer(self.initializer.clone())
+                    .try_init(device)
+            })
+            .transpose()?;
         let lm_head = (!self.tie_word_embeddings).then(|| {
             LinearConfig::new(self.d_model, self.vocab_size)
                 .with_bias(false)
@@ -587,6 +640,7 @@ impl CausalLmConfig {
         });
         Ok(CausalLm {
             embed_tokens,
+            embed_positions,
             model: TransformerStack::new(layers, norm)?,
             lm_head,
             lm_head_bias: self
@@ -611,6 +665,9 @@ crate::builders::init_or_panic!(CausalLmConfig => CausalLm);
 pub struct CausalLm {
     /// Token embedding, `[vocab_size, d_model]` (HF `model.embed_tokens`).
     pub embed_tokens: Embedding,
+    /// Learned absolute positions, `[learned_positions, d_model]` (GPT-2's `wpe`), if
+    /// the model has them instead of RoPE.
+    pub embed_positions: Option<LearnedPosition>,
     /// The transformer body: the blocks and the final norm (HF `model`).
     pub model: TransformerStack,
     /// The output projection; `None` when tied to `embed_tokens`.
@@ -665,6 +722,14 @@ impl CausalLm {
         self.mtp.len()
     }
 
+    /// The longest sequence the model can embed: its number of learned positions;
+    /// `None` for rotary models, which have no such limit.
+    pub fn max_positions(&self) -> Option<usize> {
+        self.embed_positions
+            .as_ref()
+            .map(LearnedPosition::max_position_embeddings)
+    }
+
     /// The sequence length past which a decoding cache filled at shorter lengths must
     /// be rebuilt from the tokens: LongRoPE's original context, past which every
     /// position rotates with the long factors (see [`Rope::cache_rebuild_length`]);
@@ -703,6 +768,9 @@ impl CausalLm {
     /// - key_padding: `[batch, seq]`, `true` for padding (left padding for batched
     ///   prompts of different lengths)
     /// - output: `[batch, seq, vocab_size]`
+    ///
+    /// # Panics
+    /// With learned positions, if `seq` exceeds them ([`max_positions`](Self::max_positions)).
     pub fn forward(
         &self,
         tokens: Tensor<2, Int>,
@@ -720,7 +788,7 @@ impl CausalLm {
         tokens: Tensor<2, Int>,
         key_padding: Option<Tensor<2, Bool>>,
     ) -> CausalLmOutput {
-        let x = self.embed(tokens);
+        let x = self.input(tokens, 0, None, key_padding.clone());
         let (hidden, losses) = self.model.forward_with_losses(x, key_padding, None);
         self.output(hidden, losses)
     }
@@ -767,7 +835,8 @@ impl CausalLm {
     /// - output: `[batch, new, vocab_size]`
     ///
     /// # Panics
-    /// If `cache` was not made by [`new_cache`](Self::new_cache) of this model.
+    /// If `cache` was not made by [`new_cache`](Self::new_cache) of this model; with
+    /// learned positions, if the cache and the new tokens exceed them.
     pub fn forward_cached(
         &self,
         tokens: Tensor<2, Int>,
@@ -793,7 +862,12 @@ impl CausalLm {
         cache: &mut StackCache,
         key_padding: Option<Tensor<2, Bool>>,
     ) -> (Tensor<3>, Tensor<3>) {
-        let x = self.embed(tokens);
+        let x = self.input(
+            tokens,
+            cache.position(),
+            cache.padded_positions(),
+            key_padding.clone(),
+        );
         let (hidden, _) = self.model.forward_cached(x, cache, key_padding, None);
         (self.logits(hidden.clone()), hidden)
     }
@@ -845,7 +919,28 @@ impl CausalLm {
         self
     }
 
-    /// The token embeddings, scaled by `embed_scale`.
+    /// The stack's input: the token embeddings, with learned positions those of the
+    /// positions from `offset` (the cache's length, `padded_before` of them padding
+    /// in each row) added.
+    ///
+    /// # Panics
+    /// With learned positions, if the sequence ends past them.
+    fn input(
+        &self,
+        tokens: Tensor<2, Int>,
+        offset: usize,
+        padded_before: Option<Tensor<1, Int>>,
+        key_padding: Option<Tensor<2, Bool>>,
+    ) -> Tensor<3> {
+        let x = self.embed(tokens);
+        match &self.embed_positions {
+            Some(positions) => positions.forward_padded(x, offset, padded_before, key_padding),
+            None => x,
+        }
+    }
+
+    /// The token embeddings, scaled by `embed_scale` (the multi-token-prediction
+    /// modules' input; learned positions are refused with them).
     fn embed(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
         let x = self.embed_tokens.forward(tokens);
         match self.embed_scale {
@@ -933,6 +1028,17 @@ pub(crate) mod tests {
             .with_moe_layers(MoeLayerPlan::new().with_first_k_dense_replace(1))
     }
 
+    /// A small GPT-2-style model: learned positions (8 of them), biased LayerNorms, an
+    /// ungated GELU feed-forward, biases on every projection, a tied head.
+    pub(crate) fn small_gpt() -> CausalLmConfig {
+        CausalLmConfig::new(40, 16, 2, 4, 32, RopeConfig::new(4))
+            .with_gpt2_design(8)
+            .with_initializer(Initializer::Normal {
+                mean: 0.0,
+                std: 0.3,
+            })
+    }
+
     fn prompt(device: &Device) -> Tensor<2, Int> {
         tokens(&[&[1, 5, 9, 13, 17, 21], &[2, 4, 6, 8, 10, 12]], device)
     }
@@ -1013,6 +1119,7 @@ pub(crate) mod tests {
                 small(BlockKind::Sandwich),
                 small(BlockKind::PreNorm).with_attention_sinks(true),
                 small_latent_moe(),
+                small_gpt(),
             ];
             for config in configs {
                 let model = config.init(&device);
@@ -1033,6 +1140,94 @@ pub(crate) mod tests {
                 assert_close(Tensor::cat(steps, 1), full, 1e-4, &what);
             }
         }
+    }
+
+    /// Learned positions: no layer rotates, the model sees token order only through
+    /// the table, and a left-padded row (in one pass, or prefilled then decoded) gives
+    /// the logits it gives alone, as its real tokens keep their positions.
+    #[test]
+    fn learned_positions_count_real_tokens_only() {
+        for device in model_test_devices() {
+            device.seed(5);
+            let model = small_gpt().init(&device);
+            assert_eq!(model.max_positions(), Some(8));
+            assert!(
+                model
+                    .model
+                    .layers
+                    .iter()
+                    .all(|layer| match &layer.self_attn {
+                        SelfAttention::MultiHead(attention) => attention.rope.is_none(),
+                        _ => false,
+                    })
+            );
+            let alone = model.forward(tokens(&[&[5, 9, 13, 17]], &device), None);
+            // [pad, pad, 5, 9, 13, 17] beside an unpadded row.
+            let batch = tokens(&[&[0, 0, 5, 9, 13, 17], &[2, 4, 6, 8, 10, 12]], &device);
+            let padding = Tensor::<2, Bool>::from_data(
+                // The first two positions of row 0.
+                burn::tensor::TensorData::new((0..12).map(|i| i < 2).collect::<Vec<_>>(), [2, 6]),
+                &device,
+            );
+            let full = model.forward(batch.clone(), Some(padding.clone()));
+            let padded_row = full.clone().slice([0..1, 2..6, 0..40]);
+            assert_close(padded_row, alone.clone(), 1e-4, "padded row, one pass");
+            let unpadded = model.forward(batch.clone().narrow(0, 1, 1), None);
+            assert_close(full.slice([1..2, 0..6, 0..40]), unpadded, 1e-4, "other row");
+
+            let mut cache = model.new_cache();
+            let prefill = model.forward_cached(
+                batch.clone().narrow(1, 0, 4),
+                &mut cache,
+                Some(padding.narrow(1, 0, 4)),
+            );
+            let steps: Vec<_> = (4..6)
+                .map(|position| {
+                    model.forward_cached(batch.clone().narrow(1, position, 1), &mut cache, None)
+                })
+                .collect();
+            let decoded = Tensor::cat([vec![prefill], steps].concat(), 1);
+            assert_close(
+                decoded.slice([0..1, 2..6, 0..40]),
+                alone.clone(),
+                1e-4,
+                "padded row, decoded",
+            );
+
+            // Order reaches the model only through the table.
+            let swapped = model.forward(tokens(&[&[9, 5, 13, 17]], &device), None);
+            let moved = max_abs_diff(
+                swapped.slice([0..1, 3..4, 0..40]),
+                alone.slice([0..1, 3..4, 0..40]),
+            );
+            assert!(moved > 1e-3, "the positions tell the order apart: {moved}");
+        }
+    }
+
+    #[test]
+    fn learned_positions_refuse_rotary_options() {
+        let error = small_gpt()
+            .with_nope_layers(Some(vec![true, false]))
+            .validate()
+            .unwrap_err();
+        assert!(
+            matches!(
+                error,
+                ConfigError::Invalid {
+                    field: "nope_layers",
+                    ..
+                }
+            ),
+            "{error:?}"
+        );
+        assert!(error.to_string().contains("learned_positions"), "{error}");
+        let error = small_gpt().with_mtp_depth(1).validate().unwrap_err();
+        assert!(error.to_string().contains("mtp_depth"), "{error}");
+        let error = small_gpt()
+            .with_learned_positions(Some(0))
+            .validate()
+            .unwrap_err();
+        assert!(error.to_string().contains("learned_positions"), "{error}");
     }
 
     /// Every block takes the configured arrangement and stochastic depth, and the

@@ -47,6 +47,39 @@ impl CausalLmConfig {
         .with_tie_word_embeddings(true)
     }
 
+    /// This configuration with GPT-2's design, its sizes kept: `positions` learned
+    /// positions instead of RoPE, Pre-LN blocks of LayerNorms with a shift, biases on
+    /// every projection, an ungated GELU (tanh) feed-forward, tied embeddings.
+    pub fn with_gpt2_design(self, positions: usize) -> Self {
+        self.with_learned_positions(Some(positions))
+            .with_block_kind(BlockKind::PreNorm)
+            .with_layer_norm(true)
+            .with_layer_norm_bias(true)
+            .with_gated_mlp(false)
+            .with_activation(Activation::GeluTanh)
+            .with_qkv_bias(true)
+            .with_o_bias(true)
+            .with_mlp_bias(true)
+            .with_tie_word_embeddings(true)
+    }
+
+    /// `openai-community/gpt2` (GPT-2 small): 12 layers, width 768, 12 heads, 1024
+    /// learned positions, a GELU (tanh) feed-forward of 3072, vocabulary 50257, tied
+    /// embeddings; 124M parameters.
+    pub fn gpt2() -> Self {
+        Self::new(50257, 768, 12, 12, 3072, RopeConfig::new(64))
+            .with_norm_eps(1e-5)
+            .with_gpt2_design(1024)
+    }
+
+    /// `openai-community/gpt2-medium`: GPT-2 with 24 layers, width 1024, 16 heads, a
+    /// feed-forward of 4096; 355M parameters.
+    pub fn gpt2_medium() -> Self {
+        Self::new(50257, 1024, 24, 16, 4096, RopeConfig::new(64))
+            .with_norm_eps(1e-5)
+            .with_gpt2_design(1024)
+    }
+
     /// `meta-llama/Llama-3.2-1B`: 16 layers, width 2048, GQA 32/8, Llama 3 RoPE
     /// scaling, tied embeddings.
     pub fn llama_3_2_1b() -> Self {
@@ -499,6 +532,19 @@ mod tests {
         assert_eq!(CausalLmConfig::qwen3_8b().head_width(), 128);
         // Qwen3-30B-A3B: "30.5B in total, non-embedding 29.9B".
         assert_eq!(billions(&CausalLmConfig::qwen3_30b_a3b(), 1), (30.5, 29.9));
+    }
+
+    #[test]
+    fn gpt2_presets_have_the_parameter_counts_of_their_checkpoints() {
+        // The safetensors of openai-community/gpt2 hold 124,439,808 parameters (wte,
+        // wpe, 12 layers, ln_f; the head is tied), gpt2-medium's 354,823,168.
+        let count = |config: CausalLmConfig| {
+            let model = config.try_init(&burn::tensor::Device::flex()).unwrap();
+            burn::module::Module::num_params(&model)
+        };
+        assert_eq!(count(CausalLmConfig::gpt2()), 124_439_808);
+        assert_eq!(count(CausalLmConfig::gpt2_medium()), 354_823_168);
+        assert_eq!(CausalLmConfig::gpt2().head_width(), 64);
     }
 
     #[test]

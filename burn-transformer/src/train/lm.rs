@@ -384,6 +384,7 @@ pub fn train_language_model_from(
     options.check_parallel_batch(training.batch_size)?;
     split.check_context(training.context)?;
     check_vocabulary(split, model.vocab_size())?;
+    check_positions(&model, training.context)?;
     let schedule = Schedule {
         steps: training.steps,
         eval_interval: training.eval_interval,
@@ -472,6 +473,7 @@ pub fn validation_loss(
 ) -> Result<f64, TrainError> {
     split.check_context(training.context)?;
     check_vocabulary(split, model.vocab_size())?;
+    check_positions(model, training.context)?;
     Ok(mean_over_validation(
         model,
         split,
@@ -504,6 +506,20 @@ fn mean_over_validation(
 }
 
 /// Checks that every token id is below the model's vocabulary size.
+/// A model with learned positions (GPT-2) sees at most that many tokens per window.
+fn check_positions(model: &CausalLm, context: usize) -> Result<(), TrainError> {
+    match model.max_positions() {
+        Some(positions) if context > positions => Err(TrainError::setting(
+            "context",
+            format!(
+                "{context} tokens exceed the model's {positions} learned positions: use a \
+                 context of at most {positions}"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 fn check_vocabulary(split: &TokenSplit, vocab_size: usize) -> Result<(), TrainError> {
     let max = split.max_id().unwrap_or(0);
     if max as usize >= vocab_size {
@@ -1238,6 +1254,20 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(small.contains("vocab-size"), "{small}");
+        let positions = tiny_model(tokenizer.vocab_size()).with_learned_positions(Some(2));
+        let short = train_language_model(
+            &positions,
+            &tiny_training(4, 2).with_context(3),
+            &split,
+            &device,
+            &options,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            short.contains("`context`") && short.contains("2 learned positions"),
+            "{short}"
+        );
         let device_error = crate::device::parse_device("tpu").unwrap_err().to_string();
         assert!(
             device_error.contains("unknown device `tpu`"),

@@ -98,13 +98,16 @@ struct Args {
     /// The block design: llama (Pre-LN, SwiGLU), qwen3 (llama with QK-norm per head),
     /// olmo2 (norms on the sublayers' outputs, QK-norm across heads), gemma (sandwich
     /// norms with Gemma's RMSNorm, GeGLU, scaled embeddings, QK-norm, soft-capped
-    /// logits, a sliding window of context/4 on every other layer) or gpt-oss
+    /// logits, a sliding window of context/4 on every other layer), gpt-oss
     /// (attention sinks and biases, the same windows, 4 experts per layer, top-2, with
-    /// router and expert biases and the clamped SwiGLU).
+    /// router and expert biases and the clamped SwiGLU) or gpt2 (nanoGPT's model:
+    /// --context learned positions instead of RoPE, LayerNorms with a shift, biases,
+    /// an ungated GELU feed-forward 4 × --d-model wide by default, one key/value head
+    /// per head by default).
     #[arg(
         long,
         default_value = "llama",
-        value_parser = ["llama", "qwen3", "olmo2", "gemma", "gpt-oss"]
+        value_parser = ["llama", "qwen3", "olmo2", "gemma", "gpt-oss", "gpt2"]
     )]
     #[serde(default = "default_arch")]
     arch: String,
@@ -121,14 +124,14 @@ struct Args {
     #[arg(long, default_value_t = 4)]
     heads: usize,
     /// Key/value heads: fewer than --heads is GQA (1 is MQA). Default: half of
-    /// --heads when it is even (GQA), else --heads.
+    /// --heads when it is even (GQA), else --heads (always --heads with --arch gpt2).
     #[arg(long)]
     kv_heads: Option<usize>,
     /// Model width.
     #[arg(long, default_value_t = 128)]
     d_model: usize,
     /// SwiGLU hidden width; default: 8/3 · d_model rounded up to 32 (the parameter
-    /// count of a 4 · d_model GELU MLP).
+    /// count of a 4 · d_model GELU MLP), or 4 · d_model for --arch gpt2's GELU MLP.
     #[arg(long)]
     d_ff: Option<usize>,
     /// Multi-token-prediction modules (DeepSeek-V3): module k also learns the token
@@ -296,6 +299,7 @@ fn with_arch(model: CausalLmConfig, arch: &str, context: usize) -> CausalLmConfi
                 .with_sliding_window(Some((context / 4).max(1)))
                 .with_sliding_layers(Some((0..layers).map(|layer| layer % 2 == 0).collect()))
         }
+        "gpt2" => model.with_gpt2_design(context),
         "gpt-oss" => {
             let layers = model.n_layers;
             let (d_model, d_ff) = (model.d_model, model.d_ff);
@@ -610,14 +614,20 @@ fn configs(args: &Args, vocab_size: usize) -> (CausalLmConfig, LmTrainingConfig)
         .unwrap_or(if default_corpus { 100 } else { 250 })
         .min(steps);
     let head_dim = args.d_model / args.heads;
-    let d_ff = args
-        .d_ff
-        .unwrap_or((8 * args.d_model / 3).div_ceil(32) * 32);
-    let kv_heads = args.kv_heads.unwrap_or(if args.heads.is_multiple_of(2) {
-        args.heads / 2
-    } else {
-        args.heads
+    // GPT-2's feed-forward is ungated, 4× wide; its attention one key/value head per
+    // head.
+    let gpt2 = args.arch == "gpt2";
+    let d_ff = args.d_ff.unwrap_or(match gpt2 {
+        true => 4 * args.d_model,
+        false => (8 * args.d_model / 3).div_ceil(32) * 32,
     });
+    let kv_heads = args
+        .kv_heads
+        .unwrap_or(if args.heads.is_multiple_of(2) && !gpt2 {
+            args.heads / 2
+        } else {
+            args.heads
+        });
     let model = CausalLmConfig::new(
         vocab_size,
         args.d_model,
