@@ -815,6 +815,55 @@ def gpt2():
     )
 
 
+def falcon():
+    # Falcon-40B's layout (`new_decoder_architecture`): attention and an ungated GELU
+    # feed-forward in parallel, each after its own shifted LayerNorm (`ln_attn`,
+    # `ln_mlp`); 4 query heads in 2 groups, each group's q heads, k and v fused in
+    # `query_key_value`; biases (`bias`); tied embeddings.
+    return transformers.FalconConfig(
+        vocab_size=COMMON["vocab_size"],
+        hidden_size=COMMON["hidden_size"],
+        num_hidden_layers=COMMON["num_hidden_layers"],
+        num_attention_heads=COMMON["num_attention_heads"],
+        num_kv_heads=2,
+        new_decoder_architecture=True,
+        bias=True,
+        ffn_hidden_size=COMMON["intermediate_size"],
+        max_position_embeddings=COMMON["max_position_embeddings"],
+        bos_token_id=COMMON["bos_token_id"],
+        eos_token_id=COMMON["eos_token_id"],
+        pad_token_id=COMMON["pad_token_id"],
+    )
+
+
+def falcon_7b():
+    # Falcon-7B's layout: multi-query attention (q heads, then one k and one v head,
+    # fused), parallel sublayers after one LayerNorm, no biases, a feed-forward 4× the
+    # width.
+    return transformers.FalconConfig(
+        vocab_size=COMMON["vocab_size"],
+        hidden_size=COMMON["hidden_size"],
+        num_hidden_layers=COMMON["num_hidden_layers"],
+        num_attention_heads=COMMON["num_attention_heads"],
+        multi_query=True,
+        parallel_attn=True,
+        max_position_embeddings=COMMON["max_position_embeddings"],
+        bos_token_id=COMMON["bos_token_id"],
+        eos_token_id=COMMON["eos_token_id"],
+        pad_token_id=COMMON["pad_token_id"],
+    )
+
+
+def falcon_sequential():
+    # Falcon's sequential blocks (`parallel_attn` false): Pre-LN with
+    # `input_layernorm` and `post_attention_layernorm`, q, k, v fused head by head.
+    config = falcon_7b()
+    config.multi_query = False
+    config.parallel_attn = False
+    config.bias = True
+    return config
+
+
 def opt():
     # OPT's layout (125M and 1.3B+): learned positions whose table starts 2 rows in,
     # Pre-LN blocks of shifted LayerNorms (`self_attn_layer_norm`, `final_layer_norm`),
@@ -1226,6 +1275,9 @@ MODELS = {
     "cwm": (cwm, {}),
     "gpt2": (gpt2, {}),
     "gptj": (gptj, {}),
+    "falcon": (falcon, {}),
+    "falcon_7b": (falcon_7b, {}),
+    "falcon_sequential": (falcon_sequential, {}),
     "opt": (opt, {}),
     "opt_post_norm": (opt_post_norm, {}),
     "gpt_neox": (gpt_neox, {}),
@@ -1672,6 +1724,12 @@ LORA_ADAPTERS = {
     "gpt_neox_lora": (
         "gpt_neox",
         dict(r=2, lora_alpha=4, target_modules=["query_key_value", "attention.dense", "dense_4h_to_h"]),
+        0.01,
+    ),
+    # Falcon's q, k and v fused group by group (4 query heads in 2 groups).
+    "falcon_lora": (
+        "falcon",
+        dict(r=2, lora_alpha=4, target_modules=["query_key_value", "dense_h_to_4h"]),
         0.01,
     ),
     # GPT-J's and OPT's names of the output projection (`out_proj`) and feed-forward.

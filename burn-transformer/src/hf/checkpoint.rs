@@ -21,10 +21,11 @@ use serde::Deserialize;
 
 use super::config::HfConfig;
 use super::error::HfError;
+use super::fused_heads::FusedHeads;
 use super::keys::{KeyError, read_json, read_keys, required};
 use super::model_type::text_model_family;
 use super::own_names::OwnNames;
-use super::{gpt_neox, gpt2, gptj, opt};
+use super::{falcon, gpt_neox, gpt2, gptj, opt};
 use crate::block::BlockKind;
 use crate::model::CausalLm;
 use crate::module_path::ParamPath;
@@ -126,10 +127,10 @@ pub trait KeyMap {
         None
     }
 
-    /// The head width, when the fused tensor `key` holds its blocks head by head
-    /// (GPT-NeoX's `query_key_value`: head 0's q, k and v rows, then head 1's, …)
-    /// rather than one block after the other. Default: none.
-    fn fused_per_head(&self, key: &str) -> Option<usize> {
+    /// The heads of the fused q/k/v tensor `key` when it holds its blocks group by
+    /// group (GPT-NeoX's and Falcon's `query_key_value`, [`FusedHeads`]) rather than
+    /// one block after the other. Default: none.
+    fn fused_heads(&self, key: &str) -> Option<FusedHeads> {
         let _ = key;
         None
     }
@@ -289,11 +290,12 @@ fn check_layer_count<'a>(
 /// `post_feedforward_layernorm`); VaultGemma names the second norm of its pre-norm
 /// blocks `pre_feedforward_layernorm` (ours `post_attention_layernorm`).
 ///
-/// GPT-2's, GPT-J's, GPT-NeoX's and OPT's checkpoints name every part their own way
+/// GPT-2's, GPT-J's, GPT-NeoX's, OPT's and Falcon's checkpoints name every part their
+/// own way
 /// (`transformer.h.N.attn.c_attn`, `gpt_neox.layers.N.attention.query_key_value`): each
 /// key is translated whole before the rest; GPT-2's `Conv1D` weights are
 /// transposed to `[out, in]` and its `c_attn` split as Phi-3's `qkv_proj`, GPT-NeoX's
-/// `query_key_value` head by head ([`KeyMap::fused_per_head`]).
+/// `query_key_value` head by head, Falcon's group by group ([`KeyMap::fused_heads`]).
 ///
 /// A multimodal checkpoint ([`HfConfig::model_type`] `gemma3`) stores its text model
 /// under `language_model.` (`language_model.model.layers.…`,
@@ -308,8 +310,14 @@ pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
         renames: family_renames(config),
         multimodal: text_model_family(&config.model_type).is_some(),
         fused: fused_projections(config),
-        fused_head_dim: (config.model_type == "gpt_neox").then(|| config.model.head_width()),
-        own_names: own_names(&config.model_type),
+        fused_heads: matches!(config.model_type.as_str(), "gpt_neox" | "falcon").then(|| {
+            FusedHeads {
+                heads: config.model.n_heads,
+                kv_heads: config.model.kv_heads(),
+                head_dim: config.model.head_width(),
+            }
+        }),
+        own_names: own_names(config),
         unloaded_mtp_modules: matches!(config.model_type.as_str(), "ernie4_5_moe" | "exaone_moe"),
     }
 }
@@ -335,7 +343,7 @@ fn family_renames(config: &HfConfig) -> &'static [(&'static str, &'static str)] 
         "gpt_oss" => &[(".mlp.router.", ".mlp.gate.")],
         "starcoder2" => &STARCODER2_MLP,
         // GPT-2's, GPT-J's and GPT-NeoX's names are translated whole ([`own_names`]).
-        "gpt2" | "gptj" | "gpt_neox" | "opt" => &[],
+        "gpt2" | "gptj" | "gpt_neox" | "opt" | "falcon" => &[],
         "phi" => &PHI_NAMES,
         "glm4" => &GLM4_NORMS,
         "hyperclovax" if config.model.block_kind == BlockKind::Sandwich => &HYPERCLOVAX_NORMS,
@@ -522,6 +530,10 @@ fn fused_projections(config: &HfConfig) -> Vec<FusedProjection> {
             .iter()
             .map(|(fused, blocks)| with_rows((fused, blocks), &[q, kv, kv]))
             .collect(),
+        "falcon" => falcon::FUSED_QKV
+            .iter()
+            .map(|(fused, blocks)| with_rows((fused, blocks), &[q, kv, kv]))
+            .collect(),
         "granitemoeshared" => {
             let shared = model.moe.as_ref().and_then(|moe| moe.shared_d_ff);
             shared.map_or_else(Vec::new, |width| {
@@ -567,9 +579,9 @@ struct CausalLmKeys {
     /// The projections the family's checkpoints store fused ([`fused_projections`]);
     /// empty for most.
     fused: Vec<FusedProjection>,
-    /// The head width of GPT-NeoX's fused projections, which hold q, k and v head by
-    /// head ([`KeyMap::fused_per_head`]).
-    fused_head_dim: Option<usize>,
+    /// The heads of GPT-NeoX's and Falcon's fused projections, which hold q, k and v
+    /// group by group ([`KeyMap::fused_heads`]).
+    fused_heads: Option<FusedHeads>,
     /// The names of a family whose every key is its own (GPT-2, GPT-NeoX), read as
     /// LLaMA's before the renames.
     own_names: Option<&'static OwnNames>,
@@ -621,12 +633,12 @@ impl KeyMap for CausalLmKeys {
         )
     }
 
-    fn fused_per_head(&self, key: &str) -> Option<usize> {
+    fn fused_heads(&self, key: &str) -> Option<FusedHeads> {
         let fused = self
             .fused
             .iter()
             .any(|(fused, _)| key.ends_with(&format!(".{fused}")));
-        self.fused_head_dim.filter(|_| fused)
+        self.fused_heads.filter(|_| fused)
     }
 
     fn fused(&self, key: &str) -> Option<(String, usize, usize)> {
@@ -963,8 +975,13 @@ fn reorder_gpt_oss_experts(
 
 /// The names of the family `model_type` when its checkpoints name every part their own
 /// way.
-pub(crate) fn own_names(model_type: &str) -> Option<&'static OwnNames> {
-    match model_type {
+pub(crate) fn own_names(config: &HfConfig) -> Option<&'static OwnNames> {
+    match config.model_type.as_str() {
+        // With `new_decoder_architecture`, a norm before each parallel sublayer.
+        "falcon" if config.model.block_kind == BlockKind::ParallelSeparateNorms => {
+            Some(&falcon::NAMES_TWO_NORMS)
+        }
+        "falcon" => Some(&falcon::NAMES),
         "gpt2" => Some(&gpt2::NAMES),
         "gptj" => Some(&gptj::NAMES),
         "opt" => Some(&opt::NAMES),
@@ -974,7 +991,7 @@ pub(crate) fn own_names(model_type: &str) -> Option<&'static OwnNames> {
 }
 
 /// The fused tensors of [`KeyMap::split`] cut into their row blocks, each under its
-/// own key (taken head by head where [`KeyMap::fused_per_head`] says so); a tensor
+/// own key (taken group by group where [`KeyMap::fused_heads`] says so); a tensor
 /// whose rows are not the blocks' sum is an error naming it.
 fn split_fused(
     tensors: BTreeMap<String, FileTensor>,
@@ -1000,13 +1017,8 @@ fn split_fused(
         let bytes = entry.bytes(&key)?;
         let row_bytes = bytes.len() / rows.max(1);
         // Where row `row` of the blocks, stacked one after the other, is in the tensor.
-        let parts = blocks.len();
-        let source_row = |row: usize| match key_map.fused_per_head(&key) {
-            Some(head_dim) => {
-                gpt_neox::interleaved_row(row, parts, rows / parts / head_dim.max(1), head_dim)
-            }
-            None => row,
-        };
+        let fused_heads = key_map.fused_heads(&key);
+        let source_row = |row: usize| fused_heads.map_or(row, |fused| fused.fused_row(row));
         let mut start = 0;
         for (block_key, block_rows) in blocks {
             let block_shape = [&[block_rows], &shape[1..]].concat();

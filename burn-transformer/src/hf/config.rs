@@ -299,6 +299,17 @@ struct ModelKeys {
     /// OPT: the embeddings' width, projected to `hidden_size` when it differs (not
     /// supported).
     word_embed_proj_dim: Option<usize>,
+    /// Falcon: biases on every projection.
+    bias: Option<bool>,
+    /// Falcon: ALiBi position biases instead of RoPE (not supported).
+    alibi: Option<bool>,
+    /// Falcon's architecture of Falcon-40B and later: parallel sublayers, grouped
+    /// key/value heads.
+    new_decoder_architecture: Option<bool>,
+    /// Falcon: attention and feed-forward in parallel (else sequential).
+    parallel_attn: Option<bool>,
+    /// Falcon: norms before the parallel sublayers, 1 (shared) or 2 (one each).
+    num_ln_in_parallel_attn: Option<usize>,
     /// Set in checkpoints whose weights are stored quantized (gpt-oss's MXFP4,
     /// DeepSeek-V3's FP8 blocks, bitsandbytes, GPTQ, AWQ, …), which this loader does
     /// not read.
@@ -360,6 +371,9 @@ impl ModelKeys {
         }
         if family == ModelType::Opt {
             self.check_opt()?;
+        }
+        if family == ModelType::Falcon {
+            self.check_falcon()?;
         }
         if let (ModelType::Gptj, Some(width), Some(heads)) =
             (family, self.hidden_size, self.num_attention_heads)
@@ -442,9 +456,11 @@ impl ModelKeys {
         // GPT-2's, GPT-J's and GPT-NeoX's heads split the width, whatever else the file
         // says.
         let head_dim = match family {
-            ModelType::Gpt2 | ModelType::Gptj | ModelType::GptNeox | ModelType::Opt => {
-                rope.head_dim
-            }
+            ModelType::Gpt2
+            | ModelType::Gptj
+            | ModelType::GptNeox
+            | ModelType::Opt
+            | ModelType::Falcon => rope.head_dim,
             _ => self.head_dim.unwrap_or(rope.head_dim),
         };
         let (qkv_bias, o_bias) = match family {
@@ -483,6 +499,10 @@ impl ModelKeys {
             ModelType::Gpt2 => (true, true),
             ModelType::Opt => {
                 let bias = self.enable_bias.unwrap_or(true);
+                (bias, bias)
+            }
+            ModelType::Falcon => {
+                let bias = self.bias.unwrap_or(false);
                 (bias, bias)
             }
             ModelType::GptNeox => {
@@ -556,6 +576,7 @@ impl ModelKeys {
             // GPT-NeoX's feed-forward always has biases.
             ModelType::Gpt2 | ModelType::Gptj => true,
             ModelType::Opt => self.enable_bias.unwrap_or(true),
+            ModelType::Falcon => self.bias.unwrap_or(false),
             ModelType::GptNeox => {
                 unread.fixed("mlp_bias", self.mlp_bias, true, "feed-forward biases")
             }
@@ -706,6 +727,7 @@ impl ModelKeys {
                 BlockKind::ParallelSeparateNorms
             }
             ModelType::Opt if !self.do_layer_norm_before.unwrap_or(true) => BlockKind::PostNorm,
+            ModelType::Falcon => self.falcon_block_kind(),
             ModelType::Gemma2 | ModelType::Gemma3Text | ModelType::Glm4 => BlockKind::Sandwich,
             ModelType::HyperClovaX if self.use_post_norm.unwrap_or(true) => BlockKind::Sandwich,
             _ => BlockKind::PreNorm,
@@ -806,6 +828,43 @@ impl ModelKeys {
             ));
         }
         Ok(())
+    }
+
+    /// Falcon's ALiBi, which this crate does not build, and the arrangements of norms
+    /// that transformers' Falcon cannot run either (it builds other norms than it
+    /// reads).
+    fn check_falcon(&self) -> Result<(), KeyError> {
+        if self.alibi == Some(true) {
+            return Err(KeyError::new(
+                "alibi",
+                "is true: ALiBi position biases are not supported (only Falcon models \
+                 with the rotary embedding, `alibi: false`, load)",
+            ));
+        }
+        let new = self.new_decoder_architecture.unwrap_or(false);
+        let parallel = self.parallel_attn.unwrap_or(true);
+        let two_norms = self.num_ln_in_parallel_attn == Some(2);
+        if (new && !parallel) || (!new && parallel && two_norms) {
+            return Err(KeyError::new(
+                "num_ln_in_parallel_attn",
+                "does not fit `new_decoder_architecture` and `parallel_attn`: transformers' \
+                 Falcon builds other norms than it reads with these settings",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Falcon's blocks: the new architecture's parallel sublayers after a norm each (or
+    /// one shared with `num_ln_in_parallel_attn: 1`), the old one's parallel
+    /// sublayers after one norm, or sequential Pre-LN blocks.
+    fn falcon_block_kind(&self) -> BlockKind {
+        let new = self.new_decoder_architecture.unwrap_or(false);
+        match (new, self.num_ln_in_parallel_attn) {
+            (true, Some(1)) => BlockKind::Parallel,
+            (true, _) => BlockKind::ParallelSeparateNorms,
+            (false, _) if self.parallel_attn.unwrap_or(true) => BlockKind::Parallel,
+            (false, _) => BlockKind::PreNorm,
+        }
     }
 
     /// OPT's switches that change the model beyond what this crate builds: embeddings
@@ -946,7 +1005,7 @@ impl ModelKeys {
     }
 
     /// The norms' epsilon: Cohere's, Jais-2's, GPT-2's and GPT-J's (`layer_norm_epsilon`),
-    /// GPT-NeoX's, Phi's and StableLM's `layer_norm_eps`,
+    /// GPT-NeoX's, Falcon's (`layer_norm_epsilon`), Phi's and StableLM's `layer_norm_eps`,
     /// StarCoder2's `norm_epsilon`, Nemotron's `norm_eps`, OLMo's fixed 1e-5, every
     /// other family's `rms_norm_eps`.
     fn norm_eps(&self, family: ModelType) -> f64 {
@@ -958,6 +1017,7 @@ impl ModelKeys {
                         | ModelType::Gpt2
                         | ModelType::Gptj
                         | ModelType::GptNeox
+                        | ModelType::Falcon
                         | ModelType::Phi
                         | ModelType::StableLm
                 ) =>
@@ -978,7 +1038,7 @@ impl ModelKeys {
     /// `max_window_layers`) names; dots.llm1 on those layers whenever a window is set;
     /// Qwen3-MoE with `use_sliding_window` on every layer; other families on the layers
     /// `layer_types` names, or every layer; LLaMA, InternLM3, MiniCPM3, HyperCLOVA X, OLMo,
-    /// GPT-2, GPT-J, GPT-NeoX, OPT, Phi, StableLM, Nemotron, GLM, Jais-2, Youtu, FlexOlmo, Solar-Open, Granite, Arcee,
+    /// GPT-2, GPT-J, GPT-NeoX, OPT, Falcon, Phi, StableLM, Nemotron, GLM, Jais-2, Youtu, FlexOlmo, Solar-Open, Granite, Arcee,
     /// Helium, Hunyuan, Gemma, GLM-4, GLM-4.5, GLM-4.7-Flash, OLMoE, MiniMax-M2, Seed-OSS,
     /// ERNIE-4.5(-MoE) and Cohere never.
     fn sliding_window(
@@ -1009,6 +1069,7 @@ impl ModelKeys {
             | ModelType::Gptj
             | ModelType::GptNeox
             | ModelType::Opt
+            | ModelType::Falcon
             | ModelType::Phi
             | ModelType::StableLm
             | ModelType::Nemotron

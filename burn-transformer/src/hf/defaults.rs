@@ -63,6 +63,31 @@ pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
             object.insert("intermediate_size".into(), width);
         }
     }
+    // Falcon's feed-forward is four times the width when `ffn_hidden_size` is null; its
+    // key/value heads are `num_kv_heads` in the new architecture, else one
+    // (`multi_query`) or one per query head.
+    if family == ModelType::Falcon {
+        let hidden = object.get("hidden_size").and_then(Value::as_u64);
+        if object.get("intermediate_size").is_none_or(Value::is_null)
+            && let Some(hidden) = hidden
+        {
+            object.insert("intermediate_size".into(), json!(4 * hidden));
+        }
+        let flag =
+            |key: &str, default: bool| object.get(key).and_then(Value::as_bool).unwrap_or(default);
+        let heads = object.get("num_attention_heads").and_then(Value::as_u64);
+        let kv_heads = match (
+            flag("new_decoder_architecture", false),
+            flag("multi_query", true),
+        ) {
+            (true, _) => object.get("num_kv_heads").and_then(Value::as_u64).or(heads),
+            (false, true) => Some(1),
+            (false, false) => heads,
+        };
+        if let Some(kv_heads) = kv_heads {
+            object.insert("num_key_value_heads".into(), json!(kv_heads));
+        }
+    }
     // GPT-J rotates the first `rotary_dim` features of each head (all when null).
     if family == ModelType::Gptj
         && let (Some(hidden), Some(heads)) = (
@@ -180,6 +205,12 @@ fn attribute_map(family: ModelType) -> &'static [(&'static str, &'static str)] {
             ("layer_norm_epsilon", "layer_norm_eps"),
             ("activation_function", "hidden_act"),
         ],
+        ModelType::Falcon => &[
+            ("n_embed", "hidden_size"),
+            ("ffn_hidden_size", "intermediate_size"),
+            ("layer_norm_epsilon", "layer_norm_eps"),
+            ("activation", "hidden_act"),
+        ],
         ModelType::Opt => &[
             ("ffn_dim", "intermediate_size"),
             ("activation_function", "hidden_act"),
@@ -268,6 +299,11 @@ fn class_defaults(family: ModelType) -> Value {
         }),
         ModelType::Gptj => json!({
             "hidden_act": "gelu_new", "layer_norm_eps": 1e-5, "rotary_dim": 64
+        }),
+        ModelType::Falcon => json!({
+            "hidden_act": "gelu", "layer_norm_eps": 1e-5, "tie_word_embeddings": true,
+            "new_decoder_architecture": false, "multi_query": true, "parallel_attn": true,
+            "bias": false, "alibi": false
         }),
         ModelType::Opt => json!({
             "hidden_act": "relu", "do_layer_norm_before": true, "enable_bias": true,
@@ -518,6 +554,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Gptj => [50400, 4096, 16384, 28, 16, 2048],
         ModelType::GptNeox => [50432, 6144, 24576, 44, 64, 2048],
         ModelType::Opt => [50272, 768, 3072, 12, 12, 2048],
+        ModelType::Falcon => [65024, 4544, 18176, 32, 71, 2048],
         ModelType::Phi => [51200, 2048, 8192, 24, 32, 2048],
         ModelType::Nemotron => [256000, 6144, 24576, 32, 48, 4096],
         ModelType::StableLm => [50304, 2560, 6912, 32, 32, 4096],
@@ -586,6 +623,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Gptj => (Some(50256), Some(50256), None),
         ModelType::GptNeox => (Some(0), Some(2), None),
         ModelType::Opt => (Some(2), Some(2), Some(1)),
+        ModelType::Falcon => (Some(11), Some(11), None),
         ModelType::Phi => (Some(1), Some(2), None),
         ModelType::Nemotron => (Some(2), Some(3), None),
         ModelType::StableLm => (Some(0), Some(0), None),

@@ -9,7 +9,7 @@
 //! Mixtral's and MiniMax-M2's `w1`/`w3`/`w2`) or, for gpt-oss, back in its interleaved
 //! `gate_up_proj` `[E, d_model, 2·d_ff]`; ERNIE-4.5-MoE's correction biases get their
 //! leading unit dimension back; Phi-3's, GPT-2's and GPT-NeoX's fused projections are
-//! stacked back ([`KeyMap::fused`], GPT-NeoX's head by head) and GPT-2's `Conv1D`
+//! stacked back ([`KeyMap::fused`], GPT-NeoX's and Falcon's group by group) and GPT-2's `Conv1D`
 //! weights transposed back to `[in, out]`;
 //! DeepSeek-V3's multi-token-prediction modules
 //! go to the layers after the decoder with copies of the embedding and head, as its
@@ -28,8 +28,8 @@ use super::checkpoint::{
 };
 use super::config::{HfConfig, text_model_config};
 use super::error::HfError;
+use super::gpt2;
 use super::tensors::{HostTensor, encode, host_parameters, write_safetensors};
-use super::{gpt_neox, gpt2};
 use crate::attention::QkNormPlacement;
 use crate::block::BlockKind;
 use crate::ffn::Activation;
@@ -251,16 +251,14 @@ fn checkpoint_tensors(
         };
         let rows: usize = blocks.iter().map(|block| block.shape[0]).sum();
         let shape = [&[rows], &blocks[0].shape[1..]].concat();
-        let parts = blocks.len();
         let stacked: Vec<f32> = blocks.into_iter().flat_map(|block| block.values).collect();
-        // GPT-NeoX's `query_key_value` holds its blocks head by head.
-        let values = match keys.fused_per_head(&key) {
-            Some(head_dim) => {
+        // GPT-NeoX's and Falcon's `query_key_value` hold their blocks group by group.
+        let values = match keys.fused_heads(&key) {
+            Some(fused) => {
                 let width = stacked.len() / rows.max(1);
-                let heads = rows / parts / head_dim.max(1);
                 let mut values = vec![0.0; stacked.len()];
                 for (row, chunk) in stacked.chunks(width).enumerate() {
-                    let to = gpt_neox::interleaved_row(row, parts, heads, head_dim) * width;
+                    let to = fused.fused_row(row) * width;
                     values[to..to + width].copy_from_slice(chunk);
                 }
                 values

@@ -3,7 +3,7 @@
 //! `attention.dense`, `mlp.dense_h_to_4h`, `mlp.dense_4h_to_h`, `final_layer_norm`, and
 //! the head `embed_out` ([`NAMES`]). `query_key_value` holds q, k and v head by head:
 //! head `h`'s rows are its q rows, then its k rows, then its v rows ([`FUSED_QKV`],
-//! [`interleaved_row`]).
+//! [`FusedHeads`](super::fused_heads::FusedHeads) with one query head per group).
 
 use super::own_names::OwnNames;
 
@@ -55,15 +55,6 @@ pub(crate) const FUSED_QKV: [(&str, [&str; 3]); 2] = [
     ),
 ];
 
-/// The row of a per-head fused tensor of `parts` projections (`query_key_value`:
-/// q, k, v) that holds row `row` of the projections stacked one after the other (all
-/// of q's rows, then k's, then v's), for heads of `head_dim` rows.
-pub(crate) fn interleaved_row(row: usize, parts: usize, heads: usize, head_dim: usize) -> usize {
-    let (part, within) = (row / (heads * head_dim), row % (heads * head_dim));
-    let (head, offset) = (within / head_dim, within % head_dim);
-    head * parts * head_dim + part * head_dim + offset
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,13 +100,5 @@ mod tests {
         ] {
             assert_eq!(NAMES.our_key(buffer), None, "{buffer}");
         }
-    }
-
-    /// With 2 heads of 2 rows, the fused rows are q₀ q₀ k₀ k₀ v₀ v₀ q₁ q₁ k₁ k₁ v₁ v₁.
-    #[test]
-    fn fused_rows_go_head_by_head() {
-        let rows: Vec<usize> = (0..12).map(|row| interleaved_row(row, 3, 2, 2)).collect();
-        // q₀ q₀ q₁ q₁ | k₀ k₀ k₁ k₁ | v₀ v₀ v₁ v₁
-        assert_eq!(rows, [0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11]);
     }
 }

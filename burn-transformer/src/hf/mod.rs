@@ -23,6 +23,8 @@ mod config;
 mod defaults;
 mod error;
 mod export;
+mod falcon;
+mod fused_heads;
 mod generation_config;
 mod gpt2;
 mod gpt_neox;
@@ -44,6 +46,7 @@ pub use checkpoint::{
 pub use config::HfConfig;
 pub use error::HfError;
 pub use export::{ExportOptions, ExportReport, dtype_name, hf_config_json, save_causal_lm};
+pub use fused_heads::FusedHeads;
 pub use generation_config::{GENERATION_CONFIG_FILE, HfGenerationConfig, read_generation_config};
 pub use latent::latent_attention_config;
 pub use model_type::SUPPORTED_MODEL_TYPES;

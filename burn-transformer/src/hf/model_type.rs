@@ -33,6 +33,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "gptj",
     "gpt_neox",
     "opt",
+    "falcon",
     "phi",
     "stablelm",
     "nemotron",
@@ -178,6 +179,12 @@ pub(crate) enum ModelType {
     /// `do_layer_norm_before: false`), biases everywhere (`enable_bias`), an ungated
     /// ReLU feed-forward `ffn_dim` wide, tied embeddings.
     Opt,
+    /// Falcon (7B, 40B, 180B): attention and an ungated GELU feed-forward in parallel
+    /// after one LayerNorm (`parallel_attn`; sequential Pre-LN blocks without it), or
+    /// after one each with `new_decoder_architecture`; multi-query attention, or
+    /// grouped (`num_kv_heads`) in the new architecture, q, k and v fused group by
+    /// group; optional biases (`bias`); tied embeddings.
+    Falcon,
     /// Phi (Phi-1, Phi-1.5, Phi-2): attention and an ungated GELU feed-forward in
     /// parallel after one LayerNorm, biases everywhere (the output head's too), the
     /// rotary embedding over part of each head.
@@ -276,7 +283,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 59] = [
+    const ALL: [Self; 60] = [
         Self::Llama,
         Self::InternLm3,
         Self::Mistral,
@@ -307,6 +314,7 @@ impl ModelType {
         Self::Gptj,
         Self::GptNeox,
         Self::Opt,
+        Self::Falcon,
         Self::Phi,
         Self::StableLm,
         Self::Nemotron,
@@ -371,6 +379,7 @@ impl ModelType {
             Self::Gptj => "gptj",
             Self::GptNeox => "gpt_neox",
             Self::Opt => "opt",
+            Self::Falcon => "falcon",
             Self::Phi => "phi",
             Self::StableLm => "stablelm",
             Self::Nemotron => "nemotron",
@@ -489,6 +498,7 @@ impl ModelType {
                 | Self::Gptj
                 | Self::GptNeox
                 | Self::Opt
+                | Self::Falcon
                 | Self::Phi
                 | Self::StableLm
                 | Self::Nemotron
@@ -506,6 +516,7 @@ impl ModelType {
                 | Self::Gptj
                 | Self::GptNeox
                 | Self::Opt
+                | Self::Falcon
                 | Self::Phi
                 | Self::Nemotron
         )

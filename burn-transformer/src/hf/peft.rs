@@ -16,7 +16,6 @@ use super::checkpoint::{
 };
 use super::config::HfConfig;
 use super::error::HfError;
-use super::gpt_neox::interleaved_row;
 use super::tensors::{HostTensor, encode, host_parameters, read_safetensors, write_safetensors};
 use crate::io::{read_text, write_atomically};
 use crate::lora::{LORA_TARGETS, LoraConfig, LoraSummary, attach_lora};
@@ -45,7 +44,7 @@ pub fn save_peft_adapters(
     dir: &Path,
 ) -> Result<usize, HfError> {
     let keys = causal_lm_key_map(config);
-    let own = own_names(&config.model_type);
+    let own = own_names(config);
     let mut tensors = Vec::new();
     let mut targets: Vec<String> = Vec::new();
     for (path, tensor) in host_parameters(model) {
@@ -218,7 +217,7 @@ pub fn read_peft_config(dir: &Path, config: &HfConfig) -> Result<LoraConfig, HfE
                 // A fused layer (Phi-3's `qkv_proj`, GPT-2's `c_attn`) is adapted as the
                 // projections it holds: each with the same `A` and its own rows of `B`.
                 // Families with names of their own name our layers by their paths.
-                let own_layers = own_names(&config.model_type)
+                let own_layers = own_names(config)
                     .map(|names| names.adapted_layers(name))
                     .filter(|layers| !layers.is_empty());
                 let leaves = match own_layers {
@@ -301,14 +300,13 @@ pub fn load_peft_adapters(
             _ => return Err(unexpected()),
         };
         let weight = format!("{layer}.weight");
-        // GPT-NeoX's fused layer holds its blocks' rows head by head.
-        let per_head = keys.fused_per_head(&weight);
+        // GPT-NeoX's and Falcon's fused layer holds its blocks' rows group by group.
+        let fused_heads = keys.fused_heads(&weight);
         let blocks = keys.split(&weight).unwrap_or_else(|| {
             let rows = tensor.shape.first().copied().unwrap_or(0);
             vec![(weight, rows)]
         });
         let rank = tensor.shape.get(1).copied().unwrap_or(0);
-        let parts = blocks.len();
         let mut start = 0;
         for (block, rows) in blocks {
             let path = match keys.action(&block) {
@@ -319,10 +317,7 @@ pub fn load_peft_adapters(
                 return Err(unexpected());
             };
             // `A` is shared by the blocks; `B` has each block's rows.
-            let source_row = |row: usize| match per_head {
-                Some(head_dim) => interleaved_row(row, parts, rows / head_dim.max(1), head_dim),
-                None => row,
-            };
+            let source_row = |row: usize| fused_heads.map_or(row, |fused| fused.fused_row(row));
             let part = match factor {
                 "a" => tensor.clone(),
                 _ => HostTensor {

@@ -520,6 +520,34 @@ fn gpt2_with_learned_positions_conv1d_layers_and_fused_qkv_matches_transformers(
 }
 
 #[test]
+fn falcon_with_two_norms_and_grouped_fused_qkv_matches_transformers() {
+    matches_transformers("falcon");
+}
+
+#[test]
+fn falcon_7b_with_multi_query_attention_and_one_norm_matches_transformers() {
+    matches_transformers("falcon_7b");
+}
+
+#[test]
+fn falcon_with_sequential_blocks_and_per_head_fused_qkv_matches_transformers() {
+    matches_transformers("falcon_sequential");
+}
+
+/// Falcon's ALiBi and the arrangements of norms transformers cannot run are refused by
+/// name.
+#[test]
+fn falcon_refuses_alibi_and_norms_that_do_not_fit_its_blocks() {
+    assert_field_refused("falcon", "alibi", true.into(), "ALiBi");
+    assert_field_refused(
+        "falcon_7b",
+        "num_ln_in_parallel_attn",
+        2.into(),
+        "other norms",
+    );
+}
+
+#[test]
 fn opt_with_learned_positions_after_two_reserved_rows_matches_transformers() {
     matches_transformers("opt");
 }
@@ -1542,8 +1570,9 @@ fn beam_search_with_one_beam_is_greedy() {
 fn gradient_norms(
     model: &CausalLm,
     loss: Tensor<1>,
-    model_type: &str,
+    config: &HfConfig,
 ) -> std::collections::BTreeMap<String, f64> {
+    let model_type = config.model_type.as_str();
     use burn::module::{Module, ModuleVisitor, Param};
     struct Norms<'a> {
         grads: &'a burn::tensor::Gradients,
@@ -1585,21 +1614,14 @@ fn gradient_norms(
             None if path == "lm_head_bias" => "lm_head.bias".to_string(),
             None => path,
         };
-        // GPT-2's, GPT-J's, GPT-NeoX's and OPT's names are their own throughout; q, k and v
-        // share GPT-2's `c_attn` and GPT-NeoX's `query_key_value`. transformers names
-        // GPT-NeoX's head `lm_head`.
-        let own = match model_type {
-            "gpt2" => Some((&crate::hf::gpt2::NAMES, Some("c_attn"))),
-            "gptj" => Some((&crate::hf::gptj::NAMES, None)),
-            "gpt_neox" => Some((&crate::hf::gpt_neox::NAMES, Some("query_key_value"))),
-            "opt" => Some((&crate::hf::opt::NAMES, None)),
-            _ => None,
-        };
-        if let Some((names, fused)) = own {
+        // The families with names of their own (GPT-2, GPT-NeoX, …): q, k and v share
+        // their fused layer, if any. transformers names GPT-NeoX's head `lm_head`.
+        if let Some(names) = crate::hf::checkpoint::own_names(config) {
             let name = match name.as_str() {
                 "lm_head.weight" => name.clone(),
                 _ => names.checkpoint_key(&name),
             };
+            let fused = names.fused_qkv.and_then(|fused| fused.rsplit('.').next());
             let name = match fused {
                 Some(fused) => ["q_proj", "k_proj", "v_proj"]
                     .iter()
@@ -1730,7 +1752,7 @@ fn loss_and_every_gradient_match_transformers() {
                 (got - want).abs() < 1e-5 * want.max(1.0),
                 "{what}: loss {got} vs {want}"
             );
-            let norms = gradient_norms(&model, loss, &config.model_type);
+            let norms = gradient_norms(&model, loss, &config);
             let want_norms = reference_values["gradient_norms"].as_object().unwrap();
             let names: Vec<&String> = norms.keys().collect();
             let want_names: Vec<&String> = want_norms.keys().collect();

@@ -1,0 +1,83 @@
+//! Fused q/k/v projections stored group by group: for each key/value head, the rows of
+//! the query heads that share it, then its key rows, then its value rows (Falcon's
+//! `query_key_value`; GPT-NeoX's, with one query head per group, is head by head:
+//! q₀ k₀ v₀ q₁ k₁ v₁ …). Ours are the three projections one after the other (all query
+//! rows, then key, then value rows), so loading and saving permute the rows.
+
+/// The head counts of a fused q/k/v projection stored group by group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FusedHeads {
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads, one per group of `heads / kv_heads` query heads.
+    pub kv_heads: usize,
+    /// Rows of one head.
+    pub head_dim: usize,
+}
+
+impl FusedHeads {
+    /// The row of the fused tensor that holds row `row` of the projections stacked one
+    /// after the other (q's `heads · head_dim` rows, then k's and v's
+    /// `kv_heads · head_dim` rows each).
+    pub fn fused_row(&self, row: usize) -> usize {
+        let Self {
+            heads,
+            kv_heads,
+            head_dim,
+        } = *self;
+        let per_group = heads / kv_heads.max(1);
+        let group_rows = (per_group + 2) * head_dim;
+        let (queries, keys) = (heads * head_dim, kv_heads * head_dim);
+        let (head, offset) = match row {
+            r if r < queries => (r / head_dim, r % head_dim),
+            // A key (`per_group`) or value (`per_group + 1`) head: placed after its
+            // group's query heads.
+            r => {
+                let (part, r) = if r < queries + keys {
+                    (0, r - queries)
+                } else {
+                    (1, r - queries - keys)
+                };
+                let group = r / head_dim;
+                return group * group_rows + (per_group + part) * head_dim + r % head_dim;
+            }
+        };
+        let (group, within) = (head / per_group.max(1), head % per_group.max(1));
+        group * group_rows + within * head_dim + offset
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Heads of 2 rows. GPT-NeoX (one query head per group): q₀ q₀ k₀ k₀ v₀ v₀ q₁ q₁ k₁
+    /// k₁ v₁ v₁. Falcon with 4 query heads in 2 groups: q₀ q₁ k₀ v₀ q₂ q₃ k₁ v₁.
+    /// Multi-query (one group): all q heads, then k, then v, as stacked.
+    #[test]
+    fn rows_go_group_by_group() {
+        let rows = |fused: FusedHeads, count: usize| -> Vec<usize> {
+            (0..count).map(|row| fused.fused_row(row)).collect()
+        };
+        let neox = FusedHeads {
+            heads: 2,
+            kv_heads: 2,
+            head_dim: 2,
+        };
+        // q₀ q₀ q₁ q₁ | k₀ k₀ k₁ k₁ | v₀ v₀ v₁ v₁
+        assert_eq!(rows(neox, 12), [0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11]);
+        let falcon = FusedHeads {
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 1,
+        };
+        // q₀ q₁ q₂ q₃ | k₀ k₁ | v₀ v₁
+        assert_eq!(rows(falcon, 8), [0, 1, 4, 5, 2, 6, 3, 7]);
+        let multi_query = FusedHeads {
+            heads: 3,
+            kv_heads: 1,
+            head_dim: 2,
+        };
+        assert_eq!(rows(multi_query, 10), (0..10).collect::<Vec<_>>());
+    }
+}
