@@ -105,6 +105,27 @@ COMMON = dict(
 )
 
 
+# COMMON's special tokens, and its sizes under GPT-2's names (GPT-2, GPT-J).
+TOKENS = {k: COMMON[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+GPT2_SIZES = dict(
+    vocab_size=COMMON["vocab_size"],
+    n_embd=COMMON["hidden_size"],
+    n_layer=COMMON["num_hidden_layers"],
+    n_head=COMMON["num_attention_heads"],
+    n_positions=COMMON["max_position_embeddings"],
+    **TOKENS,
+)
+# COMMON's sizes under the names most families share, without `intermediate_size`
+# (OPT and Falcon name it otherwise).
+SIZES = {
+    k: COMMON[k]
+    for k in (
+        "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+        "max_position_embeddings",
+    )
+}
+
+
 def llama():
     return transformers.LlamaConfig(
         **COMMON,
@@ -803,16 +824,7 @@ def gpt2():
     # GPT-2's layout: learned positions, shifted LayerNorms, biases everywhere, an
     # ungated GELU (tanh) feed-forward 4× the width (`n_inner` null), tied embeddings;
     # stored as Conv1D layers with q, k and v fused in `c_attn`.
-    return transformers.GPT2Config(
-        vocab_size=COMMON["vocab_size"],
-        n_embd=COMMON["hidden_size"],
-        n_layer=COMMON["num_hidden_layers"],
-        n_head=COMMON["num_attention_heads"],
-        n_positions=COMMON["max_position_embeddings"],
-        bos_token_id=COMMON["bos_token_id"],
-        eos_token_id=COMMON["eos_token_id"],
-        pad_token_id=COMMON["pad_token_id"],
-    )
+    return transformers.GPT2Config(**GPT2_SIZES)
 
 
 def falcon():
@@ -821,18 +833,12 @@ def falcon():
     # `ln_mlp`); 4 query heads in 2 groups, each group's q heads, k and v fused in
     # `query_key_value`; biases (`bias`); tied embeddings.
     return transformers.FalconConfig(
-        vocab_size=COMMON["vocab_size"],
-        hidden_size=COMMON["hidden_size"],
-        num_hidden_layers=COMMON["num_hidden_layers"],
-        num_attention_heads=COMMON["num_attention_heads"],
+        **SIZES,
+        **TOKENS,
         num_kv_heads=2,
         new_decoder_architecture=True,
         bias=True,
         ffn_hidden_size=COMMON["intermediate_size"],
-        max_position_embeddings=COMMON["max_position_embeddings"],
-        bos_token_id=COMMON["bos_token_id"],
-        eos_token_id=COMMON["eos_token_id"],
-        pad_token_id=COMMON["pad_token_id"],
     )
 
 
@@ -840,18 +846,7 @@ def falcon_7b():
     # Falcon-7B's layout: multi-query attention (q heads, then one k and one v head,
     # fused), parallel sublayers after one LayerNorm, no biases, a feed-forward 4× the
     # width.
-    return transformers.FalconConfig(
-        vocab_size=COMMON["vocab_size"],
-        hidden_size=COMMON["hidden_size"],
-        num_hidden_layers=COMMON["num_hidden_layers"],
-        num_attention_heads=COMMON["num_attention_heads"],
-        multi_query=True,
-        parallel_attn=True,
-        max_position_embeddings=COMMON["max_position_embeddings"],
-        bos_token_id=COMMON["bos_token_id"],
-        eos_token_id=COMMON["eos_token_id"],
-        pad_token_id=COMMON["pad_token_id"],
-    )
+    return transformers.FalconConfig(**SIZES, **TOKENS, multi_query=True, parallel_attn=True)
 
 
 def falcon_sequential():
@@ -869,16 +864,10 @@ def opt():
     # Pre-LN blocks of shifted LayerNorms (`self_attn_layer_norm`, `final_layer_norm`),
     # biases everywhere, an ungated ReLU feed-forward `ffn_dim` wide, tied embeddings.
     return transformers.OPTConfig(
-        vocab_size=COMMON["vocab_size"],
-        hidden_size=COMMON["hidden_size"],
-        num_hidden_layers=COMMON["num_hidden_layers"],
+        **SIZES,
+        **TOKENS,
         ffn_dim=COMMON["intermediate_size"],
-        max_position_embeddings=COMMON["max_position_embeddings"],
-        num_attention_heads=COMMON["num_attention_heads"],
         word_embed_proj_dim=COMMON["hidden_size"],
-        bos_token_id=COMMON["bos_token_id"],
-        eos_token_id=COMMON["eos_token_id"],
-        pad_token_id=COMMON["pad_token_id"],
     )
 
 
@@ -895,17 +884,7 @@ def gptj():
     # biases) in parallel after one shifted LayerNorm; the rotary embedding on pairs of
     # neighbouring features over the first `rotary_dim` (4 of 8) of each head, at base
     # 10000; an untied head with a bias; GPT-2's names for the sizes.
-    return transformers.GPTJConfig(
-        vocab_size=COMMON["vocab_size"],
-        n_embd=COMMON["hidden_size"],
-        n_layer=COMMON["num_hidden_layers"],
-        n_head=COMMON["num_attention_heads"],
-        n_positions=COMMON["max_position_embeddings"],
-        rotary_dim=4,
-        bos_token_id=COMMON["bos_token_id"],
-        eos_token_id=COMMON["eos_token_id"],
-        pad_token_id=COMMON["pad_token_id"],
-    )
+    return transformers.GPTJConfig(**GPT2_SIZES, rotary_dim=4)
 
 
 def gpt_neox():

@@ -1,8 +1,9 @@
 //! Checkpoints that name every part their own way (GPT-2's `transformer.h.N.attn`,
-//! GPT-NeoX's `gpt_neox.layers.N.attention`): each key is translated whole to the
-//! LLaMA-style key that the loader reads for every other family
+//! GPT-NeoX's `gpt_neox.layers.N.attention`; GPT-J, OPT, Falcon): each key is
+//! translated whole to the LLaMA-style key that the loader reads for every other family
 //! (`model.layers.N.self_attn.…`, [`OwnNames::our_key`]), and back when saving
-//! ([`OwnNames::checkpoint_key`]). A family's file gives its table.
+//! ([`OwnNames::checkpoint_key`]); PEFT's targets, which are the family's names, are
+//! read and written the same way. A family's file gives its table.
 
 /// A family's names of the model's parts.
 #[derive(Debug)]
@@ -43,10 +44,7 @@ impl OwnNames {
         if key.starts_with("lm_head.") {
             return Some(key.to_string());
         }
-        let key = std::iter::once(self.prefix)
-            .chain(self.bare_prefixes.iter().copied())
-            .find_map(|prefix| key.strip_prefix(prefix))
-            .unwrap_or(key);
+        let key = self.without_prefix(key);
         if self.buffers.iter().any(|buffer| key.ends_with(buffer)) {
             return None;
         }
@@ -82,9 +80,7 @@ impl OwnNames {
             rename_start(key, flipped(self.model_names))
         )
     }
-}
 
-impl OwnNames {
     /// Our layers that a PEFT `target_modules` entry adapts: PEFT adapts every module
     /// whose path ends with the target, so GPT-2's bare `c_proj` is both the
     /// attention's output projection and the feed-forward's second layer, and
@@ -110,15 +106,18 @@ impl OwnNames {
     /// without `.weight`) of every block and nothing else: its path within the block
     /// (GPT-2's `mlp.c_proj`, OPT's `fc1`).
     pub(crate) fn peft_target(&self, layer: &str) -> String {
-        let prefixes = [self.prefix]
-            .into_iter()
-            .chain(self.bare_prefixes.iter().copied());
-        prefixes
-            .filter_map(|prefix| layer.strip_prefix(prefix))
-            .chain([layer])
-            .find_map(|rest| rest.strip_prefix(self.layers))
+        self.without_prefix(layer)
+            .strip_prefix(self.layers)
             .and_then(|rest| rest.split_once('.'))
             .map_or_else(|| layer.to_string(), |(_, path)| path.to_string())
+    }
+
+    /// `key` without the model's prefix (or a bare model's), if it has one.
+    fn without_prefix<'a>(&self, key: &'a str) -> &'a str {
+        std::iter::once(self.prefix)
+            .chain(self.bare_prefixes.iter().copied())
+            .find_map(|prefix| key.strip_prefix(prefix))
+            .unwrap_or(key)
     }
 }
 
