@@ -224,6 +224,19 @@ fn bad_input_exits_with_a_message_and_writes_nothing() {
         );
         assert!(!out.exists(), "{file}: no output on failure");
     }
+    // GPT-2's 64 learned positions.
+    let long = dir.join("long.json");
+    let row: Vec<String> = (0..65).map(|i| (3 + i % 90).to_string()).collect();
+    let text = format!(
+        r#"{{"tokens": [[{}]], "max_new_tokens": 2}}"#,
+        row.join(", ")
+    );
+    std::fs::write(&long, text).unwrap();
+    let output = hf_logits(&fixtures().join("gpt2"), &long, &out, "flex");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("64 learned positions"), "{stderr}");
+    assert!(!out.exists());
     let output = hf_logits(dir, &model.join("input.json"), &out, "flex");
     assert_eq!(output.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&output.stderr).contains("config.json"));

@@ -97,6 +97,18 @@ fn run(args: &Args) -> Result<(), String> {
         }
     }
 
+    // A table of learned positions (GPT-2, OPT) ends; greedy decoding then slides its
+    // window, but the one forward pass takes the rows whole.
+    if let Some(positions) = model.max_positions()
+        && seq > positions
+    {
+        return Err(format!(
+            "{}: rows of {seq} tokens exceed the model's {positions} learned positions: \
+             give at most {positions} tokens per row",
+            args.input.display()
+        ));
+    }
+
     let flat: Vec<i64> = input.tokens.iter().flatten().copied().collect();
     let tokens = Tensor::<2, Int>::from_data(TensorData::new(flat, [batch, seq]), &device);
     let logits = model
