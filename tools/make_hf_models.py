@@ -879,6 +879,17 @@ def opt_post_norm():
     return config
 
 
+def gpt_bigcode():
+    # StarCoder 1's and SantaCoder's layout: GPT-2's layers and names as `nn.Linear`,
+    # multi-query attention (`c_attn` holds q, then one k and one v head), GELU-tanh.
+    return transformers.GPTBigCodeConfig(**GPT2_SIZES)
+
+
+def gpt_bigcode_mha():
+    # GPT-BigCode without `multi_query`: `c_attn` holds q, k and v head by head.
+    return transformers.GPTBigCodeConfig(**GPT2_SIZES, multi_query=False)
+
+
 def gptj():
     # GPT-J's layout: attention (no biases) and an ungated GELU-tanh feed-forward (with
     # biases) in parallel after one shifted LayerNorm; the rotary embedding on pairs of
@@ -1253,6 +1264,8 @@ MODELS = {
     "internlm3": (internlm3, {}),
     "cwm": (cwm, {}),
     "gpt2": (gpt2, {}),
+    "gpt_bigcode": (gpt_bigcode, {}),
+    "gpt_bigcode_mha": (gpt_bigcode_mha, {}),
     "gptj": (gptj, {}),
     "falcon": (falcon, {}),
     "falcon_7b": (falcon_7b, {}),

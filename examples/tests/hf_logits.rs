@@ -142,6 +142,8 @@ fn matches_transformers_for_every_family_on_flex() {
         "ernie4_5_moe",
         "cwm",
         "gpt2",
+        "gpt_bigcode",
+        "gpt_bigcode_mha",
         "gptj",
         "gpt_neox",
         "gpt_neox_sequential",

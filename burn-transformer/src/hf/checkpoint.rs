@@ -290,8 +290,8 @@ fn check_layer_count<'a>(
 /// `post_feedforward_layernorm`); VaultGemma names the second norm of its pre-norm
 /// blocks `pre_feedforward_layernorm` (ours `post_attention_layernorm`).
 ///
-/// GPT-2's, GPT-J's, GPT-NeoX's, OPT's and Falcon's checkpoints name every part their
-/// own way
+/// GPT-2's (and GPT-BigCode's), GPT-J's, GPT-NeoX's, OPT's and Falcon's checkpoints
+/// name every part their own way
 /// (`transformer.h.N.attn.c_attn`, `gpt_neox.layers.N.attention.query_key_value`): each
 /// key is translated whole before the rest; GPT-2's `Conv1D` weights are
 /// transposed to `[out, in]` and its `c_attn` split as Phi-3's `qkv_proj`, GPT-NeoX's
@@ -310,12 +310,14 @@ pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
         renames: family_renames(config),
         multimodal: text_model_family(&config.model_type).is_some(),
         fused: fused_projections(config),
-        fused_heads: matches!(config.model_type.as_str(), "gpt_neox" | "falcon").then(|| {
-            FusedHeads {
-                heads: config.model.n_heads,
-                kv_heads: config.model.kv_heads(),
-                head_dim: config.model.head_width(),
-            }
+        fused_heads: matches!(
+            config.model_type.as_str(),
+            "gpt_neox" | "falcon" | "gpt_bigcode"
+        )
+        .then(|| FusedHeads {
+            heads: config.model.n_heads,
+            kv_heads: config.model.kv_heads(),
+            head_dim: config.model.head_width(),
         }),
         own_names: own_names(config),
         unloaded_mtp_modules: matches!(config.model_type.as_str(), "ernie4_5_moe" | "exaone_moe"),
@@ -343,7 +345,7 @@ fn family_renames(config: &HfConfig) -> &'static [(&'static str, &'static str)] 
         "gpt_oss" => &[(".mlp.router.", ".mlp.gate.")],
         "starcoder2" => &STARCODER2_MLP,
         // GPT-2's, GPT-J's and GPT-NeoX's names are translated whole ([`own_names`]).
-        "gpt2" | "gptj" | "gpt_neox" | "opt" | "falcon" => &[],
+        "gpt2" | "gpt_bigcode" | "gptj" | "gpt_neox" | "opt" | "falcon" => &[],
         "phi" => &PHI_NAMES,
         "glm4" => &GLM4_NORMS,
         "hyperclovax" if config.model.block_kind == BlockKind::Sandwich => &HYPERCLOVAX_NORMS,
@@ -522,7 +524,7 @@ fn fused_projections(config: &HfConfig) -> Vec<FusedProjection> {
             with_rows(gate_up, &[d_ff, d_ff]),
         ],
         "glm" | "glm4" => vec![with_rows(gate_up, &[d_ff, d_ff])],
-        "gpt2" => gpt2::FUSED_QKV
+        "gpt2" | "gpt_bigcode" => gpt2::FUSED_QKV
             .iter()
             .map(|(fused, blocks)| with_rows((fused, blocks), &[q, kv, kv]))
             .collect(),
@@ -982,7 +984,8 @@ pub(crate) fn own_names(config: &HfConfig) -> Option<&'static OwnNames> {
             Some(&falcon::NAMES_TWO_NORMS)
         }
         "falcon" => Some(&falcon::NAMES),
-        "gpt2" => Some(&gpt2::NAMES),
+        // GPT-BigCode keeps GPT-2's names (its layers are `nn.Linear`s).
+        "gpt2" | "gpt_bigcode" => Some(&gpt2::NAMES),
         "gptj" => Some(&gptj::NAMES),
         "opt" => Some(&opt::NAMES),
         "gpt_neox" => Some(&gpt_neox::NAMES),

@@ -366,7 +366,7 @@ impl ModelKeys {
                  switch for the attention and the feed-forward; set both alike",
             ));
         }
-        if family == ModelType::Gpt2 {
+        if matches!(family, ModelType::Gpt2 | ModelType::GptBigcode) {
             self.check_gpt2()?;
         }
         if family == ModelType::Opt {
@@ -434,7 +434,9 @@ impl ModelKeys {
                 (full, Some(sliding))
             }
             // GPT-2 and OPT learn their positions; the rotary embedding is unused.
-            ModelType::Gpt2 | ModelType::Opt => (RopeConfig::new(d_model / n_heads.max(1)), None),
+            ModelType::Gpt2 | ModelType::GptBigcode | ModelType::Opt => {
+                (RopeConfig::new(d_model / n_heads.max(1)), None)
+            }
             // GLM, GLM-4, ERNIE, Cohere and Helium rotate pairs of neighbouring features
             // (GPT-J's layout).
             ModelType::Glm
@@ -457,6 +459,7 @@ impl ModelKeys {
         // says.
         let head_dim = match family {
             ModelType::Gpt2
+            | ModelType::GptBigcode
             | ModelType::Gptj
             | ModelType::GptNeox
             | ModelType::Opt
@@ -496,7 +499,7 @@ impl ModelKeys {
             ),
             // GPT-2's and Phi's four projections always have biases; StableLM's q, k
             // and v with `use_qkv_bias`, its output projection never.
-            ModelType::Gpt2 => (true, true),
+            ModelType::Gpt2 | ModelType::GptBigcode => (true, true),
             ModelType::Opt => {
                 let bias = self.enable_bias.unwrap_or(true);
                 (bias, bias)
@@ -574,7 +577,7 @@ impl ModelKeys {
             }
             ModelType::Phi => unread.fixed("mlp_bias", self.mlp_bias, true, "feed-forward biases"),
             // GPT-NeoX's feed-forward always has biases.
-            ModelType::Gpt2 | ModelType::Gptj => true,
+            ModelType::Gpt2 | ModelType::GptBigcode | ModelType::Gptj => true,
             ModelType::Opt => self.enable_bias.unwrap_or(true),
             ModelType::Falcon => self.bias.unwrap_or(false),
             ModelType::GptNeox => {
@@ -736,7 +739,10 @@ impl ModelKeys {
             mean: 0.0,
             std: self.initializer_range.unwrap_or(0.02),
         });
-        if matches!(family, ModelType::Gpt2 | ModelType::Opt) {
+        if matches!(
+            family,
+            ModelType::Gpt2 | ModelType::GptBigcode | ModelType::Opt
+        ) {
             model.learned_positions = Some(size(
                 self.max_position_embeddings,
                 "max_position_embeddings",
@@ -749,7 +755,9 @@ impl ModelKeys {
             model.layer_norm_scale = affine;
             model.layer_norm_bias = affine;
         }
-        if family == ModelType::Gpt2 && self.scale_attn_weights == Some(false) {
+        if matches!(family, ModelType::Gpt2 | ModelType::GptBigcode)
+            && self.scale_attn_weights == Some(false)
+        {
             model.attention_scale = Some(1.0);
         }
         // Granite-SWA's bases per layer; a layer of base 0 is among `nope_layers` above,
@@ -1015,6 +1023,7 @@ impl ModelKeys {
                     family,
                     ModelType::Jais2
                         | ModelType::Gpt2
+                        | ModelType::GptBigcode
                         | ModelType::Gptj
                         | ModelType::GptNeox
                         | ModelType::Falcon
@@ -1066,6 +1075,7 @@ impl ModelKeys {
             | ModelType::HyperClovaX
             | ModelType::Olmo
             | ModelType::Gpt2
+            | ModelType::GptBigcode
             | ModelType::Gptj
             | ModelType::GptNeox
             | ModelType::Opt

@@ -51,7 +51,10 @@ pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
     }
     // GPT-2's and GPT-J's feed-forward is `n_inner` wide, or four times the width when
     // null.
-    if matches!(family, ModelType::Gpt2 | ModelType::Gptj) {
+    if matches!(
+        family,
+        ModelType::Gpt2 | ModelType::GptBigcode | ModelType::Gptj
+    ) {
         let width = match object.get("n_inner") {
             Some(inner) if !inner.is_null() => Some(inner.clone()),
             _ => object
@@ -87,6 +90,17 @@ pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
         if let Some(kv_heads) = kv_heads {
             object.insert("num_key_value_heads".into(), json!(kv_heads));
         }
+    }
+    // GPT-BigCode has one key/value head with `multi_query`, else one per query head.
+    if family == ModelType::GptBigcode
+        && let Some(heads) = object.get("num_attention_heads").and_then(Value::as_u64)
+    {
+        let multi_query = object
+            .get("multi_query")
+            .and_then(Value::as_bool)
+            .unwrap_or(true);
+        let kv_heads = if multi_query { 1 } else { heads };
+        object.insert("num_key_value_heads".into(), json!(kv_heads));
     }
     // GPT-J rotates the first `rotary_dim` features of each head (all when null).
     if family == ModelType::Gptj
@@ -197,7 +211,7 @@ pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
 /// `hidden_size`). Where the file has both, the read name wins.
 fn attribute_map(family: ModelType) -> &'static [(&'static str, &'static str)] {
     match family {
-        ModelType::Gpt2 | ModelType::Gptj => &[
+        ModelType::Gpt2 | ModelType::GptBigcode | ModelType::Gptj => &[
             ("n_embd", "hidden_size"),
             ("n_layer", "num_hidden_layers"),
             ("n_head", "num_attention_heads"),
@@ -291,6 +305,11 @@ fn class_defaults(family: ModelType) -> Value {
                 "high_freq_factor": 4.0, "low_freq_factor": 1.0,
                 "original_max_position_embeddings": 8192
             }
+        }),
+        ModelType::GptBigcode => json!({
+            "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-5,
+            "tie_word_embeddings": true, "scale_attn_weights": true, "multi_query": true,
+            "add_cross_attention": false
         }),
         ModelType::Gpt2 => json!({
             "hidden_act": "gelu_new", "layer_norm_eps": 1e-5, "tie_word_embeddings": true,
@@ -550,7 +569,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Cwm => [128256, 6144, 21504, 64, 48, 131072],
         ModelType::GraniteSwa => [100352, 2560, 8192, 24, 20, 8192],
         ModelType::InternLm3 => [128512, 4096, 10240, 48, 32, 32768],
-        ModelType::Gpt2 => [50257, 768, 3072, 12, 12, 1024],
+        ModelType::Gpt2 | ModelType::GptBigcode => [50257, 768, 3072, 12, 12, 1024],
         ModelType::Gptj => [50400, 4096, 16384, 28, 16, 2048],
         ModelType::GptNeox => [50432, 6144, 24576, 44, 64, 2048],
         ModelType::Opt => [50272, 768, 3072, 12, 12, 2048],
@@ -619,7 +638,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Cwm => (Some(128000), None, None),
         ModelType::GraniteSwa => (Some(100257), Some(100257), None),
         ModelType::InternLm3 => (Some(1), Some(2), Some(2)),
-        ModelType::Gpt2 => (Some(50256), Some(50256), None),
+        ModelType::Gpt2 | ModelType::GptBigcode => (Some(50256), Some(50256), None),
         ModelType::Gptj => (Some(50256), Some(50256), None),
         ModelType::GptNeox => (Some(0), Some(2), None),
         ModelType::Opt => (Some(2), Some(2), Some(1)),

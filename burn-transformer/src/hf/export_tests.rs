@@ -38,7 +38,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 70] = [
+const FAMILIES: [&str; 72] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -79,6 +79,8 @@ const FAMILIES: [&str; 70] = [
     "ernie4_5_moe",
     "cwm",
     "gpt2",
+    "gpt_bigcode",
+    "gpt_bigcode_mha",
     "gptj",
     "gpt_neox",
     "gpt_neox_sequential",

@@ -30,6 +30,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "hunyuan_v1_dense",
     "cwm",
     "gpt2",
+    "gpt_bigcode",
     "gptj",
     "gpt_neox",
     "opt",
@@ -164,6 +165,10 @@ pub(crate) enum ModelType {
     /// tied embeddings; stored as `Conv1D` layers (`[in, out]`) with q, k and v fused
     /// in `c_attn`.
     Gpt2,
+    /// GPT-BigCode (StarCoder 1, SantaCoder): GPT-2's layers and names with multi-query
+    /// attention (`multi_query`; q, then one k and one v head, fused in `c_attn`; one
+    /// key/value head per head, fused head by head, without it), stored as `nn.Linear`.
+    GptBigcode,
     /// GPT-NeoX (Pythia, GPT-NeoX-20B): attention and an ungated GELU feed-forward in
     /// parallel, each after its own shifted LayerNorm (`use_parallel_residual`, else
     /// Pre-LN blocks), biases everywhere, the rotary embedding over a quarter of each
@@ -283,7 +288,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 60] = [
+    const ALL: [Self; 61] = [
         Self::Llama,
         Self::InternLm3,
         Self::Mistral,
@@ -311,6 +316,7 @@ impl ModelType {
         Self::HunyuanV1Dense,
         Self::Cwm,
         Self::Gpt2,
+        Self::GptBigcode,
         Self::Gptj,
         Self::GptNeox,
         Self::Opt,
@@ -376,6 +382,7 @@ impl ModelType {
             Self::HunyuanV1Dense => "hunyuan_v1_dense",
             Self::Cwm => "cwm",
             Self::Gpt2 => "gpt2",
+            Self::GptBigcode => "gpt_bigcode",
             Self::Gptj => "gptj",
             Self::GptNeox => "gpt_neox",
             Self::Opt => "opt",
@@ -495,6 +502,7 @@ impl ModelType {
             Self::Starcoder2
                 | Self::Jais2
                 | Self::Gpt2
+                | Self::GptBigcode
                 | Self::Gptj
                 | Self::GptNeox
                 | Self::Opt
@@ -513,6 +521,7 @@ impl ModelType {
                 | Self::Starcoder2
                 | Self::Jais2
                 | Self::Gpt2
+                | Self::GptBigcode
                 | Self::Gptj
                 | Self::GptNeox
                 | Self::Opt

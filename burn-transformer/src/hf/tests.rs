@@ -574,6 +574,16 @@ fn opt_refuses_projected_embeddings_and_a_removed_final_norm() {
 }
 
 #[test]
+fn gpt_bigcode_with_multi_query_attention_and_learned_positions_matches_transformers() {
+    matches_transformers("gpt_bigcode");
+}
+
+#[test]
+fn gpt_bigcode_without_multi_query_and_per_head_fused_qkv_matches_transformers() {
+    matches_transformers("gpt_bigcode_mha");
+}
+
+#[test]
 fn gptj_with_parallel_blocks_partial_interleaved_rope_and_a_biased_head_matches_transformers() {
     matches_transformers("gptj");
 }
