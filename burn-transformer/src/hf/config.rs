@@ -375,15 +375,8 @@ impl ModelKeys {
         if family == ModelType::Falcon {
             self.check_falcon()?;
         }
-        if let (ModelType::Gptj, Some(width), Some(heads)) =
-            (family, self.hidden_size, self.num_attention_heads)
-            && heads > 0
-            && width % heads != 0
-        {
-            return Err(KeyError::new(
-                "n_head",
-                format!("{heads} heads do not divide the width n_embd {width}"),
-            ));
+        if family == ModelType::Gptj {
+            self.check_heads_split_the_width()?;
         }
         if self.use_bidirectional_attention == Some(true) {
             return Err(KeyError::new(
@@ -455,15 +448,10 @@ impl ModelKeys {
             _ => (rope_keys.rope_config()?, None),
         };
         let gemma = family.is_gemma();
-        // GPT-2's, GPT-J's and GPT-NeoX's heads split the width, whatever else the file
-        // says.
+        // The heads of GPT-2 and its era's families split the width, whatever else the
+        // file says.
         let head_dim = match family {
-            ModelType::Gpt2
-            | ModelType::GptBigcode
-            | ModelType::Gptj
-            | ModelType::GptNeox
-            | ModelType::Opt
-            | ModelType::Falcon => rope.head_dim,
+            _ if family.is_classic_gpt() => rope.head_dim,
             _ => self.head_dim.unwrap_or(rope.head_dim),
         };
         let (qkv_bias, o_bias) = match family {
@@ -826,6 +814,11 @@ impl ModelKeys {
                  is not supported; this loader builds causal language models",
             ));
         }
+        self.check_heads_split_the_width()
+    }
+
+    /// GPT-2's and GPT-J's heads split the width (`n_embd`), as their classes require.
+    fn check_heads_split_the_width(&self) -> Result<(), KeyError> {
         if let (Some(width), Some(heads)) = (self.hidden_size, self.num_attention_heads)
             && heads > 0
             && width % heads != 0
@@ -1046,9 +1039,9 @@ impl ModelKeys {
     /// Qwen3 and SmolLM3 only with `use_sliding_window`, on the layers `layer_types` (or
     /// `max_window_layers`) names; dots.llm1 on those layers whenever a window is set;
     /// Qwen3-MoE with `use_sliding_window` on every layer; other families on the layers
-    /// `layer_types` names, or every layer; LLaMA, InternLM3, MiniCPM3, HyperCLOVA X, OLMo,
-    /// GPT-2, GPT-J, GPT-NeoX, OPT, Falcon, Phi, StableLM, Nemotron, GLM, Jais-2, Youtu, FlexOlmo, Solar-Open, Granite, Arcee,
-    /// Helium, Hunyuan, Gemma, GLM-4, GLM-4.5, GLM-4.7-Flash, OLMoE, MiniMax-M2, Seed-OSS,
+    /// `layer_types` names, or every layer; GPT-2 and its era's families, LLaMA,
+    /// InternLM3, MiniCPM3, HyperCLOVA X, OLMo, Phi, StableLM, Nemotron, GLM, Jais-2, Youtu,
+    /// FlexOlmo, Solar-Open, Granite, Arcee, Helium, Hunyuan, Gemma, GLM-4, GLM-4.5, GLM-4.7-Flash, OLMoE, MiniMax-M2, Seed-OSS,
     /// ERNIE-4.5(-MoE) and Cohere never.
     fn sliding_window(
         &self,
@@ -1069,17 +1062,12 @@ impl ModelKeys {
             {
                 None
             }
+            _ if family.is_classic_gpt() => None,
             ModelType::Llama
             | ModelType::InternLm3
             | ModelType::MiniCpm3
             | ModelType::HyperClovaX
             | ModelType::Olmo
-            | ModelType::Gpt2
-            | ModelType::GptBigcode
-            | ModelType::Gptj
-            | ModelType::GptNeox
-            | ModelType::Opt
-            | ModelType::Falcon
             | ModelType::Phi
             | ModelType::StableLm
             | ModelType::Nemotron

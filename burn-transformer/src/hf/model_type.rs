@@ -495,40 +495,32 @@ impl ModelType {
         self.is_cohere() || self == Self::Olmo || self.has_shifted_layer_norm()
     }
 
-    /// Whether the family's LayerNorms have a learned shift (PyTorch's `nn.LayerNorm`).
-    pub(crate) fn has_shifted_layer_norm(self) -> bool {
+    /// Whether the family is GPT-2 or one of its era that kept its design (GPT-BigCode,
+    /// GPT-J, GPT-NeoX, OPT, Falcon): shifted LayerNorms, an ungated feed-forward, heads
+    /// that split the width, checkpoints named their own way.
+    pub(crate) fn is_classic_gpt(self) -> bool {
         matches!(
             self,
-            Self::Starcoder2
-                | Self::Jais2
-                | Self::Gpt2
-                | Self::GptBigcode
-                | Self::Gptj
-                | Self::GptNeox
-                | Self::Opt
-                | Self::Falcon
-                | Self::Phi
-                | Self::StableLm
-                | Self::Nemotron
+            Self::Gpt2 | Self::GptBigcode | Self::Gptj | Self::GptNeox | Self::Opt | Self::Falcon
         )
+    }
+
+    /// Whether the family's LayerNorms have a learned shift (PyTorch's `nn.LayerNorm`).
+    pub(crate) fn has_shifted_layer_norm(self) -> bool {
+        self.is_classic_gpt()
+            || matches!(
+                self,
+                Self::Starcoder2 | Self::Jais2 | Self::Phi | Self::StableLm | Self::Nemotron
+            )
     }
 
     /// Whether the family's dense feed-forward is ungated, `down(act(up(x)))`.
     pub(crate) fn has_ungated_mlp(self) -> bool {
-        matches!(
-            self,
-            Self::Arcee
-                | Self::Starcoder2
-                | Self::Jais2
-                | Self::Gpt2
-                | Self::GptBigcode
-                | Self::Gptj
-                | Self::GptNeox
-                | Self::Opt
-                | Self::Falcon
-                | Self::Phi
-                | Self::Nemotron
-        )
+        self.is_classic_gpt()
+            || matches!(
+                self,
+                Self::Arcee | Self::Starcoder2 | Self::Jais2 | Self::Phi | Self::Nemotron
+            )
     }
 
     /// Whether the family is Cohere's (LayerNorm, parallel blocks, scaled logits).
