@@ -859,6 +859,37 @@ def falcon_sequential():
     return config
 
 
+def bloom():
+    # BLOOM's layout: ALiBi (6 heads: not a power of two, so the slopes' rule for the
+    # other heads counts), a LayerNorm on the embeddings, Pre-LN blocks of shifted
+    # LayerNorms, biases everywhere, an ungated GELU (tanh) feed-forward 4× the width,
+    # q, k and v fused head by head in `query_key_value`, tied embeddings.
+    return transformers.BloomConfig(
+        vocab_size=COMMON["vocab_size"],
+        hidden_size=36,
+        n_layer=COMMON["num_hidden_layers"],
+        n_head=6,
+        **TOKENS,
+    )
+
+
+def mpt():
+    # MPT's layout: ALiBi over 6 heads (MPT's statement of the slopes, for the keys
+    # counted back from the last), LayerNorms without a shift, no biases, an ungated
+    # exact-GELU feed-forward 4× the width, q, k and v fused one after the other in
+    # `Wqkv` and clamped to 0.5 (`attn_config.clip_qkv`), its softmax scale set
+    # (`attn_config.softmax_scale`), tied embeddings.
+    return transformers.MptConfig(
+        vocab_size=COMMON["vocab_size"],
+        d_model=36,
+        n_layers=COMMON["num_hidden_layers"],
+        n_heads=6,
+        max_seq_len=COMMON["max_position_embeddings"],
+        attn_config=dict(clip_qkv=0.5, softmax_scale=0.3),
+        **TOKENS,
+    )
+
+
 def opt():
     # OPT's layout (125M and 1.3B+): learned positions whose table starts 2 rows in,
     # Pre-LN blocks of shifted LayerNorms (`self_attn_layer_norm`, `final_layer_norm`),
@@ -1270,6 +1301,8 @@ MODELS = {
     "falcon": (falcon, {}),
     "falcon_7b": (falcon_7b, {}),
     "falcon_sequential": (falcon_sequential, {}),
+    "bloom": (bloom, {}),
+    "mpt": (mpt, {}),
     "opt": (opt, {}),
     "opt_post_norm": (opt_post_norm, {}),
     "gpt_neox": (gpt_neox, {}),
@@ -1722,6 +1755,19 @@ LORA_ADAPTERS = {
     "falcon_lora": (
         "falcon",
         dict(r=2, lora_alpha=4, target_modules=["query_key_value", "dense_h_to_4h"]),
+        0.01,
+    ),
+    # BLOOM's q, k and v fused head by head (PEFT's default target for BLOOM).
+    "bloom_lora": (
+        "bloom",
+        dict(r=2, lora_alpha=4, target_modules=["query_key_value", "dense_4h_to_h"]),
+        0.01,
+    ),
+    # MPT's q, k and v fused one after the other in `Wqkv` (PEFT's default target for
+    # MPT), its output projection and the feed-forward's first layer.
+    "mpt_lora": (
+        "mpt",
+        dict(r=2, lora_alpha=4, target_modules=["Wqkv", "out_proj", "up_proj"]),
         0.01,
     ),
     # GPT-J's and OPT's names of the output projection (`out_proj`) and feed-forward.

@@ -152,6 +152,8 @@ fn matches_transformers_for_every_family_on_flex() {
         "falcon",
         "falcon_7b",
         "falcon_sequential",
+        "bloom",
+        "mpt",
         "phi",
         "stablelm",
         "nemotron",

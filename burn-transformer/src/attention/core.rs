@@ -14,7 +14,8 @@
 use burn::config::Config;
 use burn::tensor::{Bool, Tensor};
 
-use crate::ops::flash_attention::{FlashKernel, Problem, ScoreOptions, flash_attention, reference};
+use crate::ops::flash_attention::reference::{self, HeadTerms};
+use crate::ops::flash_attention::{FlashKernel, Problem, ScoreOptions, flash_attention};
 use crate::ops::mask::MaskRule;
 
 /// Which implementation computes the attention core.
@@ -100,6 +101,11 @@ pub struct AttentionOptions {
     /// joins every row's softmax and takes no value, so a row may attend to nothing.
     /// The fused op takes them (and trains them). Default: none.
     pub sinks: Option<Tensor<1>>,
+    /// ALiBi slopes, one per query head, `[n_heads]`: each logit gets
+    /// `slope · (j − p)` for key `j` seen from query position `p` (see
+    /// [`crate::ops::alibi`]). Constants, not trained. Calls with them take the
+    /// reference path: the fused op has no ALiBi. Default: none.
+    pub alibi_slopes: Option<Tensor<1>>,
     /// Which implementation to use. Default: [`AttentionImpl::Auto`].
     pub implementation: AttentionImpl,
     /// Which kernel family the fused op runs on CubeCL devices. Default:
@@ -123,6 +129,8 @@ crate::builders::setters!(AttentionOptions {
     with_dropout => dropout: f64,
     /// Sets the attention sinks (`[n_heads]` logits).
     with_sinks => sinks: Option<Tensor<1>>,
+    /// Sets the ALiBi slopes (`[n_heads]`).
+    with_alibi_slopes => alibi_slopes: Option<Tensor<1>>,
     /// Chooses the implementation.
     with_implementation => implementation: AttentionImpl,
     /// Chooses the fused op's kernel family on CubeCL devices.
@@ -149,6 +157,14 @@ impl AttentionOptions {
         )
         .with_key_mask(self.key_padding.is_some())
         .with_kernel(self.flash_kernel)
+    }
+
+    /// The per-head terms of the logits (sinks, ALiBi slopes).
+    fn head_terms(&self) -> HeadTerms<'_> {
+        HeadTerms {
+            sinks: self.sinks.as_ref(),
+            alibi_slopes: self.alibi_slopes.as_ref(),
+        }
     }
 }
 
@@ -216,8 +232,8 @@ pub const FLEX_FLASH_MIN_KEYS: usize = 256;
 /// calls of more than [`DECODE_QUERIES`] query rows over at least
 /// [`FLEX_FLASH_MIN_KEYS`] keys, and the reference path elsewhere;
 /// `Fused` takes it on every backend that has it (the portable version on ndarray);
-/// `Reference` never. Dropout on the probabilities during training
-/// always takes the reference path: the fused op has none.
+/// `Reference` never. Dropout on the probabilities during training and ALiBi
+/// always take the reference path: the fused op has neither.
 fn wants_fused_path(q: &Tensor<4>, k: &Tensor<4>, options: &AttentionOptions) -> bool {
     let device = q.device();
     let wanted = match options.implementation.resolve() {
@@ -232,6 +248,10 @@ fn wants_fused_path(q: &Tensor<4>, k: &Tensor<4>, options: &AttentionOptions) ->
     };
     if wanted && options.dropout > 0.0 && device.is_autodiff() {
         log::debug!("attention: dropout on probabilities runs on the reference path");
+        return false;
+    }
+    if wanted && options.alibi_slopes.is_some() {
+        log::debug!("attention: ALiBi runs on the reference path");
         return false;
     }
     wanted
@@ -255,8 +275,8 @@ pub fn reference_attention(
 ) -> Tensor<4> {
     let scores = checked_score_options(&q, &k, &v, options);
     let padding = options.key_padding.clone();
-    let sinks = options.sinks.as_ref();
-    reference::attention(q, k, v, padding, &scores, sinks, options.dropout).0
+    let terms = options.head_terms();
+    reference::attention(q, k, v, padding, &scores, terms, options.dropout).0
 }
 
 /// The attention probabilities `softmax(q·kᵀ·scale + mask)` of one call, as the
@@ -281,7 +301,7 @@ pub fn attention_weights(q: Tensor<4>, k: Tensor<4>, options: &AttentionOptions)
         k,
         options.key_padding.clone(),
         &scores,
-        options.sinks.as_ref(),
+        options.head_terms(),
     )
 }
 
@@ -300,8 +320,8 @@ pub fn attention_with_weights(
     options: &AttentionOptions,
 ) -> (Tensor<4>, Tensor<4>) {
     let scores = checked_score_options(&q, &k, &v, options);
-    let sinks = options.sinks.as_ref();
-    reference::attention(q, k, v, options.key_padding.clone(), &scores, sinks, 0.0)
+    let terms = options.head_terms();
+    reference::attention(q, k, v, options.key_padding.clone(), &scores, terms, 0.0)
 }
 
 #[cfg(test)]
@@ -397,6 +417,77 @@ mod tests {
                     1e-5,
                     &format!("{implementation:?}"),
                 );
+            }
+        }
+    }
+
+    /// ALiBi against a host computation of `softmax(q·kᵀ·scale + slope·(j − i))·v` with
+    /// causal masking and key padding, on every implementation choice (the fused op
+    /// declines ALiBi and the reference path runs); the last two rows decoded against
+    /// every key give the last rows of the whole pass.
+    #[test]
+    fn alibi_matches_a_host_computation_whole_and_decoded() {
+        let ([batch, heads, seq, dim], lengths) = ([2, 3, 5, 4], [5, 3]);
+        let slopes = crate::ops::alibi::alibi_slopes(heads, 8.0);
+        for device in test_devices() {
+            device.seed(11);
+            let q = random([batch, heads, seq, dim], &device);
+            let k = random([batch, heads, seq, dim], &device);
+            let v = random([batch, heads, seq, dim], &device);
+            let host = |t: &Tensor<4>| t.to_data().convert::<f64>().try_to_vec::<f64>().unwrap();
+            let (hq, hk, hv) = (host(&q), host(&k), host(&v));
+            let at = |b: usize, h: usize, i: usize, x: usize| ((b * heads + h) * seq + i) * dim + x;
+            let mut expected = vec![0.0f64; batch * heads * seq * dim];
+            for (b, h, i) in (0..batch)
+                .flat_map(|b| (0..heads).flat_map(move |h| (0..seq).map(move |i| (b, h, i))))
+            {
+                let visible = 0..(i + 1).min(lengths[b]);
+                let logits: Vec<f64> = visible
+                    .clone()
+                    .map(|j| {
+                        let dot: f64 = (0..dim)
+                            .map(|x| hq[at(b, h, i, x)] * hk[at(b, h, j, x)])
+                            .sum();
+                        dot / (dim as f64).sqrt() + slopes[h] * (j as f64 - i as f64)
+                    })
+                    .collect();
+                let max = logits.iter().copied().fold(f64::MIN, f64::max);
+                let weights: Vec<f64> = logits.iter().map(|l| (l - max).exp()).collect();
+                let total: f64 = weights.iter().sum();
+                for x in 0..dim {
+                    let value: f64 = visible
+                        .clone()
+                        .zip(&weights)
+                        .map(|(j, w)| w * hv[at(b, h, j, x)])
+                        .sum();
+                    expected[at(b, h, i, x)] = value / total;
+                }
+            }
+            let expected = Tensor::<4>::from_data(
+                TensorData::new(expected, [batch, heads, seq, dim]).convert::<f32>(),
+                &device,
+            );
+            let slopes = Tensor::<1>::from_data(
+                TensorData::from(slopes.as_slice()).convert::<f32>(),
+                &device,
+            );
+            let padding = padding_mask_from_lengths(&lengths, seq, &device);
+            for implementation in [
+                AttentionImpl::Auto,
+                AttentionImpl::Fused,
+                AttentionImpl::Reference,
+            ] {
+                let options = AttentionOptions::new()
+                    .with_causal(true)
+                    .with_key_padding(Some(padding.clone()))
+                    .with_alibi_slopes(Some(slopes.clone()))
+                    .with_implementation(implementation);
+                let whole = attention(q.clone(), k.clone(), v.clone(), &options);
+                let name = format!("{implementation:?} on {device:?}");
+                assert_close(whole.clone(), expected.clone(), 1e-5, &name);
+                let last = q.clone().narrow(2, seq - 2, 2);
+                let decoded = attention(last, k.clone(), v.clone(), &options);
+                assert_close(decoded, whole.narrow(2, seq - 2, 2), 1e-5, &name);
             }
         }
     }

@@ -9,8 +9,9 @@
 use burn::config::Config;
 use burn::module::{Initializer, Module, Param};
 use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
-use burn::tensor::{Bool, Device, Tensor};
+use burn::tensor::{Bool, Device, Tensor, TensorData};
 
+use super::alibi::AlibiConfig;
 use super::cache::{CrossKvCache, KvCache};
 use super::core::{AttentionImpl, AttentionOptions, attention, attention_with_weights};
 use super::qk_norm::{QkNormConfig, QkNormPlacement};
@@ -78,6 +79,10 @@ pub struct MultiHeadAttentionConfig {
     /// softmax and takes no value (see [`AttentionOptions::sinks`]). Default: false.
     #[config(default = false)]
     pub sinks: bool,
+    /// ALiBi's linear bias by distance on every head's logits (BLOOM, MPT), usually in
+    /// place of `rope`. Default: none.
+    #[config(default = "None")]
+    pub alibi: Option<AlibiConfig>,
     /// Which attention implementation to use. Default: automatic.
     #[config(default = "AttentionImpl::Auto")]
     pub implementation: AttentionImpl,
@@ -111,6 +116,9 @@ pub struct MultiHeadAttention {
     pub dropout: Dropout,
     #[module(skip)]
     n_heads: usize,
+    /// The heads' ALiBi slopes, if any (constants, not parameters).
+    #[module(skip)]
+    alibi_slopes: Option<Vec<f32>>,
     #[module(skip)]
     n_kv_heads: usize,
     #[module(skip)]
@@ -183,6 +191,9 @@ impl MultiHeadAttentionConfig {
         if let Some(temperature) = &self.query_temperature {
             temperature.validate()?;
         }
+        if let Some(alibi) = &self.alibi {
+            alibi.validate()?;
+        }
         if let Some(rope) = &self.rope {
             rope.validate()?;
             if rope.head_dim != self.head_width() {
@@ -236,6 +247,10 @@ impl MultiHeadAttentionConfig {
                 .then(|| self.initializer.init([self.n_heads], device)),
             dropout: DropoutConfig::new(self.dropout).init(),
             n_heads: self.n_heads,
+            alibi_slopes: self.alibi.as_ref().map(|alibi| {
+                let slopes = alibi.slopes(self.n_heads);
+                slopes.into_iter().map(|slope| slope as f32).collect()
+            }),
             n_kv_heads,
             head_dim,
             causal: self.causal,
@@ -429,6 +444,10 @@ impl MultiHeadAttention {
             .with_softcap(self.softcap)
             .with_dropout(dropout)
             .with_sinks(self.sinks.as_ref().map(|sinks| sinks.val()))
+            .with_alibi_slopes(self.alibi_slopes.as_ref().map(|slopes| {
+                let device = self.q_proj.weight.device();
+                Tensor::from_data(TensorData::from(slopes.as_slice()), &device)
+            }))
             .with_implementation(self.implementation)
     }
 

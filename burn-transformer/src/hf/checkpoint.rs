@@ -25,7 +25,7 @@ use super::fused_heads::FusedHeads;
 use super::keys::{KeyError, read_json, read_keys, required};
 use super::model_type::text_model_family;
 use super::own_names::OwnNames;
-use super::{falcon, gpt_neox, gpt2, gptj, opt};
+use super::{bloom, falcon, gpt_neox, gpt2, gptj, mpt, opt};
 use crate::block::BlockKind;
 use crate::model::CausalLm;
 use crate::module_path::ParamPath;
@@ -290,12 +290,14 @@ fn check_layer_count<'a>(
 /// `post_feedforward_layernorm`); VaultGemma names the second norm of its pre-norm
 /// blocks `pre_feedforward_layernorm` (ours `post_attention_layernorm`).
 ///
-/// GPT-2's (and GPT-BigCode's), GPT-J's, GPT-NeoX's, OPT's and Falcon's checkpoints
-/// name every part their own way
+/// GPT-2's (and GPT-BigCode's), GPT-J's, GPT-NeoX's, OPT's, Falcon's, BLOOM's and
+/// MPT's checkpoints name every part their own way
 /// (`transformer.h.N.attn.c_attn`, `gpt_neox.layers.N.attention.query_key_value`): each
 /// key is translated whole before the rest; GPT-2's `Conv1D` weights are
 /// transposed to `[out, in]` and its `c_attn` split as Phi-3's `qkv_proj`, GPT-NeoX's
-/// `query_key_value` head by head, Falcon's group by group ([`KeyMap::fused_heads`]).
+/// `query_key_value` head by head (BLOOM's too), Falcon's group by group
+/// ([`KeyMap::fused_heads`]), MPT's `Wqkv` as Phi-3's `qkv_proj`; BLOOM's norm of the
+/// embeddings is our `embed_norm`.
 ///
 /// A multimodal checkpoint ([`HfConfig::model_type`] `gemma3`) stores its text model
 /// under `language_model.` (`language_model.model.layers.…`,
@@ -312,7 +314,7 @@ pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
         fused: fused_projections(config),
         fused_heads: matches!(
             config.model_type.as_str(),
-            "gpt_neox" | "falcon" | "gpt_bigcode"
+            "gpt_neox" | "falcon" | "bloom" | "gpt_bigcode"
         )
         .then(|| FusedHeads {
             heads: config.model.n_heads,
@@ -345,7 +347,7 @@ fn family_renames(config: &HfConfig) -> &'static [(&'static str, &'static str)] 
         "gpt_oss" => &[(".mlp.router.", ".mlp.gate.")],
         "starcoder2" => &STARCODER2_MLP,
         // GPT-2's, GPT-J's and GPT-NeoX's names are translated whole ([`own_names`]).
-        "gpt2" | "gpt_bigcode" | "gptj" | "gpt_neox" | "opt" | "falcon" => &[],
+        "gpt2" | "gpt_bigcode" | "gptj" | "gpt_neox" | "opt" | "falcon" | "bloom" | "mpt" => &[],
         "phi" => &PHI_NAMES,
         "glm4" => &GLM4_NORMS,
         "hyperclovax" if config.model.block_kind == BlockKind::Sandwich => &HYPERCLOVAX_NORMS,
@@ -532,7 +534,12 @@ fn fused_projections(config: &HfConfig) -> Vec<FusedProjection> {
             .iter()
             .map(|(fused, blocks)| with_rows((fused, blocks), &[q, kv, kv]))
             .collect(),
-        "falcon" => falcon::FUSED_QKV
+        "mpt" => mpt::FUSED_QKV
+            .iter()
+            .map(|(fused, blocks)| with_rows((fused, blocks), &[q, kv, kv]))
+            .collect(),
+        // BLOOM's names are Falcon's.
+        "falcon" | "bloom" => falcon::FUSED_QKV
             .iter()
             .map(|(fused, blocks)| with_rows((fused, blocks), &[q, kv, kv]))
             .collect(),
@@ -581,7 +588,7 @@ struct CausalLmKeys {
     /// The projections the family's checkpoints store fused ([`fused_projections`]);
     /// empty for most.
     fused: Vec<FusedProjection>,
-    /// The heads of GPT-NeoX's and Falcon's fused projections, which hold q, k and v
+    /// The heads of GPT-NeoX's, Falcon's and BLOOM's fused projections, which hold q, k and v
     /// group by group ([`KeyMap::fused_heads`]).
     fused_heads: Option<FusedHeads>,
     /// The names of a family whose every key is its own (GPT-2, GPT-NeoX), read as
@@ -984,6 +991,8 @@ pub(crate) fn own_names(config: &HfConfig) -> Option<&'static OwnNames> {
             Some(&falcon::NAMES_TWO_NORMS)
         }
         "falcon" => Some(&falcon::NAMES),
+        "bloom" => Some(&bloom::NAMES),
+        "mpt" => Some(&mpt::NAMES),
         // GPT-BigCode keeps GPT-2's names (its layers are `nn.Linear`s).
         "gpt2" | "gpt_bigcode" => Some(&gpt2::NAMES),
         "gptj" => Some(&gptj::NAMES),

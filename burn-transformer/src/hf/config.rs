@@ -21,7 +21,7 @@ use super::latent::LatentKeys;
 use super::model_type::{ModelType, text_model_family};
 use super::moe::MoeKeys;
 use super::rope::RopeKeys;
-use crate::attention::{QkNormConfig, QkNormPlacement, QueryTemperatureConfig};
+use crate::attention::{AlibiConfig, QkNormConfig, QkNormPlacement, QueryTemperatureConfig};
 use crate::block::BlockKind;
 use crate::ffn::Activation;
 use crate::ffn::moe::ExpertGlu;
@@ -301,7 +301,8 @@ struct ModelKeys {
     word_embed_proj_dim: Option<usize>,
     /// Falcon: biases on every projection.
     bias: Option<bool>,
-    /// Falcon: ALiBi position biases instead of RoPE (not supported).
+    /// Falcon: ALiBi position biases instead of RoPE (not supported: see
+    /// `check_falcon`).
     alibi: Option<bool>,
     /// Falcon's architecture of Falcon-40B and later: parallel sublayers, grouped
     /// key/value heads.
@@ -310,10 +311,35 @@ struct ModelKeys {
     parallel_attn: Option<bool>,
     /// Falcon: norms before the parallel sublayers, 1 (shared) or 2 (one each).
     num_ln_in_parallel_attn: Option<usize>,
+    /// BLOOM: each sublayer's residual is its normed input, not its input (not
+    /// supported).
+    apply_residual_connection_post_layernorm: Option<bool>,
+    /// MPT's attention keys.
+    attn_config: Option<MptAttentionKeys>,
+    /// MPT: no biases (transformers' MPT never has any).
+    no_bias: Option<bool>,
+    /// MPT: the feed-forward's width over the model's (transformers' MPT: always 4).
+    expansion_ratio: Option<f64>,
     /// Set in checkpoints whose weights are stored quantized (gpt-oss's MXFP4,
     /// DeepSeek-V3's FP8 blocks, bitsandbytes, GPTQ, AWQ, …), which this loader does
     /// not read.
     quantization_config: Option<Value>,
+}
+
+/// MPT's `attn_config`: the keys of its attention, nested.
+#[derive(Deserialize, Debug, Default)]
+struct MptAttentionKeys {
+    /// The scale of `q·kᵀ` (null: `head_dim^-½`).
+    softmax_scale: Option<f64>,
+    /// The clamp of q, k and v after their projection.
+    clip_qkv: Option<f64>,
+    /// The steepest ALiBi slope's exponent (transformers' MPT: always 8).
+    alibi_bias_max: Option<f64>,
+    /// A LayerNorm of q and k (transformers' MPT: none).
+    qk_ln: Option<bool>,
+    /// `multihead_attention` or `multiquery_attention` (transformers' MPT: always the
+    /// former).
+    attn_type: Option<String>,
 }
 
 impl ModelKeys {
@@ -375,6 +401,14 @@ impl ModelKeys {
         if family == ModelType::Falcon {
             self.check_falcon()?;
         }
+        if family == ModelType::Bloom && self.apply_residual_connection_post_layernorm == Some(true)
+        {
+            return Err(KeyError::new(
+                "apply_residual_connection_post_layernorm",
+                "is true: residuals taken after the norm are not supported; only BLOOM \
+                 models with `false` (every published one) load",
+            ));
+        }
         if family == ModelType::Gptj {
             self.check_heads_split_the_width()?;
         }
@@ -426,10 +460,13 @@ impl ModelKeys {
                 let sliding = full.clone().with_scaling(RopeScaling::Default);
                 (full, Some(sliding))
             }
-            // GPT-2 and OPT learn their positions; the rotary embedding is unused.
-            ModelType::Gpt2 | ModelType::GptBigcode | ModelType::Opt => {
-                (RopeConfig::new(d_model / n_heads.max(1)), None)
-            }
+            // GPT-2 and OPT learn their positions, BLOOM and MPT bias their logits by
+            // distance (ALiBi); the rotary embedding is unused.
+            ModelType::Gpt2
+            | ModelType::GptBigcode
+            | ModelType::Opt
+            | ModelType::Bloom
+            | ModelType::Mpt => (RopeConfig::new(d_model / n_heads.max(1)), None),
             // GLM, GLM-4, ERNIE, Cohere and Helium rotate pairs of neighbouring features
             // (GPT-J's layout).
             ModelType::Glm
@@ -487,7 +524,7 @@ impl ModelKeys {
             ),
             // GPT-2's and Phi's four projections always have biases; StableLM's q, k
             // and v with `use_qkv_bias`, its output projection never.
-            ModelType::Gpt2 | ModelType::GptBigcode => (true, true),
+            ModelType::Gpt2 | ModelType::GptBigcode | ModelType::Bloom => (true, true),
             ModelType::Opt => {
                 let bias = self.enable_bias.unwrap_or(true);
                 (bias, bias)
@@ -499,6 +536,10 @@ impl ModelKeys {
             ModelType::GptNeox => {
                 let bias = self.attention_bias.unwrap_or(true);
                 (bias, bias)
+            }
+            ModelType::Mpt => {
+                let bias = unread.fixed("no_bias", self.no_bias, true, "no biases");
+                (!bias, !bias)
             }
             ModelType::Phi => {
                 unread.fixed(
@@ -565,7 +606,7 @@ impl ModelKeys {
             }
             ModelType::Phi => unread.fixed("mlp_bias", self.mlp_bias, true, "feed-forward biases"),
             // GPT-NeoX's feed-forward always has biases.
-            ModelType::Gpt2 | ModelType::GptBigcode | ModelType::Gptj => true,
+            ModelType::Gpt2 | ModelType::GptBigcode | ModelType::Gptj | ModelType::Bloom => true,
             ModelType::Opt => self.enable_bias.unwrap_or(true),
             ModelType::Falcon => self.bias.unwrap_or(false),
             ModelType::GptNeox => {
@@ -629,7 +670,12 @@ impl ModelKeys {
             rope,
         )
         .with_n_kv_heads(Some(match family {
-            ModelType::Gpt2 | ModelType::Gptj | ModelType::GptNeox | ModelType::Opt => n_heads,
+            ModelType::Gpt2
+            | ModelType::Gptj
+            | ModelType::GptNeox
+            | ModelType::Opt
+            | ModelType::Bloom
+            | ModelType::Mpt => n_heads,
             _ => self.num_key_value_heads.unwrap_or(n_heads),
         }))
         .with_head_dim(Some(head_dim))
@@ -640,6 +686,7 @@ impl ModelKeys {
         .with_layer_norm_bias(family.has_shifted_layer_norm())
         .with_qkv_clip(match family {
             ModelType::Olmo | ModelType::Olmoe => self.clip_qkv,
+            ModelType::Mpt => self.mpt_attention().clip_qkv,
             _ => None,
         })
         .with_logit_scale(match family {
@@ -681,6 +728,7 @@ impl ModelKeys {
                     .powf(-0.5),
             ),
             _ if family.is_granite() => self.attention_multiplier,
+            ModelType::Mpt => self.mpt_attention().softmax_scale,
             _ => {
                 unread.fixed(
                     "query_pre_attn_scalar",
@@ -735,6 +783,14 @@ impl ModelKeys {
                 self.max_position_embeddings,
                 "max_position_embeddings",
             )?);
+        }
+        if family == ModelType::Bloom {
+            model.alibi = Some(AlibiConfig::new());
+            model.embed_norm = true;
+        }
+        if family == ModelType::Mpt {
+            model.alibi = Some(AlibiConfig::new());
+            self.note_mpt_keys(unread);
         }
         if family == ModelType::Opt {
             model.reserved_position_rows = super::opt::RESERVED_POSITION_ROWS;
@@ -831,15 +887,54 @@ impl ModelKeys {
         Ok(())
     }
 
-    /// Falcon's ALiBi, which this crate does not build, and the arrangements of norms
+    /// MPT's attention keys (its `attn_config`; all defaults without one).
+    fn mpt_attention(&self) -> &MptAttentionKeys {
+        static DEFAULTS: MptAttentionKeys = MptAttentionKeys {
+            softmax_scale: None,
+            clip_qkv: None,
+            alibi_bias_max: None,
+            qk_ln: None,
+            attn_type: None,
+        };
+        self.attn_config.as_ref().unwrap_or(&DEFAULTS)
+    }
+
+    /// MPT's keys that transformers' MPT does not read, noted where a file sets them to
+    /// something else than what it computes.
+    fn note_mpt_keys(&self, unread: &mut UnreadKeys) {
+        let attention = self.mpt_attention();
+        unread.fixed(
+            "expansion_ratio",
+            self.expansion_ratio,
+            4.0,
+            "a feed-forward 4 times the width",
+        );
+        unread.fixed(
+            "attn_config.alibi_bias_max",
+            attention.alibi_bias_max,
+            8.0,
+            "ALiBi slopes down to 2^-8",
+        );
+        unread.fixed("attn_config.qk_ln", attention.qk_ln, false, "no QK-norm");
+        unread.fixed(
+            "attn_config.attn_type",
+            attention.attn_type.as_deref(),
+            "multihead_attention",
+            "multi-head attention",
+        );
+    }
+
+    /// Falcon's ALiBi, which transformers computes two ways, and the arrangements of norms
     /// that transformers' Falcon cannot run either (it builds other norms than it
     /// reads).
     fn check_falcon(&self) -> Result<(), KeyError> {
         if self.alibi == Some(true) {
             return Err(KeyError::new(
                 "alibi",
-                "is true: ALiBi position biases are not supported (only Falcon models \
-                 with the rotary embedding, `alibi: false`, load)",
+                "is true: Falcon's ALiBi is not supported, as transformers gives it no \
+                 single meaning (its eager attention adds the bias twice, its SDPA \
+                 attention once, both with slopes rounded to bf16); only Falcon models \
+                 with the rotary embedding, `alibi: false`, load",
             ));
         }
         let new = self.new_decoder_architecture.unwrap_or(false);
@@ -1020,6 +1115,8 @@ impl ModelKeys {
                         | ModelType::Gptj
                         | ModelType::GptNeox
                         | ModelType::Falcon
+                        | ModelType::Bloom
+                        | ModelType::Mpt
                         | ModelType::Phi
                         | ModelType::StableLm
                 ) =>
@@ -1218,12 +1315,12 @@ mod tests {
 
     #[test]
     fn unsupported_model_type_lists_the_supported_ones() {
-        let text = LLAMA.replace("\"llama\"", "\"bloom\"");
+        let text = LLAMA.replace("\"llama\"", "\"bert\"");
         let error = HfConfig::from_json(&text, "dir/config.json").unwrap_err();
         let message = error.to_string();
         assert!(matches!(error, HfError::UnsupportedModelType { .. }));
         assert!(message.contains("dir/config.json"), "{message}");
-        assert!(message.contains("\"bloom\""), "{message}");
+        assert!(message.contains("\"bert\""), "{message}");
         assert!(message.contains("(supported: llama, "), "{message}");
         assert!(message.contains(", mistral, "), "{message}");
         // Another family's keys do not matter: its type is the error.

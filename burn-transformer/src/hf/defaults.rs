@@ -17,7 +17,7 @@ use super::model_type::ModelType;
 /// `Gemma3TextConfig`'s only) after the keys a file may give under other names
 /// (ERNIE-4.5-MoE's `num_experts`, InternLM3's `qkv_bias`, GPT-2's `n_embd`), and the
 /// defaults those classes derive: GPT-2's and GPT-J's feed-forward width (from
-/// `n_inner`), GPT-J's rotated part of each head (from `rotary_dim`), the
+/// `n_inner`), BLOOM's and MPT's (4 times the width), GPT-J's rotated part of each head (from `rotary_dim`), the
 /// layer types of Gemma-2, VaultGemma, Gemma-3 (from
 /// `sliding_window_pattern`), OLMo-3, SmolLM3, CWM, Granite-SWA and gpt-oss, SmolLM3's
 /// `no_rope_layers`, GLM-4.7-Flash's and EXAONE-MoE's `mlp_layer_types`, MiniMax-M2's
@@ -65,6 +65,13 @@ pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
         if let Some(width) = width {
             object.insert("intermediate_size".into(), width);
         }
+    }
+    // BLOOM's and MPT's feed-forward is always four times the width (transformers'
+    // MPT does not read `expansion_ratio`).
+    if matches!(family, ModelType::Bloom | ModelType::Mpt)
+        && let Some(hidden) = object.get("hidden_size").and_then(Value::as_u64)
+    {
+        object.insert("intermediate_size".into(), json!(4 * hidden));
     }
     // Falcon's feed-forward is four times the width when `ffn_hidden_size` is null; its
     // key/value heads are `num_kv_heads` in the new architecture, else one
@@ -219,6 +226,19 @@ fn attribute_map(family: ModelType) -> &'static [(&'static str, &'static str)] {
             ("layer_norm_epsilon", "layer_norm_eps"),
             ("activation_function", "hidden_act"),
         ],
+        ModelType::Bloom => &[
+            ("n_embed", "hidden_size"),
+            ("n_layer", "num_hidden_layers"),
+            ("n_head", "num_attention_heads"),
+            ("layer_norm_epsilon", "layer_norm_eps"),
+        ],
+        ModelType::Mpt => &[
+            ("d_model", "hidden_size"),
+            ("n_layers", "num_hidden_layers"),
+            ("n_heads", "num_attention_heads"),
+            ("layer_norm_epsilon", "layer_norm_eps"),
+            ("max_seq_len", "max_position_embeddings"),
+        ],
         ModelType::Falcon => &[
             ("n_embed", "hidden_size"),
             ("ffn_hidden_size", "intermediate_size"),
@@ -323,6 +343,16 @@ fn class_defaults(family: ModelType) -> Value {
             "hidden_act": "gelu", "layer_norm_eps": 1e-5, "tie_word_embeddings": true,
             "new_decoder_architecture": false, "multi_query": true, "parallel_attn": true,
             "bias": false, "alibi": false
+        }),
+        // BLOOM has no activation key: its GELU is the tanh approximation.
+        ModelType::Bloom => json!({
+            "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-5,
+            "tie_word_embeddings": true, "apply_residual_connection_post_layernorm": false
+        }),
+        // MPT has no activation key: its GELU is exact.
+        ModelType::Mpt => json!({
+            "hidden_act": "gelu", "layer_norm_eps": 1e-5, "tie_word_embeddings": true,
+            "no_bias": true, "expansion_ratio": 4
         }),
         ModelType::Opt => json!({
             "hidden_act": "relu", "do_layer_norm_before": true, "enable_bias": true,
@@ -574,6 +604,9 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::GptNeox => [50432, 6144, 24576, 44, 64, 2048],
         ModelType::Opt => [50272, 768, 3072, 12, 12, 2048],
         ModelType::Falcon => [65024, 4544, 18176, 32, 71, 2048],
+        // BLOOM's class has no positions size (ALiBi has no table); this one is unread.
+        ModelType::Bloom => [250880, 64, 256, 2, 8, 2048],
+        ModelType::Mpt => [50368, 2048, 8192, 24, 16, 2048],
         ModelType::Phi => [51200, 2048, 8192, 24, 32, 2048],
         ModelType::Nemotron => [256000, 6144, 24576, 32, 48, 4096],
         ModelType::StableLm => [50304, 2560, 6912, 32, 32, 4096],
@@ -643,6 +676,8 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::GptNeox => (Some(0), Some(2), None),
         ModelType::Opt => (Some(2), Some(2), Some(1)),
         ModelType::Falcon => (Some(11), Some(11), None),
+        ModelType::Bloom => (Some(1), Some(2), None),
+        ModelType::Mpt => (None, None, None),
         ModelType::Phi => (Some(1), Some(2), None),
         ModelType::Nemotron => (Some(2), Some(3), None),
         ModelType::StableLm => (Some(0), Some(0), None),

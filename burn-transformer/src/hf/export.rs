@@ -358,6 +358,7 @@ fn gpt2_config_json(config: &CausalLmConfig) -> Result<Value, HfError> {
             refuse("rows reserved before position 0 in its table of positions")
         }
         _ if config.moe.is_some() => refuse("mixture of experts"),
+        _ if config.embed_norm => refuse("norm of the embeddings"),
         _ if config.block_kind != BlockKind::PreNorm => refuse("block kind but Pre-LN"),
         _ if !(config.layer_norm && config.layer_norm_bias && config.layer_norm_scale)
             || config.norm_unit_offset =>
@@ -527,6 +528,8 @@ pub fn hf_config_json(config: &CausalLmConfig) -> Result<Value, HfError> {
     let head_dim = config.head_width();
     match () {
         _ if config.latent.is_some() => refuse("latent attention (MLA)"),
+        _ if config.alibi.is_some() => refuse("ALiBi instead of RoPE"),
+        _ if config.embed_norm => refuse("a norm of the embeddings"),
         _ if config.moe.is_some() => refuse("a mixture of experts"),
         _ if config.mtp_depth > 0 => refuse("multi-token prediction (mtp_depth > 0)"),
         _ if config.block_kind != BlockKind::PreNorm => refuse("a block kind other than Pre-LN"),

@@ -38,7 +38,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 72] = [
+const FAMILIES: [&str; 74] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -89,6 +89,8 @@ const FAMILIES: [&str; 72] = [
     "falcon",
     "falcon_7b",
     "falcon_sequential",
+    "bloom",
+    "mpt",
     "phi",
     "stablelm",
     "nemotron",
@@ -425,8 +427,9 @@ fn peft_targets_written_as_module_paths_load() {
 
 /// PEFT's adapters of fused layers (Phi-3's `qkv_proj`, `gate_up_proj`; GPT-2's
 /// `c_attn`, beside its `Conv1D` layers `c_fc` and `mlp.c_proj`; GPT-NeoX's and
-/// Falcon's `query_key_value`, head by head and group by group) adapt each projection
-/// they hold (`tools/make_hf_models.py phi3_lora gpt2_lora gpt_neox_lora falcon_lora`):
+/// Falcon's `query_key_value`, head by head and group by group, BLOOM's head by head;
+/// MPT's `Wqkv`) adapt each projection they hold (`tools/make_hf_models.py phi3_lora
+/// gpt2_lora gpt_neox_lora falcon_lora bloom_lora mpt_lora`):
 /// PEFT's logits, adapted and merged. Saving adapters of those projections back is
 /// refused, naming the fused layer, since PEFT could not apply them.
 #[test]
@@ -440,6 +443,10 @@ fn peft_adapters_of_fused_layers_load_and_saving_them_is_refused() {
         ("gpt_neox", "gpt_neox_lora", 2 * 5, "query_key_value"),
         // q, k, v (fused group by group), fc1 in each of 2 layers.
         ("falcon", "falcon_lora", 2 * 4, "query_key_value"),
+        // q, k, v (fused head by head), fc2 in each of 2 layers.
+        ("bloom", "bloom_lora", 2 * 4, "query_key_value"),
+        // q, k, v, o_proj, fc1 in each of 2 layers.
+        ("mpt", "mpt_lora", 2 * 5, "Wqkv"),
     ] {
         let (model, config) = load_causal_lm(model_dir(base), &device).unwrap();
         let (adapted, lora, summary) =

@@ -112,8 +112,9 @@ impl<'a> UnreadKeys<'a> {
     }
 
     /// `used`, what transformers' implementation of the family computes with whatever
-    /// the file says; `value` (the file's value of `key`) is noted where it differs,
-    /// `what` saying in words what is used instead.
+    /// the file says; `value` (the file's value of `key`, a nested one written with
+    /// dots: `attn_config.qk_ln`) is noted where it differs, `what` saying in words what
+    /// is used instead.
     pub(crate) fn fixed<T: PartialEq>(
         &mut self,
         key: &str,
@@ -124,7 +125,7 @@ impl<'a> UnreadKeys<'a> {
         if value.is_some_and(|value| value != used) {
             let written = self
                 .config
-                .get(key)
+                .pointer(&format!("/{}", key.replace('.', "/")))
                 .map_or_else(String::new, Value::to_string);
             self.notes.push(format!(
                 "`{key}: {written}` has no effect in transformers' {}, which uses {what}: \

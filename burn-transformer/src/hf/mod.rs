@@ -18,6 +18,7 @@
 //! ```
 
 mod activation;
+mod bloom;
 mod checkpoint;
 mod config;
 mod defaults;
@@ -33,6 +34,7 @@ mod keys;
 mod latent;
 mod model_type;
 mod moe;
+mod mpt;
 mod opt;
 mod own_names;
 mod peft;

@@ -35,6 +35,8 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "gpt_neox",
     "opt",
     "falcon",
+    "bloom",
+    "mpt",
     "phi",
     "stablelm",
     "nemotron",
@@ -190,6 +192,17 @@ pub(crate) enum ModelType {
     /// grouped (`num_kv_heads`) in the new architecture, q, k and v fused group by
     /// group; optional biases (`bias`); tied embeddings.
     Falcon,
+    /// BLOOM (560M to 176B, BLOOMZ): ALiBi instead of a position encoding, a LayerNorm
+    /// on the embeddings, Pre-LN blocks of shifted LayerNorms, biases everywhere, an
+    /// ungated GELU (tanh) feed-forward 4× the width, tied embeddings; q, k and v fused
+    /// head by head in `query_key_value`.
+    Bloom,
+    /// MPT (MPT-7B, MPT-30B): ALiBi instead of a position encoding, Pre-LN blocks of
+    /// LayerNorms without a shift, no biases, an ungated exact-GELU feed-forward 4× the
+    /// width, tied embeddings; q, k and v fused one after the other in `Wqkv`,
+    /// optionally clamped (`attn_config.clip_qkv`); the attention's keys nested in
+    /// `attn_config`.
+    Mpt,
     /// Phi (Phi-1, Phi-1.5, Phi-2): attention and an ungated GELU feed-forward in
     /// parallel after one LayerNorm, biases everywhere (the output head's too), the
     /// rotary embedding over part of each head.
@@ -288,7 +301,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 61] = [
+    const ALL: [Self; 63] = [
         Self::Llama,
         Self::InternLm3,
         Self::Mistral,
@@ -321,6 +334,8 @@ impl ModelType {
         Self::GptNeox,
         Self::Opt,
         Self::Falcon,
+        Self::Bloom,
+        Self::Mpt,
         Self::Phi,
         Self::StableLm,
         Self::Nemotron,
@@ -387,6 +402,8 @@ impl ModelType {
             Self::GptNeox => "gpt_neox",
             Self::Opt => "opt",
             Self::Falcon => "falcon",
+            Self::Bloom => "bloom",
+            Self::Mpt => "mpt",
             Self::Phi => "phi",
             Self::StableLm => "stablelm",
             Self::Nemotron => "nemotron",
@@ -489,19 +506,25 @@ impl ModelType {
         )
     }
 
-    /// Whether the family's norms are LayerNorms, not RMSNorms (Cohere's without a
-    /// shift, OLMo's without parameters, the others' shifted).
+    /// Whether the family's norms are LayerNorms, not RMSNorms (Cohere's and MPT's
+    /// without a shift, OLMo's without parameters, the others' shifted).
     pub(crate) fn uses_layer_norm(self) -> bool {
-        self.is_cohere() || self == Self::Olmo || self.has_shifted_layer_norm()
+        self.is_cohere() || matches!(self, Self::Olmo | Self::Mpt) || self.has_shifted_layer_norm()
     }
 
     /// Whether the family is GPT-2 or one of its era that kept its design (GPT-BigCode,
-    /// GPT-J, GPT-NeoX, OPT, Falcon): shifted LayerNorms, an ungated feed-forward, heads
+    /// GPT-J, GPT-NeoX, OPT, Falcon, BLOOM): shifted LayerNorms, an ungated feed-forward, heads
     /// that split the width, checkpoints named their own way.
     pub(crate) fn is_classic_gpt(self) -> bool {
         matches!(
             self,
-            Self::Gpt2 | Self::GptBigcode | Self::Gptj | Self::GptNeox | Self::Opt | Self::Falcon
+            Self::Gpt2
+                | Self::GptBigcode
+                | Self::Gptj
+                | Self::GptNeox
+                | Self::Opt
+                | Self::Falcon
+                | Self::Bloom
         )
     }
 
@@ -519,7 +542,12 @@ impl ModelType {
         self.is_classic_gpt()
             || matches!(
                 self,
-                Self::Arcee | Self::Starcoder2 | Self::Jais2 | Self::Phi | Self::Nemotron
+                Self::Arcee
+                    | Self::Starcoder2
+                    | Self::Jais2
+                    | Self::Phi
+                    | Self::Nemotron
+                    | Self::Mpt
             )
     }
 
@@ -570,6 +598,6 @@ mod tests {
         for family in ModelType::ALL {
             assert_eq!(ModelType::from_name(family.name()), Some(family));
         }
-        assert_eq!(ModelType::from_name("bloom"), None);
+        assert_eq!(ModelType::from_name("bert"), None);
     }
 }

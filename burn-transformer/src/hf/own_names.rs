@@ -1,5 +1,5 @@
 //! Checkpoints that name every part their own way (GPT-2's `transformer.h.N.attn`,
-//! GPT-NeoX's `gpt_neox.layers.N.attention`; GPT-J, OPT, Falcon): each key is
+//! GPT-NeoX's `gpt_neox.layers.N.attention`; GPT-J, OPT, Falcon, BLOOM, MPT): each key is
 //! translated whole to the LLaMA-style key that the loader reads for every other family
 //! (`model.layers.N.self_attn.…`, [`OwnNames::our_key`]), and back when saving
 //! ([`OwnNames::checkpoint_key`]); PEFT's targets, which are the family's names, are

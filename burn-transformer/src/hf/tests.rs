@@ -534,6 +534,27 @@ fn falcon_with_sequential_blocks_and_per_head_fused_qkv_matches_transformers() {
     matches_transformers("falcon_sequential");
 }
 
+#[test]
+fn bloom_with_alibi_an_embedding_norm_and_per_head_fused_qkv_matches_transformers() {
+    matches_transformers("bloom");
+}
+
+#[test]
+fn mpt_with_alibi_clamped_qkv_and_its_softmax_scale_matches_transformers() {
+    matches_transformers("mpt");
+}
+
+/// BLOOM's residuals taken after the norm are refused by name.
+#[test]
+fn bloom_refuses_residuals_after_the_norm() {
+    assert_field_refused(
+        "bloom",
+        "apply_residual_connection_post_layernorm",
+        true.into(),
+        "after the norm",
+    );
+}
+
 /// Falcon's ALiBi and the arrangements of norms transformers cannot run are refused by
 /// name.
 #[test]
@@ -753,7 +774,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 46] = [
+    let cases: [(&str, Edit, &[&str]); 48] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -1076,6 +1097,57 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
                 config.insert("intermediate_size".into(), json!(48));
             },
             &[],
+        ),
+        // BLOOM's files as bigscience published them: the width as `n_embed`, the heads
+        // under the common name, the class defaults left out; its feed-forward is
+        // always 4× the width, whatever `n_inner` or `intermediate_size` say.
+        (
+            "bloom",
+            |config| {
+                for (own, common) in [
+                    ("hidden_size", "n_embed"),
+                    ("n_head", "num_attention_heads"),
+                ] {
+                    let value = config.remove(own).unwrap();
+                    config.insert(common.into(), value);
+                }
+                for key in [
+                    "layer_norm_epsilon",
+                    "tie_word_embeddings",
+                    "apply_residual_connection_post_layernorm",
+                ] {
+                    config.remove(key);
+                }
+                config.insert("n_inner".into(), json!(null));
+                config.insert("intermediate_size".into(), json!(48));
+            },
+            &[],
+        ),
+        // MPT's sizes under the common names, and its keys that transformers' MPT does
+        // not read set to what it does not compute: another feed-forward width, other
+        // ALiBi slopes, QK-norm, biases.
+        (
+            "mpt",
+            |config| {
+                for (own, common) in [
+                    ("d_model", "hidden_size"),
+                    ("n_layers", "num_hidden_layers"),
+                ] {
+                    let value = config.remove(own).unwrap();
+                    config.insert(common.into(), value);
+                }
+                config.insert("expansion_ratio".into(), json!(2));
+                config.insert("no_bias".into(), json!(false));
+                let attention = config["attn_config"].as_object_mut().unwrap();
+                attention.insert("alibi_bias_max".into(), json!(4));
+                attention.insert("qk_ln".into(), json!(true));
+            },
+            &[
+                "expansion_ratio",
+                "no_bias",
+                "attn_config.alibi_bias_max",
+                "attn_config.qk_ln",
+            ],
         ),
         // GPT-J's sizes under the common names, its feed-forward's width as `n_inner`
         // and the class's GELU (tanh) and epsilon left out. Its attention has no biases.
@@ -1480,7 +1552,7 @@ fn cached_decoding_equals_the_full_forward() {
 /// greedy tokens each gives alone.
 #[test]
 fn batched_left_padded_prompts_equal_one_by_one() {
-    for name in ["mistral", "qwen2"] {
+    for name in ["mistral", "qwen2", "bloom"] {
         let reference = reference(name);
         let full = rows(&reference.data("tokens"));
         let prompts = vec![

@@ -7,7 +7,7 @@
 //! whose positions are a learned table instead of RoPE.
 //!
 //! ```text
-//! tokens ─► embed_tokens (+ embed_positions) ─► model.layers × N ─► model.norm ─► lm_head ─► logits
+//! tokens ─► embed_tokens (+ embed_positions) (─► embed_norm) ─► model.layers × N ─► model.norm ─► lm_head ─► logits
 //!                                              (a TransformerStack of TransformerBlocks)
 //! ```
 //!
@@ -28,7 +28,7 @@ use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
 use burn::tensor::{Bool, Device, Int, Tensor};
 
 use crate::attention::{
-    AttentionImpl, LatentAttentionConfig, MultiHeadAttentionConfig, QkNormConfig,
+    AlibiConfig, AttentionImpl, LatentAttentionConfig, MultiHeadAttentionConfig, QkNormConfig,
     QueryTemperatureConfig, SelfAttention, SelfAttentionConfig,
 };
 use crate::block::{
@@ -39,7 +39,7 @@ use crate::error::ConfigError;
 use crate::ffn::{
     Activation, DenseFfnConfig, FeedForwardConfig, MoeConfig, MoeLayerPlan, SwiGluConfig,
 };
-use crate::norm::{LayerNormConfig, NormConfig, RmsNormConfig};
+use crate::norm::{LayerNormConfig, Norm, NormConfig, RmsNormConfig};
 use crate::ops::linear::{linear_rows, matmul_rows};
 use crate::ops::soft_cap::soft_cap;
 use crate::position::{LearnedPosition, LearnedPositionConfig, Rope, RopeConfig};
@@ -134,6 +134,19 @@ pub struct CausalLmConfig {
     /// keeps 2: position `p` reads row `p + 2`). Default: 0.
     #[config(default = 0)]
     pub reserved_position_rows: usize,
+    /// ALiBi instead of RoPE (BLOOM, MPT): every layer's heads add a linear penalty on
+    /// distance to their logits ([`AlibiConfig`]), so no layer rotates and sequences
+    /// have no length limit; `rope` is unused and `sliding_rope`, `nope_layers`,
+    /// `layer_rope_theta` and `learned_positions` must stay unset. Not available with
+    /// `latent`. Attention with ALiBi takes the reference path (the fused op has
+    /// none). Default: none (RoPE).
+    #[config(default = "None")]
+    pub alibi: Option<AlibiConfig>,
+    /// A norm of the model's kind on the embeddings before the first block (BLOOM's
+    /// `word_embeddings_layernorm`), after learned positions are added. Not available
+    /// with `mtp_depth`. Default: false.
+    #[config(default = false)]
+    pub embed_norm: bool,
     /// Factor on the token embeddings before the first block (Gemma: `√d_model`).
     /// Default: none.
     #[config(default = "None")]
@@ -286,6 +299,7 @@ impl CausalLmConfig {
             .with_softcap(self.attention_softcap)
             .with_query_temperature(self.query_temperature.clone())
             .with_sinks(self.attention_sinks)
+            .with_alibi(self.alibi.clone())
             .with_qk_norm(self.qk_norm.clone())
             .with_qkv_clip(self.qkv_clip)
             .with_implementation(self.implementation)
@@ -513,6 +527,35 @@ impl CausalLmConfig {
                 });
             }
         }
+        if self.alibi.is_some() {
+            let conflict = [
+                (self.latent.is_some(), "latent"),
+                (self.learned_positions.is_some(), "learned_positions"),
+                (self.sliding_rope.is_some(), "sliding_rope"),
+                (self.nope_layers.is_some(), "nope_layers"),
+                (self.layer_rope_theta.is_some(), "layer_rope_theta"),
+            ]
+            .into_iter()
+            .find_map(|(set, field)| set.then_some(field));
+            if let Some(field) = conflict {
+                return Err(ConfigError::Invalid {
+                    module: MODULE,
+                    field,
+                    reason: "does not apply with alibi, which replaces the rotary \
+                             embedding in every layer: leave one of them unset"
+                        .into(),
+                });
+            }
+        }
+        if self.embed_norm && self.mtp_depth > 0 {
+            return Err(ConfigError::Invalid {
+                module: MODULE,
+                field: "embed_norm",
+                reason: "the multi-token-prediction modules read the embeddings without \
+                         a norm: leave embed_norm false or mtp_depth 0"
+                    .into(),
+            });
+        }
         if self.latent.is_some() && self.nope_layers.is_some() {
             return Err(ConfigError::Invalid {
                 module: MODULE,
@@ -567,10 +610,9 @@ impl CausalLmConfig {
         self.validate()?;
         // One RoPE for all grouped-attention layers: its cos/sin tables are shared by
         // cloning. MLA layers carry their own (decoupled, rope part only).
-        let rope = match (&self.latent, self.learned_positions) {
-            (None, None) => Some(self.rope.try_init(device)?),
-            _ => None,
-        };
+        let rotates =
+            self.latent.is_none() && self.learned_positions.is_none() && self.alibi.is_none();
+        let rope = rotates.then(|| self.rope.try_init(device)).transpose()?;
         // Sliding-window layers may rotate with their own frequencies (Gemma-3).
         let sliding_rope = match (&self.latent, &self.sliding_rope) {
             (None, Some(sliding)) => Some(sliding.try_init(device)?),
@@ -632,6 +674,10 @@ impl CausalLmConfig {
                     .try_init(device)
             })
             .transpose()?;
+        let embed_norm = self
+            .embed_norm
+            .then(|| self.norm_config().try_init(device))
+            .transpose()?;
         let lm_head = (!self.tie_word_embeddings).then(|| {
             LinearConfig::new(self.d_model, self.vocab_size)
                 .with_bias(false)
@@ -641,6 +687,7 @@ impl CausalLmConfig {
         Ok(CausalLm {
             embed_tokens,
             embed_positions,
+            embed_norm,
             model: TransformerStack::new(layers, norm)?,
             lm_head,
             lm_head_bias: self
@@ -668,6 +715,9 @@ pub struct CausalLm {
     /// Learned absolute positions, `[learned_positions, d_model]` (GPT-2's `wpe`), if
     /// the model has them instead of RoPE.
     pub embed_positions: Option<LearnedPosition>,
+    /// The norm of the embeddings before the first block (BLOOM's
+    /// `word_embeddings_layernorm`), if any.
+    pub embed_norm: Option<Norm>,
     /// The transformer body: the blocks and the final norm (HF `model`).
     pub model: TransformerStack,
     /// The output projection; `None` when tied to `embed_tokens`.
@@ -921,7 +971,7 @@ impl CausalLm {
 
     /// The stack's input: the token embeddings, with learned positions those of the
     /// positions from `offset` (the cache's length, `padded_before` of them padding
-    /// in each row) added.
+    /// in each row) added, then normed by `embed_norm`.
     ///
     /// # Panics
     /// With learned positions, if the sequence ends past them.
@@ -933,8 +983,12 @@ impl CausalLm {
         key_padding: Option<Tensor<2, Bool>>,
     ) -> Tensor<3> {
         let x = self.embed(tokens);
-        match &self.embed_positions {
+        let x = match &self.embed_positions {
             Some(positions) => positions.forward_padded(x, offset, padded_before, key_padding),
+            None => x,
+        };
+        match &self.embed_norm {
+            Some(norm) => norm.forward(x),
             None => x,
         }
     }

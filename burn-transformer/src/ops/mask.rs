@@ -23,6 +23,13 @@ use std::ops::Range;
 
 use burn::tensor::{Bool, DType, Device, Tensor, TensorData};
 
+/// The absolute position of query row `row` when `seq_q` queries meet `seq_k` keys:
+/// aligned bottom-right, row `row` sits at `row + seq_k - seq_q` (negative when there
+/// are more queries than keys).
+pub fn query_position(row: usize, seq_q: usize, seq_k: usize) -> i64 {
+    row as i64 + seq_k as i64 - seq_q as i64
+}
+
 /// Which keys each query sees by position: the causal mask and the sliding window.
 /// Key padding is per batch entry and travels as a tensor beside it.
 ///
@@ -54,8 +61,7 @@ impl MaskRule {
     /// The keys `lo..hi` that query row `row` sees (padding aside); empty when it sees
     /// none.
     pub fn visible_keys(&self, row: usize, seq_q: usize, seq_k: usize) -> Range<usize> {
-        // Bottom-right alignment: row `row` is at absolute position `row + seq_k - seq_q`.
-        let position = row as i64 + seq_k as i64 - seq_q as i64;
+        let position = query_position(row, seq_q, seq_k);
         let mut lo = 0i64;
         let mut hi = seq_k as i64;
         if self.causal {

@@ -2,6 +2,7 @@
 //! or their options; the attention modules, blocks and models are built on these.
 //!
 //! - [`mask`]: the masking rule of attention, stated once.
+//! - [`alibi`]: ALiBi's linear bias on attention logits by distance.
 //! - [`flash_attention`]: the fused attention op (CubeCL kernels, a portable version,
 //!   the autodiff backward) and the reference attention it is tested against.
 //! - [`gated_silu`]: SwiGLU's `silu(gate) · up`, fused into one pass on flex.
@@ -12,6 +13,7 @@
 //! - `simd`: the loops the fused CPU ops are written with; `autodiff`: how those that
 //!   save their two inputs join the autodiff graph.
 
+pub mod alibi;
 pub(crate) mod autodiff;
 pub mod flash_attention;
 pub mod gated_silu;

@@ -14,7 +14,19 @@ use burn::tensor::{Bool, DType, Distribution, Tensor, TensorData};
 
 use super::ScoreOptions;
 use super::cpu_softmax::fused_softmax;
+use crate::ops::alibi::alibi_bias;
 use crate::ops::mask::{MASKED_ROW_LSE, lowest_finite};
+
+/// The per-head terms of a call's logits besides `q·kᵀ`, each `[heads]` when given:
+/// learned sinks (gpt-oss: one more logit per row that takes no value) and ALiBi
+/// slopes (a bias `slope · (j − p)` on each logit, see [`crate::ops::alibi`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct HeadTerms<'a> {
+    /// Sink logits, `[heads]`.
+    pub sinks: Option<&'a Tensor<1>>,
+    /// ALiBi slopes, `[heads]`.
+    pub alibi_slopes: Option<&'a Tensor<1>>,
+}
 
 /// `[batch, heads, seq, x] -> [batch, kv_heads, group·seq, x]`: the query heads of a
 /// group are contiguous, so this is a view of the same memory.
@@ -47,6 +59,24 @@ fn logits(scores: Tensor<4>, options: &ScoreOptions) -> Tensor<4> {
     match options.softcap {
         Some(cap) => crate::ops::soft_cap::soft_cap(scaled, cap),
         None => scaled,
+    }
+}
+
+/// [`logits`] plus the ALiBi bias of `alibi_slopes` (`[heads]`), when given: after the
+/// soft-cap, which no family combines with it.
+fn biased_logits(
+    scores: Tensor<4>,
+    options: &ScoreOptions,
+    alibi_slopes: Option<&Tensor<1>>,
+) -> Tensor<4> {
+    let [_, _, seq_q, seq_k] = scores.dims();
+    let logits = logits(scores, options);
+    match alibi_slopes {
+        Some(slopes) => {
+            let bias = alibi_bias(slopes.clone().cast(logits.dtype()), seq_q, seq_k);
+            logits + bias
+        }
+        None => logits,
     }
 }
 
@@ -124,8 +154,8 @@ pub(crate) fn composed_softmax(
 
 /// The attention probabilities `softmax(q·kᵀ·scale + mask)`: row `i` of head `h` says
 /// how much query `i` reads from each key; hidden keys get 0 and a fully hidden row is
-/// all zeros. One pass forward and backward on flex (the fused CPU softmax), tensor ops
-/// elsewhere.
+/// all zeros. One pass forward and backward on flex (the fused CPU softmax) without
+/// per-head terms, tensor ops otherwise.
 ///
 /// # Shapes
 /// - q: `[batch, heads, seq_q, d_qk]`, k: `[batch, kv_heads, seq_k, d_qk]`
@@ -136,11 +166,11 @@ pub(crate) fn probabilities(
     k: Tensor<4>,
     key_padding: Option<Tensor<2, Bool>>,
     options: &ScoreOptions,
-    sinks: Option<&Tensor<1>>,
+    terms: HeadTerms,
 ) -> Tensor<4> {
     let scores = scores(q, k);
-    if let Some(sinks) = sinks {
-        return softmax_with_sinks(scores, key_padding, options, sinks.clone());
+    if terms.sinks.is_some() || terms.alibi_slopes.is_some() {
+        return softmax_with_head_terms(scores, key_padding, options, terms);
     }
     match fused_softmax(scores.clone(), key_padding.clone(), options) {
         Some(probabilities) => probabilities,
@@ -148,24 +178,30 @@ pub(crate) fn probabilities(
     }
 }
 
-/// [`composed_softmax`] with a learned sink per head (gpt-oss): one more logit in
-/// every row, `sinks[h]`, that joins the normalization and takes no value, so a row's
+/// [`composed_softmax`] with the per-head terms of `terms`: the ALiBi bias on every
+/// logit, and a learned sink per head (gpt-oss), one more logit in every row,
+/// `sinks[h]`, that joins the normalization and takes no value, so a row's
 /// probabilities over the keys sum to less than 1 (and a fully hidden row gives the
 /// sink everything). Differentiated by autodiff, the sinks' gradient included.
 ///
 /// # Shapes
-/// - scores: `[batch, heads, seq_q, seq_k]`, sinks: `[heads]`
+/// - scores: `[batch, heads, seq_q, seq_k]`, the terms `[heads]`
 /// - output: `[batch, heads, seq_q, seq_k]`
-fn softmax_with_sinks(
+fn softmax_with_head_terms(
     scores: Tensor<4>,
     key_padding: Option<Tensor<2, Bool>>,
     options: &ScoreOptions,
-    sinks: Tensor<1>,
+    terms: HeadTerms,
 ) -> Tensor<4> {
     let seq_k = scores.dims()[3];
-    let masked = masked_logits(logits(scores, options), key_padding, options);
-    let (_, exponentials, sum) = shifted_exponentials(with_sink_column(masked, sinks));
-    (exponentials / sum).narrow(3, 0, seq_k)
+    let logits = biased_logits(scores, options, terms.alibi_slopes);
+    let masked = masked_logits(logits, key_padding, options);
+    let masked = match terms.sinks {
+        Some(sinks) => with_sink_column(masked, sinks.clone()),
+        None => masked,
+    };
+    let (_, exponentials, sum) = shifted_exponentials(masked);
+    (exponentials / sum.clamp_min(SUM_FLOOR)).narrow(3, 0, seq_k)
 }
 
 /// Masked logits with the sink of each head appended as one more column: the
@@ -196,7 +232,7 @@ fn weighted_values(probabilities: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
 
 /// The reference attention and the probabilities it weighted the values with (after
 /// dropout, which `dropout > 0` applies only on autodiff devices: the caller decides
-/// whether it is training), with the attention sinks `sinks` (`[heads]`) when given.
+/// whether it is training), with the per-head terms of `terms`.
 ///
 /// # Shapes
 /// - q: `[batch, heads, seq_q, d_qk]`
@@ -209,10 +245,10 @@ pub(crate) fn attention(
     v: Tensor<4>,
     key_padding: Option<Tensor<2, Bool>>,
     options: &ScoreOptions,
-    sinks: Option<&Tensor<1>>,
+    terms: HeadTerms,
     dropout: f64,
 ) -> (Tensor<4>, Tensor<4>) {
-    let probabilities = probabilities(q, k, key_padding, options, sinks);
+    let probabilities = probabilities(q, k, key_padding, options, terms);
     let probabilities = if dropout > 0.0 && probabilities.device().is_autodiff() {
         let keep = 1.0 - dropout;
         let kept = probabilities.random_like(Distribution::Bernoulli(keep));

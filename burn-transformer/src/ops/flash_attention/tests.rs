@@ -331,7 +331,10 @@ pub(super) fn run(
                 v.clone(),
                 padding,
                 &options,
-                sinks.as_ref(),
+                reference::HeadTerms {
+                    sinks: sinks.as_ref(),
+                    alibi_slopes: None,
+                },
                 0.0,
             )
             .0
