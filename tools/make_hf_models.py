@@ -827,6 +827,24 @@ def gpt2():
     return transformers.GPT2Config(**GPT2_SIZES)
 
 
+def gpt_neo():
+    # GPT-Neo's layout: GPT-2's learned positions, shifted LayerNorms and GELU (tanh)
+    # feed-forward (4× the width, `intermediate_size` null), attention alternating
+    # global and local (a window of 3: `attention_types` [[["global", "local"], 1]]
+    # over 2 layers) with unscaled scores, q/k/v without biases, an output bias, tied
+    # embeddings; stored as nn.Linear layers.
+    return transformers.GPTNeoConfig(
+        vocab_size=COMMON["vocab_size"],
+        hidden_size=COMMON["hidden_size"],
+        num_layers=COMMON["num_hidden_layers"],
+        num_heads=COMMON["num_attention_heads"],
+        max_position_embeddings=COMMON["max_position_embeddings"],
+        attention_types=[[["global", "local"], 1]],
+        window_size=3,
+        **TOKENS,
+    )
+
+
 def falcon():
     # Falcon-40B's layout (`new_decoder_architecture`): attention and an ungated GELU
     # feed-forward in parallel, each after its own shifted LayerNorm (`ln_attn`,
@@ -1298,6 +1316,7 @@ MODELS = {
     "gpt_bigcode": (gpt_bigcode, {}),
     "gpt_bigcode_mha": (gpt_bigcode_mha, {}),
     "gptj": (gptj, {}),
+    "gpt_neo": (gpt_neo, {}),
     "falcon": (falcon, {}),
     "falcon_7b": (falcon_7b, {}),
     "falcon_sequential": (falcon_sequential, {}),

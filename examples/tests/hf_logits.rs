@@ -145,6 +145,7 @@ fn matches_transformers_for_every_family_on_flex() {
         "gpt_bigcode",
         "gpt_bigcode_mha",
         "gptj",
+        "gpt_neo",
         "gpt_neox",
         "gpt_neox_sequential",
         "opt",

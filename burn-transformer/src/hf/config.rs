@@ -316,6 +316,11 @@ struct ModelKeys {
     apply_residual_connection_post_layernorm: Option<bool>,
     /// MPT's attention keys.
     attn_config: Option<MptAttentionKeys>,
+    /// GPT-Neo's layer kinds: runs of `[[kinds…], repeats]`, each kind `global` or
+    /// `local` (a window of `window_size`).
+    attention_types: Option<Value>,
+    /// GPT-Neo's window of its local layers.
+    window_size: Option<usize>,
     /// MPT: no biases (transformers' MPT never has any).
     no_bias: Option<bool>,
     /// MPT: the feed-forward's width over the model's (transformers' MPT: always 4).
@@ -464,6 +469,7 @@ impl ModelKeys {
             // distance (ALiBi); the rotary embedding is unused.
             ModelType::Gpt2
             | ModelType::GptBigcode
+            | ModelType::GptNeo
             | ModelType::Opt
             | ModelType::Bloom
             | ModelType::Mpt => (RopeConfig::new(d_model / n_heads.max(1)), None),
@@ -525,6 +531,8 @@ impl ModelKeys {
             // GPT-2's and Phi's four projections always have biases; StableLM's q, k
             // and v with `use_qkv_bias`, its output projection never.
             ModelType::Gpt2 | ModelType::GptBigcode | ModelType::Bloom => (true, true),
+            // GPT-Neo's q, k and v have no biases, its output projection has one.
+            ModelType::GptNeo => (false, true),
             ModelType::Opt => {
                 let bias = self.enable_bias.unwrap_or(true);
                 (bias, bias)
@@ -606,7 +614,11 @@ impl ModelKeys {
             }
             ModelType::Phi => unread.fixed("mlp_bias", self.mlp_bias, true, "feed-forward biases"),
             // GPT-NeoX's feed-forward always has biases.
-            ModelType::Gpt2 | ModelType::GptBigcode | ModelType::Gptj | ModelType::Bloom => true,
+            ModelType::Gpt2
+            | ModelType::GptBigcode
+            | ModelType::GptNeo
+            | ModelType::Gptj
+            | ModelType::Bloom => true,
             ModelType::Opt => self.enable_bias.unwrap_or(true),
             ModelType::Falcon => self.bias.unwrap_or(false),
             ModelType::GptNeox => {
@@ -671,6 +683,7 @@ impl ModelKeys {
         )
         .with_n_kv_heads(Some(match family {
             ModelType::Gpt2
+            | ModelType::GptNeo
             | ModelType::Gptj
             | ModelType::GptNeox
             | ModelType::Opt
@@ -729,6 +742,8 @@ impl ModelKeys {
             ),
             _ if family.is_granite() => self.attention_multiplier,
             ModelType::Mpt => self.mpt_attention().softmax_scale,
+            // GPT-Neo does not scale its scores.
+            ModelType::GptNeo => Some(1.0),
             _ => {
                 unread.fixed(
                     "query_pre_attn_scalar",
@@ -777,7 +792,7 @@ impl ModelKeys {
         });
         if matches!(
             family,
-            ModelType::Gpt2 | ModelType::GptBigcode | ModelType::Opt
+            ModelType::Gpt2 | ModelType::GptBigcode | ModelType::GptNeo | ModelType::Opt
         ) {
             model.learned_positions = Some(size(
                 self.max_position_embeddings,
@@ -885,6 +900,63 @@ impl ModelKeys {
             ));
         }
         Ok(())
+    }
+
+    /// GPT-Neo's window and the layers it slides on: its `attention_types` runs of
+    /// `[[kinds…], repeats]` expanded, a `local` layer sliding.
+    fn gpt_neo_layers(
+        &self,
+        n_layers: usize,
+    ) -> Result<(Option<usize>, Option<Vec<bool>>), KeyError> {
+        let malformed = || {
+            KeyError::new(
+                "attention_types",
+                "expected a list of `[[kinds…], repeats]` with each kind \"global\" or \
+                 \"local\"",
+            )
+        };
+        let mut layers = Vec::new();
+        let runs = self.attention_types.as_ref().and_then(Value::as_array);
+        for run in runs.ok_or_else(malformed)? {
+            let (kinds, repeats) = match run.as_array().map(Vec::as_slice) {
+                Some([kinds, repeats]) => (kinds.as_array(), repeats.as_u64()),
+                _ => return Err(malformed()),
+            };
+            let (Some(kinds), Some(repeats)) = (kinds, repeats) else {
+                return Err(malformed());
+            };
+            if kinds.is_empty() {
+                return Err(malformed());
+            }
+            for _ in 0..repeats {
+                for kind in kinds {
+                    match kind.as_str() {
+                        Some("global") => layers.push(false),
+                        Some("local") => layers.push(true),
+                        _ => return Err(malformed()),
+                    }
+                }
+                // A huge repeat count is an error, not an allocation.
+                if layers.len() > n_layers {
+                    break;
+                }
+            }
+        }
+        if layers.len() != n_layers {
+            let count = match layers.len() > n_layers {
+                true => "more".to_string(),
+                false => layers.len().to_string(),
+            };
+            return Err(KeyError::new(
+                "attention_types",
+                format!("gives {count} layers, but the model has {n_layers} (num_layers)"),
+            ));
+        }
+        let window = required(self.window_size, "window_size", "a positive integer")?;
+        if window == 0 {
+            return Err(KeyError::new("window_size", "must be positive"));
+        }
+        Ok((Some(window), Some(layers)))
     }
 
     /// MPT's attention keys (its `attn_config`; all defaults without one).
@@ -1112,6 +1184,7 @@ impl ModelKeys {
                     ModelType::Jais2
                         | ModelType::Gpt2
                         | ModelType::GptBigcode
+                        | ModelType::GptNeo
                         | ModelType::Gptj
                         | ModelType::GptNeox
                         | ModelType::Falcon
@@ -1159,6 +1232,7 @@ impl ModelKeys {
             {
                 None
             }
+            ModelType::GptNeo => return self.gpt_neo_layers(n_layers),
             _ if family.is_classic_gpt() => None,
             ModelType::Llama
             | ModelType::InternLm3

@@ -42,6 +42,11 @@ pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
             object.insert(read.into(), value);
         }
     }
+    // Whether the file gives the feed-forward's width: some classes derive it when
+    // it is null or left out, before the class's sizes would fill it.
+    let width_given = object
+        .get("intermediate_size")
+        .is_some_and(|width| !width.is_null());
     let has_rope = object.contains_key("rope_parameters") || object.contains_key("rope_scaling");
     for (key, value) in defaults {
         if key == "rope_scaling" && has_rope {
@@ -66,6 +71,14 @@ pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
             object.insert("intermediate_size".into(), width);
         }
     }
+    // GPT-Neo's feed-forward is `intermediate_size` wide, or four times the width when
+    // null.
+    if family == ModelType::GptNeo
+        && !width_given
+        && let Some(hidden) = object.get("hidden_size").and_then(Value::as_u64)
+    {
+        object.insert("intermediate_size".into(), json!(4 * hidden));
+    }
     // BLOOM's and MPT's feed-forward is always four times the width (transformers'
     // MPT does not read `expansion_ratio`).
     if matches!(family, ModelType::Bloom | ModelType::Mpt)
@@ -73,14 +86,12 @@ pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
     {
         object.insert("intermediate_size".into(), json!(4 * hidden));
     }
-    // Falcon's feed-forward is four times the width when `ffn_hidden_size` is null; its
-    // key/value heads are `num_kv_heads` in the new architecture, else one
-    // (`multi_query`) or one per query head.
+    // Falcon's feed-forward is four times the width when `ffn_hidden_size` is null or
+    // left out; its key/value heads are `num_kv_heads` in the new architecture, else
+    // one (`multi_query`) or one per query head.
     if family == ModelType::Falcon {
         let hidden = object.get("hidden_size").and_then(Value::as_u64);
-        if object.get("intermediate_size").is_none_or(Value::is_null)
-            && let Some(hidden) = hidden
-        {
+        if !width_given && let Some(hidden) = hidden {
             object.insert("intermediate_size".into(), json!(4 * hidden));
         }
         let flag =
@@ -232,6 +243,12 @@ fn attribute_map(family: ModelType) -> &'static [(&'static str, &'static str)] {
             ("n_head", "num_attention_heads"),
             ("layer_norm_epsilon", "layer_norm_eps"),
         ],
+        ModelType::GptNeo => &[
+            ("num_heads", "num_attention_heads"),
+            ("num_layers", "num_hidden_layers"),
+            ("layer_norm_epsilon", "layer_norm_eps"),
+            ("activation_function", "hidden_act"),
+        ],
         ModelType::Mpt => &[
             ("d_model", "hidden_size"),
             ("n_layers", "num_hidden_layers"),
@@ -335,6 +352,10 @@ fn class_defaults(family: ModelType) -> Value {
             "hidden_act": "gelu_new", "layer_norm_eps": 1e-5, "tie_word_embeddings": true,
             "scale_attn_weights": true, "scale_attn_by_inverse_layer_idx": false,
             "add_cross_attention": false
+        }),
+        ModelType::GptNeo => json!({
+            "hidden_act": "gelu_new", "layer_norm_eps": 1e-5, "tie_word_embeddings": true,
+            "window_size": 256, "attention_types": [[["global", "local"], 12]]
         }),
         ModelType::Gptj => json!({
             "hidden_act": "gelu_new", "layer_norm_eps": 1e-5, "rotary_dim": 64
@@ -601,6 +622,8 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::InternLm3 => [128512, 4096, 10240, 48, 32, 32768],
         ModelType::Gpt2 | ModelType::GptBigcode => [50257, 768, 3072, 12, 12, 1024],
         ModelType::Gptj => [50400, 4096, 16384, 28, 16, 2048],
+        // GPT-Neo's `intermediate_size` is null: 4 times the width (derived above).
+        ModelType::GptNeo => [50257, 2048, 8192, 24, 16, 2048],
         ModelType::GptNeox => [50432, 6144, 24576, 44, 64, 2048],
         ModelType::Opt => [50272, 768, 3072, 12, 12, 2048],
         ModelType::Falcon => [65024, 4544, 18176, 32, 71, 2048],
@@ -672,7 +695,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::GraniteSwa => (Some(100257), Some(100257), None),
         ModelType::InternLm3 => (Some(1), Some(2), Some(2)),
         ModelType::Gpt2 | ModelType::GptBigcode => (Some(50256), Some(50256), None),
-        ModelType::Gptj => (Some(50256), Some(50256), None),
+        ModelType::Gptj | ModelType::GptNeo => (Some(50256), Some(50256), None),
         ModelType::GptNeox => (Some(0), Some(2), None),
         ModelType::Opt => (Some(2), Some(2), Some(1)),
         ModelType::Falcon => (Some(11), Some(11), None),

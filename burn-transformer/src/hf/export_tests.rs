@@ -38,7 +38,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 74] = [
+const FAMILIES: [&str; 75] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -82,6 +82,7 @@ const FAMILIES: [&str; 74] = [
     "gpt_bigcode",
     "gpt_bigcode_mha",
     "gptj",
+    "gpt_neo",
     "gpt_neox",
     "gpt_neox_sequential",
     "opt",

@@ -28,6 +28,7 @@ mod falcon;
 mod fused_heads;
 mod generation_config;
 mod gpt2;
+mod gpt_neo;
 mod gpt_neox;
 mod gptj;
 mod keys;

@@ -31,6 +31,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "cwm",
     "gpt2",
     "gpt_bigcode",
+    "gpt_neo",
     "gptj",
     "gpt_neox",
     "opt",
@@ -171,6 +172,11 @@ pub(crate) enum ModelType {
     /// attention (`multi_query`; q, then one k and one v head, fused in `c_attn`; one
     /// key/value head per head, fused head by head, without it), stored as `nn.Linear`.
     GptBigcode,
+    /// GPT-Neo (125M, 1.3B, 2.7B): GPT-2's design with learned positions, attention
+    /// layers alternating between global and local (a window of `window_size`, by
+    /// `attention_types`), unscaled scores, q, k and v without biases, stored as
+    /// `nn.Linear`.
+    GptNeo,
     /// GPT-NeoX (Pythia, GPT-NeoX-20B): attention and an ungated GELU feed-forward in
     /// parallel, each after its own shifted LayerNorm (`use_parallel_residual`, else
     /// Pre-LN blocks), biases everywhere, the rotary embedding over a quarter of each
@@ -301,7 +307,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 63] = [
+    const ALL: [Self; 64] = [
         Self::Llama,
         Self::InternLm3,
         Self::Mistral,
@@ -330,6 +336,7 @@ impl ModelType {
         Self::Cwm,
         Self::Gpt2,
         Self::GptBigcode,
+        Self::GptNeo,
         Self::Gptj,
         Self::GptNeox,
         Self::Opt,
@@ -398,6 +405,7 @@ impl ModelType {
             Self::Cwm => "cwm",
             Self::Gpt2 => "gpt2",
             Self::GptBigcode => "gpt_bigcode",
+            Self::GptNeo => "gpt_neo",
             Self::Gptj => "gptj",
             Self::GptNeox => "gpt_neox",
             Self::Opt => "opt",
@@ -513,13 +521,14 @@ impl ModelType {
     }
 
     /// Whether the family is GPT-2 or one of its era that kept its design (GPT-BigCode,
-    /// GPT-J, GPT-NeoX, OPT, Falcon, BLOOM): shifted LayerNorms, an ungated feed-forward, heads
-    /// that split the width, checkpoints named their own way.
+    /// GPT-Neo, GPT-J, GPT-NeoX, OPT, Falcon, BLOOM): shifted LayerNorms, an ungated
+    /// feed-forward, heads that split the width, checkpoints named their own way.
     pub(crate) fn is_classic_gpt(self) -> bool {
         matches!(
             self,
             Self::Gpt2
                 | Self::GptBigcode
+                | Self::GptNeo
                 | Self::Gptj
                 | Self::GptNeox
                 | Self::Opt

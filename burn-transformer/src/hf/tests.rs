@@ -520,6 +520,41 @@ fn gpt2_with_learned_positions_conv1d_layers_and_fused_qkv_matches_transformers(
 }
 
 #[test]
+fn gpt_neo_with_global_and_local_layers_and_unscaled_scores_matches_transformers() {
+    matches_transformers("gpt_neo");
+}
+
+/// GPT-Neo's layer kinds must be runs of known kinds that add up to its layers.
+#[test]
+fn gpt_neo_refuses_layer_kinds_that_do_not_fit_its_layers() {
+    for (key, value, reason) in [
+        (
+            "attention_types",
+            serde_json::json!([[["global", "local"], 2]]),
+            "gives more layers",
+        ),
+        (
+            "attention_types",
+            serde_json::json!([[["global"], 1]]),
+            "gives 1 layers",
+        ),
+        (
+            "attention_types",
+            serde_json::json!([[["sparse", "local"], 1]]),
+            "\"global\" or",
+        ),
+        (
+            "attention_types",
+            serde_json::json!([[[], 1_000_000_000_000u64]]),
+            "\"global\" or",
+        ),
+        ("window_size", serde_json::json!(0), "positive"),
+    ] {
+        assert_field_refused("gpt_neo", key, value, reason);
+    }
+}
+
+#[test]
 fn falcon_with_two_norms_and_grouped_fused_qkv_matches_transformers() {
     matches_transformers("falcon");
 }
@@ -774,7 +809,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 48] = [
+    let cases: [(&str, Edit, &[&str]); 50] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -1148,6 +1183,37 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
                 "attn_config.alibi_bias_max",
                 "attn_config.qk_ln",
             ],
+        ),
+        // Falcon's feed-forward width left out, as transformers 4 wrote its null
+        // default: 4 times the width, not the class's 7B size.
+        (
+            "falcon_7b",
+            |config| {
+                config.remove("ffn_hidden_size");
+            },
+            &[],
+        ),
+        // GPT-Neo's sizes under the common names, its class defaults (GELU-tanh, the
+        // epsilon) and its null feed-forward width left out.
+        (
+            "gpt_neo",
+            |config| {
+                for (own, common) in [
+                    ("num_heads", "num_attention_heads"),
+                    ("num_layers", "num_hidden_layers"),
+                ] {
+                    let value = config.remove(own).unwrap();
+                    config.insert(common.into(), value);
+                }
+                for key in [
+                    "activation_function",
+                    "layer_norm_epsilon",
+                    "intermediate_size",
+                ] {
+                    config.remove(key);
+                }
+            },
+            &[],
         ),
         // GPT-J's sizes under the common names, its feed-forward's width as `n_inner`
         // and the class's GELU (tanh) and epsilon left out. Its attention has no biases.
