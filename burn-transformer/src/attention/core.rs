@@ -14,8 +14,8 @@
 use burn::config::Config;
 use burn::tensor::{Bool, Tensor};
 
-use crate::ops::flash_attention::reference::{self, HeadTerms};
-use crate::ops::flash_attention::{FlashKernel, Problem, ScoreOptions, flash_attention};
+use crate::ops::alibi::Alibi;
+use crate::ops::flash_attention::{FlashKernel, Problem, ScoreOptions, flash_attention, reference};
 use crate::ops::mask::MaskRule;
 
 /// Which implementation computes the attention core.
@@ -101,11 +101,12 @@ pub struct AttentionOptions {
     /// joins every row's softmax and takes no value, so a row may attend to nothing.
     /// The fused op takes them (and trains them). Default: none.
     pub sinks: Option<Tensor<1>>,
-    /// ALiBi slopes, one per query head, `[n_heads]`: each logit gets
-    /// `slope · (j − p)` for key `j` seen from query position `p` (see
-    /// [`crate::ops::alibi`]). Constants, not trained. Calls with them take the
-    /// reference path: the fused op has no ALiBi. Default: none.
-    pub alibi_slopes: Option<Tensor<1>>,
+    /// ALiBi: each logit of head `h` gets `slope_h · (j − p)` for key `j` seen from
+    /// query position `p`, the slopes a rule of the head count (see
+    /// [`crate::ops::alibi`]). The fused op takes it on flex and ndarray; the CubeCL
+    /// kernels have no ALiBi term, so on wgpu and CUDA such calls take the reference
+    /// path. Default: none.
+    pub alibi: Option<Alibi>,
     /// Which implementation to use. Default: [`AttentionImpl::Auto`].
     pub implementation: AttentionImpl,
     /// Which kernel family the fused op runs on CubeCL devices. Default:
@@ -129,8 +130,8 @@ crate::builders::setters!(AttentionOptions {
     with_dropout => dropout: f64,
     /// Sets the attention sinks (`[n_heads]` logits).
     with_sinks => sinks: Option<Tensor<1>>,
-    /// Sets the ALiBi slopes (`[n_heads]`).
-    with_alibi_slopes => alibi_slopes: Option<Tensor<1>>,
+    /// Sets ALiBi.
+    with_alibi => alibi: Option<Alibi>,
     /// Chooses the implementation.
     with_implementation => implementation: AttentionImpl,
     /// Chooses the fused op's kernel family on CubeCL devices.
@@ -156,15 +157,8 @@ impl AttentionOptions {
             MaskRule::new(self.causal, self.window),
         )
         .with_key_mask(self.key_padding.is_some())
+        .with_alibi(self.alibi)
         .with_kernel(self.flash_kernel)
-    }
-
-    /// The per-head terms of the logits (sinks, ALiBi slopes).
-    fn head_terms(&self) -> HeadTerms<'_> {
-        HeadTerms {
-            sinks: self.sinks.as_ref(),
-            alibi_slopes: self.alibi_slopes.as_ref(),
-        }
     }
 }
 
@@ -232,8 +226,8 @@ pub const FLEX_FLASH_MIN_KEYS: usize = 256;
 /// calls of more than [`DECODE_QUERIES`] query rows over at least
 /// [`FLEX_FLASH_MIN_KEYS`] keys, and the reference path elsewhere;
 /// `Fused` takes it on every backend that has it (the portable version on ndarray);
-/// `Reference` never. Dropout on the probabilities during training and ALiBi
-/// always take the reference path: the fused op has neither.
+/// `Reference` never. Dropout on the probabilities during training always takes the
+/// reference path: the fused op has none.
 fn wants_fused_path(q: &Tensor<4>, k: &Tensor<4>, options: &AttentionOptions) -> bool {
     let device = q.device();
     let wanted = match options.implementation.resolve() {
@@ -248,10 +242,6 @@ fn wants_fused_path(q: &Tensor<4>, k: &Tensor<4>, options: &AttentionOptions) ->
     };
     if wanted && options.dropout > 0.0 && device.is_autodiff() {
         log::debug!("attention: dropout on probabilities runs on the reference path");
-        return false;
-    }
-    if wanted && options.alibi_slopes.is_some() {
-        log::debug!("attention: ALiBi runs on the reference path");
         return false;
     }
     wanted
@@ -275,8 +265,8 @@ pub fn reference_attention(
 ) -> Tensor<4> {
     let scores = checked_score_options(&q, &k, &v, options);
     let padding = options.key_padding.clone();
-    let terms = options.head_terms();
-    reference::attention(q, k, v, padding, &scores, terms, options.dropout).0
+    let sinks = options.sinks.as_ref();
+    reference::attention(q, k, v, padding, &scores, sinks, options.dropout).0
 }
 
 /// The attention probabilities `softmax(q·kᵀ·scale + mask)` of one call, as the
@@ -301,7 +291,7 @@ pub fn attention_weights(q: Tensor<4>, k: Tensor<4>, options: &AttentionOptions)
         k,
         options.key_padding.clone(),
         &scores,
-        options.head_terms(),
+        options.sinks.as_ref(),
     )
 }
 
@@ -320,8 +310,8 @@ pub fn attention_with_weights(
     options: &AttentionOptions,
 ) -> (Tensor<4>, Tensor<4>) {
     let scores = checked_score_options(&q, &k, &v, options);
-    let terms = options.head_terms();
-    reference::attention(q, k, v, options.key_padding.clone(), &scores, terms, 0.0)
+    let sinks = options.sinks.as_ref();
+    reference::attention(q, k, v, options.key_padding.clone(), &scores, sinks, 0.0)
 }
 
 #[cfg(test)]
@@ -422,13 +412,16 @@ mod tests {
     }
 
     /// ALiBi against a host computation of `softmax(q·kᵀ·scale + slope·(j − i))·v` with
-    /// causal masking and key padding, on every implementation choice (the fused op
-    /// declines ALiBi and the reference path runs); the last two rows decoded against
-    /// every key give the last rows of the whole pass.
+    /// causal masking and key padding, on every implementation choice (the fused op:
+    /// the CPU flash attention on flex, the portable op on ndarray; on wgpu it
+    /// declines and the reference path runs); the last two rows decoded against every
+    /// key give the last rows of the whole pass; the fused op's gradients are the
+    /// reference path's.
     #[test]
     fn alibi_matches_a_host_computation_whole_and_decoded() {
         let ([batch, heads, seq, dim], lengths) = ([2, 3, 5, 4], [5, 3]);
-        let slopes = crate::ops::alibi::alibi_slopes(heads, 8.0);
+        let alibi = Alibi::new().with_slope_scale(1.5);
+        let slopes = alibi.slopes(heads);
         for device in test_devices() {
             device.seed(11);
             let q = random([batch, heads, seq, dim], &device);
@@ -467,10 +460,6 @@ mod tests {
                 TensorData::new(expected, [batch, heads, seq, dim]).convert::<f32>(),
                 &device,
             );
-            let slopes = Tensor::<1>::from_data(
-                TensorData::from(slopes.as_slice()).convert::<f32>(),
-                &device,
-            );
             let padding = padding_mask_from_lengths(&lengths, seq, &device);
             for implementation in [
                 AttentionImpl::Auto,
@@ -480,7 +469,7 @@ mod tests {
                 let options = AttentionOptions::new()
                     .with_causal(true)
                     .with_key_padding(Some(padding.clone()))
-                    .with_alibi_slopes(Some(slopes.clone()))
+                    .with_alibi(Some(alibi))
                     .with_implementation(implementation);
                 let whole = attention(q.clone(), k.clone(), v.clone(), &options);
                 let name = format!("{implementation:?} on {device:?}");
@@ -488,6 +477,28 @@ mod tests {
                 let last = q.clone().narrow(2, seq - 2, 2);
                 let decoded = attention(last, k.clone(), v.clone(), &options);
                 assert_close(decoded, whole.narrow(2, seq - 2, 2), 1e-5, &name);
+            }
+            let tracked = device.clone().autodiff();
+            let dout = random([batch, heads, seq, dim], &tracked);
+            let gradients = |implementation: AttentionImpl| {
+                let load =
+                    |t: &Tensor<4>| Tensor::<4>::from_data(t.to_data(), &tracked).require_grad();
+                let (q, k, v) = (load(&q), load(&k), load(&v));
+                let options = AttentionOptions::new()
+                    .with_causal(true)
+                    .with_key_padding(Some(padding_mask_from_lengths(&lengths, seq, &tracked)))
+                    .with_alibi(Some(alibi))
+                    .with_implementation(implementation);
+                let out = attention(q.clone(), k.clone(), v.clone(), &options);
+                let grads = (out * dout.clone()).sum().backward();
+                [q, k, v].map(|t| t.grad(&grads).expect("tracked"))
+            };
+            let fused = gradients(AttentionImpl::Fused);
+            let reference = gradients(AttentionImpl::Reference);
+            for ((fused, reference), name) in
+                fused.into_iter().zip(reference).zip(["dq", "dk", "dv"])
+            {
+                assert_close(fused, reference, 1e-4, &format!("{name} on {device:?}"));
             }
         }
     }

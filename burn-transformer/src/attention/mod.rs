@@ -1,6 +1,5 @@
 //! Attention: the one core function, and the modules built on it.
 
-mod alibi;
 mod cache;
 mod core;
 mod latent;
@@ -9,7 +8,6 @@ mod qk_norm;
 mod query_temperature;
 mod self_attention;
 
-pub use self::alibi::AlibiConfig;
 pub use self::cache::{CrossKvCache, KvCache};
 pub use self::core::{
     AttentionImpl, AttentionOptions, DECODE_QUERIES, attention, attention_weights,

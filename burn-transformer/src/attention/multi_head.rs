@@ -9,15 +9,15 @@
 use burn::config::Config;
 use burn::module::{Initializer, Module, Param};
 use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
-use burn::tensor::{Bool, Device, Tensor, TensorData};
+use burn::tensor::{Bool, Device, Tensor};
 
-use super::alibi::AlibiConfig;
 use super::cache::{CrossKvCache, KvCache};
 use super::core::{AttentionImpl, AttentionOptions, attention, attention_with_weights};
 use super::qk_norm::{QkNormConfig, QkNormPlacement};
 use super::query_temperature::QueryTemperatureConfig;
 use crate::error::ConfigError;
 use crate::norm::RmsNorm;
+use crate::ops::alibi::Alibi;
 use crate::ops::linear::linear_rows;
 use crate::position::{Rope, RopeConfig};
 
@@ -82,7 +82,7 @@ pub struct MultiHeadAttentionConfig {
     /// ALiBi's linear bias by distance on every head's logits (BLOOM, MPT), usually in
     /// place of `rope`. Default: none.
     #[config(default = "None")]
-    pub alibi: Option<AlibiConfig>,
+    pub alibi: Option<Alibi>,
     /// Which attention implementation to use. Default: automatic.
     #[config(default = "AttentionImpl::Auto")]
     pub implementation: AttentionImpl,
@@ -116,9 +116,9 @@ pub struct MultiHeadAttention {
     pub dropout: Dropout,
     #[module(skip)]
     n_heads: usize,
-    /// The heads' ALiBi slopes, if any (constants, not parameters).
+    /// ALiBi's slopes, if any (constants, not parameters).
     #[module(skip)]
-    alibi_slopes: Option<Vec<f32>>,
+    alibi: Option<Alibi>,
     #[module(skip)]
     n_kv_heads: usize,
     #[module(skip)]
@@ -192,7 +192,8 @@ impl MultiHeadAttentionConfig {
             temperature.validate()?;
         }
         if let Some(alibi) = &self.alibi {
-            alibi.validate()?;
+            ConfigError::check_positive_real(MODULE, "alibi.max_bias", alibi.max_bias)?;
+            ConfigError::check_positive_real(MODULE, "alibi.slope_scale", alibi.slope_scale)?;
         }
         if let Some(rope) = &self.rope {
             rope.validate()?;
@@ -247,10 +248,7 @@ impl MultiHeadAttentionConfig {
                 .then(|| self.initializer.init([self.n_heads], device)),
             dropout: DropoutConfig::new(self.dropout).init(),
             n_heads: self.n_heads,
-            alibi_slopes: self.alibi.as_ref().map(|alibi| {
-                let slopes = alibi.slopes(self.n_heads);
-                slopes.into_iter().map(|slope| slope as f32).collect()
-            }),
+            alibi: self.alibi,
             n_kv_heads,
             head_dim,
             causal: self.causal,
@@ -444,10 +442,7 @@ impl MultiHeadAttention {
             .with_softcap(self.softcap)
             .with_dropout(dropout)
             .with_sinks(self.sinks.as_ref().map(|sinks| sinks.val()))
-            .with_alibi_slopes(self.alibi_slopes.as_ref().map(|slopes| {
-                let device = self.q_proj.weight.device();
-                Tensor::from_data(TensorData::from(slopes.as_slice()), &device)
-            }))
+            .with_alibi(self.alibi)
             .with_implementation(self.implementation)
     }
 

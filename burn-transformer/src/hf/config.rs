@@ -21,11 +21,12 @@ use super::latent::LatentKeys;
 use super::model_type::{ModelType, text_model_family};
 use super::moe::MoeKeys;
 use super::rope::RopeKeys;
-use crate::attention::{AlibiConfig, QkNormConfig, QkNormPlacement, QueryTemperatureConfig};
+use crate::attention::{QkNormConfig, QkNormPlacement, QueryTemperatureConfig};
 use crate::block::BlockKind;
 use crate::ffn::Activation;
 use crate::ffn::moe::ExpertGlu;
 use crate::model::CausalLmConfig;
+use crate::ops::alibi::Alibi;
 use crate::position::{RopeConfig, RopeLayout, RopeScaling};
 
 /// A model configuration read from a Hugging Face `config.json`.
@@ -800,11 +801,11 @@ impl ModelKeys {
             )?);
         }
         if family == ModelType::Bloom {
-            model.alibi = Some(AlibiConfig::new());
+            model.alibi = Some(Alibi::new());
             model.embed_norm = true;
         }
         if family == ModelType::Mpt {
-            model.alibi = Some(AlibiConfig::new());
+            model.alibi = Some(Alibi::new());
             self.note_mpt_keys(unread);
         }
         if family == ModelType::Opt {

@@ -28,7 +28,7 @@ use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
 use burn::tensor::{Bool, Device, Int, Tensor};
 
 use crate::attention::{
-    AlibiConfig, AttentionImpl, LatentAttentionConfig, MultiHeadAttentionConfig, QkNormConfig,
+    AttentionImpl, LatentAttentionConfig, MultiHeadAttentionConfig, QkNormConfig,
     QueryTemperatureConfig, SelfAttention, SelfAttentionConfig,
 };
 use crate::block::{
@@ -40,6 +40,7 @@ use crate::ffn::{
     Activation, DenseFfnConfig, FeedForwardConfig, MoeConfig, MoeLayerPlan, SwiGluConfig,
 };
 use crate::norm::{LayerNormConfig, Norm, NormConfig, RmsNormConfig};
+use crate::ops::alibi::Alibi;
 use crate::ops::linear::{linear_rows, matmul_rows};
 use crate::ops::soft_cap::soft_cap;
 use crate::position::{LearnedPosition, LearnedPositionConfig, Rope, RopeConfig};
@@ -135,13 +136,13 @@ pub struct CausalLmConfig {
     #[config(default = 0)]
     pub reserved_position_rows: usize,
     /// ALiBi instead of RoPE (BLOOM, MPT): every layer's heads add a linear penalty on
-    /// distance to their logits ([`AlibiConfig`]), so no layer rotates and sequences
+    /// distance to their logits ([`Alibi`]), so no layer rotates and sequences
     /// have no length limit; `rope` is unused and `sliding_rope`, `nope_layers`,
     /// `layer_rope_theta` and `learned_positions` must stay unset. Not available with
-    /// `latent`. Attention with ALiBi takes the reference path (the fused op has
-    /// none). Default: none (RoPE).
+    /// `latent`. The fused op takes ALiBi on flex and ndarray; on wgpu and CUDA such
+    /// attention takes the reference path. Default: none (RoPE).
     #[config(default = "None")]
-    pub alibi: Option<AlibiConfig>,
+    pub alibi: Option<Alibi>,
     /// A norm of the model's kind on the embeddings before the first block (BLOOM's
     /// `word_embeddings_layernorm`), after learned positions are added. Not available
     /// with `mtp_depth`. Default: false.
@@ -299,7 +300,7 @@ impl CausalLmConfig {
             .with_softcap(self.attention_softcap)
             .with_query_temperature(self.query_temperature.clone())
             .with_sinks(self.attention_sinks)
-            .with_alibi(self.alibi.clone())
+            .with_alibi(self.alibi)
             .with_qk_norm(self.qk_norm.clone())
             .with_qkv_clip(self.qkv_clip)
             .with_implementation(self.implementation)

@@ -13,8 +13,78 @@
 //! attention looks.
 
 use burn::tensor::{Device, Tensor, TensorData};
+use serde::{Deserialize, Serialize};
 
 use crate::ops::mask::query_position;
+
+/// ALiBi's slopes, a rule of the head count: head `h` of `heads` gets
+/// `slope_scale · alibi_slopes(heads, max_bias)[h]`. A plain value (not a tensor), so
+/// that it travels with a call's options to every backend, each of which works the
+/// slopes out itself.
+///
+/// ```rust
+/// use burn_transformer::ops::alibi::Alibi;
+/// let slopes = Alibi::new().slopes(4);
+/// assert_eq!(slopes, vec![0.25, 0.0625, 0.015625, 0.00390625]);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Alibi {
+    /// The steepest slope is `2^(−max_bias)` (see [`alibi_slopes`]): 8 in the paper,
+    /// BLOOM and MPT (`alibi_bias_max`).
+    pub max_bias: f64,
+    /// A factor on every slope: Falcon's ALiBi models add the bias before scaling the
+    /// logits, so their slopes are scaled by `1/√head_dim`. 1 for the others.
+    pub slope_scale: f64,
+}
+
+impl Default for Alibi {
+    fn default() -> Self {
+        Self {
+            max_bias: 8.0,
+            slope_scale: 1.0,
+        }
+    }
+}
+
+impl Alibi {
+    /// The paper's slopes: `max_bias` 8, `slope_scale` 1.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// These slopes with another `max_bias`.
+    pub fn with_max_bias(self, max_bias: f64) -> Self {
+        Self { max_bias, ..self }
+    }
+
+    /// These slopes times `slope_scale`.
+    pub fn with_slope_scale(self, slope_scale: f64) -> Self {
+        Self {
+            slope_scale,
+            ..self
+        }
+    }
+
+    /// The slope of each of `heads` heads.
+    pub fn slopes(&self, heads: usize) -> Vec<f64> {
+        alibi_slopes(heads, self.max_bias)
+            .into_iter()
+            .map(|slope| slope * self.slope_scale)
+            .collect()
+    }
+
+    /// The bias of one attention call: `slope_h · (j − p_i)` for query row `i` at
+    /// position `p_i` (bottom-right aligned) and key `j`.
+    ///
+    /// # Shapes
+    /// - output: `[1, heads, seq_q, seq_k]`, f32
+    pub fn bias(&self, heads: usize, seq_q: usize, seq_k: usize, device: &Device) -> Tensor<4> {
+        let slopes: Vec<f32> = self.slopes(heads).into_iter().map(|s| s as f32).collect();
+        let slopes = Tensor::<1>::from_data(TensorData::new(slopes, [heads]), device);
+        let distances = relative_positions(seq_q, seq_k, device);
+        slopes.reshape([1, heads, 1, 1]) * distances.reshape([1, 1, seq_q, seq_k])
+    }
+}
 
 /// The slope of each of `heads` heads: for a power of two `n`, head `h = 1 … n` gets
 /// `2^(−max_bias · h / n)`, a geometric sequence from `2^(−max_bias / n)` down to
@@ -36,19 +106,6 @@ pub fn alibi_slopes(heads: usize, max_bias: f64) -> Vec<f64> {
     let even = (2..=padded).step_by(2);
     let odd = (1..padded).step_by(2);
     even.chain(odd).take(heads).map(slope).collect()
-}
-
-/// The ALiBi bias of one attention call: `slopes[h] · (j − p_i)` for query row `i` at
-/// position `p_i` (bottom-right aligned) and key `j`.
-///
-/// # Shapes
-/// - slopes: `[heads]`
-/// - output: `[1, heads, seq_q, seq_k]`, in the slopes' dtype
-pub fn alibi_bias(slopes: Tensor<1>, seq_q: usize, seq_k: usize) -> Tensor<4> {
-    let [heads] = slopes.dims();
-    let device = slopes.device();
-    let distances = relative_positions(seq_q, seq_k, &device).cast(slopes.dtype());
-    slopes.reshape([1, heads, 1, 1]) * distances.reshape([1, 1, seq_q, seq_k])
 }
 
 /// `j − p_i` for every query row `i` and key `j`, `[seq_q, seq_k]` (f32).
@@ -129,11 +186,12 @@ mod tests {
     #[test]
     fn bias_is_slope_times_offset_from_the_query() {
         for device in test_devices() {
-            let slopes = Tensor::<1>::from_floats([0.5, 0.25], &device);
-            let bias = alibi_bias(slopes, 3, 5);
+            // Two heads, max_bias 2: slopes 2^-1 and 2^-2, times 2.
+            let alibi = Alibi::new().with_max_bias(2.0).with_slope_scale(2.0);
+            let bias = alibi.bias(2, 3, 5, &device);
             assert_eq!(bias.dims(), [1, 2, 3, 5]);
             let values = bias.into_data().try_to_vec::<f32>().unwrap();
-            for (h, slope) in [0.5f32, 0.25].into_iter().enumerate() {
+            for (h, slope) in [1.0f32, 0.5].into_iter().enumerate() {
                 for row in 0..3 {
                     for key in 0..5 {
                         let expected = slope * (key as f32 - (row + 2) as f32);

@@ -66,7 +66,8 @@
 
 use rayon::prelude::*;
 
-use crate::ops::mask::MaskRule;
+use crate::ops::alibi::Alibi;
+use crate::ops::mask::{MaskRule, query_position};
 
 /// The shape and options of one call.
 #[derive(Clone, Copy, Debug)]
@@ -89,6 +90,8 @@ pub(crate) struct CpuAttention {
     pub scale: f32,
     /// Logit soft-cap `c`: logits are `c·tanh(scale·q·kᵀ / c)`.
     pub softcap: Option<f32>,
+    /// ALiBi's bias `slope_h · (j − p)`, added to the (capped) logits.
+    pub alibi: Option<Alibi>,
     /// Each query sees only keys at or before its position.
     pub causal: bool,
     /// Sliding window size (at least 1).
@@ -211,6 +214,8 @@ struct Ctx<'a> {
     /// Per batch entry, `seq_k + 1` prefix counts of padded keys (empty without
     /// padding).
     padded_before: Vec<u32>,
+    /// ALiBi's slope of each query head (empty without ALiBi).
+    alibi_slopes: Vec<f32>,
 }
 
 impl<'a> Ctx<'a> {
@@ -258,6 +263,13 @@ impl<'a> Ctx<'a> {
                 }
             }
         }
+        let alibi_slopes = p.alibi.map_or_else(Vec::new, |alibi| {
+            alibi
+                .slopes(p.heads)
+                .into_iter()
+                .map(|slope| slope as f32)
+                .collect()
+        });
         Ctx {
             p: *p,
             group: p.heads / p.kv_heads,
@@ -267,7 +279,21 @@ impl<'a> Ctx<'a> {
             key_padding,
             key_bounds,
             padded_before,
+            alibi_slopes,
         }
+    }
+
+    /// ALiBi's slope of query head `h`, if the call has ALiBi.
+    #[inline(always)]
+    fn alibi_slope(&self, h: usize) -> Option<f32> {
+        self.alibi_slopes.get(h).copied()
+    }
+
+    /// The absolute positions of query rows `r0..` (bottom-right aligned), one per row
+    /// of a block, as floats: exact below 2²⁴, so that `key − position` is the exact
+    /// distance and ALiBi's bias rounds once.
+    fn positions(&self, r0: usize) -> [f32; BR] {
+        std::array::from_fn(|r| query_position(r0 + r, self.p.seq_q, self.p.seq_k) as f32)
     }
 
     /// The keys `lo..hi` query row `row` of batch entry `b` may see: the mask rule's
@@ -539,6 +565,7 @@ fn forward_block<const FMA: bool, const WIDE: bool>(sc: &mut Scratch, args: FwdA
     // Tiles are `width` rows wide: a short block (decoding) computes no more.
     let width = rows.next_multiple_of(LANES);
     pack_transposed(q, d_qk, rows, width, &mut sc.qt);
+    let alibi = ctx.alibi_slope(h).map(|slope| (slope, ctx.positions(r0)));
     sc.max.fill(f32::NEG_INFINITY);
     sc.sum.fill(0.0);
     sc.acc[..rows * d_v].fill(0.0);
@@ -566,6 +593,9 @@ fn forward_block<const FMA: bool, const WIDE: bool>(sc: &mut Scratch, args: FwdA
                 continue;
             }
             logits_column::<FMA>(column, p.scale, p.softcap);
+            if let Some((slope, positions)) = &alibi {
+                alibi_column(column, *slope, key as f32, &positions[..width]);
+            }
             if !full {
                 mask_column(column, key as u32, &sc.lo[..width], &sc.hi[..width]);
             }
@@ -983,6 +1013,7 @@ fn backward_q<const FMA: bool, const WIDE: bool>(
     sc.sum.fill(0.0);
     sc.max[..rows].copy_from_slice(&g.lse[bh * seq_q + r0..][..rows]);
     sc.sum[..rows].copy_from_slice(&g.delta[bh * seq_q + r0..][..rows]);
+    let alibi = ctx.alibi_slope(h).map(|slope| (slope, ctx.positions(r0)));
     let mut k0 = start;
     while k0 < end {
         let len = (end - k0).min(BC);
@@ -1004,14 +1035,18 @@ fn backward_q<const FMA: bool, const WIDE: bool>(
                 dp.fill(0.0);
                 continue;
             }
-            grad_column::<FMA>(
-                s,
-                dp,
-                p.scale,
-                p.softcap,
-                &sc.max[..width],
-                &sc.sum[..width],
-            );
+            // ALiBi's bias joins the log-sum-exp: exp(s + bias − lse) = exp(s − (lse − bias)).
+            let mut unbiased_lse = [0.0f32; BR];
+            let lse = match &alibi {
+                Some((slope, positions)) => {
+                    unbiased_lse[..width].copy_from_slice(&sc.max[..width]);
+                    let lse = &mut unbiased_lse[..width];
+                    alibi_column(lse, -*slope, key as f32, &positions[..width]);
+                    &unbiased_lse[..width]
+                }
+                None => &sc.max[..width],
+            };
+            grad_column::<FMA>(s, dp, p.scale, p.softcap, lse, &sc.sum[..width]);
             if !full {
                 for ((ds, &lo), &hi) in dp.iter_mut().zip(&sc.lo[..width]).zip(&sc.hi[..width]) {
                     let visible = (key as u32 >= lo) & ((key as u32) < hi);
@@ -1061,6 +1096,10 @@ fn grad_tile<const FMA: bool, const WIDE: bool>(
     let last_row = ctx.visible(b, r0 + rows - 1);
     let full = len == BC && last_row.0 <= k0 && first_row.1 >= k0 + BC && !padded;
     let stats = bh * p.seq_q + r0;
+    let alibi = ctx
+        .alibi_slope(bh % p.heads)
+        .map(|slope| (slope, ctx.positions(r0)));
+    let mut row_bias = [0.0f32; BC];
     for r in 0..rows {
         let s: &mut [f32; BC] = (&mut sc.s[r * BC..][..BC]).try_into().unwrap();
         let dp: &mut [f32; BC] = (&mut sc.dp[r * BC..][..BC]).try_into().unwrap();
@@ -1075,7 +1114,17 @@ fn grad_tile<const FMA: bool, const WIDE: bool>(
             dp.fill(0.0);
             continue;
         }
-        let bias = padded.then_some(&sc.bias);
+        let bias = match &alibi {
+            // The padding's bias, plus ALiBi's for this row.
+            Some((slope, positions)) => {
+                for (j, bias) in row_bias.iter_mut().enumerate() {
+                    let distance = (k0 + j) as f32 - positions[r];
+                    *bias = if padded { sc.bias[j] } else { 0.0 } + slope * distance;
+                }
+                Some(&row_bias)
+            }
+            None => padded.then_some(&sc.bias),
+        };
         grad_row::<FMA>(
             s,
             dp,
@@ -1168,6 +1217,15 @@ fn logits_column<const FMA: bool>(column: &mut [f32], scale: f32, softcap: Optio
                 *x = cap * tanh::<FMA>(*x * scale * inverse);
             }
         }
+    }
+}
+
+/// One key of a transposed tile against every row: `+ slope · (key − positions[r])`,
+/// ALiBi's bias.
+#[inline(always)]
+fn alibi_column(column: &mut [f32], slope: f32, key: f32, positions: &[f32]) {
+    for (x, &position) in column.iter_mut().zip(positions) {
+        *x += slope * (key - position);
     }
 }
 
@@ -1627,6 +1685,7 @@ mod tests {
         scale_factor: f32,
         padding: Padding,
         sinks: bool,
+        alibi: Option<Alibi>,
     }
 
     const BASE: Case = Case {
@@ -1643,6 +1702,7 @@ mod tests {
         scale_factor: 1.0,
         padding: Padding::None,
         sinks: false,
+        alibi: None,
     };
 
     impl Case {
@@ -1657,6 +1717,7 @@ mod tests {
                 d_v: self.d_v,
                 scale: self.scale_factor / (self.d_qk as f32).sqrt(),
                 softcap: self.softcap,
+                alibi: self.alibi,
                 causal: self.causal,
                 window: self.window,
                 masked_row_lse: MASKED,
@@ -1733,6 +1794,7 @@ mod tests {
         let (d_qk, d_v, seq_q, seq_k) = (p.d_qk, p.d_v, p.seq_q, p.seq_k);
         let group = p.heads / p.kv_heads;
         let scale = p.scale as f64;
+        let slopes = p.alibi.map(|alibi| alibi.slopes(p.heads));
         let mut out = vec![0.0; q.len() / d_qk * d_v];
         let mut lse = vec![0.0; q.len() / d_qk];
         let mut dq = vec![0.0; q.len()];
@@ -1769,18 +1831,28 @@ mod tests {
                             }
                         })
                         .collect();
-                    let max = logits
+                    // ALiBi's bias, after the cap: slope · (j − position).
+                    let position = i as f64 + seq_k as f64 - seq_q as f64;
+                    let biased: Vec<f64> = visible
+                        .iter()
+                        .zip(&logits)
+                        .map(|(&j, &logit)| {
+                            let slope = slopes.as_ref().map_or(0.0, |slopes| slopes[h]);
+                            logit + slope * (j as f64 - position)
+                        })
+                        .collect();
+                    let max = biased
                         .iter()
                         .chain(&sink)
                         .fold(f64::NEG_INFINITY, |m, &x| m.max(x));
-                    let total = logits
+                    let total = biased
                         .iter()
                         .chain(&sink)
                         .map(|l| (l - max).exp())
                         .sum::<f64>();
                     let row_lse = max + total.ln();
                     lse[row] = row_lse;
-                    let probs: Vec<f64> = logits.iter().map(|l| (l - row_lse).exp()).collect();
+                    let probs: Vec<f64> = biased.iter().map(|l| (l - row_lse).exp()).collect();
                     let g_row = &grad[row * d_v..][..d_v];
                     let mut dps = Vec::with_capacity(visible.len());
                     for (&j, &prob) in visible.iter().zip(&probs) {
@@ -2108,6 +2180,43 @@ mod tests {
                 d_v: 16,
                 ..c
             },
+            // ALiBi: GQA over blocks and a tail, causal, with padding and a fully
+            // padded entry; with a soft-cap, a window and sinks, fewer queries than keys
+            // (a non-power-of-two head count).
+            Case {
+                batch: 3,
+                heads: 4,
+                kv_heads: 2,
+                seq_q: 130,
+                seq_k: 130,
+                d_qk: 32,
+                d_v: 32,
+                causal: true,
+                padding: Padding::WithEmptyEntry,
+                alibi: Some(Alibi {
+                    max_bias: 8.0,
+                    slope_scale: 1.0,
+                }),
+                ..c
+            },
+            Case {
+                heads: 6,
+                kv_heads: 3,
+                seq_q: 70,
+                seq_k: 150,
+                d_qk: 64,
+                d_v: 64,
+                causal: true,
+                window: Some(90),
+                softcap: Some(5.0),
+                scale_factor: 3.0,
+                sinks: true,
+                alibi: Some(Alibi {
+                    max_bias: 4.0,
+                    slope_scale: 0.5,
+                }),
+                ..c
+            },
             // Odd head dimensions (column tails) and a window wider than the sequence.
             Case {
                 batch: 2,
@@ -2229,6 +2338,7 @@ mod tests {
                 scale_factor: 1.0 + pick(4) as f32,
                 padding: [Padding::None, Padding::Random, Padding::WithEmptyEntry][pick(3)],
                 sinks: pick(3) == 0,
+                alibi: (pick(3) == 0).then(Alibi::new),
             };
             let error = check(&case, seed);
             worst = worst.max(error);

@@ -72,7 +72,8 @@ pub(crate) fn fused_softmax(
     let device = scores.device();
     // The row max is taken before scaling, which needs a positive scale.
     let positive_scale = options.scale.is_finite() && options.scale > 0.0;
-    if options.softcap.is_some() || !positive_scale || !runs_fused_on_cpu(&device, scores.dtype()) {
+    let plain_logits = options.softcap.is_none() && options.alibi.is_none();
+    if !plain_logits || !positive_scale || !runs_fused_on_cpu(&device, scores.dtype()) {
         return None;
     }
     let has_key_mask = key_padding.is_some();

@@ -245,6 +245,7 @@ mod flex {
             d_v: problem.d_v,
             scale: options.scale as f32,
             softcap: options.softcap.map(|cap| cap as f32),
+            alibi: options.alibi,
             causal: problem.mask.causal,
             window: problem.mask.window,
             masked_row_lse: MASKED_ROW_LSE,

@@ -6,6 +6,7 @@ use burn::tensor::{Bool, DType, Shape, Tensor};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::ops::alibi::Alibi;
 use crate::ops::mask::MaskRule;
 
 /// The non-tensor arguments of the attention ops: how the scores `q·kᵀ` become logits
@@ -35,6 +36,9 @@ pub struct ScoreOptions {
     /// one more logit per row that joins the softmax's normalization and takes no
     /// value. Without them the ops receive a `[1]` placeholder.
     pub has_sinks: bool,
+    /// ALiBi's bias `slope_h · (j − p)` on the logits, added after the soft-cap (see
+    /// [`crate::ops::alibi`]).
+    pub alibi: Option<Alibi>,
     /// Which kernel family runs the call on CubeCL devices (other backends ignore it).
     pub kernel: FlashKernel,
     /// Lanes each row of the register tiles takes, with the GPUs' tiles, on every
@@ -223,6 +227,7 @@ impl ScoreOptions {
             mask,
             has_key_mask: false,
             has_sinks: false,
+            alibi: None,
             kernel: FlashKernel::Auto,
             #[cfg(test)]
             forced_lanes: None,
@@ -232,6 +237,11 @@ impl ScoreOptions {
     /// These options with the kernel family `kernel` on CubeCL devices.
     pub fn with_kernel(self, kernel: FlashKernel) -> Self {
         Self { kernel, ..self }
+    }
+
+    /// These options with (or without) ALiBi.
+    pub fn with_alibi(self, alibi: Option<Alibi>) -> Self {
+        Self { alibi, ..self }
     }
 
     /// These options for a call with (or without) attention sinks.
@@ -271,6 +281,8 @@ pub struct Problem {
     pub mask: MaskRule,
     /// Whether a `[batch, seq_k]` key padding mask is given.
     pub has_key_mask: bool,
+    /// Whether the logits take ALiBi's bias.
+    pub has_alibi: bool,
 }
 
 impl Problem {
@@ -291,6 +303,7 @@ impl Problem {
             d_v: v[3],
             mask: options.mask,
             has_key_mask: options.has_key_mask,
+            has_alibi: options.alibi.is_some(),
         }
     }
 

@@ -14,19 +14,7 @@ use burn::tensor::{Bool, DType, Distribution, Tensor, TensorData};
 
 use super::ScoreOptions;
 use super::cpu_softmax::fused_softmax;
-use crate::ops::alibi::alibi_bias;
 use crate::ops::mask::{MASKED_ROW_LSE, lowest_finite};
-
-/// The per-head terms of a call's logits besides `q·kᵀ`, each `[heads]` when given:
-/// learned sinks (gpt-oss: one more logit per row that takes no value) and ALiBi
-/// slopes (a bias `slope · (j − p)` on each logit, see [`crate::ops::alibi`]).
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct HeadTerms<'a> {
-    /// Sink logits, `[heads]`.
-    pub sinks: Option<&'a Tensor<1>>,
-    /// ALiBi slopes, `[heads]`.
-    pub alibi_slopes: Option<&'a Tensor<1>>,
-}
 
 /// `[batch, heads, seq, x] -> [batch, kv_heads, group·seq, x]`: the query heads of a
 /// group are contiguous, so this is a view of the same memory.
@@ -62,19 +50,14 @@ fn logits(scores: Tensor<4>, options: &ScoreOptions) -> Tensor<4> {
     }
 }
 
-/// [`logits`] plus the ALiBi bias of `alibi_slopes` (`[heads]`), when given: after the
-/// soft-cap, which no family combines with it.
-fn biased_logits(
-    scores: Tensor<4>,
-    options: &ScoreOptions,
-    alibi_slopes: Option<&Tensor<1>>,
-) -> Tensor<4> {
-    let [_, _, seq_q, seq_k] = scores.dims();
-    let logits = logits(scores, options);
-    match alibi_slopes {
-        Some(slopes) => {
-            let bias = alibi_bias(slopes.clone().cast(logits.dtype()), seq_q, seq_k);
-            logits + bias
+/// `logits` plus ALiBi's bias where the options ask for it: added after the soft-cap,
+/// so the cap's derivative is the unbiased logits'.
+fn biased(logits: Tensor<4>, options: &ScoreOptions) -> Tensor<4> {
+    match options.alibi {
+        Some(alibi) => {
+            let [_, heads, seq_q, seq_k] = logits.dims();
+            let (dtype, device) = (logits.dtype(), logits.device());
+            logits + alibi.bias(heads, seq_q, seq_k, &device).cast(dtype)
         }
         None => logits,
     }
@@ -147,15 +130,19 @@ pub(crate) fn composed_softmax(
     key_padding: Option<Tensor<2, Bool>>,
     options: &ScoreOptions,
 ) -> Tensor<4> {
-    let masked = masked_logits(logits(scores, options), key_padding, options);
+    let masked = masked_logits(
+        biased(logits(scores, options), options),
+        key_padding,
+        options,
+    );
     let (_, exponentials, sum) = shifted_exponentials(masked);
     exponentials / sum.clamp_min(SUM_FLOOR)
 }
 
 /// The attention probabilities `softmax(q·kᵀ·scale + mask)`: row `i` of head `h` says
 /// how much query `i` reads from each key; hidden keys get 0 and a fully hidden row is
-/// all zeros. One pass forward and backward on flex (the fused CPU softmax) without
-/// per-head terms, tensor ops otherwise.
+/// all zeros. One pass forward and backward on flex (the fused CPU softmax), tensor ops
+/// elsewhere (and with sinks or ALiBi).
 ///
 /// # Shapes
 /// - q: `[batch, heads, seq_q, d_qk]`, k: `[batch, kv_heads, seq_k, d_qk]`
@@ -166,11 +153,11 @@ pub(crate) fn probabilities(
     k: Tensor<4>,
     key_padding: Option<Tensor<2, Bool>>,
     options: &ScoreOptions,
-    terms: HeadTerms,
+    sinks: Option<&Tensor<1>>,
 ) -> Tensor<4> {
     let scores = scores(q, k);
-    if terms.sinks.is_some() || terms.alibi_slopes.is_some() {
-        return softmax_with_head_terms(scores, key_padding, options, terms);
+    if let Some(sinks) = sinks {
+        return softmax_with_sinks(scores, key_padding, options, sinks.clone());
     }
     match fused_softmax(scores.clone(), key_padding.clone(), options) {
         Some(probabilities) => probabilities,
@@ -178,30 +165,25 @@ pub(crate) fn probabilities(
     }
 }
 
-/// [`composed_softmax`] with the per-head terms of `terms`: the ALiBi bias on every
-/// logit, and a learned sink per head (gpt-oss), one more logit in every row,
-/// `sinks[h]`, that joins the normalization and takes no value, so a row's
+/// [`composed_softmax`] with a learned sink per head (gpt-oss): one more logit in
+/// every row, `sinks[h]`, that joins the normalization and takes no value, so a row's
 /// probabilities over the keys sum to less than 1 (and a fully hidden row gives the
 /// sink everything). Differentiated by autodiff, the sinks' gradient included.
 ///
 /// # Shapes
-/// - scores: `[batch, heads, seq_q, seq_k]`, the terms `[heads]`
+/// - scores: `[batch, heads, seq_q, seq_k]`, sinks: `[heads]`
 /// - output: `[batch, heads, seq_q, seq_k]`
-fn softmax_with_head_terms(
+fn softmax_with_sinks(
     scores: Tensor<4>,
     key_padding: Option<Tensor<2, Bool>>,
     options: &ScoreOptions,
-    terms: HeadTerms,
+    sinks: Tensor<1>,
 ) -> Tensor<4> {
     let seq_k = scores.dims()[3];
-    let logits = biased_logits(scores, options, terms.alibi_slopes);
+    let logits = biased(logits(scores, options), options);
     let masked = masked_logits(logits, key_padding, options);
-    let masked = match terms.sinks {
-        Some(sinks) => with_sink_column(masked, sinks.clone()),
-        None => masked,
-    };
-    let (_, exponentials, sum) = shifted_exponentials(masked);
-    (exponentials / sum.clamp_min(SUM_FLOOR)).narrow(3, 0, seq_k)
+    let (_, exponentials, sum) = shifted_exponentials(with_sink_column(masked, sinks));
+    (exponentials / sum).narrow(3, 0, seq_k)
 }
 
 /// Masked logits with the sink of each head appended as one more column: the
@@ -232,7 +214,7 @@ fn weighted_values(probabilities: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
 
 /// The reference attention and the probabilities it weighted the values with (after
 /// dropout, which `dropout > 0` applies only on autodiff devices: the caller decides
-/// whether it is training), with the per-head terms of `terms`.
+/// whether it is training), with the attention sinks `sinks` (`[heads]`) when given.
 ///
 /// # Shapes
 /// - q: `[batch, heads, seq_q, d_qk]`
@@ -245,10 +227,10 @@ pub(crate) fn attention(
     v: Tensor<4>,
     key_padding: Option<Tensor<2, Bool>>,
     options: &ScoreOptions,
-    terms: HeadTerms,
+    sinks: Option<&Tensor<1>>,
     dropout: f64,
 ) -> (Tensor<4>, Tensor<4>) {
-    let probabilities = probabilities(q, k, key_padding, options, terms);
+    let probabilities = probabilities(q, k, key_padding, options, sinks);
     let probabilities = if dropout > 0.0 && probabilities.device().is_autodiff() {
         let keep = 1.0 - dropout;
         let kept = probabilities.random_like(Distribution::Bernoulli(keep));
@@ -276,11 +258,8 @@ pub(crate) fn forward_with_lse(
     let dtype = q.dtype();
     let [batch, heads, seq_q, _] = q.dims();
     let seq_k = k.dims()[2];
-    let masked = masked_logits(
-        logits(scores(q.cast(DType::F32), k.cast(DType::F32)), options),
-        key_padding,
-        options,
-    );
+    let logits = logits(scores(q.cast(DType::F32), k.cast(DType::F32)), options);
+    let masked = masked_logits(biased(logits, options), key_padding, options);
     let masked = match sinks {
         Some(sinks) => with_sink_column(masked, sinks.cast(DType::F32)),
         None => masked,
@@ -323,7 +302,8 @@ pub(crate) fn backward_from_lse(
     // P = exp(S − LSE): hidden entries are -inf and give 0; rows that see no key have
     // LSE = MASKED_ROW_LSE and give 0 too.
     let lse = lse.cast(DType::F32).reshape([batch, heads, seq_q, 1]);
-    let probabilities = (masked_logits(logits.clone(), key_padding, options) - lse).exp();
+    let biased_logits = biased(logits.clone(), options);
+    let probabilities = (masked_logits(biased_logits, key_padding, options) - lse).exp();
 
     let grouped_grad = grouped(grad_output.clone(), kv_heads); // [batch, kv_heads, group*seq_q, d_v]
     let dv = grouped(probabilities.clone(), kv_heads)

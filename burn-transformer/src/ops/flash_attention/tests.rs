@@ -102,6 +102,7 @@ impl Case {
             d_v: self.d_v,
             mask: MaskRule::new(self.causal, self.window),
             has_key_mask: self.lengths.is_some(),
+            has_alibi: false,
         }
     }
 
@@ -331,10 +332,7 @@ pub(super) fn run(
                 v.clone(),
                 padding,
                 &options,
-                reference::HeadTerms {
-                    sinks: sinks.as_ref(),
-                    alibi_slopes: None,
-                },
+                sinks.as_ref(),
                 0.0,
             )
             .0

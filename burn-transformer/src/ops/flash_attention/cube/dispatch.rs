@@ -250,6 +250,7 @@ mod tests {
             d_v,
             mask: MaskRule::new(true, None),
             has_key_mask: false,
+            has_alibi: false,
         }
     }
 

@@ -303,6 +303,11 @@ pub(crate) fn check_cube(
     if !<CubeBackend as Backend>::supports_dtype(device, dtype) {
         return Err(Unsupported::DeviceDType(dtype));
     }
+    if problem.has_alibi {
+        return Err(Unsupported::Feature(
+            "ALiBi: the CubeCL kernels have no ALiBi term",
+        ));
+    }
     let client = device.client();
     let properties = client.properties();
     if properties.hardware.max_bindings < MAX_BUFFERS {

@@ -227,6 +227,7 @@ fn variant_problem(d_qk: usize, d_v: usize) -> Problem {
         d_v,
         mask: MaskRule::new(true, None),
         has_key_mask: false,
+        has_alibi: false,
     }
 }
 
