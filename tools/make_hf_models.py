@@ -107,6 +107,8 @@ COMMON = dict(
 
 # COMMON's special tokens, and its sizes under GPT-2's names (GPT-2, GPT-J).
 TOKENS = {k: COMMON[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+# COMMON without the RMSNorm epsilon, for classes that do not take it.
+COMMON_NO_RMS = {k: v for k, v in COMMON.items() if k != "rms_norm_eps"}
 GPT2_SIZES = dict(
     vocab_size=COMMON["vocab_size"],
     n_embd=COMMON["hidden_size"],
@@ -908,6 +910,15 @@ def mpt():
     )
 
 
+def biogpt():
+    # BioGPT's layout: OPT's learned positions (two rows before position 0),
+    # embeddings times √hidden_size (`scale_embedding`), Pre-LN blocks of shifted
+    # LayerNorms at PyTorch's default epsilon (its `layer_norm_eps` is unread), biases
+    # everywhere, an ungated exact-GELU feed-forward, tied embeddings
+    # (`output_projection`).
+    return transformers.BioGptConfig(**COMMON_NO_RMS, scale_embedding=True)
+
+
 def opt():
     # OPT's layout (125M and 1.3B+): learned positions whose table starts 2 rows in,
     # Pre-LN blocks of shifted LayerNorms (`self_attn_layer_norm`, `final_layer_norm`),
@@ -1322,6 +1333,7 @@ MODELS = {
     "falcon_sequential": (falcon_sequential, {}),
     "bloom": (bloom, {}),
     "mpt": (mpt, {}),
+    "biogpt": (biogpt, {}),
     "opt": (opt, {}),
     "opt_post_norm": (opt_post_norm, {}),
     "gpt_neox": (gpt_neox, {}),

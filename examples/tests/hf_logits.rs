@@ -150,6 +150,7 @@ fn matches_transformers_for_every_family_on_flex() {
         "gpt_neox_sequential",
         "opt",
         "opt_post_norm",
+        "biogpt",
         "falcon",
         "falcon_7b",
         "falcon_sequential",

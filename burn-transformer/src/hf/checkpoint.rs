@@ -25,7 +25,7 @@ use super::fused_heads::FusedHeads;
 use super::keys::{KeyError, read_json, read_keys, required};
 use super::model_type::text_model_family;
 use super::own_names::OwnNames;
-use super::{bloom, falcon, gpt_neo, gpt_neox, gpt2, gptj, mpt, opt};
+use super::{biogpt, bloom, falcon, gpt_neo, gpt_neox, gpt2, gptj, mpt, opt};
 use crate::block::BlockKind;
 use crate::model::CausalLm;
 use crate::module_path::ParamPath;
@@ -290,8 +290,8 @@ fn check_layer_count<'a>(
 /// `post_feedforward_layernorm`); VaultGemma names the second norm of its pre-norm
 /// blocks `pre_feedforward_layernorm` (ours `post_attention_layernorm`).
 ///
-/// GPT-2's (and GPT-BigCode's), GPT-Neo's, GPT-J's, GPT-NeoX's, OPT's, Falcon's,
-/// BLOOM's and MPT's checkpoints name every part their own way
+/// GPT-2's (and GPT-BigCode's), GPT-Neo's, GPT-J's, GPT-NeoX's, OPT's, BioGPT's,
+/// Falcon's, BLOOM's and MPT's checkpoints name every part their own way
 /// (`transformer.h.N.attn.c_attn`, `gpt_neox.layers.N.attention.query_key_value`): each
 /// key is translated whole before the rest; GPT-2's `Conv1D` weights are
 /// transposed to `[out, in]` and its `c_attn` split as Phi-3's `qkv_proj`, GPT-NeoX's
@@ -347,8 +347,8 @@ fn family_renames(config: &HfConfig) -> &'static [(&'static str, &'static str)] 
         "gpt_oss" => &[(".mlp.router.", ".mlp.gate.")],
         "starcoder2" => &STARCODER2_MLP,
         // GPT-2's, GPT-J's and GPT-NeoX's names are translated whole ([`own_names`]).
-        "gpt2" | "gpt_bigcode" | "gpt_neo" | "gptj" | "gpt_neox" | "opt" | "falcon" | "bloom"
-        | "mpt" => &[],
+        "gpt2" | "gpt_bigcode" | "gpt_neo" | "gptj" | "gpt_neox" | "opt" | "biogpt" | "falcon"
+        | "bloom" | "mpt" => &[],
         "phi" => &PHI_NAMES,
         "glm4" => &GLM4_NORMS,
         "hyperclovax" if config.model.block_kind == BlockKind::Sandwich => &HYPERCLOVAX_NORMS,
@@ -999,6 +999,7 @@ pub(crate) fn own_names(config: &HfConfig) -> Option<&'static OwnNames> {
         "gptj" => Some(&gptj::NAMES),
         "gpt_neo" => Some(&gpt_neo::NAMES),
         "opt" => Some(&opt::NAMES),
+        "biogpt" => Some(&biogpt::NAMES),
         "gpt_neox" => Some(&gpt_neox::NAMES),
         _ => None,
     }

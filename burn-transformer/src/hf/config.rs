@@ -322,6 +322,8 @@ struct ModelKeys {
     attention_types: Option<Value>,
     /// GPT-Neo's window of its local layers.
     window_size: Option<usize>,
+    /// BioGPT: embeddings times `√hidden_size`.
+    scale_embedding: Option<bool>,
     /// MPT: no biases (transformers' MPT never has any).
     no_bias: Option<bool>,
     /// MPT: the feed-forward's width over the model's (transformers' MPT: always 4).
@@ -472,6 +474,7 @@ impl ModelKeys {
             | ModelType::GptBigcode
             | ModelType::GptNeo
             | ModelType::Opt
+            | ModelType::Biogpt
             | ModelType::Bloom
             | ModelType::Mpt => (RopeConfig::new(d_model / n_heads.max(1)), None),
             // GLM, GLM-4, ERNIE, Cohere and Helium rotate pairs of neighbouring features
@@ -531,7 +534,9 @@ impl ModelKeys {
             ),
             // GPT-2's and Phi's four projections always have biases; StableLM's q, k
             // and v with `use_qkv_bias`, its output projection never.
-            ModelType::Gpt2 | ModelType::GptBigcode | ModelType::Bloom => (true, true),
+            ModelType::Gpt2 | ModelType::GptBigcode | ModelType::Biogpt | ModelType::Bloom => {
+                (true, true)
+            }
             // GPT-Neo's q, k and v have no biases, its output projection has one.
             ModelType::GptNeo => (false, true),
             ModelType::Opt => {
@@ -619,6 +624,7 @@ impl ModelKeys {
             | ModelType::GptBigcode
             | ModelType::GptNeo
             | ModelType::Gptj
+            | ModelType::Biogpt
             | ModelType::Bloom => true,
             ModelType::Opt => self.enable_bias.unwrap_or(true),
             ModelType::Falcon => self.bias.unwrap_or(false),
@@ -688,6 +694,7 @@ impl ModelKeys {
             | ModelType::Gptj
             | ModelType::GptNeox
             | ModelType::Opt
+            | ModelType::Biogpt
             | ModelType::Bloom
             | ModelType::Mpt => n_heads,
             _ => self.num_key_value_heads.unwrap_or(n_heads),
@@ -732,6 +739,9 @@ impl ModelKeys {
         .with_embed_scale(match family {
             _ if gemma => Some((d_model as f64).sqrt()),
             ModelType::MiniCpm3 => self.scale_emb,
+            ModelType::Biogpt if self.scale_embedding.unwrap_or(true) => {
+                Some((d_model as f64).sqrt())
+            }
             _ if family.is_granite() => self.embedding_multiplier,
             _ => None,
         })
@@ -793,7 +803,11 @@ impl ModelKeys {
         });
         if matches!(
             family,
-            ModelType::Gpt2 | ModelType::GptBigcode | ModelType::GptNeo | ModelType::Opt
+            ModelType::Gpt2
+                | ModelType::GptBigcode
+                | ModelType::GptNeo
+                | ModelType::Opt
+                | ModelType::Biogpt
         ) {
             model.learned_positions = Some(size(
                 self.max_position_embeddings,
@@ -807,6 +821,10 @@ impl ModelKeys {
         if family == ModelType::Mpt {
             model.alibi = Some(Alibi::new());
             self.note_mpt_keys(unread);
+        }
+        // BioGPT's table of positions starts two rows in, as OPT's.
+        if family == ModelType::Biogpt {
+            model.reserved_position_rows = super::opt::RESERVED_POSITION_ROWS;
         }
         if family == ModelType::Opt {
             model.reserved_position_rows = super::opt::RESERVED_POSITION_ROWS;
@@ -1198,8 +1216,9 @@ impl ModelKeys {
                 self.layer_norm_eps.unwrap_or(1e-5)
             }
             ModelType::Starcoder2 => self.norm_epsilon.unwrap_or(1e-5),
-            // OLMo's and OPT's LayerNorms have no epsilon to set.
-            ModelType::Olmo | ModelType::Opt => 1e-5,
+            // OLMo's and OPT's LayerNorms have no epsilon to set; BioGPT's keep PyTorch's
+            // default whatever `layer_norm_eps` says.
+            ModelType::Olmo | ModelType::Opt | ModelType::Biogpt => 1e-5,
             ModelType::Nemotron => self.norm_eps.unwrap_or(1e-5),
             _ => self.rms_norm_eps.unwrap_or(1e-6),
         }

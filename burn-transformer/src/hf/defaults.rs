@@ -375,6 +375,11 @@ fn class_defaults(family: ModelType) -> Value {
             "hidden_act": "gelu", "layer_norm_eps": 1e-5, "tie_word_embeddings": true,
             "no_bias": true, "expansion_ratio": 4
         }),
+        // BioGPT's `layer_norm_eps` is unread: its LayerNorms keep PyTorch's 1e-5.
+        ModelType::Biogpt => json!({
+            "hidden_act": "gelu", "layer_norm_eps": 1e-12, "scale_embedding": true,
+            "tie_word_embeddings": true
+        }),
         ModelType::Opt => json!({
             "hidden_act": "relu", "do_layer_norm_before": true, "enable_bias": true,
             "layer_norm_elementwise_affine": true, "tie_word_embeddings": true,
@@ -626,6 +631,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::GptNeo => [50257, 2048, 8192, 24, 16, 2048],
         ModelType::GptNeox => [50432, 6144, 24576, 44, 64, 2048],
         ModelType::Opt => [50272, 768, 3072, 12, 12, 2048],
+        ModelType::Biogpt => [42384, 1024, 4096, 24, 16, 1024],
         ModelType::Falcon => [65024, 4544, 18176, 32, 71, 2048],
         // BLOOM's class has no positions size (ALiBi has no table); this one is unread.
         ModelType::Bloom => [250880, 64, 256, 2, 8, 2048],
@@ -698,6 +704,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Gptj | ModelType::GptNeo => (Some(50256), Some(50256), None),
         ModelType::GptNeox => (Some(0), Some(2), None),
         ModelType::Opt => (Some(2), Some(2), Some(1)),
+        ModelType::Biogpt => (Some(0), Some(2), Some(1)),
         ModelType::Falcon => (Some(11), Some(11), None),
         ModelType::Bloom => (Some(1), Some(2), None),
         ModelType::Mpt => (None, None, None),

@@ -38,7 +38,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 75] = [
+const FAMILIES: [&str; 76] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -87,6 +87,7 @@ const FAMILIES: [&str; 75] = [
     "gpt_neox_sequential",
     "opt",
     "opt_post_norm",
+    "biogpt",
     "falcon",
     "falcon_7b",
     "falcon_sequential",

@@ -18,6 +18,7 @@
 //! ```
 
 mod activation;
+mod biogpt;
 mod bloom;
 mod checkpoint;
 mod config;

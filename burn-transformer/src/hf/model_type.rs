@@ -35,6 +35,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "gptj",
     "gpt_neox",
     "opt",
+    "biogpt",
     "falcon",
     "bloom",
     "mpt",
@@ -192,6 +193,10 @@ pub(crate) enum ModelType {
     /// `do_layer_norm_before: false`), biases everywhere (`enable_bias`), an ungated
     /// ReLU feed-forward `ffn_dim` wide, tied embeddings.
     Opt,
+    /// BioGPT: OPT's learned positions (two rows before position 0) and Pre-LN blocks,
+    /// embeddings scaled by `√hidden_size` (`scale_embedding`), biases everywhere, an
+    /// ungated GELU feed-forward, tied embeddings (`output_projection`).
+    Biogpt,
     /// Falcon (7B, 40B, 180B): attention and an ungated GELU feed-forward in parallel
     /// after one LayerNorm (`parallel_attn`; sequential Pre-LN blocks without it), or
     /// after one each with `new_decoder_architecture`; multi-query attention, or
@@ -307,7 +312,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 64] = [
+    const ALL: [Self; 65] = [
         Self::Llama,
         Self::InternLm3,
         Self::Mistral,
@@ -340,6 +345,7 @@ impl ModelType {
         Self::Gptj,
         Self::GptNeox,
         Self::Opt,
+        Self::Biogpt,
         Self::Falcon,
         Self::Bloom,
         Self::Mpt,
@@ -409,6 +415,7 @@ impl ModelType {
             Self::Gptj => "gptj",
             Self::GptNeox => "gpt_neox",
             Self::Opt => "opt",
+            Self::Biogpt => "biogpt",
             Self::Falcon => "falcon",
             Self::Bloom => "bloom",
             Self::Mpt => "mpt",
@@ -521,8 +528,9 @@ impl ModelType {
     }
 
     /// Whether the family is GPT-2 or one of its era that kept its design (GPT-BigCode,
-    /// GPT-Neo, GPT-J, GPT-NeoX, OPT, Falcon, BLOOM): shifted LayerNorms, an ungated
-    /// feed-forward, heads that split the width, checkpoints named their own way.
+    /// GPT-Neo, GPT-J, GPT-NeoX, OPT, BioGPT, Falcon, BLOOM): shifted LayerNorms, an
+    /// ungated feed-forward, heads that split the width, checkpoints named their own
+    /// way.
     pub(crate) fn is_classic_gpt(self) -> bool {
         matches!(
             self,
@@ -532,6 +540,7 @@ impl ModelType {
                 | Self::Gptj
                 | Self::GptNeox
                 | Self::Opt
+                | Self::Biogpt
                 | Self::Falcon
                 | Self::Bloom
         )

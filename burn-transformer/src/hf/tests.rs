@@ -604,6 +604,11 @@ fn falcon_refuses_alibi_and_norms_that_do_not_fit_its_blocks() {
 }
 
 #[test]
+fn biogpt_with_scaled_embeddings_and_opt_positions_matches_transformers() {
+    matches_transformers("biogpt");
+}
+
+#[test]
 fn opt_with_learned_positions_after_two_reserved_rows_matches_transformers() {
     matches_transformers("opt");
 }
@@ -809,7 +814,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 50] = [
+    let cases: [(&str, Edit, &[&str]); 51] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -1183,6 +1188,19 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
                 "attn_config.alibi_bias_max",
                 "attn_config.qk_ln",
             ],
+        ),
+        // BioGPT's class defaults left out (GELU, scaled and tied embeddings); its
+        // LayerNorms keep PyTorch's epsilon whatever `layer_norm_eps` says (its class
+        // default, 1e-12, is never used either, so no file's value is noted).
+        (
+            "biogpt",
+            |config| {
+                for key in ["hidden_act", "scale_embedding", "tie_word_embeddings"] {
+                    config.remove(key);
+                }
+                config.insert("layer_norm_eps".into(), json!(0.5));
+            },
+            &[],
         ),
         // Falcon's feed-forward width left out, as transformers 4 wrote its null
         // default: 4 times the width, not the class's 7B size.
