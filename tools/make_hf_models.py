@@ -958,6 +958,13 @@ def gptj():
     return transformers.GPTJConfig(**GPT2_SIZES, rotary_dim=4)
 
 
+def codegen():
+    # CodeGen's layout: GPT-J's (parallel blocks, `rotary_dim` 4 of 8 rotated in
+    # neighbouring pairs, an untied head with a bias) with q, k and v fused in
+    # `qkv_proj` in four blocks of q, v and k rows.
+    return transformers.CodeGenConfig(**GPT2_SIZES, rotary_dim=4)
+
+
 def gpt_neox():
     # Pythia's layout: attention and feed-forward in parallel, each after its own
     # shifted LayerNorm; q, k, v fused per head in `query_key_value`; the rotary
@@ -1328,6 +1335,7 @@ MODELS = {
     "gpt_bigcode_mha": (gpt_bigcode_mha, {}),
     "gptj": (gptj, {}),
     "gpt_neo": (gpt_neo, {}),
+    "codegen": (codegen, {}),
     "falcon": (falcon, {}),
     "falcon_7b": (falcon_7b, {}),
     "falcon_sequential": (falcon_sequential, {}),
@@ -1792,6 +1800,13 @@ LORA_ADAPTERS = {
     "bloom_lora": (
         "bloom",
         dict(r=2, lora_alpha=4, target_modules=["query_key_value", "dense_4h_to_h"]),
+        0.01,
+    ),
+    # CodeGen's q, k and v fused in four blocks of q, v, k rows (PEFT's default target
+    # for CodeGen) and the feed-forward's first layer.
+    "codegen_lora": (
+        "codegen",
+        dict(r=2, lora_alpha=4, target_modules=["qkv_proj", "fc_in"]),
         0.01,
     ),
     # MPT's q, k and v fused one after the other in `Wqkv` (PEFT's default target for

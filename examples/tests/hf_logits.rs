@@ -146,6 +146,7 @@ fn matches_transformers_for_every_family_on_flex() {
         "gpt_bigcode_mha",
         "gptj",
         "gpt_neo",
+        "codegen",
         "gpt_neox",
         "gpt_neox_sequential",
         "opt",

@@ -21,11 +21,11 @@ use serde::Deserialize;
 
 use super::config::HfConfig;
 use super::error::HfError;
-use super::fused_heads::FusedHeads;
+use super::fused_heads::{FusedHeads, FusedLayout};
 use super::keys::{KeyError, read_json, read_keys, required};
 use super::model_type::text_model_family;
 use super::own_names::OwnNames;
-use super::{biogpt, bloom, falcon, gpt_neo, gpt_neox, gpt2, gptj, mpt, opt};
+use super::{biogpt, bloom, codegen, falcon, gpt_neo, gpt_neox, gpt2, gptj, mpt, opt};
 use crate::block::BlockKind;
 use crate::model::CausalLm;
 use crate::module_path::ParamPath;
@@ -290,13 +290,14 @@ fn check_layer_count<'a>(
 /// `post_feedforward_layernorm`); VaultGemma names the second norm of its pre-norm
 /// blocks `pre_feedforward_layernorm` (ours `post_attention_layernorm`).
 ///
-/// GPT-2's (and GPT-BigCode's), GPT-Neo's, GPT-J's, GPT-NeoX's, OPT's, BioGPT's,
-/// Falcon's, BLOOM's and MPT's checkpoints name every part their own way
+/// GPT-2's (and GPT-BigCode's), GPT-Neo's, GPT-J's, CodeGen's, GPT-NeoX's, OPT's,
+/// BioGPT's, Falcon's, BLOOM's and MPT's checkpoints name every part their own way
 /// (`transformer.h.N.attn.c_attn`, `gpt_neox.layers.N.attention.query_key_value`): each
 /// key is translated whole before the rest; GPT-2's `Conv1D` weights are
 /// transposed to `[out, in]` and its `c_attn` split as Phi-3's `qkv_proj`, GPT-NeoX's
 /// `query_key_value` head by head (BLOOM's too), Falcon's group by group
-/// ([`KeyMap::fused_heads`]), MPT's `Wqkv` as Phi-3's `qkv_proj`; BLOOM's norm of the
+/// ([`KeyMap::fused_heads`]), CodeGen's `qkv_proj` in its blocks, MPT's `Wqkv` as Phi-3's
+/// `qkv_proj`; BLOOM's norm of the
 /// embeddings is our `embed_norm`.
 ///
 /// A multimodal checkpoint ([`HfConfig::model_type`] `gemma3`) stores its text model
@@ -312,17 +313,26 @@ pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
         renames: family_renames(config),
         multimodal: text_model_family(&config.model_type).is_some(),
         fused: fused_projections(config),
-        fused_heads: matches!(
-            config.model_type.as_str(),
-            "gpt_neox" | "falcon" | "bloom" | "gpt_bigcode"
-        )
-        .then(|| FusedHeads {
+        fused_heads: fused_layout(&config.model_type).map(|layout| FusedHeads {
             heads: config.model.n_heads,
             kv_heads: config.model.kv_heads(),
             head_dim: config.model.head_width(),
+            layout,
         }),
         own_names: own_names(config),
         unloaded_mtp_modules: matches!(config.model_type.as_str(), "ernie4_5_moe" | "exaone_moe"),
+    }
+}
+
+/// The order of the rows of the fused q/k/v projection of `model_type`'s checkpoints
+/// where it is not q, k and v one after the other.
+fn fused_layout(model_type: &str) -> Option<FusedLayout> {
+    match model_type {
+        "gpt_neox" | "falcon" | "bloom" | "gpt_bigcode" => Some(FusedLayout::GroupByGroup),
+        "codegen" => Some(FusedLayout::Blocks {
+            blocks: codegen::FUSED_BLOCKS,
+        }),
+        _ => None,
     }
 }
 
@@ -347,8 +357,8 @@ fn family_renames(config: &HfConfig) -> &'static [(&'static str, &'static str)] 
         "gpt_oss" => &[(".mlp.router.", ".mlp.gate.")],
         "starcoder2" => &STARCODER2_MLP,
         // GPT-2's, GPT-J's and GPT-NeoX's names are translated whole ([`own_names`]).
-        "gpt2" | "gpt_bigcode" | "gpt_neo" | "gptj" | "gpt_neox" | "opt" | "biogpt" | "falcon"
-        | "bloom" | "mpt" => &[],
+        "gpt2" | "gpt_bigcode" | "gpt_neo" | "gptj" | "codegen" | "gpt_neox" | "opt" | "biogpt"
+        | "falcon" | "bloom" | "mpt" => &[],
         "phi" => &PHI_NAMES,
         "glm4" => &GLM4_NORMS,
         "hyperclovax" if config.model.block_kind == BlockKind::Sandwich => &HYPERCLOVAX_NORMS,
@@ -532,6 +542,10 @@ fn fused_projections(config: &HfConfig) -> Vec<FusedProjection> {
             .map(|(fused, blocks)| with_rows((fused, blocks), &[q, kv, kv]))
             .collect(),
         "gpt_neox" => gpt_neox::FUSED_QKV
+            .iter()
+            .map(|(fused, blocks)| with_rows((fused, blocks), &[q, kv, kv]))
+            .collect(),
+        "codegen" => codegen::FUSED_QKV
             .iter()
             .map(|(fused, blocks)| with_rows((fused, blocks), &[q, kv, kv]))
             .collect(),
@@ -997,6 +1011,7 @@ pub(crate) fn own_names(config: &HfConfig) -> Option<&'static OwnNames> {
         // GPT-BigCode keeps GPT-2's names (its layers are `nn.Linear`s).
         "gpt2" | "gpt_bigcode" => Some(&gpt2::NAMES),
         "gptj" => Some(&gptj::NAMES),
+        "codegen" => Some(&codegen::NAMES),
         "gpt_neo" => Some(&gpt_neo::NAMES),
         "opt" => Some(&opt::NAMES),
         "biogpt" => Some(&biogpt::NAMES),

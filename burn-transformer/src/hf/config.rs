@@ -417,8 +417,22 @@ impl ModelKeys {
                  models with `false` (every published one) load",
             ));
         }
-        if family == ModelType::Gptj {
+        if matches!(family, ModelType::Gptj | ModelType::Codegen) {
             self.check_heads_split_the_width()?;
+        }
+        // CodeGen's attention cuts its fused projection in four blocks.
+        if family == ModelType::Codegen
+            && let Some(width) = self.hidden_size
+            && width % super::codegen::FUSED_BLOCKS != 0
+        {
+            return Err(KeyError::new(
+                "n_embd",
+                format!(
+                    "{width} is not a multiple of {}: CodeGen's attention splits q, k and v \
+                     in that many blocks",
+                    super::codegen::FUSED_BLOCKS
+                ),
+            ));
         }
         if self.use_bidirectional_attention == Some(true) {
             return Err(KeyError::new(
@@ -486,7 +500,8 @@ impl ModelKeys {
             | ModelType::Cohere
             | ModelType::Cohere2
             | ModelType::Helium
-            | ModelType::Gptj => (
+            | ModelType::Gptj
+            | ModelType::Codegen => (
                 rope_keys
                     .rope_config()?
                     .with_layout(RopeLayout::Interleaved),
@@ -586,7 +601,8 @@ impl ModelKeys {
             | ModelType::Phi3
             | ModelType::Exaone4
             | ModelType::ExaoneMoe
-            | ModelType::Gptj => {
+            | ModelType::Gptj
+            | ModelType::Codegen => {
                 let bias = unread.fixed(
                     "attention_bias",
                     self.attention_bias,
@@ -624,6 +640,7 @@ impl ModelKeys {
             | ModelType::GptBigcode
             | ModelType::GptNeo
             | ModelType::Gptj
+            | ModelType::Codegen
             | ModelType::Biogpt
             | ModelType::Bloom => true,
             ModelType::Opt => self.enable_bias.unwrap_or(true),
@@ -692,6 +709,7 @@ impl ModelKeys {
             ModelType::Gpt2
             | ModelType::GptNeo
             | ModelType::Gptj
+            | ModelType::Codegen
             | ModelType::GptNeox
             | ModelType::Opt
             | ModelType::Biogpt
@@ -730,8 +748,10 @@ impl ModelKeys {
         // ERNIE-4.5-MoE's `use_bias` reaches the output head too (the dense model's
         // head has none); Phi's head always has a bias.
         .with_lm_head_bias(
-            matches!(family, ModelType::Phi | ModelType::Gptj)
-                || (family == ModelType::Ernie45Moe && self.use_bias.unwrap_or(false)),
+            matches!(
+                family,
+                ModelType::Phi | ModelType::Gptj | ModelType::Codegen
+            ) || (family == ModelType::Ernie45Moe && self.use_bias.unwrap_or(false)),
         )
         .with_sliding_rope(sliding_rope)
         .with_nope_layers(self.nope_layers(family, n_layers)?)
@@ -784,9 +804,11 @@ impl ModelKeys {
             ModelType::Olmo2 | ModelType::Olmo3 | ModelType::Exaone4 | ModelType::FlexOlmo => {
                 BlockKind::OutputNorm
             }
-            ModelType::Cohere | ModelType::Cohere2 | ModelType::Phi | ModelType::Gptj => {
-                BlockKind::Parallel
-            }
+            ModelType::Cohere
+            | ModelType::Cohere2
+            | ModelType::Phi
+            | ModelType::Gptj
+            | ModelType::Codegen => BlockKind::Parallel,
             ModelType::StableLm if self.use_parallel_residual == Some(true) => BlockKind::Parallel,
             ModelType::GptNeox if self.use_parallel_residual.unwrap_or(true) => {
                 BlockKind::ParallelSeparateNorms
@@ -1205,6 +1227,7 @@ impl ModelKeys {
                         | ModelType::GptBigcode
                         | ModelType::GptNeo
                         | ModelType::Gptj
+                        | ModelType::Codegen
                         | ModelType::GptNeox
                         | ModelType::Falcon
                         | ModelType::Bloom

@@ -58,7 +58,7 @@ pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
     // null.
     if matches!(
         family,
-        ModelType::Gpt2 | ModelType::GptBigcode | ModelType::Gptj
+        ModelType::Gpt2 | ModelType::GptBigcode | ModelType::Gptj | ModelType::Codegen
     ) {
         let width = match object.get("n_inner") {
             Some(inner) if !inner.is_null() => Some(inner.clone()),
@@ -120,8 +120,9 @@ pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
         let kv_heads = if multi_query { 1 } else { heads };
         object.insert("num_key_value_heads".into(), json!(kv_heads));
     }
-    // GPT-J rotates the first `rotary_dim` features of each head (all when null).
-    if family == ModelType::Gptj
+    // GPT-J and CodeGen rotate the first `rotary_dim` features of each head (all when
+    // null).
+    if matches!(family, ModelType::Gptj | ModelType::Codegen)
         && let (Some(hidden), Some(heads)) = (
             object.get("hidden_size").and_then(Value::as_f64),
             object.get("num_attention_heads").and_then(Value::as_f64),
@@ -229,7 +230,7 @@ pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
 /// `hidden_size`). Where the file has both, the read name wins.
 fn attribute_map(family: ModelType) -> &'static [(&'static str, &'static str)] {
     match family {
-        ModelType::Gpt2 | ModelType::GptBigcode | ModelType::Gptj => &[
+        ModelType::Gpt2 | ModelType::GptBigcode | ModelType::Gptj | ModelType::Codegen => &[
             ("n_embd", "hidden_size"),
             ("n_layer", "num_hidden_layers"),
             ("n_head", "num_attention_heads"),
@@ -357,7 +358,7 @@ fn class_defaults(family: ModelType) -> Value {
             "hidden_act": "gelu_new", "layer_norm_eps": 1e-5, "tie_word_embeddings": true,
             "window_size": 256, "attention_types": [[["global", "local"], 12]]
         }),
-        ModelType::Gptj => json!({
+        ModelType::Gptj | ModelType::Codegen => json!({
             "hidden_act": "gelu_new", "layer_norm_eps": 1e-5, "rotary_dim": 64
         }),
         ModelType::Falcon => json!({
@@ -626,7 +627,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::GraniteSwa => [100352, 2560, 8192, 24, 20, 8192],
         ModelType::InternLm3 => [128512, 4096, 10240, 48, 32, 32768],
         ModelType::Gpt2 | ModelType::GptBigcode => [50257, 768, 3072, 12, 12, 1024],
-        ModelType::Gptj => [50400, 4096, 16384, 28, 16, 2048],
+        ModelType::Gptj | ModelType::Codegen => [50400, 4096, 16384, 28, 16, 2048],
         // GPT-Neo's `intermediate_size` is null: 4 times the width (derived above).
         ModelType::GptNeo => [50257, 2048, 8192, 24, 16, 2048],
         ModelType::GptNeox => [50432, 6144, 24576, 44, 64, 2048],
@@ -701,7 +702,9 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::GraniteSwa => (Some(100257), Some(100257), None),
         ModelType::InternLm3 => (Some(1), Some(2), Some(2)),
         ModelType::Gpt2 | ModelType::GptBigcode => (Some(50256), Some(50256), None),
-        ModelType::Gptj | ModelType::GptNeo => (Some(50256), Some(50256), None),
+        ModelType::Gptj | ModelType::Codegen | ModelType::GptNeo => {
+            (Some(50256), Some(50256), None)
+        }
         ModelType::GptNeox => (Some(0), Some(2), None),
         ModelType::Opt => (Some(2), Some(2), Some(1)),
         ModelType::Biogpt => (Some(0), Some(2), Some(1)),

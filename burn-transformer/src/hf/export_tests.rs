@@ -38,7 +38,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 76] = [
+const FAMILIES: [&str; 77] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -83,6 +83,7 @@ const FAMILIES: [&str; 76] = [
     "gpt_bigcode_mha",
     "gptj",
     "gpt_neo",
+    "codegen",
     "gpt_neox",
     "gpt_neox_sequential",
     "opt",
@@ -430,8 +431,9 @@ fn peft_targets_written_as_module_paths_load() {
 /// PEFT's adapters of fused layers (Phi-3's `qkv_proj`, `gate_up_proj`; GPT-2's
 /// `c_attn`, beside its `Conv1D` layers `c_fc` and `mlp.c_proj`; GPT-NeoX's and
 /// Falcon's `query_key_value`, head by head and group by group, BLOOM's head by head;
-/// MPT's `Wqkv`) adapt each projection they hold (`tools/make_hf_models.py phi3_lora
-/// gpt2_lora gpt_neox_lora falcon_lora bloom_lora mpt_lora`):
+/// MPT's `Wqkv`; CodeGen's `qkv_proj` in four blocks) adapt each projection they hold
+/// (`tools/make_hf_models.py phi3_lora gpt2_lora gpt_neox_lora falcon_lora bloom_lora
+/// mpt_lora codegen_lora`):
 /// PEFT's logits, adapted and merged. Saving adapters of those projections back is
 /// refused, naming the fused layer, since PEFT could not apply them.
 #[test]
@@ -449,6 +451,8 @@ fn peft_adapters_of_fused_layers_load_and_saving_them_is_refused() {
         ("bloom", "bloom_lora", 2 * 4, "query_key_value"),
         // q, k, v, o_proj, fc1 in each of 2 layers.
         ("mpt", "mpt_lora", 2 * 5, "Wqkv"),
+        // q, k, v (fused in four blocks), fc1 in each of 2 layers.
+        ("codegen", "codegen_lora", 2 * 4, "qkv_proj"),
     ] {
         let (model, config) = load_causal_lm(model_dir(base), &device).unwrap();
         let (adapted, lora, summary) =

@@ -1,8 +1,9 @@
-//! Fused q/k/v projections stored group by group: for each key/value head, the rows of
-//! the query heads that share it, then its key rows, then its value rows (Falcon's
-//! `query_key_value`; GPT-NeoX's, with one query head per group, is head by head:
-//! q₀ k₀ v₀ q₁ k₁ v₁ …). Ours are the three projections one after the other (all query
-//! rows, then key, then value rows), so loading and saving permute the rows.
+//! Fused q/k/v projections stored in an order of their own: group by group (for each
+//! key/value head, the rows of the query heads that share it, then its key rows, then
+//! its value rows: Falcon's `query_key_value`; GPT-NeoX's, with one query head per
+//! group, is head by head: q₀ k₀ v₀ q₁ k₁ v₁ …), or in CodeGen's blocks. Ours are the
+//! three projections one after the other (all query rows, then key, then value rows),
+//! so loading and saving permute the rows.
 
 /// The head counts of a fused q/k/v projection stored group by group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -13,6 +14,22 @@ pub struct FusedHeads {
     pub kv_heads: usize,
     /// Rows of one head.
     pub head_dim: usize,
+    /// How the rows are laid out.
+    pub layout: FusedLayout,
+}
+
+/// The order of a fused q/k/v projection's rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FusedLayout {
+    /// Group by group: each key/value head's query heads, then its key and value rows.
+    GroupByGroup,
+    /// CodeGen's: `blocks` blocks (its model-parallel shards, 4), each holding a
+    /// `1/blocks` share of the query rows, then of the value rows, then of the key
+    /// rows (q, v, k: in that order).
+    Blocks {
+        /// Blocks of rows.
+        blocks: usize,
+    },
 }
 
 impl FusedHeads {
@@ -24,7 +41,17 @@ impl FusedHeads {
             heads,
             kv_heads,
             head_dim,
+            layout,
         } = *self;
+        if let FusedLayout::Blocks { blocks } = layout {
+            // Each of q, k and v is `width` rows, cut into `blocks` shares.
+            let width = heads * head_dim;
+            let share = width / blocks.max(1);
+            // Within a block: q's share, then v's, then k's.
+            let (part, r) = (row / width, row % width);
+            let place = [0, 2, 1][part.min(2)];
+            return (r / share) * 3 * share + place * share + r % share;
+        }
         let per_group = heads / kv_heads.max(1);
         let group_rows = (per_group + 2) * head_dim;
         let (queries, keys) = (heads * head_dim, kv_heads * head_dim);
@@ -55,7 +82,7 @@ mod tests {
     /// k₁ v₁ v₁. Falcon with 4 query heads in 2 groups: q₀ q₁ k₀ v₀ q₂ q₃ k₁ v₁.
     /// Multi-query (one group): all q heads, then k, then v, as stacked.
     #[test]
-    fn rows_go_group_by_group() {
+    fn rows_go_group_by_group_or_in_blocks() {
         let rows = |fused: FusedHeads, count: usize| -> Vec<usize> {
             (0..count).map(|row| fused.fused_row(row)).collect()
         };
@@ -63,6 +90,7 @@ mod tests {
             heads: 2,
             kv_heads: 2,
             head_dim: 2,
+            layout: FusedLayout::GroupByGroup,
         };
         // q₀ q₀ q₁ q₁ | k₀ k₀ k₁ k₁ | v₀ v₀ v₁ v₁
         assert_eq!(rows(neox, 12), [0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11]);
@@ -70,6 +98,7 @@ mod tests {
             heads: 4,
             kv_heads: 2,
             head_dim: 1,
+            layout: FusedLayout::GroupByGroup,
         };
         // q₀ q₁ q₂ q₃ | k₀ k₁ | v₀ v₁
         assert_eq!(rows(falcon, 8), [0, 1, 4, 5, 2, 6, 3, 7]);
@@ -77,7 +106,20 @@ mod tests {
             heads: 3,
             kv_heads: 1,
             head_dim: 2,
+            layout: FusedLayout::GroupByGroup,
         };
         assert_eq!(rows(multi_query, 10), (0..10).collect::<Vec<_>>());
+        // CodeGen: 4 heads of 2 rows in 2 blocks, each q q q q | v v v v | k k k k of
+        // two heads: q₀ q₁ v₀ v₁ k₀ k₁ q₂ q₃ v₂ v₃ k₂ k₃ (by heads).
+        let codegen = FusedHeads {
+            heads: 4,
+            kv_heads: 4,
+            head_dim: 2,
+            layout: FusedLayout::Blocks { blocks: 2 },
+        };
+        let q: Vec<usize> = (0..4).chain(12..16).collect();
+        let k: Vec<usize> = (8..12).chain(20..24).collect();
+        let v: Vec<usize> = (4..8).chain(16..20).collect();
+        assert_eq!(rows(codegen, 24), [q, k, v].concat());
     }
 }

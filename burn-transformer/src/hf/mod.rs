@@ -21,6 +21,7 @@ mod activation;
 mod biogpt;
 mod bloom;
 mod checkpoint;
+mod codegen;
 mod config;
 mod defaults;
 mod error;
@@ -50,7 +51,7 @@ pub use checkpoint::{
 pub use config::HfConfig;
 pub use error::HfError;
 pub use export::{ExportOptions, ExportReport, dtype_name, hf_config_json, save_causal_lm};
-pub use fused_heads::FusedHeads;
+pub use fused_heads::{FusedHeads, FusedLayout};
 pub use generation_config::{GENERATION_CONFIG_FILE, HfGenerationConfig, read_generation_config};
 pub use latent::latent_attention_config;
 pub use model_type::SUPPORTED_MODEL_TYPES;

@@ -33,6 +33,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "gpt_bigcode",
     "gpt_neo",
     "gptj",
+    "codegen",
     "gpt_neox",
     "opt",
     "biogpt",
@@ -188,6 +189,10 @@ pub(crate) enum ModelType {
     /// embedding on neighbouring pairs over the first `rotary_dim` of each head; an
     /// untied head with a bias; GPT-2's names of the sizes.
     Gptj,
+    /// CodeGen (CodeGen-Mono/Multi/NL, 350M to 16B): GPT-J's design (parallel blocks
+    /// after one shifted LayerNorm, neighbouring pairs rotated over `rotary_dim`, an
+    /// untied head with a bias) with q, k and v fused in `qkv_proj` in four blocks.
+    Codegen,
     /// OPT (125M to 66B): learned positions (their table keeps two rows before position
     /// 0), LayerNorms with a shift before each sublayer (after it with
     /// `do_layer_norm_before: false`), biases everywhere (`enable_bias`), an ungated
@@ -312,7 +317,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 65] = [
+    const ALL: [Self; 66] = [
         Self::Llama,
         Self::InternLm3,
         Self::Mistral,
@@ -343,6 +348,7 @@ impl ModelType {
         Self::GptBigcode,
         Self::GptNeo,
         Self::Gptj,
+        Self::Codegen,
         Self::GptNeox,
         Self::Opt,
         Self::Biogpt,
@@ -413,6 +419,7 @@ impl ModelType {
             Self::GptBigcode => "gpt_bigcode",
             Self::GptNeo => "gpt_neo",
             Self::Gptj => "gptj",
+            Self::Codegen => "codegen",
             Self::GptNeox => "gpt_neox",
             Self::Opt => "opt",
             Self::Biogpt => "biogpt",
@@ -528,9 +535,9 @@ impl ModelType {
     }
 
     /// Whether the family is GPT-2 or one of its era that kept its design (GPT-BigCode,
-    /// GPT-Neo, GPT-J, GPT-NeoX, OPT, BioGPT, Falcon, BLOOM): shifted LayerNorms, an
-    /// ungated feed-forward, heads that split the width, checkpoints named their own
-    /// way.
+    /// GPT-Neo, GPT-J, CodeGen, GPT-NeoX, OPT, BioGPT, Falcon, BLOOM): shifted
+    /// LayerNorms, an ungated feed-forward, heads that split the width, checkpoints
+    /// named their own way.
     pub(crate) fn is_classic_gpt(self) -> bool {
         matches!(
             self,
@@ -538,6 +545,7 @@ impl ModelType {
                 | Self::GptBigcode
                 | Self::GptNeo
                 | Self::Gptj
+                | Self::Codegen
                 | Self::GptNeox
                 | Self::Opt
                 | Self::Biogpt

@@ -520,6 +520,28 @@ fn gpt2_with_learned_positions_conv1d_layers_and_fused_qkv_matches_transformers(
 }
 
 #[test]
+fn codegen_with_qkv_fused_in_four_blocks_matches_transformers() {
+    matches_transformers("codegen");
+}
+
+/// CodeGen's attention cuts its fused projection in four blocks: a width that does not
+/// divide is refused by name.
+#[test]
+fn codegen_refuses_a_width_its_blocks_do_not_divide() {
+    // 30 is split by 2 heads, not by 4 blocks.
+    let scratch = ScratchModel::copy("codegen").edit_config(|config| {
+        config.insert("n_embd".into(), 30.into());
+        config.insert("n_head".into(), 2.into());
+    });
+    let error = HfConfig::from_file(scratch.path().join("config.json")).unwrap_err();
+    assert!(
+        matches!(&error, HfError::Field { field, .. } if field == "n_embd")
+            && error.to_string().contains("multiple of 4"),
+        "{error}"
+    );
+}
+
+#[test]
 fn gpt_neo_with_global_and_local_layers_and_unscaled_scores_matches_transformers() {
     matches_transformers("gpt_neo");
 }
@@ -1788,10 +1810,16 @@ fn gradient_norms(
                 _ => names.checkpoint_key(&name),
             };
             let fused = names.fused_qkv.and_then(|fused| fused.rsplit('.').next());
+            // Whole segments: CodeGen's fused `qkv_proj` ends with `v_proj`.
             let name = match fused {
-                Some(fused) => ["q_proj", "k_proj", "v_proj"]
-                    .iter()
-                    .fold(name, |name, part| name.replace(part, fused)),
+                Some(fused) => name
+                    .split('.')
+                    .map(|part| match part {
+                        "q_proj" | "k_proj" | "v_proj" => fused,
+                        part => part,
+                    })
+                    .collect::<Vec<_>>()
+                    .join("."),
                 None => name,
             };
             *squares.entry(name).or_insert(0.0) += norm * norm;

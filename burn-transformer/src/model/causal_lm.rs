@@ -509,44 +509,11 @@ impl CausalLmConfig {
         }
         if let Some(positions) = self.learned_positions {
             ConfigError::check_positive(MODULE, "learned_positions", positions)?;
-            let conflict = [
-                (self.latent.is_some(), "latent"),
-                (self.mtp_depth > 0, "mtp_depth"),
-                (self.sliding_rope.is_some(), "sliding_rope"),
-                (self.nope_layers.is_some(), "nope_layers"),
-                (self.layer_rope_theta.is_some(), "layer_rope_theta"),
-            ]
-            .into_iter()
-            .find_map(|(set, field)| set.then_some(field));
-            if let Some(field) = conflict {
-                return Err(ConfigError::Invalid {
-                    module: MODULE,
-                    field,
-                    reason: "does not apply with learned_positions, which replace the \
-                             rotary embedding in every layer: leave one of them unset"
-                        .into(),
-                });
-            }
+            self.check_replaces_rope("learned_positions", &[(self.mtp_depth > 0, "mtp_depth")])?;
         }
         if self.alibi.is_some() {
-            let conflict = [
-                (self.latent.is_some(), "latent"),
-                (self.learned_positions.is_some(), "learned_positions"),
-                (self.sliding_rope.is_some(), "sliding_rope"),
-                (self.nope_layers.is_some(), "nope_layers"),
-                (self.layer_rope_theta.is_some(), "layer_rope_theta"),
-            ]
-            .into_iter()
-            .find_map(|(set, field)| set.then_some(field));
-            if let Some(field) = conflict {
-                return Err(ConfigError::Invalid {
-                    module: MODULE,
-                    field,
-                    reason: "does not apply with alibi, which replaces the rotary \
-                             embedding in every layer: leave one of them unset"
-                        .into(),
-                });
-            }
+            let learned = self.learned_positions.is_some();
+            self.check_replaces_rope("alibi", &[(learned, "learned_positions")])?;
         }
         if self.embed_norm && self.mtp_depth > 0 {
             return Err(ConfigError::Invalid {
@@ -567,6 +534,36 @@ impl CausalLmConfig {
             });
         }
         ConfigError::check_non_negative(MODULE, "norm_eps", self.norm_eps)
+    }
+
+    /// A position scheme that takes the rotary embedding's place in every layer
+    /// (`learned_positions`, `alibi`) leaves the rotary options unset, and `others`.
+    fn check_replaces_rope(
+        &self,
+        scheme: &str,
+        others: &[(bool, &'static str)],
+    ) -> Result<(), ConfigError> {
+        let rotary = [
+            (self.latent.is_some(), "latent"),
+            (self.sliding_rope.is_some(), "sliding_rope"),
+            (self.nope_layers.is_some(), "nope_layers"),
+            (self.layer_rope_theta.is_some(), "layer_rope_theta"),
+        ];
+        let conflict = rotary
+            .iter()
+            .chain(others)
+            .find_map(|&(set, field)| set.then_some(field));
+        match conflict {
+            Some(field) => Err(ConfigError::Invalid {
+                module: MODULE,
+                field,
+                reason: format!(
+                    "does not apply with {scheme}, which takes the rotary embedding's place \
+                     in every layer: leave one of them unset"
+                ),
+            }),
+            None => Ok(()),
+        }
     }
 
     fn mismatch(&self, field: &'static str, found: usize) -> ConfigError {
@@ -1283,6 +1280,40 @@ pub(crate) mod tests {
             .validate()
             .unwrap_err();
         assert!(error.to_string().contains("learned_positions"), "{error}");
+    }
+
+    /// ALiBi takes RoPE's place: no layer rotates, and the other position schemes and
+    /// rotary options are refused by name; a norm of the embeddings goes without
+    /// multi-token prediction.
+    #[test]
+    fn alibi_replaces_rope_and_refuses_other_position_schemes() {
+        let alibi = || {
+            CausalLmConfig::new(40, 16, 2, 4, 32, RopeConfig::new(4))
+                .with_alibi(Some(Alibi::new()))
+                .with_embed_norm(true)
+        };
+        let model = alibi().init(&Device::flex());
+        for layer in &model.model.layers {
+            let SelfAttention::MultiHead(attention) = &layer.self_attn else {
+                panic!("grouped attention expected");
+            };
+            assert!(attention.rope.is_none());
+        }
+        assert!(model.embed_norm.is_some() && model.embed_positions.is_none());
+        for (config, field) in [
+            (alibi().with_learned_positions(Some(8)), "learned_positions"),
+            (
+                alibi().with_nope_layers(Some(vec![true, false])),
+                "nope_layers",
+            ),
+            (alibi().with_mtp_depth(1), "embed_norm"),
+        ] {
+            let error = config.validate().unwrap_err();
+            assert!(
+                matches!(error, ConfigError::Invalid { field: f, .. } if f == field),
+                "{field}: {error:?}"
+            );
+        }
     }
 
     /// Every block takes the configured arrangement and stochastic depth, and the
