@@ -3,29 +3,21 @@
 //! `self_attn_layer_norm`, `fc1`, `fc2`, `final_layer_norm`), its final norm
 //! `layer_norm` and the head `output_projection` ([`NAMES`]).
 
+use super::opt;
 use super::own_names::OwnNames;
 
-/// BioGPT's names ([`OwnNames`]).
+/// BioGPT's names ([`OwnNames`]): OPT's layers under `biogpt.`, its final norm
+/// `layer_norm` and its head `output_projection`.
 pub(crate) const NAMES: OwnNames = OwnNames {
     prefix: "biogpt.",
     bare_prefixes: &[],
-    layers: "layers.",
-    // The output projection before the attention's other names, which are ours.
-    layer_names: &[
-        ("self_attn.out_proj.", "self_attn.o_proj."),
-        ("self_attn_layer_norm.", "input_layernorm."),
-        ("final_layer_norm.", "post_attention_layernorm."),
-        ("fc1.", "mlp.fc1."),
-        ("fc2.", "mlp.fc2."),
-    ],
     model_names: &[
         ("embed_tokens.", "model.embed_tokens."),
         ("embed_positions.", "embed_positions."),
         ("layer_norm.", "model.norm."),
     ],
-    buffers: &[],
     head: "output_projection.",
-    fused_qkv: None,
+    ..opt::NAMES
 };
 
 #[cfg(test)]
