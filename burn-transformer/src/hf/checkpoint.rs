@@ -296,9 +296,8 @@ fn check_layer_count<'a>(
 /// key is translated whole before the rest; GPT-2's `Conv1D` weights are
 /// transposed to `[out, in]` and its `c_attn` split as Phi-3's `qkv_proj`, GPT-NeoX's
 /// `query_key_value` head by head (BLOOM's too), Falcon's group by group
-/// ([`KeyMap::fused_heads`]), CodeGen's `qkv_proj` in its blocks, MPT's `Wqkv` as Phi-3's
-/// `qkv_proj`; BLOOM's norm of the
-/// embeddings is our `embed_norm`.
+/// ([`KeyMap::fused_heads`]), CodeGen's `qkv_proj` in its blocks, MPT's `Wqkv` as
+/// Phi-3's `qkv_proj`; BLOOM's norm of the embeddings is our `embed_norm`.
 ///
 /// A multimodal checkpoint ([`HfConfig::model_type`] `gemma3`) stores its text model
 /// under `language_model.` (`language_model.model.layers.…`,
@@ -518,8 +517,8 @@ const FUSED_PROJECTIONS: [(&str, &[&str]); 3] = [
 type FusedProjection = (&'static str, Vec<(&'static str, usize)>);
 
 /// The projections `config`'s family stores fused, with the rows of each block:
-/// Phi-3's q/k/v and gate/up, GPT-2's and GPT-NeoX's q/k/v (weight and bias, in their
-/// own names), GLM's and GLM-4's gate/up, GraniteMoE-Shared's shared gate/up.
+/// Phi-3's q/k/v and gate/up, the q/k/v of the families named their own way
+/// ([`own_qkv_tables`]), GLM's and GLM-4's gate/up, GraniteMoE-Shared's shared gate/up.
 fn fused_projections(config: &HfConfig) -> Vec<FusedProjection> {
     let model = &config.model;
     let head = model.head_width();
@@ -531,33 +530,18 @@ fn fused_projections(config: &HfConfig) -> Vec<FusedProjection> {
             blocks.iter().copied().zip(rows.iter().copied()).collect(),
         )
     };
+    if let Some(tables) = own_qkv_tables(&config.model_type) {
+        return tables
+            .iter()
+            .map(|(fused, blocks)| with_rows((fused, blocks), &[q, kv, kv]))
+            .collect();
+    }
     match config.model_type.as_str() {
         "phi3" => vec![
             with_rows(qkv, &[q, kv, kv]),
             with_rows(gate_up, &[d_ff, d_ff]),
         ],
         "glm" | "glm4" => vec![with_rows(gate_up, &[d_ff, d_ff])],
-        "gpt2" | "gpt_bigcode" => gpt2::FUSED_QKV
-            .iter()
-            .map(|(fused, blocks)| with_rows((fused, blocks), &[q, kv, kv]))
-            .collect(),
-        "gpt_neox" => gpt_neox::FUSED_QKV
-            .iter()
-            .map(|(fused, blocks)| with_rows((fused, blocks), &[q, kv, kv]))
-            .collect(),
-        "codegen" => codegen::FUSED_QKV
-            .iter()
-            .map(|(fused, blocks)| with_rows((fused, blocks), &[q, kv, kv]))
-            .collect(),
-        "mpt" => mpt::FUSED_QKV
-            .iter()
-            .map(|(fused, blocks)| with_rows((fused, blocks), &[q, kv, kv]))
-            .collect(),
-        // BLOOM's names are Falcon's.
-        "falcon" | "bloom" => falcon::FUSED_QKV
-            .iter()
-            .map(|(fused, blocks)| with_rows((fused, blocks), &[q, kv, kv]))
-            .collect(),
         "granitemoeshared" => {
             let shared = model.moe.as_ref().and_then(|moe| moe.shared_d_ff);
             shared.map_or_else(Vec::new, |width| {
@@ -565,6 +549,20 @@ fn fused_projections(config: &HfConfig) -> Vec<FusedProjection> {
             })
         }
         _ => Vec::new(),
+    }
+}
+
+/// The fused q/k/v tensors of a family named its own way, in its names: each fused
+/// key's suffix and its q, k and v blocks' suffixes (weight, and bias where it has one).
+fn own_qkv_tables(model_type: &str) -> Option<&'static [(&'static str, [&'static str; 3])]> {
+    match model_type {
+        "gpt2" | "gpt_bigcode" => Some(&gpt2::FUSED_QKV),
+        "gpt_neox" => Some(&gpt_neox::FUSED_QKV),
+        "codegen" => Some(&codegen::FUSED_QKV),
+        "mpt" => Some(&mpt::FUSED_QKV),
+        // BLOOM's names are Falcon's.
+        "falcon" | "bloom" => Some(&falcon::FUSED_QKV),
+        _ => None,
     }
 }
 
@@ -603,8 +601,9 @@ struct CausalLmKeys {
     /// The projections the family's checkpoints store fused ([`fused_projections`]);
     /// empty for most.
     fused: Vec<FusedProjection>,
-    /// The heads of GPT-NeoX's, Falcon's and BLOOM's fused projections, which hold q, k and v
-    /// group by group ([`KeyMap::fused_heads`]).
+    /// The heads and row order of the fused q/k/v projections stored in an order of
+    /// their own: GPT-NeoX's, Falcon's and BLOOM's group by group, CodeGen's in blocks
+    /// ([`KeyMap::fused_heads`]).
     fused_heads: Option<FusedHeads>,
     /// The names of a family whose every key is its own (GPT-2, GPT-NeoX), read as
     /// LLaMA's before the renames.

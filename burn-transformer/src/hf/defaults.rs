@@ -17,14 +17,14 @@ use super::model_type::ModelType;
 /// `Gemma3TextConfig`'s only) after the keys a file may give under other names
 /// (ERNIE-4.5-MoE's `num_experts`, InternLM3's `qkv_bias`, GPT-2's `n_embd`), and the
 /// defaults those classes derive: GPT-2's and GPT-J's feed-forward width (from
-/// `n_inner`), BLOOM's and MPT's (4 times the width), GPT-J's rotated part of each head (from `rotary_dim`), the
-/// layer types of Gemma-2, VaultGemma, Gemma-3 (from
-/// `sliding_window_pattern`), OLMo-3, SmolLM3, CWM, Granite-SWA and gpt-oss, SmolLM3's
-/// `no_rope_layers`, GLM-4.7-Flash's and EXAONE-MoE's `mlp_layer_types`, MiniMax-M2's
-/// `partial_rotary_factor` (from `rotary_dim`), Hunyuan's NTK-alpha base, Youtu's
-/// initializer scale, MiniCPM3's value head width, and Phi-3's old names of LongRoPE
-/// (`su`, `yarn`), and the rotary embedding where the file has neither
-/// `rope_parameters` nor `rope_scaling`.
+/// `n_inner`), GPT-Neo's, Falcon's, BLOOM's and MPT's (4 times the width), GPT-J's
+/// rotated part of each head (from `rotary_dim`), the layer types of Gemma-2,
+/// VaultGemma, Gemma-3 (from `sliding_window_pattern`), OLMo-3, SmolLM3, CWM,
+/// Granite-SWA and gpt-oss, SmolLM3's `no_rope_layers`, GLM-4.7-Flash's and
+/// EXAONE-MoE's `mlp_layer_types`, MiniMax-M2's `partial_rotary_factor` (from
+/// `rotary_dim`), Hunyuan's NTK-alpha base, Youtu's initializer scale, MiniCPM3's value
+/// head width, and Phi-3's old names of LongRoPE (`su`, `yarn`), and the rotary
+/// embedding where the file has neither `rope_parameters` nor `rope_scaling`.
 pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
     let mut filled = config.clone();
     // Anything but an object is refused by the readers, naming it.
@@ -71,29 +71,21 @@ pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
             object.insert("intermediate_size".into(), width);
         }
     }
-    // GPT-Neo's feed-forward is `intermediate_size` wide, or four times the width when
-    // null.
-    if family == ModelType::GptNeo
-        && !width_given
-        && let Some(hidden) = object.get("hidden_size").and_then(Value::as_u64)
+    // A feed-forward four times the width: GPT-Neo's and Falcon's when their width
+    // (`intermediate_size`, `ffn_hidden_size`) is null or left out, BLOOM's and MPT's
+    // always (transformers' MPT does not read `expansion_ratio`).
+    let four_times_the_width = match family {
+        ModelType::GptNeo | ModelType::Falcon => !width_given,
+        ModelType::Bloom | ModelType::Mpt => true,
+        _ => false,
+    };
+    if four_times_the_width && let Some(hidden) = object.get("hidden_size").and_then(Value::as_u64)
     {
         object.insert("intermediate_size".into(), json!(4 * hidden));
     }
-    // BLOOM's and MPT's feed-forward is always four times the width (transformers'
-    // MPT does not read `expansion_ratio`).
-    if matches!(family, ModelType::Bloom | ModelType::Mpt)
-        && let Some(hidden) = object.get("hidden_size").and_then(Value::as_u64)
-    {
-        object.insert("intermediate_size".into(), json!(4 * hidden));
-    }
-    // Falcon's feed-forward is four times the width when `ffn_hidden_size` is null or
-    // left out; its key/value heads are `num_kv_heads` in the new architecture, else
-    // one (`multi_query`) or one per query head.
+    // Falcon's key/value heads are `num_kv_heads` in the new architecture, else one
+    // (`multi_query`) or one per query head.
     if family == ModelType::Falcon {
-        let hidden = object.get("hidden_size").and_then(Value::as_u64);
-        if !width_given && let Some(hidden) = hidden {
-            object.insert("intermediate_size".into(), json!(4 * hidden));
-        }
         let flag =
             |key: &str, default: bool| object.get(key).and_then(Value::as_bool).unwrap_or(default);
         let heads = object.get("num_attention_heads").and_then(Value::as_u64);

@@ -32,8 +32,9 @@ pub struct Alibi {
     /// The steepest slope is `2^(−max_bias)` (see [`alibi_slopes`]): 8 in the paper,
     /// BLOOM and MPT (`alibi_bias_max`).
     pub max_bias: f64,
-    /// A factor on every slope: Falcon's ALiBi models add the bias before scaling the
-    /// logits, so their slopes are scaled by `1/√head_dim`. 1 for the others.
+    /// A factor on every slope, for models trained with the bias scaled along with
+    /// the logits (Falcon-RW's slopes are effectively divided by `√head_dim`). 1 in
+    /// BLOOM and MPT.
     pub slope_scale: f64,
 }
 
