@@ -103,9 +103,7 @@ pub struct AttentionOptions {
     pub sinks: Option<Tensor<1>>,
     /// ALiBi: each logit of head `h` gets `slope_h · (j − p)` for key `j` seen from
     /// query position `p`, the slopes a rule of the head count (see
-    /// [`crate::ops::alibi`]). The fused op takes it on flex and ndarray; the CubeCL
-    /// kernels have no ALiBi term, so on wgpu and CUDA such calls take the reference
-    /// path. Default: none.
+    /// [`crate::ops::alibi`]). The fused op takes it on every backend. Default: none.
     pub alibi: Option<Alibi>,
     /// Which implementation to use. Default: [`AttentionImpl::Auto`].
     pub implementation: AttentionImpl,

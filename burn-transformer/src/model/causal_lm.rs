@@ -139,8 +139,7 @@ pub struct CausalLmConfig {
     /// distance to their logits ([`Alibi`]), so no layer rotates and sequences
     /// have no length limit; `rope` is unused and `sliding_rope`, `nope_layers`,
     /// `layer_rope_theta` and `learned_positions` must stay unset. Not available with
-    /// `latent`. The fused op takes ALiBi on flex and ndarray; on wgpu and CUDA such
-    /// attention takes the reference path. Default: none (RoPE).
+    /// `latent`. The fused op takes ALiBi on every backend. Default: none (RoPE).
     #[config(default = "None")]
     pub alibi: Option<Alibi>,
     /// A norm of the model's kind on the embeddings before the first block (BLOOM's

@@ -9,6 +9,7 @@
 use burn::tensor::{Bool, DType, Device, Tensor, TensorData};
 
 use super::*;
+use crate::ops::alibi::Alibi;
 use crate::ops::mask::{MaskRule, padding_mask_from_lengths};
 
 /// One attention call of the grid.
@@ -29,6 +30,8 @@ pub(crate) struct Case {
     pub scale: Option<f64>,
     /// A learned sink logit per query head (gpt-oss), drawn with the inputs.
     pub sinks: bool,
+    /// ALiBi's bias on the scores (BLOOM, MPT).
+    pub alibi: Option<Alibi>,
     /// The kernel family on CubeCL devices.
     pub kernel: FlashKernel,
     /// Lanes a row of the register tiles takes on every device (see
@@ -58,6 +61,7 @@ impl Case {
             softcap: None,
             scale: None,
             sinks: false,
+            alibi: None,
             kernel: FlashKernel::Auto,
             lanes: None,
         }
@@ -78,6 +82,7 @@ impl Case {
             MaskRule::new(self.causal, self.window),
         )
         .with_key_mask(self.lengths.is_some())
+        .with_alibi(self.alibi)
         .with_kernel(self.kernel);
         ScoreOptions {
             forced_lanes: self.lanes,
@@ -102,7 +107,7 @@ impl Case {
             d_v: self.d_v,
             mask: MaskRule::new(self.causal, self.window),
             has_key_mask: self.lengths.is_some(),
-            has_alibi: false,
+            has_alibi: self.alibi.is_some(),
         }
     }
 
@@ -194,7 +199,8 @@ pub(crate) type Results = [Vec<f64>; 5];
 /// Names of the [`Results`] entries.
 const QUANTITIES: [&str; 5] = ["out", "dq", "dk", "dv", "dsinks"];
 
-/// The float64 oracle: direct loops over the masking rule of [`MaskRule::is_hidden`].
+/// The float64 oracle: direct loops over the masking rule of [`MaskRule::is_hidden`],
+/// with ALiBi's bias `slope·(j − position)` added after the soft-cap.
 pub(crate) fn oracle(case: &Case, inputs: &Inputs) -> Results {
     let problem = case.problem();
     let group = case.heads / case.kv_heads;
@@ -208,6 +214,7 @@ pub(crate) fn oracle(case: &Case, inputs: &Inputs) -> Results {
     let mut dv = vec![0.0; v.len()];
     let sinks: Vec<f64> = inputs.sinks.iter().map(|&x| x as f64).collect();
     let mut dsinks = vec![0.0; if case.sinks { case.heads } else { 0 }];
+    let slopes = case.alibi.map(|alibi| alibi.slopes(case.heads));
     for b in 0..case.batch {
         let length = case.lengths.as_ref().map_or(seq_k, |l| l[b]);
         for h in 0..case.heads {
@@ -221,7 +228,7 @@ pub(crate) fn oracle(case: &Case, inputs: &Inputs) -> Results {
                     continue;
                 }
                 let q_row = &q[row * d_qk..(row + 1) * d_qk];
-                let scores: Vec<f64> = visible
+                let capped: Vec<f64> = visible
                     .iter()
                     .map(|&j| {
                         let k_row = &k[(kv * seq_k + j) * d_qk..][..d_qk];
@@ -230,6 +237,15 @@ pub(crate) fn oracle(case: &Case, inputs: &Inputs) -> Results {
                             Some(c) => c * (t / c).tanh(),
                             None => t,
                         }
+                    })
+                    .collect();
+                let position = (i + seq_k) as f64 - seq_q as f64;
+                let scores: Vec<f64> = capped
+                    .iter()
+                    .zip(&visible)
+                    .map(|(s, &j)| match &slopes {
+                        Some(slopes) => s + slopes[h] * (j as f64 - position),
+                        None => *s,
                     })
                     .collect();
                 // The sink is one more logit of the row, with no value.
@@ -258,7 +274,7 @@ pub(crate) fn oracle(case: &Case, inputs: &Inputs) -> Results {
                     // ∂L/∂sink = p_sink · (0 − delta): the sink's value is 0.
                     dsinks[h] -= sink_weight / total * delta;
                 }
-                for ((p, dp), (&j, s)) in probs.iter().zip(&dps).zip(visible.iter().zip(&scores)) {
+                for ((p, dp), (&j, s)) in probs.iter().zip(&dps).zip(visible.iter().zip(&capped)) {
                     let cap = case.softcap.map_or(1.0, |c| 1.0 - (s / c) * (s / c));
                     let ds = p * (dp - delta) * cap * scale;
                     let k_row = (kv * seq_k + j) * d_qk;
@@ -509,11 +525,39 @@ pub(super) fn parity_grid() -> Vec<Case> {
     cases
 }
 
+/// ALiBi's cases, at one head dim of the grid: a causal, padded GQA batch (BLOOM's and
+/// MPT's call); 12 heads (padded to 16: fractional powers of two, here with another
+/// `max_bias`) over one key/value head, not causal (keys ahead of a query get a
+/// positive bias), scaled apart; a window with soft-capping (the cap, then the bias),
+/// sinks and scaled slopes; several tiles of rows and keys; and a decoding step over
+/// a long cache, which the kernels split (flash-decoding, each split biasing its keys
+/// by their absolute positions).
+pub(super) fn alibi_cases() -> Vec<Case> {
+    let mut padded = Case::new(4, 2, 17, 64, (64, 64)).causal_padded(vec![64, 40]);
+    padded.alibi = Some(Alibi::new());
+    let mut wide = Case::new(12, 1, 33, 33, (64, 64));
+    wide.alibi = Some(Alibi::new().with_max_bias(6.0));
+    wide.scale = Some(0.3);
+    let mut capped = Case::new(6, 3, 64, 129, (64, 64));
+    capped.causal = true;
+    capped.window = Some(40);
+    capped.softcap = Some(5.0);
+    capped.sinks = true;
+    capped.alibi = Some(Alibi::new().with_slope_scale(0.125));
+    let mut long = Case::new(2, 2, 129, 129, (64, 64));
+    long.causal = true;
+    long.alibi = Some(Alibi::new());
+    let mut decode = Case::new(4, 2, 1, 1000, (64, 64));
+    decode.causal = true;
+    decode.alibi = Some(Alibi::new());
+    vec![padded, wide, capped, long, decode]
+}
+
 /// `count` random configurations drawn from `seed`, beyond the grid's: head dims of
 /// every size the kernels take (multiples of 8 up to 256, `d_qk ≠ d_v`), lengths 1–300
 /// (a few up to 700, and one case in six decoding: 1–16 rows against 500–1500 keys),
 /// batches of 1–3, any GQA grouping, and each mask option (causal, window, padding with
-/// fully padded entries, soft-capping, scale, sinks) drawn apart.
+/// fully padded entries, soft-capping, scale, sinks, ALiBi) drawn apart.
 pub(super) fn random_cases(seed: u64, count: usize) -> Vec<Case> {
     use rand::{Rng, SeedableRng};
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -562,6 +606,9 @@ pub(super) fn random_cases(seed: u64, count: usize) -> Vec<Case> {
                 case.scale = Some(rng.random_range(0.02..1.0));
             }
             case.sinks = rng.random_bool(0.3);
+            if rng.random_bool(0.2) {
+                case.alibi = Some(Alibi::new().with_max_bias(rng.random_range(2.0..10.0)));
+            }
             case
         })
         .collect()
@@ -632,6 +679,28 @@ fn flex_flash_path_matches_the_oracle() {
         let (fused, naive, expected) = compare(case, &inputs, &device, DType::F32);
         let what = format!("flex #{index} {case:?}");
         failures.extend(rule_failures(&what, &fused, &naive, &expected, 1e-5));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// ALiBi's cases through the op on flex (the tiled CPU flash attention), and the
+/// reference path's bias pinned to the oracle's.
+#[test]
+fn flex_alibi_matches_the_oracle() {
+    let device = Device::flex();
+    let mut failures = Vec::new();
+    for (index, case) in alibi_cases().iter().enumerate() {
+        let inputs = Inputs::random(case, 500 + index as u64, 1.0);
+        let (fused, naive, expected) = compare(case, &inputs, &device, DType::F32);
+        let what = format!("flex ALiBi #{index} {case:?}");
+        failures.extend(rule_failures(&what, &fused, &naive, &expected, 1e-5));
+        for (name, (actual, expected)) in QUANTITIES.iter().zip(naive.iter().zip(&expected)) {
+            let magnitude = expected.iter().fold(1.0f64, |m, x| m.max(x.abs()));
+            let error = max_error(actual, expected);
+            if error > 1e-5 * magnitude {
+                failures.push(format!("{what}: reference {name} error {error:e}"));
+            }
+        }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
@@ -990,6 +1059,31 @@ mod on_device {
                 overlapped_backward * 2 >= cases.len(),
                 "{overlapped_backward} of {}",
                 cases.len()
+            );
+        }
+    }
+
+    /// ALiBi's cases ([`alibi_cases`]) through the register tiles, the staged kernels
+    /// and the fragment kernels: ALiBi is compiled into kernels of its own, whose
+    /// scores each take the bias; the other fragment variants share the fragment
+    /// kernels' score code and run ALiBi in the random sweep.
+    pub fn parity_grid_alibi(device: &Device, label: &str) {
+        let cases: Vec<(usize, Case)> = alibi_cases()
+            .into_iter()
+            .enumerate()
+            .map(|(index, case)| (500 + index, case))
+            .collect();
+        parity(device, label, &cases, FlashKernel::RegisterTile);
+        parity(device, label, &cases, FlashKernel::Staged);
+        let properties = device_properties(device);
+        let dtype = fragment_dtype(&properties, FlashKernel::Fragments);
+        if device.supports_dtype(dtype) {
+            let fragments = super::super::op::FRAGMENT_LAUNCHES.load(Ordering::Relaxed);
+            parity_in(device, label, &cases, FlashKernel::Fragments, dtype);
+            // At head dim 64 the fragment tiles fit every device, lavapipe's 32 KiB too.
+            assert!(
+                super::super::op::FRAGMENT_LAUNCHES.load(Ordering::Relaxed)
+                    >= fragments + cases.len()
             );
         }
     }
@@ -1368,6 +1462,11 @@ macro_rules! kernel_tests {
             #[test]
             fn parity_grid_fragments_overlapped() {
                 on_device::parity_grid_fragments_overlapped(&$device(), stringify!($runtime));
+            }
+
+            #[test]
+            fn parity_grid_alibi() {
+                on_device::parity_grid_alibi(&$device(), stringify!($runtime));
             }
 
             #[test]

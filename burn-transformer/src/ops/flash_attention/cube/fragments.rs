@@ -51,8 +51,8 @@ use super::fragment::{
 };
 use super::row_stats::ROW_STATS;
 use super::sizes::{
-    HIDDEN, Sizes, block_open, key_range, kv_head_of, query_heads_of, row_range, seeing_positions,
-    structurally_visible,
+    HIDDEN, ScoreTerms, Sizes, alibi_bias, alibi_slope, block_open, key_range, kv_head_of,
+    query_heads_of, row_range, seeing_positions, structurally_visible,
 };
 use super::softmax::{
     Exponential, finish_row, masked_score, online_max, open_probability_and_gradient, open_score,
@@ -145,9 +145,20 @@ pub struct FragmentConfig {
     /// kernel, so a call without a cap, the common case, runs kernels compiled
     /// without it.
     pub softcap: bool,
+    /// Whether the kernel adds ALiBi's bias to its scores (calls with ALiBi; see
+    /// [`alibi_bias`]), for the same reason as [`Self::softcap`].
+    pub alibi: bool,
 }
 
 impl FragmentConfig {
+    /// The terms this kernel's scores take.
+    pub fn terms(&self) -> ScoreTerms {
+        ScoreTerms {
+            cap: self.softcap,
+            alibi: self.alibi,
+        }
+    }
+
     /// Rows a plane owns.
     pub fn plane_rows(&self) -> usize {
         TILE_M * self.row_tiles
@@ -496,6 +507,8 @@ pub fn fragment_forward<F: Float>(
     let head = CUBE_POS_Y as usize;
     let (batch, kv_head) = kv_head_of(head, &sizes);
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
+    let terms = comptime!(config.terms());
+    let slope = alibi_slope(head, &sizes, terms);
     let first_row = CUBE_POS_X as usize * block_q;
     let (kv_start, kv_end) = split_key_range(first_row, block_q, split_keys, &sizes);
     // Rows of one split's output: every row of every head.
@@ -642,9 +655,10 @@ pub fn fragment_forward<F: Float>(
                                 && structurally_visible(pos, key, &sizes);
                             let score = masked_score(
                                 pair.extract(e) * sizes.scale,
+                                alibi_bias(slope, pos, key, terms),
                                 visible,
                                 &sizes,
-                                config.softcap,
+                                terms,
                             );
                             pair.insert(e, score);
                             block_max[m * C_PAIRS + p] =
@@ -819,6 +833,8 @@ pub fn fragment_backward_q<F: Float>(
     let head = CUBE_POS_Y as usize;
     let (batch, kv_head) = kv_head_of(head, &sizes);
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
+    let terms = comptime!(config.terms());
+    let slope = alibi_slope(head, &sizes, terms);
     let first_row = CUBE_POS_X as usize * block_q;
     let (kv_start, kv_end) = key_range(first_row, block_q, &sizes);
     let plane_row = first_row + plane * TILE_M;
@@ -1002,16 +1018,18 @@ pub fn fragment_backward_q<F: Float>(
                         let (r, col) = c_position(lane, (2 * p + e) as u32);
                         let t = j * TILE_N + col;
                         let pos = plane_pos + r as i32;
-                        let visible = kept[kept_at + t] != 0
-                            && structurally_visible(pos, start + t as i32, &sizes);
+                        let key = start + t as i32;
+                        let visible =
+                            kept[kept_at + t] != 0 && structurally_visible(pos, key, &sizes);
                         let (_, ds) = probability_and_gradient(
                             score.extract(e) * sizes.scale,
+                            alibi_bias(slope, pos, key, terms),
                             pair.extract(e),
                             row_lse[p],
                             row_delta[p],
                             visible,
                             &sizes,
-                            config.softcap,
+                            terms,
                             config.exponential,
                         );
                         pair.insert(e, ds);
@@ -1113,6 +1131,7 @@ pub fn fragment_backward_kv<F: Float, N: Size>(
     let kv_head = CUBE_POS_Y as usize;
     let (batch, first_head) = query_heads_of(kv_head, &sizes);
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
+    let terms = comptime!(config.terms());
     let first_key = CUBE_POS_X as usize * block_k;
     let (row_start, row_end) = row_range(first_key, block_k, &sizes);
     // The plane's keys: rows `plane_key ..` of the staged tiles.
@@ -1184,6 +1203,7 @@ pub fn fragment_backward_kv<F: Float, N: Size>(
     let mut buffer = 0usize;
     for g in 0..group {
         let head = first_head + g;
+        let slope = alibi_slope(head, &sizes, terms);
         let mut start = row_start;
         while start < row_end {
             let first = start as usize;
@@ -1315,8 +1335,8 @@ pub fn fragment_backward_kv<F: Float, N: Size>(
                             let t = j * TILE_N + col;
                             // The positions that see the row's key, a range (the same
                             // for each of its scores, which the compiler works out once).
-                            let (first_pos, end_pos) =
-                                seeing_positions(plane_first_key + r as i32, &sizes);
+                            let key = plane_first_key + r as i32;
+                            let (first_pos, end_pos) = seeing_positions(key, &sizes);
                             let pos = start + t as i32 + shift;
                             let visible = t < rows_left
                                 && kept[plane_key + r] != 0
@@ -1324,12 +1344,13 @@ pub fn fragment_backward_kv<F: Float, N: Size>(
                                 && pos < end_pos;
                             let (prob, ds) = probability_and_gradient(
                                 score.extract(e) * sizes.scale,
+                                alibi_bias(slope, pos, key, terms),
                                 pair.extract(e),
                                 row_stats[stats_at + ROW_STATS * t],
                                 row_stats[stats_at + ROW_STATS * t + 1],
                                 visible,
                                 &sizes,
-                                config.softcap,
+                                terms,
                                 config.exponential,
                             );
                             score.insert(e, prob);

@@ -54,6 +54,7 @@ pub(super) fn config(problem: &Problem, tiling: &Tiling, tile: &KernelTile) -> A
         v_vectors: problem.d_v / tiling.vector_size,
         lanes: tile.lanes,
         lane_sum: tiling.lane_sum,
+        alibi: problem.has_alibi,
     }
 }
 
@@ -79,14 +80,28 @@ fn sizes(problem: &Problem, options: &ScoreOptions) -> SizesLaunch {
         problem.has_key_mask as u32,
         options.softcap.is_some() as u32,
         options.has_sinks as u32,
+        options.alibi.is_some() as u32,
+        alibi_step(problem.heads, options) as f32,
+        options.alibi.map_or(1.0, |alibi| alibi.slope_scale) as f32,
+        problem.heads.next_power_of_two() as u32,
     )
 }
 
-/// A planned fragment kernel as one call compiles it: with the soft-cap's code only
-/// where the call has a cap.
+/// ALiBi's exponent step of a launch (see [`alibi_slope`](super::sizes::alibi_slope)):
+/// `max_bias / padded_heads`, exact in f32 for a whole `max_bias` up to 2²⁴ (a
+/// division by a power of two); 0 without ALiBi.
+fn alibi_step(heads: usize, options: &ScoreOptions) -> f64 {
+    options.alibi.map_or(0.0, |alibi| {
+        alibi.max_bias / heads.next_power_of_two() as f64
+    })
+}
+
+/// A planned fragment kernel as one call compiles it: with the soft-cap's and ALiBi's
+/// code only where the call has them.
 fn for_call(config: FragmentConfig, options: &ScoreOptions) -> FragmentConfig {
     FragmentConfig {
         softcap: options.softcap.is_some(),
+        alibi: options.alibi.is_some(),
         ..config
     }
 }

@@ -30,8 +30,8 @@ use cubecl::prelude::*;
 
 use super::row_stats::ROW_STATS;
 use super::sizes::{
-    HIDDEN, Sizes, cap_derivative, cap_score, key_kept, key_range, kv_head_of, query_heads_of,
-    row_range, structurally_visible,
+    HIDDEN, ScoreTerms, Sizes, alibi_bias, alibi_slope, biased_score, cap_derivative, cap_score,
+    key_kept, key_range, kv_head_of, query_heads_of, row_range, structurally_visible,
 };
 use super::softmax::{
     Exponential, finish_row, masked_score, online_max, probability, probability_and_gradient,
@@ -39,7 +39,8 @@ use super::softmax::{
 
 /// Compile-time shape of one launch; each distinct value compiles one kernel. The
 /// masking options are runtime flags ([`Sizes`]): one compiled kernel serves every
-/// combination, and a disabled option costs a uniform branch.
+/// combination, and a disabled option costs a uniform branch. ALiBi, a term in every
+/// score, is compiled in only for the calls that have it ([`Self::alibi`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AttentionConfig {
     /// Units per cube.
@@ -59,6 +60,19 @@ pub struct AttentionConfig {
     pub lanes: usize,
     /// How the lanes of a row sum their parts (unused with one lane).
     pub lane_sum: LaneSum,
+    /// Whether the scores take ALiBi's bias.
+    pub alibi: bool,
+}
+
+impl AttentionConfig {
+    /// The terms this kernel's scores take: the soft-cap's code always (a runtime
+    /// flag), ALiBi's where compiled in.
+    pub fn terms(&self) -> ScoreTerms {
+        ScoreTerms {
+            cap: true,
+            alibi: self.alibi,
+        }
+    }
 }
 
 /// How the lanes that share a row sum a dot product's parts.
@@ -153,6 +167,8 @@ pub fn flash_forward<F: Float, N: Size>(
     let (batch, kv_head) = kv_head_of(head, &sizes);
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
     let mut scratch = lane_scratch(config);
+    let terms = comptime!(config.terms());
+    let slope = alibi_slope(head, &sizes, terms);
 
     let first_row = tile * tile_rows + unit / lanes * rows;
     let (kv_start, kv_end) = key_range(tile * tile_rows, tile_rows, &sizes);
@@ -228,9 +244,10 @@ pub fn flash_forward<F: Float, N: Size>(
             let mut block_max = f32::new(HIDDEN);
             #[unroll]
             for t in 0..block {
-                let visible =
-                    kept[t] && structurally_visible(positions[r], start + t as i32, &sizes);
-                let score = masked_score(scores[r * block + t], visible, &sizes, true);
+                let key = start + t as i32;
+                let visible = kept[t] && structurally_visible(positions[r], key, &sizes);
+                let bias = alibi_bias(slope, positions[r], key, terms);
+                let score = masked_score(scores[r * block + t], bias, visible, &sizes, terms);
                 scores[r * block + t] = score;
                 block_max = f32::max(block_max, score);
             }
@@ -333,6 +350,7 @@ pub fn flash_backward_kv<F: Float, N: Size>(
     let (batch, first_head) = query_heads_of(kv_head, &sizes);
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
     let mut scratch = lane_scratch(config);
+    let terms = comptime!(config.terms());
 
     let first_key = tile * tile_keys + unit / lanes * rows;
     let (row_start, row_end) = row_range(tile * tile_keys, tile_keys, &sizes);
@@ -379,6 +397,7 @@ pub fn flash_backward_kv<F: Float, N: Size>(
 
     for g in 0..group {
         let head = first_head + g;
+        let slope = alibi_slope(head, &sizes, terms);
         let mut start = row_start;
         while start < row_end {
             let first = start as usize;
@@ -427,11 +446,13 @@ pub fn flash_backward_kv<F: Float, N: Size>(
                 let pos = start + t as i32 + shift;
                 #[unroll]
                 for r in 0..rows {
-                    let capped = cap_score(scores[r * block + t], &sizes, true);
+                    let capped = cap_score(scores[r * block + t], &sizes, terms);
+                    let bias = alibi_bias(slope, pos, key_pos[r], terms);
+                    let score = biased_score(capped, bias, terms);
                     let visible =
                         row_ok[t] && kept[r] && structurally_visible(pos, key_pos[r], &sizes);
-                    scores[r * block + t] = select(visible, f32::exp(capped - row_lse[t]), 0.0f32);
-                    dps[r * block + t] = cap_derivative(capped, &sizes, true);
+                    scores[r * block + t] = select(visible, f32::exp(score - row_lse[t]), 0.0f32);
+                    dps[r * block + t] = cap_derivative(capped, &sizes, terms);
                 }
             }
             // dV += P·dO and dP = dO·vᵀ.
@@ -533,6 +554,8 @@ pub fn flash_backward_q<F: Float, N: Size>(
     let (batch, kv_head) = kv_head_of(head, &sizes);
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
     let mut scratch = lane_scratch(config);
+    let terms = comptime!(config.terms());
+    let slope = alibi_slope(head, &sizes, terms);
 
     let first_row = tile * tile_rows + unit / lanes * rows;
     let (kv_start, kv_end) = key_range(tile * tile_rows, tile_rows, &sizes);
@@ -620,16 +643,17 @@ pub fn flash_backward_q<F: Float, N: Size>(
         for t in 0..block {
             #[unroll]
             for r in 0..rows {
-                let visible =
-                    kept[t] && structurally_visible(positions[r], start + t as i32, &sizes);
+                let key = start + t as i32;
+                let visible = kept[t] && structurally_visible(positions[r], key, &sizes);
                 let (_, ds) = probability_and_gradient(
                     scores[r * block + t],
+                    alibi_bias(slope, positions[r], key, terms),
                     dps[r * block + t],
                     row_lse[r],
                     row_delta[r],
                     visible,
                     &sizes,
-                    true,
+                    terms,
                     Exponential::Library,
                 );
                 dps[r * block + t] = ds;

@@ -1,6 +1,6 @@
 //! The runtime sizes of one launch and the rules every kernel family reads from them:
-//! which keys a query row sees, which heads share a key/value head, the soft-cap, and
-//! the score a hidden entry takes.
+//! which keys a query row sees, which heads share a key/value head, the soft-cap,
+//! ALiBi's bias, and the score a hidden entry takes.
 //!
 //! Masking is the device transcription of [`MaskRule`](crate::ops::mask::MaskRule)
 //! (bottom-right aligned causal, window, key padding); the parity grid tests the two
@@ -48,6 +48,25 @@ pub struct Sizes {
     /// 1 when per-head sink logits are read (forward only: the backward reads them
     /// through the log-sum-exp, which includes them).
     pub sinks: u32,
+    /// 1 with ALiBi's bias (in kernels compiled with [`ScoreTerms::alibi`]).
+    pub alibi: u32,
+    /// ALiBi's exponent step, `max_bias / padded_heads` (see [`alibi_slope`]).
+    pub alibi_step: f32,
+    /// ALiBi's factor on every slope.
+    pub alibi_scale: f32,
+    /// The power of two at or above the head count, whose slopes ALiBi hands out.
+    pub alibi_padded_heads: u32,
+}
+
+/// What a kernel compiles into its scores beyond `q·k·scale` and the masks; each
+/// distinct value compiles a kernel of its own, so that a call without a term runs
+/// code without it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ScoreTerms {
+    /// The soft-cap's code, applied where `sizes.softcap` asks for it.
+    pub cap: bool,
+    /// ALiBi's bias on every score ([`alibi_bias`]).
+    pub alibi: bool,
 }
 
 /// The keys that absolute query position `pos` sees by the causal and window
@@ -103,7 +122,7 @@ pub(super) fn structurally_visible(pos: i32, key: i32, sizes: &Sizes) -> bool {
 
 /// Whether each of the `keys` keys from `key_first` is visible from each of the
 /// `rows` absolute query positions from `pos_first` with no per-score work: no padding
-/// mask is read, no soft-cap applies, every key lies below `key_end` (real keys of the
+/// mask is read, no soft-cap or ALiBi bias applies, every key lies below `key_end` (real keys of the
 /// launch's range), and the causal and window structure hides none of them. Such a
 /// block's scores need only the scale (FlashAttention-2 masks only the blocks on a
 /// mask's edge). Each structural bound is monotone in `key − pos`, so the two corners
@@ -121,21 +140,22 @@ pub(super) fn block_open(
     let key_last = key_first + (keys - 1) as i32;
     sizes.key_mask == 0
         && sizes.softcap == 0
+        && sizes.alibi == 0
         && key_last < key_end
         && structurally_visible(pos_first, key_last, sizes)
         && structurally_visible(pos_last, key_first, sizes)
 }
 
 /// Soft-caps a scaled score: `c·tanh(s/c)` where `sizes.softcap` asks for it, in a
-/// kernel compiled `with_cap` (one compiled without it leaves every score as it is;
-/// see [`FragmentConfig::softcap`](super::fragments::FragmentConfig::softcap)).
+/// kernel compiled with [`ScoreTerms::cap`] (one compiled without it leaves every
+/// score as it is; see [`FragmentConfig::softcap`](super::fragments::FragmentConfig::softcap)).
 // The compile-time test stays apart from the run-time one: together they would be one
 // run-time condition, and the cap's code would be emitted into every kernel.
 #[allow(clippy::collapsible_if)]
 #[cube]
-pub(super) fn cap_score(score: f32, sizes: &Sizes, #[comptime] with_cap: bool) -> f32 {
+pub(super) fn cap_score(score: f32, sizes: &Sizes, #[comptime] terms: ScoreTerms) -> f32 {
     let mut out = score;
-    if comptime!(with_cap) {
+    if comptime!(terms.cap) {
         if sizes.softcap != 0 {
             out = sizes.cap * f32::tanh(score * sizes.cap_inverse);
         }
@@ -147,13 +167,76 @@ pub(super) fn cap_score(score: f32, sizes: &Sizes, #[comptime] with_cap: bool) -
 /// without a cap, as in [`cap_score`]).
 #[allow(clippy::collapsible_if)]
 #[cube]
-pub(super) fn cap_derivative(capped: f32, sizes: &Sizes, #[comptime] with_cap: bool) -> f32 {
+pub(super) fn cap_derivative(capped: f32, sizes: &Sizes, #[comptime] terms: ScoreTerms) -> f32 {
     let mut out = 1.0f32;
-    if comptime!(with_cap) {
+    if comptime!(terms.cap) {
         if sizes.softcap != 0 {
             let ratio = capped * sizes.cap_inverse;
             out = 1.0f32 - ratio * ratio;
         }
+    }
+    out
+}
+
+/// ALiBi's slope of query head `head` (flattened `batch·heads`), in a kernel compiled
+/// with [`ScoreTerms::alibi`] (0 otherwise): the rule of
+/// [`alibi_slopes`](crate::ops::alibi::alibi_slopes) worked out on the device, since a
+/// tensor of slopes would take a ninth storage buffer. Head `h` of a power-of-two count
+/// takes exponent `h + 1`; other counts take the next power of two's even exponents
+/// first, then its odd ones. The slope is `scale · 2^−(step·exponent)`; its whole
+/// powers of two are exact products, so that the usual slopes (a whole `step·exponent`,
+/// every head count up to 8 with `max_bias` 8) equal the host's bit for bit, and only
+/// a fractional power goes through `exp`.
+#[cube]
+pub(super) fn alibi_slope(head: usize, sizes: &Sizes, #[comptime] terms: ScoreTerms) -> f32 {
+    let mut slope = 0.0f32;
+    if comptime!(terms.alibi) {
+        let h = head as u32 % sizes.heads;
+        let padded = sizes.alibi_padded_heads;
+        let half = padded / 2;
+        let mut exponent = h + 1;
+        if padded != sizes.heads {
+            exponent = select(h < half, 2 * (h + 1), 2 * (h - half) + 1);
+        }
+        let power = sizes.alibi_step * f32::cast_from(exponent);
+        let whole = f32::floor(power);
+        let mut halvings = u32::cast_from(whole);
+        let mut value = sizes.alibi_scale;
+        if power > whole {
+            value *= f32::exp(-(power - whole) * LN_2);
+        }
+        while halvings > 0 {
+            value *= 0.5f32;
+            halvings -= 1;
+        }
+        slope = value;
+    }
+    slope
+}
+
+/// `ln 2`.
+const LN_2: f32 = std::f32::consts::LN_2;
+
+/// ALiBi's bias of key `key` seen from absolute query position `pos`, `slope·(key −
+/// pos)` (the positions of [`visible_keys`]), in a kernel compiled with
+/// [`ScoreTerms::alibi`] (0 otherwise).
+#[cube]
+pub(super) fn alibi_bias(slope: f32, pos: i32, key: i32, #[comptime] terms: ScoreTerms) -> f32 {
+    let mut bias = 0.0f32;
+    if comptime!(terms.alibi) {
+        bias = slope * f32::cast_from(key - pos);
+    }
+    bias
+}
+
+/// A soft-capped score with its bias added, in the reference's order (the cap, then
+/// the bias), in a kernel compiled with [`ScoreTerms::alibi`]; the capped score itself
+/// otherwise, with no instruction spent.
+#[cube]
+pub(super) fn biased_score(capped: f32, bias: f32, #[comptime] terms: ScoreTerms) -> f32 {
+    let mut out = capped;
+    if comptime!(terms.alibi) {
+        out += bias;
     }
     out
 }

@@ -13,7 +13,9 @@
 
 use cubecl::prelude::*;
 
-use super::sizes::{HIDDEN, SCORE_FLOOR, Sizes, cap_derivative, cap_score};
+use super::sizes::{
+    HIDDEN, SCORE_FLOOR, ScoreTerms, Sizes, biased_score, cap_derivative, cap_score,
+};
 use crate::ops::mask::MASKED_ROW_LSE;
 
 /// How a kernel takes the exponentials of its scores: `P` in the forward, `P` and `dS`
@@ -60,24 +62,24 @@ fn ex2_approx(x: f32) -> f32 {
     out
 }
 
-/// A scaled score `q·k·scale` under the masks: soft-capped (in a kernel compiled
-/// `with_cap`, see [`cap_score`]) and floored where `visible`, [`HIDDEN`] elsewhere.
+/// A scaled score `q·k·scale` under the masks where `visible`, [`HIDDEN`] elsewhere:
+/// soft-capped, then biased by `bias` (ALiBi's, see
+/// [`alibi_bias`](super::sizes::alibi_bias)), each in a kernel compiled with its term
+/// (`terms`), and floored.
 #[cube]
 pub(super) fn masked_score(
     scaled: f32,
+    bias: f32,
     visible: bool,
     sizes: &Sizes,
-    #[comptime] with_cap: bool,
+    #[comptime] terms: ScoreTerms,
 ) -> f32 {
-    select(
-        visible,
-        open_score(cap_score(scaled, sizes, with_cap)),
-        HIDDEN,
-    )
+    let score = biased_score(cap_score(scaled, sizes, terms), bias, terms);
+    select(visible, open_score(score), HIDDEN)
 }
 
-/// A visible (soft-capped) score, floored above [`HIDDEN`]; the whole of
-/// [`masked_score`] in a block where every score is visible and uncapped
+/// A visible (soft-capped, biased) score, floored above [`HIDDEN`]; the whole of
+/// [`masked_score`] in a block where every score is visible, uncapped and unbiased
 /// ([`block_open`](super::sizes::block_open)).
 #[cube]
 pub(super) fn open_score(score: f32) -> f32 {
@@ -148,25 +150,28 @@ pub(super) fn finish_row(
 }
 
 /// One entry of the backward: `P = exp(S − LSE)` where visible (0 elsewhere) and
-/// `dS = P ∘ (dP − D) ∘ softcap'`, from the scaled score `S = q·k·scale` (capped in a
-/// kernel compiled `with_cap`, see [`cap_score`]).
+/// `dS = P ∘ (dP − D) ∘ softcap'`, from the scaled score `q·k·scale` and its bias, as
+/// [`masked_score`] forms `S`. The bias is a constant of the inputs: it moves `P` and
+/// leaves the derivative alone.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn probability_and_gradient(
     scaled: f32,
+    bias: f32,
     dp: f32,
     lse: f32,
     delta: f32,
     visible: bool,
     sizes: &Sizes,
-    #[comptime] with_cap: bool,
+    #[comptime] terms: ScoreTerms,
     #[comptime] exponential: Exponential,
 ) -> (f32, f32) {
-    let capped = cap_score(scaled, sizes, with_cap);
-    let p = select(visible, exp_difference(capped, lse, exponential), 0.0f32);
+    let capped = cap_score(scaled, sizes, terms);
+    let score = biased_score(capped, bias, terms);
+    let p = select(visible, exp_difference(score, lse, exponential), 0.0f32);
     (
         p,
-        score_gradient(p, dp, delta) * cap_derivative(capped, sizes, with_cap),
+        score_gradient(p, dp, delta) * cap_derivative(capped, sizes, terms),
     )
 }
 
@@ -176,8 +181,8 @@ fn score_gradient(p: f32, dp: f32, delta: f32) -> f32 {
     p * (dp - delta)
 }
 
-/// [`probability_and_gradient`] of a visible, uncapped score: the whole of it in a
-/// block where every score is ([`block_open`](super::sizes::block_open)).
+/// [`probability_and_gradient`] of a visible, uncapped, unbiased score: the whole of
+/// it in a block where every score is ([`block_open`](super::sizes::block_open)).
 #[cube]
 pub(super) fn open_probability_and_gradient(
     scaled: f32,

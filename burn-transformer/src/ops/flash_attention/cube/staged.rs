@@ -22,7 +22,8 @@ use cubecl::prelude::*;
 
 use super::row_stats::ROW_STATS;
 use super::sizes::{
-    HIDDEN, Sizes, key_kept, key_range, kv_head_of, query_heads_of, row_range, structurally_visible,
+    HIDDEN, ScoreTerms, Sizes, alibi_bias, alibi_slope, key_kept, key_range, kv_head_of,
+    query_heads_of, row_range, structurally_visible,
 };
 use super::softmax::{
     Exponential, finish_row, masked_score, online_max, probability, probability_and_gradient,
@@ -51,9 +52,20 @@ pub struct StagedConfig {
     pub product: TileProduct,
     /// Elements a unit copies at once when it stages rows (see [`stage_rows`]).
     pub staging: usize,
+    /// Whether the scores take ALiBi's bias.
+    pub alibi: bool,
 }
 
 impl StagedConfig {
+    /// The terms this kernel's scores take: the soft-cap's code always (a runtime
+    /// flag, as in the register tiles), ALiBi's where compiled in.
+    pub fn terms(&self) -> ScoreTerms {
+        ScoreTerms {
+            cap: true,
+            alibi: self.alibi,
+        }
+    }
+
     /// Shared-memory bytes of the forward kernel for inputs of `elem` bytes.
     pub fn forward_bytes(&self, elem: usize) -> usize {
         let (bq, bk) = (self.block_q, self.block_k);
@@ -503,6 +515,8 @@ pub fn staged_forward<F: Float>(
     let head = CUBE_POS_Y as usize;
     let (batch, kv_head) = kv_head_of(head, &sizes);
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
+    let terms = comptime!(config.terms());
+    let slope = alibi_slope(head, &sizes, terms);
     let first_row = CUBE_POS_X as usize * bq;
     let (kv_start, kv_end) = split_key_range(first_row, bq, split_keys, &sizes);
     // Rows of one split's output: every row of every head.
@@ -578,8 +592,14 @@ pub fn staged_forward<F: Float>(
                     let key = start + t as i32;
                     let visible =
                         kept[t] != 0 && key < kv_end && structurally_visible(pos, key, &sizes);
-                    let score =
-                        masked_score(scores[r * bk + t] * sizes.scale, visible, &sizes, true);
+                    let bias = alibi_bias(slope, pos, key, terms);
+                    let score = masked_score(
+                        scores[r * bk + t] * sizes.scale,
+                        bias,
+                        visible,
+                        &sizes,
+                        terms,
+                    );
                     scores[r * bk + t] = score;
                     block_max = f32::max(block_max, score);
                 }
@@ -775,6 +795,8 @@ pub fn staged_backward_q<F: Float>(
     let head = CUBE_POS_Y as usize;
     let (batch, kv_head) = kv_head_of(head, &sizes);
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
+    let terms = comptime!(config.terms());
+    let slope = alibi_slope(head, &sizes, terms);
     let first_row = CUBE_POS_X as usize * bq;
     let (kv_start, kv_end) = key_range(first_row, bq, &sizes);
 
@@ -862,15 +884,17 @@ pub fn staged_backward_q<F: Float>(
                 let t = e / bk;
                 let j = e - t * bk;
                 let pos = i32::cast_from(first_row + t) + shift;
-                let visible = kept[j] != 0 && structurally_visible(pos, start + j as i32, &sizes);
+                let key = start + j as i32;
+                let visible = kept[j] != 0 && structurally_visible(pos, key, &sizes);
                 let (_, ds_value) = probability_and_gradient(
                     scores[e] * sizes.scale,
+                    alibi_bias(slope, pos, key, terms),
                     dp[e],
                     row_lse[t],
                     row_delta[t],
                     visible,
                     &sizes,
-                    true,
+                    terms,
                     Exponential::Library,
                 );
                 ds[e] = F::cast_from(ds_value);
@@ -940,6 +964,7 @@ pub fn staged_backward_kv<F: Float>(
     let kv_head = CUBE_POS_Y as usize;
     let (batch, first_head) = query_heads_of(kv_head, &sizes);
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
+    let terms = comptime!(config.terms());
     let first_key = CUBE_POS_X as usize * bk;
     let (row_start, row_end) = row_range(first_key, bk, &sizes);
 
@@ -982,6 +1007,7 @@ pub fn staged_backward_kv<F: Float>(
 
     for g in 0..group {
         let head = first_head + g;
+        let slope = alibi_slope(head, &sizes, terms);
         let mut start = row_start;
         while start < row_end {
             let first = start as usize;
@@ -1037,12 +1063,13 @@ pub fn staged_backward_kv<F: Float>(
                         row_ok[t] != 0 && kept[j] != 0 && structurally_visible(pos, key, &sizes);
                     let (p, ds_value) = probability_and_gradient(
                         scores[e] * sizes.scale,
+                        alibi_bias(slope, pos, key, terms),
                         dp[e],
                         row_lse[t],
                         row_delta[t],
                         visible,
                         &sizes,
-                        true,
+                        terms,
                         Exponential::Library,
                     );
                     probs[e] = F::cast_from(p);

@@ -303,11 +303,6 @@ pub(crate) fn check_cube(
     if !<CubeBackend as Backend>::supports_dtype(device, dtype) {
         return Err(Unsupported::DeviceDType(dtype));
     }
-    if problem.has_alibi {
-        return Err(Unsupported::Feature(
-            "ALiBi: the CubeCL kernels have no ALiBi term",
-        ));
-    }
     let client = device.client();
     let properties = client.properties();
     if properties.hardware.max_bindings < MAX_BUFFERS {
@@ -496,6 +491,7 @@ pub(crate) fn plan_staged(
                 // Element by element: with vector copies ptxas spills in some of the
                 // smaller-tile f32 kernels (it caps them at 64 registers).
                 staging: 1,
+                alibi: problem.has_alibi,
             })
             .find(|config| bytes(config) <= shared)
     };
@@ -785,6 +781,7 @@ pub(crate) fn plan_fragments(
         adds_dq: false,
         // Set per call at launch (`launch::for_call`).
         softcap: false,
+        alibi: false,
     };
     // The first of `blocks` (rows a tile streams) with `planes` planes whose tiles fit,
     // no longer than the streamed sequence (a decode step's keys, say) needs.

@@ -424,6 +424,10 @@ fn sizes() -> SizesCompilationArg {
         key_mask: (),
         softcap: (),
         sinks: (),
+        alibi: (),
+        alibi_step: (),
+        alibi_scale: (),
+        alibi_padded_heads: (),
     }
 }
 
