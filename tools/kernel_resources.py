@@ -41,6 +41,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "docs" / "benchmarks" / "kernel_resources.jsonl"
+ALIBI_OUT = REPO / "docs" / "benchmarks" / "kernel_resources_alibi.jsonl"
 WHEELS = "nvidia-cuda-nvcc-cu12 nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12"
 INSTALL_HINT = (
     "Install NVIDIA's CUDA tool wheels into a virtual environment of their own:\n"
@@ -285,8 +286,9 @@ def occupancy(registers: int, shared_bytes: int, units: int) -> tuple[float, int
     return blocks * warps / MAX_WARPS_PER_SM, blocks, limiter
 
 
-def generate_sources(folder: Path):
-    """Runs the `kernel_source` program into `folder`."""
+def generate_sources(folder: Path, alibi: bool):
+    """Runs the `kernel_source` program into `folder` (`--alibi`: the kernels of calls
+    with ALiBi)."""
     command = [
         "cargo",
         "run",
@@ -300,7 +302,7 @@ def generate_sources(folder: Path):
         "--",
         "--out",
         str(folder),
-    ]
+    ] + (["--alibi"] if alibi else [])
     print("$ " + " ".join(command), file=sys.stderr)
     try:
         result = subprocess.run(command, cwd=REPO)
@@ -418,9 +420,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "compiles for sm_90a, which adds only instructions these kernels do not use)",
     )
     parser.add_argument(
+        "--alibi",
+        action="store_true",
+        help="the kernels of calls with ALiBi (the bias compiled into every score: "
+        "forward, dQ, dK/dV), written by default to "
+        f"{ALIBI_OUT.relative_to(REPO)}",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
-        default=DEFAULT_OUT,
         help=f"JSON lines to write (default {DEFAULT_OUT.relative_to(REPO)})",
     )
     parser.add_argument(
@@ -430,6 +438,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace):
+    if args.out is None:
+        args.out = ALIBI_OUT if args.alibi else DEFAULT_OUT
     tools = find_tools(args)
     nvrtc = Nvrtc(tools.nvrtc)
     version = subprocess.run(
@@ -443,7 +453,7 @@ def run(args: argparse.Namespace):
         sources = args.sources
         if sources is None:
             sources = work / "sources"
-            generate_sources(sources)
+            generate_sources(sources, args.alibi)
         manifest_path = sources / "variants.json"
         try:
             manifest = json.loads(manifest_path.read_text())

@@ -85,6 +85,10 @@ struct Args {
     /// `fragments_tf32`); every family by default.
     #[arg(long = "family", value_name = "NAME", value_parser = parse_family)]
     families: Vec<KernelFamily>,
+    /// The kernels as calls with ALiBi compile them (its bias in every score): the
+    /// forward, dQ and dK/dV kernels, each file named with an `-alibi` suffix.
+    #[arg(long)]
+    alibi: bool,
 }
 
 /// A family named as tools name it.
@@ -100,7 +104,7 @@ fn parse_family(name: &str) -> Result<KernelFamily, String> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    match run(&args.out, &args.families) {
+    match run(&args.out, &args.families, args.alibi) {
         Ok(count) => {
             eprintln!(
                 "wrote {count} kernels and variants.json to {}",
@@ -115,7 +119,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(out: &Path, families: &[KernelFamily]) -> Result<usize, String> {
+fn run(out: &Path, families: &[KernelFamily], alibi: bool) -> Result<usize, String> {
     if let Ok(tile) = std::env::var("BURN_TRANSFORMER_FLASH_TILE") {
         eprintln!(
             "note: BURN_TRANSFORMER_FLASH_TILE={tile} overrides the tiles of every kernel \
@@ -125,11 +129,13 @@ fn run(out: &Path, families: &[KernelFamily]) -> Result<usize, String> {
     fs::create_dir_all(out)
         .map_err(|err| format!("cannot create the output folder {}: {err}", out.display()))?;
     let (properties, options) = h100();
-    let mut variants = kernel_variants(&properties, &cuda_target())
+    let mut variants = kernel_variants(&properties, &cuda_target(), alibi)
         .map_err(|reason| format!("the fused attention does not take these problems: {reason}"))?;
     if !families.is_empty() {
         variants.retain(|variant| families.contains(&variant.family));
     }
+    // The kernels without scores are the same with ALiBi.
+    variants.retain(|variant| variant.alibi == alibi);
     let mut entries = Vec::with_capacity(variants.len());
     for (index, variant) in variants.iter().enumerate() {
         // The staged family has one kernel per tile size autotuning compares, the
@@ -140,8 +146,9 @@ fn run(out: &Path, families: &[KernelFamily]) -> Result<usize, String> {
             }
             _ => String::new(),
         };
+        let suffix = if alibi { "-alibi" } else { "" };
         let file = format!(
-            "{}-{}-{}-{}x{}{tile}.cu",
+            "{}-{}-{}-{}x{}{tile}{suffix}.cu",
             variant.kernel,
             variant.family,
             dtype_name(variant.dtype),
@@ -169,6 +176,7 @@ fn run(out: &Path, families: &[KernelFamily]) -> Result<usize, String> {
             "rows_per_unit": rows,
             "block": block,
             "lanes": variant.lanes,
+            "alibi": variant.alibi,
             "entry_point": entry_point,
             "dynamic_shared_bytes": dynamic_shared,
             "file": file,

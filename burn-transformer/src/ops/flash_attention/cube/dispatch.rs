@@ -483,6 +483,15 @@ mod tests {
             assert_eq!(rows(FlashKernel::Auto), wide, "{problem:?}");
             assert_eq!(rows(FlashKernel::Fragments), 1, "{problem:?}");
             assert_eq!(rows(FlashKernel::WideFragments), 2, "{problem:?}");
+            // With ALiBi the wide forward would spill: `Auto` keeps the narrow one.
+            let with_alibi = Problem {
+                has_alibi: true,
+                ..problem
+            };
+            assert_eq!(
+                super::super::tiling::auto_forward_row_tiles(&with_alibi, &tensor_cores),
+                1
+            );
         }
         // A runtime that does not report its multiprocessors keeps the narrow forward.
         let mut unknown = tensor_cores.clone();

@@ -610,8 +610,8 @@ pub fn fragment_forward<F: Float>(
         // scaled is the scaled max, and the scale joins each exponential's multiply-add
         // (FlashAttention-2's order), so a score costs a max, a multiply-add and an
         // exponential.
-        let open =
-            sizes.scale > 0.0f32 && block_open(plane_pos, plane_rows, start, bk, kv_end, &sizes);
+        let open = sizes.scale > 0.0f32
+            && block_open(plane_pos, plane_rows, start, bk, kv_end, &sizes, terms);
         // The scale the probabilities still apply to the scores.
         let mut score_scale = 1.0f32;
         if open {
@@ -984,7 +984,7 @@ pub fn fragment_backward_q<F: Float>(
         );
         // dS = P ∘ (dP − D) ∘ softcap', rounded to the input type.
         let mut score_grads = Array::<Pair<F>>::new(comptime!(score_tiles * C_PAIRS));
-        let open = block_open(plane_pos, TILE_M, start, bk, kv_end, &sizes);
+        let open = block_open(plane_pos, TILE_M, start, bk, kv_end, &sizes, terms);
         if open {
             #[unroll(unrolled)]
             for j in 0..score_tiles {
@@ -1294,6 +1294,7 @@ pub fn fragment_backward_kv<F: Float, N: Size>(
                     TILE_M,
                     i32::cast_from(seq_k),
                     &sizes,
+                    terms,
                 );
             if open {
                 #[unroll(unrolled)]

@@ -80,7 +80,6 @@ fn sizes(problem: &Problem, options: &ScoreOptions) -> SizesLaunch {
         problem.has_key_mask as u32,
         options.softcap.is_some() as u32,
         options.has_sinks as u32,
-        options.alibi.is_some() as u32,
         alibi_step(problem.heads, options) as f32,
         options.alibi.map_or(1.0, |alibi| alibi.slope_scale) as f32,
         problem.heads.next_power_of_two() as u32,

@@ -48,8 +48,6 @@ pub struct Sizes {
     /// 1 when per-head sink logits are read (forward only: the backward reads them
     /// through the log-sum-exp, which includes them).
     pub sinks: u32,
-    /// 1 with ALiBi's bias (in kernels compiled with [`ScoreTerms::alibi`]).
-    pub alibi: u32,
     /// ALiBi's exponent step, `max_bias / padded_heads` (see [`alibi_slope`]).
     pub alibi_step: f32,
     /// ALiBi's factor on every slope.
@@ -122,11 +120,12 @@ pub(super) fn structurally_visible(pos: i32, key: i32, sizes: &Sizes) -> bool {
 
 /// Whether each of the `keys` keys from `key_first` is visible from each of the
 /// `rows` absolute query positions from `pos_first` with no per-score work: no padding
-/// mask is read, no soft-cap or ALiBi bias applies, every key lies below `key_end` (real keys of the
+/// mask is read, no soft-cap applies, every key lies below `key_end` (real keys of the
 /// launch's range), and the causal and window structure hides none of them. Such a
 /// block's scores need only the scale (FlashAttention-2 masks only the blocks on a
 /// mask's edge). Each structural bound is monotone in `key − pos`, so the two corners
-/// of the block decide it.
+/// of the block decide it. A kernel compiled with ALiBi (`terms`) has no open block:
+/// the bias is work on every score.
 #[cube]
 pub(super) fn block_open(
     pos_first: i32,
@@ -135,15 +134,19 @@ pub(super) fn block_open(
     #[comptime] keys: usize,
     key_end: i32,
     sizes: &Sizes,
+    #[comptime] terms: ScoreTerms,
 ) -> bool {
-    let pos_last = pos_first + (rows - 1) as i32;
-    let key_last = key_first + (keys - 1) as i32;
-    sizes.key_mask == 0
-        && sizes.softcap == 0
-        && sizes.alibi == 0
-        && key_last < key_end
-        && structurally_visible(pos_first, key_last, sizes)
-        && structurally_visible(pos_last, key_first, sizes)
+    let mut open = false;
+    if comptime!(!terms.alibi) {
+        let pos_last = pos_first + (rows - 1) as i32;
+        let key_last = key_first + (keys - 1) as i32;
+        open = sizes.key_mask == 0
+            && sizes.softcap == 0
+            && key_last < key_end
+            && structurally_visible(pos_first, key_last, sizes)
+            && structurally_visible(pos_last, key_first, sizes);
+    }
+    open
 }
 
 /// Soft-caps a scaled score: `c·tanh(s/c)` where `sizes.softcap` asks for it, in a

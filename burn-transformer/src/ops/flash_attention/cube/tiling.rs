@@ -605,7 +605,10 @@ const WIDE_FORWARD_D_V: usize = 128;
 /// Row tiles of the forward `Auto` runs for `problem` on a GPU with `properties` (see
 /// [`WIDE_FORWARD_MIN_CUBES_PER_PROCESSOR`]): two for launches of at least that many
 /// wide cubes per multiprocessor at value head dim 128, one otherwise (and where the
-/// runtime does not report its multiprocessors).
+/// runtime does not report its multiprocessors). Calls with ALiBi keep the narrow
+/// forward: the bias on every score takes the wide one past 255 registers at head dim
+/// 128 (68 bytes of spills under ptxas, sm_90, bf16), where the narrow one takes 137
+/// without spilling (docs/benchmarks/kernel_resources_alibi.jsonl).
 pub(crate) fn auto_forward_row_tiles(
     problem: &Problem,
     properties: &cubecl::ir::DeviceProperties,
@@ -617,6 +620,7 @@ pub(crate) fn auto_forward_row_tiles(
     let wide_rows = TILE_M * wide * FRAGMENT_PLANE_COUNTS[0];
     let cubes = problem.seq_q.div_ceil(wide_rows) * problem.batch * problem.heads;
     if problem.d_v == WIDE_FORWARD_D_V
+        && !problem.has_alibi
         && cubes >= WIDE_FORWARD_MIN_CUBES_PER_PROCESSOR * processors as usize
     {
         wide

@@ -69,6 +69,12 @@ pub enum AttentionKernel {
 }
 
 impl AttentionKernel {
+    /// Whether the kernel forms attention scores (the pre-pass and the merge do not,
+    /// so ALiBi leaves them alone).
+    pub fn has_scores(self) -> bool {
+        !matches!(self, Self::BackwardPrepass | Self::DecodeMerge)
+    }
+
     /// The kernel's name in tools' output: `forward`, `decode_merge`,
     /// `backward_prepass`, `backward_dq`, `backward_dkdv`.
     pub fn name(self) -> &'static str {
@@ -182,6 +188,9 @@ pub struct KernelVariant {
     /// Units that share each row: the register tiles' rows split over a plane's
     /// lanes on GPUs (see `cube/register_tiles.rs`); 1 for every other kernel.
     pub lanes: usize,
+    /// Whether ALiBi's bias is compiled into the scores (the kernels of calls with
+    /// ALiBi that [have scores](AttentionKernel::has_scores)).
+    pub alibi: bool,
     source: Box<dyn CubeKernel>,
 }
 
@@ -209,6 +218,7 @@ impl fmt::Debug for KernelVariant {
             .field("vector_size", &self.vector_size)
             .field("tile", &self.tile)
             .field("lanes", &self.lanes)
+            .field("alibi", &self.alibi)
             .finish_non_exhaustive()
     }
 }
@@ -234,7 +244,8 @@ fn variant_problem(d_qk: usize, d_v: usize) -> Problem {
 /// Every kernel a device with `properties` would compile for the fused op, for each
 /// family, dtype of [`VARIANT_DTYPES`] and head dims of [`VARIANT_HEAD_DIMS`], with the
 /// tiles `tiling.rs` picks at [`VARIANT_SEQ_LEN`] (the masking options are runtime
-/// flags: they change no compiled kernel). A staged family appears for the problems
+/// flags: they change no compiled kernel), as calls without ALiBi compile them, or
+/// with it (`alibi`: its bias compiled into every score). A staged family appears for the problems
 /// whose tiles fit the device's shared memory, the tensor-core family for the dtypes
 /// and head dims its fragments take. `target` is the runtime's target
 /// properties (its matrix-multiply register layouts).
@@ -244,6 +255,7 @@ fn variant_problem(d_qk: usize, d_v: usize) -> Problem {
 pub fn kernel_variants(
     properties: &DeviceProperties,
     target: &TargetProperties,
+    alibi: bool,
 ) -> Result<Vec<KernelVariant>, Unsupported> {
     let properties = Arc::new(properties.clone());
     let target = Arc::new(target.clone());
@@ -251,7 +263,10 @@ pub fn kernel_variants(
     for family in KernelFamily::ALL {
         for dtype in VARIANT_DTYPES {
             for (d_qk, d_v) in VARIANT_HEAD_DIMS {
-                let problem = variant_problem(d_qk, d_v);
+                let problem = Problem {
+                    has_alibi: alibi,
+                    ..variant_problem(d_qk, d_v)
+                };
                 let tiling = plan_tiling(&problem, &properties)?;
                 let build = Build {
                     problem: &problem,
@@ -285,7 +300,8 @@ pub fn kernel_variants(
                             split_tf32,
                             false,
                         )
-                        .filter(|tiling| tiling.forward.ops == products);
+                        .filter(|tiling| tiling.forward.ops == products)
+                        .map(|tiling| compiled_with_alibi(tiling, alibi));
                         variants.extend(
                             tiling
                                 .into_iter()
@@ -305,7 +321,8 @@ pub fn kernel_variants(
                                 false,
                                 true,
                             )
-                            .filter(|tiling| tiling.forward.ops == FragmentOps::TensorCores);
+                            .filter(|tiling| tiling.forward.ops == FragmentOps::TensorCores)
+                            .map(|tiling| compiled_with_alibi(tiling, alibi));
                             variants.extend(
                                 tiling
                                     .into_iter()
@@ -354,6 +371,16 @@ pub fn kernel_variants(
     Ok(variants)
 }
 
+/// A fragment tiling as calls with ALiBi (or without) compile it: the fragment
+/// configurations carry the call's score terms (see `launch::for_call`).
+fn compiled_with_alibi(tiling: FragmentTiling, alibi: bool) -> FragmentTiling {
+    let with = |config: FragmentConfig| FragmentConfig { alibi, ..config };
+    FragmentTiling {
+        forward: with(tiling.forward),
+        backward: tiling.backward.map(|(dq, dkdv)| (with(dq), with(dkdv))),
+    }
+}
+
 /// What every kernel of one problem is built from.
 struct Build<'a> {
     problem: &'a Problem,
@@ -383,6 +410,7 @@ impl Build<'_> {
             vector_size: self.tiling.vector_size,
             tile: tile.map(|tile| (tile.rows, tile.block)),
             lanes: tile.map_or(1, |tile| tile.lanes),
+            alibi: self.problem.has_alibi && kernel.has_scores(),
             source,
         }
     }
@@ -424,7 +452,6 @@ fn sizes() -> SizesCompilationArg {
         key_mask: (),
         softcap: (),
         sinks: (),
-        alibi: (),
         alibi_step: (),
         alibi_scale: (),
         alibi_padded_heads: (),
@@ -566,6 +593,7 @@ fn fragment_kernels(
         vector_size: 1,
         tile: Some((config.rows(), config.block)),
         lanes: 1,
+        alibi: config.alibi,
         source,
     };
 
@@ -687,6 +715,7 @@ fn staged_kernels(
         vector_size: 1,
         tile,
         lanes: 1,
+        alibi: problem.has_alibi && kernel.has_scores(),
         source,
     };
 
@@ -852,7 +881,7 @@ pub(super) mod tests {
 
     #[test]
     fn every_kernel_dtype_and_head_dim_has_a_variant() {
-        let variants = kernel_variants(&gpu(), &TargetProperties::default()).unwrap();
+        let variants = kernel_variants(&gpu(), &TargetProperties::default(), false).unwrap();
         let kernels = [
             AttentionKernel::Forward,
             AttentionKernel::BackwardPrepass,
@@ -942,7 +971,7 @@ pub(super) mod tests {
                 k: 16,
             });
         }
-        let variants = kernel_variants(&properties, &TargetProperties::default()).unwrap();
+        let variants = kernel_variants(&properties, &TargetProperties::default(), false).unwrap();
         let tensor_cores: Vec<_> = variants
             .iter()
             .filter(|v| v.family == KernelFamily::StagedTensorCores)
@@ -1004,11 +1033,11 @@ pub(super) mod tests {
     /// definition is what CUDA compiles). None without the instruction or in f32.
     #[test]
     fn fragment_variants_need_mma_and_half_types() {
-        let plain = kernel_variants(&gpu(), &TargetProperties::default()).unwrap();
+        let plain = kernel_variants(&gpu(), &TargetProperties::default(), false).unwrap();
         assert!(plain.iter().all(|v| v.family != KernelFamily::Fragments));
 
         let variants =
-            kernel_variants(&gpu_with_fragments(), &TargetProperties::default()).unwrap();
+            kernel_variants(&gpu_with_fragments(), &TargetProperties::default(), false).unwrap();
         let fragments: Vec<_> = variants
             .iter()
             .filter(|v| v.family == KernelFamily::Fragments)
@@ -1045,6 +1074,7 @@ pub(super) mod tests {
         let plain = kernel_variants(
             &without_tf32(gpu_with_fragments()),
             &TargetProperties::default(),
+            false,
         )
         .unwrap();
         assert!(
@@ -1054,7 +1084,7 @@ pub(super) mod tests {
         );
 
         let properties = gpu_with_fragments();
-        let variants = kernel_variants(&properties, &TargetProperties::default()).unwrap();
+        let variants = kernel_variants(&properties, &TargetProperties::default(), false).unwrap();
         let tf32: Vec<_> = variants
             .iter()
             .filter(|v| v.family == KernelFamily::FragmentsTf32)
@@ -1113,7 +1143,7 @@ pub(super) mod tests {
         let mut properties = gpu_with_fragments();
         properties.features.memory_reinterpret = true;
         properties.features.copy_async = true;
-        let variants = kernel_variants(&properties, &TargetProperties::default()).unwrap();
+        let variants = kernel_variants(&properties, &TargetProperties::default(), false).unwrap();
         let overlapped: Vec<_> = variants
             .iter()
             .filter(|v| v.family == KernelFamily::FragmentsOverlapped)
@@ -1246,9 +1276,42 @@ pub(super) mod tests {
         }
     }
 
+    /// The kernels of calls with ALiBi, built for a GPU with tensor cores (the
+    /// fragment kernels' tensor-core products and `ex2.approx` exponentials, which
+    /// lavapipe never compiles): the same kernels as without it, each expanding with
+    /// the bias, for every family at the common head dims.
+    #[test]
+    fn alibi_variants_expand_for_a_tensor_core_gpu() {
+        let properties = gpu_with_fragments();
+        let target = TargetProperties::default();
+        let key = |v: &KernelVariant| (v.kernel, v.family, v.dtype, v.d_qk, v.d_v, v.tile);
+        let plain: Vec<_> = kernel_variants(&properties, &target, false)
+            .unwrap()
+            .iter()
+            .map(key)
+            .collect();
+        let with_alibi = kernel_variants(&properties, &target, true).unwrap();
+        assert_eq!(with_alibi.iter().map(key).collect::<Vec<_>>(), plain);
+        let mut expanded = std::collections::HashSet::new();
+        for variant in &with_alibi {
+            assert_eq!(variant.alibi, variant.kernel.has_scores(), "{variant:?}");
+        }
+        for variant in with_alibi
+            .iter()
+            .filter(|v| v.alibi && v.d_qk <= 128 && v.d_qk == v.d_v)
+        {
+            variant.define().unwrap();
+            expanded.insert(variant.family);
+        }
+        // Every family this device builds, the tensor-core ones among them.
+        let families: std::collections::HashSet<_> = with_alibi.iter().map(|v| v.family).collect();
+        assert_eq!(expanded, families);
+        assert!(expanded.contains(&KernelFamily::Fragments) && expanded.len() >= 6);
+    }
+
     #[test]
     fn definitions_carry_the_launch_shape() {
-        let variants = kernel_variants(&gpu(), &TargetProperties::default()).unwrap();
+        let variants = kernel_variants(&gpu(), &TargetProperties::default(), false).unwrap();
         for variant in variants
             .iter()
             .filter(|v| v.dtype == DType::F32 && v.d_qk == 64 && v.d_v == 64)
