@@ -206,8 +206,9 @@ struct ModelKeys {
     norm_epsilon: Option<f64>,
     /// Nemotron's name of the norms' epsilon (of its LayerNorms).
     norm_eps: Option<f64>,
-    /// Cohere's factor on the output logits.
-    logit_scale: Option<f64>,
+    /// Cohere's factor on the output logits (a number); MPT's files may hold a number
+    /// or the name `inv_sqrt_d_model`, which transformers' MPT does not read.
+    logit_scale: Option<LogitScale>,
     /// QK-norm: GLM-4.5's RMSNorm per head; Cohere's LayerNorm with its own weights per
     /// head (not supported); no other family reads it.
     use_qk_norm: Option<bool>,
@@ -332,6 +333,14 @@ struct ModelKeys {
     /// DeepSeek-V3's FP8 blocks, bitsandbytes, GPTQ, AWQ, …), which this loader does
     /// not read.
     quantization_config: Option<Value>,
+}
+
+/// A logit scale as files write it: a factor, or (MPT's) the name of a rule.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(untagged)]
+enum LogitScale {
+    Factor(f64),
+    Named(String),
 }
 
 /// MPT's `attn_config`: the keys of its attention, nested.
@@ -729,7 +738,7 @@ impl ModelKeys {
             _ => None,
         })
         .with_logit_scale(match family {
-            _ if family.is_cohere() => Some(self.logit_scale.unwrap_or(1.0)),
+            _ if family.is_cohere() => Some(self.cohere_logit_scale()?),
             // HyperCLOVA X multiplies by `logits_scaling`, Granite divides.
             ModelType::HyperClovaX => self.logits_scaling,
             // MiniCPM3 divides the final states by `hidden_size / dim_model_base`.
@@ -1012,10 +1021,31 @@ impl ModelKeys {
         self.attn_config.as_ref().unwrap_or(&DEFAULTS)
     }
 
+    /// Cohere's factor on the logits: 1 where the file has none, a number otherwise.
+    fn cohere_logit_scale(&self) -> Result<f64, KeyError> {
+        match &self.logit_scale {
+            None => Ok(1.0),
+            Some(LogitScale::Factor(factor)) => Ok(*factor),
+            Some(LogitScale::Named(name)) => Err(KeyError::new(
+                "logit_scale",
+                format!(
+                    "is the name {name:?}: Cohere's models multiply their logits by a \
+                     number (0.0625 in the published ones); write that number"
+                ),
+            )),
+        }
+    }
+
     /// MPT's keys that transformers' MPT does not read, noted where a file sets them to
     /// something else than what it computes.
     fn note_mpt_keys(&self, unread: &mut UnreadKeys) {
         let attention = self.mpt_attention();
+        unread.fixed(
+            "logit_scale",
+            self.logit_scale.as_ref().map(|_| "set"),
+            "unset",
+            "unscaled logits",
+        );
         unread.fixed(
             "expansion_ratio",
             self.expansion_ratio,

@@ -265,6 +265,13 @@ fn cohere_with_parallel_blocks_layer_norms_and_scaled_logits_matches_transformer
     matches_transformers("cohere");
     // Command R+'s QK-norm has weights per head, which our QK-norm does not.
     assert_field_refused("cohere", "use_qk_norm", true.into(), "is true");
+    // MPT's named rule is no factor.
+    assert_field_refused(
+        "cohere",
+        "logit_scale",
+        "inv_sqrt_d_model".into(),
+        "write that number",
+    );
 }
 
 #[test]
@@ -1187,7 +1194,7 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
         ),
         // MPT's sizes under the common names, and its keys that transformers' MPT does
         // not read set to what it does not compute: another feed-forward width, other
-        // ALiBi slopes, QK-norm, biases.
+        // ALiBi slopes, QK-norm, biases, a logit scale named by its rule.
         (
             "mpt",
             |config| {
@@ -1200,6 +1207,7 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
                 }
                 config.insert("expansion_ratio".into(), json!(2));
                 config.insert("no_bias".into(), json!(false));
+                config.insert("logit_scale".into(), json!("inv_sqrt_d_model"));
                 let attention = config["attn_config"].as_object_mut().unwrap();
                 attention.insert("alibi_bias_max".into(), json!(4));
                 attention.insert("qk_ln".into(), json!(true));
@@ -1207,6 +1215,7 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
             &[
                 "expansion_ratio",
                 "no_bias",
+                "logit_scale",
                 "attn_config.alibi_bias_max",
                 "attn_config.qk_ln",
             ],
