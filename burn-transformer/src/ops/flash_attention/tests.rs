@@ -1097,7 +1097,19 @@ mod on_device {
             .enumerate()
             .map(|(index, case)| (seed as usize * 100_000 + index, case))
             .collect();
-        let only = std::env::var("BURN_TRANSFORMER_SWEEP_KERNEL").ok();
+        // One family only, by its name (`register`, `staged`, `fragments`, …): a name
+        // that is none would run nothing, so it stops the sweep instead.
+        let only = std::env::var("BURN_TRANSFORMER_SWEEP_KERNEL")
+            .ok()
+            .map(|name| {
+                FlashKernel::parse(&name).unwrap_or_else(|| {
+                    let names: Vec<&str> = FlashKernel::ALL.iter().map(|k| k.name()).collect();
+                    panic!(
+                        "BURN_TRANSFORMER_SWEEP_KERNEL={name} is not a kernel family: one of {}",
+                        names.join(", ")
+                    )
+                })
+            });
         let properties = device_properties(device);
         for kernel in [
             FlashKernel::RegisterTile,
@@ -1108,10 +1120,7 @@ mod on_device {
             FlashKernel::FragmentsTf32,
             FlashKernel::FragmentsOverlapped,
         ] {
-            if only
-                .as_deref()
-                .is_some_and(|name| FlashKernel::parse(name) != Some(kernel))
-            {
+            if only.is_some_and(|only| only != kernel) {
                 continue;
             }
             let dtype = match kernel {
