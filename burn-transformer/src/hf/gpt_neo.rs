@@ -2,14 +2,13 @@
 //! `ln_2`, `mlp.c_fc`, `mlp.c_proj`, `ln_f`) as `nn.Linear` layers, with the attention
 //! one level deeper, `attn.attention.{q,k,v,out}_proj` ([`NAMES`]).
 
+use super::gpt2;
 use super::own_names::OwnNames;
 
-/// GPT-Neo's names ([`OwnNames`]). Old checkpoints store each attention's mask as
+/// GPT-Neo's names ([`OwnNames`]): GPT-2's, with the attention's projections one level
+/// deeper and apart. Old checkpoints store each attention's mask as
 /// `attn.attention.bias` and `attn.attention.masked_bias`.
 pub(crate) const NAMES: OwnNames = OwnNames {
-    prefix: "transformer.",
-    bare_prefixes: &[],
-    layers: "h.",
     // The output projection before the attention, which would match it first.
     layer_names: &[
         ("ln_1.", "input_layernorm."),
@@ -19,14 +18,9 @@ pub(crate) const NAMES: OwnNames = OwnNames {
         ("mlp.c_fc.", "mlp.fc1."),
         ("mlp.c_proj.", "mlp.fc2."),
     ],
-    model_names: &[
-        ("wte.", "model.embed_tokens."),
-        ("wpe.", "embed_positions."),
-        ("ln_f.", "model.norm."),
-    ],
     buffers: &[".attn.attention.bias", ".attn.attention.masked_bias"],
-    head: "lm_head.",
     fused_qkv: None,
+    ..gpt2::NAMES
 };
 
 #[cfg(test)]

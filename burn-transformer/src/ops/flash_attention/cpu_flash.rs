@@ -2193,10 +2193,7 @@ mod tests {
                 d_v: 32,
                 causal: true,
                 padding: Padding::WithEmptyEntry,
-                alibi: Some(Alibi {
-                    max_bias: 8.0,
-                    slope_scale: 1.0,
-                }),
+                alibi: Some(Alibi::new()),
                 ..c
             },
             Case {
@@ -2211,10 +2208,7 @@ mod tests {
                 softcap: Some(5.0),
                 scale_factor: 3.0,
                 sinks: true,
-                alibi: Some(Alibi {
-                    max_bias: 4.0,
-                    slope_scale: 0.5,
-                }),
+                alibi: Some(Alibi::new().with_max_bias(4.0).with_slope_scale(0.5)),
                 ..c
             },
             // Odd head dimensions (column tails) and a window wider than the sequence.
