@@ -316,6 +316,14 @@ def cohere():
     return transformers.CohereConfig(**COMMON, num_key_value_heads=2, logit_scale=0.5)
 
 
+def cohere_qk_norm():
+    # Command R+'s QK-norm (`use_qk_norm`): a LayerNorm without a shift over each
+    # head, with weights of its own per head (`q_norm.weight` [heads, head_dim]).
+    return transformers.CohereConfig(
+        **COMMON, num_key_value_heads=2, logit_scale=0.5, use_qk_norm=True
+    )
+
+
 def cohere2():
     # Cohere's layers over four: three slide (a window shorter than the prompt) and
     # rotate, the fourth attends to everything without RoPE.
@@ -999,6 +1007,23 @@ def stablelm():
     )
 
 
+def phi_qk_layernorm():
+    # Phi with `qk_layernorm`: one LayerNorm with a shift over each head's queries (and
+    # keys), shared by the heads, before the partial rotary embedding.
+    return transformers.PhiConfig(
+        **{k: v for k, v in COMMON.items() if k != "rms_norm_eps"}, qk_layernorm=True
+    )
+
+
+def stablelm_qk_layernorm():
+    # StableLM-2-12B's `qk_layernorm`: a LayerNorm without a shift per head, each head
+    # its own (`q_layernorm.norms.{h}.weight`); 4 query heads over 2 key heads.
+    common = {k: v for k, v in COMMON.items() if k != "rms_norm_eps"}
+    return transformers.StableLmConfig(
+        **common, num_key_value_heads=2, use_qkv_bias=True, qk_layernorm=True
+    )
+
+
 def nemotron():
     # LLaMA's attention with biases, LayerNorm1P (a shifted LayerNorm scaling by
     # 1 + weight), an ungated squared-ReLU feed-forward with biases, the rotary
@@ -1302,6 +1327,7 @@ MODELS = {
     "ernie4_5": (ernie4_5, {}),
     "exaone4": (exaone4, {}),
     "cohere": (cohere, {}),
+    "cohere_qk_norm": (cohere_qk_norm, {}),
     "cohere2": (cohere2, {}),
     "granite": (granite, {}),
     "ministral3": (ministral3, {}),
@@ -1347,7 +1373,9 @@ MODELS = {
     "gpt_neox": (gpt_neox, {}),
     "gpt_neox_sequential": (gpt_neox_sequential, {}),
     "phi": (phi, {}),
+    "phi_qk_layernorm": (phi_qk_layernorm, {}),
     "stablelm": (stablelm, {}),
+    "stablelm_qk_layernorm": (stablelm_qk_layernorm, {}),
     "nemotron": (nemotron, {}),
     "glm": (glm, {}),
     "jais2": (jais2, {}),
@@ -1382,7 +1410,9 @@ def perturb(model: torch.nn.Module, generator: torch.Generator) -> None:
             leaf = name.rsplit(".", 1)[-1]
             owner = model.get_submodule(name.rsplit(".", 1)[0])
             # GPT-2's LayerNorms are `ln_1`, `ln_2`, `ln_f`.
-            if ("norm" in name or ".ln_" in name) and param.dim() == 1:
+            # Command R+'s QK-norms hold a row of weights per head.
+            per_head_norm = name.endswith(("q_norm.weight", "k_norm.weight"))
+            if ("norm" in name or ".ln_" in name) and (param.dim() == 1 or per_head_norm):
                 param.copy_(1.0 + normal(param.shape, 0.2))
             elif leaf == "bias" or param.dim() == 1:
                 param.copy_(normal(param.shape, 0.1))

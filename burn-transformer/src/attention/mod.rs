@@ -18,7 +18,7 @@ pub use self::latent::{
     LatentPath,
 };
 pub use self::multi_head::{MultiHeadAttention, MultiHeadAttentionConfig};
-pub use self::qk_norm::{QkNormConfig, QkNormPlacement};
+pub use self::qk_norm::{QkNorm, QkNormConfig, QkNormKind, QkNormPlacement};
 pub use self::query_temperature::QueryTemperatureConfig;
 pub use self::self_attention::{SelfAttention, SelfAttentionCache, SelfAttentionConfig};
 pub use crate::ops::mask::padding_mask_from_lengths;

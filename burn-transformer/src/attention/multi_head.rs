@@ -13,10 +13,9 @@ use burn::tensor::{Bool, Device, Tensor};
 
 use super::cache::{CrossKvCache, KvCache};
 use super::core::{AttentionImpl, AttentionOptions, attention, attention_with_weights};
-use super::qk_norm::{QkNormConfig, QkNormPlacement};
+use super::qk_norm::{QkNorm, QkNormConfig, QkNormPlacement};
 use super::query_temperature::QueryTemperatureConfig;
 use crate::error::ConfigError;
-use crate::norm::RmsNorm;
 use crate::ops::alibi::Alibi;
 use crate::ops::linear::linear_rows;
 use crate::position::{Rope, RopeConfig};
@@ -107,9 +106,9 @@ pub struct MultiHeadAttention {
     /// Rotary embedding of q and k, if any.
     pub rope: Option<Rope>,
     /// QK-norm of the queries (HF `q_norm`), if any.
-    pub q_norm: Option<RmsNorm>,
+    pub q_norm: Option<QkNorm>,
     /// QK-norm of the keys (HF `k_norm`), if any.
-    pub k_norm: Option<RmsNorm>,
+    pub k_norm: Option<QkNorm>,
     /// The attention sinks, `[n_heads]` (HF `sinks`), if any.
     pub sinks: Option<Param<Tensor<1>>>,
     /// Dropout on attention probabilities (inactive in eval / without autodiff).
@@ -186,7 +185,7 @@ impl MultiHeadAttentionConfig {
             ConfigError::check_finite(MODULE, "scale", scale)?;
         }
         if let Some(qk_norm) = &self.qk_norm {
-            ConfigError::check_non_negative(MODULE, "qk_norm.eps", qk_norm.eps)?;
+            qk_norm.validate()?;
         }
         if let Some(temperature) = &self.query_temperature {
             temperature.validate()?;
@@ -479,7 +478,7 @@ impl MultiHeadAttention {
     ///
     /// # Shapes
     /// - x: `[batch, heads, seq, head_dim]`
-    fn normed_after_rope(&self, x: Tensor<4>, norm: Option<&RmsNorm>) -> Tensor<4> {
+    fn normed_after_rope(&self, x: Tensor<4>, norm: Option<&QkNorm>) -> Tensor<4> {
         match (norm, self.qk_norm) {
             (Some(norm), Some(QkNormPlacement::PerHeadAfterRope)) => norm.forward(x),
             _ => x,
@@ -488,7 +487,7 @@ impl MultiHeadAttention {
 
     /// `[batch, seq, heads * head_dim] -> [batch, heads, seq, head_dim]`, with QK-norm
     /// `norm` applied here when its placement is before RoPE.
-    fn split_normed(&self, x: Tensor<3>, heads: usize, norm: Option<&RmsNorm>) -> Tensor<4> {
+    fn split_normed(&self, x: Tensor<3>, heads: usize, norm: Option<&QkNorm>) -> Tensor<4> {
         match (norm, self.qk_norm) {
             (Some(norm), Some(QkNormPlacement::AcrossHeads)) => {
                 split_heads(self.clipped(norm.forward(x)), heads, self.head_dim)
@@ -611,6 +610,7 @@ mod tests {
     #[test]
     fn qk_norm_normalizes_queries_and_keys_where_each_placement_says() {
         use crate::attention::reference_attention;
+        use crate::norm::Norm;
         use burn::module::Param;
         for placement in [
             QkNormPlacement::PerHead,
@@ -638,7 +638,9 @@ mod tests {
                     (&mut attention.q_norm, &q_weight),
                     (&mut attention.k_norm, &k_weight),
                 ] {
-                    let norm = norm.as_mut().expect("configured");
+                    let Some(QkNorm::Shared(Norm::Rms(norm))) = norm.as_mut() else {
+                        panic!("{placement:?}: an RMSNorm shared by the heads");
+                    };
                     assert_eq!(norm.weight.dims(), weight.dims(), "{placement:?} width");
                     norm.weight = Param::from_tensor(weight.clone());
                 }

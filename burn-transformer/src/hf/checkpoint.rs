@@ -25,7 +25,7 @@ use super::fused_heads::{FusedHeads, FusedLayout};
 use super::keys::{KeyError, read_json, read_keys, required};
 use super::model_type::text_model_family;
 use super::own_names::OwnNames;
-use super::{biogpt, bloom, codegen, falcon, gpt_neo, gpt_neox, gpt2, gptj, mpt, opt};
+use super::{biogpt, bloom, codegen, falcon, gpt_neo, gpt_neox, gpt2, gptj, mpt, opt, stablelm};
 use crate::block::BlockKind;
 use crate::model::CausalLm;
 use crate::module_path::ParamPath;
@@ -359,6 +359,7 @@ fn family_renames(config: &HfConfig) -> &'static [(&'static str, &'static str)] 
         "gpt2" | "gpt_bigcode" | "gpt_neo" | "gptj" | "codegen" | "gpt_neox" | "opt" | "biogpt"
         | "falcon" | "bloom" | "mpt" => &[],
         "phi" => &PHI_NAMES,
+        "stablelm" => &QK_LAYERNORM_NAMES,
         "glm4" => &GLM4_NORMS,
         "hyperclovax" if config.model.block_kind == BlockKind::Sandwich => &HYPERCLOVAX_NORMS,
         // VaultGemma's pre-norm blocks keep Gemma-2's name of the norm before the
@@ -442,9 +443,17 @@ const ARCEE_MLP: [(&str, &str); 2] = [
 
 /// Phi's names of the output projection and the final norm, and ours (its feed-forward's
 /// `fc1`, `fc2` are ours).
-const PHI_NAMES: [(&str, &str); 2] = [
+const PHI_NAMES: [(&str, &str); 4] = [
     (".self_attn.dense.", ".self_attn.o_proj."),
     ("model.final_layernorm.", "model.norm."),
+    QK_LAYERNORM_NAMES[0],
+    QK_LAYERNORM_NAMES[1],
+];
+
+/// Phi's and StableLM's names of the QK-norms (with `qk_layernorm`), and ours.
+const QK_LAYERNORM_NAMES: [(&str, &str); 2] = [
+    (".self_attn.q_layernorm.", ".self_attn.q_norm."),
+    (".self_attn.k_layernorm.", ".self_attn.k_norm."),
 ];
 
 /// StarCoder2's names of an ungated feed-forward's projections, and ours.
@@ -933,6 +942,47 @@ fn stack_experts(
     Ok(tensors)
 }
 
+/// StableLM's QK-norms, one `nn.LayerNorm` per head (`….q_layernorm.norms.{h}.weight`,
+/// [`stablelm::head_norm_row`]), stacked into one `[heads, head_dim]` tensor under
+/// `….q_layernorm.weight`, the rows of our [`PerHeadNorm`](crate::norm::PerHeadNorm).
+/// A group with a missing head or uneven shapes or dtypes is left unstacked: the loader
+/// then names its keys as unexpected and the stacked parameter as missing.
+fn stack_head_norms(
+    tensors: BTreeMap<String, FileTensor>,
+) -> Result<BTreeMap<String, FileTensor>, HfError> {
+    let mut groups: BTreeMap<String, BTreeMap<usize, String>> = BTreeMap::new();
+    for key in tensors.keys() {
+        if let Some((stacked, head)) = stablelm::head_norm_row(key) {
+            groups.entry(stacked).or_default().insert(head, key.clone());
+        }
+    }
+    let mut tensors = tensors;
+    for (stacked, rows) in groups {
+        // Heads 0, 1, … without a gap.
+        if !rows.keys().copied().eq(0..rows.len()) {
+            continue;
+        }
+        let first = &tensors[&rows[&0]];
+        let (dtype, shape) = (first.tensor.dtype, first.tensor.shape.as_slice().to_vec());
+        let file = first.file.clone();
+        let uniform = rows.values().all(|key| {
+            let tensor = &tensors[key].tensor;
+            tensor.dtype == dtype && tensor.shape.as_slice() == shape.as_slice()
+        });
+        if !uniform || shape.len() != 1 {
+            continue;
+        }
+        let mut bytes = Vec::new();
+        for key in rows.values() {
+            let entry = tensors.remove(key).expect("listed key");
+            bytes.extend_from_slice(&entry.bytes(key)?);
+        }
+        let tensor = FileTensor::new(&stacked, dtype, vec![rows.len(), shape[0]], bytes, file);
+        tensors.insert(stacked, tensor);
+    }
+    Ok(tensors)
+}
+
 /// gpt-oss's experts into our layout (see
 /// [`Experts::from_gpt_oss`](crate::ffn::moe::Experts::from_gpt_oss), the same
 /// reordering on tensors): `gate_up_proj` `[E, d_model, 2·d_ff]` with gate and up
@@ -1267,6 +1317,11 @@ fn apply_weights<M: Module>(
     let mut unexpected: Vec<(String, FileTensor)> = Vec::new();
     let tensors = conv1d_as_linear(tensors, model_type)?;
     let tensors = split_fused(stack_experts(tensors)?, key_map)?;
+    let tensors = if model_type == "stablelm" {
+        stack_head_norms(tensors)?
+    } else {
+        tensors
+    };
     let tensors = if model_type == "gpt_oss" {
         reorder_gpt_oss_experts(tensors)?
     } else {

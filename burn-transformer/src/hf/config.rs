@@ -21,7 +21,7 @@ use super::latent::LatentKeys;
 use super::model_type::{ModelType, text_model_family};
 use super::moe::MoeKeys;
 use super::rope::RopeKeys;
-use crate::attention::{QkNormConfig, QkNormPlacement, QueryTemperatureConfig};
+use crate::attention::{QkNormConfig, QkNormKind, QkNormPlacement, QueryTemperatureConfig};
 use crate::block::BlockKind;
 use crate::ffn::Activation;
 use crate::ffn::moe::ExpertGlu;
@@ -210,7 +210,7 @@ struct ModelKeys {
     /// or the name `inv_sqrt_d_model`, which transformers' MPT does not read.
     logit_scale: Option<LogitScale>,
     /// QK-norm: GLM-4.5's RMSNorm per head; Cohere's LayerNorm with its own weights per
-    /// head (not supported); no other family reads it.
+    /// head; no other family reads it.
     use_qk_norm: Option<bool>,
     attention_bias: Option<bool>,
     /// Qwen2-MoE's switch of the q/k/v biases.
@@ -221,7 +221,7 @@ struct ModelKeys {
     use_bias: Option<bool>,
     /// StableLM's switch of the q/k/v biases.
     use_qkv_bias: Option<bool>,
-    /// Phi's and StableLM's LayerNorm of the queries and keys (not supported).
+    /// Phi's and StableLM's LayerNorm of the queries and keys.
     qk_layernorm: Option<bool>,
     /// StableLM's parallel attention and feed-forward.
     use_parallel_residual: Option<bool>,
@@ -385,21 +385,6 @@ impl ModelKeys {
                 ),
             ));
         }
-        if self.use_qk_norm == Some(true) && family.is_cohere() {
-            return Err(KeyError::new(
-                "use_qk_norm",
-                "is true: Cohere's QK-norm (a LayerNorm with its own weights per head) is \
-                 not supported",
-            ));
-        }
-        if self.qk_layernorm == Some(true) && matches!(family, ModelType::Phi | ModelType::StableLm)
-        {
-            return Err(KeyError::new(
-                "qk_layernorm",
-                "is true: a LayerNorm of the queries and keys (with a shift) is not \
-                 supported; only checkpoints with `qk_layernorm: false` load",
-            ));
-        }
         if family == ModelType::InternLm3
             && self.attention_bias.unwrap_or(false) != self.mlp_bias.unwrap_or(false)
         {
@@ -450,7 +435,7 @@ impl ModelKeys {
                  loader builds causal language models",
             ));
         }
-        if family != ModelType::Glm4Moe && !family.is_cohere() {
+        if !matches!(family, ModelType::Glm4Moe | ModelType::Cohere) {
             unread.fixed("use_qk_norm", self.use_qk_norm, false, "no such switch");
         }
         unread.fixed(
@@ -1135,30 +1120,44 @@ impl ModelKeys {
     /// QK-norm, with the model's eps: Qwen3, Qwen3-MoE, dots.llm1, EXAONE-4, GLM-4.5
     /// (with `use_qk_norm`) and Gemma-3 (with Gemma's RMSNorm) normalize each head
     /// (`q_norm` / `k_norm` of width `head_dim`), Hunyuan each rotated head, OLMo-2,
-    /// OLMo-3, OLMoE and MiniMax-M2 the whole projections.
+    /// OLMo-3, OLMoE and MiniMax-M2 the whole projections: all with an RMSNorm. Phi
+    /// (with `qk_layernorm`) takes a LayerNorm with a shift, shared by the heads; Cohere
+    /// (with `use_qk_norm`) and StableLM (with `qk_layernorm`) a LayerNorm without one,
+    /// with weights of its own per head.
     fn qk_norm(&self, family: ModelType) -> Option<QkNormConfig> {
-        let placement = match family {
+        let rms = |placement| {
+            QkNormConfig::new()
+                .with_placement(placement)
+                .with_eps(self.norm_eps(family))
+                .with_unit_offset(family.is_gemma())
+        };
+        let layer = || {
+            QkNormConfig::new()
+                .with_kind(QkNormKind::Layer)
+                .with_eps(self.norm_eps(family))
+        };
+        let qk_layernorm = self.qk_layernorm == Some(true);
+        Some(match family {
             ModelType::Qwen3
             | ModelType::Qwen3Moe
             | ModelType::Dots1
             | ModelType::Gemma3Text
             | ModelType::Exaone4
-            | ModelType::ExaoneMoe => QkNormPlacement::PerHead,
-            ModelType::Glm4Moe if self.use_qk_norm == Some(true) => QkNormPlacement::PerHead,
-            _ if family.is_hunyuan() => QkNormPlacement::PerHeadAfterRope,
+            | ModelType::ExaoneMoe => rms(QkNormPlacement::PerHead),
+            ModelType::Glm4Moe if self.use_qk_norm == Some(true) => rms(QkNormPlacement::PerHead),
+            _ if family.is_hunyuan() => rms(QkNormPlacement::PerHeadAfterRope),
             ModelType::Olmo2
             | ModelType::Olmo3
             | ModelType::Olmoe
             | ModelType::FlexOlmo
-            | ModelType::MinimaxM2 => QkNormPlacement::AcrossHeads,
+            | ModelType::MinimaxM2 => rms(QkNormPlacement::AcrossHeads),
+            ModelType::Phi if qk_layernorm => layer().with_bias(true),
+            ModelType::StableLm if qk_layernorm => layer().with_weights_per_head(true),
+            ModelType::Cohere if self.use_qk_norm == Some(true) => {
+                layer().with_weights_per_head(true)
+            }
             _ => return None,
-        };
-        Some(
-            QkNormConfig::new()
-                .with_placement(placement)
-                .with_eps(self.norm_eps(family))
-                .with_unit_offset(family.is_gemma()),
-        )
+        })
     }
 
     /// Granite-SWA's `layer_rope_theta`, one non-negative base per layer; `None` without

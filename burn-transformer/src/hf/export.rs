@@ -29,8 +29,9 @@ use super::checkpoint::{
 use super::config::{HfConfig, text_model_config};
 use super::error::HfError;
 use super::gpt2;
+use super::stablelm;
 use super::tensors::{HostTensor, encode, host_parameters, write_safetensors};
-use crate::attention::QkNormPlacement;
+use crate::attention::{QkNormKind, QkNormPlacement};
 use crate::block::BlockKind;
 use crate::ffn::Activation;
 use crate::io::write_atomically;
@@ -212,6 +213,21 @@ fn checkpoint_tensors(
         }
         if let Some((fused_key, index, blocks)) = keys.fused(&key) {
             fused.entry(fused_key).or_insert_with(|| vec![None; blocks])[index] = Some(tensor);
+            continue;
+        }
+        // StableLM stores each head's QK-norm on its own.
+        if config.model_type == "stablelm"
+            && let &[heads, width] = tensor.shape.as_slice()
+            && stablelm::head_norm_key(&key, 0).is_some()
+        {
+            for (head, row) in tensor.values.chunks(width.max(1)).take(heads).enumerate() {
+                let key = stablelm::head_norm_key(&key, head).expect("a QK-norm's key");
+                let row = HostTensor {
+                    values: row.to_vec(),
+                    shape: vec![width],
+                };
+                insert(key, row)?;
+            }
             continue;
         }
         if path == "embed_tokens.weight" {
@@ -564,12 +580,17 @@ pub fn hf_config_json(config: &CausalLmConfig) -> Result<Value, HfError> {
         _ if rope.layout != RopeLayout::HalfSplit || rope.partial_rotary_factor != 1.0 => {
             refuse("an interleaved or partial RoPE")
         }
-        _ if config
-            .qk_norm
-            .as_ref()
-            .is_some_and(|qk| qk.placement != QkNormPlacement::PerHead || qk.unit_offset) =>
+        _ if config.qk_norm.as_ref().is_some_and(|qk| {
+            qk.placement != QkNormPlacement::PerHead
+                || qk.unit_offset
+                || qk.kind != QkNormKind::Rms
+                || qk.weights_per_head
+        }) =>
         {
-            refuse("QK-norm other than Qwen3's (per head, before RoPE, without a unit offset)")
+            refuse(
+                "QK-norm other than Qwen3's (an RMSNorm per head shared by the heads, before \
+                 RoPE, without a unit offset)",
+            )
         }
         _ => {
             let (model_type, architecture) =

@@ -38,7 +38,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 77] = [
+const FAMILIES: [&str; 80] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -56,6 +56,7 @@ const FAMILIES: [&str; 77] = [
     "ernie4_5",
     "exaone4",
     "cohere",
+    "cohere_qk_norm",
     "cohere2",
     "granite",
     "ministral3",
@@ -95,7 +96,9 @@ const FAMILIES: [&str; 77] = [
     "bloom",
     "mpt",
     "phi",
+    "phi_qk_layernorm",
     "stablelm",
+    "stablelm_qk_layernorm",
     "nemotron",
     "olmo",
     "hyperclovax",
@@ -201,7 +204,8 @@ mod built_here {
     #[test]
     fn models_built_here_export_as_their_transformers_family() {
         let device = Device::flex();
-        let qk_norm = crate::attention::QkNormConfig::new().with_eps(1e-5);
+        let qk_norm_config = || crate::attention::QkNormConfig::new().with_eps(1e-5);
+        let qk_norm = qk_norm_config();
         let cases = [
             (scratch_config(), "llama"),
             (
@@ -242,6 +246,13 @@ mod built_here {
         let gemma = scratch_config().with_block_kind(BlockKind::Sandwich);
         let error = hf_config_json(&gemma).unwrap_err().to_string();
         assert!(error.contains("a block kind other than Pre-LN"), "{error}");
+        let layer_qk_norm = scratch_config().with_qk_norm(Some(
+            qk_norm_config()
+                .with_kind(crate::attention::QkNormKind::Layer)
+                .with_weights_per_head(true),
+        ));
+        let error = hf_config_json(&layer_qk_norm).unwrap_err().to_string();
+        assert!(error.contains("QK-norm other than Qwen3's"), "{error}");
         let ungated = scratch_config().with_gated_mlp(false);
         let error = hf_config_json(&ungated).unwrap_err().to_string();
         assert!(error.contains("a feed-forward without a gate"), "{error}");

@@ -42,6 +42,7 @@ mod opt;
 mod own_names;
 mod peft;
 mod rope;
+mod stablelm;
 mod tensors;
 
 pub use checkpoint::{

@@ -263,8 +263,6 @@ fn exaone4_with_output_norms_sliding_layers_and_a_full_layer_without_rope_matche
 #[test]
 fn cohere_with_parallel_blocks_layer_norms_and_scaled_logits_matches_transformers() {
     matches_transformers("cohere");
-    // Command R+'s QK-norm has weights per head, which our QK-norm does not.
-    assert_field_refused("cohere", "use_qk_norm", true.into(), "is true");
     // MPT's named rule is no factor.
     assert_field_refused(
         "cohere",
@@ -272,6 +270,12 @@ fn cohere_with_parallel_blocks_layer_norms_and_scaled_logits_matches_transformer
         "inv_sqrt_d_model".into(),
         "write that number",
     );
+}
+
+/// Command R+'s QK-norm: a LayerNorm over each head with weights of its own per head.
+#[test]
+fn cohere_with_a_layer_norm_of_each_head_with_its_own_weights_matches_transformers() {
+    matches_transformers("cohere_qk_norm");
 }
 
 #[test]
@@ -756,12 +760,50 @@ fn nemotron_with_layer_norm_1p_and_an_ungated_relu2_feed_forward_matches_transfo
     matches_transformers("nemotron");
 }
 
-/// Phi's and StableLM's LayerNorm of the queries and keys is refused by name.
+/// Phi's `qk_layernorm`: one LayerNorm with a shift, shared by the heads.
 #[test]
-fn phi_and_stablelm_refuse_a_layer_norm_of_queries_and_keys() {
-    for name in ["phi", "stablelm"] {
-        assert_field_refused(name, "qk_layernorm", true.into(), "is true");
-    }
+fn phi_with_a_shifted_layer_norm_of_queries_and_keys_matches_transformers() {
+    matches_transformers("phi_qk_layernorm");
+}
+
+/// StableLM's `qk_layernorm`: a LayerNorm per head, each stored on its own
+/// (`q_layernorm.norms.{h}.weight`) and loaded as one row of our per-head norm.
+#[test]
+fn stablelm_with_a_layer_norm_per_head_matches_transformers() {
+    matches_transformers("stablelm_qk_layernorm");
+}
+
+/// A StableLM checkpoint that lacks one head's QK-norm is refused, naming the head's
+/// key as unexpected (its siblings cannot be stacked without it).
+#[test]
+fn stablelm_with_a_head_norm_missing_names_the_unstacked_keys() {
+    let missing = "model.layers.1.self_attn.q_layernorm.norms.2.weight";
+    let model = ScratchModel::copy("stablelm_qk_layernorm")
+        .edit_tensors(|tensors| tensors.retain(|(name, ..)| name != missing));
+    let error = model.load();
+    assert!(
+        matches!(&error, HfError::UnexpectedTensor { key, .. }
+            if key.starts_with("model.layers.1.self_attn.q_layernorm.norms.")),
+        "{error}"
+    );
+}
+
+/// Cohere-2 has no QK-norm: its `use_qk_norm` is read by no class, so it is noted as
+/// unread rather than applied.
+#[test]
+fn cohere2_notes_use_qk_norm_as_unread() {
+    let mut config = config_json(&model_dir("cohere2"));
+    config["use_qk_norm"] = true.into();
+    let config = HfConfig::from_value(&config, "config.json").unwrap();
+    assert!(config.model.qk_norm.is_none());
+    assert!(
+        config
+            .unread_keys
+            .iter()
+            .any(|key| key.starts_with("`use_qk_norm: true`")),
+        "{:?}",
+        config.unread_keys
+    );
 }
 
 #[test]
@@ -1875,6 +1917,13 @@ fn gradient_norms(
             "phi" => &[
                 (".self_attn.o_proj.", ".self_attn.dense."),
                 ("model.norm.", "model.final_layernorm."),
+                (".self_attn.q_norm.", ".self_attn.q_layernorm."),
+                (".self_attn.k_norm.", ".self_attn.k_layernorm."),
+            ],
+            // Each row of our per-head norms is one of StableLM's (folded in the test).
+            "stablelm" => &[
+                (".self_attn.q_norm.", ".self_attn.q_layernorm."),
+                (".self_attn.k_norm.", ".self_attn.k_layernorm."),
             ],
             "glm" => &[
                 (".gate_proj.", ".gate_up_proj."),
@@ -1956,12 +2005,26 @@ fn loss_and_every_gradient_match_transformers() {
                 "{what}: loss {got} vs {want}"
             );
             let norms = gradient_norms(&model, loss, &config);
-            let want_norms = reference_values["gradient_norms"].as_object().unwrap();
+            // StableLM's per-head norms are the rows of one of ours: their squared
+            // gradient norms add up.
+            let mut want_norms = std::collections::BTreeMap::<String, f64>::new();
+            for (key, norm) in reference_values["gradient_norms"].as_object().unwrap() {
+                let norm = norm.as_f64().unwrap();
+                let key = match stablelm::head_norm_row(key) {
+                    Some((stacked, _)) if config.model_type == "stablelm" => stacked,
+                    _ => key.clone(),
+                };
+                *want_norms.entry(key).or_insert(0.0) += norm * norm;
+            }
+            let want_norms: std::collections::BTreeMap<String, f64> = want_norms
+                .into_iter()
+                .map(|(key, square)| (key, square.sqrt()))
+                .collect();
             let names: Vec<&String> = norms.keys().collect();
             let want_names: Vec<&String> = want_norms.keys().collect();
             assert_eq!(names, want_names, "{what}: parameters with a gradient");
             for (key, norm) in &norms {
-                let want = want_norms[key].as_f64().unwrap();
+                let want = want_norms[key];
                 assert!(
                     (norm - want).abs() <= 1e-4 * want + 1e-6,
                     "{what}: gradient of {key}: norm {norm} vs {want}"
