@@ -1024,6 +1024,19 @@ def stablelm_qk_layernorm():
     )
 
 
+def persimmon():
+    # Persimmon's layout: Pre-LN blocks of shifted LayerNorms; q, k and v fused head by
+    # head in `query_key_value` (with biases); a shifted LayerNorm of each head's queries
+    # and keys shared by the heads (`qk_layernorm`, the class's default) before the
+    # rotary embedding over half of each head; an ungated squared-ReLU feed-forward
+    # (`dense_h_to_4h`, `dense_4h_to_h`) with biases; an untied head without a bias;
+    # Persimmon-8B's rotary base.
+    return transformers.PersimmonConfig(
+        **{k: v for k, v in COMMON.items() if k != "rms_norm_eps"},
+        rope_parameters={"rope_type": "default", "rope_theta": 25000.0, "partial_rotary_factor": 0.5},
+    )
+
+
 def nemotron():
     # LLaMA's attention with biases, LayerNorm1P (a shifted LayerNorm scaling by
     # 1 + weight), an ungated squared-ReLU feed-forward with biases, the rotary
@@ -1376,6 +1389,7 @@ MODELS = {
     "phi_qk_layernorm": (phi_qk_layernorm, {}),
     "stablelm": (stablelm, {}),
     "stablelm_qk_layernorm": (stablelm_qk_layernorm, {}),
+    "persimmon": (persimmon, {}),
     "nemotron": (nemotron, {}),
     "glm": (glm, {}),
     "jais2": (jais2, {}),

@@ -162,6 +162,7 @@ fn matches_transformers_for_every_family_on_flex() {
         "phi_qk_layernorm",
         "stablelm",
         "stablelm_qk_layernorm",
+        "persimmon",
         "nemotron",
         "olmo",
         "hyperclovax",

@@ -10,7 +10,7 @@
 //! - [`QkNormPlacement::PerHeadAfterRope`] (Hunyuan): per head, on the rotated vectors.
 //!
 //! The first two come before RoPE. The norm is an RMSNorm in most models and a
-//! LayerNorm in Phi (with a shift) and in Command R+ and StableLM-2-12B,
+//! LayerNorm in Phi and Persimmon (with a shift) and in Command R+ and StableLM-2-12B,
 //! whose heads each have weights of their own ([`QkNormConfig::weights_per_head`]);
 //! the others share one weight between all heads.
 
@@ -43,7 +43,7 @@ pub enum QkNormKind {
     /// RMSNorm: scale only (Qwen3, OLMo-2, Gemma-3, Hunyuan).
     Rms,
     /// LayerNorm: subtract the mean, scale, and shift when [`QkNormConfig::bias`] says
-    /// (Phi, Command R+, StableLM).
+    /// (Phi, Persimmon, Command R+, StableLM).
     Layer,
 }
 

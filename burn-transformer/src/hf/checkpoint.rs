@@ -25,7 +25,9 @@ use super::fused_heads::{FusedHeads, FusedLayout};
 use super::keys::{KeyError, read_json, read_keys, required};
 use super::model_type::text_model_family;
 use super::own_names::OwnNames;
-use super::{biogpt, bloom, codegen, falcon, gpt_neo, gpt_neox, gpt2, gptj, mpt, opt, stablelm};
+use super::{
+    biogpt, bloom, codegen, falcon, gpt_neo, gpt_neox, gpt2, gptj, mpt, opt, persimmon, stablelm,
+};
 use crate::block::BlockKind;
 use crate::model::CausalLm;
 use crate::module_path::ParamPath;
@@ -290,12 +292,12 @@ fn check_layer_count<'a>(
 /// `post_feedforward_layernorm`); VaultGemma names the second norm of its pre-norm
 /// blocks `pre_feedforward_layernorm` (ours `post_attention_layernorm`).
 ///
-/// GPT-2's (and GPT-BigCode's), GPT-Neo's, GPT-J's, CodeGen's, GPT-NeoX's, OPT's,
-/// BioGPT's, Falcon's, BLOOM's and MPT's checkpoints name every part their own way
+/// GPT-2's (and GPT-BigCode's), GPT-Neo's, GPT-J's, CodeGen's, GPT-NeoX's, Persimmon's,
+/// OPT's, BioGPT's, Falcon's, BLOOM's and MPT's checkpoints name every part their own way
 /// (`transformer.h.N.attn.c_attn`, `gpt_neox.layers.N.attention.query_key_value`): each
 /// key is translated whole before the rest; GPT-2's `Conv1D` weights are
 /// transposed to `[out, in]` and its `c_attn` split as Phi-3's `qkv_proj`, GPT-NeoX's
-/// `query_key_value` head by head (BLOOM's too), Falcon's group by group
+/// `query_key_value` head by head (BLOOM's and Persimmon's too), Falcon's group by group
 /// ([`KeyMap::fused_heads`]), CodeGen's `qkv_proj` in its blocks, MPT's `Wqkv` as
 /// Phi-3's `qkv_proj`; BLOOM's norm of the embeddings is our `embed_norm`.
 ///
@@ -327,7 +329,9 @@ pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
 /// where it is not q, k and v one after the other.
 fn fused_layout(model_type: &str) -> Option<FusedLayout> {
     match model_type {
-        "gpt_neox" | "falcon" | "bloom" | "gpt_bigcode" => Some(FusedLayout::GroupByGroup),
+        "gpt_neox" | "persimmon" | "falcon" | "bloom" | "gpt_bigcode" => {
+            Some(FusedLayout::GroupByGroup)
+        }
         "codegen" => Some(FusedLayout::Blocks {
             blocks: codegen::FUSED_BLOCKS,
         }),
@@ -356,8 +360,8 @@ fn family_renames(config: &HfConfig) -> &'static [(&'static str, &'static str)] 
         "gpt_oss" => &[(".mlp.router.", ".mlp.gate.")],
         "starcoder2" => &STARCODER2_MLP,
         // GPT-2's, GPT-J's and GPT-NeoX's names are translated whole ([`own_names`]).
-        "gpt2" | "gpt_bigcode" | "gpt_neo" | "gptj" | "codegen" | "gpt_neox" | "opt" | "biogpt"
-        | "falcon" | "bloom" | "mpt" => &[],
+        "gpt2" | "gpt_bigcode" | "gpt_neo" | "gptj" | "codegen" | "gpt_neox" | "persimmon"
+        | "opt" | "biogpt" | "falcon" | "bloom" | "mpt" => &[],
         "phi" => &PHI_NAMES,
         "stablelm" => &QK_LAYERNORM_NAMES,
         "glm4" => &GLM4_NORMS,
@@ -567,6 +571,7 @@ fn own_qkv_tables(model_type: &str) -> Option<&'static [(&'static str, [&'static
     match model_type {
         "gpt2" | "gpt_bigcode" => Some(&gpt2::FUSED_QKV),
         "gpt_neox" => Some(&gpt_neox::FUSED_QKV),
+        "persimmon" => Some(&persimmon::FUSED_QKV),
         "codegen" => Some(&codegen::FUSED_QKV),
         "mpt" => Some(&mpt::FUSED_QKV),
         // BLOOM's names are Falcon's.
@@ -1065,6 +1070,7 @@ pub(crate) fn own_names(config: &HfConfig) -> Option<&'static OwnNames> {
         "opt" => Some(&opt::NAMES),
         "biogpt" => Some(&biogpt::NAMES),
         "gpt_neox" => Some(&gpt_neox::NAMES),
+        "persimmon" => Some(&persimmon::NAMES),
         _ => None,
     }
 }

@@ -221,7 +221,7 @@ struct ModelKeys {
     use_bias: Option<bool>,
     /// StableLM's switch of the q/k/v biases.
     use_qkv_bias: Option<bool>,
-    /// Phi's and StableLM's LayerNorm of the queries and keys.
+    /// Phi's, StableLM's and Persimmon's LayerNorm of the queries and keys.
     qk_layernorm: Option<bool>,
     /// StableLM's parallel attention and feed-forward.
     use_parallel_residual: Option<bool>,
@@ -564,7 +564,7 @@ impl ModelKeys {
                 let bias = unread.fixed("no_bias", self.no_bias, true, "no biases");
                 (!bias, !bias)
             }
-            ModelType::Phi => {
+            ModelType::Phi | ModelType::Persimmon => {
                 unread.fixed(
                     "attention_bias",
                     self.attention_bias,
@@ -628,7 +628,9 @@ impl ModelKeys {
             _ if family.is_ernie() || family == ModelType::Starcoder2 => {
                 self.use_bias.unwrap_or(false)
             }
-            ModelType::Phi => unread.fixed("mlp_bias", self.mlp_bias, true, "feed-forward biases"),
+            ModelType::Phi | ModelType::Persimmon => {
+                unread.fixed("mlp_bias", self.mlp_bias, true, "feed-forward biases")
+            }
             // GPT-NeoX's feed-forward always has biases.
             ModelType::Gpt2
             | ModelType::GptBigcode
@@ -708,7 +710,8 @@ impl ModelKeys {
             | ModelType::Opt
             | ModelType::Biogpt
             | ModelType::Bloom
-            | ModelType::Mpt => n_heads,
+            | ModelType::Mpt
+            | ModelType::Persimmon => n_heads,
             _ => self.num_key_value_heads.unwrap_or(n_heads),
         }))
         .with_head_dim(Some(head_dim))
@@ -1120,8 +1123,8 @@ impl ModelKeys {
     /// QK-norm, with the model's eps: Qwen3, Qwen3-MoE, dots.llm1, EXAONE-4, GLM-4.5
     /// (with `use_qk_norm`) and Gemma-3 (with Gemma's RMSNorm) normalize each head
     /// (`q_norm` / `k_norm` of width `head_dim`), Hunyuan each rotated head, OLMo-2,
-    /// OLMo-3, OLMoE and MiniMax-M2 the whole projections: all with an RMSNorm. Phi
-    /// (with `qk_layernorm`) takes a LayerNorm with a shift, shared by the heads; Cohere
+    /// OLMo-3, OLMoE and MiniMax-M2 the whole projections: all with an RMSNorm. Phi and
+    /// Persimmon (with `qk_layernorm`) take a LayerNorm with a shift, shared by the heads; Cohere
     /// (with `use_qk_norm`) and StableLM (with `qk_layernorm`) a LayerNorm without one,
     /// with weights of its own per head.
     fn qk_norm(&self, family: ModelType) -> Option<QkNormConfig> {
@@ -1151,7 +1154,7 @@ impl ModelKeys {
             | ModelType::Olmoe
             | ModelType::FlexOlmo
             | ModelType::MinimaxM2 => rms(QkNormPlacement::AcrossHeads),
-            ModelType::Phi if qk_layernorm => layer().with_bias(true),
+            ModelType::Phi | ModelType::Persimmon if qk_layernorm => layer().with_bias(true),
             ModelType::StableLm if qk_layernorm => layer().with_weights_per_head(true),
             ModelType::Cohere if self.use_qk_norm == Some(true) => {
                 layer().with_weights_per_head(true)
@@ -1243,7 +1246,8 @@ impl ModelKeys {
     }
 
     /// The norms' epsilon: Cohere's, Jais-2's, GPT-2's and GPT-J's (`layer_norm_epsilon`),
-    /// GPT-NeoX's, Falcon's (`layer_norm_epsilon`), Phi's and StableLM's `layer_norm_eps`,
+    /// GPT-NeoX's, Falcon's (`layer_norm_epsilon`), Phi's, StableLM's and Persimmon's
+    /// `layer_norm_eps`,
     /// StarCoder2's `norm_epsilon`, Nemotron's `norm_eps`, OLMo's fixed 1e-5, every
     /// other family's `rms_norm_eps`.
     fn norm_eps(&self, family: ModelType) -> f64 {
@@ -1263,6 +1267,7 @@ impl ModelKeys {
                         | ModelType::Mpt
                         | ModelType::Phi
                         | ModelType::StableLm
+                        | ModelType::Persimmon
                 ) =>
             {
                 self.layer_norm_eps.unwrap_or(1e-5)
@@ -1282,7 +1287,8 @@ impl ModelKeys {
     /// `max_window_layers`) names; dots.llm1 on those layers whenever a window is set;
     /// Qwen3-MoE with `use_sliding_window` on every layer; other families on the layers
     /// `layer_types` names, or every layer; GPT-2 and its era's families, LLaMA,
-    /// InternLM3, MiniCPM3, HyperCLOVA X, OLMo, Phi, StableLM, Nemotron, GLM, Jais-2, Youtu,
+    /// InternLM3, MiniCPM3, HyperCLOVA X, OLMo, Phi, StableLM, Persimmon, Nemotron, GLM,
+    /// Jais-2, Youtu,
     /// FlexOlmo, Solar-Open, Granite, Arcee, Helium, Hunyuan, Gemma, GLM-4, GLM-4.5, GLM-4.7-Flash, OLMoE, MiniMax-M2, Seed-OSS,
     /// ERNIE-4.5(-MoE) and Cohere never.
     fn sliding_window(
@@ -1313,6 +1319,7 @@ impl ModelKeys {
             | ModelType::Olmo
             | ModelType::Phi
             | ModelType::StableLm
+            | ModelType::Persimmon
             | ModelType::Nemotron
             | ModelType::Glm
             | ModelType::Jais2

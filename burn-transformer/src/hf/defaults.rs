@@ -386,6 +386,10 @@ fn class_defaults(family: ModelType) -> Value {
             "hidden_act": "gelu_new", "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.5,
             "qk_layernorm": false
         }),
+        ModelType::Persimmon => json!({
+            "hidden_act": "relu2", "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.5,
+            "qk_layernorm": true
+        }),
         ModelType::StableLm => json!({
             "num_key_value_heads": 32, "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.25,
             "use_qkv_bias": false, "qk_layernorm": false, "use_parallel_residual": false
@@ -591,6 +595,11 @@ fn class_defaults(family: ModelType) -> Value {
     {
         defaults.extend(own);
         defaults.extend(sizes);
+        // Phi's and Persimmon's classes have no `attention_bias`: their projections
+        // always have biases, and a file without the key asks for nothing.
+        if matches!(family, ModelType::Phi | ModelType::Persimmon) {
+            defaults.remove("attention_bias");
+        }
     }
     defaults
 }
@@ -632,6 +641,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Phi => [51200, 2048, 8192, 24, 32, 2048],
         ModelType::Nemotron => [256000, 6144, 24576, 32, 48, 4096],
         ModelType::StableLm => [50304, 2560, 6912, 32, 32, 4096],
+        ModelType::Persimmon => [262144, 4096, 16384, 36, 64, 16384],
         ModelType::Jais2 => [150272, 3328, 26624, 32, 26, 8192],
         ModelType::Youtu => [128256, 2048, 6144, 32, 16, 131072],
         ModelType::MiniCpm3 => [73448, 2560, 6400, 62, 40, 32768],
@@ -706,6 +716,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Phi => (Some(1), Some(2), None),
         ModelType::Nemotron => (Some(2), Some(3), None),
         ModelType::StableLm => (Some(0), Some(0), None),
+        ModelType::Persimmon => (Some(1), Some(2), None),
         ModelType::Jais2 => (Some(0), Some(150024), None),
         ModelType::Youtu => (Some(128000), Some(128001), None),
         ModelType::MiniCpm3 => (Some(1), Some(2), None),

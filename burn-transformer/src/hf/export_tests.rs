@@ -38,7 +38,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 80] = [
+const FAMILIES: [&str; 81] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -99,6 +99,7 @@ const FAMILIES: [&str; 80] = [
     "phi_qk_layernorm",
     "stablelm",
     "stablelm_qk_layernorm",
+    "persimmon",
     "nemotron",
     "olmo",
     "hyperclovax",

@@ -41,6 +41,7 @@ mod mpt;
 mod opt;
 mod own_names;
 mod peft;
+mod persimmon;
 mod rope;
 mod stablelm;
 mod tensors;

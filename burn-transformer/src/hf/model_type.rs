@@ -42,6 +42,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "mpt",
     "phi",
     "stablelm",
+    "persimmon",
     "nemotron",
     "glm",
     "jais2",
@@ -227,6 +228,11 @@ pub(crate) enum ModelType {
     /// embedding over a quarter of each head, optional q/k/v biases and parallel
     /// blocks.
     StableLm,
+    /// Persimmon (Persimmon-8B, Fuyu's language model): Pre-LN blocks of shifted
+    /// LayerNorms, q, k and v fused head by head with biases, a shifted LayerNorm of
+    /// each head's queries and keys (`qk_layernorm`), the rotary embedding over half of
+    /// each head, an ungated squared-ReLU feed-forward with biases.
+    Persimmon,
     /// Nemotron (Nemotron-3, Minitron): LLaMA's attention with `LayerNorm1P` (a shifted
     /// LayerNorm scaling by `1 + weight`), an ungated squared-ReLU feed-forward and the
     /// rotary embedding over half of each head.
@@ -317,7 +323,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 66] = [
+    const ALL: [Self; 67] = [
         Self::Llama,
         Self::InternLm3,
         Self::Mistral,
@@ -357,6 +363,7 @@ impl ModelType {
         Self::Mpt,
         Self::Phi,
         Self::StableLm,
+        Self::Persimmon,
         Self::Nemotron,
         Self::Glm,
         Self::Jais2,
@@ -428,6 +435,7 @@ impl ModelType {
             Self::Mpt => "mpt",
             Self::Phi => "phi",
             Self::StableLm => "stablelm",
+            Self::Persimmon => "persimmon",
             Self::Nemotron => "nemotron",
             Self::Glm => "glm",
             Self::Jais2 => "jais2",
@@ -559,7 +567,12 @@ impl ModelType {
         self.is_classic_gpt()
             || matches!(
                 self,
-                Self::Starcoder2 | Self::Jais2 | Self::Phi | Self::StableLm | Self::Nemotron
+                Self::Starcoder2
+                    | Self::Jais2
+                    | Self::Phi
+                    | Self::StableLm
+                    | Self::Persimmon
+                    | Self::Nemotron
             )
     }
 
@@ -572,6 +585,7 @@ impl ModelType {
                     | Self::Starcoder2
                     | Self::Jais2
                     | Self::Phi
+                    | Self::Persimmon
                     | Self::Nemotron
                     | Self::Mpt
             )

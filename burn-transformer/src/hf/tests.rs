@@ -773,6 +773,36 @@ fn stablelm_with_a_layer_norm_per_head_matches_transformers() {
     matches_transformers("stablelm_qk_layernorm");
 }
 
+#[test]
+fn persimmon_with_fused_qkv_a_shifted_qk_norm_and_half_rope_matches_transformers() {
+    matches_transformers("persimmon");
+}
+
+/// Every fixture's own `config.json` loads without a note of an unread key: a key the
+/// file leaves out asks for nothing (Phi's class has no `attention_bias`, so the
+/// default of the classes that have one must not be noted as ignored).
+#[test]
+fn fixture_configs_load_without_unread_keys() {
+    let mut checked = 0;
+    for entry in std::fs::read_dir(fixture_dir().join("hf")).unwrap() {
+        let path = entry.unwrap().path().join(CONFIG_FILE);
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let config = HfConfig::from_value(&value, "config.json")
+            .unwrap_or_else(|error| panic!("{}: {error}", path.display()));
+        assert!(
+            config.unread_keys.is_empty(),
+            "{}: {:?}",
+            path.display(),
+            config.unread_keys
+        );
+        checked += 1;
+    }
+    assert!(checked >= 80, "{checked} fixture configs");
+}
+
 /// A StableLM checkpoint that lacks one head's QK-norm is refused, naming the head's
 /// key as unexpected (its siblings cannot be stacked without it).
 #[test]
@@ -885,7 +915,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 51] = [
+    let cases: [(&str, Edit, &[&str]); 52] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -1353,6 +1383,22 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
             |config| {
                 config.remove("rope_parameters");
                 config.insert("attention_bias".into(), json!(true));
+            },
+            &["attention_bias"],
+        ),
+        // Persimmon's files as transformers 4 wrote them (Persimmon-8B's): the rotary
+        // base and part at the top level, no rotary scaling, QK-norm by the class's
+        // default. Its projections always have biases.
+        (
+            "persimmon",
+            |config| {
+                for key in ["rope_parameters", "qk_layernorm", "hidden_act"] {
+                    config.remove(key);
+                }
+                config.insert("rope_theta".into(), json!(25000.0));
+                config.insert("partial_rotary_factor".into(), json!(0.5));
+                config.insert("rope_scaling".into(), json!(null));
+                config.insert("attention_bias".into(), json!(false));
             },
             &["attention_bias"],
         ),
