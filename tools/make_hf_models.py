@@ -414,6 +414,14 @@ def arcee():
     )
 
 
+def apertus():
+    # Apertus' layout: LLaMA with QK-norm per head, an ungated xIELU feed-forward
+    # (`up_proj`, `down_proj`; the activation's learned `act_fn.alpha_p`, `alpha_n`
+    # and fixed `beta`, `eps` in the checkpoint), its norms named `attention_layernorm`
+    # and `feedforward_layernorm`, the class's LLaMA-3 rotary scaling at base 1.2e7, GQA.
+    return transformers.ApertusConfig(**COMMON, num_key_value_heads=2)
+
+
 def helium():
     # LLaMA with the rotary embedding on neighbouring pairs, biases on q, k, v (none on
     # the output projection) and on the feed-forward.
@@ -1347,6 +1355,7 @@ MODELS = {
     "hyperclovax": (hyperclovax, {}),
     "granite_swa": (granite_swa, {}),
     "arcee": (arcee, {}),
+    "apertus": (apertus, {}),
     "helium": (helium, {}),
     "ministral": (ministral, {}),
     "starcoder2": (starcoder2, {}),
@@ -1423,10 +1432,13 @@ def perturb(model: torch.nn.Module, generator: torch.Generator) -> None:
         for name, param in model.named_parameters():
             leaf = name.rsplit(".", 1)[-1]
             owner = model.get_submodule(name.rsplit(".", 1)[0])
-            # GPT-2's LayerNorms are `ln_1`, `ln_2`, `ln_f`.
             # Command R+'s QK-norms hold a row of weights per head.
             per_head_norm = name.endswith(("q_norm.weight", "k_norm.weight"))
-            if ("norm" in name or ".ln_" in name) and (param.dim() == 1 or per_head_norm):
+            # Apertus' xIELU factors (before softplus): around their initial values.
+            if name.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):
+                param.copy_(param + normal(param.shape, 0.3))
+            # GPT-2's LayerNorms are `ln_1`, `ln_2`, `ln_f`.
+            elif ("norm" in name or ".ln_" in name) and (param.dim() == 1 or per_head_norm):
                 param.copy_(1.0 + normal(param.shape, 0.2))
             elif leaf == "bias" or param.dim() == 1:
                 param.copy_(normal(param.shape, 0.1))
@@ -1441,6 +1453,9 @@ def perturb(model: torch.nn.Module, generator: torch.Generator) -> None:
         saved = set(model.state_dict())
         for name, buffer in model.named_buffers():
             if "inv_freq" in name or not buffer.is_floating_point() or name not in saved:
+                continue
+            # xIELU's `beta` and `eps` are constants of the activation, saved as buffers.
+            if name.endswith(("act_fn.beta", "act_fn.eps")):
                 continue
             # MoE balancing biases (DeepSeek-V3's e_score_correction_bias).
             buffer.copy_(normal(buffer.shape, 0.1))

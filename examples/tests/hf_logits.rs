@@ -163,6 +163,7 @@ fn matches_transformers_for_every_family_on_flex() {
         "stablelm",
         "stablelm_qk_layernorm",
         "persimmon",
+        "apertus",
         "nemotron",
         "olmo",
         "hyperclovax",

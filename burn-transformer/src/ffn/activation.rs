@@ -21,6 +21,10 @@ pub enum Activation {
     Silu,
     /// `max(0, x)²` (`"relu2"`; Primer, Arcee's ungated feed-forward).
     Relu2,
+    /// xIELU (`"xielu"`; Apertus), whose two factors are learned: the ungated
+    /// [`DenseFfn`](super::DenseFfn) holds them ([`Xielu`](super::Xielu), HF `act_fn`);
+    /// anywhere else this is xIELU at its initial factors, a fixed function.
+    Xielu,
 }
 
 impl Activation {
@@ -36,6 +40,7 @@ impl Activation {
             Self::Relu => relu(x),
             Self::Silu => silu(x),
             Self::Relu2 => relu(x).powi_scalar(2),
+            Self::Xielu => super::xielu::xielu_at_initial_factors(x),
         }
     }
 }

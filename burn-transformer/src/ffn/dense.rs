@@ -9,7 +9,7 @@ use burn::module::{Initializer, Module};
 use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::tensor::{Device, Tensor};
 
-use super::Activation;
+use super::{Activation, Xielu, XieluConfig};
 use crate::error::ConfigError;
 
 const MODULE: &str = "DenseFfnConfig";
@@ -62,6 +62,9 @@ impl DenseFfnConfig {
             fc1: linear(self.d_model, self.d_ff),
             fc2: linear(self.d_ff, self.d_model),
             dropout: DropoutConfig::new(self.dropout).init(),
+            act_fn: (self.activation == Activation::Xielu)
+                .then(|| XieluConfig::new().try_init(device))
+                .transpose()?,
             activation: self.activation,
         })
     }
@@ -78,6 +81,9 @@ pub struct DenseFfn {
     pub fc2: Linear,
     /// On the hidden activations; active only on autodiff devices in training.
     pub dropout: Dropout,
+    /// The activation's learned parameters, for xIELU (HF `act_fn`); `None` for the
+    /// others.
+    pub act_fn: Option<Xielu>,
     /// Between `fc1` and `fc2`.
     #[module(skip)]
     pub activation: Activation,
@@ -90,7 +96,11 @@ impl DenseFfn {
     /// - x: `[..., d_model]`
     /// - output: `[..., d_model]`
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        let hidden = self.activation.forward(self.fc1.forward(x));
+        let projected = self.fc1.forward(x);
+        let hidden = match &self.act_fn {
+            Some(xielu) => xielu.forward(projected),
+            None => self.activation.forward(projected),
+        };
         self.fc2.forward(self.dropout.forward(hidden))
     }
 }

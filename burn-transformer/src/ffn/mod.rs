@@ -4,11 +4,13 @@ mod activation;
 mod dense;
 pub mod moe;
 mod swiglu;
+mod xielu;
 
 pub use activation::Activation;
 pub use dense::{DenseFfn, DenseFfnConfig};
 pub use moe::{Moe, MoeConfig, MoeLayerPlan, MoeOutput};
 pub use swiglu::{SwiGlu, SwiGluConfig};
+pub use xielu::{Xielu, XieluConfig};
 mod feed_forward;
 pub use feed_forward::{FeedForward, FeedForwardConfig, FeedForwardOutput};
 

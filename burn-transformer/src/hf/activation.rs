@@ -15,9 +15,10 @@ pub(crate) fn activation(name: &str) -> Result<Activation, String> {
         "relu" => Ok(Activation::Relu),
         "relu2" => Ok(Activation::Relu2),
         "silu" | "swish" => Ok(Activation::Silu),
+        "xielu" => Ok(Activation::Xielu),
         other => Err(format!(
             "unsupported activation \"{other}\" (expected gelu, gelu_new, gelu_pytorch_tanh, \
-             gelu_fast, relu, relu2, silu or swish)"
+             gelu_fast, relu, relu2, silu, swish or xielu)"
         )),
     }
 }

@@ -26,7 +26,8 @@ use super::keys::{KeyError, read_json, read_keys, required};
 use super::model_type::text_model_family;
 use super::own_names::OwnNames;
 use super::{
-    biogpt, bloom, codegen, falcon, gpt_neo, gpt_neox, gpt2, gptj, mpt, opt, persimmon, stablelm,
+    apertus, biogpt, bloom, codegen, falcon, gpt_neo, gpt_neox, gpt2, gptj, mpt, opt, persimmon,
+    stablelm,
 };
 use crate::block::BlockKind;
 use crate::model::CausalLm;
@@ -321,6 +322,7 @@ pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
             layout,
         }),
         own_names: own_names(config),
+        xielu_buffers: config.model_type == "apertus",
         unloaded_mtp_modules: matches!(config.model_type.as_str(), "ernie4_5_moe" | "exaone_moe"),
     }
 }
@@ -369,6 +371,7 @@ fn family_renames(config: &HfConfig) -> &'static [(&'static str, &'static str)] 
         // VaultGemma's pre-norm blocks keep Gemma-2's name of the norm before the
         // feed-forward.
         "vaultgemma" => &[(".pre_feedforward_layernorm.", ".post_attention_layernorm.")],
+        "apertus" => &apertus::NAMES,
         _ if !config.model.gated_mlp => &ARCEE_MLP,
         _ => &[],
     }
@@ -622,6 +625,9 @@ struct CausalLmKeys {
     /// The names of a family whose every key is its own (GPT-2, GPT-NeoX), read as
     /// LLaMA's before the renames.
     own_names: Option<&'static OwnNames>,
+    /// The checkpoints hold xIELU's constant buffers (Apertus'
+    /// [`apertus::XIELU_BUFFERS`]), which are no parameters of ours.
+    xielu_buffers: bool,
     /// The checkpoints hold multi-token-prediction modules that transformers does not
     /// load, named `mtp…` (ERNIE-4.5-MoE's `model.mtp_block.0.…`,
     /// `model.mtp_emb_norm.0.…`; EXAONE-MoE's `mtp.…`).
@@ -692,6 +698,9 @@ impl CausalLmKeys {
     /// [`KeyMap::action`] for a key of a text model's own checkpoint.
     fn text_action(&self, key: &str) -> KeyAction {
         if key.ends_with(".rotary_emb.inv_freq") || (self.tied && key == "lm_head.weight") {
+            return KeyAction::Ignore;
+        }
+        if self.xielu_buffers && apertus::is_xielu_buffer(key) {
             return KeyAction::Ignore;
         }
         if self.unloaded_mtp_modules && key.split('.').any(|part| part.starts_with("mtp")) {

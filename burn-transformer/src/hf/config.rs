@@ -1120,7 +1120,7 @@ impl ModelKeys {
         Ok(())
     }
 
-    /// QK-norm, with the model's eps: Qwen3, Qwen3-MoE, dots.llm1, EXAONE-4, GLM-4.5
+    /// QK-norm, with the model's eps: Qwen3, Qwen3-MoE, dots.llm1, EXAONE-4, Apertus, GLM-4.5
     /// (with `use_qk_norm`) and Gemma-3 (with Gemma's RMSNorm) normalize each head
     /// (`q_norm` / `k_norm` of width `head_dim`), Hunyuan each rotated head, OLMo-2,
     /// OLMo-3, OLMoE and MiniMax-M2 the whole projections: all with an RMSNorm. Phi and
@@ -1146,7 +1146,8 @@ impl ModelKeys {
             | ModelType::Dots1
             | ModelType::Gemma3Text
             | ModelType::Exaone4
-            | ModelType::ExaoneMoe => rms(QkNormPlacement::PerHead),
+            | ModelType::ExaoneMoe
+            | ModelType::Apertus => rms(QkNormPlacement::PerHead),
             ModelType::Glm4Moe if self.use_qk_norm == Some(true) => rms(QkNormPlacement::PerHead),
             _ if family.is_hunyuan() => rms(QkNormPlacement::PerHeadAfterRope),
             ModelType::Olmo2
@@ -1289,7 +1290,7 @@ impl ModelKeys {
     /// `layer_types` names, or every layer; GPT-2 and its era's families, LLaMA,
     /// InternLM3, MiniCPM3, HyperCLOVA X, OLMo, Phi, StableLM, Persimmon, Nemotron, GLM,
     /// Jais-2, Youtu,
-    /// FlexOlmo, Solar-Open, Granite, Arcee, Helium, Hunyuan, Gemma, GLM-4, GLM-4.5, GLM-4.7-Flash, OLMoE, MiniMax-M2, Seed-OSS,
+    /// FlexOlmo, Solar-Open, Granite, Arcee, Apertus, Helium, Hunyuan, Gemma, GLM-4, GLM-4.5, GLM-4.7-Flash, OLMoE, MiniMax-M2, Seed-OSS,
     /// ERNIE-4.5(-MoE) and Cohere never.
     fn sliding_window(
         &self,
@@ -1330,6 +1331,7 @@ impl ModelKeys {
             | ModelType::GraniteMoe
             | ModelType::GraniteMoeShared
             | ModelType::Arcee
+            | ModelType::Apertus
             | ModelType::Helium
             | ModelType::HunyuanV1Dense
             | ModelType::HunyuanV1Moe

@@ -22,6 +22,7 @@ use burn::module::Module;
 use burn::tensor::DType;
 use serde_json::{Value, json};
 
+use super::apertus;
 use super::checkpoint::{
     CONFIG_FILE, INDEX_FILE, KeyMap, WEIGHTS_FILE, causal_lm_key_map, has_mixtral_layout,
     has_unit_leading_dim,
@@ -283,9 +284,21 @@ fn checkpoint_tensors(
         };
         insert(key, HostTensor { values, shape })?;
     }
+    let n_layers = config.model.n_layers;
+    // Apertus stores xIELU's constants as buffers of every layer.
+    if config.model_type == "apertus" {
+        for layer in 0..n_layers {
+            for (key, value) in apertus::xielu_buffers(layer) {
+                let constant = HostTensor {
+                    values: vec![value as f32],
+                    shape: Vec::new(),
+                };
+                insert(key, constant)?;
+            }
+        }
+    }
     // DeepSeek-V3 stores each multi-token-prediction layer with copies of the
     // embedding and of the output head.
-    let n_layers = config.model.n_layers;
     for depth in 0..mtp_depth {
         let layer = format!("model.layers.{}", n_layers + depth);
         let vocab = config.model.vocab_size;
@@ -362,6 +375,8 @@ fn gpt2_config_json(config: &CausalLmConfig) -> Result<Value, HfError> {
         Activation::Relu => "relu",
         Activation::Silu => "silu",
         Activation::Relu2 => "relu2",
+        // GPT-2's `mlp.act` would hold xIELU's parameters under names of its own.
+        Activation::Xielu => return refuse("xIELU activation"),
     };
     let scale_attn_weights = match config.attention_scale {
         None => true,

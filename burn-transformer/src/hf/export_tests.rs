@@ -38,7 +38,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 81] = [
+const FAMILIES: [&str; 82] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -100,6 +100,7 @@ const FAMILIES: [&str; 81] = [
     "stablelm",
     "stablelm_qk_layernorm",
     "persimmon",
+    "apertus",
     "nemotron",
     "olmo",
     "hyperclovax",

@@ -18,6 +18,7 @@
 //! ```
 
 mod activation;
+mod apertus;
 mod biogpt;
 mod bloom;
 mod checkpoint;

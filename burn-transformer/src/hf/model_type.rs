@@ -25,6 +25,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "hyperclovax",
     "granite_swa",
     "arcee",
+    "apertus",
     "helium",
     "starcoder2",
     "hunyuan_v1_dense",
@@ -154,6 +155,9 @@ pub(crate) enum ModelType {
     /// Arcee (AFM): LLaMA with an ungated feed-forward of squared ReLU,
     /// `down(relu(up(x))²)`.
     Arcee,
+    /// Apertus (Swiss AI): LLaMA with QK-norm per head and an ungated feed-forward of
+    /// xIELU, whose two factors are learned in every layer.
+    Apertus,
     /// Helium (Kyutai): LLaMA with the rotary embedding on neighbouring pairs and no
     /// bias on the output projection.
     Helium,
@@ -323,7 +327,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 67] = [
+    const ALL: [Self; 68] = [
         Self::Llama,
         Self::InternLm3,
         Self::Mistral,
@@ -346,6 +350,7 @@ impl ModelType {
         Self::HyperClovaX,
         Self::GraniteSwa,
         Self::Arcee,
+        Self::Apertus,
         Self::Helium,
         Self::Starcoder2,
         Self::HunyuanV1Dense,
@@ -418,6 +423,7 @@ impl ModelType {
             Self::HyperClovaX => "hyperclovax",
             Self::GraniteSwa => "granite_swa",
             Self::Arcee => "arcee",
+            Self::Apertus => "apertus",
             Self::Helium => "helium",
             Self::Starcoder2 => "starcoder2",
             Self::HunyuanV1Dense => "hunyuan_v1_dense",
@@ -582,6 +588,7 @@ impl ModelType {
             || matches!(
                 self,
                 Self::Arcee
+                    | Self::Apertus
                     | Self::Starcoder2
                     | Self::Jais2
                     | Self::Phi

@@ -773,6 +773,13 @@ fn stablelm_with_a_layer_norm_per_head_matches_transformers() {
     matches_transformers("stablelm_qk_layernorm");
 }
 
+/// Apertus: xIELU's learned factors load into every layer's feed-forward, its constant
+/// buffers are not parameters.
+#[test]
+fn apertus_with_an_ungated_xielu_feed_forward_and_qk_norm_matches_transformers() {
+    matches_transformers("apertus");
+}
+
 #[test]
 fn persimmon_with_fused_qkv_a_shifted_qk_norm_and_half_rope_matches_transformers() {
     matches_transformers("persimmon");
@@ -915,7 +922,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 52] = [
+    let cases: [(&str, Edit, &[&str]); 53] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -1385,6 +1392,17 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
                 config.insert("attention_bias".into(), json!(true));
             },
             &["attention_bias"],
+        ),
+        // Apertus' class defaults: xIELU, rms_norm_eps 1e-5, LLaMA-3 scaling at base
+        // 1.2e7 from an original context of 8192.
+        (
+            "apertus",
+            |config| {
+                for key in ["rope_parameters", "hidden_act", "rms_norm_eps"] {
+                    config.remove(key);
+                }
+            },
+            &[],
         ),
         // Persimmon's files as transformers 4 wrote them (Persimmon-8B's): the rotary
         // base and part at the top level, no rotary scaling, QK-norm by the class's
@@ -1950,6 +1968,12 @@ fn gradient_norms(
                 (".mlp.fc2.", ".mlp.down_proj."),
             ],
             "starcoder2" => &[(".mlp.fc1.", ".mlp.c_fc."), (".mlp.fc2.", ".mlp.c_proj.")],
+            "apertus" => &[
+                (".mlp.fc1.", ".mlp.up_proj."),
+                (".mlp.fc2.", ".mlp.down_proj."),
+                (".input_layernorm.", ".attention_layernorm."),
+                (".post_attention_layernorm.", ".feedforward_layernorm."),
+            ],
             "jais2" | "nemotron" => &[
                 (".mlp.fc1.", ".mlp.up_proj."),
                 (".mlp.fc2.", ".mlp.down_proj."),
