@@ -422,6 +422,14 @@ def apertus():
     return transformers.ApertusConfig(**COMMON, num_key_value_heads=2)
 
 
+def nanochat():
+    # nanochat's layout: norms without parameters (one more on the embeddings), QK-norm
+    # (also without parameters) after a rotary embedding that turns the other way, an
+    # ungated squared-ReLU feed-forward (`fc1`, `fc2`), logits soft-capped at 15 (the
+    # class's default), GQA.
+    return transformers.NanoChatConfig(**COMMON, num_key_value_heads=2)
+
+
 def helium():
     # LLaMA with the rotary embedding on neighbouring pairs, biases on q, k, v (none on
     # the output projection) and on the feed-forward.
@@ -1356,6 +1364,7 @@ MODELS = {
     "granite_swa": (granite_swa, {}),
     "arcee": (arcee, {}),
     "apertus": (apertus, {}),
+    "nanochat": (nanochat, {}),
     "helium": (helium, {}),
     "ministral": (ministral, {}),
     "starcoder2": (starcoder2, {}),

@@ -164,6 +164,7 @@ fn matches_transformers_for_every_family_on_flex() {
         "stablelm_qk_layernorm",
         "persimmon",
         "apertus",
+        "nanochat",
         "nemotron",
         "olmo",
         "hyperclovax",

@@ -641,8 +641,9 @@ mod tests {
                     let Some(QkNorm::Shared(Norm::Rms(norm))) = norm.as_mut() else {
                         panic!("{placement:?}: an RMSNorm shared by the heads");
                     };
-                    assert_eq!(norm.weight.dims(), weight.dims(), "{placement:?} width");
-                    norm.weight = Param::from_tensor(weight.clone());
+                    let dims = norm.weight.as_ref().map(|w| w.dims());
+                    assert_eq!(dims, Some(weight.dims()), "{placement:?} width");
+                    norm.weight = Some(Param::from_tensor(weight.clone()));
                 }
                 let x = Tensor::<3>::random([2, 5, 32], Distribution::Normal(0.0, 1.0), &device);
 

@@ -66,6 +66,10 @@ pub struct QkNormConfig {
     /// Default: false.
     #[config(default = false)]
     pub bias: bool,
+    /// A learned scale (false: nanochat's QK-norm, which has no parameters).
+    /// Default: true.
+    #[config(default = true)]
+    pub scale: bool,
     /// Each head has weights of its own, `[heads, head_dim]` (Command R+'s `q_norm`,
     /// StableLM's `q_layernorm.norms`), rather than one `[head_dim]` weight shared by
     /// every head; per-head placements only. Default: false.
@@ -86,6 +90,15 @@ impl QkNormConfig {
                 module: MODULE,
                 field: "bias",
                 reason: "an RMSNorm has no shift: set `kind` to `Layer`, or `bias` to false".into(),
+            });
+        }
+        if self.weights_per_head && !self.scale {
+            return Err(ConfigError::Invalid {
+                module: MODULE,
+                field: "weights_per_head",
+                reason: "a norm without a scale has no weights to give each head: set \
+                         `scale` to true, or `weights_per_head` to false"
+                    .into(),
             });
         }
         if self.weights_per_head && self.placement == QkNormPlacement::AcrossHeads {
@@ -130,13 +143,15 @@ impl QkNormConfig {
                 QkNormKind::Rms => NormConfig::Rms(
                     RmsNormConfig::new(width)
                         .with_eps(self.eps)
-                        .with_unit_offset(self.unit_offset),
+                        .with_unit_offset(self.unit_offset)
+                        .with_scale(self.scale),
                 ),
                 QkNormKind::Layer => NormConfig::Layer(
                     LayerNormConfig::new(width)
                         .with_eps(self.eps)
                         .with_bias(self.bias)
-                        .with_unit_offset(self.unit_offset),
+                        .with_unit_offset(self.unit_offset)
+                        .with_scale(self.scale),
                 ),
             };
             Ok(QkNorm::Shared(config.try_init(device)?))
@@ -184,6 +199,11 @@ mod tests {
             error.contains("`bias`") && error.contains("Layer"),
             "{error}"
         );
+        let bare_per_head = QkNormConfig::new()
+            .with_scale(false)
+            .with_weights_per_head(true);
+        let error = bare_per_head.validate().unwrap_err().to_string();
+        assert!(error.contains("`scale`"), "{error}");
         let across = QkNormConfig::new()
             .with_placement(QkNormPlacement::AcrossHeads)
             .with_weights_per_head(true);
@@ -200,7 +220,12 @@ mod tests {
         let shapes = |config: QkNormConfig| {
             let (q, k) = config.try_init(4, 2, 8, &device).unwrap();
             [q, k].map(|norm| match norm {
-                QkNorm::Shared(Norm::Rms(norm)) => ("rms", norm.weight.dims().to_vec(), false),
+                QkNorm::Shared(Norm::Rms(norm)) => (
+                    "rms",
+                    norm.weight
+                        .map_or(Vec::new(), |weight| weight.dims().to_vec()),
+                    false,
+                ),
                 QkNorm::Shared(Norm::Layer(norm)) => (
                     "layer",
                     norm.weight.unwrap().dims().to_vec(),
@@ -232,6 +257,10 @@ mod tests {
                 ("per-head layer", vec![4, 8], false),
                 ("per-head layer", vec![2, 8], false)
             ]
+        );
+        assert_eq!(
+            shapes(QkNormConfig::new().with_scale(false)),
+            [("rms", vec![], false), ("rms", vec![], false)]
         );
         assert_eq!(
             shapes(QkNormConfig::new().with_weights_per_head(true)),

@@ -704,11 +704,11 @@ mod tests {
                     let Norm::Rms(norm) = norm else {
                         unreachable!("configured with RMSNorm")
                     };
-                    norm.weight = Param::from_tensor(Tensor::random(
+                    norm.weight = Some(Param::from_tensor(Tensor::random(
                         [D_MODEL],
                         Distribution::Uniform(0.5, 1.5),
                         &device,
-                    ));
+                    )));
                 }
                 let attn = |h: Tensor<3>| block.self_attn.forward(h, None);
                 let mlp = |h: Tensor<3>| block.mlp.forward(h);
@@ -789,7 +789,8 @@ mod tests {
             mlp.gate_proj = fixture.linear("mlp.gate_proj", &device);
             mlp.up_proj = fixture.linear("mlp.up_proj", &device);
             mlp.down_proj = fixture.linear("mlp.down_proj", &device);
-            let norm_weight = |key: &str| Param::from_tensor(fixture.tensor::<1>(key, &device));
+            let norm_weight =
+                |key: &str| Some(Param::from_tensor(fixture.tensor::<1>(key, &device)));
             let (Some(Norm::Rms(input)), Some(Norm::Rms(post))) = (
                 &mut block.input_layernorm,
                 &mut block.post_attention_layernorm,

@@ -372,6 +372,8 @@ fn family_renames(config: &HfConfig) -> &'static [(&'static str, &'static str)] 
         // feed-forward.
         "vaultgemma" => &[(".pre_feedforward_layernorm.", ".post_attention_layernorm.")],
         "apertus" => &apertus::NAMES,
+        // nanochat names its ungated feed-forward's projections as ours.
+        "nanochat" => &[],
         _ if !config.model.gated_mlp => &ARCEE_MLP,
         _ => &[],
     }

@@ -682,7 +682,7 @@ impl ModelKeys {
                 "no attention soft-capping",
             ),
         };
-        let final_logit_softcap = if family.is_gemma2_or_later() {
+        let final_logit_softcap = if family.is_gemma2_or_later() || family == ModelType::NanoChat {
             self.final_logit_softcapping
         } else {
             unread.fixed(
@@ -717,8 +717,8 @@ impl ModelKeys {
         .with_head_dim(Some(head_dim))
         .with_norm_eps(self.norm_eps(family))
         .with_layer_norm(family.uses_layer_norm())
-        // OLMo's LayerNorm has no parameters.
-        .with_layer_norm_scale(family != ModelType::Olmo)
+        // OLMo's LayerNorm and nanochat's RMSNorm have no parameters.
+        .with_norm_scale(!matches!(family, ModelType::Olmo | ModelType::NanoChat))
         .with_layer_norm_bias(family.has_shifted_layer_norm())
         .with_qkv_clip(match family {
             ModelType::Olmo | ModelType::Olmoe => self.clip_qkv,
@@ -837,6 +837,12 @@ impl ModelKeys {
             model.alibi = Some(Alibi::new());
             model.embed_norm = true;
         }
+        // nanochat normalizes the embeddings with its final norm (no parameters) and
+        // rotates by the negated angle (its `rotate_half` is `cat(x2, −x1)`).
+        if family == ModelType::NanoChat {
+            model.embed_norm = true;
+            model.rope.reversed = true;
+        }
         if family == ModelType::Mpt {
             model.alibi = Some(Alibi::new());
             self.note_mpt_keys(unread);
@@ -849,7 +855,7 @@ impl ModelKeys {
             model.reserved_position_rows = super::opt::RESERVED_POSITION_ROWS;
             // OPT's LayerNorms have or lack both parameters.
             let affine = self.layer_norm_elementwise_affine.unwrap_or(true);
-            model.layer_norm_scale = affine;
+            model.norm_scale = affine;
             model.layer_norm_bias = affine;
         }
         if matches!(family, ModelType::Gpt2 | ModelType::GptBigcode)
@@ -1120,13 +1126,13 @@ impl ModelKeys {
         Ok(())
     }
 
-    /// QK-norm, with the model's eps: Qwen3, Qwen3-MoE, dots.llm1, EXAONE-4, Apertus, GLM-4.5
-    /// (with `use_qk_norm`) and Gemma-3 (with Gemma's RMSNorm) normalize each head
-    /// (`q_norm` / `k_norm` of width `head_dim`), Hunyuan each rotated head, OLMo-2,
-    /// OLMo-3, OLMoE and MiniMax-M2 the whole projections: all with an RMSNorm. Phi and
-    /// Persimmon (with `qk_layernorm`) take a LayerNorm with a shift, shared by the heads; Cohere
-    /// (with `use_qk_norm`) and StableLM (with `qk_layernorm`) a LayerNorm without one,
-    /// with weights of its own per head.
+    /// QK-norm, with the model's eps: Qwen3, Qwen3-MoE, dots.llm1, EXAONE-4, Apertus,
+    /// GLM-4.5 (with `use_qk_norm`) and Gemma-3 (with Gemma's RMSNorm) normalize each head
+    /// (`q_norm` / `k_norm` of width `head_dim`), Hunyuan and nanochat (without a scale)
+    /// each rotated head, OLMo-2, OLMo-3, OLMoE and MiniMax-M2 the whole projections: all
+    /// with an RMSNorm. Phi and Persimmon (with `qk_layernorm`) take a LayerNorm with a
+    /// shift, shared by the heads; Cohere (with `use_qk_norm`) and StableLM (with
+    /// `qk_layernorm`) a LayerNorm without one, with weights of its own per head.
     fn qk_norm(&self, family: ModelType) -> Option<QkNormConfig> {
         let rms = |placement| {
             QkNormConfig::new()
@@ -1150,6 +1156,7 @@ impl ModelKeys {
             | ModelType::Apertus => rms(QkNormPlacement::PerHead),
             ModelType::Glm4Moe if self.use_qk_norm == Some(true) => rms(QkNormPlacement::PerHead),
             _ if family.is_hunyuan() => rms(QkNormPlacement::PerHeadAfterRope),
+            ModelType::NanoChat => rms(QkNormPlacement::PerHeadAfterRope).with_scale(false),
             ModelType::Olmo2
             | ModelType::Olmo3
             | ModelType::Olmoe
@@ -1289,8 +1296,8 @@ impl ModelKeys {
     /// Qwen3-MoE with `use_sliding_window` on every layer; other families on the layers
     /// `layer_types` names, or every layer; GPT-2 and its era's families, LLaMA,
     /// InternLM3, MiniCPM3, HyperCLOVA X, OLMo, Phi, StableLM, Persimmon, Nemotron, GLM,
-    /// Jais-2, Youtu,
-    /// FlexOlmo, Solar-Open, Granite, Arcee, Apertus, Helium, Hunyuan, Gemma, GLM-4, GLM-4.5, GLM-4.7-Flash, OLMoE, MiniMax-M2, Seed-OSS,
+    /// Jais-2, Youtu, FlexOlmo, Solar-Open, Granite, Arcee, Apertus, nanochat, Helium,
+    /// Hunyuan, Gemma, GLM-4, GLM-4.5, GLM-4.7-Flash, OLMoE, MiniMax-M2, Seed-OSS,
     /// ERNIE-4.5(-MoE) and Cohere never.
     fn sliding_window(
         &self,
@@ -1332,6 +1339,7 @@ impl ModelKeys {
             | ModelType::GraniteMoeShared
             | ModelType::Arcee
             | ModelType::Apertus
+            | ModelType::NanoChat
             | ModelType::Helium
             | ModelType::HunyuanV1Dense
             | ModelType::HunyuanV1Moe

@@ -481,6 +481,7 @@ fn class_defaults(family: ModelType) -> Value {
                 "high_freq_factor": 4.0
             }
         }),
+        ModelType::NanoChat => json!({"hidden_act": "relu2", "final_logit_softcapping": 15.0}),
         ModelType::Helium => json!({
             "num_key_value_heads": 20, "head_dim": 128, "rms_norm_eps": 1e-8, "mlp_bias": false
         }),
@@ -661,6 +662,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Cohere | ModelType::Cohere2 => [256000, 8192, 22528, 40, 64, 8192],
         ModelType::Arcee => [32000, 2560, 18432, 32, 32, 4096],
         ModelType::Apertus => [131072, 4096, 14336, 32, 32, 65536],
+        ModelType::NanoChat => [50304, 768, 8192, 12, 6, 2048],
         ModelType::Helium => [48000, 2560, 7040, 24, 20, 4096],
         ModelType::HunyuanV1Dense | ModelType::HunyuanV1Moe => [290943, 4096, 11008, 32, 32, 2048],
         ModelType::Starcoder2 => [49152, 3072, 12288, 30, 24, 4096],
@@ -703,6 +705,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Smollm3 => (Some(128000), Some(128001), Some(128004)),
         ModelType::Arcee => (Some(128000), Some(128001), None),
         ModelType::Apertus => (Some(1), Some(2), Some(3)),
+        ModelType::NanoChat => (Some(0), Some(1), Some(1)),
         ModelType::Helium => (Some(1), Some(2), Some(3)),
         ModelType::HunyuanV1Dense | ModelType::HunyuanV1Moe => (Some(1), Some(2), Some(0)),
         ModelType::Starcoder2 => (Some(50256), Some(50256), None),

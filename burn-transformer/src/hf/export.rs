@@ -391,7 +391,7 @@ fn gpt2_config_json(config: &CausalLmConfig) -> Result<Value, HfError> {
         _ if config.moe.is_some() => refuse("mixture of experts"),
         _ if config.embed_norm => refuse("norm of the embeddings"),
         _ if config.block_kind != BlockKind::PreNorm => refuse("block kind but Pre-LN"),
-        _ if !(config.layer_norm && config.layer_norm_bias && config.layer_norm_scale)
+        _ if !(config.layer_norm && config.layer_norm_bias && config.norm_scale)
             || config.norm_unit_offset =>
         {
             refuse("norm but LayerNorm with a scale and a shift")
@@ -574,6 +574,7 @@ pub fn hf_config_json(config: &CausalLmConfig) -> Result<Value, HfError> {
         _ if config.sliding_window.is_some() => refuse("a sliding window"),
         _ if config.nope_layers.is_some() => refuse("layers without RoPE (nope_layers)"),
         _ if config.layer_norm => refuse("LayerNorm instead of RMSNorm"),
+        _ if !config.norm_scale => refuse("norms without a learned scale"),
         _ if config.qkv_clip.is_some() => refuse("a clamp of q, k and v (qkv_clip)"),
         _ if config.logit_scale.is_some() => refuse("a logit scale"),
         _ if config.lm_head_bias => refuse("a bias on the logits"),
@@ -600,11 +601,12 @@ pub fn hf_config_json(config: &CausalLmConfig) -> Result<Value, HfError> {
                 || qk.unit_offset
                 || qk.kind != QkNormKind::Rms
                 || qk.weights_per_head
+                || !qk.scale
         }) =>
         {
             refuse(
-                "QK-norm other than Qwen3's (an RMSNorm per head shared by the heads, before \
-                 RoPE, without a unit offset)",
+                "QK-norm other than Qwen3's (an RMSNorm per head with a weight shared by the \
+                 heads, before RoPE, without a unit offset)",
             )
         }
         _ => {

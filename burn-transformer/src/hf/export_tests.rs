@@ -38,7 +38,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 82] = [
+const FAMILIES: [&str; 83] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -101,6 +101,7 @@ const FAMILIES: [&str; 82] = [
     "stablelm_qk_layernorm",
     "persimmon",
     "apertus",
+    "nanochat",
     "nemotron",
     "olmo",
     "hyperclovax",

@@ -96,7 +96,7 @@ mod tests {
     fn load_norm(fixture: &Fixture, prefix: &str, device: &Device) -> RmsNorm {
         let weight = fixture.tensor::<1>(&format!("{prefix}.weight"), device);
         let mut norm = RmsNormConfig::new(weight.dims()[0]).init(device);
-        norm.weight = burn::module::Param::from_tensor(weight);
+        norm.weight = Some(burn::module::Param::from_tensor(weight));
         norm
     }
 

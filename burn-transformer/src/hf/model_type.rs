@@ -26,6 +26,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "granite_swa",
     "arcee",
     "apertus",
+    "nanochat",
     "helium",
     "starcoder2",
     "hunyuan_v1_dense",
@@ -158,6 +159,10 @@ pub(crate) enum ModelType {
     /// Apertus (Swiss AI): LLaMA with QK-norm per head and an ungated feed-forward of
     /// xIELU, whose two factors are learned in every layer.
     Apertus,
+    /// nanochat (Karpathy's): LLaMA's pre-norm blocks with norms without parameters
+    /// (one more on the embeddings), QK-norm after RoPE, which turns the other way, an
+    /// ungated squared-ReLU feed-forward and soft-capped logits.
+    NanoChat,
     /// Helium (Kyutai): LLaMA with the rotary embedding on neighbouring pairs and no
     /// bias on the output projection.
     Helium,
@@ -327,7 +332,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 68] = [
+    const ALL: [Self; 69] = [
         Self::Llama,
         Self::InternLm3,
         Self::Mistral,
@@ -351,6 +356,7 @@ impl ModelType {
         Self::GraniteSwa,
         Self::Arcee,
         Self::Apertus,
+        Self::NanoChat,
         Self::Helium,
         Self::Starcoder2,
         Self::HunyuanV1Dense,
@@ -424,6 +430,7 @@ impl ModelType {
             Self::GraniteSwa => "granite_swa",
             Self::Arcee => "arcee",
             Self::Apertus => "apertus",
+            Self::NanoChat => "nanochat",
             Self::Helium => "helium",
             Self::Starcoder2 => "starcoder2",
             Self::HunyuanV1Dense => "hunyuan_v1_dense",
@@ -589,6 +596,7 @@ impl ModelType {
                 self,
                 Self::Arcee
                     | Self::Apertus
+                    | Self::NanoChat
                     | Self::Starcoder2
                     | Self::Jais2
                     | Self::Phi

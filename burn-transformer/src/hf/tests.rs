@@ -780,6 +780,13 @@ fn apertus_with_an_ungated_xielu_feed_forward_and_qk_norm_matches_transformers()
     matches_transformers("apertus");
 }
 
+/// nanochat: norms without parameters (on the embeddings too), QK-norm after a rotary
+/// embedding that turns the other way, soft-capped logits.
+#[test]
+fn nanochat_with_bare_norms_reversed_rope_and_capped_logits_matches_transformers() {
+    matches_transformers("nanochat");
+}
+
 #[test]
 fn persimmon_with_fused_qkv_a_shifted_qk_norm_and_half_rope_matches_transformers() {
     matches_transformers("persimmon");
@@ -922,7 +929,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 53] = [
+    let cases: [(&str, Edit, &[&str]); 54] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -1403,6 +1410,18 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
                 }
             },
             &[],
+        ),
+        // nanochat's class defaults: squared ReLU, logits capped at 15. Its
+        // feed-forward has no biases.
+        (
+            "nanochat",
+            |config| {
+                for key in ["hidden_act", "final_logit_softcapping"] {
+                    config.remove(key);
+                }
+                config.insert("mlp_bias".into(), json!(true));
+            },
+            &["mlp_bias"],
         ),
         // Persimmon's files as transformers 4 wrote them (Persimmon-8B's): the rotary
         // base and part at the top level, no rotary scaling, QK-norm by the class's

@@ -176,10 +176,11 @@ pub struct CausalLmConfig {
     /// (PyTorch's `nn.LayerNorm`, StarCoder2's). Default: false.
     #[config(default = false)]
     pub layer_norm_bias: bool,
-    /// With `layer_norm`, a learned scale `w` (false: OLMo's LayerNorm, which has no
+    /// Whether every norm of the model (blocks, final, embeddings'; not QK-norm) has a
+    /// learned scale `w` (false: OLMo's LayerNorm and nanochat's RMSNorm, which have no
     /// parameters). Default: true.
     #[config(default = true)]
-    pub layer_norm_scale: bool,
+    pub norm_scale: bool,
     /// The RoPE base of each layer, in place of `rope.theta` (HF `layer_rope_theta`,
     /// Granite-SWA); layers of `nope_layers` do not rotate whatever it says. Not
     /// available with `latent`. Default: none (every layer at `rope.theta`).
@@ -348,7 +349,7 @@ impl CausalLmConfig {
             return NormConfig::Layer(
                 LayerNormConfig::new(self.d_model)
                     .with_eps(self.norm_eps)
-                    .with_scale(self.layer_norm_scale)
+                    .with_scale(self.norm_scale)
                     .with_bias(self.layer_norm_bias)
                     .with_unit_offset(self.norm_unit_offset),
             );
@@ -356,7 +357,8 @@ impl CausalLmConfig {
         NormConfig::Rms(
             RmsNormConfig::new(self.d_model)
                 .with_eps(self.norm_eps)
-                .with_unit_offset(self.norm_unit_offset),
+                .with_unit_offset(self.norm_unit_offset)
+                .with_scale(self.norm_scale),
         )
     }
 

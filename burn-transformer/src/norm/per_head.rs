@@ -196,7 +196,7 @@ mod tests {
                         plain.forward(x_head)
                     } else {
                         let mut plain = RmsNormConfig::new(width).with_eps(1e-3).init(&device);
-                        plain.weight = Param::from_tensor(scale);
+                        plain.weight = Some(Param::from_tensor(scale));
                         plain.forward(x_head)
                     };
                     let case = format!("centered {centered}, bias {with_bias}, head {head}");

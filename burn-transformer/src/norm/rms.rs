@@ -30,6 +30,10 @@ pub struct RmsNormConfig {
     /// (Gemma). Default: false.
     #[config(default = false)]
     pub unit_offset: bool,
+    /// Whether to multiply by a learned scale (false: nanochat's RMSNorm, which has no
+    /// parameters). Default: true.
+    #[config(default = true)]
+    pub scale: bool,
 }
 
 impl RmsNormConfig {
@@ -56,7 +60,7 @@ impl RmsNormConfig {
             Initializer::Ones
         };
         Ok(RmsNorm {
-            weight: initializer.init([self.d_model], device),
+            weight: self.scale.then(|| initializer.init([self.d_model], device)),
             eps: self.eps,
             unit_offset: self.unit_offset,
         })
@@ -68,8 +72,8 @@ crate::builders::init_or_panic!(RmsNormConfig => RmsNorm);
 /// Root-mean-square normalization over the last axis.
 #[derive(Module, Debug)]
 pub struct RmsNorm {
-    /// The learned scale, `[d_model]` (HF `weight`).
-    pub weight: Param<Tensor<1>>,
+    /// The learned scale, `[d_model]` (HF `weight`); `None` for a norm without one.
+    pub weight: Option<Param<Tensor<1>>>,
     /// Added to the mean square.
     pub eps: f64,
     /// Whether the scale is `1 + weight` (Gemma).
@@ -82,7 +86,8 @@ impl RmsNorm {
     /// - default: `weight · (x_f32 / sqrt(mean(x_f32²) + eps)).to(dtype)`, as
     ///   `LlamaRMSNorm` (the product happens in the input's dtype);
     /// - `unit_offset`: `(x_f32 / sqrt(mean(x_f32²) + eps) · (1 + weight_f32)).to(dtype)`,
-    ///   as `GemmaRMSNorm` (the product happens in float32).
+    ///   as `GemmaRMSNorm` (the product happens in float32);
+    /// - without a scale: `(x_f32 / sqrt(mean(x_f32²) + eps)).to(dtype)`, as nanochat's.
     ///
     /// The output has the input's dtype.
     ///
@@ -93,7 +98,12 @@ impl RmsNorm {
     /// # Panics
     /// If the last axis of `x` is not `d_model`.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        let [d_model] = self.weight.dims();
+        let Some(weight) = &self.weight else {
+            // nanochat's: `(x_f32 / sqrt(mean(x_f32²) + eps)).to(dtype)`.
+            let dtype = x.dtype();
+            return normalized(x.cast(DType::F32), self.eps).cast(dtype);
+        };
+        let [d_model] = weight.dims();
         assert_eq!(
             x.dims()[D - 1],
             d_model,
@@ -101,24 +111,26 @@ impl RmsNorm {
             x.dims()[D - 1]
         );
         // In f32 both forms are one fused op on flex.
-        if let Some(normed) =
-            fused_rms_norm(x.clone(), self.weight.val(), self.eps, self.unit_offset)
-        {
+        if let Some(normed) = fused_rms_norm(x.clone(), weight.val(), self.eps, self.unit_offset) {
             return normed;
         }
         let dtype = x.dtype();
-        let x = x.cast(DType::F32);
-        // [..., 1]: one statistic per vector.
-        let mean_square = x.clone().square().mean_dim(D - 1);
-        let normed = x * (mean_square + self.eps).sqrt().recip();
+        let normed = normalized(x.cast(DType::F32), self.eps);
         // [1, ..., 1, d_model]: the weight broadcast over the leading axes.
-        let weight = self.weight.val().unsqueeze::<D>();
+        let weight = weight.val().unsqueeze::<D>();
         if self.unit_offset {
             (normed * (weight.cast(DType::F32) + 1.0)).cast(dtype)
         } else {
             normed.cast(dtype) * weight.cast(dtype)
         }
     }
+}
+
+/// `x / sqrt(mean(x²) + eps)` over the last axis.
+fn normalized<const D: usize>(x: Tensor<D>, eps: f64) -> Tensor<D> {
+    // [..., 1]: one statistic per vector.
+    let mean_square = x.clone().square().mean_dim(D - 1);
+    x * (mean_square + eps).sqrt().recip()
 }
 
 #[cfg(test)]
@@ -129,7 +141,7 @@ mod tests {
 
     fn with_weight(config: RmsNormConfig, weight: Tensor<1>) -> RmsNorm {
         let mut norm = config.init(&weight.device());
-        norm.weight = Param::from_tensor(weight);
+        norm.weight = Some(Param::from_tensor(weight));
         norm
     }
 
@@ -148,6 +160,25 @@ mod tests {
                 );
                 let y = norm.forward(fixture.tensor::<3>("x", &device));
                 assert_close(y, fixture.tensor("y", &device), 1e-5, name);
+            }
+        }
+    }
+
+    /// Without a scale (nanochat's) the norm has no parameters and equals one whose
+    /// weight is ones, in f32 and in f16.
+    #[test]
+    fn without_a_scale_it_is_the_bare_normalization() {
+        for device in test_devices() {
+            device.seed(29);
+            let bare = RmsNormConfig::new(16).with_scale(false).init(&device);
+            assert_eq!(bare.num_params(), 0);
+            let ones = RmsNormConfig::new(16).init(&device);
+            let x = Tensor::<3>::random([2, 3, 16], burn::tensor::Distribution::Default, &device);
+            for dtype in [DType::F32, DType::F16] {
+                let x = x.clone().cast(dtype);
+                let (got, want) = (bare.forward(x.clone()), ones.forward(x.cast(DType::F32)));
+                assert_eq!(got.dtype(), dtype);
+                assert_close(got.cast(DType::F32), want, 2e-3, "without a scale");
             }
         }
     }

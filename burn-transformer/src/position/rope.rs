@@ -17,7 +17,8 @@
 //!   identical.
 //!
 //! With `partial_rotary_factor < 1` only the first `rotary_dim` features rotate; the rest
-//! pass through (GPT-NeoX, Phi, GLM).
+//! pass through (GPT-NeoX, Phi, GLM). With `reversed` every pair turns the other way, by
+//! `−p · inv_freq[i]` (nanochat's `rotate_half` is the negated one): sin changes sign.
 
 use burn::config::Config;
 use burn::module::Module;
@@ -61,6 +62,9 @@ pub struct RopeConfig {
     /// Pairing of the rotated features. Default: half-split (LLaMA).
     #[config(default = "RopeLayout::HalfSplit")]
     pub layout: RopeLayout,
+    /// Rotate by the negated angle (nanochat). Default: false.
+    #[config(default = false)]
+    pub reversed: bool,
 }
 
 impl RopeConfig {
@@ -124,6 +128,7 @@ impl RopeConfig {
             0,
             positions,
             frequencies.attention_scaling(),
+            self.reversed,
         );
         Ok(Rope {
             cos: Tensor::from_data(cos, device),
@@ -131,6 +136,7 @@ impl RopeConfig {
             head_dim: self.head_dim,
             rotary_dim,
             layout: self.layout,
+            reversed: self.reversed,
             frequencies,
         })
     }
@@ -139,23 +145,26 @@ impl RopeConfig {
 crate::builders::init_or_panic!(RopeConfig => Rope);
 
 /// cos and sin rows for `positions start..end`, `[end - start, inv_freq.len()]`, times
-/// the attention scaling. Like transformers: the angle is the float32 product
-/// `float(p) · inv_freq`; cos/sin are evaluated in f64 and rounded to float32.
+/// the attention scaling (sin negated when `reversed`: the angle's sign). Like
+/// transformers: the angle is the float32 product `float(p) · inv_freq`; cos/sin are
+/// evaluated in f64 and rounded to float32.
 fn cos_sin_data(
     inv_freq: &[f32],
     start: usize,
     end: usize,
     attention_scaling: f64,
+    reversed: bool,
 ) -> (TensorData, TensorData) {
     let rows = end - start;
     let scale = attention_scaling as f32;
+    let sin_scale = if reversed { -scale } else { scale };
     let mut cos = Vec::with_capacity(rows * inv_freq.len());
     let mut sin = Vec::with_capacity(rows * inv_freq.len());
     for position in start..end {
         for &frequency in inv_freq {
             let angle = (position as f32 * frequency) as f64;
             cos.push(angle.cos() as f32 * scale);
-            sin.push(angle.sin() as f32 * scale);
+            sin.push(angle.sin() as f32 * sin_scale);
         }
     }
     let shape = [rows, inv_freq.len()];
@@ -177,6 +186,9 @@ pub struct Rope {
     rotary_dim: usize,
     #[module(skip)]
     layout: RopeLayout,
+    /// Whether the angles are negated ([`RopeConfig::reversed`]).
+    #[module(skip)]
+    reversed: bool,
     #[module(skip)]
     frequencies: RopeFrequencies,
 }
@@ -293,6 +305,7 @@ impl Rope {
                 offset,
                 end,
                 self.frequencies.attention_scaling(),
+                self.reversed,
             );
             (
                 Tensor::from_data(cos, device),
@@ -539,6 +552,35 @@ mod tests {
                 let grad = x.grad(&grads).expect("x has a gradient");
                 assert_close(grad, x.inner(), 1e-5, &format!("{layout:?} gradient"));
             }
+        }
+    }
+
+    /// A reversed rotation is nanochat's `rotate_half` (`cat(x2, −x1)`): written out,
+    /// `(a·cos + b·sin, b·cos − a·sin)` for each pair `(a, b)`, here for positions past
+    /// the table too.
+    #[test]
+    fn a_reversed_rotation_turns_every_pair_the_other_way() {
+        for device in test_devices() {
+            device.seed(23);
+            let config = RopeConfig::new(8).with_max_position_embeddings(4);
+            let forward = config.init(&device);
+            let reversed = config.with_reversed(true).init(&device);
+            let x = Tensor::<4>::random(
+                [1, 2, 6, 8],
+                burn::tensor::Distribution::Normal(0.0, 1.0),
+                &device,
+            );
+            let (cos, sin) = forward.cos_sin(0, 6, &device);
+            let [cos, sin] = [cos, sin].map(|t| t.reshape([1, 1, 6, 4]));
+            let (a, b) = (x.clone().narrow(3, 0, 4), x.clone().narrow(3, 4, 4));
+            let want = Tensor::cat(
+                vec![
+                    a.clone() * cos.clone() + b.clone() * sin.clone(),
+                    b * cos - a * sin,
+                ],
+                3,
+            );
+            assert_close(reversed.forward(x, 0), want, 1e-6, "reversed");
         }
     }
 
