@@ -155,7 +155,7 @@ pub struct CausalLmConfig {
     /// `final_logit_softcapping`). Default: none.
     #[config(default = "None")]
     pub final_logit_softcap: Option<f64>,
-    /// Queries scaled by position in every grouped-attention layer (Ministral-3's
+    /// Queries scaled by position in every layer, grouped or latent (Ministral-3's
     /// `llama_4_scaling_beta`, see [`QueryTemperatureConfig`]). Default: none.
     #[config(default = "None")]
     pub query_temperature: Option<QueryTemperatureConfig>,
@@ -314,6 +314,9 @@ impl CausalLmConfig {
             Some(latent) => SelfAttentionConfig::Latent(
                 latent
                     .clone()
+                    .with_query_temperature(
+                        (self.query_temperature.clone()).or(latent.query_temperature.clone()),
+                    )
                     .with_causal(true)
                     .with_implementation(self.implementation)
                     .with_initializer(self.initializer.clone()),

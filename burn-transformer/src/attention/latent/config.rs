@@ -9,7 +9,7 @@ use burn::nn::{DropoutConfig, LinearConfig};
 use burn::tensor::{DType, Device};
 
 use super::module::{LatentAttention, LatentPath};
-use crate::attention::AttentionImpl;
+use crate::attention::{AttentionImpl, QueryTemperatureConfig};
 use crate::error::ConfigError;
 use crate::norm::RmsNormConfig;
 use crate::position::{RopeConfig, RopeLayout, RopeScaling, yarn_get_mscale};
@@ -58,6 +58,10 @@ pub struct LatentAttentionConfig {
     /// ln(factor) + 1` (HF `yarn_get_mscale`; 1 for `factor ≤ 1`).
     #[config(default = "None")]
     pub scale: Option<f64>,
+    /// Queries scaled by position after RoPE, both parts alike (Mistral-4's
+    /// `llama_4_scaling_beta`, see [`QueryTemperatureConfig`]). Default: none.
+    #[config(default = "None")]
+    pub query_temperature: Option<QueryTemperatureConfig>,
     /// Dropout on the attention probabilities during training (HF `attention_dropout`).
     /// Default: 0.
     #[config(default = 0.0)]
@@ -149,6 +153,9 @@ impl LatentAttentionConfig {
         if let Some(scale) = self.scale {
             ConfigError::check_finite(MODULE, "scale", scale)?;
         }
+        if let Some(temperature) = &self.query_temperature {
+            temperature.validate()?;
+        }
         let rope = self.rope_config();
         rope.validate()?;
         if rope.head_dim != self.qk_rope_head_dim || rope.rotary_dim() != rope.head_dim {
@@ -220,6 +227,7 @@ impl LatentAttentionConfig {
             v_head_dim: self.v_head_dim,
             causal: self.causal,
             scale: self.softmax_scale(),
+            query_temperature: self.query_temperature.clone(),
             cached_path: self.cached_path,
             implementation: self.implementation,
         })

@@ -7,7 +7,9 @@ use burn::nn::{Dropout, Linear};
 use burn::tensor::{Bool, Tensor};
 
 use super::cache::{AbsorbedWeights, LatentKvCache};
-use crate::attention::{AttentionImpl, AttentionOptions, attention, attention_with_weights};
+use crate::attention::{
+    AttentionImpl, AttentionOptions, QueryTemperatureConfig, attention, attention_with_weights,
+};
 use crate::norm::RmsNorm;
 use crate::position::Rope;
 
@@ -53,6 +55,8 @@ pub struct LatentAttention {
     pub(super) causal: bool,
     #[module(skip)]
     pub(super) scale: f64,
+    #[module(skip)]
+    pub(super) query_temperature: Option<QueryTemperatureConfig>,
     #[module(skip)]
     pub(super) cached_path: LatentPath,
     #[module(skip)]
@@ -271,7 +275,8 @@ impl LatentAttention {
         AbsorbedWeights { w_uk_t, w_uv }
     }
 
-    /// The queries' position-free and rotated parts, rotated from `offset`.
+    /// The queries' position-free and rotated parts, rotated from `offset` (and scaled
+    /// by the query temperature: the whole query, so both parts, and every path).
     ///
     /// # Shapes
     /// - x: `[batch, seq, d_model]`
@@ -294,7 +299,14 @@ impl LatentAttention {
         let q = q.reshape([batch, seq, self.n_heads, qk]).swap_dims(1, 2); // [batch, n_heads, seq, qk]
         let q_nope = q.clone().narrow(3, 0, self.qk_nope_head_dim);
         let q_rope = q.narrow(3, self.qk_nope_head_dim, self.qk_rope_head_dim);
-        (q_nope, self.rope.forward(q_rope, offset))
+        let q_rope = self.rope.forward(q_rope, offset);
+        match &self.query_temperature {
+            Some(temperature) => (
+                temperature.scale(q_nope, offset),
+                temperature.scale(q_rope, offset),
+            ),
+            None => (q_nope, q_rope),
+        }
     }
 
     /// What the cache stores for the positions of `x`: the normalized latent and the
@@ -465,6 +477,51 @@ mod tests {
                     &format!("cached {path:?} vs full"),
                 );
             }
+        }
+    }
+
+    /// A query temperature multiplies each position's whole query (both parts) by its
+    /// factor, on the expanded and absorbed paths and in cached decoding.
+    #[test]
+    fn a_query_temperature_scales_the_whole_query_on_every_path() {
+        use crate::attention::QueryTemperatureConfig;
+        use crate::test_utils::max_abs_diff;
+        use burn::tensor::TensorData;
+        for device in test_devices() {
+            device.seed(13);
+            let temperature = QueryTemperatureConfig::new(0.7, 3);
+            let attention = small_config()
+                .with_query_temperature(Some(temperature.clone()))
+                .init(&device);
+            let mut plain = attention.clone();
+            plain.query_temperature = None;
+            let x = Tensor::<3>::random([2, 9, 40], Distribution::Normal(0.0, 1.0), &device);
+
+            // By hand: the unscaled queries times each position's factor.
+            let (q_nope, q_rope) = plain.queries(x.clone(), 0);
+            let factors: Vec<f32> = (0..9).map(|p| temperature.factor(p) as f32).collect();
+            let factors = Tensor::<4>::from_data(TensorData::new(factors, [1, 1, 9, 1]), &device);
+            let entries = plain.latent_entries(x.clone(), 0);
+            let want = plain.merge_heads(plain.attend_expanded(
+                q_nope * factors.clone(),
+                q_rope * factors,
+                entries,
+                None,
+            ));
+            let full = attention.forward(x.clone(), None);
+            assert_close(full.clone(), want, 1e-5, "by hand");
+            assert!(max_abs_diff(full.clone(), plain.forward(x.clone(), None)) > 1e-3);
+
+            let absorbed = attention.forward_path(x.clone(), None, LatentPath::Absorbed);
+            assert_close(absorbed, full.clone(), 1e-5, "absorbed");
+            let mut cache = LatentKvCache::new();
+            let mut outputs =
+                vec![attention.forward_cached(x.clone().narrow(1, 0, 4), &mut cache, None)];
+            for position in 4..9 {
+                let step = x.clone().narrow(1, position, 1);
+                outputs.push(attention.forward_cached(step, &mut cache, None));
+            }
+            assert_close(Tensor::cat(outputs, 1), full, 1e-5, "cached");
         }
     }
 
