@@ -5,7 +5,8 @@ and computes the same logits and greedy continuation as our `hf-logits` program.
     /work/venv/bin/python tools/check_export.py EXPORT_DIR OURS.safetensors \\
         --input INPUT.json [--tolerance 1e-4]
 
-- EXPORT_DIR: a folder `AutoModelForCausalLM.from_pretrained` can read (`config.json`,
+- EXPORT_DIR: a folder `AutoModelForCausalLM.from_pretrained` can read (or, for the
+  text models transformers maps only there, `AutoModelForImageTextToText`; `config.json`,
   `model.safetensors` or shards with their index). It is loaded in float32 whatever
   dtype its weights are stored in, with eager attention, on the CPU.
 - INPUT.json: `{"tokens": [[...], ...], "max_new_tokens": n}`, rows of equal length.
@@ -115,7 +116,13 @@ def main() -> int:
         if key not in ours:
             fail_usage(f"{args.ours} has no `{key}` (it holds {sorted(ours)})")
 
-    model, info = transformers.AutoModelForCausalLM.from_pretrained(
+    # transformers maps a few text models only under the image-text auto class (Mistral-4,
+    # the text model of Mistral-Small-4's multimodal checkpoints).
+    auto_config = transformers.AutoConfig.from_pretrained(args.peft_base or args.export_dir)
+    auto = transformers.AutoModelForCausalLM
+    if type(auto_config) not in auto._model_mapping:
+        auto = transformers.AutoModelForImageTextToText
+    model, info = auto.from_pretrained(
         args.peft_base or args.export_dir,
         dtype=torch.float32,
         attn_implementation="eager",

@@ -593,6 +593,17 @@ def mistral3_vision():
     )
 
 
+def mistral4_vision():
+    # Mistral-Small-4's multimodal checkpoint: `mistral4`'s text model beside
+    # `mistral3_vision`'s vision tower and projector.
+    return transformers.Mistral3Config(
+        text_config=mistral4().to_dict(),
+        vision_config=mistral3_vision().vision_config.to_dict(),
+        image_token_index=95,
+        spatial_merge_size=1,
+    )
+
+
 def sparse_text_config(out: Path) -> None:
     """Keeps only the keys of `config.json`'s text_config that differ from
     Gemma3TextConfig's defaults (and its model_type), as transformers 4 saved them."""
@@ -1308,6 +1319,45 @@ def deepseek_v3():
     )
 
 
+def mistral4():
+    # Mistral-Small-4's layout: DeepSeek-V3's latent attention (YaRN with its mscale)
+    # with Llama 4's query temperature past an original context of 4 (beta 0.3, so the
+    # 9-token prompts cross two steps), softmax routing over 8 experts in 4 groups (2
+    # kept) by their two best scores, renormalized and scaled by 1.5, a shared expert, a
+    # dense first layer; the experts stored stacked (`experts.gate_up_proj`).
+    common = {k: v for k, v in COMMON.items() if k != "intermediate_size"}
+    return transformers.Mistral4Config(
+        **common,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_key_value_heads=4,
+        n_shared_experts=1,
+        n_routed_experts=8,
+        routed_scaling_factor=1.5,
+        kv_lora_rank=16,
+        q_lora_rank=24,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=12,
+        n_group=4,
+        topk_group=2,
+        num_experts_per_tok=2,
+        first_k_dense_replace=1,
+        norm_topk_prob=True,
+        rope_parameters=dict(
+            rope_type="yarn",
+            rope_theta=10000.0,
+            factor=4.0,
+            original_max_position_embeddings=4,
+            beta_fast=32.0,
+            beta_slow=1.0,
+            mscale=1.0,
+            mscale_all_dim=1.0,
+            llama_4_scaling_beta=0.3,
+        ),
+    )
+
+
 def deepseek_v2():
     common = {k: v for k, v in COMMON.items() if k != "intermediate_size"}
     return transformers.DeepseekV2Config(
@@ -1424,6 +1474,8 @@ MODELS = {
     # The MTP layer makes the checkpoint ~270 KiB: two shards keep each file < 200 KiB.
     "deepseek_v3_mtp": (deepseek_v3, {"mtp": True, "max_shard_size": "150KB"}),
     "deepseek_v2": (deepseek_v2, {}),
+    "mistral4": (mistral4, {}),
+    "mistral4_vision": (mistral4_vision, {}),
 }
 
 
@@ -1474,7 +1526,8 @@ class RouterGaps:
     """Records the smallest margin of every top-k routing decision."""
 
     def __init__(self, model, config):
-        self.config = config
+        # A multimodal model routes with its text model's settings.
+        self.config = config.get_text_config()
         self.smallest = math.inf
         self.handles = []
         for name, module in model.named_modules():
@@ -1506,10 +1559,14 @@ class RouterGaps:
             scores = logits.softmax(-1) + module.moe_statics.e_score_correction_bias.float()
             return gap(scores, k)
         if config.model_type in ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "dots1", "solar_open",
-                                 "exaone_moe"):
+                                 "exaone_moe", "mistral4"):
             # DeepSeek-V3's routing (and of the families that copy it): bias-corrected
-            # sigmoid scores, groups ranked by their two best experts.
-            scores = logits.sigmoid() + module.e_score_correction_bias.float()
+            # sigmoid scores (Mistral-4: softmax scores, no bias), groups ranked by their
+            # two best experts.
+            if config.model_type == "mistral4":
+                scores = logits.softmax(-1)
+            else:
+                scores = logits.sigmoid() + module.e_score_correction_bias.float()
             groups = scores.view(scores.shape[0], config.n_group, -1)
             group_scores = groups.topk(2, dim=-1)[0].sum(-1)
             gaps = [gap(group_scores, config.topk_group)]

@@ -427,6 +427,14 @@ const HUNYUAN_NAMES: [(&str, &str); 4] = [
     (".mlp.shared_mlp.", ".mlp.shared_experts."),
 ];
 
+/// Whether `model_type`'s checkpoints store each sparse layer's experts stacked as ours
+/// (`experts.gate_up_proj` `[E, 2·d_ff, d_model]`, gates first, and `experts.down_proj`
+/// `[E, d_model, d_ff]`): transformers 5 saves them so for the families it has no
+/// per-expert conversion for (Mistral-4).
+pub(crate) fn stores_stacked_experts(model_type: &str) -> bool {
+    model_type == "mistral4"
+}
+
 /// Whether the checkpoints of the family `model_type` lay their sparse layers out as
 /// Mixtral's: the block named `block_sparse_moe`, each expert's projections `w1` (gate),
 /// `w3` (up) and `w2` (down).

@@ -783,7 +783,7 @@ impl ModelKeys {
             }
         })
         .with_query_temperature(match family {
-            ModelType::Ministral3 => query_temperature(config),
+            ModelType::Ministral3 | ModelType::Mistral4 => query_temperature(config),
             _ => None,
         })
         .with_residual_scale(match family {

@@ -590,6 +590,19 @@ fn class_defaults(family: ModelType) -> Value {
             "routed_scaling_factor": 1.0, "topk_method": "greedy", "norm_topk_prob": false,
             "first_k_dense_replace": 0
         }),
+        ModelType::Mistral4 => json!({
+            "num_key_value_heads": 32, "n_shared_experts": 1, "n_routed_experts": 128,
+            "routed_scaling_factor": 1.0, "kv_lora_rank": 256, "q_lora_rank": 1024,
+            "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 64,
+            "moe_intermediate_size": 2048, "n_group": 1, "topk_group": 1,
+            "num_experts_per_tok": 4, "first_k_dense_replace": 0, "norm_topk_prob": true,
+            "rope_interleave": true,
+            "rope_scaling": {
+                "rope_type": "yarn", "rope_theta": 10000.0, "factor": 128.0,
+                "original_max_position_embeddings": 8192, "beta_fast": 32.0, "beta_slow": 1.0,
+                "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1
+            }
+        }),
         ModelType::DeepseekV3 => json!({
             "num_key_value_heads": 128, "kv_lora_rank": 512, "q_lora_rank": 1536,
             "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
@@ -680,6 +693,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::GptOss => [201088, 2880, 2880, 36, 64, 131072],
         ModelType::DeepseekV2 => [102400, 4096, 11008, 32, 32, 2048],
         ModelType::DeepseekV3 => [129280, 7168, 18432, 61, 128, 4096],
+        ModelType::Mistral4 => [131072, 4096, 12288, 36, 32, 1_048_576],
     };
     let [vocab, hidden, intermediate, layers, heads, positions] = sizes;
     let mut values = json!({
@@ -744,6 +758,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
             (Some(2), Some(1), Some(0))
         }
         ModelType::DeepseekV3 | ModelType::Glm4MoeLite => (Some(0), Some(1), None),
+        ModelType::Mistral4 => (Some(1), Some(2), Some(11)),
         ModelType::Qwen2
         | ModelType::Qwen2Moe
         | ModelType::Qwen3

@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 use super::apertus;
 use super::checkpoint::{
     CONFIG_FILE, INDEX_FILE, KeyMap, WEIGHTS_FILE, causal_lm_key_map, has_mixtral_layout,
-    has_unit_leading_dim,
+    has_unit_leading_dim, stores_stacked_experts,
 };
 use super::config::{HfConfig, text_model_config};
 use super::error::HfError;
@@ -193,6 +193,7 @@ fn checkpoint_tensors(
 ) -> Result<BTreeMap<String, HostTensor>, HfError> {
     let mixtral = has_mixtral_layout(&config.model_type);
     let gpt_oss = config.model_type == "gpt_oss";
+    let stacked_experts = stores_stacked_experts(&config.model_type);
     let mut tensors = BTreeMap::new();
     let mut insert = |key: String, tensor: HostTensor| -> Result<(), HfError> {
         match tensors.insert(key.clone(), tensor) {
@@ -245,6 +246,7 @@ fn checkpoint_tensors(
         .into_iter()
         .find(|part| key.ends_with(&format!(".experts.{part}")));
         match expert {
+            Some(_) if stacked_experts => insert(key, tensor)?,
             Some(part) if gpt_oss => {
                 let (key, tensor) = (key.clone(), to_gpt_oss(part, tensor));
                 insert(key, tensor)?;

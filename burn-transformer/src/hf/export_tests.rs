@@ -38,7 +38,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 83] = [
+const FAMILIES: [&str; 84] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -102,6 +102,7 @@ const FAMILIES: [&str; 83] = [
     "persimmon",
     "apertus",
     "nanochat",
+    "mistral4",
     "nemotron",
     "olmo",
     "hyperclovax",

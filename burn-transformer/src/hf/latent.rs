@@ -61,8 +61,11 @@ impl LatentKeys {
         let size = |value, key| required(value, key, "a non-negative integer");
         let qk_rope_head_dim = size(self.qk_rope_head_dim, "qk_rope_head_dim")?;
         let mut rope = rope.rope_config()?;
-        // HF's DeepSeek config sets head_dim = qk_rope_head_dim: only that part rotates.
+        // HF's DeepSeek config sets head_dim = qk_rope_head_dim: only that part rotates,
+        // all of it (Mistral-4's `partial_rotary_factor` is that part's share of the
+        // whole query head, `qk_rope / (qk_nope + qk_rope)`).
         rope.head_dim = qk_rope_head_dim;
+        rope.partial_rotary_factor = 1.0;
         rope.layout = if self.rope_interleave.unwrap_or(true) {
             RopeLayout::Interleaved
         } else {

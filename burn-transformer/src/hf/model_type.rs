@@ -72,6 +72,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "gpt_oss",
     "deepseek_v2",
     "deepseek_v3",
+    "mistral4",
     "gemma3",
     "mistral3",
 ];
@@ -329,10 +330,14 @@ pub(crate) enum ModelType {
     DeepseekV2,
     /// DeepSeek-V3: V2 with sigmoid, bias-corrected routing.
     DeepseekV3,
+    /// Mistral-4 (Mistral-Small-4): DeepSeek-V3's latent attention with Llama 4's query
+    /// temperature, softmax routing through groups without a correction bias, shared
+    /// experts; its experts stored stacked.
+    Mistral4,
 }
 
 impl ModelType {
-    const ALL: [Self; 69] = [
+    const ALL: [Self; 70] = [
         Self::Llama,
         Self::InternLm3,
         Self::Mistral,
@@ -402,6 +407,7 @@ impl ModelType {
         Self::GptOss,
         Self::DeepseekV2,
         Self::DeepseekV3,
+        Self::Mistral4,
     ];
 
     /// The `model_type` value.
@@ -476,6 +482,7 @@ impl ModelType {
             Self::GptOss => "gpt_oss",
             Self::DeepseekV2 => "deepseek_v2",
             Self::DeepseekV3 => "deepseek_v3",
+            Self::Mistral4 => "mistral4",
         }
     }
 
@@ -507,6 +514,7 @@ impl ModelType {
                 | Self::GptOss
                 | Self::DeepseekV2
                 | Self::DeepseekV3
+                | Self::Mistral4
         )
     }
 
@@ -635,7 +643,12 @@ impl ModelType {
     pub(crate) fn is_latent(self) -> bool {
         matches!(
             self,
-            Self::DeepseekV2 | Self::DeepseekV3 | Self::Glm4MoeLite | Self::Youtu | Self::MiniCpm3
+            Self::DeepseekV2
+                | Self::DeepseekV3
+                | Self::Glm4MoeLite
+                | Self::Youtu
+                | Self::MiniCpm3
+                | Self::Mistral4
         )
     }
 }

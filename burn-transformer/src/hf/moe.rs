@@ -262,8 +262,10 @@ impl MoeKeys {
                 )
             })?;
         let routing = self.group_routing(family, unread)?;
-        let deepseek = matches!(family, None | Some(ModelType::DeepseekV2))
-            || family.is_some_and(ModelType::routes_as_deepseek_v3);
+        let deepseek = matches!(
+            family,
+            None | Some(ModelType::DeepseekV2 | ModelType::Mistral4)
+        ) || family.is_some_and(ModelType::routes_as_deepseek_v3);
         let unscaled = |unread: &mut UnreadKeys| {
             unread.fixed(
                 "routed_scaling_factor",
@@ -374,7 +376,7 @@ impl MoeKeys {
 
     /// Expert groups and the correction bias: DeepSeek-V3 and the families that route
     /// as it always route through groups (scored by their two best experts) with the
-    /// bias; DeepSeek-V2 through groups (scored by their best expert) under
+    /// bias, Mistral-4 through the same groups without it; DeepSeek-V2 through groups (scored by their best expert) under
     /// `topk_method: "group_limited_greedy"` and over all experts under `"greedy"`; the
     /// other families over all experts. Without a family, the keys as written.
     fn group_routing(
@@ -403,6 +405,16 @@ impl MoeKeys {
                     topk_group,
                     group_scoring: GroupScoring::TopTwoSum,
                     score_correction_bias: true,
+                }
+            }
+            // Mistral-4 routes as DeepSeek-V3 on softmax scores, without the bias.
+            Some(ModelType::Mistral4) => {
+                let (n_group, topk_group) = groups();
+                GroupRouting {
+                    n_group,
+                    topk_group,
+                    group_scoring: GroupScoring::TopTwoSum,
+                    score_correction_bias: false,
                 }
             }
             Some(ModelType::DeepseekV2) => match topk_method.unwrap_or("greedy") {

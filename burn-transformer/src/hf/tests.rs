@@ -389,6 +389,31 @@ fn gemma3_multimodal_checkpoint_loads_its_text_model_and_matches_transformers() 
     );
 }
 
+/// Mistral-Small-4's multimodal checkpoint: a `mistral3` wrapper whose `text_config`
+/// names `mistral4`. Its text model matches transformers (latent attention with the
+/// query temperature, softmax routing through groups) and exports as a `mistral4`
+/// checkpoint with the same logits.
+#[test]
+fn mistral4_multimodal_checkpoint_loads_its_text_model_and_matches_transformers() {
+    matches_transformers("mistral4_vision");
+    let device = Device::flex();
+    let (model, config) = load_causal_lm(model_dir("mistral4_vision"), &device).unwrap();
+    assert_eq!(config.model_type, "mistral3");
+    assert!(config.model.latent.is_some() && config.model.query_temperature.is_some());
+    let json = config_json(&model_dir("mistral4_vision"));
+    let out = tempfile::TempDir::new().unwrap();
+    let report = save_causal_lm(&model, &json, out.path(), &ExportOptions::default()).unwrap();
+    assert_eq!(report.model_type, "mistral4");
+    let (exported, _) = load_causal_lm(out.path(), &device).unwrap();
+    let reference = reference("mistral4_vision");
+    assert_close(
+        exported.forward(int_tensor(&rows(&reference.data("tokens")), &device), None),
+        reference.tensor::<3>("logits", &device),
+        LOGIT_TOLERANCE,
+        "mistral4 exported as its text model",
+    );
+}
+
 /// Mistral-3's multimodal checkpoint (`Mistral3ForConditionalGeneration`, as
 /// Mistral-Small-3.1 and 3.2 ship): its `text_config` names the `mistral` text model,
 /// stored under `language_model.` beside a Pixtral vision tower, and the wrapper ties
@@ -787,6 +812,15 @@ fn nanochat_with_bare_norms_reversed_rope_and_capped_logits_matches_transformers
     matches_transformers("nanochat");
 }
 
+/// Mistral-4: DeepSeek-V3's latent attention with the query temperature crossing two
+/// steps in the prompt, softmax routing through groups without a bias, a shared expert,
+/// experts stored stacked.
+#[test]
+fn mistral4_with_latent_attention_query_temperature_and_grouped_softmax_routing_matches_transformers()
+ {
+    matches_transformers("mistral4");
+}
+
 #[test]
 fn persimmon_with_fused_qkv_a_shifted_qk_norm_and_half_rope_matches_transformers() {
     matches_transformers("persimmon");
@@ -929,7 +963,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 54] = [
+    let cases: [(&str, Edit, &[&str]); 55] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -1406,6 +1440,16 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
             "apertus",
             |config| {
                 for key in ["rope_parameters", "hidden_act", "rms_norm_eps"] {
+                    config.remove(key);
+                }
+            },
+            &[],
+        ),
+        // Mistral-4's class defaults: interleaved rotary pairs, renormalized weights.
+        (
+            "mistral4",
+            |config| {
+                for key in ["rope_interleave", "norm_topk_prob"] {
                     config.remove(key);
                 }
             },
