@@ -1284,76 +1284,58 @@ def gpt_oss():
     )
 
 
+# DeepSeek-V3's shape at fixture size, shared by the families that copy its layout:
+# latent attention (low-rank queries), 8 experts in 4 groups (2 kept), top-2,
+# renormalized, a shared expert, a dense first layer.
+LATENT_MOE_SIZES = dict(
+    intermediate_size=64,
+    moe_intermediate_size=16,
+    num_key_value_heads=4,
+    n_shared_experts=1,
+    n_routed_experts=8,
+    kv_lora_rank=16,
+    q_lora_rank=24,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=8,
+    v_head_dim=12,
+    n_group=4,
+    topk_group=2,
+    num_experts_per_tok=2,
+    first_k_dense_replace=1,
+    norm_topk_prob=True,
+    rope_interleave=True,
+)
+# YaRN with DeepSeek's mscale (its attention factor cancels; the softmax scale takes it).
+LATENT_YARN = dict(
+    rope_type="yarn", rope_theta=10000.0, factor=4.0, beta_fast=32.0, beta_slow=1.0,
+    mscale=1.0, mscale_all_dim=1.0,
+)
+
+
 def deepseek_v3():
     common = {k: v for k, v in COMMON.items() if k != "intermediate_size"}
     return transformers.DeepseekV3Config(
         **common,
-        intermediate_size=64,
-        moe_intermediate_size=16,
-        num_key_value_heads=4,
-        n_shared_experts=1,
-        n_routed_experts=8,
+        **LATENT_MOE_SIZES,
         routed_scaling_factor=2.5,
-        kv_lora_rank=16,
-        q_lora_rank=24,
-        qk_rope_head_dim=8,
-        qk_nope_head_dim=8,
-        v_head_dim=12,
-        n_group=4,
-        topk_group=2,
-        num_experts_per_tok=2,
-        first_k_dense_replace=1,
-        norm_topk_prob=True,
-        rope_interleave=True,
-        rope_parameters=dict(
-            rope_type="yarn",
-            rope_theta=10000.0,
-            factor=4.0,
-            original_max_position_embeddings=16,
-            beta_fast=32.0,
-            beta_slow=1.0,
-            mscale=1.0,
-            mscale_all_dim=1.0,
-        ),
+        rope_parameters=dict(**LATENT_YARN, original_max_position_embeddings=16),
         tie_word_embeddings=False,
     )
 
 
 def mistral4():
-    # Mistral-Small-4's layout: DeepSeek-V3's latent attention (YaRN with its mscale)
-    # with Llama 4's query temperature past an original context of 4 (beta 0.3, so the
-    # 9-token prompts cross two steps), softmax routing over 8 experts in 4 groups (2
-    # kept) by their two best scores, renormalized and scaled by 1.5, a shared expert, a
-    # dense first layer; the experts stored stacked (`experts.gate_up_proj`).
+    # Mistral-Small-4's layout on DeepSeek-V3's sizes: latent attention (YaRN with its
+    # mscale) with Llama 4's query temperature past an original context of 4 (beta 0.3,
+    # so the 9-token prompts cross two steps), softmax routing through the groups by
+    # their two best scores without a correction bias, scaled by 1.5; the experts stored
+    # stacked (`experts.gate_up_proj`).
     common = {k: v for k, v in COMMON.items() if k != "intermediate_size"}
     return transformers.Mistral4Config(
         **common,
-        intermediate_size=64,
-        moe_intermediate_size=16,
-        num_key_value_heads=4,
-        n_shared_experts=1,
-        n_routed_experts=8,
+        **LATENT_MOE_SIZES,
         routed_scaling_factor=1.5,
-        kv_lora_rank=16,
-        q_lora_rank=24,
-        qk_rope_head_dim=8,
-        qk_nope_head_dim=8,
-        v_head_dim=12,
-        n_group=4,
-        topk_group=2,
-        num_experts_per_tok=2,
-        first_k_dense_replace=1,
-        norm_topk_prob=True,
         rope_parameters=dict(
-            rope_type="yarn",
-            rope_theta=10000.0,
-            factor=4.0,
-            original_max_position_embeddings=4,
-            beta_fast=32.0,
-            beta_slow=1.0,
-            mscale=1.0,
-            mscale_all_dim=1.0,
-            llama_4_scaling_beta=0.3,
+            **LATENT_YARN, original_max_position_embeddings=4, llama_4_scaling_beta=0.3
         ),
     )
 
