@@ -7,12 +7,14 @@
 //! - [`QkNormPlacement::AcrossHeads`] (OLMo-2): one norm over the whole projection
 //!   (`n_heads · head_dim` for queries, `n_kv_heads · head_dim` for keys), before it
 //!   is split into heads;
-//! - [`QkNormPlacement::PerHeadAfterRope`] (Hunyuan): per head, on the rotated vectors.
+//! - [`QkNormPlacement::PerHeadAfterRope`] (Hunyuan, nanochat): per head, on the rotated
+//!   vectors.
 //!
 //! The first two come before RoPE. The norm is an RMSNorm in most models and a
 //! LayerNorm in Phi and Persimmon (with a shift) and in Command R+ and StableLM-2-12B,
 //! whose heads each have weights of their own ([`QkNormConfig::weights_per_head`]);
-//! the others share one weight between all heads.
+//! the others share one weight between all heads, and nanochat's has none
+//! ([`QkNormConfig::scale`]).
 
 use burn::config::Config;
 use burn::module::Module;
@@ -82,7 +84,7 @@ impl QkNormConfig {
     ///
     /// # Errors
     /// [`ConfigError::Invalid`] for a negative or non-finite `eps`, a shift on an
-    /// RMSNorm, or weights per head on a norm across heads.
+    /// RMSNorm, or weights per head on a norm across heads or without a scale.
     pub fn validate(&self) -> Result<(), ConfigError> {
         ConfigError::check_non_negative(MODULE, "eps", self.eps)?;
         if self.bias && self.kind == QkNormKind::Rms {
