@@ -12,6 +12,7 @@
 //! | `….layers.N.mlp.Dense.gate_proj.…` (likewise `up_proj`, `down_proj`) | `….layers.N.mlp.SwiGlu.gate_proj.…` |
 //! | `….layers.N.input_layernorm.weight` (and `post_attention_layernorm`) | `….layers.N.input_layernorm.Rms.weight` |
 //! | `model.norm.weight` | `model.norm.Rms.weight` |
+//! | `….self_attn.MultiHead.q_norm.weight` (and `k_norm`) | `….self_attn.MultiHead.q_norm.Shared.Rms.weight` |
 //!
 //! A record is in the older layout when one of its block paths has an older shape (no
 //! path of today's layout has one); only then are its paths renamed, so [`upgrade`]
@@ -59,10 +60,30 @@ fn upgrade_block_path(path: &str) -> Option<String> {
     Some(segments.join("."))
 }
 
+/// Today's path of a QK-norm weight saved when QK-norm was an RMSNorm of its own
+/// (`….self_attn[.MultiHead|.Grouped].q_norm.weight`): the norm is now a [`QkNorm`]
+/// holding a shared [`Norm`](crate::norm::Norm). `None` for any other path.
+///
+/// [`QkNorm`]: crate::attention::QkNorm
+fn upgrade_qk_norm_path(path: &str) -> Option<String> {
+    let mut segments: Vec<&str> = path.split('.').collect();
+    let n = segments.len();
+    let is_qk_norm = n >= 3
+        && matches!(segments[n - 2], "q_norm" | "k_norm")
+        && segments[n - 1] == "weight"
+        && matches!(segments[n - 3], "self_attn" | "MultiHead" | "Grouped");
+    is_qk_norm.then(|| {
+        segments.splice(n - 1..n - 1, ["Shared", "Rms"]);
+        segments.join(".")
+    })
+}
+
 /// Today's path of a parameter of an older-layout record: the block rows of the
-/// table, and the embedding and final norm of a causal language model.
+/// table, QK-norm's weights, and the embedding and final norm of a causal language
+/// model.
 fn upgrade_path(path: &str) -> String {
-    if let Some(upgraded) = upgrade_block_path(path) {
+    let path = upgrade_qk_norm_path(path).unwrap_or_else(|| path.to_string());
+    if let Some(upgraded) = upgrade_block_path(&path) {
         return upgraded;
     }
     let mut segments: Vec<&str> = path.split('.').collect();
@@ -81,7 +102,7 @@ fn upgrade_path(path: &str) -> String {
 pub(crate) fn upgrade_paths(paths: &[String]) -> Option<Vec<String>> {
     paths
         .iter()
-        .any(|path| upgrade_block_path(path).is_some())
+        .any(|path| upgrade_block_path(path).is_some() || upgrade_qk_norm_path(path).is_some())
         .then(|| paths.iter().map(|path| upgrade_path(path)).collect())
 }
 
@@ -158,9 +179,18 @@ mod tests {
                 "model.model.layers.1.post_attention_layernorm.Rms.weight",
             ),
             ("model.norm.weight", "model.norm.Rms.weight"),
+            (
+                "model.model.layers.1.self_attn.MultiHead.k_norm.weight",
+                "model.model.layers.1.self_attn.MultiHead.k_norm.Shared.Rms.weight",
+            ),
+            (
+                "model.layers.0.self_attn.Grouped.q_norm.weight",
+                "model.layers.0.self_attn.MultiHead.q_norm.Shared.Rms.weight",
+            ),
         ] {
             assert_eq!(upgrade_path(older), today, "{older}");
             assert_eq!(upgrade_block_path(today), None, "{today} is current");
+            assert_eq!(upgrade_qk_norm_path(today), None, "{today} is current");
         }
         for current in [
             "model.layers.0.self_attn.Latent.kv_b_proj.weight",
@@ -173,9 +203,51 @@ mod tests {
             // An LmTask's record of today: the causal LM under `model`.
             "model.embed_tokens.weight",
             "model.model.norm.Rms.weight",
+            "model.layers.0.self_attn.MultiHead.q_norm.PerHead.weight",
+            "model.layers.0.self_attn.MultiHead.k_norm.Shared.Layer.bias",
         ] {
             assert_eq!(upgrade_paths(&[current.to_string()]), None, "{current}");
         }
+    }
+
+    /// A model with QK-norm saved when the norm was an RMSNorm of its own (its weights
+    /// at `….q_norm.weight`) loads into today's model and gives the same logits.
+    #[test]
+    fn a_record_with_the_older_qk_norm_paths_loads() {
+        use crate::attention::QkNormConfig;
+        let device = Device::flex();
+        let config = small(BlockKind::PreNorm).with_qk_norm(Some(QkNormConfig::new()));
+        let model = crate::train::host_init(3, |host| config.try_init(host)).unwrap();
+        let dir = tempfile::TempDir::new().unwrap();
+        let path = dir.path().join("model.bpk");
+        crate::train::save_module(model.clone(), &path).unwrap();
+        // The same record in the older layout.
+        let bytes = Bytes::from_bytes_vec(std::fs::read(&path).unwrap());
+        let reader = Reader::from_bytes(bytes).unwrap();
+        let mut tensors = reader.into_tensors().unwrap();
+        let mut renamed = 0;
+        for tensor in &mut tensors {
+            if tensor.name.contains("_norm.Shared.Rms.") {
+                tensor.name = tensor.name.replace("_norm.Shared.Rms.", "_norm.");
+                renamed += 1;
+            }
+        }
+        assert_eq!(
+            renamed,
+            2 * config.n_layers,
+            "q_norm and k_norm of every layer"
+        );
+        let older = Writer::new(tensors).into_bytes().unwrap();
+        std::fs::write(&path, &older[..]).unwrap();
+        let fresh = crate::train::host_init(4, |host| config.try_init(host)).unwrap();
+        let loaded = load_module(fresh, &path).unwrap();
+        let prompt = Tensor::<2, Int>::from_data([[1i64, 5, 2, 7]], &device);
+        assert_close(
+            loaded.forward(prompt.clone(), None),
+            model.forward(prompt, None),
+            1e-6,
+            "older QK-norm paths",
+        );
     }
 
     fn tokens(data: burn::tensor::TensorData, device: &Device) -> Tensor<2, Int> {
