@@ -237,12 +237,13 @@ impl RunFolder {
                 path.display()
             )
         })?;
-        let config: CausalLmConfig = serde_json::from_value(model.clone()).map_err(|e| {
-            format!(
-                "{}: `model` is not a language model's configuration: {e}",
-                path.display()
-            )
-        })?;
+        let config: CausalLmConfig =
+            serde_json::from_value(current_model_keys(model)).map_err(|e| {
+                format!(
+                    "{}: `model` is not a language model's configuration: {e}",
+                    path.display()
+                )
+            })?;
         config
             .validate()
             .map_err(|e| format!("{}: `model`: {e}", path.display()))?;
@@ -416,5 +417,36 @@ impl TextTokenizer {
                 .map_err(|error| error.to_string()),
             Self::Run(tokenizer) => Ok(tokenizer.decode(tokens)),
         }
+    }
+}
+
+/// A run's `model` settings under today's names: runs written before
+/// `CausalLmConfig::norm_scale` call it `layer_norm_scale` (an unknown key would be
+/// dropped, and a model without norm scales built with them).
+fn current_model_keys(model: &serde_json::Value) -> serde_json::Value {
+    let mut model = model.clone();
+    if let Some(object) = model.as_object_mut()
+        && !object.contains_key("norm_scale")
+        && let Some(value) = object.remove("layer_norm_scale")
+    {
+        object.insert("norm_scale".into(), value);
+    }
+    model
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_older_run_keeps_its_norm_scale() {
+        let older = serde_json::json!({"layer_norm_scale": false, "d_model": 8});
+        let current = current_model_keys(&older);
+        assert_eq!(
+            current,
+            serde_json::json!({"norm_scale": false, "d_model": 8})
+        );
+        let today = serde_json::json!({"norm_scale": true});
+        assert_eq!(current_model_keys(&today), today);
     }
 }
