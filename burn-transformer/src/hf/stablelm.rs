@@ -10,8 +10,7 @@ pub(crate) fn head_norm_row(key: &str) -> Option<(String, usize)> {
     let (rest, part) = key.rsplit_once('.')?;
     let (rest, head) = rest.rsplit_once('.')?;
     let norm = rest.strip_suffix(".norms")?;
-    let is_qk_norm = norm.ends_with(".q_layernorm") || norm.ends_with(".k_layernorm");
-    (is_qk_norm && matches!(part, "weight" | "bias"))
+    is_qk_norm_param(norm, part)
         .then(|| Some((format!("{norm}.{part}"), head.parse().ok()?)))
         .flatten()
 }
@@ -21,8 +20,13 @@ pub(crate) fn head_norm_row(key: &str) -> Option<(String, usize)> {
 /// no QK-norm's.
 pub(crate) fn head_norm_key(stacked: &str, head: usize) -> Option<String> {
     let (norm, part) = stacked.rsplit_once('.')?;
-    let is_qk_norm = norm.ends_with(".q_layernorm") || norm.ends_with(".k_layernorm");
-    (is_qk_norm && matches!(part, "weight" | "bias")).then(|| format!("{norm}.norms.{head}.{part}"))
+    is_qk_norm_param(norm, part).then(|| format!("{norm}.norms.{head}.{part}"))
+}
+
+/// Whether `part` of the module `norm` is a parameter of one of StableLM's QK-norms.
+fn is_qk_norm_param(norm: &str, part: &str) -> bool {
+    (norm.ends_with(".q_layernorm") || norm.ends_with(".k_layernorm"))
+        && matches!(part, "weight" | "bias")
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ use burn::module::{Module, Param};
 use burn::nn::Initializer;
 use burn::tensor::{DType, Device, Tensor};
 
+use super::rms::normalized;
 use crate::error::ConfigError;
 
 const MODULE: &str = "PerHeadNormConfig";
@@ -125,8 +126,7 @@ impl PerHeadNorm {
             x
         };
         // The biased variance of a centered vector is its mean square.
-        let variance = x.clone().square().mean_dim(D - 1);
-        let normed = x * (variance + self.eps).sqrt().recip();
+        let normed = normalized(x, self.eps);
         let scale = match self.unit_offset {
             true => per_head(&self.weight) + 1.0,
             false => per_head(&self.weight),

@@ -126,8 +126,8 @@ impl RmsNorm {
     }
 }
 
-/// `x / sqrt(mean(x²) + eps)` over the last axis.
-fn normalized<const D: usize>(x: Tensor<D>, eps: f64) -> Tensor<D> {
+/// `x / sqrt(mean(x²) + eps)` over the last axis (a LayerNorm's after centring `x`).
+pub(super) fn normalized<const D: usize>(x: Tensor<D>, eps: f64) -> Tensor<D> {
     // [..., 1]: one statistic per vector.
     let mean_square = x.clone().square().mean_dim(D - 1);
     x * (mean_square + eps).sqrt().recip()
