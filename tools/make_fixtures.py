@@ -152,7 +152,11 @@ def rope_cos_sin(config: dict, x: torch.Tensor, offset: int):
         rope_parameters=rope_parameters,
     )
     rotary = GPTNeoXRotaryEmbedding(hf)
-    rotary_dim = int(config["head_dim"] * partial)
+    # A proportional RoPE turns its fraction of the pairs over the whole head.
+    if rope_parameters["rope_type"] == "proportional":
+        rotary_dim = config["head_dim"]
+    else:
+        rotary_dim = int(config["head_dim"] * partial)
     assert rotary.inv_freq.shape == (rotary_dim // 2,), (rotary.inv_freq.shape, rotary_dim)
     seq = x.shape[2]
     position_ids = torch.arange(offset, offset + seq)[None].expand(x.shape[0], seq)
@@ -319,6 +323,18 @@ def rope_partial_yarn() -> Fixture:
         {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
          "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
         [(0, 12), (25, 4)],
+    )
+
+
+@fixture("rope_proportional")
+def rope_proportional() -> Fixture:
+    """Gemma-4's proportional RoPE on a 16-dim head: 3 of its 8 pairs turn
+    (partial_rotary_factor 0.4), interpolated by 2 at base 100; the others pass through."""
+    return rope_fixture(
+        "rope_proportional", 16, 64,
+        {"rope_type": "proportional", "factor": 2.0, "rope_theta": 100.0,
+         "partial_rotary_factor": 0.4},
+        [(0, 12), (21, 5)],
     )
 
 

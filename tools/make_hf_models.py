@@ -534,6 +534,64 @@ def gemma3_text():
     )
 
 
+def gemma4_text():
+    # Gemma-4's dense layout (the 31B's): sliding layers of head_dim 8 with two
+    # key/value heads, global layers of head_dim 16 with one, whose values are the
+    # keys' projection (attention_k_eq_v) and whose RoPE is proportional (half of the
+    # pairs turn, interpolated by 2); plain-RMSNorm QK-norm, a norm of the values,
+    # unscaled attention, a fixed factor per layer, final logit soft-capping. The
+    # third layer is listed sliding: transformers makes the last layer global.
+    common = {k: v for k, v in COMMON.items() if k != "num_hidden_layers"}
+    return transformers.Gemma4TextConfig(
+        **common,
+        num_hidden_layers=3,
+        num_key_value_heads=2,
+        head_dim=8,
+        global_head_dim=16,
+        num_global_key_value_heads=1,
+        attention_k_eq_v=True,
+        hidden_size_per_layer_input=0,
+        sliding_window=3,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={
+            "full_attention": {
+                "rope_type": "proportional", "partial_rotary_factor": 0.5,
+                "rope_theta": 100.0, "factor": 2.0,
+            },
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10.0},
+        },
+        final_logit_softcapping=10.0,
+    )
+
+
+def gemma4_vision():
+    # Gemma-4's multimodal checkpoint (Gemma4ForConditionalGeneration): `gemma4_text`'s
+    # text model under `language_model.` beside a tiny vision tower and its embedder;
+    # no audio tower. The image tokens sit at the top of the vocabulary.
+    vision = transformers.Gemma4VisionConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=8,
+        patch_size=8,
+        position_embedding_size=64,
+    )
+    return transformers.Gemma4Config(
+        text_config=gemma4_text().to_dict(),
+        vision_config=vision.to_dict(),
+        audio_config=None,
+        boi_token_id=93,
+        eoi_token_id=94,
+        image_token_id=95,
+        video_token_id=92,
+        boa_token_id=91,
+        eoa_token_index=90,
+        audio_token_id=89,
+    )
+
+
 def gemma3_vision():
     # Gemma-3's multimodal checkpoint (Gemma3ForConditionalGeneration, as the 4B and
     # larger models ship): the text model under `language_model.`, a tiny SigLIP vision
@@ -1406,6 +1464,8 @@ MODELS = {
     "gemma2": (gemma2, {}),
     "gemma3_text": (gemma3_text, {}),
     "gemma3_vision": (gemma3_vision, {"sparse_text_config": True}),
+    "gemma4_text": (gemma4_text, {}),
+    "gemma4_vision": (gemma4_vision, {}),
     "mistral3_vision": (mistral3_vision, {}),
     "mixtral": (mixtral, {}),
     "olmoe": (olmoe, {}),
@@ -1499,6 +1559,10 @@ def perturb(model: torch.nn.Module, generator: torch.Generator) -> None:
                 continue
             # xIELU's `beta` and `eps` are constants of the activation, saved as buffers.
             if name.endswith(("act_fn.beta", "act_fn.eps")):
+                continue
+            # Gemma-4's factor on each layer's output: around its initial 1.
+            if name.endswith("layer_scalar"):
+                buffer.copy_(1.0 + normal(buffer.shape, 0.3))
                 continue
             # MoE balancing biases (DeepSeek-V3's e_score_correction_bias).
             buffer.copy_(normal(buffer.shape, 0.1))
@@ -1781,7 +1845,7 @@ def build(name: str) -> None:
             [config.get_text_config().vocab_size]
             + [
                 getattr(config, key)
-                for key in ("boi_token_index", "image_token_index")
+                for key in ("boi_token_index", "image_token_index", "audio_token_id")
                 if hasattr(config, key)
             ]
         )

@@ -16,6 +16,7 @@ use super::core::{AttentionImpl, AttentionOptions, attention, attention_with_wei
 use super::qk_norm::{QkNorm, QkNormConfig, QkNormPlacement};
 use super::query_temperature::QueryTemperatureConfig;
 use crate::error::ConfigError;
+use crate::norm::{RmsNorm, RmsNormConfig};
 use crate::ops::alibi::Alibi;
 use crate::ops::linear::linear_rows;
 use crate::position::{Rope, RopeConfig};
@@ -82,6 +83,14 @@ pub struct MultiHeadAttentionConfig {
     /// place of `rope`. Default: none.
     #[config(default = "None")]
     pub alibi: Option<Alibi>,
+    /// The values are the key projection's output, taken before QK-norm and RoPE: the
+    /// module has no `v_proj` (Gemma-4's `attention_k_eq_v`). Default: false.
+    #[config(default = false)]
+    pub values_from_keys: bool,
+    /// Normalizes each value head by its root mean square, without a learned scale,
+    /// with this epsilon (Gemma-4's `v_norm`). Default: none.
+    #[config(default = "None")]
+    pub value_norm_eps: Option<f64>,
     /// Which attention implementation to use. Default: automatic.
     #[config(default = "AttentionImpl::Auto")]
     pub implementation: AttentionImpl,
@@ -99,8 +108,9 @@ pub struct MultiHeadAttention {
     pub q_proj: Linear,
     /// `[d_kv_input] -> [n_kv_heads * head_dim]`
     pub k_proj: Linear,
-    /// `[d_kv_input] -> [n_kv_heads * head_dim]`
-    pub v_proj: Linear,
+    /// `[d_kv_input] -> [n_kv_heads * head_dim]`; `None` when the values are the keys'
+    /// projection ([`MultiHeadAttentionConfig::values_from_keys`]).
+    pub v_proj: Option<Linear>,
     /// `[n_heads * head_dim] -> [d_model]`
     pub o_proj: Linear,
     /// Rotary embedding of q and k, if any.
@@ -109,6 +119,8 @@ pub struct MultiHeadAttention {
     pub q_norm: Option<QkNorm>,
     /// QK-norm of the keys (HF `k_norm`), if any.
     pub k_norm: Option<QkNorm>,
+    /// The norm of each value head, without parameters (HF `v_norm`), if any.
+    pub v_norm: Option<RmsNorm>,
     /// The attention sinks, `[n_heads]` (HF `sinks`), if any.
     pub sinks: Option<Param<Tensor<1>>>,
     /// Dropout on attention probabilities (inactive in eval / without autodiff).
@@ -233,7 +245,8 @@ impl MultiHeadAttentionConfig {
         Ok(MultiHeadAttention {
             q_proj: linear(self.d_model, self.n_heads * head_dim, self.qkv_bias),
             k_proj: linear(d_kv_input, n_kv_heads * head_dim, self.qkv_bias),
-            v_proj: linear(d_kv_input, n_kv_heads * head_dim, self.qkv_bias),
+            v_proj: (!self.values_from_keys)
+                .then(|| linear(d_kv_input, n_kv_heads * head_dim, self.qkv_bias)),
             o_proj: linear(self.n_heads * head_dim, self.d_model, self.o_bias),
             rope: self
                 .rope
@@ -242,6 +255,15 @@ impl MultiHeadAttentionConfig {
                 .transpose()?,
             q_norm,
             k_norm,
+            v_norm: self
+                .value_norm_eps
+                .map(|eps| {
+                    RmsNormConfig::new(head_dim)
+                        .with_eps(eps)
+                        .with_scale(false)
+                        .try_init(device)
+                })
+                .transpose()?,
             sinks: self
                 .sinks
                 .then(|| self.initializer.init([self.n_heads], device)),
@@ -517,16 +539,21 @@ impl MultiHeadAttention {
         x: Tensor<3>,
         rope_offset: Option<usize>,
     ) -> (Tensor<4>, Tensor<4>) {
-        let k = self.split_normed(
-            linear_rows(&self.k_proj, x.clone()),
-            self.n_kv_heads,
-            self.k_norm.as_ref(),
-        );
+        let projected_keys = linear_rows(&self.k_proj, x.clone());
+        let projected_values = match &self.v_proj {
+            Some(v_proj) => linear_rows(v_proj, x),
+            None => projected_keys.clone(),
+        };
+        let k = self.split_normed(projected_keys, self.n_kv_heads, self.k_norm.as_ref());
         let v = split_heads(
-            self.clipped(linear_rows(&self.v_proj, x)),
+            self.clipped(projected_values),
             self.n_kv_heads,
             self.head_dim,
         );
+        let v = match &self.v_norm {
+            Some(norm) => norm.forward(v),
+            None => v,
+        };
         let k = match (&self.rope, rope_offset) {
             (Some(rope), Some(offset)) => rope.forward(k, offset),
             _ => k,
@@ -585,7 +612,7 @@ mod tests {
                     .init(&device);
                 attention.q_proj = fixture.linear("q_proj", &device);
                 attention.k_proj = fixture.linear("k_proj", &device);
-                attention.v_proj = fixture.linear("v_proj", &device);
+                attention.v_proj = Some(fixture.linear("v_proj", &device));
                 attention.o_proj = fixture.linear("o_proj", &device);
                 let padding = fixture.contains("lengths").then(|| {
                     let lengths: Vec<usize> = fixture
@@ -670,7 +697,7 @@ mod tests {
                 };
                 let q = rotated_normed(attention.q_proj.forward(x.clone()), 4, &q_weight);
                 let k = rotated_normed(attention.k_proj.forward(x.clone()), 2, &k_weight);
-                let v = split_heads(attention.v_proj.forward(x.clone()), 2, 12);
+                let v = split_heads(attention.v_proj.as_ref().unwrap().forward(x.clone()), 2, 12);
                 let options = AttentionOptions::new().with_causal(true);
                 let expected = attention.merge_heads(reference_attention(q, k, v, &options));
                 let name = format!("{placement:?}");
@@ -687,6 +714,71 @@ mod tests {
                 let rest = attention.forward_cached(x.narrow(1, 3, 2), &mut cache, None);
                 assert_close(Tensor::cat(vec![first, rest], 1), expected, 1e-5, &name);
             }
+        }
+    }
+
+    /// Gemma-4's global layers: no `v_proj`, the values are the key projection's output
+    /// before the keys' QK-norm and RoPE, each value head normalized without a scale.
+    #[test]
+    fn values_from_the_keys_projection_are_normed_before_the_keys_are() {
+        use crate::attention::reference_attention;
+        use crate::norm::Norm;
+        use burn::module::Param;
+        for device in test_devices() {
+            device.seed(17);
+            let eps = 1e-5;
+            let mut attention = config()
+                .with_rope(Some(RopeConfig::new(12)))
+                .with_qk_norm(Some(
+                    QkNormConfig::new()
+                        .with_placement(QkNormPlacement::PerHead)
+                        .with_eps(eps),
+                ))
+                .with_values_from_keys(true)
+                .with_value_norm_eps(Some(eps))
+                .init(&device);
+            assert!(attention.v_proj.is_none(), "no value projection");
+            // A key norm weight far from 1, so that values normed as keys would differ.
+            let k_weight = Tensor::<1>::random([12], Distribution::Uniform(0.5, 1.5), &device);
+            let Some(QkNorm::Shared(Norm::Rms(k_norm))) = attention.k_norm.as_mut() else {
+                panic!("an RMSNorm shared by the heads");
+            };
+            k_norm.weight = Some(Param::from_tensor(k_weight.clone()));
+            let x = Tensor::<3>::random([2, 5, 32], Distribution::Normal(0.0, 1.0), &device);
+
+            // Written out: one projection gives the keys (normed, rotated) and the values
+            // (normed without a weight).
+            let rope = attention.rope.as_ref().unwrap();
+            let ones = Tensor::<1>::ones([12], &device);
+            let heads_first = |projected: Tensor<3>, heads: usize, weight: &Tensor<1>| {
+                let [batch, seq, _] = projected.dims();
+                naive_rms(
+                    projected.reshape([batch, seq, heads, 12]),
+                    weight.clone(),
+                    eps,
+                )
+                .swap_dims(1, 2)
+            };
+            let projected = attention.k_proj.forward(x.clone());
+            let q = rope.forward(
+                heads_first(attention.q_proj.forward(x.clone()), 4, &ones),
+                0,
+            );
+            let k = rope.forward(heads_first(projected.clone(), 2, &k_weight), 0);
+            let v = heads_first(projected, 2, &ones);
+            let options = AttentionOptions::new().with_causal(true);
+            let expected = attention.merge_heads(reference_attention(q, k, v, &options));
+            assert_close(
+                attention.forward(x.clone(), None),
+                expected.clone(),
+                1e-5,
+                "full",
+            );
+
+            let mut cache = KvCache::new();
+            let first = attention.forward_cached(x.clone().narrow(1, 0, 3), &mut cache, None);
+            let rest = attention.forward_cached(x.narrow(1, 3, 2), &mut cache, None);
+            assert_close(Tensor::cat(vec![first, rest], 1), expected, 1e-5, "cached");
         }
     }
 

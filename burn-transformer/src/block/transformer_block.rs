@@ -21,7 +21,7 @@
 //! `input_layernorm`, `post_attention_layernorm`), so decoder checkpoints load by name.
 
 use burn::config::Config;
-use burn::module::Module;
+use burn::module::{Module, Param};
 use burn::nn::{Dropout, DropoutConfig};
 use burn::tensor::{Bool, Device, Tensor};
 
@@ -93,6 +93,11 @@ pub struct TransformerBlockConfig {
     /// `residual_multiplier`). Default: none.
     #[config(default = "None")]
     pub residual_scale: Option<f64>,
+    /// A factor on the main stream the block returns, `[1]`, loaded from checkpoints
+    /// and kept fixed in training (Gemma-4's `layer_scalar`, a buffer in transformers).
+    /// Initialized to 1. Default: false.
+    #[config(default = false)]
+    pub layer_scalar: bool,
 }
 
 impl TransformerBlockConfig {
@@ -177,6 +182,9 @@ impl TransformerBlockConfig {
             drop_path: StochasticDepthConfig::new()
                 .with_prob(self.drop_path)
                 .try_init()?,
+            layer_scalar: self
+                .layer_scalar
+                .then(|| Param::from_tensor(Tensor::ones([1], device)).set_require_grad(false)),
             kind: self.kind,
             residual_scale: self.residual_scale,
         })
@@ -216,6 +224,9 @@ pub struct TransformerBlock {
     pub dropout: Dropout,
     /// Stochastic depth on every sublayer.
     pub drop_path: StochasticDepth,
+    /// The fixed factor on the main stream the block returns, `[1]` (HF
+    /// `layer_scalar`), if any.
+    pub layer_scalar: Option<Param<Tensor<1>>>,
     #[module(skip)]
     kind: BlockKind,
     #[module(skip)]
@@ -487,7 +498,7 @@ impl TransformerBlock {
             dual,
             losses,
         } = state;
-        match self.kind {
+        let state = match self.kind {
             BlockKind::PreNorm => {
                 let x = x.clone()
                     + self.branch(calls.self_attention(&self.self_attn, input_norm().forward(x)));
@@ -591,6 +602,13 @@ impl TransformerBlock {
                     losses,
                 }
             }
+        };
+        match &self.layer_scalar {
+            Some(scalar) => BlockState {
+                hidden: state.hidden * scalar.val().unsqueeze::<3>(),
+                ..state
+            },
+            None => state,
         }
     }
 
@@ -781,7 +799,7 @@ mod tests {
             };
             attention.q_proj = fixture.linear("self_attn.q_proj", &device);
             attention.k_proj = fixture.linear("self_attn.k_proj", &device);
-            attention.v_proj = fixture.linear("self_attn.v_proj", &device);
+            attention.v_proj = Some(fixture.linear("self_attn.v_proj", &device));
             attention.o_proj = fixture.linear("self_attn.o_proj", &device);
             let FeedForward::SwiGlu(mlp) = &mut block.mlp else {
                 unreachable!("configured as SwiGLU")

@@ -302,10 +302,11 @@ fn check_layer_count<'a>(
 /// ([`KeyMap::fused_heads`]), CodeGen's `qkv_proj` in its blocks, MPT's `Wqkv` as
 /// Phi-3's `qkv_proj`; BLOOM's norm of the embeddings is our `embed_norm`.
 ///
-/// A multimodal checkpoint ([`HfConfig::model_type`] `gemma3`) stores its text model
-/// under `language_model.` (`language_model.model.layers.…`,
+/// A multimodal checkpoint ([`HfConfig::model_type`] `gemma3`, `gemma4`, `mistral3`)
+/// stores its text model under `language_model.` (`language_model.model.layers.…`,
 /// `language_model.lm_head.weight`; `model.language_model.…` as transformers 5 names
-/// it in memory) beside its vision tower and projector, which are ignored.
+/// it in memory) beside its other modalities' towers and projections, which are
+/// ignored.
 pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
     CausalLmKeys {
         tied: config.model.tie_word_embeddings,
@@ -595,15 +596,21 @@ fn own_qkv_tables(model_type: &str) -> Option<&'static [(&'static str, [&'static
 
 /// The key a multimodal checkpoint's `key` would have in its text model's own
 /// checkpoint (`language_model.model.layers.0.…` → `model.layers.0.…`); `None` for the
-/// keys of the vision tower and projector.
+/// keys of the other modalities' towers and projections (Gemma-4's `embed_vision`,
+/// `audio_tower`, `embed_audio`).
 fn text_model_key(key: &str) -> Option<String> {
-    const VISION: [&str; 4] = [
+    const OTHER_MODALITIES: [&str; 5] = [
         "vision_tower.",
         "multi_modal_projector.",
-        "model.vision_tower.",
-        "model.multi_modal_projector.",
+        "embed_vision.",
+        "audio_tower.",
+        "embed_audio.",
     ];
-    if VISION.iter().any(|prefix| key.starts_with(prefix)) {
+    let unprefixed = key.strip_prefix("model.").unwrap_or(key);
+    if OTHER_MODALITIES
+        .iter()
+        .any(|prefix| unprefixed.starts_with(prefix))
+    {
         return None;
     }
     if let Some(inner) = key.strip_prefix("model.language_model.") {

@@ -16,6 +16,7 @@ use serde_json::Value;
 use super::activation::deserialize_activation;
 use super::defaults::with_family_defaults;
 use super::error::HfError;
+use super::gemma4::Gemma4Keys;
 use super::keys::{KeyError, TokenIds, UnreadKeys, read_json, read_keys, required};
 use super::latent::LatentKeys;
 use super::model_type::{ModelType, text_model_family};
@@ -277,8 +278,9 @@ struct ModelKeys {
     num_nextn_predict_layers: Option<usize>,
     /// SmolLM3's layers that rotate (1) or attend without RoPE (0).
     no_rope_layers: Option<Vec<u8>>,
-    /// Gemma's encoder variant (EmbeddingGemma), which this loader does not build.
-    use_bidirectional_attention: Option<bool>,
+    /// Gemma-3's encoder variant (EmbeddingGemma, `true`), which this loader does not
+    /// build; Gemma-4's is a string, read by [`Gemma4Keys`].
+    use_bidirectional_attention: Option<Value>,
     /// OLMo's and OLMoE's clamp of q, k and v (other families' code does not read it).
     clip_qkv: Option<f64>,
     /// GPT-2's number of learned positions (`n_positions`).
@@ -428,7 +430,7 @@ impl ModelKeys {
                 ),
             ));
         }
-        if self.use_bidirectional_attention == Some(true) {
+        if self.use_bidirectional_attention == Some(Value::Bool(true)) {
             return Err(KeyError::new(
                 "use_bidirectional_attention",
                 "is true: bidirectional (encoder) Gemma models are not supported; this \
@@ -459,10 +461,21 @@ impl ModelKeys {
         // layers; the checkpoints were trained with the file's, which the published
         // ones set to that value.)
         let (rope, sliding_rope) = match family {
-            ModelType::Gemma3Text | ModelType::Olmo3 if rope_keys.is_per_layer_type()? => (
-                rope_keys.rope_config_of(Some("full_attention"))?,
-                Some(rope_keys.rope_config_of(Some("sliding_attention"))?),
-            ),
+            ModelType::Gemma3Text | ModelType::Olmo3 | ModelType::Gemma4Text
+                if rope_keys.is_per_layer_type()? =>
+            {
+                (
+                    rope_keys.rope_config_of(Some("full_attention"))?,
+                    Some(rope_keys.rope_config_of(Some("sliding_attention"))?),
+                )
+            }
+            ModelType::Gemma4Text => {
+                return Err(KeyError::new(
+                    "rope_parameters",
+                    "holds one rotary embedding; Gemma-4's has one per layer type \
+                     (`full_attention`, `sliding_attention`), as transformers writes it",
+                ));
+            }
             ModelType::Gemma3Text => {
                 let full = rope_keys.rope_config()?;
                 let mut sliding = full.clone().with_scaling(RopeScaling::Default);
@@ -754,7 +767,7 @@ impl ModelKeys {
         .with_nope_layers(self.nope_layers(family, n_layers)?)
         .with_norm_unit_offset(gemma || family == ModelType::Nemotron)
         .with_embed_scale(match family {
-            _ if gemma => Some((d_model as f64).sqrt()),
+            _ if gemma || family == ModelType::Gemma4Text => Some((d_model as f64).sqrt()),
             ModelType::MiniCpm3 => self.scale_emb,
             ModelType::Biogpt if self.scale_embedding.unwrap_or(true) => {
                 Some((d_model as f64).sqrt())
@@ -763,6 +776,16 @@ impl ModelKeys {
             _ => None,
         })
         .with_attention_scale(match family {
+            // Gemma-4 normalizes queries and keys and does not scale their product.
+            ModelType::Gemma4Text => {
+                unread.fixed(
+                    "query_pre_attn_scalar",
+                    self.query_pre_attn_scalar.map(Some),
+                    None,
+                    "unscaled attention scores",
+                );
+                Some(1.0)
+            }
             _ if family.is_gemma2_or_later() => Some(
                 self.query_pre_attn_scalar
                     .unwrap_or(head_dim as f64)
@@ -812,7 +835,9 @@ impl ModelKeys {
             }
             ModelType::Opt if !self.do_layer_norm_before.unwrap_or(true) => BlockKind::PostNorm,
             ModelType::Falcon => self.falcon_block_kind(),
-            ModelType::Gemma2 | ModelType::Gemma3Text | ModelType::Glm4 => BlockKind::Sandwich,
+            ModelType::Gemma2 | ModelType::Gemma3Text | ModelType::Gemma4Text | ModelType::Glm4 => {
+                BlockKind::Sandwich
+            }
             ModelType::HyperClovaX if self.use_post_norm.unwrap_or(true) => BlockKind::Sandwich,
             _ => BlockKind::PreNorm,
         })
@@ -895,6 +920,9 @@ impl ModelKeys {
             if let Some(coef) = self.router_z_loss_coef {
                 model.router_z_loss_coef = coef;
             }
+        }
+        if family == ModelType::Gemma4Text {
+            read_keys::<Gemma4Keys>(config, None)?.apply(&mut model, unread)?;
         }
         if family.is_latent() {
             let (mut latent, rope) = LatentKeys::read(config)?;
@@ -1151,6 +1179,7 @@ impl ModelKeys {
             | ModelType::Qwen3Moe
             | ModelType::Dots1
             | ModelType::Gemma3Text
+            | ModelType::Gemma4Text
             | ModelType::Exaone4
             | ModelType::ExaoneMoe
             | ModelType::Apertus => rms(QkNormPlacement::PerHead),

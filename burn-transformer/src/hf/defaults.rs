@@ -19,7 +19,7 @@ use super::model_type::ModelType;
 /// defaults those classes derive: GPT-2's and GPT-J's feed-forward width (from
 /// `n_inner`), GPT-Neo's, Falcon's, BLOOM's and MPT's (4 times the width), GPT-J's
 /// rotated part of each head (from `rotary_dim`), the layer types of Gemma-2,
-/// VaultGemma, Gemma-3 (from `sliding_window_pattern`), OLMo-3, SmolLM3, CWM,
+/// VaultGemma, Gemma-3 (from `sliding_window_pattern`), Gemma-4, OLMo-3, SmolLM3, CWM,
 /// Granite-SWA and gpt-oss, SmolLM3's `no_rope_layers`, GLM-4.7-Flash's and
 /// EXAONE-MoE's `mlp_layer_types`, MiniMax-M2's `partial_rotary_factor` (from
 /// `rotary_dim`), Hunyuan's NTK-alpha base, Youtu's initializer scale, MiniCPM3's value
@@ -284,8 +284,8 @@ fn class_defaults(family: ModelType) -> Value {
         "attention_bias": false,
         "initializer_range": 0.02,
     });
-    // Gemma-2's and Gemma-3's classes name the activation `hidden_activation` and have
-    // no `hidden_act`.
+    // The classes of Gemma-2 and later name the activation `hidden_activation` and
+    // have no `hidden_act`.
     if !family.is_gemma2_or_later() {
         defaults["hidden_act"] = json!("silu");
     }
@@ -516,6 +516,20 @@ fn class_defaults(family: ModelType) -> Value {
             // The full layers' base; the sliding layers' is `rope_local_base_freq`.
             "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0
         }),
+        ModelType::Gemma4Text => json!({
+            "num_key_value_heads": 4, "head_dim": 256,
+            "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": true,
+            "sliding_window": 512, "attention_k_eq_v": false, "num_kv_shared_layers": 0,
+            "enable_moe_block": false, "use_double_wide_mlp": false,
+            "hidden_size_per_layer_input": 256, "vocab_size_per_layer_input": 262_144,
+            "rope_scaling": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                "full_attention": {
+                    "rope_type": "proportional", "partial_rotary_factor": 0.25,
+                    "rope_theta": 1_000_000.0
+                }
+            }
+        }),
         ModelType::Mixtral => json!({
             "rms_norm_eps": 1e-5, "num_key_value_heads": 8, "rope_theta": 1_000_000.0,
             "num_local_experts": 8, "num_experts_per_tok": 2, "router_aux_loss_coef": 0.001
@@ -682,6 +696,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Gemma => [256000, 3072, 24576, 28, 16, 8192],
         ModelType::Gemma2 | ModelType::VaultGemma => [256000, 2304, 9216, 26, 8, 8192],
         ModelType::Gemma3Text => [262208, 2304, 9216, 26, 8, 131072],
+        ModelType::Gemma4Text => [262144, 2304, 9216, 30, 8, 131072],
         ModelType::Olmoe => [50304, 2048, 2048, 16, 16, 4096],
         ModelType::Qwen2Moe => [151936, 2048, 5632, 24, 16, 32768],
         ModelType::Qwen3Moe => [151936, 2048, 6144, 24, 32, 32768],
@@ -754,9 +769,11 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Exaone4 => (Some(0), Some(2), None),
         ModelType::ExaoneMoe => (Some(1), Some(53), Some(0)),
         ModelType::Cohere | ModelType::Cohere2 => (Some(5), Some(255001), Some(0)),
-        ModelType::Gemma | ModelType::Gemma2 | ModelType::Gemma3Text | ModelType::VaultGemma => {
-            (Some(2), Some(1), Some(0))
-        }
+        ModelType::Gemma
+        | ModelType::Gemma2
+        | ModelType::Gemma3Text
+        | ModelType::VaultGemma
+        | ModelType::Gemma4Text => (Some(2), Some(1), Some(0)),
         ModelType::DeepseekV3 | ModelType::Glm4MoeLite => (Some(0), Some(1), None),
         ModelType::Mistral4 => (Some(1), Some(2), Some(11)),
         ModelType::Qwen2
@@ -898,6 +915,7 @@ fn default_layer_types(family: ModelType, config: &Map<String, Value>) -> Option
     let every = match family {
         ModelType::Gemma2 | ModelType::VaultGemma | ModelType::GptOss => 2,
         ModelType::Olmo3 => 4,
+        ModelType::Gemma4Text => 6,
         ModelType::Gemma3Text | ModelType::Cohere2 => match config.get("sliding_window_pattern") {
             None | Some(Value::Null) => 6,
             Some(value) => value.as_u64().filter(|&every| every > 0)? as usize,

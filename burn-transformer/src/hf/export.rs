@@ -352,6 +352,33 @@ fn transposed(tensor: HostTensor) -> HostTensor {
     }
 }
 
+/// The first of Gemma-4's attention options that `config` sets (global layers of
+/// their own shape, values from the keys, a norm of the values, a factor per block),
+/// named for a refusal: neither LLaMA's families nor GPT-2 have them.
+fn gemma4_attention_option(config: &CausalLmConfig) -> Option<&'static str> {
+    [
+        (
+            config.global_head_dim.is_some(),
+            "global layers of their own head width",
+        ),
+        (
+            config.global_kv_heads.is_some(),
+            "global layers of their own key/value heads",
+        ),
+        (
+            config.global_values_from_keys,
+            "values taken from the keys' projection",
+        ),
+        (config.value_norm, "a norm of the values"),
+        (
+            config.layer_scalar,
+            "a factor on each block's output (layer_scalar)",
+        ),
+    ]
+    .into_iter()
+    .find_map(|(set, option)| set.then_some(option))
+}
+
 /// The `config.json` of a GPT-2 built here (`train-lm --arch gpt2`): learned
 /// positions, Pre-LN blocks of shifted LayerNorms, biases on every projection, an
 /// ungated feed-forward, multi-head attention splitting the width, scores scaled by
@@ -386,6 +413,9 @@ fn gpt2_config_json(config: &CausalLmConfig) -> Result<Value, HfError> {
         Some(1.0) => false,
         Some(_) => return refuse("attention scale but head_dim^-½ or 1"),
     };
+    if let Some(option) = gemma4_attention_option(config) {
+        return refuse(option);
+    }
     match () {
         _ if config.reserved_position_rows > 0 => {
             refuse("rows reserved before position 0 in its table of positions")
@@ -559,6 +589,9 @@ pub fn hf_config_json(config: &CausalLmConfig) -> Result<Value, HfError> {
     };
     let rope = &config.rope;
     let head_dim = config.head_width();
+    if let Some(option) = gemma4_attention_option(config) {
+        return refuse(option);
+    }
     match () {
         _ if config.latent.is_some() => refuse("latent attention (MLA)"),
         _ if config.alibi.is_some() => refuse("ALiBi instead of RoPE"),

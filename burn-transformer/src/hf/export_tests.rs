@@ -38,7 +38,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 84] = [
+const FAMILIES: [&str; 85] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -69,6 +69,7 @@ const FAMILIES: [&str; 84] = [
     "gemma",
     "gemma2",
     "gemma3_text",
+    "gemma4_text",
     "mixtral",
     "olmoe",
     "qwen2_moe",

@@ -29,6 +29,7 @@ mod error;
 mod export;
 mod falcon;
 mod fused_heads;
+mod gemma4;
 mod generation_config;
 mod gpt2;
 mod gpt_neo;

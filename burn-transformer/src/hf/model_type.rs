@@ -54,6 +54,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "gemma2",
     "gemma3_text",
     "vaultgemma",
+    "gemma4_text",
     "mixtral",
     "olmoe",
     "flex_olmo",
@@ -74,17 +75,20 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "deepseek_v3",
     "mistral4",
     "gemma3",
+    "gemma4",
     "mistral3",
 ];
 
 /// The family of the text model of a multimodal `model_type` (when its `text_config`
 /// names none), whose `config.json` describes it under `text_config` and whose
 /// checkpoint stores it under `language_model.` beside a vision tower: Gemma-3's
-/// `Gemma3ForConditionalGeneration` (the 4B, 12B and 27B checkpoints) and Mistral-3's
-/// `Mistral3ForConditionalGeneration` (Mistral-Small-3.1 and 3.2).
+/// `Gemma3ForConditionalGeneration` (the 4B, 12B and 27B checkpoints), Gemma-4's
+/// `Gemma4ForConditionalGeneration` and Mistral-3's `Mistral3ForConditionalGeneration`
+/// (Mistral-Small-3.1 and 3.2).
 pub(crate) fn text_model_family(model_type: &str) -> Option<ModelType> {
     match model_type {
         "gemma3" => Some(ModelType::Gemma3Text),
+        "gemma4" => Some(ModelType::Gemma4Text),
         "mistral3" => Some(ModelType::Mistral),
         _ => None,
     }
@@ -272,6 +276,11 @@ pub(crate) enum ModelType {
     Gemma3Text,
     /// VaultGemma: Gemma-2 in pre-norm blocks (no norms after the sublayers).
     VaultGemma,
+    /// Gemma-4 (text): Gemma-3's sandwich blocks with plain RMSNorms (no unit offset),
+    /// unscaled attention, a norm of the values, global layers with heads of their own
+    /// shape and (with `attention_k_eq_v`) values from the keys' projection, a
+    /// proportional RoPE on them, and a fixed factor on each block's output.
+    Gemma4Text,
     /// Mixtral: Mistral with every feed-forward a mixture of experts.
     Mixtral,
     /// OLMoE: OLMo-2's QK-norm across heads in LLaMA's pre-norm blocks; every layer a
@@ -337,7 +346,7 @@ pub(crate) enum ModelType {
 }
 
 impl ModelType {
-    const ALL: [Self; 70] = [
+    const ALL: [Self; 71] = [
         Self::Llama,
         Self::InternLm3,
         Self::Mistral,
@@ -389,6 +398,7 @@ impl ModelType {
         Self::Gemma2,
         Self::Gemma3Text,
         Self::VaultGemma,
+        Self::Gemma4Text,
         Self::Mixtral,
         Self::Olmoe,
         Self::FlexOlmo,
@@ -464,6 +474,7 @@ impl ModelType {
             Self::Gemma2 => "gemma2",
             Self::Gemma3Text => "gemma3_text",
             Self::VaultGemma => "vaultgemma",
+            Self::Gemma4Text => "gemma4_text",
             Self::Mixtral => "mixtral",
             Self::Olmoe => "olmoe",
             Self::FlexOlmo => "flex_olmo",
@@ -526,11 +537,14 @@ impl ModelType {
         )
     }
 
-    /// Whether the family is Gemma-2's or a later Gemma's (`hidden_activation`,
-    /// `query_pre_attn_scalar`, final logit soft-capping; sandwich norms but in
-    /// VaultGemma).
+    /// Whether the family is Gemma-2's or a later Gemma's (`hidden_activation`, final
+    /// logit soft-capping; `query_pre_attn_scalar` but in Gemma-4, whose attention is
+    /// unscaled; sandwich norms but in VaultGemma).
     pub(crate) fn is_gemma2_or_later(self) -> bool {
-        matches!(self, Self::Gemma2 | Self::Gemma3Text | Self::VaultGemma)
+        matches!(
+            self,
+            Self::Gemma2 | Self::Gemma3Text | Self::VaultGemma | Self::Gemma4Text
+        )
     }
 
     /// Whether the family is ERNIE-4.5's (`use_bias` on every projection, the rotary
@@ -660,7 +674,7 @@ mod tests {
     #[test]
     fn supported_model_types_are_the_families_read() {
         let mut names: Vec<&str> = ModelType::ALL.iter().map(|family| family.name()).collect();
-        names.extend(["gemma3", "mistral3"]);
+        names.extend(["gemma3", "gemma4", "mistral3"]);
         assert_eq!(names, SUPPORTED_MODEL_TYPES);
         assert_eq!(text_model_family("gemma3"), Some(ModelType::Gemma3Text));
         for family in ModelType::ALL {

@@ -215,6 +215,17 @@ impl RopeKeys {
             .or(self.partial_rotary_factor)
             .unwrap_or(1.0);
         let mut scaling = inner.scaling(&inner_key)?;
+        // A proportional RoPE turns its fraction of the pairs over the whole head, so
+        // the fraction is the scaling's, not a partial rotary dimension.
+        let partial_rotary_factor = match &mut scaling {
+            RopeScaling::Proportional {
+                rotated_fraction, ..
+            } => {
+                *rotated_fraction = partial_rotary_factor;
+                1.0
+            }
+            _ => partial_rotary_factor,
+        };
         if let Some(top_level) = self.original_max_position_embeddings {
             match &mut scaling {
                 RopeScaling::Yarn {
@@ -284,6 +295,10 @@ impl RopeScalingKeys {
                 high_freq_factor: required(self.high_freq_factor, "high_freq_factor")?,
                 original_max_position_embeddings: self.original_max_position_embeddings,
             },
+            "proportional" => RopeScaling::Proportional {
+                factor: self.factor.unwrap_or(1.0),
+                rotated_fraction: 1.0,
+            },
             "longrope" | "su" => RopeScaling::LongRope {
                 short_factor: list(&self.short_factor, "short_factor")?,
                 long_factor: list(&self.long_factor, "long_factor")?,
@@ -296,7 +311,7 @@ impl RopeScalingKeys {
                     format!("{key}.{type_key}"),
                     format!(
                         "unsupported rope_type \"{other}\" (expected default, linear, dynamic, \
-                         yarn, llama3 or longrope)"
+                         yarn, llama3, longrope or proportional)"
                     ),
                 ));
             }
@@ -324,6 +339,7 @@ mod tests {
         "rope_longrope",
         "rope_partial",
         "rope_partial_yarn",
+        "rope_proportional",
     ];
 
     fn cases(fixture: &Fixture) -> Vec<String> {

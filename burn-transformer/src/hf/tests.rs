@@ -338,6 +338,11 @@ fn gemma3_with_qk_norm_and_a_rope_per_layer_type_matches_transformers() {
     matches_transformers("gemma3_text");
 }
 
+#[test]
+fn gemma4_with_global_heads_of_their_own_values_from_keys_and_layer_scalars_matches_transformers() {
+    matches_transformers("gemma4_text");
+}
+
 /// Gemma-3's multimodal checkpoint (`Gemma3ForConditionalGeneration`, as the 4B and
 /// larger models ship): the text model under `language_model.`, described by a sparse
 /// `text_config` with transformers 4's rotary keys; the vision tower is not loaded. The
@@ -386,6 +391,32 @@ fn gemma3_multimodal_checkpoint_loads_its_text_model_and_matches_transformers() 
         expected,
         LOGIT_TOLERANCE,
         "gemma3 exported as its text model",
+    );
+}
+
+/// Gemma-4's multimodal checkpoint (`Gemma4ForConditionalGeneration`): the text model
+/// under `model.language_model.` beside a vision tower and its embedder, which are not
+/// loaded. The text model matches transformers on text and exports as `gemma4_text`.
+#[test]
+fn gemma4_multimodal_checkpoint_loads_its_text_model_and_matches_transformers() {
+    matches_transformers("gemma4_vision");
+    let device = Device::flex();
+    let (model, config) = load_causal_lm(model_dir("gemma4_vision"), &device).unwrap();
+    assert_eq!(config.model_type, "gemma4");
+    let json: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(model_dir("gemma4_vision").join(CONFIG_FILE)).unwrap(),
+    )
+    .unwrap();
+    let out = tempfile::TempDir::new().unwrap();
+    save_causal_lm(&model, &json, out.path(), &ExportOptions::default()).unwrap();
+    let (exported, hf) = load_causal_lm(out.path(), &device).unwrap();
+    assert_eq!(hf.model_type, "gemma4_text");
+    let reference = reference("gemma4_vision");
+    assert_close(
+        exported.forward(int_tensor(&rows(&reference.data("tokens")), &device), None),
+        reference.tensor::<3>("logits", &device),
+        LOGIT_TOLERANCE,
+        "gemma4 exported as its text model",
     );
 }
 
@@ -443,10 +474,10 @@ fn mistral3_multimodal_checkpoint_loads_its_text_model_and_matches_transformers(
     );
 
     let mut other = json.clone();
-    other["text_config"]["model_type"] = "gemma4_text".into();
+    other["text_config"]["model_type"] = "llama4_text".into();
     let error = HfConfig::from_value(&other, "config.json").unwrap_err();
     assert!(
-        matches!(&error, HfError::UnsupportedModelType { model_type, .. } if model_type == "gemma4_text"),
+        matches!(&error, HfError::UnsupportedModelType { model_type, .. } if model_type == "llama4_text"),
         "{error}"
     );
 }
@@ -963,7 +994,7 @@ fn deepseek_v2_mla_direct_queries_and_softmax_routing_matches_transformers() {
 fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
-    let cases: [(&str, Edit, &[&str]); 55] = [
+    let cases: [(&str, Edit, &[&str]); 56] = [
         // Mixtral's class defaults: rms_norm_eps 1e-5, rope_theta 1e6, two experts per
         // token. Its code has no attention or feed-forward biases, always renormalizes
         // softmax weights and has no expert groups.
@@ -1006,6 +1037,24 @@ fn configs_with_defaults_left_out_legacy_keys_and_unread_keys_match_transformers
                 config.insert("hidden_act".into(), json!("silu"));
             },
             &["hidden_act", "attn_logit_softcapping"],
+        ),
+        // Gemma-4's global heads as its class takes them (`global_head_dim`, and
+        // `num_global_key_value_heads` with `attention_k_eq_v`) instead of
+        // `per_layer_config`; a last layer listed as sliding, which transformers makes
+        // global; a `query_pre_attn_scalar` it does not read.
+        (
+            "gemma4_text",
+            |config| {
+                config.remove("per_layer_config");
+                config.insert("global_head_dim".into(), json!(16));
+                config.insert("num_global_key_value_heads".into(), json!(1));
+                config.insert(
+                    "layer_types".into(),
+                    json!(["sliding_attention", "full_attention", "sliding_attention"]),
+                );
+                config.insert("query_pre_attn_scalar".into(), json!(8));
+            },
+            &["layer_types", "query_pre_attn_scalar"],
         ),
         // transformers 4's OLMo-3 keys: the scaling is the full layers', the sliding
         // layers rotate unscaled at the same base; three in four layers slide.
@@ -2062,7 +2111,7 @@ fn gradient_norms(
                 (".gate_proj.", ".gate_up_proj."),
                 (".up_proj.", ".gate_up_proj."),
             ],
-            "gemma3" | "mistral3" => &[("model.", "model.language_model.")],
+            "gemma3" | "gemma4" | "mistral3" => &[("model.", "model.language_model.")],
             "glm4" => &[
                 (".post_attention_layernorm.", ".post_self_attn_layernorm."),
                 (".pre_feedforward_layernorm.", ".post_attention_layernorm."),

@@ -73,6 +73,31 @@ pub struct CausalLmConfig {
     /// Width of one head (HF `head_dim`). Default: `d_model / n_heads`.
     #[config(default = "None")]
     pub head_dim: Option<usize>,
+    /// Width of one head in the global layers (those without a sliding window), where
+    /// it differs from `head_dim` (Gemma-4's `global_head_dim`). `rope` rotates the
+    /// global layers, so its `head_dim` must be this one, and `sliding_rope` (of
+    /// `head_dim`) the sliding layers. Not available with `latent`. Default: `head_dim`.
+    #[config(default = "None")]
+    pub global_head_dim: Option<usize>,
+    /// Number of key/value heads in the global layers (Gemma-4's
+    /// `num_global_key_value_heads`). Not available with `latent`. Default: `n_kv_heads`.
+    #[config(default = "None")]
+    pub global_kv_heads: Option<usize>,
+    /// In the global layers, the values are the key projection's output, taken before
+    /// QK-norm and RoPE: those layers have no `v_proj` (Gemma-4's `attention_k_eq_v`).
+    /// Default: false.
+    #[config(default = false)]
+    pub global_values_from_keys: bool,
+    /// Every grouped-attention layer normalizes each value head by its root mean
+    /// square, with `norm_eps` and without a learned scale (Gemma-4's `v_norm`).
+    /// Default: false.
+    #[config(default = false)]
+    pub value_norm: bool,
+    /// Every block multiplies the stream it returns by a factor of its own, loaded from
+    /// checkpoints and kept fixed in training (Gemma-4's `layer_scalar`; see
+    /// [`TransformerBlockConfig::layer_scalar`]). Default: false.
+    #[config(default = false)]
+    pub layer_scalar: bool,
     /// Epsilon of every RMSNorm (HF `rms_norm_eps`). Default: 1e-6.
     #[config(default = 1e-6)]
     pub norm_eps: f64,
@@ -266,6 +291,28 @@ impl CausalLmConfig {
             .unwrap_or(self.d_model.checked_div(self.n_heads).unwrap_or(0))
     }
 
+    /// Whether layer `layer` is global: it attends without a sliding window.
+    pub fn is_global_layer(&self, layer: usize) -> bool {
+        self.window_of(layer).is_none()
+    }
+
+    /// Width of one head of layer `layer` after defaults ([`Self::global_head_dim`]).
+    pub fn head_width_of(&self, layer: usize) -> usize {
+        match self.global_head_dim {
+            Some(width) if self.is_global_layer(layer) => width,
+            _ => self.head_width(),
+        }
+    }
+
+    /// Number of key/value heads of layer `layer` after defaults
+    /// ([`Self::global_kv_heads`]).
+    pub fn kv_heads_of(&self, layer: usize) -> usize {
+        match self.global_kv_heads {
+            Some(heads) if self.is_global_layer(layer) => heads,
+            _ => self.kv_heads(),
+        }
+    }
+
     /// The sliding window of layer `layer`, if it has one.
     pub fn window_of(&self, layer: usize) -> Option<usize> {
         let window = self.sliding_window?;
@@ -290,8 +337,10 @@ impl CausalLmConfig {
     /// shares between layers).
     pub fn attention_config(&self, layer: usize) -> MultiHeadAttentionConfig {
         MultiHeadAttentionConfig::new(self.d_model, self.n_heads)
-            .with_n_kv_heads(Some(self.kv_heads()))
-            .with_head_dim(Some(self.head_width()))
+            .with_n_kv_heads(Some(self.kv_heads_of(layer)))
+            .with_head_dim(Some(self.head_width_of(layer)))
+            .with_values_from_keys(self.global_values_from_keys && self.is_global_layer(layer))
+            .with_value_norm_eps(self.value_norm.then_some(self.norm_eps))
             .with_qkv_bias(self.qkv_bias)
             .with_o_bias(self.o_bias)
             .with_causal(true)
@@ -375,6 +424,7 @@ impl CausalLmConfig {
         .with_kind(self.block_kind)
         .with_drop_path(self.drop_path)
         .with_residual_scale(self.residual_scale)
+        .with_layer_scalar(self.layer_scalar)
     }
 
     /// Checks the configuration without allocating anything.
@@ -432,6 +482,21 @@ impl CausalLmConfig {
                     field: "qk_norm",
                     reason: "applies to grouped attention; latent attention normalizes its \
                              own low-rank projections"
+                        .into(),
+                });
+            }
+            let grouped_only = [
+                (self.global_head_dim.is_some(), "global_head_dim"),
+                (self.global_kv_heads.is_some(), "global_kv_heads"),
+                (self.global_values_from_keys, "global_values_from_keys"),
+                (self.value_norm, "value_norm"),
+            ];
+            if let Some((_, field)) = grouped_only.iter().find(|(set, _)| *set) {
+                return Err(ConfigError::Invalid {
+                    module: MODULE,
+                    field,
+                    reason: "applies to grouped attention; latent attention has its own \
+                             head shapes and projections: leave it unset"
                         .into(),
                 });
             }
@@ -578,23 +643,55 @@ impl CausalLmConfig {
         }
     }
 
-    /// The grouped attention and its RoPE agree.
+    /// The grouped attention and its RoPE agree: `rope` rotates the global layers (and
+    /// the sliding ones when there is no `sliding_rope`), `sliding_rope` the sliding
+    /// ones.
     fn validate_grouped_attention(&self) -> Result<(), ConfigError> {
-        self.attention_config(0).validate()?;
+        // The layers differ only in being sliding or global.
+        let sliding = (0..self.n_layers).find(|&layer| !self.is_global_layer(layer));
+        let global = (0..self.n_layers).find(|&layer| self.is_global_layer(layer));
+        for layer in [sliding, global].into_iter().flatten() {
+            self.attention_config(layer).validate()?;
+        }
+        let sliding_width = self.head_width();
+        let global_width = self.global_head_dim.unwrap_or(sliding_width);
+        if self.sliding_rope.is_none() && sliding.is_some() && sliding_width != global_width {
+            return Err(ConfigError::Invalid {
+                module: MODULE,
+                field: "sliding_rope",
+                reason: format!(
+                    "is needed: the sliding layers' heads ({sliding_width}) differ from the \
+                     global layers' ({global_width}), so each kind needs a rotary embedding \
+                     of its own head_dim"
+                ),
+            });
+        }
+        if self.layer_rope_theta.is_some() && sliding_width != global_width {
+            return Err(ConfigError::Invalid {
+                module: MODULE,
+                field: "layer_rope_theta",
+                reason: "applies to models whose layers share one head width: leave it \
+                         unset with global_head_dim"
+                    .into(),
+            });
+        }
         let ropes = [
-            ("rope.head_dim", Some(&self.rope)),
-            ("sliding_rope.head_dim", self.sliding_rope.as_ref()),
+            ("rope.head_dim", Some(&self.rope), global_width),
+            (
+                "sliding_rope.head_dim",
+                self.sliding_rope.as_ref(),
+                sliding_width,
+            ),
         ];
-        for (field, rope) in ropes {
+        for (field, rope, width) in ropes {
             let Some(rope) = rope else { continue };
             rope.validate()?;
-            if rope.head_dim != self.head_width() {
+            if rope.head_dim != width {
                 return Err(ConfigError::Invalid {
                     module: MODULE,
                     field,
                     reason: format!(
-                        "must equal the attention head_dim {}, got {}",
-                        self.head_width(),
+                        "must equal the head_dim {width} of the layers it rotates, got {}",
                         rope.head_dim
                     ),
                 });
@@ -1056,6 +1153,7 @@ impl CausalLm {
 pub(crate) mod tests {
     use super::*;
     use crate::attention::LatentAttentionConfig;
+    use crate::position::RopeScaling;
     use crate::test_utils::{assert_close, max_abs_diff, model_test_devices, test_devices, tokens};
     use burn::module::Param;
 
@@ -1070,6 +1168,26 @@ pub(crate) mod tests {
                 mean: 0.0,
                 std: 0.3,
             })
+    }
+
+    /// `small(Sandwich)` in Gemma-4's layout: its global first layer has heads of 8 (one
+    /// key/value head, values from the keys' projection) rotated by a proportional RoPE,
+    /// its sliding second layer heads of 4; value norms and a factor per block.
+    pub(crate) fn small_gemma4() -> CausalLmConfig {
+        let global_rope = RopeConfig::new(8).with_scaling(RopeScaling::Proportional {
+            factor: 1.0,
+            rotated_fraction: 0.5,
+        });
+        CausalLmConfig {
+            rope: global_rope,
+            ..small(BlockKind::Sandwich)
+        }
+        .with_sliding_rope(Some(RopeConfig::new(4)))
+        .with_global_head_dim(Some(8))
+        .with_global_kv_heads(Some(1))
+        .with_global_values_from_keys(true)
+        .with_value_norm(true)
+        .with_layer_scalar(true)
     }
 
     /// A small DeepSeek-style model: latent attention, a dense first layer, then a
@@ -1145,6 +1263,48 @@ pub(crate) mod tests {
         );
     }
 
+    /// Global layers of their own head width need a rotary embedding each kind of
+    /// layer can use; the built layers take their own shapes.
+    #[test]
+    fn global_heads_of_their_own_shape_need_a_rope_of_each_width() {
+        let config = small_gemma4();
+        let model = config.init(&Device::flex());
+        let shapes: Vec<(usize, usize, bool)> = model
+            .model
+            .layers
+            .iter()
+            .map(|layer| match &layer.self_attn {
+                SelfAttention::MultiHead(attention) => (
+                    attention.head_dim(),
+                    attention.n_kv_heads(),
+                    attention.v_proj.is_some(),
+                ),
+                SelfAttention::Latent(_) => unreachable!("grouped attention"),
+            })
+            .collect();
+        assert_eq!(shapes, [(8, 1, false), (4, 2, true)]);
+        for (config, field) in [
+            (config.clone().with_sliding_rope(None), "sliding_rope"),
+            (
+                CausalLmConfig {
+                    rope: RopeConfig::new(4),
+                    ..config.clone()
+                },
+                "rope.head_dim",
+            ),
+            (
+                config.with_layer_rope_theta(Some(vec![1e4, 1e4])),
+                "layer_rope_theta",
+            ),
+        ] {
+            let error = config.validate();
+            assert!(
+                matches!(error, Err(ConfigError::Invalid { field: f, .. }) if f == field),
+                "{field}: {error:?}"
+            );
+        }
+    }
+
     #[test]
     fn a_layer_norm_shift_without_layer_norms_is_an_error() {
         let config = CausalLmConfig::tiny().with_layer_norm_bias(true);
@@ -1174,6 +1334,7 @@ pub(crate) mod tests {
                 small(BlockKind::OutputNorm),
                 small(BlockKind::Sandwich),
                 small(BlockKind::PreNorm).with_attention_sinks(true),
+                small_gemma4(),
                 small_latent_moe(),
                 small_gpt(),
             ];

@@ -13,6 +13,8 @@
 //!   (Llama 3.1).
 //! - `longrope`: per-frequency rescale factors, short and long sets
 //!   ([LongRoPE](https://arxiv.org/abs/2402.13753), Phi-3).
+//! - `proportional`: the default frequencies of the whole head, of which only a leading
+//!   fraction turns; the other pairs have frequency 0 and pass through (Gemma-4).
 //!
 //! # Precision
 //! The frequencies are computed on the host, reproducing transformers' float32
@@ -105,6 +107,19 @@ pub enum RopeScaling {
         /// Pre-training context length. Default: `max_position_embeddings`.
         original_max_position_embeddings: Option<usize>,
     },
+    /// Gemma-4's proportional RoPE: the default frequencies of every pair of the head
+    /// (exponents over the whole `rotary_dim`), divided by `factor`, of which only the
+    /// first `floor(rotated_fraction · rotary_dim / 2)` are kept; the other pairs get
+    /// frequency 0 and pass through unrotated. Unlike a partial rotary factor, the
+    /// rotated pairs span the whole head (feature `i` pairs with `i + rotary_dim/2`)
+    /// and their frequencies are those of a full-width rotation.
+    Proportional {
+        /// Position interpolation factor (> 0; transformers' default 1).
+        factor: f64,
+        /// Fraction of the pairs that turn, in [0, 1] (the `partial_rotary_factor` of
+        /// a proportional `rope_parameters` object).
+        rotated_fraction: f64,
+    },
 }
 
 impl RopeScaling {
@@ -146,6 +161,7 @@ impl RopeScaling {
             Self::Yarn { .. } => "yarn",
             Self::Llama3 { .. } => "llama3",
             Self::LongRope { .. } => "longrope",
+            Self::Proportional { .. } => "proportional",
         }
     }
 
@@ -251,6 +267,19 @@ impl RopeScaling {
                     check_positive("attention_factor", *value)?;
                 }
                 check_original(*original_max_position_embeddings)
+            }
+            Self::Proportional {
+                factor,
+                rotated_fraction,
+            } => {
+                check_positive("factor", *factor)?;
+                if !(0.0..=1.0).contains(rotated_fraction) {
+                    return Err(invalid(
+                        "rotated_fraction",
+                        format!("must be in [0, 1], got {rotated_fraction}"),
+                    ));
+                }
+                Ok(())
             }
         }
     }
@@ -551,6 +580,19 @@ impl RopeFrequencies {
                 pos_freqs(theta, dim)
                     .zip(factors)
                     .map(|(pos_freq, ext)| 1.0 / (*ext as f32 * pos_freq))
+                    .collect()
+            }
+            RopeScaling::Proportional {
+                factor,
+                rotated_fraction,
+            } => {
+                // transformers: `int(fraction * head_dim // 2)` pairs turn.
+                let rotated = (rotated_fraction * dim as f64 / 2.0).floor() as usize;
+                let factor = *factor as f32;
+                default_inv_freq(theta, dim)
+                    .into_iter()
+                    .enumerate()
+                    .map(|(pair, f)| if pair < rotated { f / factor } else { 0.0 })
                     .collect()
             }
         }

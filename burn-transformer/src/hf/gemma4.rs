@@ -1,0 +1,298 @@
+//! Gemma-4's text model (`gemma4_text`, and the text model of `gemma4`'s multimodal
+//! checkpoints): the keys of its own. Its global layers (`full_attention`) have heads
+//! of their own shape (`global_head_dim`, `num_global_key_value_heads`, or
+//! transformers 5's `per_layer_config`), take their values from the keys' projection
+//! with `attention_k_eq_v`, and rotate with a proportional RoPE of their head width;
+//! every layer normalizes its values and scales its output by a fixed `layer_scalar`.
+//!
+//! The features of the smaller and the sparse checkpoints are refused by name:
+//! per-layer embeddings (`hidden_size_per_layer_input`), keys and values shared
+//! between layers (`num_kv_shared_layers`), and the experts beside the feed-forward
+//! (`enable_moe_block`).
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::keys::{KeyError, UnreadKeys};
+use crate::model::CausalLmConfig;
+
+/// transformers' width of a global layer's heads where the file names none.
+const DEFAULT_GLOBAL_HEAD_DIM: usize = 512;
+
+/// The keys of a Gemma-4 `config.json` that the common reader does not read.
+#[derive(Deserialize, Debug)]
+pub(super) struct Gemma4Keys {
+    global_head_dim: Option<usize>,
+    num_global_key_value_heads: Option<usize>,
+    attention_k_eq_v: Option<bool>,
+    /// transformers 5's form: the attributes that differ per layer, by layer index.
+    per_layer_config: Option<BTreeMap<String, Value>>,
+    hidden_size_per_layer_input: Option<usize>,
+    num_kv_shared_layers: Option<usize>,
+    enable_moe_block: Option<bool>,
+    use_double_wide_mlp: Option<bool>,
+    use_bidirectional_attention: Option<String>,
+}
+
+/// The head shape of the global layers: its width and key/value heads, where they
+/// differ from every layer's.
+#[derive(Debug, Default, Clone, PartialEq)]
+struct GlobalHeads {
+    head_dim: Option<usize>,
+    kv_heads: Option<usize>,
+}
+
+impl Gemma4Keys {
+    /// Sets Gemma-4's own options on `model`, read with the common keys (its rotary
+    /// embedding is the global layers' and its sliding layers come from `layer_types`).
+    ///
+    /// # Errors
+    /// A [`KeyError`] naming a feature that is not supported or a `per_layer_config`
+    /// that this crate cannot build.
+    pub(super) fn apply(
+        &self,
+        model: &mut CausalLmConfig,
+        unread: &mut UnreadKeys,
+    ) -> Result<(), KeyError> {
+        self.refuse_unsupported()?;
+        unread.fixed(
+            "use_double_wide_mlp",
+            self.use_double_wide_mlp,
+            false,
+            "the double-width feed-forward only in layers that share keys and values, \
+             which this model has none of",
+        );
+        // transformers makes the last layer global, whatever `layer_types` says.
+        let last = model.n_layers.saturating_sub(1);
+        if let Some(sliding) = model.sliding_layers.as_mut()
+            && let Some(flag) = sliding.get_mut(last)
+        {
+            unread.fixed("layer_types", Some(*flag), false, "a global last layer");
+            *flag = false;
+        }
+        let sliding: Vec<bool> = (0..model.n_layers)
+            .map(|layer| !model.is_global_layer(layer))
+            .collect();
+        let values_from_keys = self.attention_k_eq_v.unwrap_or(false);
+        let global = match &self.per_layer_config {
+            Some(per_layer) => global_heads_of(per_layer, &sliding)?,
+            None => GlobalHeads {
+                head_dim: Some(self.global_head_dim.unwrap_or(DEFAULT_GLOBAL_HEAD_DIM)),
+                // transformers gives the global layers their own key/value heads only
+                // with `attention_k_eq_v`.
+                kv_heads: self.num_global_key_value_heads.filter(|_| values_from_keys),
+            },
+        };
+        if let Some(head_dim) = global.head_dim {
+            model.rope.head_dim = head_dim;
+        }
+        model.global_head_dim = global.head_dim;
+        model.global_kv_heads = global.kv_heads;
+        model.global_values_from_keys = values_from_keys;
+        model.value_norm = true;
+        model.layer_scalar = true;
+        Ok(())
+    }
+
+    /// The Gemma-4 features this crate does not build, named.
+    fn refuse_unsupported(&self) -> Result<(), KeyError> {
+        if let Some(width) = self.hidden_size_per_layer_input.filter(|&width| width > 0) {
+            return Err(KeyError::new(
+                "hidden_size_per_layer_input",
+                format!(
+                    "is {width}: per-layer embeddings (Gemma-4 E2B and E4B) are not supported; \
+                     only checkpoints with 0 load (the 31B and dense ones)"
+                ),
+            ));
+        }
+        if let Some(layers) = self.num_kv_shared_layers.filter(|&layers| layers > 0) {
+            return Err(KeyError::new(
+                "num_kv_shared_layers",
+                format!(
+                    "is {layers}: layers that reuse an earlier layer's keys and values are \
+                     not supported; only checkpoints with 0 load"
+                ),
+            ));
+        }
+        if self.enable_moe_block == Some(true) {
+            return Err(KeyError::new(
+                "enable_moe_block",
+                "is true: Gemma-4's experts beside the dense feed-forward are not \
+                 supported; only dense checkpoints load",
+            ));
+        }
+        if self.use_bidirectional_attention.as_deref() == Some("all") {
+            return Err(KeyError::new(
+                "use_bidirectional_attention",
+                "is \"all\": bidirectional (encoder) Gemma models are not supported; this \
+                 loader builds causal language models",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The global layers' heads from transformers 5's `per_layer_config` (layer index →
+/// attributes that differ): only `head_dim` and `num_key_value_heads` may differ, only
+/// in global layers, and alike in all of them.
+fn global_heads_of(
+    per_layer: &BTreeMap<String, Value>,
+    sliding: &[bool],
+) -> Result<GlobalHeads, KeyError> {
+    let mut overrides = vec![GlobalHeads::default(); sliding.len()];
+    for (index, attributes) in per_layer {
+        let key = format!("per_layer_config.{index}");
+        let layer = index
+            .parse::<usize>()
+            .ok()
+            .filter(|&layer| layer < sliding.len())
+            .ok_or_else(|| {
+                KeyError::new(
+                    &key,
+                    format!(
+                        "is not a layer index below num_hidden_layers {}",
+                        sliding.len()
+                    ),
+                )
+            })?;
+        let Value::Object(attributes) = attributes else {
+            return Err(KeyError::new(&key, "expected an object of attributes"));
+        };
+        for (name, value) in attributes {
+            let size = || {
+                value
+                    .as_u64()
+                    .filter(|&size| size > 0)
+                    .map(|size| size as usize)
+                    .ok_or_else(|| {
+                        KeyError::new(
+                            format!("{key}.{name}"),
+                            format!("expected a positive integer, got {value}"),
+                        )
+                    })
+            };
+            match name.as_str() {
+                "head_dim" => overrides[layer].head_dim = Some(size()?),
+                "num_key_value_heads" => overrides[layer].kv_heads = Some(size()?),
+                _ => {
+                    return Err(KeyError::new(
+                        format!("{key}.{name}"),
+                        "differs per layer, which is not supported: only head_dim and \
+                         num_key_value_heads may differ, in the full-attention layers",
+                    ));
+                }
+            }
+        }
+    }
+    let mut global = None;
+    for (layer, (heads, &slides)) in overrides.into_iter().zip(sliding).enumerate() {
+        let key = || format!("per_layer_config.{layer}");
+        if slides {
+            if heads != GlobalHeads::default() {
+                return Err(KeyError::new(
+                    key(),
+                    "gives a sliding-window layer heads of its own shape, which is not \
+                     supported: only the full-attention layers may differ",
+                ));
+            }
+            continue;
+        }
+        match &global {
+            None => global = Some(heads),
+            Some(first) if *first != heads => {
+                return Err(KeyError::new(
+                    key(),
+                    "gives this full-attention layer heads of another shape than the \
+                     first one's: all full-attention layers must have the same",
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(global.unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use crate::hf::{HfConfig, HfError};
+    use crate::test_utils::fixture_dir;
+
+    fn fixture_config() -> serde_json::Map<String, Value> {
+        let path = fixture_dir().join("hf/gemma4_text/config.json");
+        let text = std::fs::read_to_string(path).unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
+
+    /// The key a refused config names.
+    fn refused_key(config: serde_json::Map<String, Value>) -> String {
+        match HfConfig::from_value(&Value::Object(config), "config.json") {
+            Err(HfError::Field { field, .. }) => field,
+            other => panic!("expected a field error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn unsupported_gemma4_features_are_refused_by_name() {
+        let cases = [
+            ("hidden_size_per_layer_input", json!(256)),
+            ("num_kv_shared_layers", json!(1)),
+            ("enable_moe_block", json!(true)),
+            ("use_bidirectional_attention", json!("all")),
+        ];
+        for (key, value) in cases {
+            let mut config = fixture_config();
+            config.insert(key.into(), value);
+            assert_eq!(refused_key(config), key);
+        }
+        // transformers' default is per-layer embeddings: a file without the key has them.
+        let mut config = fixture_config();
+        config.remove("hidden_size_per_layer_input");
+        assert_eq!(refused_key(config), "hidden_size_per_layer_input");
+        // Vision tokens attending both ways change nothing for text.
+        let mut config = fixture_config();
+        config.insert("use_bidirectional_attention".into(), json!("vision"));
+        assert!(HfConfig::from_value(&Value::Object(config), "config.json").is_ok());
+    }
+
+    #[test]
+    fn per_layer_config_that_this_crate_cannot_build_is_refused_by_name() {
+        let cases = [
+            (json!({"0": {"head_dim": 16}}), "per_layer_config.0"),
+            (json!({"1": {"head_dim": 16}}), "per_layer_config.2"),
+            (
+                json!({"1": {"intermediate_size": 64}}),
+                "per_layer_config.1.intermediate_size",
+            ),
+            (json!({"7": {"head_dim": 16}}), "per_layer_config.7"),
+            (json!({"1": {"head_dim": 0}}), "per_layer_config.1.head_dim"),
+        ];
+        for (per_layer, key) in cases {
+            let mut config = fixture_config();
+            config.insert("per_layer_config".into(), per_layer);
+            assert_eq!(refused_key(config), key);
+        }
+    }
+
+    /// Without `per_layer_config`: `global_head_dim` (512 when absent) for the global
+    /// layers, and their own key/value heads only with `attention_k_eq_v`.
+    #[test]
+    fn global_heads_follow_the_class_keys() {
+        let mut config = fixture_config();
+        config.remove("per_layer_config");
+        config.insert("num_global_key_value_heads".into(), json!(1));
+        config.insert("attention_k_eq_v".into(), json!(false));
+        let model = HfConfig::from_value(&Value::Object(config), "config.json")
+            .unwrap()
+            .model;
+        assert_eq!(model.global_head_dim, Some(512));
+        assert_eq!(model.rope.head_dim, 512);
+        assert_eq!(model.global_kv_heads, None);
+        assert!(!model.global_values_from_keys);
+        assert_eq!((model.head_width_of(0), model.head_width_of(1)), (8, 512));
+        assert_eq!((model.kv_heads_of(0), model.kv_heads_of(1)), (2, 2));
+    }
+}
