@@ -372,26 +372,13 @@ fn gemma3_multimodal_checkpoint_loads_its_text_model_and_matches_transformers() 
     });
     let (in_memory_names, _) = load_causal_lm(renamed.path(), &device).unwrap();
     assert_close(
-        in_memory_names.forward(prompts.clone(), None),
-        expected.clone(),
+        in_memory_names.forward(prompts, None),
+        expected,
         LOGIT_TOLERANCE,
         "gemma3 with transformers 5's key names",
     );
 
-    let json: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(model_dir("gemma3_vision").join(CONFIG_FILE)).unwrap(),
-    )
-    .unwrap();
-    let out = tempfile::TempDir::new().unwrap();
-    save_causal_lm(&model, &json, out.path(), &ExportOptions::default()).unwrap();
-    let (exported, hf) = load_causal_lm(out.path(), &device).unwrap();
-    assert_eq!(hf.model_type, "gemma3_text");
-    assert_close(
-        exported.forward(prompts, None),
-        expected,
-        LOGIT_TOLERANCE,
-        "gemma3 exported as its text model",
-    );
+    exports_as_its_text_model("gemma3_vision", &model, "gemma3_text");
 }
 
 /// Gemma-4's multimodal checkpoint (`Gemma4ForConditionalGeneration`): the text model
@@ -403,20 +390,25 @@ fn gemma4_multimodal_checkpoint_loads_its_text_model_and_matches_transformers() 
     let device = Device::flex();
     let (model, config) = load_causal_lm(model_dir("gemma4_vision"), &device).unwrap();
     assert_eq!(config.model_type, "gemma4");
-    let json: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(model_dir("gemma4_vision").join(CONFIG_FILE)).unwrap(),
-    )
-    .unwrap();
+    exports_as_its_text_model("gemma4_vision", &model, "gemma4_text");
+}
+
+/// The model of the multimodal fixture `name`, exported: the folder's `model_type` is
+/// `text_family`, and it loads back to transformers' logits of the fixture.
+fn exports_as_its_text_model(name: &str, model: &CausalLm, text_family: &str) {
+    let device = model.device();
+    let json = config_json(&model_dir(name));
     let out = tempfile::TempDir::new().unwrap();
-    save_causal_lm(&model, &json, out.path(), &ExportOptions::default()).unwrap();
+    let report = save_causal_lm(model, &json, out.path(), &ExportOptions::default()).unwrap();
+    assert_eq!(report.model_type, text_family);
     let (exported, hf) = load_causal_lm(out.path(), &device).unwrap();
-    assert_eq!(hf.model_type, "gemma4_text");
-    let reference = reference("gemma4_vision");
+    assert_eq!(hf.model_type, text_family);
+    let reference = reference(name);
     assert_close(
         exported.forward(int_tensor(&rows(&reference.data("tokens")), &device), None),
         reference.tensor::<3>("logits", &device),
         LOGIT_TOLERANCE,
-        "gemma4 exported as its text model",
+        &format!("{name} exported as its text model"),
     );
 }
 
@@ -431,18 +423,7 @@ fn mistral4_multimodal_checkpoint_loads_its_text_model_and_matches_transformers(
     let (model, config) = load_causal_lm(model_dir("mistral4_vision"), &device).unwrap();
     assert_eq!(config.model_type, "mistral3");
     assert!(config.model.latent.is_some() && config.model.query_temperature.is_some());
-    let json = config_json(&model_dir("mistral4_vision"));
-    let out = tempfile::TempDir::new().unwrap();
-    let report = save_causal_lm(&model, &json, out.path(), &ExportOptions::default()).unwrap();
-    assert_eq!(report.model_type, "mistral4");
-    let (exported, _) = load_causal_lm(out.path(), &device).unwrap();
-    let reference = reference("mistral4_vision");
-    assert_close(
-        exported.forward(int_tensor(&rows(&reference.data("tokens")), &device), None),
-        reference.tensor::<3>("logits", &device),
-        LOGIT_TOLERANCE,
-        "mistral4 exported as its text model",
-    );
+    exports_as_its_text_model("mistral4_vision", &model, "mistral4");
 }
 
 /// Mistral-3's multimodal checkpoint (`Mistral3ForConditionalGeneration`, as
@@ -457,23 +438,9 @@ fn mistral3_multimodal_checkpoint_loads_its_text_model_and_matches_transformers(
     let (model, config) = load_causal_lm(model_dir("mistral3_vision"), &device).unwrap();
     assert_eq!(config.model_type, "mistral3");
     assert!(config.model.tie_word_embeddings && config.model.sliding_window.is_none());
-    let json: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(model_dir("mistral3_vision").join(CONFIG_FILE)).unwrap(),
-    )
-    .unwrap();
-    let out = tempfile::TempDir::new().unwrap();
-    let report = save_causal_lm(&model, &json, out.path(), &ExportOptions::default()).unwrap();
-    assert_eq!(report.model_type, "mistral");
-    let (exported, _) = load_causal_lm(out.path(), &device).unwrap();
-    let reference = reference("mistral3_vision");
-    assert_close(
-        exported.forward(int_tensor(&rows(&reference.data("tokens")), &device), None),
-        reference.tensor::<3>("logits", &device),
-        LOGIT_TOLERANCE,
-        "mistral3 exported as its text model",
-    );
+    exports_as_its_text_model("mistral3_vision", &model, "mistral");
 
-    let mut other = json.clone();
+    let mut other = config_json(&model_dir("mistral3_vision"));
     other["text_config"]["model_type"] = "llama4_text".into();
     let error = HfConfig::from_value(&other, "config.json").unwrap_err();
     assert!(
