@@ -449,7 +449,7 @@ fn damaged_or_foreign_checkpoints_never_panic() {
 fn every_arch_learns() {
     let dir = TempDir::with_prefix("arch").unwrap();
     let text = corpus(dir.path());
-    for arch in ["qwen3", "olmo2", "gemma", "gpt-oss", "gpt2"] {
+    for arch in ["qwen3", "olmo2", "gemma", "gemma4", "gpt-oss", "gpt2"] {
         let out = dir.path().join(arch);
         let mut args = vec![
             "--data",
