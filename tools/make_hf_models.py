@@ -534,33 +534,48 @@ def gemma3_text():
     )
 
 
-def gemma4_text():
-    # Gemma-4's dense layout (the 31B's): sliding layers of head_dim 8 with two
-    # key/value heads, global layers of head_dim 16 with one, whose values are the
-    # keys' projection (attention_k_eq_v) and whose RoPE is proportional (half of the
-    # pairs turn, interpolated by 2); plain-RMSNorm QK-norm, a norm of the values,
-    # unscaled attention, a fixed factor per layer, final logit soft-capping. The
-    # third layer is listed sliding: transformers makes the last layer global.
-    common = {k: v for k, v in COMMON.items() if k != "num_hidden_layers"}
-    return transformers.Gemma4TextConfig(
-        **common,
-        num_hidden_layers=3,
-        num_key_value_heads=2,
-        head_dim=8,
-        global_head_dim=16,
-        num_global_key_value_heads=1,
-        attention_k_eq_v=True,
-        hidden_size_per_layer_input=0,
-        sliding_window=3,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-        rope_parameters={
-            "full_attention": {
-                "rope_type": "proportional", "partial_rotary_factor": 0.5,
-                "rope_theta": 100.0, "factor": 2.0,
-            },
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10.0},
+# Gemma-4's dense layout (the 31B's): sliding layers of head_dim 8 with two key/value
+# heads, global layers of head_dim 16 with one, whose values are the keys' projection
+# (attention_k_eq_v) and whose RoPE is proportional (half of the pairs turn,
+# interpolated by 2); plain-RMSNorm QK-norm, a norm of the values, unscaled attention,
+# a fixed factor per layer, final logit soft-capping. The third layer is listed
+# sliding: transformers makes the last layer global.
+GEMMA4_TEXT = dict(
+    **{k: v for k, v in COMMON.items() if k != "num_hidden_layers"},
+    num_hidden_layers=3,
+    num_key_value_heads=2,
+    head_dim=8,
+    global_head_dim=16,
+    num_global_key_value_heads=1,
+    attention_k_eq_v=True,
+    hidden_size_per_layer_input=0,
+    sliding_window=3,
+    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+    rope_parameters={
+        "full_attention": {
+            "rope_type": "proportional", "partial_rotary_factor": 0.5,
+            "rope_theta": 100.0, "factor": 2.0,
         },
-        final_logit_softcapping=10.0,
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10.0},
+    },
+    final_logit_softcapping=10.0,
+)
+
+
+def gemma4_text():
+    return transformers.Gemma4TextConfig(**GEMMA4_TEXT)
+
+
+def gemma4_moe():
+    # Gemma-4's sparse layout (the 26B-A4B's) on `gemma4_text`'s: every layer runs its
+    # dense feed-forward beside 4 experts of width 16 (top 2), which route the residual
+    # stream through the router's own norm and scale; each output normed on its own.
+    return transformers.Gemma4TextConfig(
+        **GEMMA4_TEXT,
+        enable_moe_block=True,
+        num_experts=4,
+        top_k_experts=2,
+        moe_intermediate_size=16,
     )
 
 
@@ -1466,6 +1481,7 @@ MODELS = {
     "gemma3_vision": (gemma3_vision, {"sparse_text_config": True}),
     "gemma4_text": (gemma4_text, {}),
     "gemma4_vision": (gemma4_vision, {}),
+    "gemma4_moe": (gemma4_moe, {}),
     "mistral3_vision": (mistral3_vision, {}),
     "mixtral": (mixtral, {}),
     "olmoe": (olmoe, {}),
@@ -1540,6 +1556,13 @@ def perturb(model: torch.nn.Module, generator: torch.Generator) -> None:
             # Apertus' xIELU factors (before softplus): around their initial values.
             if name.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):
                 param.copy_(param + normal(param.shape, 0.3))
+            # Gemma-4's router scales (of its input, and of each expert's weights).
+            elif name.endswith(("router.scale", "router.per_expert_scale")):
+                param.copy_(1.0 + normal(param.shape, 0.3))
+            # Gemma-4's router reads a vector of norm 1 (d_model^-1/2 times a normed
+            # one): a projection 4 times the usual scale spreads its logits over O(1).
+            elif name.endswith("router.proj.weight"):
+                param.copy_(normal(param.shape, 4.0 / math.sqrt(param.shape[-1])))
             # GPT-2's LayerNorms are `ln_1`, `ln_2`, `ln_f`.
             elif ("norm" in name or ".ln_" in name) and (param.dim() == 1 or per_head_norm):
                 param.copy_(1.0 + normal(param.shape, 0.2))
@@ -1579,6 +1602,12 @@ class RouterGaps:
         for name, module in model.named_modules():
             if name.endswith(("mlp.gate", "block_sparse_moe.gate", "block_sparse_moe.router")):
                 self.handles.append(module.register_forward_hook(self.hook(module)))
+            # Gemma-4's router returns its softmax probabilities first.
+            if type(module).__name__ == "Gemma4TextRouter":
+                top_k = self.config.top_k_experts
+                self.handles.append(module.register_forward_hook(
+                    lambda _module, _inputs, output: self.record(gap(output[0].float(), top_k))
+                ))
 
     def hook(self, module):
         def record(_module, inputs, _output):
@@ -1622,6 +1651,9 @@ class RouterGaps:
             gaps.append(gap(scores.masked_fill(~mask, -1e9), k))
             return min(gaps)
         return gap(logits.softmax(-1), k)
+
+    def record(self, margin):
+        self.smallest = min(self.smallest, margin)
 
     def close(self):
         for handle in self.handles:

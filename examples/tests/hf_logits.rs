@@ -132,6 +132,7 @@ fn matches_transformers_for_every_family_on_flex() {
         "gemma2",
         "gemma3_text",
         "gemma4_text",
+        "gemma4_moe",
         "gemma3_vision",
         "mistral3_vision",
         "mistral4_vision",

@@ -510,7 +510,8 @@ impl TransformerBlock {
                     None => x,
                 };
                 let norm = second_norm.expect("a pre-norm block has a feed-forward norm");
-                let (fed, losses) = self.feed_forward(norm.forward(x.clone()), losses, None);
+                let (fed, losses) =
+                    self.feed_forward(norm.forward(x.clone()), x.clone(), losses, None);
                 BlockState {
                     hidden: x + fed,
                     dual: None,
@@ -527,7 +528,7 @@ impl TransformerBlock {
                     None => x,
                 };
                 let norm = second_norm.expect("a post-norm block has a feed-forward norm");
-                let (fed, losses) = self.feed_forward(x.clone(), losses, None);
+                let (fed, losses) = self.feed_forward(x.clone(), x.clone(), losses, None);
                 BlockState {
                     hidden: norm.forward(x + fed),
                     dual: None,
@@ -537,7 +538,7 @@ impl TransformerBlock {
             BlockKind::Parallel => {
                 let normed = input_norm().forward(x.clone());
                 let attended = self.branch(calls.self_attention(&self.self_attn, normed.clone()));
-                let (fed, losses) = self.feed_forward(normed, losses, None);
+                let (fed, losses) = self.feed_forward(normed, x.clone(), losses, None);
                 BlockState {
                     hidden: x + attended + fed,
                     dual: None,
@@ -548,7 +549,8 @@ impl TransformerBlock {
                 let normed = input_norm().forward(x.clone());
                 let attended = self.branch(calls.self_attention(&self.self_attn, normed));
                 let norm = second_norm.expect("a parallel block of two norms has a second");
-                let (fed, losses) = self.feed_forward(norm.forward(x.clone()), losses, None);
+                let (fed, losses) =
+                    self.feed_forward(norm.forward(x.clone()), x.clone(), losses, None);
                 BlockState {
                     hidden: x + attended + fed,
                     dual: None,
@@ -572,7 +574,7 @@ impl TransformerBlock {
                     None => (a, d),
                 };
                 let norm = second_norm.expect("a ResiDual block has a feed-forward norm");
-                let (out, losses) = self.feed_forward(a.clone(), losses, None);
+                let (out, losses) = self.feed_forward(a.clone(), a.clone(), losses, None);
                 BlockState {
                     hidden: norm.forward(a + out.clone()),
                     dual: Some(d + out),
@@ -594,8 +596,12 @@ impl TransformerBlock {
                     Some(norm) => norm.forward(x.clone()),
                     None => x.clone(),
                 };
-                let (fed, losses) =
-                    self.feed_forward(ffn_input, losses, self.post_feedforward_layernorm.as_ref());
+                let (fed, losses) = self.feed_forward(
+                    ffn_input,
+                    x.clone(),
+                    losses,
+                    self.post_feedforward_layernorm.as_ref(),
+                );
                 BlockState {
                     hidden: x + fed,
                     dual: None,
@@ -612,15 +618,18 @@ impl TransformerBlock {
         }
     }
 
-    /// The feed-forward sublayer's branch output (normed by `output_norm` first, when
-    /// given), and the losses with its routing losses added.
+    /// The feed-forward sublayer's branch output for its input `x` (normed by
+    /// `output_norm` first, when given), and the losses with its routing losses added;
+    /// `stream` is the residual stream the sublayer adds to, which Gemma-4's mixture of
+    /// experts routes.
     fn feed_forward(
         &self,
         x: Tensor<3>,
+        stream: Tensor<3>,
         losses: RoutingLosses,
         output_norm: Option<&Norm>,
     ) -> (Tensor<3>, RoutingLosses) {
-        let output = self.mlp.forward_with_losses(x);
+        let output = self.mlp.forward_with_losses_beside(x, stream);
         let losses = losses.add(output.aux_loss, output.z_loss);
         let fed = match output_norm {
             Some(norm) => norm.forward(output.output),

@@ -105,9 +105,21 @@ impl FeedForward {
     /// - x: `[batch, seq, d_model]`
     /// - output: see [`FeedForwardOutput`]
     pub fn forward_with_losses(&self, x: Tensor<3>) -> FeedForwardOutput {
+        self.forward_with_losses_beside(x.clone(), x)
+    }
+
+    /// [`forward_with_losses`](Self::forward_with_losses) given the block's residual
+    /// stream too, which Gemma-4's mixture of experts routes
+    /// ([`MoeConfig::stream_norms`]); every other layer ignores it.
+    ///
+    /// # Shapes
+    /// - x: `[batch, seq, d_model]`, the block's normed input
+    /// - stream: `[batch, seq, d_model]`, the block's residual stream
+    /// - output: see [`FeedForwardOutput`]
+    pub fn forward_with_losses_beside(&self, x: Tensor<3>, stream: Tensor<3>) -> FeedForwardOutput {
         match self {
             Self::Moe(moe) => {
-                let out = moe.forward(x);
+                let out = moe.forward_beside(x, stream);
                 FeedForwardOutput {
                     output: out.output,
                     aux_loss: Some(out.aux_loss),

@@ -373,12 +373,39 @@ fn family_renames(config: &HfConfig) -> &'static [(&'static str, &'static str)] 
         // feed-forward.
         "vaultgemma" => &[(".pre_feedforward_layernorm.", ".post_attention_layernorm.")],
         "apertus" => &apertus::NAMES,
+        "gemma4_text" | "gemma4" if config.model.moe.is_some() => &GEMMA4_MOE_NAMES,
         // nanochat names its ungated feed-forward's projections as ours.
         "nanochat" => &[],
         _ if !config.model.gated_mlp => &ARCEE_MLP,
         _ => &[],
     }
 }
+
+/// Gemma-4's names of the parts of a layer with experts, and ours: its dense
+/// feed-forward (`mlp`) is our shared experts; its router, experts and their norms sit
+/// beside it in the layer, ours in the mixture of experts (`mlp`). The router's scales
+/// come before its projection, whose name is a prefix of theirs among ours.
+const GEMMA4_MOE_NAMES: [(&str, &str); 10] = [
+    (".mlp.gate_proj.", ".mlp.shared_experts.gate_proj."),
+    (".mlp.up_proj.", ".mlp.shared_experts.up_proj."),
+    (".mlp.down_proj.", ".mlp.shared_experts.down_proj."),
+    (".router.scale", ".mlp.gate.input_scale"),
+    (".router.per_expert_scale", ".mlp.gate.per_expert_scale"),
+    (".router.proj.", ".mlp.gate."),
+    (".experts.", ".mlp.experts."),
+    (
+        ".post_feedforward_layernorm_1.",
+        ".mlp.post_feedforward_layernorm_1.",
+    ),
+    (
+        ".pre_feedforward_layernorm_2.",
+        ".mlp.pre_feedforward_layernorm_2.",
+    ),
+    (
+        ".post_feedforward_layernorm_2.",
+        ".mlp.post_feedforward_layernorm_2.",
+    ),
+];
 
 /// GLM-4's names of the sandwich block's norms and ours (Gemma's names): its
 /// `post_attention_layernorm` is the norm before the feed-forward.
@@ -431,9 +458,9 @@ const HUNYUAN_NAMES: [(&str, &str); 4] = [
 /// Whether `model_type`'s checkpoints store each sparse layer's experts stacked as ours
 /// (`experts.gate_up_proj` `[E, 2·d_ff, d_model]`, gates first, and `experts.down_proj`
 /// `[E, d_model, d_ff]`): transformers 5 saves them so for the families it has no
-/// per-expert conversion for (Mistral-4).
+/// per-expert conversion for (Mistral-4, Gemma-4).
 pub(crate) fn stores_stacked_experts(model_type: &str) -> bool {
-    model_type == "mistral4"
+    matches!(model_type, "mistral4" | "gemma4_text" | "gemma4")
 }
 
 /// Whether the checkpoints of the family `model_type` lay their sparse layers out as

@@ -38,7 +38,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 85] = [
+const FAMILIES: [&str; 86] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -70,6 +70,7 @@ const FAMILIES: [&str; 85] = [
     "gemma2",
     "gemma3_text",
     "gemma4_text",
+    "gemma4_moe",
     "mixtral",
     "olmoe",
     "qwen2_moe",

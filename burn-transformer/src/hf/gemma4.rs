@@ -4,11 +4,13 @@
 //! transformers 5's `per_layer_config`), take their values from the keys' projection
 //! with `attention_k_eq_v`, and rotate with a proportional RoPE of their head width;
 //! every layer normalizes its values and scales its output by a fixed `layer_scalar`.
+//! With `enable_moe_block` every layer runs its dense feed-forward beside
+//! `num_experts` experts (top `top_k_experts`, width `moe_intermediate_size`) that
+//! route the residual stream ([`MoeConfig::stream_norms`]).
 //!
-//! The features of the smaller and the sparse checkpoints are refused by name:
-//! per-layer embeddings (`hidden_size_per_layer_input`), keys and values shared
-//! between layers (`num_kv_shared_layers`), and the experts beside the feed-forward
-//! (`enable_moe_block`).
+//! The features of the smaller checkpoints are refused by name: per-layer embeddings
+//! (`hidden_size_per_layer_input`) and keys and values shared between layers
+//! (`num_kv_shared_layers`).
 
 use std::collections::BTreeMap;
 
@@ -16,7 +18,10 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::keys::{KeyError, UnreadKeys};
+use crate::ffn::moe::RouterConfig;
+use crate::ffn::{MoeConfig, MoeLayerPlan};
 use crate::model::CausalLmConfig;
+use crate::norm::{NormConfig, RmsNormConfig};
 
 /// transformers' width of a global layer's heads where the file names none.
 const DEFAULT_GLOBAL_HEAD_DIM: usize = 512;
@@ -32,6 +37,9 @@ pub(super) struct Gemma4Keys {
     hidden_size_per_layer_input: Option<usize>,
     num_kv_shared_layers: Option<usize>,
     enable_moe_block: Option<bool>,
+    num_experts: Option<usize>,
+    top_k_experts: Option<usize>,
+    moe_intermediate_size: Option<usize>,
     use_double_wide_mlp: Option<bool>,
     use_bidirectional_attention: Option<String>,
 }
@@ -93,7 +101,38 @@ impl Gemma4Keys {
         model.global_values_from_keys = values_from_keys;
         model.value_norm = true;
         model.layer_scalar = true;
+        if self.enable_moe_block == Some(true) {
+            model.moe = Some(self.moe_config(model)?);
+            model.moe_layers = MoeLayerPlan::all_sparse();
+        }
         Ok(())
+    }
+
+    /// The mixture of experts of every layer with `enable_moe_block`: the dense
+    /// feed-forward (`intermediate_size`) as the shared experts beside the routed ones,
+    /// which route the residual stream through the router's own norm and scale; softmax
+    /// over the experts, top-k renormalized, then each expert's `per_expert_scale`.
+    fn moe_config(&self, model: &CausalLmConfig) -> Result<MoeConfig, KeyError> {
+        let required = |value: Option<usize>, key: &str| {
+            value.filter(|&value| value > 0).ok_or_else(|| {
+                KeyError::new(key, "required by enable_moe_block: a positive integer")
+            })
+        };
+        let experts = required(self.num_experts, "num_experts")?;
+        let top_k = required(self.top_k_experts, "top_k_experts")?;
+        let width = required(self.moe_intermediate_size, "moe_intermediate_size")?;
+        let eps = model.norm_eps;
+        let router = RouterConfig::new(model.d_model, experts, top_k)
+            .with_input_norm_eps(Some(eps))
+            .with_per_expert_scale(true)
+            .with_initializer(model.initializer.clone());
+        Ok(MoeConfig::new(router, width)
+            .with_n_shared_experts(1)
+            .with_shared_d_ff(Some(model.d_ff))
+            .with_activation(model.activation)
+            .with_stream_norms(Some(NormConfig::Rms(
+                RmsNormConfig::new(model.d_model).with_eps(eps),
+            ))))
     }
 
     /// The Gemma-4 features this crate does not build, named.
@@ -114,13 +153,6 @@ impl Gemma4Keys {
                     "is {layers}: layers that reuse an earlier layer's keys and values are \
                      not supported; only checkpoints with 0 load"
                 ),
-            ));
-        }
-        if self.enable_moe_block == Some(true) {
-            return Err(KeyError::new(
-                "enable_moe_block",
-                "is true: Gemma-4's experts beside the dense feed-forward are not \
-                 supported; only dense checkpoints load",
             ));
         }
         if self.use_bidirectional_attention.as_deref() == Some("all") {
@@ -240,7 +272,6 @@ mod tests {
         let cases = [
             ("hidden_size_per_layer_input", json!(256)),
             ("num_kv_shared_layers", json!(1)),
-            ("enable_moe_block", json!(true)),
             ("use_bidirectional_attention", json!("all")),
         ];
         for (key, value) in cases {
@@ -256,6 +287,18 @@ mod tests {
         let mut config = fixture_config();
         config.insert("use_bidirectional_attention".into(), json!("vision"));
         assert!(HfConfig::from_value(&Value::Object(config), "config.json").is_ok());
+    }
+
+    #[test]
+    fn experts_without_their_sizes_are_refused_by_name() {
+        for key in ["num_experts", "top_k_experts", "moe_intermediate_size"] {
+            let mut config = fixture_config();
+            config.insert("enable_moe_block".into(), json!(true));
+            for size in ["num_experts", "top_k_experts", "moe_intermediate_size"] {
+                config.insert(size.into(), json!(if size == key { 0 } else { 2 }));
+            }
+            assert_eq!(refused_key(config), key);
+        }
     }
 
     #[test]

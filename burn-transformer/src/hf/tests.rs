@@ -381,6 +381,13 @@ fn gemma3_multimodal_checkpoint_loads_its_text_model_and_matches_transformers() 
     exports_as_its_text_model("gemma3_vision", &model, "gemma3_text");
 }
 
+/// Gemma-4's sparse layers (the 26B-A4B's): the dense feed-forward beside experts that
+/// route the residual stream through the router's own norm and scale.
+#[test]
+fn gemma4_with_experts_beside_the_dense_feed_forward_matches_transformers() {
+    matches_transformers("gemma4_moe");
+}
+
 /// Gemma-4's multimodal checkpoint (`Gemma4ForConditionalGeneration`): the text model
 /// under `model.language_model.` beside a vision tower and its embedder, which are not
 /// loaded. The text model matches transformers on text and exports as `gemma4_text`.
@@ -2079,6 +2086,23 @@ fn gradient_norms(
                 (".up_proj.", ".gate_up_proj."),
             ],
             "gemma3" | "gemma4" | "mistral3" => &[("model.", "model.language_model.")],
+            // Gemma-4's router, experts and their norms sit beside its dense
+            // feed-forward (our shared experts) in the layer.
+            "gemma4_text" => &[
+                (".mlp.shared_experts.", ".mlp."),
+                (".mlp.gate.input_scale", ".router.scale"),
+                (".mlp.gate.per_expert_scale", ".router.per_expert_scale"),
+                (".mlp.gate.", ".router.proj."),
+                (".mlp.experts.", ".experts."),
+                (
+                    ".mlp.post_feedforward_layernorm_",
+                    ".post_feedforward_layernorm_",
+                ),
+                (
+                    ".mlp.pre_feedforward_layernorm_",
+                    ".pre_feedforward_layernorm_",
+                ),
+            ],
             "glm4" => &[
                 (".post_attention_layernorm.", ".post_self_attn_layernorm."),
                 (".pre_feedforward_layernorm.", ".post_attention_layernorm."),

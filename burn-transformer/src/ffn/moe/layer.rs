@@ -21,6 +21,10 @@
 //! | `experts.N.down_proj.weight` (Mixtral `w2`) `[d_model, d_ff]` | `experts.down_proj[N]` |
 //! | `shared_experts.gate_proj/up_proj/down_proj.weight` (Qwen2-MoE `shared_expert.…`) | `shared_experts` (one SwiGLU of width `n_shared_experts · d_ff`, or `shared_d_ff`) |
 //! | `shared_expert_gate.weight` `[1, d_model]` (Qwen2-MoE) | `shared_expert_gate.weight` `[d_model, 1]` (transposed, as every Linear) |
+//!
+//! Gemma-4 runs its dense feed-forward beside the experts ([`MoeConfig::stream_norms`]):
+//! the dense one is our shared experts, and the layer routes the block's residual
+//! stream rather than the block's normed input.
 
 use burn::config::Config;
 use burn::module::Module;
@@ -32,6 +36,7 @@ use super::experts::{DispatchPlan, ExpertDispatch, ExpertGlu, Experts, ExpertsCo
 use super::router::{Router, RouterConfig, load_balancing_loss, router_z_loss};
 use crate::error::ConfigError;
 use crate::ffn::{Activation, SwiGlu, SwiGluConfig};
+use crate::norm::{Norm, NormConfig};
 
 const MODULE: &str = "MoeConfig";
 
@@ -79,6 +84,15 @@ pub struct MoeConfig {
     /// Biases on the routed experts' projections (gpt-oss). Default: false.
     #[config(default = false)]
     pub expert_bias: bool,
+    /// Gemma-4's arrangement, with norms of this kind: the layer is also given the
+    /// block's residual stream ([`Moe::forward_beside`]); the router reads that stream,
+    /// the routed experts read it through a norm of their own
+    /// (`pre_feedforward_layernorm_2`), and the shared experts (Gemma-4's dense
+    /// feed-forward, which reads the block's normed input as usual) and the routed
+    /// experts each have a norm on their output (`post_feedforward_layernorm_1`,
+    /// `post_feedforward_layernorm_2`) before the two are summed. Default: none.
+    #[config(default = "None")]
+    pub stream_norms: Option<NormConfig>,
 }
 
 impl MoeConfig {
@@ -114,6 +128,20 @@ impl MoeConfig {
         if let Some(factor) = self.capacity_factor {
             ConfigError::check_positive_real(MODULE, "capacity_factor", factor)?;
         }
+        if let Some(norm) = &self.stream_norms {
+            norm.validate()?;
+            if norm.d_model() != self.router.d_model {
+                return Err(ConfigError::Invalid {
+                    module: MODULE,
+                    field: "stream_norms.d_model",
+                    reason: format!(
+                        "must equal router.d_model {}, got {}",
+                        self.router.d_model,
+                        norm.d_model()
+                    ),
+                });
+            }
+        }
         Ok(())
     }
 
@@ -124,6 +152,11 @@ impl MoeConfig {
     pub fn try_init(&self, device: &Device) -> Result<Moe, ConfigError> {
         self.validate()?;
         let d_model = self.router.d_model;
+        let stream_norm = || {
+            (self.stream_norms.as_ref())
+                .map(|norm| norm.try_init(device))
+                .transpose()
+        };
         Ok(Moe {
             gate: self.router.try_init(device)?,
             experts: ExpertsConfig::new(d_model, self.d_ff, self.router.n_experts)
@@ -143,6 +176,9 @@ impl MoeConfig {
             shared_expert_gate: self
                 .shared_expert_gate
                 .then(|| LinearConfig::new(d_model, 1).with_bias(false).init(device)),
+            post_feedforward_layernorm_1: stream_norm()?,
+            pre_feedforward_layernorm_2: stream_norm()?,
+            post_feedforward_layernorm_2: stream_norm()?,
             capacity_factor: self.capacity_factor,
             dispatch: self.dispatch,
         })
@@ -164,6 +200,12 @@ pub struct Moe {
     pub shared_experts: Option<SwiGlu>,
     /// `d_model → 1`: the per-token sigmoid gate on the shared experts' output, if any.
     pub shared_expert_gate: Option<Linear>,
+    /// The norm of the shared experts' output in Gemma-4's arrangement.
+    pub post_feedforward_layernorm_1: Option<Norm>,
+    /// The norm of the routed experts' input in Gemma-4's arrangement.
+    pub pre_feedforward_layernorm_2: Option<Norm>,
+    /// The norm of the routed experts' output in Gemma-4's arrangement.
+    pub post_feedforward_layernorm_2: Option<Norm>,
     #[module(skip)]
     capacity_factor: Option<f64>,
     #[module(skip)]
@@ -207,10 +249,23 @@ impl Moe {
     /// - x: `[batch, seq, d_model]`
     /// - output: see [`MoeOutput`]
     pub fn forward(&self, x: Tensor<3>) -> MoeOutput {
+        self.forward_beside(x.clone(), x)
+    }
+
+    /// [`forward`](Self::forward) given the block's residual stream too, which the
+    /// layer routes in Gemma-4's arrangement ([`MoeConfig::stream_norms`]); the other
+    /// layers ignore it.
+    ///
+    /// # Shapes
+    /// - x: `[batch, seq, d_model]`, the block's normed input
+    /// - stream: `[batch, seq, d_model]`, the block's residual stream
+    /// - output: see [`MoeOutput`]
+    pub fn forward_beside(&self, x: Tensor<3>, stream: Tensor<3>) -> MoeOutput {
         let [batch, seq, d_model] = x.dims();
         let tokens = batch * seq;
-        let flat = x.clone().reshape([tokens, d_model]); // [tokens, d_model]
-        let routing = self.gate.forward(flat.clone());
+        let (routed_input, expert_input) = self.routed_inputs(x.clone(), stream);
+        let flat = expert_input.reshape([tokens, d_model]); // [tokens, d_model]
+        let routing = self.gate.forward(routed_input.reshape([tokens, d_model]));
         let top_k = self.gate.top_k();
         let n_experts = self.experts.n_experts();
         let indices = routing_indices(routing.indices.clone());
@@ -221,10 +276,7 @@ impl Moe {
         let routed = self
             .experts
             .dispatch(flat, routing.weights.clone(), &plan, self.dispatch);
-        let mut output = routed.reshape([batch, seq, d_model]);
-        if let Some(shared) = self.shared_output(x) {
-            output = output + shared;
-        }
+        let output = self.combine(x, routed.reshape([batch, seq, d_model]));
         let probabilities = self.gate.balance_probabilities(routing.scores.clone());
         MoeOutput {
             output,
@@ -251,8 +303,9 @@ impl Moe {
         let [batch, seq, d_model] = x.dims();
         let tokens = batch * seq;
         let n_experts = self.experts.n_experts();
-        let flat = x.clone().reshape([tokens, d_model]);
-        let routing = self.gate.forward(flat.clone());
+        let (routed_input, expert_input) = self.routed_inputs(x.clone(), x.clone());
+        let flat = expert_input.reshape([tokens, d_model]);
+        let routing = self.gate.forward(routed_input.reshape([tokens, d_model]));
         // [tokens, n_experts]: each token's weight for every expert, zero if unchosen.
         let dense_weights = Tensor::<2>::zeros([tokens, n_experts], &flat.device()).scatter(
             1,
@@ -265,11 +318,38 @@ impl Moe {
             let weight = dense_weights.clone().narrow(1, e, 1).cast(x.dtype()); // [tokens, 1]
             output = output + self.experts.forward_expert(e, flat.clone()) * weight;
         }
-        let mut output = output.reshape([batch, seq, d_model]);
-        if let Some(shared) = self.shared_output(x) {
-            output = output + shared;
+        self.combine(x, output.reshape([batch, seq, d_model]))
+    }
+
+    /// What the router and the routed experts read: `x` both, or in Gemma-4's
+    /// arrangement the stream and the stream through `pre_feedforward_layernorm_2`.
+    ///
+    /// # Shapes
+    /// - x, stream: `[batch, seq, d_model]`
+    /// - output: the router's and the experts' inputs, `[batch, seq, d_model]` each
+    fn routed_inputs(&self, x: Tensor<3>, stream: Tensor<3>) -> (Tensor<3>, Tensor<3>) {
+        match &self.pre_feedforward_layernorm_2 {
+            Some(norm) => (stream.clone(), norm.forward(stream)),
+            None => (x.clone(), x),
         }
-        output
+    }
+
+    /// The layer's output: the routed experts' weighted output `routed` plus the shared
+    /// experts' output of `x`, each through its norm in Gemma-4's arrangement.
+    ///
+    /// # Shapes
+    /// - x, routed: `[batch, seq, d_model]`
+    /// - output: `[batch, seq, d_model]`
+    fn combine(&self, x: Tensor<3>, routed: Tensor<3>) -> Tensor<3> {
+        let normed = |norm: &Option<Norm>, y: Tensor<3>| match norm {
+            Some(norm) => norm.forward(y),
+            None => y,
+        };
+        let routed = normed(&self.post_feedforward_layernorm_2, routed);
+        match self.shared_output(x) {
+            Some(shared) => normed(&self.post_feedforward_layernorm_1, shared) + routed,
+            None => routed,
+        }
     }
 
     /// The shared experts' output, through their gate if there is one; `None` without

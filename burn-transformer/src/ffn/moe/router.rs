@@ -12,6 +12,11 @@
 //!    best, DeepSeek-V2), and only experts of the `topk_group` best groups stay eligible.
 //! 4. `top_k` experts by that selection score; their weights are the *unbiased* scores,
 //!    divided by their sum when `norm_topk_prob`, times `routed_scaling_factor`.
+//!
+//! Gemma-4's router (`Gemma4TextRouter`) adds two learned scales: its input is
+//! `x / rms(x) · scale · d_model^-½` (an RMSNorm without parameters, HF `router.scale`)
+//! instead of `x`, and each chosen weight is multiplied by its expert's
+//! `per_expert_scale` after the normalization.
 
 use burn::config::Config;
 use burn::module::{Initializer, Module, Param};
@@ -19,6 +24,7 @@ use burn::tensor::activation::{sigmoid, softmax};
 use burn::tensor::{DType, Device, IndexingUpdateOp, Int, Tensor, TensorData};
 
 use crate::error::ConfigError;
+use crate::norm::{RmsNorm, RmsNormConfig};
 
 const MODULE: &str = "RouterConfig";
 
@@ -76,6 +82,16 @@ pub struct RouterConfig {
     /// A learned bias on the logits (gpt-oss's `router.bias`). Default: false.
     #[config(default = false)]
     pub bias: bool,
+    /// Routes `x / rms(x) · input_scale · d_model^-½` instead of `x`: an RMSNorm
+    /// without parameters with this epsilon, then a learned scale `[d_model]`
+    /// initialized to 1 (Gemma-4's `router.norm` and `router.scale`). Default: none.
+    #[config(default = "None")]
+    pub input_norm_eps: Option<f64>,
+    /// Multiplies each chosen weight by a learned factor of its expert, `[n_experts]`,
+    /// initialized to 1, after the normalization (Gemma-4's `per_expert_scale`).
+    /// Default: false.
+    #[config(default = false)]
+    pub per_expert_scale: bool,
     /// Initializer of the router weight. Default: normal, std 0.02 (HF
     /// `initializer_range`).
     #[config(default = "Initializer::Normal { mean: 0.0, std: 0.02 }")]
@@ -143,11 +159,23 @@ impl RouterConfig {
         let e_score_correction_bias = self.score_correction_bias.then(|| {
             Param::from_tensor(Tensor::zeros([self.n_experts], device)).set_require_grad(false)
         });
+        let ones = |size: usize| Param::from_tensor(Tensor::ones([size], device));
         Ok(Router {
             weight,
             bias: self
                 .bias
                 .then(|| Param::from_tensor(Tensor::zeros([self.n_experts], device))),
+            input_norm: self
+                .input_norm_eps
+                .map(|eps| {
+                    RmsNormConfig::new(self.d_model)
+                        .with_eps(eps)
+                        .with_scale(false)
+                        .try_init(device)
+                })
+                .transpose()?,
+            input_scale: self.input_norm_eps.map(|_| ones(self.d_model)),
+            per_expert_scale: self.per_expert_scale.then(|| ones(self.n_experts)),
             e_score_correction_bias,
             top_k: self.top_k,
             scoring: self.scoring,
@@ -172,6 +200,12 @@ pub struct Router {
     pub weight: Param<Tensor<2>>,
     /// `[n_experts]`: added to the logits (gpt-oss), if any.
     pub bias: Option<Param<Tensor<1>>>,
+    /// The norm of the routed input, without parameters (Gemma-4), if any.
+    pub input_norm: Option<RmsNorm>,
+    /// `[d_model]`: the scale of the normed input (HF `router.scale`), with `input_norm`.
+    pub input_scale: Option<Param<Tensor<1>>>,
+    /// `[n_experts]`: each expert's factor on its weights (HF `per_expert_scale`), if any.
+    pub per_expert_scale: Option<Param<Tensor<1>>>,
     /// `[n_experts]`: added to the scores for selection only (DeepSeek-V3).
     pub e_score_correction_bias: Option<Param<Tensor<1>>>,
     #[module(skip)]
@@ -227,6 +261,15 @@ impl Router {
     pub fn forward(&self, x: Tensor<2>) -> Routing {
         // float32 like HF: routing decisions must not flip with the activation dtype.
         let x = x.cast(DType::F32);
+        let x = match (&self.input_norm, &self.input_scale) {
+            (Some(norm), Some(scale)) => {
+                let [_, d_model] = x.dims();
+                norm.forward(x)
+                    * scale.val().cast(DType::F32).unsqueeze_dim::<2>(0)
+                    * (d_model as f64).powf(-0.5)
+            }
+            _ => x,
+        };
         let weight = self.weight.val().cast(DType::F32);
         let logits = x.matmul(weight.transpose()); // [tokens, n_experts]
         let logits = match &self.bias {
@@ -254,6 +297,12 @@ impl Router {
         }
         if self.routed_scaling_factor != 1.0 {
             weights = weights * self.routed_scaling_factor;
+        }
+        if let Some(scale) = &self.per_expert_scale {
+            let [tokens, top_k] = indices.dims();
+            let chosen = indices.clone().reshape([tokens * top_k]);
+            let factors = scale.val().cast(DType::F32).select(0, chosen);
+            weights = weights * factors.reshape([tokens, top_k]);
         }
         Routing {
             logits,
