@@ -579,19 +579,19 @@ def gemma4_moe():
     )
 
 
+# The vision towers beside the multimodal checkpoints' text models: one layer, width 16,
+# 8-pixel patches. They are never loaded, only skipped.
+TINY_VISION = dict(
+    hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, patch_size=8
+)
+
+
 def gemma4_vision():
     # Gemma-4's multimodal checkpoint (Gemma4ForConditionalGeneration): `gemma4_text`'s
     # text model under `language_model.` beside a tiny vision tower and its embedder;
     # no audio tower. The image tokens sit at the top of the vocabulary.
     vision = transformers.Gemma4VisionConfig(
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=8,
-        patch_size=8,
-        position_embedding_size=64,
+        **TINY_VISION, num_key_value_heads=2, head_dim=8, position_embedding_size=64
     )
     return transformers.Gemma4Config(
         text_config=gemma4_text().to_dict(),
@@ -626,14 +626,7 @@ def gemma3_vision():
         rope_scaling={"rope_type": "linear", "factor": 2.0},
         rope_local_base_freq=100.0,
     )
-    vision = transformers.SiglipVisionConfig(
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        image_size=16,
-        patch_size=8,
-    )
+    vision = transformers.SiglipVisionConfig(**TINY_VISION, image_size=16)
     return transformers.Gemma3Config(
         text_config=text.to_dict(),
         vision_config=vision.to_dict(),
@@ -649,15 +642,7 @@ def mistral3_vision():
     # Mistral text model (no window, as those checkpoints) beside a tiny Pixtral
     # vision tower and projector; the image token at the top of the vocabulary.
     text = transformers.MistralConfig(**COMMON, num_key_value_heads=2, sliding_window=None)
-    vision = transformers.PixtralVisionConfig(
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        head_dim=8,
-        image_size=16,
-        patch_size=8,
-    )
+    vision = transformers.PixtralVisionConfig(**TINY_VISION, head_dim=8, image_size=16)
     return transformers.Mistral3Config(
         text_config=text.to_dict(),
         vision_config=vision.to_dict(),
