@@ -90,7 +90,15 @@ impl Gemma4Keys {
                 head_dim: Some(self.global_head_dim.unwrap_or(DEFAULT_GLOBAL_HEAD_DIM)),
                 // transformers gives the global layers their own key/value heads only
                 // with `attention_k_eq_v`.
-                kv_heads: self.num_global_key_value_heads.filter(|_| values_from_keys),
+                kv_heads: match values_from_keys {
+                    true => self.num_global_key_value_heads,
+                    false => unread.fixed(
+                        "num_global_key_value_heads",
+                        self.num_global_key_value_heads.map(Some),
+                        None,
+                        "`num_key_value_heads` in every layer without attention_k_eq_v",
+                    ),
+                },
             },
         };
         if let Some(head_dim) = global.head_dim {
@@ -328,9 +336,13 @@ mod tests {
         config.remove("per_layer_config");
         config.insert("num_global_key_value_heads".into(), json!(1));
         config.insert("attention_k_eq_v".into(), json!(false));
-        let model = HfConfig::from_value(&Value::Object(config), "config.json")
-            .unwrap()
-            .model;
+        let hf = HfConfig::from_value(&Value::Object(config), "config.json").unwrap();
+        assert!(
+            hf.unread_keys[0].starts_with("`num_global_key_value_heads: 1`"),
+            "{:?}",
+            hf.unread_keys
+        );
+        let model = hf.model;
         assert_eq!(model.global_head_dim, Some(512));
         assert_eq!(model.rope.head_dim, 512);
         assert_eq!(model.global_kv_heads, None);
