@@ -362,39 +362,54 @@ fn peft_adapters_round_trip(base: &str, adapter: &str, pairs: usize) -> LoraConf
     lora
 }
 
+/// Adapters trained here, saved in PEFT's layout and loaded back, give the adapted
+/// model's logits: DeepSeek-V3's latent projections, and Gemma-4's dense feed-forward
+/// beside its experts (our shared experts, saved under its `mlp.` names) with no
+/// `v_proj` in its global layers.
 #[test]
-fn adapters_trained_here_round_trip_on_latent_attention_models() {
+fn adapters_trained_here_round_trip_on_latent_attention_and_gemma4_models() {
     let device = Device::flex();
-    let (model, config) = load_causal_lm(model_dir("deepseek_v3"), &device).unwrap();
-    let lora = LoraConfig::new(2, 4.0).with_rslora(true);
-    let (adapted, summary) = attach_lora(model, &lora).unwrap();
-    // Make B non-zero: a trained adapter.
-    let adapted = adapted.map(&mut RandomB);
-    let out = TempDir::new().unwrap();
-    let pairs = save_peft_adapters(&adapted, &lora, &config, "deepseek_v3", out.path()).unwrap();
-    assert_eq!(pairs, summary.adapted.len());
-    let keys: Vec<String> = read_safetensors(&out.path().join(ADAPTER_WEIGHTS_FILE))
-        .unwrap()
-        .into_iter()
-        .map(|(key, _)| key)
-        .collect();
-    assert!(keys.contains(
-        &"base_model.model.model.layers.0.self_attn.kv_b_proj.lora_A.weight".to_string()
-    ));
-    let (base, _) = load_causal_lm(model_dir("deepseek_v3"), &device).unwrap();
-    let (again, read, _) = load_peft_adapters(base, &config, out.path()).unwrap();
-    assert_eq!(read.scale(), lora.scale());
-    let error = max_abs_diff(
-        logits(&again, "deepseek_v3"),
-        logits(&adapted, "deepseek_v3"),
-    );
-    assert_eq!(error, 0.0);
-    assert!(
-        max_abs_diff(logits(&again, "deepseek_v3"), {
-            let (base, _) = load_causal_lm(model_dir("deepseek_v3"), &device).unwrap();
-            logits(&base, "deepseek_v3")
-        }) > 1e-4
-    );
+    let cases = [
+        (
+            "deepseek_v3",
+            "base_model.model.model.layers.0.self_attn.kv_b_proj.lora_A.weight",
+            None,
+        ),
+        (
+            "gemma4_moe",
+            "base_model.model.model.layers.0.mlp.gate_proj.lora_A.weight",
+            Some("base_model.model.model.layers.1.self_attn.v_proj.lora_A.weight"),
+        ),
+    ];
+    for (name, present, absent) in cases {
+        let (model, config) = load_causal_lm(model_dir(name), &device).unwrap();
+        let lora = LoraConfig::new(2, 4.0).with_rslora(true);
+        let (adapted, summary) = attach_lora(model, &lora).unwrap();
+        // Make B non-zero: a trained adapter.
+        let adapted = adapted.map(&mut RandomB);
+        let out = TempDir::new().unwrap();
+        let pairs = save_peft_adapters(&adapted, &lora, &config, name, out.path()).unwrap();
+        assert_eq!(pairs, summary.adapted.len(), "{name}");
+        let keys: Vec<String> = read_safetensors(&out.path().join(ADAPTER_WEIGHTS_FILE))
+            .unwrap()
+            .into_iter()
+            .map(|(key, _)| key)
+            .collect();
+        assert!(keys.contains(&present.to_string()), "{name}: {keys:?}");
+        if let Some(absent) = absent {
+            assert!(!keys.contains(&absent.to_string()), "{name}: {keys:?}");
+        }
+        let (base, _) = load_causal_lm(model_dir(name), &device).unwrap();
+        let (again, read, _) = load_peft_adapters(base, &config, out.path()).unwrap();
+        assert_eq!(read.scale(), lora.scale());
+        let error = max_abs_diff(logits(&again, name), logits(&adapted, name));
+        assert_eq!(error, 0.0, "{name}");
+        let (base, _) = load_causal_lm(model_dir(name), &device).unwrap();
+        assert!(
+            max_abs_diff(logits(&again, name), logits(&base, name)) > 1e-4,
+            "{name}"
+        );
+    }
 }
 
 /// PEFT saves `target_modules="all-linear"` as the module paths it resolved to
