@@ -21,7 +21,6 @@ use super::keys::{KeyError, UnreadKeys};
 use crate::ffn::moe::RouterConfig;
 use crate::ffn::{MoeConfig, MoeLayerPlan};
 use crate::model::CausalLmConfig;
-use crate::norm::{NormConfig, RmsNormConfig};
 
 /// transformers' width of a global layer's heads where the file names none.
 const DEFAULT_GLOBAL_HEAD_DIM: usize = 512;
@@ -129,18 +128,15 @@ impl Gemma4Keys {
         let experts = required(self.num_experts, "num_experts")?;
         let top_k = required(self.top_k_experts, "top_k_experts")?;
         let width = required(self.moe_intermediate_size, "moe_intermediate_size")?;
-        let eps = model.norm_eps;
         let router = RouterConfig::new(model.d_model, experts, top_k)
-            .with_input_norm_eps(Some(eps))
+            .with_input_norm_eps(Some(model.norm_eps))
             .with_per_expert_scale(true)
             .with_initializer(model.initializer.clone());
         Ok(MoeConfig::new(router, width)
             .with_n_shared_experts(1)
             .with_shared_d_ff(Some(model.d_ff))
             .with_activation(model.activation)
-            .with_stream_norms(Some(NormConfig::Rms(
-                RmsNormConfig::new(model.d_model).with_eps(eps),
-            ))))
+            .with_stream_norms(Some(model.norm_config())))
     }
 
     /// The Gemma-4 features this crate does not build, named.
@@ -258,13 +254,15 @@ fn global_heads_of(
 mod tests {
     use serde_json::{Value, json};
 
+    use crate::hf::tests::{config_json, model_dir};
     use crate::hf::{HfConfig, HfError};
-    use crate::test_utils::fixture_dir;
 
+    /// The `gemma4_text` fixture's `config.json`, as an object to edit.
     fn fixture_config() -> serde_json::Map<String, Value> {
-        let path = fixture_dir().join("hf/gemma4_text/config.json");
-        let text = std::fs::read_to_string(path).unwrap();
-        serde_json::from_str(&text).unwrap()
+        match config_json(&model_dir("gemma4_text")) {
+            Value::Object(config) => config,
+            other => panic!("config.json is not an object: {other}"),
+        }
     }
 
     /// The key a refused config names.

@@ -395,8 +395,9 @@ impl CausalLmConfig {
         }
     }
 
-    /// The norm of every block and of the stack's end.
-    fn norm_config(&self) -> NormConfig {
+    /// The norm of every block and of the stack's end (and of Gemma-4's experts'
+    /// branches, [`MoeConfig::stream_norms`]).
+    pub fn norm_config(&self) -> NormConfig {
         if self.layer_norm {
             return NormConfig::Layer(
                 LayerNormConfig::new(self.d_model)
