@@ -579,6 +579,26 @@ def gemma4_moe():
     )
 
 
+def gemma4_e2b():
+    # Gemma-4's small layout (E2B, E4B) on `gemma4_text`'s: per-layer embeddings of
+    # width 4 (a table over the whole vocabulary), and the last two of five layers
+    # reusing the keys and values of the last earlier layer of their kind (layer 2 for
+    # the sliding layer 3, layer 1 for the global layer 4), with a feed-forward twice
+    # as wide.
+    return transformers.Gemma4TextConfig(
+        **{
+            **GEMMA4_TEXT,
+            "num_hidden_layers": 5,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention",
+                            "sliding_attention", "full_attention"],
+            "hidden_size_per_layer_input": 4,
+            "vocab_size_per_layer_input": COMMON["vocab_size"],
+        },
+        num_kv_shared_layers=2,
+        use_double_wide_mlp=True,
+    )
+
+
 # The vision towers beside the multimodal checkpoints' text models: one layer, width 16,
 # 8-pixel patches. They are never loaded, only skipped.
 TINY_VISION = dict(
@@ -1467,6 +1487,7 @@ MODELS = {
     "gemma4_text": (gemma4_text, {}),
     "gemma4_vision": (gemma4_vision, {}),
     "gemma4_moe": (gemma4_moe, {}),
+    "gemma4_e2b": (gemma4_e2b, {"max_shard_size": "150KB"}),
     "mistral3_vision": (mistral3_vision, {}),
     "mixtral": (mixtral, {}),
     "olmoe": (olmoe, {}),

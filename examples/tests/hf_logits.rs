@@ -133,6 +133,7 @@ fn matches_transformers_for_every_family_on_flex() {
         "gemma3_text",
         "gemma4_text",
         "gemma4_moe",
+        "gemma4_e2b",
         "gemma3_vision",
         "mistral3_vision",
         "mistral4_vision",

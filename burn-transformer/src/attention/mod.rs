@@ -7,6 +7,7 @@ mod multi_head;
 mod qk_norm;
 mod query_temperature;
 mod self_attention;
+mod shared_kv;
 
 pub use self::cache::{CrossKvCache, KvCache};
 pub use self::core::{
@@ -21,4 +22,5 @@ pub use self::multi_head::{MultiHeadAttention, MultiHeadAttentionConfig};
 pub use self::qk_norm::{QkNorm, QkNormConfig, QkNormKind, QkNormPlacement};
 pub use self::query_temperature::QueryTemperatureConfig;
 pub use self::self_attention::{SelfAttention, SelfAttentionCache, SelfAttentionConfig};
+pub use self::shared_kv::{AttendedKv, KvSharing, SharedKv};
 pub use crate::ops::mask::padding_mask_from_lengths;

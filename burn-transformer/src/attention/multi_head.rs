@@ -15,6 +15,7 @@ use super::cache::{CrossKvCache, KvCache};
 use super::core::{AttentionImpl, AttentionOptions, attention, attention_with_weights};
 use super::qk_norm::{QkNorm, QkNormConfig, QkNormPlacement};
 use super::query_temperature::QueryTemperatureConfig;
+use super::shared_kv::{AttendedKv, KvSharing, SharedKv};
 use crate::error::ConfigError;
 use crate::norm::{RmsNorm, RmsNormConfig};
 use crate::ops::alibi::Alibi;
@@ -91,6 +92,11 @@ pub struct MultiHeadAttentionConfig {
     /// with this epsilon (Gemma-4's `v_norm`). Default: none.
     #[config(default = "None")]
     pub value_norm_eps: Option<f64>,
+    /// Keys and values shared with other layers of the stack: published for later
+    /// layers, or reused from an earlier one (no key/value projections then; see
+    /// [`KvSharing`]). Default: none (the layer's own, for itself alone).
+    #[config(default = "None")]
+    pub kv_sharing: Option<KvSharing>,
     /// Which attention implementation to use. Default: automatic.
     #[config(default = "AttentionImpl::Auto")]
     pub implementation: AttentionImpl,
@@ -106,10 +112,11 @@ pub struct MultiHeadAttentionConfig {
 pub struct MultiHeadAttention {
     /// `[d_model] -> [n_heads * head_dim]`
     pub q_proj: Linear,
-    /// `[d_kv_input] -> [n_kv_heads * head_dim]`
-    pub k_proj: Linear,
+    /// `[d_kv_input] -> [n_kv_heads * head_dim]`; `None` in a layer that reuses an
+    /// earlier layer's keys and values ([`KvSharing::Reuse`]).
+    pub k_proj: Option<Linear>,
     /// `[d_kv_input] -> [n_kv_heads * head_dim]`; `None` when the values are the keys'
-    /// projection ([`MultiHeadAttentionConfig::values_from_keys`]).
+    /// projection ([`MultiHeadAttentionConfig::values_from_keys`]) or reused.
     pub v_proj: Option<Linear>,
     /// `[n_heads * head_dim] -> [d_model]`
     pub o_proj: Linear,
@@ -150,6 +157,8 @@ pub struct MultiHeadAttention {
     query_temperature: Option<QueryTemperatureConfig>,
     #[module(skip)]
     qkv_clip: Option<f64>,
+    #[module(skip)]
+    kv_sharing: Option<KvSharing>,
 }
 
 impl MultiHeadAttentionConfig {
@@ -162,6 +171,12 @@ impl MultiHeadAttentionConfig {
     pub fn head_width(&self) -> usize {
         self.head_dim
             .unwrap_or_else(|| self.d_model.checked_div(self.n_heads).unwrap_or(0))
+    }
+
+    /// Whether the layer reuses an earlier layer's keys and values
+    /// ([`KvSharing::Reuse`]).
+    pub fn reuses_kv(&self) -> bool {
+        matches!(self.kv_sharing, Some(KvSharing::Reuse { .. }))
     }
 
     /// Checks the configuration without allocating anything.
@@ -206,6 +221,15 @@ impl MultiHeadAttentionConfig {
             ConfigError::check_positive_real(MODULE, "alibi.max_bias", alibi.max_bias)?;
             ConfigError::check_positive_real(MODULE, "alibi.slope_scale", alibi.slope_scale)?;
         }
+        if self.reuses_kv() && self.d_kv_input.is_some() {
+            return Err(ConfigError::Invalid {
+                module: MODULE,
+                field: "kv_sharing",
+                reason: "a layer that reuses another's keys and values projects none, so \
+                         d_kv_input does not apply"
+                    .into(),
+            });
+        }
         if let Some(rope) = &self.rope {
             rope.validate()?;
             if rope.head_dim != self.head_width() {
@@ -242,11 +266,13 @@ impl MultiHeadAttentionConfig {
             }
             None => (None, None),
         };
+        // A layer that reuses keys and values has none of their parameters.
+        let projects_kv = !self.reuses_kv();
+        let kv_linear = || linear(d_kv_input, n_kv_heads * head_dim, self.qkv_bias);
         Ok(MultiHeadAttention {
             q_proj: linear(self.d_model, self.n_heads * head_dim, self.qkv_bias),
-            k_proj: linear(d_kv_input, n_kv_heads * head_dim, self.qkv_bias),
-            v_proj: (!self.values_from_keys)
-                .then(|| linear(d_kv_input, n_kv_heads * head_dim, self.qkv_bias)),
+            k_proj: projects_kv.then(kv_linear),
+            v_proj: (projects_kv && !self.values_from_keys).then(kv_linear),
             o_proj: linear(self.n_heads * head_dim, self.d_model, self.o_bias),
             rope: self
                 .rope
@@ -254,9 +280,10 @@ impl MultiHeadAttentionConfig {
                 .map(|rope| rope.try_init(device))
                 .transpose()?,
             q_norm,
-            k_norm,
+            k_norm: k_norm.filter(|_| projects_kv),
             v_norm: self
                 .value_norm_eps
+                .filter(|_| projects_kv)
                 .map(|eps| {
                     RmsNormConfig::new(head_dim)
                         .with_eps(eps)
@@ -280,6 +307,7 @@ impl MultiHeadAttentionConfig {
             qk_norm: self.qk_norm.as_ref().map(|qk_norm| qk_norm.placement),
             query_temperature: self.query_temperature.clone(),
             qkv_clip: self.qkv_clip,
+            kv_sharing: self.kv_sharing,
         })
     }
 }
@@ -313,17 +341,40 @@ impl MultiHeadAttention {
         self.window
     }
 
+    /// How the layer shares keys and values with others, if it does.
+    pub fn kv_sharing(&self) -> Option<KvSharing> {
+        self.kv_sharing
+    }
+
     /// Self-attention over `x`.
     ///
     /// # Shapes
     /// - x: `[batch, seq, d_model]`
     /// - key_padding: `[batch, seq]`, `true` for padded positions
     /// - output: `[batch, seq, d_model]`
+    ///
+    /// # Panics
+    /// If the layer reuses another's keys and values: run it with
+    /// [`forward_sharing`](Self::forward_sharing), after that layer.
     pub fn forward(&self, x: Tensor<3>, key_padding: Option<Tensor<2, Bool>>) -> Tensor<3> {
-        let q = self.project_queries(x.clone(), 0);
-        let (k, v) = self.project_keys_values(x, Some(0));
-        let output = attention(q, k, v, &self.options(self.causal, key_padding));
-        self.merge_heads(output)
+        self.forward_sharing(x, key_padding, &mut SharedKv::default())
+    }
+
+    /// [`forward`](Self::forward) that publishes its keys and values in `shared`, or
+    /// reuses those published there, as [`KvSharing`] says.
+    ///
+    /// # Shapes
+    /// As [`forward`](Self::forward).
+    ///
+    /// # Panics
+    /// If the layer reuses a slot that nothing published in `shared`.
+    pub fn forward_sharing(
+        &self,
+        x: Tensor<3>,
+        key_padding: Option<Tensor<2, Bool>>,
+        shared: &mut SharedKv,
+    ) -> Tensor<3> {
+        self.attend_self(x, key_padding, None, shared, false).0
     }
 
     /// Self-attention over the new positions `x`, attending also to everything in
@@ -334,18 +385,36 @@ impl MultiHeadAttention {
     /// - x: `[batch, new, d_model]`
     /// - key_padding: `[batch, new]` for the new positions, `true` = padded
     /// - output: `[batch, new, d_model]`
+    ///
+    /// # Panics
+    /// As [`forward`](Self::forward).
     pub fn forward_cached(
         &self,
         x: Tensor<3>,
         cache: &mut KvCache,
         key_padding: Option<Tensor<2, Bool>>,
     ) -> Tensor<3> {
-        let offset = cache.position();
-        let q = self.project_queries(x.clone(), offset);
-        let (k, v) = self.project_keys_values(x, Some(offset));
-        let (k, v, padding) = cache.append(k, v, key_padding);
-        let output = attention(q, k, v, &self.options(self.causal, padding));
-        self.merge_heads(output)
+        self.forward_cached_sharing(x, cache, key_padding, &mut SharedKv::default())
+    }
+
+    /// [`forward_cached`](Self::forward_cached) that publishes the keys and values it
+    /// attends over (the whole cache's) in `shared`, or reuses those published there
+    /// (leaving its own `cache` empty), as [`KvSharing`] says.
+    ///
+    /// # Shapes
+    /// As [`forward_cached`](Self::forward_cached).
+    ///
+    /// # Panics
+    /// As [`forward_sharing`](Self::forward_sharing).
+    pub fn forward_cached_sharing(
+        &self,
+        x: Tensor<3>,
+        cache: &mut KvCache,
+        key_padding: Option<Tensor<2, Bool>>,
+        shared: &mut SharedKv,
+    ) -> Tensor<3> {
+        self.attend_self(x, key_padding, Some(cache), shared, false)
+            .0
     }
 
     /// Cross-attention: queries from `x`, keys and values from `memory` (an encoder's
@@ -402,15 +471,95 @@ impl MultiHeadAttention {
     /// - key_padding: `[batch, seq]`, `true` for padded positions
     /// - output: `[batch, seq, d_model]` and the weights `[batch, n_heads, seq, seq]`
     ///   (row = query, column = key; hidden keys get 0)
+    ///
+    /// # Panics
+    /// As [`forward`](Self::forward).
     pub fn forward_with_weights(
         &self,
         x: Tensor<3>,
         key_padding: Option<Tensor<2, Bool>>,
     ) -> (Tensor<3>, Tensor<4>) {
-        let q = self.project_queries(x.clone(), 0);
-        let (k, v) = self.project_keys_values(x, Some(0));
-        let options = self.options(self.causal, key_padding).with_dropout(0.0);
-        self.attend_with_weights(q, k, v, &options)
+        self.forward_with_weights_sharing(x, key_padding, &mut SharedKv::default())
+    }
+
+    /// [`forward_with_weights`](Self::forward_with_weights) that shares keys and
+    /// values through `shared` as [`forward_sharing`](Self::forward_sharing) does.
+    ///
+    /// # Shapes
+    /// As [`forward_with_weights`](Self::forward_with_weights).
+    ///
+    /// # Panics
+    /// As [`forward_sharing`](Self::forward_sharing).
+    pub fn forward_with_weights_sharing(
+        &self,
+        x: Tensor<3>,
+        key_padding: Option<Tensor<2, Bool>>,
+        shared: &mut SharedKv,
+    ) -> (Tensor<3>, Tensor<4>) {
+        let (output, weights) = self.attend_self(x, key_padding, None, shared, true);
+        (output, weights.expect("the weights were asked for"))
+    }
+
+    /// The one self-attention data flow: keys and values of its own (appended to
+    /// `cache` when decoding) or reused from `shared`, published there when the layer
+    /// shares them; the probabilities too when `keep_weights` (reference path, no
+    /// dropout).
+    ///
+    /// # Shapes
+    /// - x: `[batch, new, d_model]`
+    /// - key_padding: `[batch, new]`, `true` = padded
+    /// - output: `[batch, new, d_model]`, and the weights `[batch, n_heads, new, keys]`
+    fn attend_self(
+        &self,
+        x: Tensor<3>,
+        key_padding: Option<Tensor<2, Bool>>,
+        cache: Option<&mut KvCache>,
+        shared: &mut SharedKv,
+        keep_weights: bool,
+    ) -> (Tensor<3>, Option<Tensor<4>>) {
+        let attended = match self.kv_sharing {
+            Some(KvSharing::Reuse { slot }) => shared
+                .get(slot)
+                .unwrap_or_else(|| {
+                    panic!(
+                        "MultiHeadAttention: this layer reuses the keys and values of slot \
+                         {slot}, which no earlier layer of the pass published"
+                    )
+                })
+                .clone(),
+            _ => {
+                let query_offset = cache.as_ref().map_or(0, |cache| cache.position());
+                let (keys, values) = self.project_keys_values(x.clone(), Some(query_offset));
+                let (keys, values, padding) = match cache {
+                    Some(cache) => cache.append(keys, values, key_padding),
+                    None => (keys, values, key_padding),
+                };
+                AttendedKv {
+                    keys,
+                    values,
+                    padding,
+                    query_offset,
+                }
+            }
+        };
+        if let Some(KvSharing::Publish { slot }) = self.kv_sharing {
+            shared.publish(slot, attended.clone());
+        }
+        let AttendedKv {
+            keys,
+            values,
+            padding,
+            query_offset,
+        } = attended;
+        let q = self.project_queries(x, query_offset);
+        let options = self.options(self.causal, padding);
+        if keep_weights {
+            let (output, weights) =
+                self.attend_with_weights(q, keys, values, &options.with_dropout(0.0));
+            (output, Some(weights))
+        } else {
+            (self.merge_heads(attention(q, keys, values, &options)), None)
+        }
     }
 
     /// [`forward_cross`](Self::forward_cross) that also returns the attention
@@ -539,7 +688,10 @@ impl MultiHeadAttention {
         x: Tensor<3>,
         rope_offset: Option<usize>,
     ) -> (Tensor<4>, Tensor<4>) {
-        let projected_keys = linear_rows(&self.k_proj, x.clone());
+        let k_proj = self.k_proj.as_ref().expect(
+            "MultiHeadAttention: a layer that reuses another's keys and values projects none",
+        );
+        let projected_keys = linear_rows(k_proj, x.clone());
         let projected_values = match &self.v_proj {
             Some(v_proj) => linear_rows(v_proj, x),
             None => projected_keys.clone(),
@@ -611,7 +763,7 @@ mod tests {
                     .with_window(window)
                     .init(&device);
                 attention.q_proj = fixture.linear("q_proj", &device);
-                attention.k_proj = fixture.linear("k_proj", &device);
+                attention.k_proj = Some(fixture.linear("k_proj", &device));
                 attention.v_proj = Some(fixture.linear("v_proj", &device));
                 attention.o_proj = fixture.linear("o_proj", &device);
                 let padding = fixture.contains("lengths").then(|| {
@@ -696,7 +848,11 @@ mod tests {
                     }
                 };
                 let q = rotated_normed(attention.q_proj.forward(x.clone()), 4, &q_weight);
-                let k = rotated_normed(attention.k_proj.forward(x.clone()), 2, &k_weight);
+                let k = rotated_normed(
+                    attention.k_proj.as_ref().unwrap().forward(x.clone()),
+                    2,
+                    &k_weight,
+                );
                 let v = split_heads(attention.v_proj.as_ref().unwrap().forward(x.clone()), 2, 12);
                 let options = AttentionOptions::new().with_causal(true);
                 let expected = attention.merge_heads(reference_attention(q, k, v, &options));
@@ -759,7 +915,7 @@ mod tests {
                 )
                 .swap_dims(1, 2)
             };
-            let projected = attention.k_proj.forward(x.clone());
+            let projected = attention.k_proj.as_ref().unwrap().forward(x.clone());
             let q = rope.forward(
                 heads_first(attention.q_proj.forward(x.clone()), 4, &ones),
                 0,
@@ -812,6 +968,53 @@ mod tests {
                 "a window-4 cache keeps 3 past positions, has {}",
                 cache.len()
             );
+            assert_close(Tensor::cat(outputs, 1), full, 1e-5, "cached vs full");
+        }
+    }
+
+    /// A layer that reuses keys and values attends with its own queries over those the
+    /// publishing layer projected from its own input, whole and while decoding (the
+    /// reusing layer's cache stays empty).
+    #[test]
+    fn a_reusing_layer_attends_over_the_published_keys_and_values() {
+        for device in test_devices() {
+            device.seed(8);
+            let sharing = |kv_sharing| {
+                config()
+                    .with_window(Some(4))
+                    .with_rope(Some(RopeConfig::new(12)))
+                    .with_kv_sharing(Some(kv_sharing))
+                    .init(&device)
+            };
+            let publisher = sharing(KvSharing::Publish { slot: 0 });
+            let reader = sharing(KvSharing::Reuse { slot: 0 });
+            assert!(reader.k_proj.is_none() && reader.v_proj.is_none());
+            let x = Tensor::<3>::random([2, 7, 32], Distribution::Normal(0.0, 1.0), &device);
+            let y = Tensor::<3>::random([2, 7, 32], Distribution::Normal(0.0, 1.0), &device);
+
+            let mut shared = SharedKv::default();
+            publisher.forward_sharing(x.clone(), None, &mut shared);
+            let full = reader.forward_sharing(y.clone(), None, &mut shared);
+            let (k, v) = publisher.project_keys_values(x.clone(), Some(0));
+            let q = reader.project_queries(y.clone(), 0);
+            let expected = reader.merge_heads(attention(q, k, v, &reader.options(true, None)));
+            assert_close(full.clone(), expected, 1e-5, "reused keys and values");
+
+            // Prefill 4 positions, then one by one: each step publishes anew.
+            let (mut published, mut unused) = (KvCache::with_window(Some(4)), KvCache::new());
+            let mut outputs = Vec::new();
+            for (start, len) in [(0, 4), (4, 1), (5, 1), (6, 1)] {
+                let mut shared = SharedKv::default();
+                let step = |t: &Tensor<3>| t.clone().narrow(1, start, len);
+                publisher.forward_cached_sharing(step(&x), &mut published, None, &mut shared);
+                outputs.push(reader.forward_cached_sharing(
+                    step(&y),
+                    &mut unused,
+                    None,
+                    &mut shared,
+                ));
+            }
+            assert!(unused.is_empty());
             assert_close(Tensor::cat(outputs, 1), full, 1e-5, "cached vs full");
         }
     }

@@ -8,7 +8,7 @@ use burn::tensor::{Bool, Device, Int, Tensor};
 
 use super::{
     AttentionImpl, KvCache, LatentAttention, LatentAttentionConfig, LatentKvCache,
-    MultiHeadAttention, MultiHeadAttentionConfig,
+    MultiHeadAttention, MultiHeadAttentionConfig, SharedKv,
 };
 use crate::error::ConfigError;
 
@@ -115,9 +115,31 @@ impl SelfAttention {
     /// - x: `[batch, seq, d_model]`
     /// - key_padding: `[batch, seq]`, `true` for padded positions
     /// - output: `[batch, seq, d_model]`
+    ///
+    /// # Panics
+    /// If a grouped attention reuses another layer's keys and values (see
+    /// [`forward_sharing`](Self::forward_sharing)).
     pub fn forward(&self, x: Tensor<3>, key_padding: Option<Tensor<2, Bool>>) -> Tensor<3> {
+        self.forward_sharing(x, key_padding, &mut SharedKv::default())
+    }
+
+    /// [`forward`](Self::forward) that shares keys and values with the other layers of
+    /// a pass through `shared` (grouped attention, [`KvSharing`](super::KvSharing);
+    /// latent attention shares none).
+    ///
+    /// # Shapes
+    /// As [`forward`](Self::forward).
+    ///
+    /// # Panics
+    /// If the layer reuses a slot that nothing published in `shared`.
+    pub fn forward_sharing(
+        &self,
+        x: Tensor<3>,
+        key_padding: Option<Tensor<2, Bool>>,
+        shared: &mut SharedKv,
+    ) -> Tensor<3> {
         match self {
-            Self::MultiHead(attention) => attention.forward(x, key_padding),
+            Self::MultiHead(attention) => attention.forward_sharing(x, key_padding, shared),
             Self::Latent(attention) => attention.forward(x, key_padding),
         }
     }
@@ -131,16 +153,35 @@ impl SelfAttention {
     ///
     /// # Panics
     /// If `cache` is of the other kind (make it with [`new_cache`](Self::new_cache)): a
-    /// mismatched cache would silently drop the history.
+    /// mismatched cache would silently drop the history; as [`forward`](Self::forward).
     pub fn forward_cached(
         &self,
         x: Tensor<3>,
         cache: &mut SelfAttentionCache,
         key_padding: Option<Tensor<2, Bool>>,
     ) -> Tensor<3> {
+        self.forward_cached_sharing(x, cache, key_padding, &mut SharedKv::default())
+    }
+
+    /// [`forward_cached`](Self::forward_cached) that shares keys and values through
+    /// `shared` as [`forward_sharing`](Self::forward_sharing) does.
+    ///
+    /// # Shapes
+    /// As [`forward_cached`](Self::forward_cached).
+    ///
+    /// # Panics
+    /// As [`forward_cached`](Self::forward_cached) and
+    /// [`forward_sharing`](Self::forward_sharing).
+    pub fn forward_cached_sharing(
+        &self,
+        x: Tensor<3>,
+        cache: &mut SelfAttentionCache,
+        key_padding: Option<Tensor<2, Bool>>,
+        shared: &mut SharedKv,
+    ) -> Tensor<3> {
         match (self, cache) {
             (Self::MultiHead(attention), SelfAttentionCache::Kv(cache)) => {
-                attention.forward_cached(x, cache, key_padding)
+                attention.forward_cached_sharing(x, cache, key_padding, shared)
             }
             (Self::Latent(attention), SelfAttentionCache::Latent(cache)) => {
                 attention.forward_cached(x, cache, key_padding)
@@ -154,13 +195,35 @@ impl SelfAttention {
     ///
     /// # Shapes
     /// - as [`forward`](Self::forward), plus the weights `[batch, n_heads, seq, seq]`
+    ///
+    /// # Panics
+    /// As [`forward`](Self::forward).
     pub fn forward_with_weights(
         &self,
         x: Tensor<3>,
         key_padding: Option<Tensor<2, Bool>>,
     ) -> (Tensor<3>, Tensor<4>) {
+        self.forward_with_weights_sharing(x, key_padding, &mut SharedKv::default())
+    }
+
+    /// [`forward_with_weights`](Self::forward_with_weights) that shares keys and values
+    /// through `shared` as [`forward_sharing`](Self::forward_sharing) does.
+    ///
+    /// # Shapes
+    /// As [`forward_with_weights`](Self::forward_with_weights).
+    ///
+    /// # Panics
+    /// As [`forward_sharing`](Self::forward_sharing).
+    pub fn forward_with_weights_sharing(
+        &self,
+        x: Tensor<3>,
+        key_padding: Option<Tensor<2, Bool>>,
+        shared: &mut SharedKv,
+    ) -> (Tensor<3>, Tensor<4>) {
         match self {
-            Self::MultiHead(attention) => attention.forward_with_weights(x, key_padding),
+            Self::MultiHead(attention) => {
+                attention.forward_with_weights_sharing(x, key_padding, shared)
+            }
             Self::Latent(attention) => attention.forward_with_weights(x, key_padding),
         }
     }

@@ -184,47 +184,69 @@ impl TransformerStack {
     /// - x: `[batch, seq, d_model]`
     /// - key_padding: `[batch, seq]`, `true` = padded
     /// - output: `[batch, seq, d_model]`
+    ///
+    /// # Panics
+    /// If the blocks read per-layer inputs (see
+    /// [`forward_with_losses`](Self::forward_with_losses)).
     pub fn forward(
         &self,
         x: Tensor<3>,
         key_padding: Option<Tensor<2, Bool>>,
         memory: Option<&Memory>,
     ) -> Tensor<3> {
-        self.forward_with_losses(x, key_padding, memory).0
+        self.forward_with_losses(x, None, key_padding, memory).0
     }
 
-    /// [`forward`](Self::forward) that also returns the routing losses of the stack's
-    /// mixture-of-experts layers (to add to a training loss).
+    /// [`forward`](Self::forward) with each block's own input (for the blocks with a
+    /// per-layer branch, [`TransformerBlockConfig::per_layer_input`]), that also
+    /// returns the routing losses of the stack's mixture-of-experts layers (to add to
+    /// a training loss).
     ///
     /// # Shapes
-    /// - as [`forward`](Self::forward); the losses are `[1]`
+    /// - layer_inputs: `[batch, seq, n_layers, width]`, block `i` reading `[.., i, ..]`
+    /// - otherwise as [`forward`](Self::forward); the losses are `[1]`
+    ///
+    /// [`TransformerBlockConfig::per_layer_input`]: super::TransformerBlockConfig::per_layer_input
+    ///
+    /// # Panics
+    /// If the blocks read per-layer inputs and none are given, or they are not one per
+    /// block.
     pub fn forward_with_losses(
         &self,
         x: Tensor<3>,
+        layer_inputs: Option<Tensor<4>>,
         key_padding: Option<Tensor<2, Bool>>,
         memory: Option<&Memory>,
     ) -> (Tensor<3>, RoutingLosses) {
         let mut state = BlockState::new(x, self.kind);
-        for layer in &self.layers {
+        for (index, layer) in self.layers.iter().enumerate() {
+            state.per_layer_input = self.layer_input(layer_inputs.as_ref(), index);
             state = layer.forward(state, key_padding.clone(), memory);
         }
         self.finish(state)
     }
 
-    /// [`forward`](Self::forward) that also returns every block's attention
-    /// probabilities, first block first (see [`TransformerBlock::forward_with_weights`]).
+    /// [`forward_with_losses`](Self::forward_with_losses) that also returns every
+    /// block's attention probabilities, first block first (see
+    /// [`TransformerBlock::forward_with_weights`]), and not the losses.
     ///
     /// # Shapes
-    /// - as [`forward`](Self::forward); one [`BlockWeights`] per block
+    /// - as [`forward_with_losses`](Self::forward_with_losses); one [`BlockWeights`]
+    ///   per block
+    ///
+    /// # Panics
+    /// As [`forward_with_losses`](Self::forward_with_losses).
     pub fn forward_with_weights(
         &self,
         x: Tensor<3>,
+        layer_inputs: Option<Tensor<4>>,
         key_padding: Option<Tensor<2, Bool>>,
         memory: Option<&Memory>,
     ) -> (Tensor<3>, Vec<BlockWeights>) {
         let mut state = BlockState::new(x, self.kind);
         let mut weights = Vec::with_capacity(self.layers.len());
-        for layer in &self.layers {
+        for (index, layer) in self.layers.iter().enumerate() {
+            state.per_layer_input = self.layer_input(layer_inputs.as_ref(), index);
             let (next, block_weights) =
                 layer.forward_with_weights(state, key_padding.clone(), memory);
             state = next;
@@ -233,19 +255,39 @@ impl TransformerStack {
         (self.finish(state).0, weights)
     }
 
+    /// Block `index`'s own input, `[batch, seq, width]`, from all of them.
+    ///
+    /// # Shapes
+    /// - layer_inputs: `[batch, seq, n_layers, width]`
+    fn layer_input(&self, layer_inputs: Option<&Tensor<4>>, index: usize) -> Option<Tensor<3>> {
+        let inputs = layer_inputs?;
+        let layers = inputs.dims()[2];
+        assert_eq!(
+            layers,
+            self.layers.len(),
+            "TransformerStack: {layers} per-layer inputs for {} blocks",
+            self.layers.len()
+        );
+        Some(inputs.clone().narrow(2, index, 1).squeeze_dim::<3>(2))
+    }
+
     /// Runs every block over new positions with per-block caches (see
     /// [`new_cache`](Self::new_cache)); also returns the routing losses.
     ///
     /// # Shapes
     /// - x: `[batch, new, d_model]`
+    /// - layer_inputs: `[batch, new, n_layers, width]`, as for
+    ///   [`forward_with_losses`](Self::forward_with_losses)
     /// - key_padding: `[batch, new]` for the new positions
     /// - output: `[batch, new, d_model]`
     ///
     /// # Panics
-    /// If `cache` does not hold one cache per block.
+    /// If `cache` does not hold one cache per block; as
+    /// [`forward_with_losses`](Self::forward_with_losses).
     pub fn forward_cached(
         &self,
         x: Tensor<3>,
+        layer_inputs: Option<Tensor<4>>,
         cache: &mut StackCache,
         key_padding: Option<Tensor<2, Bool>>,
         memory: Option<&Memory>,
@@ -261,7 +303,8 @@ impl TransformerStack {
             cache.count_padding(padding.clone());
         }
         let mut state = BlockState::new(x, self.kind);
-        for (layer, block_cache) in self.layers.iter().zip(cache.blocks.iter_mut()) {
+        for (index, (layer, block_cache)) in self.layers.iter().zip(&mut cache.blocks).enumerate() {
+            state.per_layer_input = self.layer_input(layer_inputs.as_ref(), index);
             state = layer.forward_cached(state, block_cache, key_padding.clone(), memory);
         }
         self.finish(state)

@@ -25,10 +25,11 @@ use burn::module::{Module, Param};
 use burn::nn::{Dropout, DropoutConfig};
 use burn::tensor::{Bool, Device, Tensor};
 
+use super::per_layer_input::{PerLayerInput, PerLayerInputConfig};
 use super::stochastic_depth::{StochasticDepth, StochasticDepthConfig};
 use crate::attention::{
     AttentionImpl, CrossKvCache, MultiHeadAttention, MultiHeadAttentionConfig, SelfAttention,
-    SelfAttentionCache, SelfAttentionConfig,
+    SelfAttentionCache, SelfAttentionConfig, SharedKv,
 };
 use crate::error::ConfigError;
 use crate::ffn::{FeedForward, FeedForwardConfig};
@@ -98,6 +99,11 @@ pub struct TransformerBlockConfig {
     /// Initialized to 1. Default: false.
     #[config(default = false)]
     pub layer_scalar: bool,
+    /// A branch that adds an input of the block's own to the stream after the
+    /// sublayers, before `layer_scalar` (Gemma-4's per-layer embeddings; the stack
+    /// hands each block its input, [`BlockState::per_layer_input`]). Default: none.
+    #[config(default = "None")]
+    pub per_layer_input: Option<PerLayerInputConfig>,
 }
 
 impl TransformerBlockConfig {
@@ -114,10 +120,15 @@ impl TransformerBlockConfig {
         self.norm.validate()?;
         let d_model = self.self_attention.d_model();
         let cross_width = self.cross_attention.as_ref().map(|cross| cross.d_model);
+        if let Some(branch) = &self.per_layer_input {
+            branch.validate()?;
+        }
+        let branch_width = self.per_layer_input.as_ref().map(|branch| branch.d_model);
         for (field, width) in [
             ("feed_forward.d_model", Some(self.feed_forward.d_model())),
             ("norm.d_model", Some(self.norm.d_model())),
             ("cross_attention.d_model", cross_width),
+            ("per_layer_input.d_model", branch_width),
         ] {
             if let Some(width) = width
                 && width != d_model
@@ -185,6 +196,11 @@ impl TransformerBlockConfig {
             layer_scalar: self
                 .layer_scalar
                 .then(|| Param::from_tensor(Tensor::ones([1], device)).set_require_grad(false)),
+            per_layer_input: self
+                .per_layer_input
+                .as_ref()
+                .map(|branch| branch.try_init(device))
+                .transpose()?,
             kind: self.kind,
             residual_scale: self.residual_scale,
         })
@@ -227,6 +243,8 @@ pub struct TransformerBlock {
     /// The fixed factor on the main stream the block returns, `[1]` (HF
     /// `layer_scalar`), if any.
     pub layer_scalar: Option<Param<Tensor<1>>>,
+    /// The branch that adds the block's own input to the stream, if any.
+    pub per_layer_input: Option<PerLayerInput>,
     #[module(skip)]
     kind: BlockKind,
     #[module(skip)]
@@ -264,8 +282,8 @@ impl RoutingLosses {
     }
 }
 
-/// What flows through a stack of blocks: the residual streams, and the routing losses
-/// collected on the way.
+/// What flows through a stack of blocks: the residual streams, the routing losses
+/// collected on the way and the keys and values layers share.
 #[derive(Clone, Debug)]
 pub struct BlockState {
     /// The main stream, `[batch, seq, d_model]`.
@@ -274,6 +292,13 @@ pub struct BlockState {
     pub dual: Option<Tensor<3>>,
     /// The routing losses of the MoE layers passed so far.
     pub losses: RoutingLosses,
+    /// The keys and values published by the layers passed so far, for the later
+    /// layers that reuse them ([`KvSharing`](crate::attention::KvSharing)).
+    pub shared_kv: SharedKv,
+    /// The next block's own input, `[batch, seq, width]`, for its per-layer branch
+    /// ([`TransformerBlockConfig::per_layer_input`]); set by the stack before each
+    /// block, taken by the block.
+    pub per_layer_input: Option<Tensor<3>>,
 }
 
 impl BlockState {
@@ -284,6 +309,8 @@ impl BlockState {
             hidden,
             dual,
             losses: RoutingLosses::default(),
+            shared_kv: SharedKv::default(),
+            per_layer_input: None,
         }
     }
 }
@@ -347,21 +374,30 @@ enum AttentionCalls<'a> {
 }
 
 impl AttentionCalls<'_> {
-    fn self_attention(&mut self, attention: &SelfAttention, x: Tensor<3>) -> Tensor<3> {
+    fn self_attention(
+        &mut self,
+        attention: &SelfAttention,
+        shared: &mut SharedKv,
+        x: Tensor<3>,
+    ) -> Tensor<3> {
         match self {
-            Self::Full(key_padding) => attention.forward(x, key_padding.clone()),
+            Self::Full(key_padding) => attention.forward_sharing(x, key_padding.clone(), shared),
             Self::WithWeights {
                 key_padding,
                 self_attn,
                 ..
             } => {
-                let (output, weights) = attention.forward_with_weights(x, key_padding.clone());
+                let (output, weights) =
+                    attention.forward_with_weights_sharing(x, key_padding.clone(), shared);
                 *self_attn = Some(weights);
                 output
             }
-            Self::Cached { cache, key_padding } => {
-                attention.forward_cached(x, &mut cache.self_attn, key_padding.clone())
-            }
+            Self::Cached { cache, key_padding } => attention.forward_cached_sharing(
+                x,
+                &mut cache.self_attn,
+                key_padding.clone(),
+                shared,
+            ),
         }
     }
 
@@ -497,11 +533,18 @@ impl TransformerBlock {
             hidden: x,
             dual,
             losses,
+            mut shared_kv,
+            per_layer_input,
         } = state;
-        let state = match self.kind {
+        let shared = &mut shared_kv;
+        let (hidden, dual, losses) = match self.kind {
             BlockKind::PreNorm => {
                 let x = x.clone()
-                    + self.branch(calls.self_attention(&self.self_attn, input_norm().forward(x)));
+                    + self.branch(calls.self_attention(
+                        &self.self_attn,
+                        shared,
+                        input_norm().forward(x),
+                    ));
                 let x = match cross {
                     Some((attention, norm, memory)) => {
                         x.clone()
@@ -512,15 +555,12 @@ impl TransformerBlock {
                 let norm = second_norm.expect("a pre-norm block has a feed-forward norm");
                 let (fed, losses) =
                     self.feed_forward(norm.forward(x.clone()), x.clone(), losses, None);
-                BlockState {
-                    hidden: x + fed,
-                    dual: None,
-                    losses,
-                }
+                (x + fed, None, losses)
             }
             BlockKind::PostNorm => {
-                let x = input_norm()
-                    .forward(x.clone() + self.branch(calls.self_attention(&self.self_attn, x)));
+                let x = input_norm().forward(
+                    x.clone() + self.branch(calls.self_attention(&self.self_attn, shared, x)),
+                );
                 let x = match cross {
                     Some((attention, norm, memory)) => norm.forward(
                         x.clone() + self.branch(calls.cross_attention(attention, x, memory)),
@@ -529,33 +569,22 @@ impl TransformerBlock {
                 };
                 let norm = second_norm.expect("a post-norm block has a feed-forward norm");
                 let (fed, losses) = self.feed_forward(x.clone(), x.clone(), losses, None);
-                BlockState {
-                    hidden: norm.forward(x + fed),
-                    dual: None,
-                    losses,
-                }
+                (norm.forward(x + fed), None, losses)
             }
             BlockKind::Parallel => {
                 let normed = input_norm().forward(x.clone());
-                let attended = self.branch(calls.self_attention(&self.self_attn, normed.clone()));
+                let attended =
+                    self.branch(calls.self_attention(&self.self_attn, shared, normed.clone()));
                 let (fed, losses) = self.feed_forward(normed, x.clone(), losses, None);
-                BlockState {
-                    hidden: x + attended + fed,
-                    dual: None,
-                    losses,
-                }
+                (x + attended + fed, None, losses)
             }
             BlockKind::ParallelSeparateNorms => {
                 let normed = input_norm().forward(x.clone());
-                let attended = self.branch(calls.self_attention(&self.self_attn, normed));
+                let attended = self.branch(calls.self_attention(&self.self_attn, shared, normed));
                 let norm = second_norm.expect("a parallel block of two norms has a second");
                 let (fed, losses) =
                     self.feed_forward(norm.forward(x.clone()), x.clone(), losses, None);
-                BlockState {
-                    hidden: x + attended + fed,
-                    dual: None,
-                    losses,
-                }
+                (x + attended + fed, None, losses)
             }
             BlockKind::ResiDual => {
                 let (a, d) = (
@@ -564,7 +593,7 @@ impl TransformerBlock {
                         "a ResiDual block needs the dual stream: start from BlockState::new",
                     ),
                 );
-                let out = self.branch(calls.self_attention(&self.self_attn, a.clone()));
+                let out = self.branch(calls.self_attention(&self.self_attn, shared, a.clone()));
                 let (a, d) = (input_norm().forward(a + out.clone()), d + out);
                 let (a, d) = match cross {
                     Some((attention, norm, memory)) => {
@@ -575,11 +604,7 @@ impl TransformerBlock {
                 };
                 let norm = second_norm.expect("a ResiDual block has a feed-forward norm");
                 let (out, losses) = self.feed_forward(a.clone(), a.clone(), losses, None);
-                BlockState {
-                    hidden: norm.forward(a + out.clone()),
-                    dual: Some(d + out),
-                    losses,
-                }
+                (norm.forward(a + out.clone()), Some(d + out), losses)
             }
             BlockKind::OutputNorm | BlockKind::Sandwich => {
                 let sandwich = self.kind == BlockKind::Sandwich;
@@ -589,9 +614,11 @@ impl TransformerBlock {
                     x.clone()
                 };
                 let attention_norm = second_norm.expect("the attention's output norm");
-                let x = x + self.branch(
-                    attention_norm.forward(calls.self_attention(&self.self_attn, attention_input)),
-                );
+                let x = x + self.branch(attention_norm.forward(calls.self_attention(
+                    &self.self_attn,
+                    shared,
+                    attention_input,
+                )));
                 let ffn_input = match &self.pre_feedforward_layernorm {
                     Some(norm) => norm.forward(x.clone()),
                     None => x.clone(),
@@ -602,19 +629,27 @@ impl TransformerBlock {
                     losses,
                     self.post_feedforward_layernorm.as_ref(),
                 );
-                BlockState {
-                    hidden: x + fed,
-                    dual: None,
-                    losses,
-                }
+                (x + fed, None, losses)
             }
         };
-        match &self.layer_scalar {
-            Some(scalar) => BlockState {
-                hidden: state.hidden * scalar.val().unsqueeze::<3>(),
-                ..state
-            },
-            None => state,
+        let hidden = match (&self.per_layer_input, per_layer_input) {
+            (Some(branch), Some(input)) => branch.forward(hidden, input),
+            (Some(_), None) => panic!(
+                "TransformerBlock: a block with a per-layer input branch needs its input \
+                 (BlockState::per_layer_input, which the stack sets)"
+            ),
+            (None, _) => hidden,
+        };
+        let hidden = match &self.layer_scalar {
+            Some(scalar) => hidden * scalar.val().unsqueeze::<3>(),
+            None => hidden,
+        };
+        BlockState {
+            hidden,
+            dual,
+            losses,
+            shared_kv,
+            per_layer_input: None,
         }
     }
 
@@ -807,7 +842,7 @@ mod tests {
                 unreachable!("configured as multi-head attention")
             };
             attention.q_proj = fixture.linear("self_attn.q_proj", &device);
-            attention.k_proj = fixture.linear("self_attn.k_proj", &device);
+            attention.k_proj = Some(fixture.linear("self_attn.k_proj", &device));
             attention.v_proj = Some(fixture.linear("self_attn.v_proj", &device));
             attention.o_proj = fixture.linear("self_attn.o_proj", &device);
             let FeedForward::SwiGlu(mlp) = &mut block.mlp else {
@@ -878,12 +913,13 @@ mod tests {
                 let mut caches = stack.new_cache();
                 let mut steps = vec![
                     stack
-                        .forward_cached(x.clone().narrow(1, 0, 2), &mut caches, None, None)
+                        .forward_cached(x.clone().narrow(1, 0, 2), None, &mut caches, None, None)
                         .0,
                 ];
                 for position in 2..5 {
                     let (step, _) = stack.forward_cached(
                         x.clone().narrow(1, position, 1),
+                        None,
                         &mut caches,
                         None,
                         None,
@@ -952,7 +988,8 @@ mod tests {
             .init(&device);
             let memory = memory(&device);
             let x = input(&device);
-            let (output, weights) = stack.forward_with_weights(x.clone(), None, Some(&memory));
+            let (output, weights) =
+                stack.forward_with_weights(x.clone(), None, None, Some(&memory));
             assert_close(
                 output,
                 stack.forward(x.clone(), None, Some(&memory)),

@@ -325,6 +325,7 @@ pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
         own_names: own_names(config),
         xielu_buffers: config.model_type == "apertus",
         unloaded_mtp_modules: matches!(config.model_type.as_str(), "ernie4_5_moe" | "exaone_moe"),
+        first_kv_shared_layer: config.model.first_kv_shared_layer(),
     }
 }
 
@@ -374,6 +375,7 @@ fn family_renames(config: &HfConfig) -> &'static [(&'static str, &'static str)] 
         "vaultgemma" => &[(".pre_feedforward_layernorm.", ".post_attention_layernorm.")],
         "apertus" => &apertus::NAMES,
         "gemma4_text" | "gemma4" if config.model.moe.is_some() => &GEMMA4_MOE_NAMES,
+        "gemma4_text" | "gemma4" => &GEMMA4_NAMES,
         // nanochat names its ungated feed-forward's projections as ours.
         "nanochat" => &[],
         _ if !config.model.gated_mlp => &ARCEE_MLP,
@@ -381,31 +383,72 @@ fn family_renames(config: &HfConfig) -> &'static [(&'static str, &'static str)] 
     }
 }
 
-/// Gemma-4's names of the parts of a layer with experts, and ours: its dense
-/// feed-forward (`mlp`) is our shared experts; its router, experts and their norms sit
-/// beside it in the layer, ours in the mixture of experts (`mlp`). The router's scales
-/// come before its projection, whose name is a prefix of theirs among ours.
-const GEMMA4_MOE_NAMES: [(&str, &str); 10] = [
-    (".mlp.gate_proj.", ".mlp.shared_experts.gate_proj."),
-    (".mlp.up_proj.", ".mlp.shared_experts.up_proj."),
-    (".mlp.down_proj.", ".mlp.shared_experts.down_proj."),
-    (".router.scale", ".mlp.gate.input_scale"),
-    (".router.per_expert_scale", ".mlp.gate.per_expert_scale"),
-    (".router.proj.", ".mlp.gate."),
-    (".experts.", ".mlp.experts."),
+/// Gemma-4's names of its per-layer embeddings (beside the stack, ours beside the
+/// token embedding) and of each layer's per-layer branch, and ours.
+const GEMMA4_NAMES: [(&str, &str); 6] = [
     (
-        ".post_feedforward_layernorm_1.",
-        ".mlp.post_feedforward_layernorm_1.",
+        "model.embed_tokens_per_layer.",
+        "per_layer_embed.embed_tokens.",
     ),
     (
-        ".pre_feedforward_layernorm_2.",
-        ".mlp.pre_feedforward_layernorm_2.",
+        "model.per_layer_model_projection.",
+        "per_layer_embed.projection.",
     ),
-    (
-        ".post_feedforward_layernorm_2.",
-        ".mlp.post_feedforward_layernorm_2.",
-    ),
+    ("model.per_layer_projection_norm.", "per_layer_embed.norm."),
+    (".per_layer_input_gate.", ".per_layer_input.gate."),
+    (".per_layer_projection.", ".per_layer_input.projection."),
+    (".post_per_layer_input_norm.", ".per_layer_input.norm."),
 ];
+
+/// [`GEMMA4_NAMES`] and Gemma-4's names of the parts of a layer with experts, and
+/// ours: its dense feed-forward (`mlp`) is our shared experts; its router, experts and
+/// their norms sit beside it in the layer, ours in the mixture of experts (`mlp`). The
+/// router's scales come before its projection, whose name is a prefix of theirs among
+/// ours.
+const GEMMA4_MOE_NAMES: [(&str, &str); 16] = joined(
+    GEMMA4_NAMES,
+    [
+        (".mlp.gate_proj.", ".mlp.shared_experts.gate_proj."),
+        (".mlp.up_proj.", ".mlp.shared_experts.up_proj."),
+        (".mlp.down_proj.", ".mlp.shared_experts.down_proj."),
+        (".router.scale", ".mlp.gate.input_scale"),
+        (".router.per_expert_scale", ".mlp.gate.per_expert_scale"),
+        (".router.proj.", ".mlp.gate."),
+        (".experts.", ".mlp.experts."),
+        (
+            ".post_feedforward_layernorm_1.",
+            ".mlp.post_feedforward_layernorm_1.",
+        ),
+        (
+            ".pre_feedforward_layernorm_2.",
+            ".mlp.pre_feedforward_layernorm_2.",
+        ),
+        (
+            ".post_feedforward_layernorm_2.",
+            ".mlp.post_feedforward_layernorm_2.",
+        ),
+    ],
+);
+
+/// Two rename tables as one, `first`'s entries first.
+const fn joined<const A: usize, const B: usize, const N: usize>(
+    first: [(&'static str, &'static str); A],
+    second: [(&'static str, &'static str); B],
+) -> [(&'static str, &'static str); N] {
+    // An empty entry left over would match every key.
+    assert!(N == A + B, "the joined table holds both tables' entries");
+    let mut table = [("", ""); N];
+    let mut index = 0;
+    while index < A {
+        table[index] = first[index];
+        index += 1;
+    }
+    while index < N {
+        table[index] = second[index - A];
+        index += 1;
+    }
+    table
+}
 
 /// GLM-4's names of the sandwich block's norms and ours (Gemma's names): its
 /// `post_attention_layernorm` is the norm before the feed-forward.
@@ -676,6 +719,10 @@ struct CausalLmKeys {
     /// load, named `mtp…` (ERNIE-4.5-MoE's `model.mtp_block.0.…`,
     /// `model.mtp_emb_norm.0.…`; EXAONE-MoE's `mtp.…`).
     unloaded_mtp_modules: bool,
+    /// The decoder layers from this one on reuse earlier layers' keys and values
+    /// (`n_layers` when none do): key/value projections and norms stored for them are
+    /// ignored, as transformers ignores them.
+    first_kv_shared_layer: usize,
 }
 
 impl KeyMap for CausalLmKeys {
@@ -754,6 +801,12 @@ impl CausalLmKeys {
         if key == "lm_head.bias" {
             return KeyAction::Load(LM_HEAD_BIAS.into());
         }
+        let kv_shared = self.first_kv_shared_layer..self.n_layers;
+        if layer_index(key).is_some_and(|layer| kv_shared.contains(&layer))
+            && KV_PARTS.iter().any(|part| key.contains(part))
+        {
+            return KeyAction::Ignore;
+        }
         let mtp_layers = self.n_layers..self.n_layers + self.mtp_layers;
         if let Some(layer) = layer_index(key).filter(|layer| mtp_layers.contains(layer)) {
             return match self.load_mtp {
@@ -788,6 +841,15 @@ impl CausalLmKeys {
         rename_one(path, ours_to_theirs)
     }
 }
+
+/// The parts of a layer's attention that project and norm its keys and values, which a
+/// layer reusing another's has none of.
+const KV_PARTS: [&str; 4] = [
+    ".self_attn.k_proj.",
+    ".self_attn.v_proj.",
+    ".self_attn.k_norm.",
+    ".self_attn.v_norm.",
+];
 
 /// Our parameter path of the logits' bias (HF `lm_head.bias`).
 const LM_HEAD_BIAS: &str = "lm_head_bias";

@@ -352,10 +352,11 @@ fn transposed(tensor: HostTensor) -> HostTensor {
     }
 }
 
-/// The first of Gemma-4's attention options that `config` sets (global layers of
-/// their own shape, values from the keys, a norm of the values, a factor per block),
-/// named for a refusal: neither LLaMA's families nor GPT-2 have them.
-fn gemma4_attention_option(config: &CausalLmConfig) -> Option<&'static str> {
+/// The first of Gemma-4's options that `config` sets (global layers of their own
+/// shape, values from the keys, a norm of the values, a factor per block, per-layer
+/// embeddings, keys and values shared between layers), named for a refusal: neither
+/// LLaMA's families nor GPT-2 have them.
+fn gemma4_option(config: &CausalLmConfig) -> Option<&'static str> {
     [
         (
             config.global_head_dim.is_some(),
@@ -373,6 +374,14 @@ fn gemma4_attention_option(config: &CausalLmConfig) -> Option<&'static str> {
         (
             config.layer_scalar,
             "a factor on each block's output (layer_scalar)",
+        ),
+        (
+            config.per_layer_input_width.is_some(),
+            "per-layer embeddings",
+        ),
+        (
+            config.kv_shared_layers > 0,
+            "layers that reuse earlier layers' keys and values",
         ),
     ]
     .into_iter()
@@ -413,7 +422,7 @@ fn gpt2_config_json(config: &CausalLmConfig) -> Result<Value, HfError> {
         Some(1.0) => false,
         Some(_) => return refuse("attention scale but head_dim^-½ or 1"),
     };
-    if let Some(option) = gemma4_attention_option(config) {
+    if let Some(option) = gemma4_option(config) {
         return refuse(option);
     }
     match () {
@@ -589,7 +598,7 @@ pub fn hf_config_json(config: &CausalLmConfig) -> Result<Value, HfError> {
     };
     let rope = &config.rope;
     let head_dim = config.head_width();
-    if let Some(option) = gemma4_attention_option(config) {
+    if let Some(option) = gemma4_option(config) {
         return refuse(option);
     }
     match () {

@@ -38,7 +38,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 86] = [
+const FAMILIES: [&str; 87] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -71,6 +71,7 @@ const FAMILIES: [&str; 86] = [
     "gemma3_text",
     "gemma4_text",
     "gemma4_moe",
+    "gemma4_e2b",
     "mixtral",
     "olmoe",
     "qwen2_moe",

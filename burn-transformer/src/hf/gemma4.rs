@@ -8,9 +8,11 @@
 //! `num_experts` experts (top `top_k_experts`, width `moe_intermediate_size`) that
 //! route the residual stream ([`MoeConfig::stream_norms`]).
 //!
-//! The features of the smaller checkpoints are refused by name: per-layer embeddings
-//! (`hidden_size_per_layer_input`) and keys and values shared between layers
-//! (`num_kv_shared_layers`).
+//! The smaller checkpoints (E2B, E4B) add per-layer embeddings
+//! (`hidden_size_per_layer_input`, a table of `vocab_size_per_layer_input` rows; on by
+//! default in transformers, with width 256) and let their last `num_kv_shared_layers`
+//! layers reuse the keys and values of the last earlier layer of their kind, with a
+//! feed-forward twice as wide under `use_double_wide_mlp`.
 
 use std::collections::BTreeMap;
 
@@ -34,6 +36,7 @@ pub(super) struct Gemma4Keys {
     /// transformers 5's form: the attributes that differ per layer, by layer index.
     per_layer_config: Option<BTreeMap<String, Value>>,
     hidden_size_per_layer_input: Option<usize>,
+    vocab_size_per_layer_input: Option<usize>,
     num_kv_shared_layers: Option<usize>,
     enable_moe_block: Option<bool>,
     num_experts: Option<usize>,
@@ -64,13 +67,6 @@ impl Gemma4Keys {
         unread: &mut UnreadKeys,
     ) -> Result<(), KeyError> {
         self.refuse_unsupported()?;
-        unread.fixed(
-            "use_double_wide_mlp",
-            self.use_double_wide_mlp,
-            false,
-            "the double-width feed-forward only in layers that share keys and values, \
-             which this model has none of",
-        );
         // transformers makes the last layer global, whatever `layer_types` says.
         let last = model.n_layers.saturating_sub(1);
         if let Some(sliding) = model.sliding_layers.as_mut()
@@ -112,7 +108,36 @@ impl Gemma4Keys {
             model.moe = Some(self.moe_config(model)?);
             model.moe_layers = MoeLayerPlan::all_sparse();
         }
+        self.apply_per_layer_embeddings(model);
+        self.apply_kv_sharing(model, unread);
         Ok(())
+    }
+
+    /// Per-layer embeddings of `hidden_size_per_layer_input` (the class's default
+    /// where the file names none); 0 turns them off.
+    fn apply_per_layer_embeddings(&self, model: &mut CausalLmConfig) {
+        if let Some(width) = self.hidden_size_per_layer_input.filter(|&width| width > 0) {
+            model.per_layer_input_width = Some(width);
+            model.per_layer_vocab_size = self.vocab_size_per_layer_input;
+        }
+    }
+
+    /// The last `num_kv_shared_layers` layers reuse keys and values, their feed-forward
+    /// twice as wide with `use_double_wide_mlp`.
+    fn apply_kv_sharing(&self, model: &mut CausalLmConfig, unread: &mut UnreadKeys) {
+        model.kv_shared_layers = self.num_kv_shared_layers.unwrap_or(0);
+        let double_wide = self.use_double_wide_mlp == Some(true);
+        if model.kv_shared_layers == 0 {
+            unread.fixed(
+                "use_double_wide_mlp",
+                self.use_double_wide_mlp,
+                false,
+                "the double-width feed-forward only in layers that share keys and values, \
+                 which this model has none of",
+            );
+        } else if double_wide {
+            model.kv_shared_d_ff = Some(2 * model.d_ff);
+        }
     }
 
     /// The mixture of experts of every layer with `enable_moe_block`: the dense
@@ -141,24 +166,6 @@ impl Gemma4Keys {
 
     /// The Gemma-4 features this crate does not build, named.
     fn refuse_unsupported(&self) -> Result<(), KeyError> {
-        if let Some(width) = self.hidden_size_per_layer_input.filter(|&width| width > 0) {
-            return Err(KeyError::new(
-                "hidden_size_per_layer_input",
-                format!(
-                    "is {width}: per-layer embeddings (Gemma-4 E2B and E4B) are not supported; \
-                     only checkpoints with 0 load (the 31B and dense ones)"
-                ),
-            ));
-        }
-        if let Some(layers) = self.num_kv_shared_layers.filter(|&layers| layers > 0) {
-            return Err(KeyError::new(
-                "num_kv_shared_layers",
-                format!(
-                    "is {layers}: layers that reuse an earlier layer's keys and values are \
-                     not supported; only checkpoints with 0 load"
-                ),
-            ));
-        }
         if self.use_bidirectional_attention.as_deref() == Some("all") {
             return Err(KeyError::new(
                 "use_bidirectional_attention",
@@ -275,24 +282,60 @@ mod tests {
 
     #[test]
     fn unsupported_gemma4_features_are_refused_by_name() {
-        let cases = [
-            ("hidden_size_per_layer_input", json!(256)),
-            ("num_kv_shared_layers", json!(1)),
-            ("use_bidirectional_attention", json!("all")),
-        ];
-        for (key, value) in cases {
-            let mut config = fixture_config();
-            config.insert(key.into(), value);
-            assert_eq!(refused_key(config), key);
-        }
-        // transformers' default is per-layer embeddings: a file without the key has them.
         let mut config = fixture_config();
-        config.remove("hidden_size_per_layer_input");
-        assert_eq!(refused_key(config), "hidden_size_per_layer_input");
+        config.insert("use_bidirectional_attention".into(), json!("all"));
+        assert_eq!(refused_key(config), "use_bidirectional_attention");
         // Vision tokens attending both ways change nothing for text.
         let mut config = fixture_config();
         config.insert("use_bidirectional_attention".into(), json!("vision"));
         assert!(HfConfig::from_value(&Value::Object(config), "config.json").is_ok());
+    }
+
+    /// transformers' default is per-layer embeddings of width 256 over 262144 tokens: a
+    /// file without the keys has them; 0 turns them off.
+    #[test]
+    fn per_layer_embeddings_follow_transformers_defaults() {
+        let mut config = fixture_config();
+        config.remove("hidden_size_per_layer_input");
+        config.remove("vocab_size_per_layer_input");
+        let model = HfConfig::from_value(&Value::Object(config), "config.json")
+            .unwrap()
+            .model;
+        assert_eq!(model.per_layer_input_width, Some(256));
+        assert_eq!(model.per_layer_vocab_size, Some(262_144));
+        let model = HfConfig::from_value(&Value::Object(fixture_config()), "config.json")
+            .unwrap()
+            .model;
+        assert_eq!(model.per_layer_input_width, None);
+    }
+
+    /// Reusing layers take the last earlier layer of their kind; a kind that no earlier
+    /// layer has, or every layer reusing, is refused by name.
+    #[test]
+    fn kv_sharing_takes_the_last_earlier_layer_of_each_kind() {
+        let with_sharing = |layer_types: Value, shared: usize| {
+            let mut config = fixture_config();
+            config.remove("per_layer_config");
+            config.insert("num_hidden_layers".into(), json!(5));
+            config.insert("layer_types".into(), layer_types);
+            config.insert("num_kv_shared_layers".into(), json!(shared));
+            config.insert("use_double_wide_mlp".into(), json!(true));
+            HfConfig::from_value(&Value::Object(config), "config.json")
+        };
+        let (s, f) = ("sliding_attention", "full_attention");
+        let model = with_sharing(json!([s, f, s, s, f]), 2).unwrap().model;
+        let sources: Vec<_> = (0..5).map(|layer| model.kv_source_of(layer)).collect();
+        assert_eq!(sources, [None, None, None, Some(2), Some(1)]);
+        let widths: Vec<_> = (0..5).map(|layer| model.d_ff_of(layer)).collect();
+        assert_eq!(widths, [48, 48, 48, 96, 96]);
+        for (layer_types, shared) in [(json!([s, s, s, s, f]), 2), (json!([s, f, s, s, f]), 5)] {
+            match with_sharing(layer_types, shared) {
+                Err(HfError::Config { source, .. }) => {
+                    assert!(source.to_string().contains("kv_shared_layers"), "{source}");
+                }
+                other => panic!("expected a configuration error, got {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -388,6 +388,30 @@ fn gemma4_with_experts_beside_the_dense_feed_forward_matches_transformers() {
     matches_transformers("gemma4_moe");
 }
 
+/// Gemma-4's small checkpoints (E2B, E4B): per-layer embeddings read by a branch in
+/// every layer, and the last layers reusing the keys and values of the last earlier
+/// layer of their kind (also while decoding, through the producers' caches), with a
+/// feed-forward twice as wide.
+#[test]
+fn gemma4_with_per_layer_embeddings_and_shared_keys_and_values_matches_transformers() {
+    matches_transformers("gemma4_e2b");
+    let device = Device::flex();
+    let (model, config) = load_causal_lm(model_dir("gemma4_e2b"), &device).unwrap();
+    let shared = config.model.first_kv_shared_layer();
+    assert_eq!(shared, 3);
+    // The reusing layers cache nothing: their caches stay empty while decoding.
+    let mut cache = model.new_cache();
+    let prompt = int_tensor(&[vec![3, 17, 42, 8, 60]], &device);
+    model.forward_cached(prompt, &mut cache, None);
+    let sizes: Vec<usize> = cache
+        .blocks
+        .iter()
+        .map(|block| block.self_attn.bytes())
+        .collect();
+    assert!(sizes[..shared].iter().all(|&bytes| bytes > 0), "{sizes:?}");
+    assert!(sizes[shared..].iter().all(|&bytes| bytes == 0), "{sizes:?}");
+}
+
 /// Gemma-4's multimodal checkpoint (`Gemma4ForConditionalGeneration`): the text model
 /// under `model.language_model.` beside a vision tower and its embedder, which are not
 /// loaded. The text model matches transformers on text and exports as `gemma4_text`.
@@ -2087,8 +2111,21 @@ fn gradient_norms(
             ],
             "gemma3" | "gemma4" | "mistral3" => &[("model.", "model.language_model.")],
             // Gemma-4's router, experts and their norms sit beside its dense
-            // feed-forward (our shared experts) in the layer.
+            // feed-forward (our shared experts) in the layer; its per-layer embeddings
+            // in its stack, each layer's per-layer branch in the layer.
             "gemma4_text" => &[
+                (
+                    "per_layer_embed.embed_tokens.",
+                    "model.embed_tokens_per_layer.",
+                ),
+                (
+                    "per_layer_embed.projection.",
+                    "model.per_layer_model_projection.",
+                ),
+                ("per_layer_embed.norm.", "model.per_layer_projection_norm."),
+                (".per_layer_input.gate.", ".per_layer_input_gate."),
+                (".per_layer_input.projection.", ".per_layer_projection."),
+                (".per_layer_input.norm.", ".post_per_layer_input_norm."),
                 (".mlp.shared_experts.", ".mlp."),
                 (".mlp.gate.input_scale", ".router.scale"),
                 (".mlp.gate.per_expert_scale", ".router.per_expert_scale"),

@@ -28,12 +28,12 @@ use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
 use burn::tensor::{Bool, Device, Int, Tensor};
 
 use crate::attention::{
-    AttentionImpl, LatentAttentionConfig, MultiHeadAttentionConfig, QkNormConfig,
+    AttentionImpl, KvSharing, LatentAttentionConfig, MultiHeadAttentionConfig, QkNormConfig,
     QueryTemperatureConfig, SelfAttention, SelfAttentionConfig,
 };
 use crate::block::{
-    BlockCache, BlockKind, RoutingLosses, StackCache, TransformerBlock, TransformerBlockConfig,
-    TransformerStack,
+    BlockCache, BlockKind, PerLayerInputConfig, RoutingLosses, StackCache, TransformerBlock,
+    TransformerBlockConfig, TransformerStack,
 };
 use crate::error::ConfigError;
 use crate::ffn::{
@@ -46,6 +46,7 @@ use crate::ops::soft_cap::soft_cap;
 use crate::position::{LearnedPosition, LearnedPositionConfig, Rope, RopeConfig};
 
 use super::multi_token::MultiTokenPredictor;
+use super::per_layer_embedding::{PerLayerEmbedding, PerLayerEmbeddingConfig};
 
 const MODULE: &str = "CausalLmConfig";
 
@@ -98,6 +99,27 @@ pub struct CausalLmConfig {
     /// [`TransformerBlockConfig::layer_scalar`]). Default: false.
     #[config(default = false)]
     pub layer_scalar: bool,
+    /// Per-layer embeddings of this width (Gemma-4 E2B/E4B's
+    /// `hidden_size_per_layer_input`): every decoder layer reads an input of its own
+    /// ([`PerLayerEmbedding`]) through a branch after its sublayers
+    /// ([`PerLayerInput`](crate::block::PerLayerInput)). Default: none.
+    #[config(default = "None")]
+    pub per_layer_input_width: Option<usize>,
+    /// Number of token ids of the per-layer embedding table (HF
+    /// `vocab_size_per_layer_input`); at least `vocab_size`. Default: `vocab_size`.
+    #[config(default = "None")]
+    pub per_layer_vocab_size: Option<usize>,
+    /// The last this many decoder layers project no keys or values: each attends over
+    /// those of the last earlier layer of its kind (sliding or global), with queries of
+    /// its own (Gemma-4's `num_kv_shared_layers`; [`KvSharing`]). Their decoding
+    /// caches stay empty. Not available with `latent`. Default: 0.
+    #[config(default = 0)]
+    pub kv_shared_layers: usize,
+    /// Hidden width of the dense feed-forward (in a mixture of experts, of its shared
+    /// experts) in the layers of `kv_shared_layers` (Gemma-4's `use_double_wide_mlp`:
+    /// `2 · d_ff`). Default: `d_ff`.
+    #[config(default = "None")]
+    pub kv_shared_d_ff: Option<usize>,
     /// Epsilon of every RMSNorm (HF `rms_norm_eps`). Default: 1e-6.
     #[config(default = 1e-6)]
     pub norm_eps: f64,
@@ -333,10 +355,51 @@ impl CausalLmConfig {
             .is_some_and(|layers| layers.get(layer).copied().unwrap_or(false))
     }
 
+    /// The first decoder layer that reuses an earlier layer's keys and values
+    /// ([`Self::kv_shared_layers`]); `n_layers` when none does.
+    pub fn first_kv_shared_layer(&self) -> usize {
+        self.n_layers.saturating_sub(self.kv_shared_layers)
+    }
+
+    /// The layer whose keys and values decoder layer `layer` reuses: the last layer of
+    /// its kind (sliding or global) before [`Self::first_kv_shared_layer`]; `None` for
+    /// the layers that project their own, or when no earlier layer is of its kind.
+    pub fn kv_source_of(&self, layer: usize) -> Option<usize> {
+        let first = self.first_kv_shared_layer();
+        if !(first..self.n_layers).contains(&layer) {
+            return None;
+        }
+        (0..first)
+            .rev()
+            .find(|&source| self.window_of(source) == self.window_of(layer))
+    }
+
+    /// How layer `layer` shares keys and values: reusing those of
+    /// [`Self::kv_source_of`], publishing its own for later layers (slot: its index),
+    /// or not at all.
+    pub fn kv_sharing_of(&self, layer: usize) -> Option<KvSharing> {
+        if let Some(slot) = self.kv_source_of(layer) {
+            return Some(KvSharing::Reuse { slot });
+        }
+        (self.first_kv_shared_layer()..self.n_layers)
+            .any(|reader| self.kv_source_of(reader) == Some(layer))
+            .then_some(KvSharing::Publish { slot: layer })
+    }
+
+    /// Hidden width of the dense feed-forward of layer `layer` after defaults
+    /// ([`Self::kv_shared_d_ff`]).
+    pub fn d_ff_of(&self, layer: usize) -> usize {
+        match self.kv_shared_d_ff {
+            Some(width) if (self.first_kv_shared_layer()..self.n_layers).contains(&layer) => width,
+            _ => self.d_ff,
+        }
+    }
+
     /// The attention configuration of layer `layer` (without its RoPE, which the model
     /// shares between layers).
     pub fn attention_config(&self, layer: usize) -> MultiHeadAttentionConfig {
         MultiHeadAttentionConfig::new(self.d_model, self.n_heads)
+            .with_kv_sharing(self.kv_sharing_of(layer))
             .with_n_kv_heads(Some(self.kv_heads_of(layer)))
             .with_head_dim(Some(self.head_width_of(layer)))
             .with_values_from_keys(self.global_values_from_keys && self.is_global_layer(layer))
@@ -378,16 +441,23 @@ impl CausalLmConfig {
     /// says so, else the dense feed-forward of width `d_ff` (gated unless `gated_mlp`
     /// is false).
     pub fn feed_forward_config(&self, layer: usize) -> FeedForwardConfig {
+        let d_ff = self.d_ff_of(layer);
         match &self.moe {
-            Some(moe) if self.moe_layers.is_moe(layer) => FeedForwardConfig::Moe(moe.clone()),
+            Some(moe) if self.moe_layers.is_moe(layer) => {
+                FeedForwardConfig::Moe(if d_ff == self.d_ff {
+                    moe.clone()
+                } else {
+                    moe.clone().with_shared_d_ff(Some(d_ff))
+                })
+            }
             _ if !self.gated_mlp => FeedForwardConfig::Dense(
-                DenseFfnConfig::new(self.d_model, self.d_ff)
+                DenseFfnConfig::new(self.d_model, d_ff)
                     .with_bias(self.mlp_bias)
                     .with_activation(self.activation)
                     .with_initializer(Some(self.initializer.clone())),
             ),
             _ => FeedForwardConfig::SwiGlu(
-                SwiGluConfig::new(self.d_model, self.d_ff)
+                SwiGluConfig::new(self.d_model, d_ff)
                     .with_bias(self.mlp_bias)
                     .with_activation(self.activation)
                     .with_initializer(Some(self.initializer.clone())),
@@ -398,9 +468,14 @@ impl CausalLmConfig {
     /// The norm of every block and of the stack's end (and of Gemma-4's experts'
     /// branches, [`MoeConfig::stream_norms`]).
     pub fn norm_config(&self) -> NormConfig {
+        self.norm_of_width(self.d_model)
+    }
+
+    /// The model's kind of norm over `width` features.
+    fn norm_of_width(&self, width: usize) -> NormConfig {
         if self.layer_norm {
             return NormConfig::Layer(
-                LayerNormConfig::new(self.d_model)
+                LayerNormConfig::new(width)
                     .with_eps(self.norm_eps)
                     .with_scale(self.norm_scale)
                     .with_bias(self.layer_norm_bias)
@@ -408,7 +483,7 @@ impl CausalLmConfig {
             );
         }
         NormConfig::Rms(
-            RmsNormConfig::new(self.d_model)
+            RmsNormConfig::new(width)
                 .with_eps(self.norm_eps)
                 .with_unit_offset(self.norm_unit_offset)
                 .with_scale(self.norm_scale),
@@ -426,6 +501,35 @@ impl CausalLmConfig {
         .with_drop_path(self.drop_path)
         .with_residual_scale(self.residual_scale)
         .with_layer_scalar(self.layer_scalar)
+        .with_per_layer_input(self.per_layer_input_config(layer))
+    }
+
+    /// The per-layer branch of decoder layer `layer`, with per-layer embeddings (the
+    /// multi-token-prediction modules have none).
+    fn per_layer_input_config(&self, layer: usize) -> Option<PerLayerInputConfig> {
+        let width = self
+            .per_layer_input_width
+            .filter(|_| layer < self.n_layers)?;
+        Some(
+            PerLayerInputConfig::new(self.d_model, width, self.norm_config())
+                .with_activation(self.activation)
+                .with_initializer(self.initializer.clone()),
+        )
+    }
+
+    /// The per-layer embeddings' configuration, if the model has them.
+    pub fn per_layer_embedding_config(&self) -> Option<PerLayerEmbeddingConfig> {
+        let width = self.per_layer_input_width?;
+        Some(
+            PerLayerEmbeddingConfig::new(
+                self.per_layer_vocab_size.unwrap_or(self.vocab_size),
+                self.d_model,
+                self.n_layers,
+                width,
+                self.norm_of_width(width),
+            )
+            .with_initializer(self.initializer.clone()),
+        )
     }
 
     /// Checks the configuration without allocating anything.
@@ -603,7 +707,95 @@ impl CausalLmConfig {
                     .into(),
             });
         }
+        self.validate_per_layer_inputs()?;
+        self.validate_kv_sharing()?;
         ConfigError::check_non_negative(MODULE, "norm_eps", self.norm_eps)
+    }
+
+    /// Per-layer embeddings have a positive width and a table covering the vocabulary.
+    fn validate_per_layer_inputs(&self) -> Result<(), ConfigError> {
+        if let Some(config) = self.per_layer_embedding_config() {
+            config.validate()?;
+            if config.vocab_size < self.vocab_size {
+                return Err(ConfigError::Invalid {
+                    module: MODULE,
+                    field: "per_layer_vocab_size",
+                    reason: format!(
+                        "must cover every token id: at least vocab_size {}, got {}",
+                        self.vocab_size, config.vocab_size
+                    ),
+                });
+            }
+        } else if self.per_layer_vocab_size.is_some() {
+            return Err(ConfigError::Invalid {
+                module: MODULE,
+                field: "per_layer_vocab_size",
+                reason: "sizes the per-layer embeddings, which the model does not have: set \
+                         per_layer_input_width too, or leave it unset"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Layers that reuse keys and values each find an earlier layer of their kind to
+    /// reuse them from, in grouped attention.
+    fn validate_kv_sharing(&self) -> Result<(), ConfigError> {
+        let invalid = |field, reason: String| {
+            Err(ConfigError::Invalid {
+                module: MODULE,
+                field,
+                reason,
+            })
+        };
+        if let Some(width) = self.kv_shared_d_ff {
+            ConfigError::check_positive(MODULE, "kv_shared_d_ff", width)?;
+            if self.kv_shared_layers == 0 {
+                return invalid(
+                    "kv_shared_d_ff",
+                    "sizes the feed-forward of the layers that reuse keys and values, which \
+                     the model has none of: set kv_shared_layers too, or leave it unset"
+                        .into(),
+                );
+            }
+        }
+        if self.kv_shared_layers == 0 {
+            return Ok(());
+        }
+        if self.latent.is_some() {
+            return invalid(
+                "kv_shared_layers",
+                "applies to grouped attention; latent attention caches its own latents: \
+                 leave it 0"
+                    .into(),
+            );
+        }
+        if self.kv_shared_layers >= self.n_layers {
+            return invalid(
+                "kv_shared_layers",
+                format!(
+                    "is {} of {} layers: at least the first layer must project the keys and \
+                     values the others reuse",
+                    self.kv_shared_layers, self.n_layers
+                ),
+            );
+        }
+        let first = self.first_kv_shared_layer();
+        match (first..self.n_layers).find(|&layer| self.kv_source_of(layer).is_none()) {
+            Some(layer) => invalid(
+                "kv_shared_layers",
+                format!(
+                    "makes layer {layer} reuse the keys and values of an earlier {} layer, \
+                     but none of the first {first} layers is one",
+                    if self.is_global_layer(layer) {
+                        "global"
+                    } else {
+                        "sliding"
+                    },
+                ),
+            ),
+            None => Ok(()),
+        }
     }
 
     /// A position scheme that takes the rotary embedding's place in every layer
@@ -778,6 +970,10 @@ impl CausalLmConfig {
             .embed_norm
             .then(|| self.norm_config().try_init(device))
             .transpose()?;
+        let per_layer_embed = self
+            .per_layer_embedding_config()
+            .map(|config| config.try_init(device))
+            .transpose()?;
         let lm_head = (!self.tie_word_embeddings).then(|| {
             LinearConfig::new(self.d_model, self.vocab_size)
                 .with_bias(false)
@@ -788,6 +984,7 @@ impl CausalLmConfig {
             embed_tokens,
             embed_positions,
             embed_norm,
+            per_layer_embed,
             model: TransformerStack::new(layers, norm)?,
             lm_head,
             lm_head_bias: self
@@ -818,6 +1015,8 @@ pub struct CausalLm {
     /// The norm of the embeddings before the first block (BLOOM's
     /// `word_embeddings_layernorm`), if any.
     pub embed_norm: Option<Norm>,
+    /// The per-layer embeddings (Gemma-4's PLE), if any: every block's own input.
+    pub per_layer_embed: Option<PerLayerEmbedding>,
     /// The transformer body: the blocks and the final norm (HF `model`).
     pub model: TransformerStack,
     /// The output projection; `None` when tied to `embed_tokens`.
@@ -938,8 +1137,11 @@ impl CausalLm {
         tokens: Tensor<2, Int>,
         key_padding: Option<Tensor<2, Bool>>,
     ) -> CausalLmOutput {
-        let x = self.input(tokens, 0, None, key_padding.clone());
-        let (hidden, losses) = self.model.forward_with_losses(x, key_padding, None);
+        let x = self.input(tokens.clone(), 0, None, key_padding.clone());
+        let layer_inputs = self.layer_inputs(tokens, x.clone());
+        let (hidden, losses) = self
+            .model
+            .forward_with_losses(x, layer_inputs, key_padding, None);
         self.output(hidden, losses)
     }
 
@@ -952,8 +1154,11 @@ impl CausalLm {
     /// - output: logits `[batch, seq, vocab_size]`; depth `k`: `[batch, seq − k, vocab_size]`
     pub fn forward_with_mtp(&self, tokens: Tensor<2, Int>) -> CausalLmOutput {
         let seq = tokens.dims()[1];
-        let x = self.embed(tokens);
-        let (hidden, mut losses) = self.model.forward_with_losses(x.clone(), None, None);
+        let x = self.embed(tokens.clone());
+        let layer_inputs = self.layer_inputs(tokens, x.clone());
+        let (hidden, mut losses) =
+            self.model
+                .forward_with_losses(x.clone(), layer_inputs, None, None);
         let mut mtp_logits = Vec::with_capacity(self.mtp.len());
         let mut previous = hidden.clone();
         for (index, module) in self.mtp.iter().enumerate() {
@@ -1013,12 +1218,15 @@ impl CausalLm {
         key_padding: Option<Tensor<2, Bool>>,
     ) -> (Tensor<3>, Tensor<3>) {
         let x = self.input(
-            tokens,
+            tokens.clone(),
             cache.position(),
             cache.padded_positions(),
             key_padding.clone(),
         );
-        let (hidden, _) = self.model.forward_cached(x, cache, key_padding, None);
+        let layer_inputs = self.layer_inputs(tokens, x.clone());
+        let (hidden, _) = self
+            .model
+            .forward_cached(x, layer_inputs, cache, key_padding, None);
         (self.logits(hidden.clone()), hidden)
     }
 
@@ -1091,6 +1299,18 @@ impl CausalLm {
             Some(norm) => norm.forward(x),
             None => x,
         }
+    }
+
+    /// Every block's own input from the per-layer embeddings, if the model has them.
+    ///
+    /// # Shapes
+    /// - tokens: `[batch, seq]`
+    /// - x: `[batch, seq, d_model]`, the stack's input
+    /// - output: `[batch, seq, n_layers, width]`
+    fn layer_inputs(&self, tokens: Tensor<2, Int>, x: Tensor<3>) -> Option<Tensor<4>> {
+        self.per_layer_embed
+            .as_ref()
+            .map(|embedding| embedding.forward(tokens, x))
     }
 
     /// The token embeddings, scaled by `embed_scale` (the multi-token-prediction

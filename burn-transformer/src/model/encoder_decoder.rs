@@ -336,7 +336,7 @@ impl Transformer {
         let x = self.embed(&self.embed_tokens, source, 0);
         let (memory, encoder_weights) =
             self.encoder
-                .forward_with_weights(x, source_padding.clone(), None);
+                .forward_with_weights(x, None, source_padding.clone(), None);
         let memory = Memory {
             states: memory,
             padding: source_padding,
@@ -344,7 +344,7 @@ impl Transformer {
         let y = self.embed(self.target_embedding(), target, 0);
         let (hidden, decoder_weights) =
             self.decoder
-                .forward_with_weights(y, target_padding, Some(&memory));
+                .forward_with_weights(y, None, target_padding, Some(&memory));
         (self.project(hidden), encoder_weights, decoder_weights)
     }
 
@@ -380,9 +380,13 @@ impl Transformer {
         target_padding: Option<Tensor<2, Bool>>,
     ) -> Tensor<3> {
         let x = self.embed(self.target_embedding(), target, cache.position());
-        let (hidden, _) =
-            self.decoder
-                .forward_cached(x, &mut cache.decoder, target_padding, Some(&cache.memory));
+        let (hidden, _) = self.decoder.forward_cached(
+            x,
+            None,
+            &mut cache.decoder,
+            target_padding,
+            Some(&cache.memory),
+        );
         self.project(hidden)
     }
 

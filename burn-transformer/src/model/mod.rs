@@ -5,10 +5,12 @@
 mod causal_lm;
 mod encoder_decoder;
 pub mod multi_token;
+mod per_layer_embedding;
 mod presets;
 
 pub use causal_lm::{CausalLm, CausalLmConfig, CausalLmOutput};
 pub use encoder_decoder::{Seq2SeqCache, Transformer, TransformerConfig};
+pub use per_layer_embedding::{PerLayerEmbedding, PerLayerEmbeddingConfig};
 
 #[cfg(test)]
 pub(crate) use causal_lm::tests as causal_lm_tests;
