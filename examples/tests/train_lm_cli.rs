@@ -443,6 +443,72 @@ fn damaged_or_foreign_checkpoints_never_panic() {
     assert_clear_error(&resume("8"), "not a run file");
 }
 
+/// Per-layer embeddings and layers reusing keys and values (Gemma-4 E2B's layout on
+/// any block design) train, and the run generates through its caches; a layer with no
+/// earlier one to reuse from is refused by name, before anything is written.
+#[test]
+fn per_layer_inputs_and_shared_keys_and_values_learn() {
+    let dir = TempDir::with_prefix("e2b").unwrap();
+    let text = corpus(dir.path());
+    let out = dir.path().join("run");
+    let run = |layers: &str, shared: &str| {
+        let args = [
+            "--data",
+            text.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--arch",
+            "qwen3",
+            "--layers",
+            layers,
+            "--per-layer-inputs",
+            "8",
+            "--kv-shared-layers",
+            shared,
+            "--steps",
+            "40",
+            "--eval-interval",
+            "20",
+            "--lr",
+            "1e-2",
+            "--heads",
+            "2",
+            "--d-model",
+            "16",
+            "--d-ff",
+            "32",
+            "--context",
+            "8",
+            "--batch-size",
+            "2",
+            "--eval-batches",
+            "1",
+            "--warmup",
+            "1",
+            "--log-every",
+            "0",
+        ];
+        common::run(TRAIN_LM, &args)
+    };
+    let refused = run("2", "2");
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("kv_shared_layers"), "{stderr}");
+    assert!(!out.exists(), "a refused run writes nothing");
+
+    let stdout = assert_success(&run("3", "1"));
+    assert!(
+        stdout.contains("the last 1 reusing keys and values")
+            && stdout.contains("per-layer inputs 8"),
+        "{stdout}"
+    );
+    let (_, validation) = losses(&out);
+    let (first, last) = (validation[0].1, validation[validation.len() - 1].1);
+    assert!(last < first, "validation loss {first} -> {last}");
+    let sample = std::fs::read_to_string(out.join("sample.txt")).unwrap();
+    assert!(!sample.trim().is_empty(), "the run generates a sample");
+}
+
 /// Every `--arch` builds a model whose validation loss falls in a few steps; a GPT-2
 /// run exports as transformers' `gpt2`.
 #[test]

@@ -148,6 +148,18 @@ struct Args {
     #[arg(long, default_value_t = 0.3)]
     #[serde(default = "default_mtp_weight")]
     mtp_weight: f64,
+    /// Per-layer embeddings of this width (Gemma-4 E2B/E4B): every layer also reads
+    /// an input of its own, from a second embedding table and a projection of the
+    /// token embeddings, through a gated branch at its end.
+    #[arg(long)]
+    #[serde(default)]
+    per_layer_inputs: Option<usize>,
+    /// The last N layers project no keys or values: each attends over those of the
+    /// last earlier layer of its kind (sliding or global), and caches nothing while
+    /// generating (Gemma-4 E2B/E4B's shared keys and values).
+    #[arg(long, default_value_t = 0)]
+    #[serde(default)]
+    kv_shared_layers: usize,
 
     /// Optimizer steps; default: 2000 with --data, 600 on the default corpus.
     #[arg(long)]
@@ -213,7 +225,8 @@ struct Args {
     /// Fine-tune this Hugging Face model folder (config.json and safetensors weights,
     /// any family the crate loads) instead of training a new model. Its tokenizer.json
     /// is the tokenizer unless --tokenizer is given; the model flags (--arch, --layers,
-    /// --heads, --kv-heads, --d-model, --d-ff, --mtp-depth) do not apply.
+    /// --heads, --kv-heads, --d-model, --d-ff, --mtp-depth, --per-layer-inputs,
+    /// --kv-shared-layers) do not apply.
     #[arg(long)]
     #[serde(default)]
     init_from: Option<PathBuf>,
@@ -472,6 +485,8 @@ fn check_flags(args: &Args, matches: &clap::ArgMatches) -> Result<(), String> {
             "d_model",
             "d_ff",
             "mtp_depth",
+            "per_layer_inputs",
+            "kv_shared_layers",
         ];
         if let Some(flag) = model_flags
             .iter()
@@ -693,7 +708,9 @@ fn configs(args: &Args, vocab_size: usize) -> (CausalLmConfig, LmTrainingConfig)
     };
     let model = with_arch(model, &args.arch, args.context)
         .with_mtp_depth(args.mtp_depth)
-        .with_mtp_loss_weight(args.mtp_weight);
+        .with_mtp_loss_weight(args.mtp_weight)
+        .with_per_layer_input_width(args.per_layer_inputs)
+        .with_kv_shared_layers(args.kv_shared_layers);
     let training = LmTrainingConfig::new()
         .with_batch_size(args.batch_size)
         .with_grad_accumulation(args.grad_accum)
@@ -953,9 +970,16 @@ fn run(args: Args, matches: &clap::ArgMatches) -> Result<(), String> {
         (Some(dir), None) => format!("fine-tuned from {}", dir.display()),
         (None, _) => args.arch.clone(),
     };
+    let per_layer_inputs = model
+        .per_layer_input_width
+        .map_or_else(String::new, |width| format!(", per-layer inputs {width}"));
+    let kv_shared = match model.kv_shared_layers {
+        0 => String::new(),
+        layers => format!(", the last {layers} reusing keys and values"),
+    };
     println!(
-        "split: {} training and {} validation tokens; model ({}): {} layers, width {}, {} \
-         heads ({} kv), feed-forward {}; device: {}",
+        "split: {} training and {} validation tokens; model ({}): {} layers{kv_shared}, \
+         width {}, {} heads ({} kv), feed-forward {}{per_layer_inputs}; device: {}",
         split.train.len(),
         split.validation.len(),
         family,
