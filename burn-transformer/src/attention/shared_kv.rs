@@ -51,6 +51,14 @@ impl SharedKv {
         self.slots.push((slot, attended));
     }
 
+    /// Moves every published call's queries `dropped` positions on: the later layers
+    /// of the pass run on the last positions only.
+    pub fn skip_queries(&mut self, dropped: usize) {
+        for (_, attended) in &mut self.slots {
+            attended.query_offset += dropped;
+        }
+    }
+
     /// What was published under `slot`, if anything.
     pub fn get(&self, slot: usize) -> Option<&AttendedKv> {
         self.slots

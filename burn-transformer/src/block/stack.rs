@@ -292,6 +292,30 @@ impl TransformerStack {
         key_padding: Option<Tensor<2, Bool>>,
         memory: Option<&Memory>,
     ) -> (Tensor<3>, RoutingLosses) {
+        let new = x.dims()[1];
+        self.forward_cached_keeping(x, layer_inputs, cache, key_padding, memory, new)
+    }
+
+    /// [`forward_cached`](Self::forward_cached) that returns the output of the last
+    /// `keep` positions only (a prefill that needs the next token's logits alone):
+    /// every block that caches keys and values still runs on all positions, the blocks
+    /// after the last of them (those that reuse earlier blocks' keys and values) on the
+    /// kept ones only.
+    ///
+    /// # Shapes
+    /// - as [`forward_cached`](Self::forward_cached); output `[batch, keep, d_model]`
+    ///
+    /// # Panics
+    /// As [`forward_cached`](Self::forward_cached); if `keep` is 0 or more than `new`.
+    pub fn forward_cached_keeping(
+        &self,
+        x: Tensor<3>,
+        layer_inputs: Option<Tensor<4>>,
+        cache: &mut StackCache,
+        key_padding: Option<Tensor<2, Bool>>,
+        memory: Option<&Memory>,
+        keep: usize,
+    ) -> (Tensor<3>, RoutingLosses) {
         assert_eq!(
             cache.blocks.len(),
             self.layers.len(),
@@ -302,10 +326,25 @@ impl TransformerStack {
         if let Some(padding) = &key_padding {
             cache.count_padding(padding.clone());
         }
+        let new = x.dims()[1];
+        // The blocks after the last one that caches run on the kept positions.
+        let narrowed_from = self
+            .layers
+            .iter()
+            .rposition(|layer| !layer.reuses_kv())
+            .map_or(0, |last| last + 1);
+        let mut layer_inputs = layer_inputs;
         let mut state = BlockState::new(x, self.kind);
         for (index, (layer, block_cache)) in self.layers.iter().zip(&mut cache.blocks).enumerate() {
+            if index == narrowed_from {
+                state = state.keep_last(keep);
+                layer_inputs = layer_inputs.map(|inputs| inputs.narrow(1, new - keep, keep));
+            }
             state.per_layer_input = self.layer_input(layer_inputs.as_ref(), index);
             state = layer.forward_cached(state, block_cache, key_padding.clone(), memory);
+        }
+        if narrowed_from == self.layers.len() {
+            state = state.keep_last(keep);
         }
         self.finish(state)
     }

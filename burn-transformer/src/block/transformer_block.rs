@@ -28,8 +28,8 @@ use burn::tensor::{Bool, Device, Tensor};
 use super::per_layer_input::{PerLayerInput, PerLayerInputConfig};
 use super::stochastic_depth::{StochasticDepth, StochasticDepthConfig};
 use crate::attention::{
-    AttentionImpl, CrossKvCache, MultiHeadAttention, MultiHeadAttentionConfig, SelfAttention,
-    SelfAttentionCache, SelfAttentionConfig, SharedKv,
+    AttentionImpl, CrossKvCache, KvSharing, MultiHeadAttention, MultiHeadAttentionConfig,
+    SelfAttention, SelfAttentionCache, SelfAttentionConfig, SharedKv,
 };
 use crate::error::ConfigError;
 use crate::ffn::{FeedForward, FeedForwardConfig};
@@ -315,6 +315,30 @@ impl BlockState {
     }
 }
 
+impl BlockState {
+    /// The state of the last `keep` positions only, for blocks whose earlier positions'
+    /// outputs are not needed (the published keys and values stay whole; the queries of
+    /// the later blocks move on).
+    ///
+    /// # Panics
+    /// If `keep` is 0 or more than the positions.
+    pub fn keep_last(mut self, keep: usize) -> Self {
+        let seq = self.hidden.dims()[1];
+        assert!(
+            (1..=seq).contains(&keep),
+            "BlockState: keep 1 to {seq} positions, got {keep}"
+        );
+        let last = |t: Tensor<3>| t.narrow(1, seq - keep, keep);
+        self.shared_kv.skip_queries(seq - keep);
+        Self {
+            hidden: last(self.hidden),
+            dual: self.dual.map(last),
+            per_layer_input: self.per_layer_input.map(last),
+            ..self
+        }
+    }
+}
+
 /// The attention probabilities of one block, from
 /// [`TransformerBlock::forward_with_weights`]: row = query, column = key.
 #[derive(Clone, Debug)]
@@ -426,6 +450,16 @@ impl TransformerBlock {
     /// The block's arrangement.
     pub fn kind(&self) -> BlockKind {
         self.kind
+    }
+
+    /// Whether the block's self-attention reuses an earlier block's keys and values
+    /// (and so caches nothing of its own).
+    pub fn reuses_kv(&self) -> bool {
+        matches!(
+            &self.self_attn,
+            SelfAttention::MultiHead(attention)
+                if matches!(attention.kv_sharing(), Some(KvSharing::Reuse { .. }))
+        )
     }
 
     /// Runs the block over a whole sequence.

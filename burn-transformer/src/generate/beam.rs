@@ -199,9 +199,8 @@ pub fn beam_search<M: LanguageModel>(
 
     let (tokens, padding) = left_pad(&expanded, config.pad_token, &device);
     let mut cache = model.new_cache(rows);
-    let logits = model.forward_step(tokens, padding, &mut cache);
-    let [_, prompt_len, _] = logits.dims();
-    let mut last = logits.narrow(1, prompt_len - 1, 1);
+    let prompt_len = tokens.dims()[1];
+    let mut last = model.forward_last(tokens, padding, &mut cache);
     let mut cached = prompt_len;
 
     for step in 0..config.max_new_tokens {
@@ -300,10 +299,8 @@ pub fn beam_search<M: LanguageModel>(
                 .collect();
             let (tokens, padding) = left_pad(&sequences, config.pad_token, &device);
             cache = model.new_cache(rows);
-            let logits = model.forward_step(tokens, padding, &mut cache);
-            let [_, positions, _] = logits.dims();
-            last = logits.narrow(1, positions - 1, 1);
-            cached = positions;
+            cached = tokens.dims()[1];
+            last = model.forward_last(tokens, padding, &mut cache);
             continue;
         }
         let indices = Tensor::<1, Int>::from_data(TensorData::new(source_rows, [rows]), &device);

@@ -218,9 +218,8 @@ fn prefill<M: LanguageModel>(
         .collect();
     let (tokens, padding) = left_pad(&windows, config.pad_token, device);
     let mut cache = model.new_cache(histories.len());
-    let logits = model.forward_step(tokens, padding, &mut cache);
-    let [_, positions, _] = logits.dims();
-    let last = logits.narrow(1, positions - 1, 1);
+    let positions = tokens.dims()[1];
+    let last = model.forward_last(tokens, padding, &mut cache);
     (cache, positions, last)
 }
 

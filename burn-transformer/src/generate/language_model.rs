@@ -34,6 +34,25 @@ pub trait LanguageModel {
         cache: &mut Self::Cache,
     ) -> Tensor<3>;
 
+    /// Logits of the last new position only, the cache extended with every new one (a
+    /// prefill before sampling). Default: [`forward_step`](Self::forward_step)'s last
+    /// position; a model may skip work no later step reads.
+    ///
+    /// # Shapes
+    /// - tokens: `[batch, new]`
+    /// - key_padding: `[batch, new]`, `true` for padding among the new positions
+    /// - output: `[batch, 1, vocab_size]`
+    fn forward_last(
+        &self,
+        tokens: Tensor<2, Int>,
+        key_padding: Option<Tensor<2, Bool>>,
+        cache: &mut Self::Cache,
+    ) -> Tensor<3> {
+        let logits = self.forward_step(tokens, key_padding, cache);
+        let [_, new, _] = logits.dims();
+        logits.narrow(1, new - 1, 1)
+    }
+
     /// The sequence length past which a cache filled at shorter lengths no longer holds
     /// what a full pass would compute, so that decoding rebuilds it from the tokens once
     /// the sequence grows past it (LongRoPE's original context, as transformers'
@@ -78,6 +97,17 @@ impl LanguageModel for CausalLm {
         cache: &mut StackCache,
     ) -> Tensor<3> {
         self.forward_cached(tokens, cache, key_padding)
+    }
+
+    /// Runs the output head, and the layers that reuse earlier layers' keys and
+    /// values, on the last position only ([`CausalLm::forward_cached_last`]).
+    fn forward_last(
+        &self,
+        tokens: Tensor<2, Int>,
+        key_padding: Option<Tensor<2, Bool>>,
+        cache: &mut StackCache,
+    ) -> Tensor<3> {
+        self.forward_cached_last(tokens, cache, key_padding)
     }
 
     fn select_cache(&self, cache: &mut StackCache, indices: Tensor<1, Int>) {

@@ -1217,6 +1217,45 @@ impl CausalLm {
         cache: &mut StackCache,
         key_padding: Option<Tensor<2, Bool>>,
     ) -> (Tensor<3>, Tensor<3>) {
+        let new = tokens.dims()[1];
+        let hidden = self.cached_states(tokens, cache, key_padding, new);
+        (self.logits(hidden.clone()), hidden)
+    }
+
+    /// [`forward_cached`](Self::forward_cached) that returns the logits of the last
+    /// new position only, as a prefill before sampling needs: the output head runs on
+    /// that position alone, and so do the layers that reuse earlier layers' keys and
+    /// values ([`CausalLmConfig::kv_shared_layers`]). The cache is extended with every
+    /// new position.
+    ///
+    /// # Shapes
+    /// - tokens: `[batch, new]`
+    /// - key_padding: `[batch, new]`, `true` for padding among the new positions
+    /// - output: `[batch, 1, vocab_size]`
+    ///
+    /// # Panics
+    /// As [`forward_cached`](Self::forward_cached); if `tokens` has no position.
+    pub fn forward_cached_last(
+        &self,
+        tokens: Tensor<2, Int>,
+        cache: &mut StackCache,
+        key_padding: Option<Tensor<2, Bool>>,
+    ) -> Tensor<3> {
+        self.logits(self.cached_states(tokens, cache, key_padding, 1))
+    }
+
+    /// The stack's output states of the last `keep` new positions, through `cache`.
+    ///
+    /// # Shapes
+    /// - tokens: `[batch, new]`, key_padding: `[batch, new]`
+    /// - output: `[batch, keep, d_model]`
+    fn cached_states(
+        &self,
+        tokens: Tensor<2, Int>,
+        cache: &mut StackCache,
+        key_padding: Option<Tensor<2, Bool>>,
+        keep: usize,
+    ) -> Tensor<3> {
         let x = self.input(
             tokens.clone(),
             cache.position(),
@@ -1224,10 +1263,10 @@ impl CausalLm {
             key_padding.clone(),
         );
         let layer_inputs = self.layer_inputs(tokens, x.clone());
-        let (hidden, _) = self
-            .model
-            .forward_cached(x, layer_inputs, cache, key_padding, None);
-        (self.logits(hidden.clone()), hidden)
+        let (hidden, _) =
+            self.model
+                .forward_cached_keeping(x, layer_inputs, cache, key_padding, None, keep);
+        hidden
     }
 
     /// Empty decoding caches for the multi-token-prediction modules, depth 1 first.
@@ -1411,6 +1450,20 @@ pub(crate) mod tests {
         .with_layer_scalar(true)
     }
 
+    /// `small_gemma4()` in Gemma-4 E2B's layout: four layers (global, sliding, global,
+    /// sliding), per-layer inputs of width 4, the last two layers reusing the keys and
+    /// values of the first two, with a feed-forward twice as wide.
+    pub(crate) fn small_gemma4_e2b() -> CausalLmConfig {
+        CausalLmConfig {
+            n_layers: 4,
+            ..small_gemma4()
+        }
+        .with_sliding_layers(Some(vec![false, true, false, true]))
+        .with_per_layer_input_width(Some(4))
+        .with_kv_shared_layers(2)
+        .with_kv_shared_d_ff(Some(48))
+    }
+
     /// A small DeepSeek-style model: latent attention, a dense first layer, then a
     /// mixture of experts.
     pub(crate) fn small_latent_moe() -> CausalLmConfig {
@@ -1556,6 +1609,7 @@ pub(crate) mod tests {
                 small(BlockKind::Sandwich),
                 small(BlockKind::PreNorm).with_attention_sinks(true),
                 small_gemma4(),
+                small_gemma4_e2b(),
                 small_latent_moe(),
                 small_gpt(),
             ];
@@ -1576,6 +1630,45 @@ pub(crate) mod tests {
                 assert_eq!(cache.position(), 6);
                 let what = format!("{:?} latent {}", config.block_kind, config.latent.is_some());
                 assert_close(Tensor::cat(steps, 1), full, 1e-4, &what);
+            }
+        }
+    }
+
+    /// A prefill that keeps the last position's logits only (the output head, and the
+    /// layers reusing keys and values, on that position alone) gives the whole
+    /// prefill's last logits and the same cache, with a left-padded row.
+    #[test]
+    fn the_last_positions_prefill_equals_the_whole_ones_last() {
+        for device in model_test_devices() {
+            device.seed(9);
+            for config in [small(BlockKind::ResiDual), small_gemma4_e2b()] {
+                let model = config.init(&device);
+                let batch = tokens(&[&[0, 0, 5, 9, 13, 17], &[2, 4, 6, 8, 10, 12]], &device);
+                let padding = Tensor::<2, Bool>::from_data(
+                    burn::tensor::TensorData::new(
+                        (0..12).map(|i| i < 2).collect::<Vec<_>>(),
+                        [2, 6],
+                    ),
+                    &device,
+                );
+                let mut whole_cache = model.new_cache();
+                let whole =
+                    model.forward_cached(batch.clone(), &mut whole_cache, Some(padding.clone()));
+                let mut last_cache = model.new_cache();
+                let last = model.forward_cached_last(batch, &mut last_cache, Some(padding));
+                assert_eq!(last.dims(), [2, 1, 40]);
+                let what = format!(
+                    "{:?}, {} shared",
+                    config.block_kind, config.kv_shared_layers
+                );
+                assert_close(last, whole.narrow(1, 5, 1), 1e-4, &what);
+                let next = tokens(&[&[21], &[23]], &device);
+                assert_close(
+                    model.forward_cached(next.clone(), &mut last_cache, None),
+                    model.forward_cached(next, &mut whole_cache, None),
+                    1e-4,
+                    &format!("{what}: the step after"),
+                );
             }
         }
     }
