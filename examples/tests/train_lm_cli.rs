@@ -445,14 +445,15 @@ fn damaged_or_foreign_checkpoints_never_panic() {
 
 /// Per-layer embeddings and layers reusing keys and values (Gemma-4 E2B's layout on
 /// any block design) train, and the run generates through its caches; a layer with no
-/// earlier one to reuse from is refused by name, before anything is written.
+/// earlier one to reuse from is refused by name, before anything is written, and so is
+/// the export of such a LLaMA-style run.
 #[test]
 fn per_layer_inputs_and_shared_keys_and_values_learn() {
     let dir = TempDir::with_prefix("e2b").unwrap();
     let text = corpus(dir.path());
     let out = dir.path().join("run");
     let run = |layers: &str, shared: &str| {
-        let args = [
+        let mut args = vec![
             "--data",
             text.to_str().unwrap(),
             "--out",
@@ -471,23 +472,13 @@ fn per_layer_inputs_and_shared_keys_and_values_learn() {
             "20",
             "--lr",
             "1e-2",
-            "--heads",
-            "2",
-            "--d-model",
-            "16",
-            "--d-ff",
-            "32",
-            "--context",
-            "8",
-            "--batch-size",
-            "2",
-            "--eval-batches",
-            "1",
-            "--warmup",
-            "1",
-            "--log-every",
-            "0",
         ];
+        // TINY's other flags (its flags come in pairs).
+        args.extend(
+            TINY.chunks(2)
+                .filter(|flag| flag[0] != "--layers")
+                .flatten(),
+        );
         common::run(TRAIN_LM, &args)
     };
     let refused = run("2", "2");
@@ -507,10 +498,25 @@ fn per_layer_inputs_and_shared_keys_and_values_learn() {
     assert!(last < first, "validation loss {first} -> {last}");
     let sample = std::fs::read_to_string(out.join("sample.txt")).unwrap();
     assert!(!sample.trim().is_empty(), "the run generates a sample");
+    // transformers has no LLaMA-style class with per-layer inputs: refused by name.
+    let exported = dir.path().join("hf");
+    let flags = [
+        "--checkpoint",
+        out.to_str().unwrap(),
+        "--out",
+        exported.to_str().unwrap(),
+    ];
+    let refused = common::run(env!("CARGO_BIN_EXE_export-hf"), &flags);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("per-layer embeddings"),
+        "{stderr}"
+    );
+    assert!(!exported.exists(), "a refused export writes nothing");
 }
 
 /// Every `--arch` builds a model whose validation loss falls in a few steps; a GPT-2
-/// run exports as transformers' `gpt2`.
+/// run exports as transformers' `gpt2`, a Gemma-4 one as its `gemma4_text`.
 #[test]
 fn every_arch_learns() {
     let dir = TempDir::with_prefix("arch").unwrap();
@@ -540,20 +546,28 @@ fn every_arch_learns() {
         let (first, last) = (validation[0].1, validation[validation.len() - 1].1);
         assert!(last < first, "{arch}: validation loss {first} -> {last}");
     }
-    let exported = dir.path().join("gpt2-hf");
-    let export = env!("CARGO_BIN_EXE_export-hf");
-    let gpt2 = dir.path().join("gpt2");
-    let flags = [
-        "--checkpoint",
-        gpt2.to_str().unwrap(),
-        "--out",
-        exported.to_str().unwrap(),
-    ];
-    assert_success(&common::run(export, &flags));
-    let config = std::fs::read_to_string(exported.join("config.json")).unwrap();
-    let config: serde_json::Value = serde_json::from_str(&config).unwrap();
+    let export = |arch: &str| {
+        let exported = dir.path().join(format!("{arch}-hf"));
+        let run = dir.path().join(arch);
+        let flags = [
+            "--checkpoint",
+            run.to_str().unwrap(),
+            "--out",
+            exported.to_str().unwrap(),
+        ];
+        assert_success(&common::run(env!("CARGO_BIN_EXE_export-hf"), &flags));
+        let config = std::fs::read_to_string(exported.join("config.json")).unwrap();
+        serde_json::from_str::<serde_json::Value>(&config).unwrap()
+    };
+    let config = export("gpt2");
     assert_eq!(config["model_type"], "gpt2", "{config}");
     assert_eq!(config["n_positions"], 8, "the context of TINY: {config}");
+    let config = export("gemma4");
+    assert_eq!(config["model_type"], "gemma4_text", "{config}");
+    assert_eq!(
+        config["sliding_window"], 2,
+        "a quarter of the context of TINY: {config}"
+    );
 }
 
 /// `--mtp-depth 1` trains a multi-token-prediction module: its validation loss falls

@@ -29,6 +29,7 @@ use super::checkpoint::{
 };
 use super::config::{HfConfig, text_model_config};
 use super::error::HfError;
+use super::gemma4;
 use super::gpt2;
 use super::stablelm;
 use super::tensors::{HostTensor, encode, host_parameters, write_safetensors};
@@ -332,6 +333,18 @@ fn checkpoint_tensors(
             }
         }
     }
+    // Gemma-4's layers hold a fixed factor on their output (`layer_scalar`), 1 in a
+    // model built here without one.
+    if config.model.layer_scalar {
+        for layer in 0..n_layers {
+            tensors
+                .entry(format!("model.layers.{layer}.layer_scalar"))
+                .or_insert_with(|| HostTensor {
+                    values: vec![1.0],
+                    shape: vec![1],
+                });
+        }
+    }
     Ok(tensors)
 }
 
@@ -573,9 +586,11 @@ fn to_gpt_oss(part: &str, tensor: HostTensor) -> HostTensor {
 /// The `config.json` of a model built here (not loaded from a checkpoint), as the
 /// transformers family that computes the same function: `llama` (Pre-LN, SwiGLU,
 /// RoPE; biases on all four attention projections or none), `qwen2` (biases on q, k,
-/// v only), `qwen3` (QK-norm per head) or, with learned positions, `gpt2` (Pre-LN
+/// v only), `qwen3` (QK-norm per head), with learned positions `gpt2` (Pre-LN
 /// blocks of shifted LayerNorms, biases everywhere, an ungated feed-forward, one
-/// key/value head per head).
+/// key/value head per head) or, with any of Gemma-4's options (a norm of the values,
+/// global layers of their own heads, per-layer embeddings, layers reusing keys and
+/// values), `gemma4_text` (`train-lm --arch gemma4`).
 ///
 /// # Errors
 /// [`HfError::Unsupported`] naming the first option no such family has (latent
@@ -598,8 +613,14 @@ pub fn hf_config_json(config: &CausalLmConfig) -> Result<Value, HfError> {
     };
     let rope = &config.rope;
     let head_dim = config.head_width();
-    if let Some(option) = gemma4_option(config) {
-        return refuse(option);
+    if let Some(gemma4_option) = gemma4_option(config) {
+        return gemma4::config_json(config).map_err(|option| HfError::Unsupported {
+            what: "config.json".into(),
+            reason: format!(
+                "the model has {gemma4_option}, so it exports as Gemma-4 (gemma4_text), \
+                 which does not have {option}"
+            ),
+        });
     }
     match () {
         _ if config.latent.is_some() => refuse("latent attention (MLA)"),

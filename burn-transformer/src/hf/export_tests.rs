@@ -231,6 +231,17 @@ mod built_here {
                     .with_tie_word_embeddings(false),
                 "gpt2",
             ),
+            (gemma4_config(2), "gemma4_text"),
+            // Gemma-4 E2B's additions: per-layer inputs, the last layer reusing the
+            // keys and values of the global layer before it, twice as wide.
+            (
+                gemma4_config(7)
+                    .with_per_layer_input_width(Some(4))
+                    .with_kv_shared_layers(1)
+                    .with_kv_shared_d_ff(Some(128))
+                    .with_tie_word_embeddings(false),
+                "gemma4_text",
+            ),
         ];
         for (config, family) in cases {
             let model = crate::train::host_init(7, |host| config.try_init(host)).unwrap();
@@ -253,6 +264,12 @@ mod built_here {
         let gemma = scratch_config().with_block_kind(BlockKind::Sandwich);
         let error = hf_config_json(&gemma).unwrap_err().to_string();
         assert!(error.contains("a block kind other than Pre-LN"), "{error}");
+        let sliding_last = gemma4_config(2).with_sliding_layers(Some(vec![false, true]));
+        let error = hf_config_json(&sliding_last).unwrap_err().to_string();
+        assert!(
+            error.contains("exports as Gemma-4") && error.contains("a sliding last layer"),
+            "{error}"
+        );
         let layer_qk_norm = scratch_config().with_qk_norm(Some(
             qk_norm_config()
                 .with_kind(crate::attention::QkNormKind::Layer)
@@ -269,6 +286,16 @@ mod built_here {
             error.contains("learned positions") && error.contains("gated feed-forward"),
             "{error}"
         );
+    }
+
+    /// A Gemma-4 of `layers` layers as `train-lm --arch gemma4` builds it (five in six
+    /// sliding, over 3 positions; the last global).
+    fn gemma4_config(layers: usize) -> CausalLmConfig {
+        CausalLmConfig {
+            n_layers: layers,
+            ..scratch_config()
+        }
+        .with_gemma4_design(3)
     }
 
     /// A GPT-2 as `train-lm --arch gpt2` builds it.

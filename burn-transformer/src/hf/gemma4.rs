@@ -13,16 +13,21 @@
 //! default in transformers, with width 256) and let their last `num_kv_shared_layers`
 //! layers reuse the keys and values of the last earlier layer of their kind, with a
 //! feed-forward twice as wide under `use_double_wide_mlp`.
+//!
+//! [`config_json`] writes these keys back for a Gemma-4 model built here.
 
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::keys::{KeyError, UnreadKeys};
+use crate::attention::{QkNormKind, QkNormPlacement};
+use crate::block::BlockKind;
 use crate::ffn::moe::RouterConfig;
-use crate::ffn::{MoeConfig, MoeLayerPlan};
+use crate::ffn::{Activation, MoeConfig, MoeLayerPlan};
 use crate::model::CausalLmConfig;
+use crate::position::{RopeConfig, RopeLayout, RopeScaling};
 
 /// transformers' width of a global layer's heads where the file names none.
 const DEFAULT_GLOBAL_HEAD_DIM: usize = 512;
@@ -255,6 +260,172 @@ fn global_heads_of(
         }
     }
     Ok(global.unwrap_or_default())
+}
+
+/// The `config.json` of a Gemma-4 text model built here (`train-lm --arch gemma4`,
+/// with or without per-layer embeddings and layers reusing keys and values), as
+/// transformers' `Gemma4ForCausalLM` reads it: the inverse of [`Gemma4Keys::apply`]
+/// and the common keys.
+///
+/// # Errors
+/// The first option of `config` that Gemma-4 does not have, named (for a refusal).
+pub(crate) fn config_json(config: &CausalLmConfig) -> Result<Value, &'static str> {
+    let qk_norm_is_gemma4s = config.qk_norm.as_ref().is_some_and(|qk| {
+        qk.placement == QkNormPlacement::PerHead
+            && qk.kind == QkNormKind::Rms
+            && !qk.unit_offset
+            && qk.scale
+            && !qk.weights_per_head
+            && qk.eps == config.norm_eps
+    });
+    let embed_scale = (config.d_model as f64).sqrt();
+    let last = config.n_layers - 1;
+    let unsupported = [
+        (
+            config.block_kind != BlockKind::Sandwich,
+            "a block kind other than sandwich norms",
+        ),
+        (
+            config.layer_norm || !config.norm_scale || config.norm_unit_offset,
+            "norms other than RMSNorms scaling by a plain weight",
+        ),
+        (
+            !qk_norm_is_gemma4s,
+            "QK-norm other than an RMSNorm per head with the model's epsilon",
+        ),
+        (!config.value_norm, "values without their norm (value_norm)"),
+        (
+            config.attention_scale != Some(1.0),
+            "an attention scale other than 1",
+        ),
+        (
+            config
+                .embed_scale
+                .is_none_or(|scale| (scale - embed_scale).abs() > 1e-9 * embed_scale),
+            "an embedding scale other than √d_model",
+        ),
+        (
+            config.activation != Activation::GeluTanh || !config.gated_mlp,
+            "a feed-forward other than GeGLU with tanh-GELU",
+        ),
+        (
+            config.qkv_bias || config.o_bias || config.mlp_bias || config.lm_head_bias,
+            "biases",
+        ),
+        (
+            config.attention_softcap.is_some(),
+            "attention logit soft-capping",
+        ),
+        (config.moe.is_some(), "a mixture of experts"),
+        (config.latent.is_some(), "latent attention"),
+        (config.mtp_depth > 0, "multi-token prediction"),
+        (
+            config.learned_positions.is_some()
+                || config.alibi.is_some()
+                || config.nope_layers.is_some()
+                || config.layer_rope_theta.is_some(),
+            "positions other than its two rotary embeddings",
+        ),
+        (config.qkv_clip.is_some(), "a clamp of q, k and v"),
+        (config.logit_scale.is_some(), "a logit scale"),
+        (config.residual_scale.is_some(), "a residual scale"),
+        (config.query_temperature.is_some(), "a query temperature"),
+        (config.attention_sinks, "attention sinks"),
+        (config.embed_norm, "a norm of the embeddings"),
+        (
+            !config.is_global_layer(last),
+            "a sliding last layer (Gemma-4's last layer is global)",
+        ),
+        (
+            config.kv_heads_of(last) != config.kv_heads() && !config.global_values_from_keys,
+            "global layers of their own key/value heads without values from the keys",
+        ),
+        (
+            config
+                .kv_shared_d_ff
+                .is_some_and(|width| width != 2 * config.d_ff),
+            "a feed-forward in the layers reusing keys and values other than twice d_ff wide",
+        ),
+    ];
+    if let Some((_, option)) = unsupported.into_iter().find(|(set, _)| *set) {
+        return Err(option);
+    }
+    let sliding_rope = config.sliding_rope.as_ref().unwrap_or(&config.rope);
+    let layer_types: Vec<&str> = (0..config.n_layers)
+        .map(|layer| match config.is_global_layer(layer) {
+            true => "full_attention",
+            false => "sliding_attention",
+        })
+        .collect();
+    let mut value = json!({
+        "architectures": ["Gemma4ForCausalLM"],
+        "model_type": "gemma4_text",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.d_model,
+        "intermediate_size": config.d_ff,
+        "num_hidden_layers": config.n_layers,
+        "num_attention_heads": config.n_heads,
+        "num_key_value_heads": config.kv_heads(),
+        "head_dim": config.head_width(),
+        "global_head_dim": config.head_width_of(last),
+        "attention_k_eq_v": config.global_values_from_keys,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "max_position_embeddings": config.rope.max_position_embeddings,
+        "rms_norm_eps": config.norm_eps,
+        "tie_word_embeddings": config.tie_word_embeddings,
+        "final_logit_softcapping": config.final_logit_softcap,
+        "layer_types": layer_types,
+        "sliding_window": config.sliding_window.unwrap_or(config.rope.max_position_embeddings),
+        "rope_parameters": {
+            "full_attention": rope_parameters(&config.rope)?,
+            "sliding_attention": rope_parameters(sliding_rope)?,
+        },
+        "hidden_size_per_layer_input": config.per_layer_input_width.unwrap_or(0),
+        "vocab_size_per_layer_input": config.per_layer_vocab_size.unwrap_or(config.vocab_size),
+        "num_kv_shared_layers": config.kv_shared_layers,
+        "use_double_wide_mlp": config.kv_shared_d_ff.is_some(),
+        "enable_moe_block": false,
+        "attention_bias": false,
+        "attention_dropout": 0.0,
+        "use_cache": true,
+        "dtype": "float32",
+    });
+    if config.global_values_from_keys {
+        let object = value.as_object_mut().expect("an object");
+        object.insert(
+            "num_global_key_value_heads".into(),
+            config.kv_heads_of(last).into(),
+        );
+    }
+    Ok(value)
+}
+
+/// One kind of layer's `rope_parameters`: Gemma-4 rotates with the default or the
+/// proportional RoPE.
+fn rope_parameters(rope: &RopeConfig) -> Result<Value, &'static str> {
+    if rope.layout != RopeLayout::HalfSplit || rope.partial_rotary_factor != 1.0 || rope.reversed {
+        return Err("an interleaved, partial or reversed RoPE");
+    }
+    match rope.scaling {
+        RopeScaling::Default => Ok(json!({"rope_type": "default", "rope_theta": rope.theta})),
+        RopeScaling::Proportional {
+            factor,
+            rotated_fraction,
+        } => {
+            let mut parameters = json!({
+                "rope_type": "proportional",
+                "rope_theta": rope.theta,
+                "partial_rotary_factor": rotated_fraction,
+            });
+            // transformers names `factor` an unrecognized key of this type (and reads
+            // it): written only where it matters.
+            if factor != 1.0 {
+                parameters["factor"] = factor.into();
+            }
+            Ok(parameters)
+        }
+        _ => Err("a RoPE scaling other than the proportional one"),
+    }
 }
 
 #[cfg(test)]

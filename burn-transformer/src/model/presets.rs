@@ -63,6 +63,58 @@ impl CausalLmConfig {
             .with_tie_word_embeddings(true)
     }
 
+    /// This configuration with Gemma-4's design, its sizes kept (`train-lm --arch
+    /// gemma4`; exports as `gemma4_text`): sandwich blocks of plain RMSNorms, GeGLU
+    /// (tanh-GELU), embeddings × √d_model, QK-norm per head and a norm of the values,
+    /// unscaled attention, output logits soft-capped at 30; five layers in six slide
+    /// over `window` positions (RoPE at its base), the others and the last are global,
+    /// with heads twice as wide, half the key/value heads (when even) whose values are
+    /// the keys' projection, rotated on a quarter of their pairs by a proportional RoPE
+    /// at base 10⁶.
+    pub fn with_gemma4_design(self, window: usize) -> Self {
+        let layers = self.n_layers;
+        let (d_model, head_dim, kv_heads, eps) = (
+            self.d_model,
+            self.head_width(),
+            self.kv_heads(),
+            self.norm_eps,
+        );
+        let global_kv_heads = if kv_heads.is_multiple_of(2) {
+            kv_heads / 2
+        } else {
+            kv_heads
+        };
+        let sliding_rope = self.rope.clone();
+        let global_rope = RopeConfig::new(2 * head_dim)
+            .with_theta(1_000_000.0)
+            .with_max_position_embeddings(sliding_rope.max_position_embeddings)
+            .with_scaling(RopeScaling::Proportional {
+                factor: 1.0,
+                rotated_fraction: 0.25,
+            });
+        Self {
+            rope: global_rope,
+            ..self
+        }
+        .with_sliding_rope(Some(sliding_rope))
+        .with_block_kind(BlockKind::Sandwich)
+        .with_activation(Activation::GeluTanh)
+        .with_embed_scale(Some((d_model as f64).sqrt()))
+        .with_qk_norm(Some(QkNormConfig::new().with_eps(eps)))
+        .with_value_norm(true)
+        .with_attention_scale(Some(1.0))
+        .with_final_logit_softcap(Some(30.0))
+        .with_sliding_window(Some(window))
+        .with_sliding_layers(Some(
+            (0..layers)
+                .map(|layer| (layer + 1) % 6 != 0 && layer + 1 != layers)
+                .collect(),
+        ))
+        .with_global_head_dim(Some(2 * head_dim))
+        .with_global_kv_heads(Some(global_kv_heads))
+        .with_global_values_from_keys(true)
+    }
+
     /// `openai-community/gpt2` (GPT-2 small): 12 layers, width 768, 12 heads, 1024
     /// learned positions, a GELU (tanh) feed-forward of 3072, vocabulary 50257, tied
     /// embeddings; 124M parameters.

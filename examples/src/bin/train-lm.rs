@@ -32,7 +32,7 @@ use burn_transformer::hf::{
 use burn_transformer::io::{read_bytes, write_atomically};
 use burn_transformer::lora::{LoraConfig, attach_lora, freeze_matching};
 use burn_transformer::model::{CausalLm, CausalLmConfig};
-use burn_transformer::position::{RopeConfig, RopeScaling};
+use burn_transformer::position::RopeConfig;
 use burn_transformer::train::{
     ByteTokenizer, CharTokenizer, Corpus, LmTrainingConfig, Precision, RunOptions, ShardManifest,
     TokenSplit, Tokenizer, host_init, is_prepared, mtp_validation_loss, open_shards,
@@ -103,7 +103,8 @@ struct Args {
     /// unscaled attention, soft-capped logits, a sliding window of context/4 on five
     /// layers in six with the last layer global; the global layers' heads twice as wide
     /// with half the key/value heads, their values from the keys' projection, rotated
-    /// by a proportional RoPE on a quarter of their pairs), gpt-oss
+    /// by a proportional RoPE on a quarter of their pairs; exports as transformers'
+    /// gemma4_text), gpt-oss
     /// (attention sinks and biases, gemma's windows, 4 experts per layer, top-2, with
     /// router and expert biases and the clamped SwiGLU) or gpt2 (nanoGPT's model:
     /// --context learned positions instead of RoPE, LayerNorms with a shift, biases,
@@ -317,45 +318,7 @@ fn with_arch(model: CausalLmConfig, arch: &str, context: usize) -> CausalLmConfi
                 .with_sliding_window(Some((context / 4).max(1)))
                 .with_sliding_layers(Some((0..layers).map(|layer| layer % 2 == 0).collect()))
         }
-        "gemma4" => {
-            let layers = model.n_layers;
-            let (d_model, head_dim, kv_heads) =
-                (model.d_model, model.head_width(), model.kv_heads());
-            let global_kv_heads = if kv_heads.is_multiple_of(2) {
-                kv_heads / 2
-            } else {
-                kv_heads
-            };
-            let sliding_rope = model.rope.clone();
-            let global_rope = RopeConfig::new(2 * head_dim)
-                .with_theta(1_000_000.0)
-                .with_max_position_embeddings(sliding_rope.max_position_embeddings)
-                .with_scaling(RopeScaling::Proportional {
-                    factor: 1.0,
-                    rotated_fraction: 0.25,
-                });
-            CausalLmConfig {
-                rope: global_rope,
-                ..model
-            }
-            .with_sliding_rope(Some(sliding_rope))
-            .with_block_kind(BlockKind::Sandwich)
-            .with_activation(Activation::GeluTanh)
-            .with_embed_scale(Some((d_model as f64).sqrt()))
-            .with_qk_norm(Some(QkNormConfig::new().with_eps(eps)))
-            .with_value_norm(true)
-            .with_attention_scale(Some(1.0))
-            .with_final_logit_softcap(Some(30.0))
-            .with_sliding_window(Some((context / 4).max(1)))
-            .with_sliding_layers(Some(
-                (0..layers)
-                    .map(|layer| (layer + 1) % 6 != 0 && layer + 1 != layers)
-                    .collect(),
-            ))
-            .with_global_head_dim(Some(2 * head_dim))
-            .with_global_kv_heads(Some(global_kv_heads))
-            .with_global_values_from_keys(true)
-        }
+        "gemma4" => model.with_gemma4_design((context / 4).max(1)),
         "gpt2" => model.with_gpt2_design(context),
         "gpt-oss" => {
             let layers = model.n_layers;
