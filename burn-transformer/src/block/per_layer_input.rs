@@ -1,7 +1,8 @@
 //! A block's per-layer input branch (Gemma-4's per-layer embeddings, "PLE"): after the
 //! block's sublayers, a narrow gate of the stream is multiplied by an input of the
-//! layer's own (see [`PerLayerEmbedding`](crate::model::PerLayerEmbedding)), projected
-//! back to the model width, normed and added to the stream:
+//! layer's own (a causal language model makes them from its tokens with its
+//! `PerLayerEmbedding`), projected back to the model width, normed and added to the
+//! stream:
 //!
 //! ```text
 //! x + norm(projection(act(gate(x)) · input))

@@ -348,6 +348,23 @@ fn checkpoint_tensors(
     Ok(tensors)
 }
 
+/// `json` (an object) with the sizes every decoder family's `config.json` names alike.
+fn with_sizes(mut json: Value, config: &CausalLmConfig) -> Value {
+    if let Some(object) = json.as_object_mut() {
+        for (key, size) in [
+            ("vocab_size", config.vocab_size),
+            ("hidden_size", config.d_model),
+            ("intermediate_size", config.d_ff),
+            ("num_hidden_layers", config.n_layers),
+            ("num_attention_heads", config.n_heads),
+            ("num_key_value_heads", config.kv_heads()),
+        ] {
+            object.insert(key.into(), size.into());
+        }
+    }
+    json
+}
+
 /// A matrix `[rows, columns]` as `[columns, rows]`.
 fn transposed(tensor: HostTensor) -> HostTensor {
     let &[rows, columns] = tensor.shape.as_slice() else {
@@ -614,13 +631,15 @@ pub fn hf_config_json(config: &CausalLmConfig) -> Result<Value, HfError> {
     let rope = &config.rope;
     let head_dim = config.head_width();
     if let Some(gemma4_option) = gemma4_option(config) {
-        return gemma4::config_json(config).map_err(|option| HfError::Unsupported {
-            what: "config.json".into(),
-            reason: format!(
-                "the model has {gemma4_option}, so it exports as Gemma-4 (gemma4_text), \
+        return gemma4::config_json(config)
+            .map(|json| with_sizes(json, config))
+            .map_err(|option| HfError::Unsupported {
+                what: "config.json".into(),
+                reason: format!(
+                    "the model has {gemma4_option}, so it exports as Gemma-4 (gemma4_text), \
                  which does not have {option}"
-            ),
-        });
+                ),
+            });
     }
     match () {
         _ if config.latent.is_some() => refuse("latent attention (MLA)"),
@@ -681,25 +700,22 @@ pub fn hf_config_json(config: &CausalLmConfig) -> Result<Value, HfError> {
                     (None, true) => ("qwen2", "Qwen2ForCausalLM"),
                     (None, false) => ("llama", "LlamaForCausalLM"),
                 };
-            let mut value = json!({
-                "architectures": [architecture],
-                "model_type": model_type,
-                "vocab_size": config.vocab_size,
-                "hidden_size": config.d_model,
-                "intermediate_size": config.d_ff,
-                "num_hidden_layers": config.n_layers,
-                "num_attention_heads": config.n_heads,
-                "num_key_value_heads": config.kv_heads(),
-                "head_dim": head_dim,
-                "hidden_act": "silu",
-                "max_position_embeddings": rope.max_position_embeddings,
-                "rms_norm_eps": config.norm_eps,
-                "tie_word_embeddings": config.tie_word_embeddings,
-                "rope_parameters": {"rope_type": "default", "rope_theta": rope.theta},
-                "attention_dropout": 0.0,
-                "use_cache": true,
-                "dtype": "float32",
-            });
+            let mut value = with_sizes(
+                json!({
+                    "architectures": [architecture],
+                    "model_type": model_type,
+                    "head_dim": head_dim,
+                    "hidden_act": "silu",
+                    "max_position_embeddings": rope.max_position_embeddings,
+                    "rms_norm_eps": config.norm_eps,
+                    "tie_word_embeddings": config.tie_word_embeddings,
+                    "rope_parameters": {"rope_type": "default", "rope_theta": rope.theta},
+                    "attention_dropout": 0.0,
+                    "use_cache": true,
+                    "dtype": "float32",
+                }),
+                config,
+            );
             let object = value.as_object_mut().expect("an object");
             match model_type {
                 "llama" => {

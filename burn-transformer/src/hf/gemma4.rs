@@ -264,8 +264,9 @@ fn global_heads_of(
 
 /// The `config.json` of a Gemma-4 text model built here (`train-lm --arch gemma4`,
 /// with or without per-layer embeddings and layers reusing keys and values), as
-/// transformers' `Gemma4ForCausalLM` reads it: the inverse of [`Gemma4Keys::apply`]
-/// and the common keys.
+/// transformers' `Gemma4ForCausalLM` reads it, but for the sizes every family names
+/// alike (which the exporter adds): the inverse of [`Gemma4Keys::apply`] and the
+/// common keys.
 ///
 /// # Errors
 /// The first option of `config` that Gemma-4 does not have, named (for a refusal).
@@ -360,12 +361,6 @@ pub(crate) fn config_json(config: &CausalLmConfig) -> Result<Value, &'static str
     let mut value = json!({
         "architectures": ["Gemma4ForCausalLM"],
         "model_type": "gemma4_text",
-        "vocab_size": config.vocab_size,
-        "hidden_size": config.d_model,
-        "intermediate_size": config.d_ff,
-        "num_hidden_layers": config.n_layers,
-        "num_attention_heads": config.n_heads,
-        "num_key_value_heads": config.kv_heads(),
         "head_dim": config.head_width(),
         "global_head_dim": config.head_width_of(last),
         "attention_k_eq_v": config.global_values_from_keys,
