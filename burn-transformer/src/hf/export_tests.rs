@@ -391,9 +391,10 @@ fn peft_adapters_round_trip(base: &str, adapter: &str, pairs: usize) -> LoraConf
 }
 
 /// Adapters trained here, saved in PEFT's layout and loaded back, give the adapted
-/// model's logits: DeepSeek-V3's latent projections, and Gemma-4's dense feed-forward
+/// model's logits: DeepSeek-V3's latent projections, Gemma-4's dense feed-forward
 /// beside its experts (our shared experts, saved under its `mlp.` names) with no
-/// `v_proj` in its global layers.
+/// `v_proj` in its global layers, and Gemma-4 E2B's layers reusing keys and values (no
+/// `k_proj`).
 #[test]
 fn adapters_trained_here_round_trip_on_latent_attention_and_gemma4_models() {
     let device = Device::flex();
@@ -407,6 +408,12 @@ fn adapters_trained_here_round_trip_on_latent_attention_and_gemma4_models() {
             "gemma4_moe",
             "base_model.model.model.layers.0.mlp.gate_proj.lora_A.weight",
             Some("base_model.model.model.layers.1.self_attn.v_proj.lora_A.weight"),
+        ),
+        // Layers reusing keys and values have no k_proj to adapt.
+        (
+            "gemma4_e2b",
+            "base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight",
+            Some("base_model.model.model.layers.3.self_attn.k_proj.lora_A.weight"),
         ),
     ];
     for (name, present, absent) in cases {
