@@ -93,8 +93,11 @@ pub fn generate_speculative(
     let mut cache = model.new_cache();
     let mut mtp_caches = model.new_mtp_caches();
     let mtp_cache = &mut mtp_caches[0];
-    let (logits, hidden) = model.forward_cached_with_hidden(row(prompt), &mut cache, None);
-    let mut next = greedy_choices(logits.narrow(1, prompt.len() - 1, 1))[0];
+    // The draft module reads every prompt state; the first choice needs the last
+    // position's logits only.
+    let hidden = model.cached_states(row(prompt), &mut cache, None, prompt.len());
+    let last = hidden.clone().narrow(1, prompt.len() - 1, 1);
+    let mut next = greedy_choices(model.logits(last))[0];
     let mut going = emit(next, &mut tokens);
     // The MTP module's inputs not yet in its cache: states whose next token is known.
     let mut pending_hidden = hidden;

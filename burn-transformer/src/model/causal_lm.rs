@@ -1249,7 +1249,7 @@ impl CausalLm {
     /// # Shapes
     /// - tokens: `[batch, new]`, key_padding: `[batch, new]`
     /// - output: `[batch, keep, d_model]`
-    fn cached_states(
+    pub(crate) fn cached_states(
         &self,
         tokens: Tensor<2, Int>,
         cache: &mut StackCache,
@@ -1383,7 +1383,7 @@ impl CausalLm {
 
     /// The output head with the logit scale and the final soft-cap: `[batch, seq,
     /// d_model] -> [batch, seq, vocab_size]`.
-    fn logits(&self, hidden: Tensor<3>) -> Tensor<3> {
+    pub(crate) fn logits(&self, hidden: Tensor<3>) -> Tensor<3> {
         let logits = self.lm_head(hidden);
         let logits = match self.logit_scale {
             Some(scale) => logits * scale,
