@@ -348,6 +348,35 @@ fn checkpoint_tensors(
     Ok(tensors)
 }
 
+/// The first option of `config` that neither LLaMA's families nor Gemma-4 have (the
+/// families a model built here with RoPE exports as), named for a refusal.
+fn option_no_exported_family_has(config: &CausalLmConfig) -> Option<&'static str> {
+    [
+        (config.latent.is_some(), "latent attention (MLA)"),
+        (config.alibi.is_some(), "ALiBi instead of RoPE"),
+        (config.embed_norm, "a norm of the embeddings"),
+        (config.moe.is_some(), "a mixture of experts"),
+        (
+            config.mtp_depth > 0,
+            "multi-token prediction (mtp_depth > 0)",
+        ),
+        (
+            config.nope_layers.is_some(),
+            "layers without RoPE (nope_layers)",
+        ),
+        (
+            config.qkv_clip.is_some(),
+            "a clamp of q, k and v (qkv_clip)",
+        ),
+        (config.logit_scale.is_some(), "a logit scale"),
+        (config.residual_scale.is_some(), "a residual scale"),
+        (config.query_temperature.is_some(), "a query temperature"),
+        (config.attention_sinks, "attention sinks"),
+    ]
+    .into_iter()
+    .find_map(|(set, option)| set.then_some(option))
+}
+
 /// `json` (an object) with the sizes every decoder family's `config.json` names alike.
 fn with_sizes(mut json: Value, config: &CausalLmConfig) -> Value {
     if let Some(object) = json.as_object_mut() {
@@ -631,22 +660,24 @@ pub fn hf_config_json(config: &CausalLmConfig) -> Result<Value, HfError> {
     let rope = &config.rope;
     let head_dim = config.head_width();
     if let Some(gemma4_option) = gemma4_option(config) {
-        return gemma4::config_json(config)
+        let json = match option_no_exported_family_has(config) {
+            Some(option) => Err(option),
+            None => gemma4::config_json(config),
+        };
+        return json
             .map(|json| with_sizes(json, config))
             .map_err(|option| HfError::Unsupported {
                 what: "config.json".into(),
                 reason: format!(
                     "the model has {gemma4_option}, so it exports as Gemma-4 (gemma4_text), \
-                 which does not have {option}"
+                     which does not have {option}"
                 ),
             });
     }
+    if let Some(option) = option_no_exported_family_has(config) {
+        return refuse(option);
+    }
     match () {
-        _ if config.latent.is_some() => refuse("latent attention (MLA)"),
-        _ if config.alibi.is_some() => refuse("ALiBi instead of RoPE"),
-        _ if config.embed_norm => refuse("a norm of the embeddings"),
-        _ if config.moe.is_some() => refuse("a mixture of experts"),
-        _ if config.mtp_depth > 0 => refuse("multi-token prediction (mtp_depth > 0)"),
         _ if config.block_kind != BlockKind::PreNorm => refuse("a block kind other than Pre-LN"),
         _ if config.norm_unit_offset => {
             refuse("norms scaling by 1 + weight (Gemma's RMSNorm, Nemotron's LayerNorm1P)")
@@ -656,15 +687,9 @@ pub fn hf_config_json(config: &CausalLmConfig) -> Result<Value, HfError> {
             refuse("logit soft-capping")
         }
         _ if config.sliding_window.is_some() => refuse("a sliding window"),
-        _ if config.nope_layers.is_some() => refuse("layers without RoPE (nope_layers)"),
         _ if config.layer_norm => refuse("LayerNorm instead of RMSNorm"),
         _ if !config.norm_scale => refuse("norms without a learned scale"),
-        _ if config.qkv_clip.is_some() => refuse("a clamp of q, k and v (qkv_clip)"),
-        _ if config.logit_scale.is_some() => refuse("a logit scale"),
         _ if config.lm_head_bias => refuse("a bias on the logits"),
-        _ if config.residual_scale.is_some() => refuse("a residual scale"),
-        _ if config.query_temperature.is_some() => refuse("a query temperature"),
-        _ if config.attention_sinks => refuse("attention sinks"),
         _ if !config.gated_mlp => refuse("a feed-forward without a gate"),
         _ if config.activation != Activation::Silu => refuse("an activation other than SiLU"),
         _ if config.qkv_bias != config.o_bias && (!config.qkv_bias || config.qk_norm.is_some()) => {

@@ -269,7 +269,9 @@ fn global_heads_of(
 /// common keys.
 ///
 /// # Errors
-/// The first option of `config` that Gemma-4 does not have, named (for a refusal).
+/// The first option of `config` that Gemma-4 does not have, named (for a refusal),
+/// among those that LLaMA's families have or that only Gemma-4 could; the exporter
+/// refuses the options no exported family has before.
 pub(crate) fn config_json(config: &CausalLmConfig) -> Result<Value, &'static str> {
     let qk_norm_is_gemma4s = config.qk_norm.as_ref().is_some_and(|qk| {
         qk.placement == QkNormPlacement::PerHead
@@ -317,22 +319,10 @@ pub(crate) fn config_json(config: &CausalLmConfig) -> Result<Value, &'static str
             config.attention_softcap.is_some(),
             "attention logit soft-capping",
         ),
-        (config.moe.is_some(), "a mixture of experts"),
-        (config.latent.is_some(), "latent attention"),
-        (config.mtp_depth > 0, "multi-token prediction"),
         (
-            config.learned_positions.is_some()
-                || config.alibi.is_some()
-                || config.nope_layers.is_some()
-                || config.layer_rope_theta.is_some(),
+            config.learned_positions.is_some() || config.layer_rope_theta.is_some(),
             "positions other than its two rotary embeddings",
         ),
-        (config.qkv_clip.is_some(), "a clamp of q, k and v"),
-        (config.logit_scale.is_some(), "a logit scale"),
-        (config.residual_scale.is_some(), "a residual scale"),
-        (config.query_temperature.is_some(), "a query temperature"),
-        (config.attention_sinks, "attention sinks"),
-        (config.embed_norm, "a norm of the embeddings"),
         (
             !config.is_global_layer(last),
             "a sliding last layer (Gemma-4's last layer is global)",
