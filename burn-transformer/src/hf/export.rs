@@ -365,6 +365,10 @@ fn option_no_exported_family_has(config: &CausalLmConfig) -> Option<&'static str
             "layers without RoPE (nope_layers)",
         ),
         (
+            config.layer_rope_theta.is_some(),
+            "a RoPE base per layer (layer_rope_theta)",
+        ),
+        (
             config.qkv_clip.is_some(),
             "a clamp of q, k and v (qkv_clip)",
         ),

@@ -277,6 +277,9 @@ mod built_here {
         ));
         let error = hf_config_json(&layer_qk_norm).unwrap_err().to_string();
         assert!(error.contains("QK-norm other than Qwen3's"), "{error}");
+        let bases = scratch_config().with_layer_rope_theta(Some(vec![1e4, 2e4]));
+        let error = hf_config_json(&bases).unwrap_err().to_string();
+        assert!(error.contains("layer_rope_theta"), "{error}");
         let ungated = scratch_config().with_gated_mlp(false);
         let error = hf_config_json(&ungated).unwrap_err().to_string();
         assert!(error.contains("a feed-forward without a gate"), "{error}");

@@ -320,10 +320,6 @@ pub(crate) fn config_json(config: &CausalLmConfig) -> Result<Value, &'static str
             "attention logit soft-capping",
         ),
         (
-            config.learned_positions.is_some() || config.layer_rope_theta.is_some(),
-            "positions other than its two rotary embeddings",
-        ),
-        (
             !config.is_global_layer(last),
             "a sliding last layer (Gemma-4's last layer is global)",
         ),
