@@ -627,6 +627,23 @@ def gemma4_vision():
     )
 
 
+def llama4_vision():
+    # Llama 4's multimodal checkpoint (Llama4ForConditionalGeneration, as Scout and
+    # Maverick ship): `llama4_text`'s text model beside a tiny vision tower and its
+    # projector. The image tokens sit at the top of the vocabulary.
+    vision = transformers.Llama4VisionConfig(
+        **TINY_VISION, image_size=16, vision_output_dim=16, projector_input_dim=16,
+        projector_output_dim=32,
+    )
+    return transformers.Llama4Config(
+        text_config=llama4_text().to_dict(),
+        vision_config=vision.to_dict(),
+        boi_token_index=93,
+        eoi_token_index=94,
+        image_token_index=95,
+    )
+
+
 def gemma3_vision():
     # Gemma-3's multimodal checkpoint (Gemma3ForConditionalGeneration, as the 4B and
     # larger models ship): the text model under `language_model.`, a tiny SigLIP vision
@@ -759,6 +776,37 @@ def qwen2_moe():
         sliding_window=4,
         max_window_layers=2,
         tie_word_embeddings=False,
+    )
+
+
+def llama4_text():
+    # Llama 4's text model: four layers, the last without RoPE (no_rope_layer_interval
+    # 4), whose queries are scaled by position (attn_temperature_tuning, floor_scale 4:
+    # factors from position 3 on); the rotating layers attend within chunks of 4
+    # positions (the prompt of 9 and its continuation cross three chunk boundaries),
+    # with the parameterless L2 QK-norm; llama3 RoPE scaling over an original context
+    # of 8. Layers 1 and 3 are sparse (interleave_moe_layer_step 2): 4 experts of width
+    # 16, one per token, whose input is scaled by the sigmoid of its router logit, plus
+    # a shared expert; the dense layers are 48 wide (intermediate_size_mlp).
+    common = {k: v for k, v in COMMON.items() if k not in ("num_hidden_layers", "intermediate_size")}
+    return transformers.Llama4TextConfig(
+        **common,
+        num_hidden_layers=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=16,
+        intermediate_size_mlp=48,
+        num_local_experts=4,
+        num_experts_per_tok=1,
+        interleave_moe_layer_step=2,
+        attention_chunk_size=4,
+        floor_scale=4,
+        attn_scale=0.5,
+        rope_parameters={
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8,
+        },
     )
 
 
@@ -1493,6 +1541,8 @@ MODELS = {
     "olmoe": (olmoe, {}),
     "qwen2_moe": (qwen2_moe, {}),
     "qwen3_moe": (qwen3_moe, {}),
+    "llama4_text": (llama4_text, {}),
+    "llama4_vision": (llama4_vision, {}),
     "glm4_moe": (glm4_moe, {}),
     "glm4_moe_mtp": (glm4_moe, {"mtp": True, "max_shard_size": "150KB"}),
     "glm4_moe_lite": (glm4_moe_lite, {}),
@@ -1608,6 +1658,9 @@ class RouterGaps:
         for name, module in model.named_modules():
             if name.endswith(("mlp.gate", "block_sparse_moe.gate", "block_sparse_moe.router")):
                 self.handles.append(module.register_forward_hook(self.hook(module)))
+            # Llama 4's router is the linear layer itself: top-k of its logits.
+            if type(module).__name__ == "Llama4Router":
+                self.handles.append(module.register_forward_hook(self.hook(module)))
             # Gemma-4's router returns its softmax probabilities first.
             if type(module).__name__ == "Gemma4TextRouter":
                 top_k = self.config.top_k_experts
@@ -1632,6 +1685,8 @@ class RouterGaps:
         k = config.num_experts_per_tok
         if isinstance(k, list):  # Hunyuan's per-layer top-k
             k = module.top_k
+        if config.model_type == "llama4_text":
+            return gap(logits.sigmoid(), k)
         if config.model_type == "minimax_m2":
             scores = logits.sigmoid() + bias.float()
             return gap(scores, k)
@@ -1664,6 +1719,16 @@ class RouterGaps:
     def close(self):
         for handle in self.handles:
             handle.remove()
+
+
+def text_runner(model):
+    """The module that runs `model` on text: the model itself, but for Llama 4's
+    multimodal class, whose forward in transformers 5.24 fails on a text-only call
+    after computing its logits (it reads `image_outputs`, which its language model
+    does not return); its language model computes those same logits."""
+    if type(model).__name__ == "Llama4ForConditionalGeneration":
+        return model.language_model
+    return model
 
 
 def greedy_with_cache(model, tokens, new_tokens):
@@ -1890,8 +1955,8 @@ def build(name: str) -> None:
         tokens = torch.randint(3, top, (BATCH, SEQ), generator=generator)
         gaps = RouterGaps(model, config)
         with torch.no_grad():
-            logits = model(tokens).logits.float()
-            greedy, steps = greedy_with_cache(model, tokens, NEW_TOKENS)
+            logits = text_runner(model)(tokens).logits.float()
+            greedy, steps = greedy_with_cache(text_runner(model), tokens, NEW_TOKENS)
             # The MTP layer's router is hooked too (it is one of model.model.layers).
             if mtp is not None:
                 mtp_hidden, mtp_logits = mtp_forward(model, mtp, tokens)
@@ -2073,10 +2138,11 @@ LORA_TOLERANCE = 1e-5
 
 def auto_class(config):
     """The auto class that builds `config`'s model with its language-model head:
-    `AutoModelForCausalLM`, or for a multimodal model it does not map (Mistral-3)
-    `AutoModelForImageTextToText`."""
+    `AutoModelForCausalLM`, or for a multimodal model it does not map (Mistral-3) or
+    maps to its text model (Llama 4) `AutoModelForImageTextToText`."""
     causal = transformers.AutoModelForCausalLM
-    if type(config) in causal._model_mapping:
+    # `AutoModelForCausalLM` maps Llama 4's multimodal config to its text-only class.
+    if type(config) in causal._model_mapping and not isinstance(config, transformers.Llama4Config):
         return causal
     return transformers.AutoModelForImageTextToText
 
@@ -2526,7 +2592,7 @@ def build_gradients() -> None:
     for name in MODELS:
         model = load_base(OUT_DIR / name)
         tokens = read_safetensors(OUT_DIR / name / "reference.safetensors")["tokens"]
-        logits = model(tokens[:, :-1]).logits.float()
+        logits = text_runner(model)(tokens[:, :-1]).logits.float()
         loss = torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1)
         )

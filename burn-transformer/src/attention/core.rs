@@ -7,7 +7,8 @@
 //!
 //! Masking follows [`crate::ops::mask`]: queries are aligned bottom-right with the
 //! keys (what cached decoding needs), `causal` hides later keys, a sliding `window`
-//! hides keys `w` or more positions back (and ahead, without `causal`), and
+//! hides keys `w` or more positions back (and ahead, without `causal`), `chunk`
+//! hides keys outside the query's chunk of positions (Llama 4's local layers), and
 //! `key_padding` (`[batch, seq_k]`, `true` = padded) hides keys from everyone. A query
 //! row that sees no key at all returns zeros (never NaN).
 
@@ -89,6 +90,10 @@ pub struct AttentionOptions {
     pub causal: bool,
     /// Sliding window size `w` (see the module docs). Default: none. Must be > 0.
     pub window: Option<usize>,
+    /// Chunk size `c`: the positions are cut into chunks of `c` from the first key,
+    /// and a query sees only keys of its own chunk (see [`crate::ops::mask`]).
+    /// Default: none. Must be > 0.
+    pub chunk: Option<usize>,
     /// `[batch, seq_k]`, `true` for padded keys. Default: none.
     pub key_padding: Option<Tensor<2, Bool>>,
     /// Logit soft-capping `c·tanh(s/c)` (Gemma 2, Grok). Default: none.
@@ -120,6 +125,8 @@ crate::builders::setters!(AttentionOptions {
     with_causal => causal: bool,
     /// Sets the sliding window.
     with_window => window: Option<usize>,
+    /// Sets the chunk size.
+    with_chunk => chunk: Option<usize>,
     /// Sets the key padding mask (`[batch, seq_k]`, `true` = padded).
     with_key_padding => key_padding: Option<Tensor<2, Bool>>,
     /// Sets the logit softcap.
@@ -152,7 +159,7 @@ impl AttentionOptions {
         ScoreOptions::new(
             self.scale_for(d_qk),
             self.softcap,
-            MaskRule::new(self.causal, self.window),
+            MaskRule::new(self.causal, self.window).with_chunk(self.chunk),
         )
         .with_key_mask(self.key_padding.is_some())
         .with_alibi(self.alibi)

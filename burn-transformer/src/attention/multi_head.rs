@@ -54,6 +54,12 @@ pub struct MultiHeadAttentionConfig {
     /// Sliding window size (Mistral). Default: none. Must be > 0.
     #[config(default = "None")]
     pub window: Option<usize>,
+    /// Chunked local attention (Llama 4): positions are cut into chunks of this many
+    /// from the first key, and a query sees only keys of its own chunk (see
+    /// [`crate::ops::mask`]); the layer's cache then keeps every key. Default: none.
+    /// Must be > 0.
+    #[config(default = "None")]
+    pub chunk: Option<usize>,
     /// Attention logit softcap. Default: none.
     #[config(default = "None")]
     pub softcap: Option<f64>,
@@ -146,6 +152,8 @@ pub struct MultiHeadAttention {
     #[module(skip)]
     window: Option<usize>,
     #[module(skip)]
+    chunk: Option<usize>,
+    #[module(skip)]
     softcap: Option<f64>,
     #[module(skip)]
     scale: Option<f64>,
@@ -200,6 +208,18 @@ impl MultiHeadAttentionConfig {
         }
         if let Some(window) = self.window {
             ConfigError::check_positive(MODULE, "window", window)?;
+        }
+        if let Some(chunk) = self.chunk {
+            ConfigError::check_positive(MODULE, "chunk", chunk)?;
+            if self.window.is_some() {
+                // A chunk counts positions from the first key, which a rolling cache drops.
+                return Err(ConfigError::Invalid {
+                    module: MODULE,
+                    field: "chunk",
+                    reason: "is set with a window: a windowed layer's cache drops its oldest                              keys, where chunks are counted from; set one of the two"
+                        .into(),
+                });
+            }
         }
         ConfigError::check_probability(MODULE, "dropout", self.dropout)?;
         if let Some(clip) = self.qkv_clip {
@@ -301,6 +321,7 @@ impl MultiHeadAttentionConfig {
             head_dim,
             causal: self.causal,
             window: self.window,
+            chunk: self.chunk,
             softcap: self.softcap,
             scale: self.scale,
             implementation: self.implementation,
@@ -608,6 +629,7 @@ impl MultiHeadAttention {
             .with_scale(self.scale)
             .with_causal(causal)
             .with_window(self.window)
+            .with_chunk(self.chunk)
             .with_key_padding(key_padding)
             .with_softcap(self.softcap)
             .with_dropout(dropout)
@@ -970,6 +992,50 @@ mod tests {
             );
             assert_close(Tensor::cat(outputs, 1), full, 1e-5, "cached vs full");
         }
+    }
+
+    /// Chunked attention sees only its own chunk, whole and while decoding across
+    /// chunk boundaries (the cache keeps every key); a chunk with a window is refused.
+    #[test]
+    fn chunked_attention_decodes_as_it_attends_whole() {
+        for device in test_devices() {
+            device.seed(5);
+            let chunked = config()
+                .with_chunk(Some(4))
+                .with_rope(Some(RopeConfig::new(12)))
+                .init(&device);
+            let x = Tensor::<3>::random([2, 11, 32], Distribution::Normal(0.0, 1.0), &device);
+            let full = chunked.forward(x.clone(), None);
+            // Position 9 sees positions 8 and 9 alone: the same layer over those two
+            // (its first key at position 0) gives that row.
+            let alone = chunked.forward(x.clone().narrow(1, 8, 2), None);
+            assert_close(
+                full.clone().narrow(1, 9, 1),
+                alone.narrow(1, 1, 1),
+                1e-5,
+                "a chunk attends alone",
+            );
+
+            // Prefill 3 positions, decode across the boundaries at 4 and 8.
+            let mut cache = KvCache::with_window(chunked.window());
+            let mut outputs =
+                vec![chunked.forward_cached(x.clone().narrow(1, 0, 3), &mut cache, None)];
+            for position in 3..7 {
+                outputs.push(chunked.forward_cached(
+                    x.clone().narrow(1, position, 1),
+                    &mut cache,
+                    None,
+                ));
+            }
+            outputs.push(chunked.forward_cached(x.clone().narrow(1, 7, 4), &mut cache, None));
+            assert_eq!(cache.len(), 11);
+            assert_close(Tensor::cat(outputs, 1), full, 1e-5, "cached vs full");
+        }
+        let error = config().with_chunk(Some(4)).with_window(Some(4)).validate();
+        assert!(
+            matches!(error, Err(ConfigError::Invalid { field: "chunk", .. })),
+            "{error:?}"
+        );
     }
 
     /// A layer that reuses keys and values attends with its own queries over those the

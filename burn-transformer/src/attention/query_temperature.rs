@@ -1,8 +1,9 @@
 //! Query temperature by position (Llama 4's attention temperature tuning, Ministral-3's
 //! `llama_4_scaling_beta`): the queries of position `p` are multiplied by
-//! `1 + β · ln(1 + ⌊p / interval⌋)`, so that attention stays sharp far past the
-//! context the model was pre-trained on (`interval`, its original context). Within the
-//! first `interval` positions the factor is 1.
+//! `1 + β · ln(1 + ⌊(p + offset) / interval⌋)`, so that attention stays sharp far past
+//! the context the model was pre-trained on (`interval`, its original context). Llama 4
+//! counts positions from 1 (`offset` 1, its `floor_scale` the interval), Ministral-3
+//! from 0. Until `p + offset` reaches `interval` the factor is 1.
 //!
 //! Positions count from the first token of the sequence (of the padded batch, for
 //! left-padded rows).
@@ -19,6 +20,9 @@ pub struct QueryTemperatureConfig {
     pub beta: f64,
     /// Positions per step of the factor (the original context).
     pub interval: usize,
+    /// Added to each position before the division (Llama 4: 1). Default: 0.
+    #[config(default = 0)]
+    pub position_offset: usize,
 }
 
 impl QueryTemperatureConfig {
@@ -34,7 +38,8 @@ impl QueryTemperatureConfig {
 
     /// The factor of position `position`.
     pub fn factor(&self, position: usize) -> f64 {
-        1.0 + self.beta * ((position / self.interval) as f64).ln_1p()
+        let steps = (position + self.position_offset) / self.interval;
+        1.0 + self.beta * (steps as f64).ln_1p()
     }
 
     /// `queries` of positions `offset .. offset + seq` times their factors (unchanged
@@ -45,7 +50,7 @@ impl QueryTemperatureConfig {
     /// - output: `[batch, heads, seq, head_dim]`
     pub fn scale(&self, queries: Tensor<4>, offset: usize) -> Tensor<4> {
         let [_, _, seq, _] = queries.dims();
-        if (offset + seq).saturating_sub(1) < self.interval {
+        if (offset + seq + self.position_offset).saturating_sub(1) < self.interval {
             return queries;
         }
         // transformers computes the factor in float32 and casts it to the queries' type.
@@ -86,8 +91,14 @@ mod tests {
             ),
             &device,
         );
-        assert_close(scaled, expected, 1e-7, "scaled queries");
+        assert_close(scaled, expected.clone(), 1e-7, "scaled queries");
         assert!(temperature.validate().is_ok());
+        // Counted from 1 (Llama 4): position 3 takes the first step.
+        let from_one = temperature.clone().with_position_offset(1);
+        assert_eq!(from_one.factor(2), 1.0);
+        assert_eq!(from_one.factor(3), temperature.factor(4));
+        let scaled = from_one.scale(queries.narrow(2, 0, 1), 3);
+        assert_close(scaled, expected.narrow(2, 1, 1), 1e-7, "from one");
         assert!(QueryTemperatureConfig::new(0.1, 0).validate().is_err());
     }
 }

@@ -302,7 +302,7 @@ fn check_layer_count<'a>(
 /// ([`KeyMap::fused_heads`]), CodeGen's `qkv_proj` in its blocks, MPT's `Wqkv` as
 /// Phi-3's `qkv_proj`; BLOOM's norm of the embeddings is our `embed_norm`.
 ///
-/// A multimodal checkpoint ([`HfConfig::model_type`] `gemma3`, `gemma4`, `mistral3`)
+/// A multimodal checkpoint ([`HfConfig::model_type`] `gemma3`, `gemma4`, `mistral3`, `llama4`)
 /// stores its text model under `language_model.` (`language_model.model.layers.…`,
 /// `language_model.lm_head.weight`; `model.language_model.…` as transformers 5 names
 /// it in memory) beside its other modalities' towers and projections, which are
@@ -362,6 +362,7 @@ fn family_renames(config: &HfConfig) -> &'static [(&'static str, &'static str)] 
         "ernie4_5_moe" => &[(ERNIE_CORRECTION_BIAS, ".mlp.gate.e_score_correction_bias")],
         // gpt-oss names its router `router`, ours (like every other family) `gate`.
         "gpt_oss" => &[(".mlp.router.", ".mlp.gate.")],
+        "llama4_text" | "llama4" => &LLAMA4_NAMES,
         "starcoder2" => &STARCODER2_MLP,
         // GPT-2's, GPT-J's and GPT-NeoX's names are translated whole ([`own_names`]).
         "gpt2" | "gpt_bigcode" | "gpt_neo" | "gptj" | "codegen" | "gpt_neox" | "persimmon"
@@ -382,6 +383,15 @@ fn family_renames(config: &HfConfig) -> &'static [(&'static str, &'static str)] 
         _ => &[],
     }
 }
+
+/// Llama 4's names of its feed-forward (`feed_forward`, ours `mlp`), its router
+/// (`router`, ours `gate`) and its shared expert (`shared_expert`, ours
+/// `shared_experts`), the longer first.
+const LLAMA4_NAMES: [(&str, &str); 3] = [
+    (".feed_forward.router.", ".mlp.gate."),
+    (".feed_forward.shared_expert.", ".mlp.shared_experts."),
+    (".feed_forward.", ".mlp."),
+];
 
 /// Gemma-4's names of its per-layer embeddings (beside the stack, ours beside the
 /// token embedding) and of each layer's per-layer branch, and ours.
@@ -667,10 +677,11 @@ fn own_qkv_tables(model_type: &str) -> Option<&'static [(&'static str, [&'static
 /// The key a multimodal checkpoint's `key` would have in its text model's own
 /// checkpoint (`language_model.model.layers.0.…` → `model.layers.0.…`); `None` for the
 /// keys of the other modalities' towers and projections (Gemma-4's `embed_vision`,
-/// `audio_tower`, `embed_audio`).
+/// `audio_tower`, `embed_audio`; Llama 4's `vision_model`).
 fn text_model_key(key: &str) -> Option<String> {
-    const OTHER_MODALITIES: [&str; 5] = [
+    const OTHER_MODALITIES: [&str; 6] = [
         "vision_tower.",
+        "vision_model.",
         "multi_modal_projector.",
         "embed_vision.",
         "audio_tower.",
@@ -1103,15 +1114,39 @@ fn stack_head_norms(
     Ok(tensors)
 }
 
-/// gpt-oss's experts into our layout (see
+/// How the family `model_type` stores its experts stacked as `x · W`: `Some(true)`
+/// with gate and up interleaved by column (gpt-oss), `Some(false)` with the gate
+/// columns first (Llama 4); `None` for the other families.
+pub(super) fn x_w_experts(model_type: &str) -> Option<bool> {
+    match model_type {
+        "gpt_oss" => Some(true),
+        "llama4_text" | "llama4" => Some(false),
+        _ => None,
+    }
+}
+
+/// The column of a stacked `x · W` checkpoint's `gate_up_proj` (`2·d_ff` columns per
+/// expert) that holds row `row` of ours (gate rows, then up rows).
+pub(super) fn stacked_expert_column(row: usize, d_ff: usize, interleaved: bool) -> usize {
+    match interleaved {
+        true if row < d_ff => 2 * row,
+        true => 2 * (row - d_ff) + 1,
+        false => row,
+    }
+}
+
+/// Experts stored stacked as `x · W` (gpt-oss's and Llama 4's) into our layout:
+/// `gate_up_proj` `[E, d_model, 2·d_ff]` becomes `[E, 2·d_ff, d_model]`, gates first,
+/// from gate and up interleaved by column (gpt-oss; see
 /// [`Experts::from_gpt_oss`](crate::ffn::moe::Experts::from_gpt_oss), the same
-/// reordering on tensors): `gate_up_proj` `[E, d_model, 2·d_ff]` with gate and up
-/// interleaved by column becomes `[E, 2·d_ff, d_model]`, gates first; its bias is split
-/// the same way; `down_proj` `[E, d_ff, d_model]` becomes `[E, d_model, d_ff]`. Other
-/// tensors pass unchanged.
-fn reorder_gpt_oss_experts(
+/// reordering on tensors) or gate columns then up columns (Llama 4); gpt-oss's bias is
+/// split the same way; `down_proj` `[E, d_ff, d_model]` becomes `[E, d_model, d_ff]`.
+/// Other tensors pass unchanged.
+fn reorder_stacked_experts(
     tensors: BTreeMap<String, FileTensor>,
+    interleaved: bool,
 ) -> Result<BTreeMap<String, FileTensor>, HfError> {
+    let stored = move |row: usize, f: usize| stacked_expert_column(row, f, interleaved);
     tensors
         .into_iter()
         .map(|(key, entry)| {
@@ -1123,8 +1158,7 @@ fn reorder_gpt_oss_experts(
                         let source = move |index: usize| {
                             let (expert, rest) = (index / (two_f * d), index % (two_f * d));
                             let (row, column) = (rest / d, rest % d);
-                            let unit = if row < f { 2 * row } else { 2 * (row - f) + 1 };
-                            expert * d * two_f + column * two_f + unit
+                            expert * d * two_f + column * two_f + stored(row, f)
                         };
                         Some((vec![e, two_f, d], Box::new(source)))
                     }
@@ -1132,8 +1166,7 @@ fn reorder_gpt_oss_experts(
                         let f = two_f / 2;
                         let source = move |index: usize| {
                             let (expert, row) = (index / two_f, index % two_f);
-                            let unit = if row < f { 2 * row } else { 2 * (row - f) + 1 };
-                            expert * two_f + unit
+                            expert * two_f + stored(row, f)
                         };
                         Some((vec![e, two_f], Box::new(source)))
                     }
@@ -1443,8 +1476,8 @@ fn apply_weights<M: Module>(
     } else {
         tensors
     };
-    let tensors = if model_type == "gpt_oss" {
-        reorder_gpt_oss_experts(tensors)?
+    let tensors = if let Some(interleaved) = x_w_experts(model_type) {
+        reorder_stacked_experts(tensors, interleaved)?
     } else {
         drop_unit_leading_dims(tensors, model_type)?
     };

@@ -19,6 +19,7 @@ use super::error::HfError;
 use super::gemma4::Gemma4Keys;
 use super::keys::{KeyError, TokenIds, UnreadKeys, read_json, read_keys, required};
 use super::latent::LatentKeys;
+use super::llama4::Llama4Keys;
 use super::model_type::{ModelType, text_model_family};
 use super::moe::MoeKeys;
 use super::rope::RopeKeys;
@@ -437,7 +438,10 @@ impl ModelKeys {
                  loader builds causal language models",
             ));
         }
-        if !matches!(family, ModelType::Glm4Moe | ModelType::Cohere) {
+        if !matches!(
+            family,
+            ModelType::Glm4Moe | ModelType::Cohere | ModelType::Llama4Text
+        ) {
             unread.fixed("use_qk_norm", self.use_qk_norm, false, "no such switch");
         }
         unread.fixed(
@@ -498,9 +502,10 @@ impl ModelKeys {
             | ModelType::Biogpt
             | ModelType::Bloom
             | ModelType::Mpt => (RopeConfig::new(d_model / n_heads.max(1)), None),
-            // GLM, GLM-4, ERNIE, Cohere and Helium rotate pairs of neighbouring features
-            // (GPT-J's layout).
+            // GLM, GLM-4, ERNIE, Cohere, Helium and Llama 4 rotate pairs of neighbouring
+            // features (GPT-J's layout).
             ModelType::Glm
+            | ModelType::Llama4Text
             | ModelType::Glm4
             | ModelType::Ernie45
             | ModelType::Ernie45Moe
@@ -924,6 +929,9 @@ impl ModelKeys {
         if family == ModelType::Gemma4Text {
             read_keys::<Gemma4Keys>(config, None)?.apply(&mut model, unread)?;
         }
+        if family == ModelType::Llama4Text {
+            read_keys::<Llama4Keys>(config, None)?.apply(&mut model, unread)?;
+        }
         if family.is_latent() {
             let (mut latent, rope) = LatentKeys::read(config)?;
             // MiniCPM3 rotates the two halves of each head (its class has no switch).
@@ -1225,7 +1233,7 @@ impl ModelKeys {
         Ok(Some(bases))
     }
 
-    /// SmolLM3's layers without RoPE (`no_rope_layers` 0) and EXAONE-4's (EXAONE-MoE's)
+    /// SmolLM3's and Llama 4's layers without RoPE (`no_rope_layers` 0) and EXAONE-4's (EXAONE-MoE's)
     /// full layers beside sliding ones; `None` for the families whose every layer
     /// rotates.
     fn nope_layers(
@@ -1259,7 +1267,9 @@ impl ModelKeys {
                 .map(|types| types.iter().map(|kind| kind == "full_attention").collect());
             return Ok(full_layers);
         }
-        let (ModelType::Smollm3, Some(flags)) = (family, &self.no_rope_layers) else {
+        let (ModelType::Smollm3 | ModelType::Llama4Text, Some(flags)) =
+            (family, &self.no_rope_layers)
+        else {
             return Ok(None);
         };
         if flags.len() != n_layers {
@@ -1381,6 +1391,7 @@ impl ModelKeys {
             | ModelType::SeedOss
             | ModelType::Ernie45
             | ModelType::Ernie45Moe
+            | ModelType::Llama4Text
             | ModelType::Cohere => None,
             _ => self.sliding_window,
         };

@@ -20,7 +20,7 @@ use super::model_type::ModelType;
 /// `n_inner`), GPT-Neo's, Falcon's, BLOOM's and MPT's (4 times the width), GPT-J's
 /// rotated part of each head (from `rotary_dim`), the layer types of Gemma-2,
 /// VaultGemma, Gemma-3 (from `sliding_window_pattern`), Gemma-4, OLMo-3, SmolLM3, CWM,
-/// Granite-SWA and gpt-oss, SmolLM3's `no_rope_layers`, GLM-4.7-Flash's and
+/// Granite-SWA, gpt-oss and Llama 4, SmolLM3's and Llama 4's `no_rope_layers`, GLM-4.7-Flash's and
 /// EXAONE-MoE's `mlp_layer_types`, MiniMax-M2's `partial_rotary_factor` (from
 /// `rotary_dim`), Hunyuan's NTK-alpha base, Youtu's initializer scale, MiniCPM3's value
 /// head width, and Phi-3's old names of LongRoPE (`su`, `yarn`), and the rotary
@@ -179,8 +179,15 @@ pub(crate) fn with_family_defaults(family: ModelType, config: &Value) -> Value {
     {
         object.insert("partial_rotary_factor".into(), json!(rotary / head));
     }
-    if family == ModelType::Smollm3
-        && !object.contains_key("no_rope_layers")
+    // SmolLM3's and Llama 4's classes derive the list when it is null too, Llama 4's
+    // when it is empty.
+    let empty = |layers: &Value| match layers {
+        Value::Null => true,
+        Value::Array(layers) => layers.is_empty() && family == ModelType::Llama4Text,
+        _ => false,
+    };
+    if matches!(family, ModelType::Smollm3 | ModelType::Llama4Text)
+        && object.get("no_rope_layers").is_none_or(empty)
         && let Some(no_rope_layers) = default_no_rope_layers(object)
     {
         object.insert("no_rope_layers".into(), no_rope_layers);
@@ -604,6 +611,15 @@ fn class_defaults(family: ModelType) -> Value {
             "routed_scaling_factor": 1.0, "topk_method": "greedy", "norm_topk_prob": false,
             "first_k_dense_replace": 0
         }),
+        ModelType::Llama4Text => json!({
+            "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5,
+            "intermediate_size_mlp": 16384, "num_local_experts": 16,
+            "num_experts_per_tok": 1, "interleave_moe_layer_step": 1, "use_qk_norm": true,
+            "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0,
+            "no_rope_layer_interval": 4, "attention_chunk_size": 8192,
+            "attn_temperature_tuning": true, "floor_scale": 8192, "attn_scale": 0.1,
+            "rope_theta": 500_000.0
+        }),
         ModelType::Mistral4 => json!({
             "num_key_value_heads": 32, "n_shared_experts": 1, "n_routed_experts": 128,
             "routed_scaling_factor": 1.0, "kv_lora_rank": 256, "q_lora_rank": 1024,
@@ -709,6 +725,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::DeepseekV2 => [102400, 4096, 11008, 32, 32, 2048],
         ModelType::DeepseekV3 => [129280, 7168, 18432, 61, 128, 4096],
         ModelType::Mistral4 => [131072, 4096, 12288, 36, 32, 1_048_576],
+        ModelType::Llama4Text => [202048, 5120, 8192, 48, 40, 131072],
     };
     let [vocab, hidden, intermediate, layers, heads, positions] = sizes;
     let mut values = json!({
@@ -776,6 +793,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         | ModelType::Gemma4Text => (Some(2), Some(1), Some(0)),
         ModelType::DeepseekV3 | ModelType::Glm4MoeLite => (Some(0), Some(1), None),
         ModelType::Mistral4 => (Some(1), Some(2), Some(11)),
+        ModelType::Llama4Text => (Some(1), Some(2), None),
         ModelType::Qwen2
         | ModelType::Qwen2Moe
         | ModelType::Qwen3
@@ -871,6 +889,25 @@ fn default_layer_types(family: ModelType, config: &Map<String, Value>) -> Option
                 .map(|uses_rope| {
                     if slides && uses_rope.as_u64() == Some(0) {
                         "sliding_attention"
+                    } else {
+                        "full_attention"
+                    }
+                })
+                .collect(),
+        );
+    }
+    // Llama 4 attends within chunks on its layers with RoPE, when it has a chunk size.
+    if family == ModelType::Llama4Text {
+        let chunked = config
+            .get("attention_chunk_size")
+            .is_some_and(|chunk| !chunk.is_null());
+        let no_rope_layers = config.get("no_rope_layers")?.as_array()?;
+        return Some(
+            no_rope_layers
+                .iter()
+                .map(|uses_rope| {
+                    if chunked && uses_rope.as_u64() != Some(0) {
+                        "chunked_attention"
                     } else {
                         "full_attention"
                     }

@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 use super::apertus;
 use super::checkpoint::{
     CONFIG_FILE, INDEX_FILE, KeyMap, WEIGHTS_FILE, causal_lm_key_map, has_mixtral_layout,
-    has_unit_leading_dim, stores_stacked_experts,
+    has_unit_leading_dim, stacked_expert_column, stores_stacked_experts, x_w_experts,
 };
 use super::config::{HfConfig, text_model_config};
 use super::error::HfError;
@@ -193,7 +193,7 @@ fn checkpoint_tensors(
     config_path: &Path,
 ) -> Result<BTreeMap<String, HostTensor>, HfError> {
     let mixtral = has_mixtral_layout(&config.model_type);
-    let gpt_oss = config.model_type == "gpt_oss";
+    let x_w_layout = x_w_experts(&config.model_type);
     let stacked_experts = stores_stacked_experts(&config.model_type);
     let mut tensors = BTreeMap::new();
     let mut insert = |key: String, tensor: HostTensor| -> Result<(), HfError> {
@@ -248,8 +248,9 @@ fn checkpoint_tensors(
         .find(|part| key.ends_with(&format!(".experts.{part}")));
         match expert {
             Some(_) if stacked_experts => insert(key, tensor)?,
-            Some(part) if gpt_oss => {
-                let (key, tensor) = (key.clone(), to_gpt_oss(part, tensor));
+            Some(part) if x_w_layout.is_some() => {
+                let interleaved = x_w_layout == Some(true);
+                let (key, tensor) = (key.clone(), to_x_w_experts(part, tensor, interleaved));
                 insert(key, tensor)?;
             }
             Some(part) => {
@@ -376,6 +377,14 @@ fn option_no_exported_family_has(config: &CausalLmConfig) -> Option<&'static str
         (config.residual_scale.is_some(), "a residual scale"),
         (config.query_temperature.is_some(), "a query temperature"),
         (config.attention_sinks, "attention sinks"),
+        (
+            config.attention_chunk.is_some(),
+            "chunked attention (attention_chunk)",
+        ),
+        (
+            config.qk_norm_layers.is_some(),
+            "QK-norm on some layers only (qk_norm_layers)",
+        ),
     ]
     .into_iter()
     .find_map(|(set, option)| set.then_some(option))
@@ -512,6 +521,7 @@ fn gpt2_config_json(config: &CausalLmConfig) -> Result<Value, HfError> {
             refuse("logit soft-capping")
         }
         _ if config.sliding_window.is_some() => refuse("sliding window"),
+        _ if config.attention_chunk.is_some() => refuse("chunked attention"),
         _ if config.qk_norm.is_some() => refuse("QK-norm"),
         _ if config.qkv_clip.is_some() => refuse("clamp of q, k and v"),
         _ if config.logit_scale.is_some() => refuse("logit scale"),
@@ -579,10 +589,11 @@ fn per_expert(
     out
 }
 
-/// Our gpt-oss expert tensors in its checkpoint layout: `gate_up_proj` `[E, 2F, D]`
-/// (gates first) → `[E, D, 2F]` with gate and up interleaved by column; its bias
-/// `[E, 2F]` interleaved the same way; `down_proj` `[E, D, F]` → `[E, F, D]`.
-fn to_gpt_oss(part: &str, tensor: HostTensor) -> HostTensor {
+/// Our expert tensors in a stacked `x · W` checkpoint's layout (gpt-oss's, Llama 4's):
+/// `gate_up_proj` `[E, 2F, D]` (gates first) → `[E, D, 2F]` with gate and up
+/// interleaved by column or not ([`stacked_expert_column`]); its bias `[E, 2F]`
+/// ordered the same way; `down_proj` `[E, D, F]` → `[E, F, D]`.
+fn to_x_w_experts(part: &str, tensor: HostTensor, interleaved: bool) -> HostTensor {
     let shape = tensor.shape.clone();
     let v = &tensor.values;
     match (part, shape.as_slice()) {
@@ -591,7 +602,7 @@ fn to_gpt_oss(part: &str, tensor: HostTensor) -> HostTensor {
             let mut out = vec![0.0; v.len()];
             for expert in 0..e {
                 for row in 0..two_f {
-                    let unit = if row < f { 2 * row } else { 2 * (row - f) + 1 };
+                    let unit = stacked_expert_column(row, f, interleaved);
                     for column in 0..d {
                         out[expert * d * two_f + column * two_f + unit] =
                             v[expert * two_f * d + row * d + column];
@@ -608,7 +619,7 @@ fn to_gpt_oss(part: &str, tensor: HostTensor) -> HostTensor {
             let mut out = vec![0.0; v.len()];
             for expert in 0..e {
                 for row in 0..two_f {
-                    let unit = if row < f { 2 * row } else { 2 * (row - f) + 1 };
+                    let unit = stacked_expert_column(row, f, interleaved);
                     out[expert * two_f + unit] = v[expert * two_f + row];
                 }
             }

@@ -38,7 +38,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 87] = [
+const FAMILIES: [&str; 88] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -76,6 +76,7 @@ const FAMILIES: [&str; 87] = [
     "olmoe",
     "qwen2_moe",
     "qwen3_moe",
+    "llama4_text",
     "glm4_moe",
     "glm4_moe_mtp",
     "glm4_moe_lite",
@@ -280,6 +281,13 @@ mod built_here {
         let bases = scratch_config().with_layer_rope_theta(Some(vec![1e4, 2e4]));
         let error = hf_config_json(&bases).unwrap_err().to_string();
         assert!(error.contains("layer_rope_theta"), "{error}");
+        let chunked = scratch_config().with_attention_chunk(Some(4));
+        let error = hf_config_json(&chunked).unwrap_err().to_string();
+        assert!(error.contains("attention_chunk"), "{error}");
+        let error = hf_config_json(&gpt2_config().with_attention_chunk(Some(4)))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("chunked attention"), "{error}");
         let ungated = scratch_config().with_gated_mlp(false);
         let error = hf_config_json(&ungated).unwrap_err().to_string();
         assert!(error.contains("a feed-forward without a gate"), "{error}");

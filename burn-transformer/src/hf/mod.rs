@@ -37,6 +37,7 @@ mod gpt_neox;
 mod gptj;
 mod keys;
 mod latent;
+mod llama4;
 mod model_type;
 mod moe;
 mod mpt;

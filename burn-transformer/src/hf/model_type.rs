@@ -74,22 +74,26 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "deepseek_v2",
     "deepseek_v3",
     "mistral4",
+    "llama4_text",
     "gemma3",
     "gemma4",
     "mistral3",
+    "llama4",
 ];
 
 /// The family of the text model of a multimodal `model_type` (when its `text_config`
 /// names none), whose `config.json` describes it under `text_config` and whose
 /// checkpoint stores it under `language_model.` beside a vision tower: Gemma-3's
 /// `Gemma3ForConditionalGeneration` (the 4B, 12B and 27B checkpoints), Gemma-4's
-/// `Gemma4ForConditionalGeneration` and Mistral-3's `Mistral3ForConditionalGeneration`
-/// (Mistral-Small-3.1 and 3.2).
+/// `Gemma4ForConditionalGeneration`, Mistral-3's `Mistral3ForConditionalGeneration`
+/// (Mistral-Small-3.1 and 3.2) and Llama 4's `Llama4ForConditionalGeneration` (Scout,
+/// Maverick).
 pub(crate) fn text_model_family(model_type: &str) -> Option<ModelType> {
     match model_type {
         "gemma3" => Some(ModelType::Gemma3Text),
         "gemma4" => Some(ModelType::Gemma4Text),
         "mistral3" => Some(ModelType::Mistral),
+        "llama4" => Some(ModelType::Llama4Text),
         _ => None,
     }
 }
@@ -343,10 +347,15 @@ pub(crate) enum ModelType {
     /// temperature, softmax routing through groups without a correction bias, shared
     /// experts; its experts stored stacked.
     Mistral4,
+    /// Llama 4's text model: every fourth layer without RoPE and with its queries scaled
+    /// by position, the others attending within chunks with a parameterless QK-norm;
+    /// interleaved dense and sparse layers, one expert per token (sigmoid score on its
+    /// input) beside a shared one; the rotary embedding on neighbouring pairs.
+    Llama4Text,
 }
 
 impl ModelType {
-    const ALL: [Self; 71] = [
+    const ALL: [Self; 72] = [
         Self::Llama,
         Self::InternLm3,
         Self::Mistral,
@@ -418,6 +427,7 @@ impl ModelType {
         Self::DeepseekV2,
         Self::DeepseekV3,
         Self::Mistral4,
+        Self::Llama4Text,
     ];
 
     /// The `model_type` value.
@@ -494,6 +504,7 @@ impl ModelType {
             Self::DeepseekV2 => "deepseek_v2",
             Self::DeepseekV3 => "deepseek_v3",
             Self::Mistral4 => "mistral4",
+            Self::Llama4Text => "llama4_text",
         }
     }
 
@@ -674,7 +685,7 @@ mod tests {
     #[test]
     fn supported_model_types_are_the_families_read() {
         let mut names: Vec<&str> = ModelType::ALL.iter().map(|family| family.name()).collect();
-        names.extend(["gemma3", "gemma4", "mistral3"]);
+        names.extend(["gemma3", "gemma4", "mistral3", "llama4"]);
         assert_eq!(names, SUPPORTED_MODEL_TYPES);
         assert_eq!(text_model_family("gemma3"), Some(ModelType::Gemma3Text));
         for family in ModelType::ALL {

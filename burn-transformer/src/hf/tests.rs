@@ -472,10 +472,10 @@ fn mistral3_multimodal_checkpoint_loads_its_text_model_and_matches_transformers(
     exports_as_its_text_model("mistral3_vision", &model, "mistral");
 
     let mut other = config_json(&model_dir("mistral3_vision"));
-    other["text_config"]["model_type"] = "llama4_text".into();
+    other["text_config"]["model_type"] = "qwen3_next".into();
     let error = HfConfig::from_value(&other, "config.json").unwrap_err();
     assert!(
-        matches!(&error, HfError::UnsupportedModelType { model_type, .. } if model_type == "llama4_text"),
+        matches!(&error, HfError::UnsupportedModelType { model_type, .. } if model_type == "qwen3_next"),
         "{error}"
     );
 }
@@ -493,6 +493,81 @@ fn olmoe_with_qk_norm_across_heads_and_unnormalized_softmax_routing_matches_tran
 #[test]
 fn qwen2_moe_with_a_gated_shared_expert_and_a_dense_layer_matches_transformers() {
     matches_transformers("qwen2_moe");
+}
+
+/// Llama 4's text model: chunked attention with a parameterless QK-norm on the layers
+/// with RoPE (the prompt and its continuation cross chunk boundaries, whole and
+/// through the caches), a layer without RoPE whose queries are scaled by position,
+/// dense layers between sparse ones whose one expert per token reads the token times
+/// its sigmoid score, beside a shared expert; the rotary embedding on neighbouring
+/// pairs with llama3 scaling.
+#[test]
+fn llama4_with_chunked_layers_and_input_weighted_experts_matches_transformers() {
+    matches_transformers("llama4_text");
+    let config = HfConfig::from_file(model_dir("llama4_text").join(CONFIG_FILE)).unwrap();
+    assert!(config.unread_keys.is_empty(), "{:?}", config.unread_keys);
+    let model = &config.model;
+    let chunks: Vec<Option<usize>> = (0..4).map(|layer| model.chunk_of(layer)).collect();
+    assert_eq!(chunks, [Some(4), Some(4), Some(4), None]);
+    assert_eq!(model.nope_layers, Some(vec![false, false, false, true]));
+    let sparse: Vec<bool> = (0..4).map(|layer| model.moe_layers.is_moe(layer)).collect();
+    assert_eq!(sparse, [false, true, false, true]);
+    assert_eq!(
+        (model.d_ff, model.moe.as_ref().map(|moe| moe.d_ff)),
+        (48, Some(16))
+    );
+
+    // Without a chunk size (`null`), every layer attends in full; a chunked layer
+    // without one is refused, as is a layer type Llama 4 does not have.
+    let mut full = config_json(&model_dir("llama4_text"));
+    full["attention_chunk_size"] = serde_json::Value::Null;
+    full.as_object_mut().unwrap().remove("layer_types");
+    let full = HfConfig::from_value(&full, "config.json").unwrap();
+    assert!((0..4).all(|layer| full.model.chunk_of(layer).is_none()));
+    let mut orphan = config_json(&model_dir("llama4_text"));
+    orphan["attention_chunk_size"] = serde_json::Value::Null;
+    let error = HfConfig::from_value(&orphan, "config.json").unwrap_err();
+    assert!(
+        matches!(&error, HfError::Field { field, .. } if field == "layer_types"),
+        "{error}"
+    );
+    assert_field_refused(
+        "llama4_text",
+        "layer_types",
+        serde_json::json!([
+            "chunked_attention",
+            "sliding_attention",
+            "full_attention",
+            "full_attention"
+        ]),
+        "expected chunked_attention or full_attention",
+    );
+    assert_field_refused(
+        "llama4_text",
+        "floor_scale",
+        serde_json::json!(0.5),
+        "whole number",
+    );
+    assert_field_refused(
+        "llama4_text",
+        "moe_layers",
+        serde_json::json!([1, 4]),
+        "layer 4",
+    );
+}
+
+/// Llama 4's multimodal checkpoint (`Llama4ForConditionalGeneration`, as Scout and
+/// Maverick ship): the text model under `language_model.` beside a vision tower and
+/// its projector, which are not loaded. The text model matches transformers on text
+/// and exports as `llama4_text`.
+#[test]
+fn llama4_multimodal_checkpoint_loads_its_text_model_and_matches_transformers() {
+    matches_transformers("llama4_vision");
+    let device = Device::flex();
+    let (model, config) = load_causal_lm(model_dir("llama4_vision"), &device).unwrap();
+    assert_eq!(config.model_type, "llama4");
+    assert_eq!(config.model.attention_chunk, Some(4));
+    exports_as_its_text_model("llama4_vision", &model, "llama4_text");
 }
 
 #[test]
@@ -1843,6 +1918,7 @@ fn cached_decoding_equals_the_full_forward() {
         "minimax_m2",
         "gpt_oss",
         "deepseek_v3",
+        "llama4_text",
     ] {
         let reference = reference(name);
         let prompts = rows(&reference.data("tokens"));
@@ -2052,6 +2128,11 @@ fn gradient_norms(
         }
         let renames: &[(&str, &str)] = match model_type {
             "gpt_oss" => &[(".mlp.gate.", ".mlp.router.")],
+            "llama4_text" | "llama4" => &[
+                (".mlp.gate.", ".feed_forward.router."),
+                (".mlp.shared_experts.", ".feed_forward.shared_expert."),
+                (".mlp.", ".feed_forward."),
+            ],
             "qwen2_moe" => &[(".mlp.shared_experts.", ".mlp.shared_expert.")],
             "hunyuan_v1_dense" | "hunyuan_v1_moe" => &[
                 (".self_attn.q_norm.", ".self_attn.query_layernorm."),
@@ -2110,6 +2191,7 @@ fn gradient_norms(
                 (".up_proj.", ".gate_up_proj."),
             ],
             "gemma3" | "gemma4" | "mistral3" => &[("model.", "model.language_model.")],
+
             // Gemma-4's router, experts and their norms sit beside its dense
             // feed-forward (our shared experts) in the layer; its per-layer embeddings
             // in its stack, each layer's per-layer branch in the layer.
@@ -2163,6 +2245,11 @@ fn gradient_norms(
             .map_or(name.clone(), |(ours, theirs)| {
                 name.replacen(ours, theirs, 1)
             });
+        // Llama 4's multimodal class holds its text model whole, head included.
+        let name = match model_type {
+            "llama4" => format!("language_model.{name}"),
+            _ => name,
+        };
         *squares.entry(name).or_insert(0.0) += norm * norm;
     }
     squares

@@ -206,6 +206,20 @@ pub struct CausalLmConfig {
     /// `llama_4_scaling_beta`, see [`QueryTemperatureConfig`]). Default: none.
     #[config(default = "None")]
     pub query_temperature: Option<QueryTemperatureConfig>,
+    /// The layers of `query_temperature` (Llama 4: those without RoPE). Default: every
+    /// layer.
+    #[config(default = "None")]
+    pub query_temperature_layers: Option<Vec<bool>>,
+    /// Chunked local attention (Llama 4's `attention_chunk_size`): the layers of
+    /// `chunked_layers` cut the positions into chunks of this many from the first and
+    /// attend only within their own chunk (see [`crate::ops::mask`]); their caches keep
+    /// every key. Not on a layer with a sliding window, nor with `latent`. Default: none.
+    #[config(default = "None")]
+    pub attention_chunk: Option<usize>,
+    /// The layers of `attention_chunk` (Llama 4: those that rotate, HF `layer_types`
+    /// `chunked_attention`). Default: every layer.
+    #[config(default = "None")]
+    pub chunked_layers: Option<Vec<bool>>,
     /// Factor on each sublayer's output before its residual add (Granite's
     /// `residual_multiplier`). Default: none.
     #[config(default = "None")]
@@ -245,6 +259,9 @@ pub struct CausalLmConfig {
     /// Not available with `latent`. Default: none.
     #[config(default = "None")]
     pub qk_norm: Option<QkNormConfig>,
+    /// The layers of `qk_norm` (Llama 4: those that rotate). Default: every layer.
+    #[config(default = "None")]
+    pub qk_norm_layers: Option<Vec<bool>>,
     /// The LM head shares the token embedding's weight (HF `tie_word_embeddings`).
     /// Default: false.
     #[config(default = false)]
@@ -337,15 +354,14 @@ impl CausalLmConfig {
 
     /// The sliding window of layer `layer`, if it has one.
     pub fn window_of(&self, layer: usize) -> Option<usize> {
-        let window = self.sliding_window?;
-        match &self.sliding_layers {
-            Some(layers) => layers
-                .get(layer)
-                .copied()
-                .unwrap_or(false)
-                .then_some(window),
-            None => Some(window),
-        }
+        self.sliding_window
+            .filter(|_| listed_or_all(&self.sliding_layers, layer))
+    }
+
+    /// The chunk of layer `layer`'s attention, if it has one ([`Self::attention_chunk`]).
+    pub fn chunk_of(&self, layer: usize) -> Option<usize> {
+        self.attention_chunk
+            .filter(|_| listed_or_all(&self.chunked_layers, layer))
     }
 
     /// Whether layer `layer` attends without a position encoding ([`Self::nope_layers`]).
@@ -408,12 +424,18 @@ impl CausalLmConfig {
             .with_o_bias(self.o_bias)
             .with_causal(true)
             .with_window(self.window_of(layer))
+            .with_chunk(self.chunk_of(layer))
             .with_scale(self.attention_scale)
             .with_softcap(self.attention_softcap)
-            .with_query_temperature(self.query_temperature.clone())
+            .with_query_temperature(
+                (self.query_temperature.clone())
+                    .filter(|_| listed_or_all(&self.query_temperature_layers, layer)),
+            )
             .with_sinks(self.attention_sinks)
             .with_alibi(self.alibi)
-            .with_qk_norm(self.qk_norm.clone())
+            .with_qk_norm(
+                (self.qk_norm.clone()).filter(|_| listed_or_all(&self.qk_norm_layers, layer)),
+            )
             .with_qkv_clip(self.qkv_clip)
             .with_implementation(self.implementation)
             .with_initializer(self.initializer.clone())
@@ -543,6 +565,8 @@ impl CausalLmConfig {
         ConfigError::check_positive(MODULE, "vocab_size", self.vocab_size)?;
         ConfigError::check_positive(MODULE, "n_layers", self.n_layers)?;
         ConfigError::check_positive(MODULE, "d_ff", self.d_ff)?;
+        // Before the layers' attention, which would name the chunk by its own field.
+        self.validate_chunks()?;
         if let Some(scale) = self.embed_scale {
             ConfigError::check_finite(MODULE, "embed_scale", scale)?;
         }
@@ -634,6 +658,9 @@ impl CausalLmConfig {
         for (field, layers) in [
             ("sliding_layers", &self.sliding_layers),
             ("nope_layers", &self.nope_layers),
+            ("chunked_layers", &self.chunked_layers),
+            ("qk_norm_layers", &self.qk_norm_layers),
+            ("query_temperature_layers", &self.query_temperature_layers),
         ] {
             if let Some(layers) = layers
                 && layers.len() != self.n_layers
@@ -710,6 +737,70 @@ impl CausalLmConfig {
         self.validate_per_layer_inputs()?;
         self.validate_kv_sharing()?;
         ConfigError::check_non_negative(MODULE, "norm_eps", self.norm_eps)
+    }
+
+    /// Chunked attention is grouped, on layers without a window; the per-layer lists
+    /// of the chunks, QK-norm and query temperature come with what they choose layers
+    /// for.
+    fn validate_chunks(&self) -> Result<(), ConfigError> {
+        let invalid = |field, reason: String| {
+            Err(ConfigError::Invalid {
+                module: MODULE,
+                field,
+                reason,
+            })
+        };
+        for (field, list, chosen, option) in [
+            (
+                "chunked_layers",
+                self.chunked_layers.is_some(),
+                self.attention_chunk.is_some(),
+                "attention_chunk",
+            ),
+            (
+                "qk_norm_layers",
+                self.qk_norm_layers.is_some(),
+                self.qk_norm.is_some(),
+                "qk_norm",
+            ),
+            (
+                "query_temperature_layers",
+                self.query_temperature_layers.is_some(),
+                self.query_temperature.is_some(),
+                "query_temperature",
+            ),
+        ] {
+            if list && !chosen {
+                return invalid(
+                    field,
+                    format!(
+                        "chooses layers for {option}, which is unset: set it too, or leave {field} unset"
+                    ),
+                );
+            }
+        }
+        let Some(chunk) = self.attention_chunk else {
+            return Ok(());
+        };
+        ConfigError::check_positive(MODULE, "attention_chunk", chunk)?;
+        if self.latent.is_some() {
+            return invalid(
+                "attention_chunk",
+                "applies to grouped attention; latent attention has no chunks: leave it unset"
+                    .into(),
+            );
+        }
+        match (0..self.n_layers)
+            .find(|&layer| self.chunk_of(layer).is_some() && self.window_of(layer).is_some())
+        {
+            Some(layer) => invalid(
+                "attention_chunk",
+                format!(
+                    "applies to layer {layer}, which has a sliding window: a layer takes one                      of the two (set chunked_layers or sliding_layers apart)"
+                ),
+            ),
+            None => Ok(()),
+        }
     }
 
     /// Per-layer embeddings have a positive width and a table covering the vocabulary.
@@ -1038,6 +1129,14 @@ pub struct CausalLm {
     #[module(skip)]
     final_logit_softcap: Option<f64>,
     logit_scale: Option<f64>,
+}
+
+/// Whether a per-layer option whose layers `layers` lists (none: every layer) applies
+/// to layer `layer`.
+fn listed_or_all(layers: &Option<Vec<bool>>, layer: usize) -> bool {
+    layers
+        .as_ref()
+        .is_none_or(|layers| layers.get(layer).copied().unwrap_or(false))
 }
 
 /// What a forward pass returns.
@@ -1534,6 +1633,57 @@ pub(crate) mod tests {
                 })
             ),
             "{error:?}"
+        );
+    }
+
+    /// The per-layer choices of chunks, QK-norm and query temperature reach the layers
+    /// they name; each is refused without the option it chooses layers for, and a
+    /// chunk on a windowed layer or with latent attention is refused by name.
+    #[test]
+    fn chunks_qk_norm_and_query_temperature_apply_to_their_layers() {
+        let config = CausalLmConfig::new(40, 16, 2, 4, 24, RopeConfig::new(4))
+            .with_attention_chunk(Some(8))
+            .with_chunked_layers(Some(vec![true, false]))
+            .with_qk_norm(Some(QkNormConfig::new().with_scale(false)))
+            .with_qk_norm_layers(Some(vec![false, true]))
+            .with_query_temperature(Some(QueryTemperatureConfig::new(0.5, 4)))
+            .with_query_temperature_layers(Some(vec![true, false]));
+        assert!(config.validate().is_ok());
+        let first = config.attention_config(0);
+        let second = config.attention_config(1);
+        assert_eq!((first.chunk, second.chunk), (Some(8), None));
+        assert!(first.qk_norm.is_none() && second.qk_norm.is_some());
+        assert!(first.query_temperature.is_some() && second.query_temperature.is_none());
+        let refused = |config: CausalLmConfig, field: &str| {
+            let error = config.validate();
+            assert!(
+                matches!(
+                    &error,
+                    Err(ConfigError::Invalid { field: f, .. } | ConfigError::Zero { field: f, .. })
+                        if *f == field
+                ),
+                "{field}: {error:?}"
+            );
+        };
+        refused(config.clone().with_attention_chunk(None), "chunked_layers");
+        refused(config.clone().with_qk_norm(None), "qk_norm_layers");
+        refused(
+            config.clone().with_query_temperature(None),
+            "query_temperature_layers",
+        );
+        refused(
+            config
+                .clone()
+                .with_query_temperature_layers(Some(vec![true])),
+            "query_temperature_layers",
+        );
+        refused(
+            config.clone().with_sliding_window(Some(4)),
+            "attention_chunk",
+        );
+        refused(
+            config.clone().with_attention_chunk(Some(0)),
+            "attention_chunk",
         );
     }
 

@@ -8,6 +8,12 @@
 //! - `window = Some(w)` with `causal`: also `j > p - w`, so a query sees
 //!   `p-w+1 ..= p` (Mistral's sliding window). Without `causal` the window is
 //!   symmetric: `|p - j| < w` (local attention in encoders).
+//! - `chunk = Some(c)`: the sequence is cut into chunks of `c` positions from position
+//!   0, and a query sees only keys of its own chunk, `⌊j / c⌋ = ⌊p / c⌋` (Llama 4's
+//!   chunked local attention with `causal`; block-diagonal attention without). Unlike
+//!   a window, what a query sees depends on where the chunk starts, so positions count
+//!   from the first key of the call: a chunked cache keeps every key (see
+//!   [`KvCache`](crate::attention::KvCache)).
 //! - key padding, `[batch, seq_k]`: `true` marks a padded key that nobody sees.
 //!
 //! Under these rules the keys a query sees always form one contiguous range
@@ -30,8 +36,8 @@ pub fn query_position(row: usize, seq_q: usize, seq_k: usize) -> i64 {
     row as i64 + seq_k as i64 - seq_q as i64
 }
 
-/// Which keys each query sees by position: the causal mask and the sliding window.
-/// Key padding is per batch entry and travels as a tensor beside it.
+/// Which keys each query sees by position: the causal mask, the sliding window and the
+/// chunks. Key padding is per batch entry and travels as a tensor beside it.
 ///
 /// ```rust
 /// use burn_transformer::ops::mask::MaskRule;
@@ -45,17 +51,28 @@ pub struct MaskRule {
     pub causal: bool,
     /// Sliding window size `w` (see the module docs); at least 1.
     pub window: Option<usize>,
+    /// Chunk size `c` (see the module docs); at least 1.
+    pub chunk: Option<usize>,
 }
 
 impl MaskRule {
     /// A rule with the given causal flag and window.
     pub fn new(causal: bool, window: Option<usize>) -> Self {
-        Self { causal, window }
+        Self {
+            causal,
+            window,
+            chunk: None,
+        }
     }
 
-    /// Whether the rule hides anything by position (causal or windowed).
+    /// The rule with chunks of `chunk` positions (`None`: no chunks).
+    pub fn with_chunk(self, chunk: Option<usize>) -> Self {
+        Self { chunk, ..self }
+    }
+
+    /// Whether the rule hides anything by position (causal, windowed or chunked).
     pub fn is_positional(&self) -> bool {
-        self.causal || self.window.is_some()
+        self.causal || self.window.is_some() || self.chunk.is_some()
     }
 
     /// The keys `lo..hi` that query row `row` sees (padding aside); empty when it sees
@@ -73,6 +90,11 @@ impl MaskRule {
             if !self.causal {
                 hi = hi.min(position + window);
             }
+        }
+        if let Some(chunk) = self.chunk {
+            let start = position.div_euclid(chunk as i64) * chunk as i64;
+            lo = lo.max(start);
+            hi = hi.min(start + chunk as i64);
         }
         let lo = lo.clamp(0, seq_k as i64) as usize;
         let hi = hi.clamp(0, seq_k as i64) as usize;
@@ -157,7 +179,10 @@ mod tests {
             let w = w as i64;
             position - key >= w || (!rule.causal && key - position >= w)
         });
-        causal_hides || window_hides
+        let chunk_hides = rule
+            .chunk
+            .is_some_and(|c| key.div_euclid(c as i64) != position.div_euclid(c as i64));
+        causal_hides || window_hides || chunk_hides
     }
 
     #[test]
@@ -165,18 +190,21 @@ mod tests {
         for (seq_q, seq_k) in [(5, 9), (9, 5), (1, 4), (7, 7), (3, 1)] {
             for causal in [false, true] {
                 for window in [None, Some(1), Some(2), Some(3), Some(20)] {
-                    let rule = MaskRule::new(causal, window);
-                    let flags = rule.hidden_flags(seq_q, seq_k);
-                    for row in 0..seq_q {
-                        for key in 0..seq_k {
-                            let expected = hidden_by_definition(rule, row, key, seq_q, seq_k);
-                            assert_eq!(rule.is_hidden(row, key, seq_q, seq_k), expected);
-                            if let Some(flags) = &flags {
-                                assert_eq!(flags[row * seq_k + key], expected);
+                    for chunk in [None, Some(1), Some(3), Some(4), Some(20)] {
+                        let rule = MaskRule::new(causal, window).with_chunk(chunk);
+                        let flags = rule.hidden_flags(seq_q, seq_k);
+                        for row in 0..seq_q {
+                            for key in 0..seq_k {
+                                let expected = hidden_by_definition(rule, row, key, seq_q, seq_k);
+                                assert_eq!(rule.is_hidden(row, key, seq_q, seq_k), expected);
+                                if let Some(flags) = &flags {
+                                    assert_eq!(flags[row * seq_k + key], expected);
+                                }
                             }
                         }
+                        let positional = causal || window.is_some() || chunk.is_some();
+                        assert_eq!(flags.is_none(), !positional);
                     }
-                    assert_eq!(flags.is_none(), !causal && window.is_none());
                 }
             }
         }
@@ -190,6 +218,11 @@ mod tests {
         assert_eq!(MaskRule::new(true, Some(2)).visible_keys(0, 1, 4), 2..4);
         // Symmetric window without causal.
         assert_eq!(MaskRule::new(false, Some(2)).visible_keys(2, 5, 5), 1..4);
+        // Chunks of 4 from position 0: position 5 sees 4 and 5; position 4 only itself.
+        let chunked = MaskRule::new(true, None).with_chunk(Some(4));
+        assert_eq!(chunked.visible_keys(5, 6, 6), 4..6);
+        assert_eq!(chunked.visible_keys(0, 1, 5), 4..5);
+        assert_eq!(chunked.visible_keys(3, 6, 6), 0..4);
         // More queries than keys: the first rows see nothing.
         assert!(MaskRule::new(true, None).visible_keys(0, 5, 3).is_empty());
     }

@@ -361,7 +361,8 @@ impl Experts {
     }
 
     /// Runs each expert on its tokens and sums the weighted outputs per token, with the
-    /// given strategy.
+    /// given strategy; with `weighted_inputs` each expert reads its token times the
+    /// weight instead, and its output is summed unweighted (Llama 4).
     ///
     /// A dropped assignment contributes nothing (the token passes through the residual
     /// connection around the layer for that expert).
@@ -379,6 +380,7 @@ impl Experts {
         weights: Tensor<2>,
         plan: &DispatchPlan,
         strategy: ExpertDispatch,
+        weighted_inputs: bool,
     ) -> Tensor<2> {
         let n_experts = self.n_experts();
         assert_eq!(
@@ -406,11 +408,28 @@ impl Experts {
             ],
             0,
         ); // [tokens·top_k + 1]
-        let (token_order, slot_order, outputs) = match strategy {
+        // Every kept assignment's token (and padding rows, batched), grouped by expert.
+        let (token_order, slot_order) = match strategy {
+            ExpertDispatch::PerExpert => (int(plan.tokens.clone()), plan.slots.clone()),
+            ExpertDispatch::Batched => {
+                let layout = plan.padded_layout();
+                (int(layout.tokens), layout.slots)
+            }
+        };
+        let rows = slot_order.len();
+        let row_weights = weights
+            .select(0, int(slot_order))
+            .cast(dtype)
+            .reshape([rows, 1]); // [rows, 1]
+        let gathered = x.select(0, token_order.clone()); // [rows, d_model]
+        // Without biases an expert maps 0 to 0, so a padding row (weight 0) still adds
+        // nothing when its input is weighted instead of its output.
+        let (gathered, row_weights) = match weighted_inputs {
+            true => (gathered * row_weights, None),
+            false => (gathered, Some(row_weights)),
+        };
+        let outputs = match strategy {
             ExpertDispatch::PerExpert => {
-                let token_index = int(plan.tokens.clone());
-                // [kept, d_model]: every kept assignment's token, grouped by expert.
-                let gathered = x.select(0, token_index.clone());
                 let mut outputs = Vec::new();
                 let mut start = 0;
                 for (expert, &count) in plan.kept.iter().enumerate() {
@@ -420,15 +439,10 @@ impl Experts {
                         start += count;
                     }
                 }
-                (token_index, plan.slots.clone(), Tensor::cat(outputs, 0))
+                Tensor::cat(outputs, 0)
             }
             ExpertDispatch::Batched => {
-                let layout = plan.padded_layout();
-                let rows = layout.rows;
-                let token_index = int(layout.tokens);
-                let gathered = x
-                    .select(0, token_index.clone())
-                    .reshape([n_experts, rows, d_model]); // [n_experts, rows, d_model]
+                let gathered = gathered.reshape([n_experts, rows / n_experts, d_model]); // [n_experts, rows, d_model]
                 let gate_up = self.gate_up_proj.val().cast(dtype); // [n_experts, 2·d_ff, d_model]
                 let down = self.down_proj.val().cast(dtype); // [n_experts, d_model, d_ff]
                 // [n_experts, 1, width]: each expert's bias over its rows.
@@ -447,16 +461,14 @@ impl Experts {
                     Some(bias) => outputs + bias,
                     None => outputs,
                 };
-                let outputs = outputs.reshape([n_experts * rows, d_model]);
-                (token_index, layout.slots, outputs)
+                outputs.reshape([rows, d_model])
             }
         };
-        let [n_rows, _] = outputs.dims();
-        let row_weights = weights
-            .select(0, int(slot_order))
-            .cast(dtype)
-            .reshape([n_rows, 1]); // [rows, 1]
-        output.select_assign(0, token_order, outputs * row_weights, IndexingUpdateOp::Add)
+        let outputs = match row_weights {
+            Some(row_weights) => outputs * row_weights,
+            None => outputs,
+        };
+        output.select_assign(0, token_order, outputs, IndexingUpdateOp::Add)
     }
 }
 
@@ -617,10 +629,29 @@ mod tests {
             let weights = Tensor::<2>::random([5, 2], Distribution::Uniform(0.0, 1.0), &device);
             // Expert 2 gets nothing; expert 0 gets three tokens.
             let plan = DispatchPlan::new(&[0, 1, 0, 3, 1, 3, 0, 1, 3, 1], 2, 4, None);
-            let batched =
-                experts.dispatch(x.clone(), weights.clone(), &plan, ExpertDispatch::Batched);
-            let per_expert = experts.dispatch(x, weights, &plan, ExpertDispatch::PerExpert);
-            assert_close(batched, per_expert, 1e-5, "batched vs per expert");
+            // The weights on the outputs, or on the inputs (Llama 4): padding rows add
+            // nothing either way.
+            for weighted_inputs in [false, true] {
+                let run = |strategy| {
+                    let (x, weights) = (x.clone(), weights.clone());
+                    experts.dispatch(x, weights, &plan, strategy, weighted_inputs)
+                };
+                let batched = run(ExpertDispatch::Batched);
+                let per_expert = run(ExpertDispatch::PerExpert);
+                let what = format!("batched vs per expert, weighted inputs {weighted_inputs}");
+                assert_close(batched, per_expert.clone(), 1e-5, &what);
+                // Token 4 goes to experts 3 and 1, in that order.
+                let token = x.clone().narrow(0, 4, 1);
+                let weight = |slot: usize| weights.clone().narrow(0, 4, 1).narrow(1, slot, 1);
+                let expected = if weighted_inputs {
+                    experts.forward_expert(3, token.clone() * weight(0))
+                        + experts.forward_expert(1, token * weight(1))
+                } else {
+                    experts.forward_expert(3, token.clone()) * weight(0)
+                        + experts.forward_expert(1, token) * weight(1)
+                };
+                assert_close(per_expert.narrow(0, 4, 1), expected, 1e-5, &what);
+            }
         }
     }
 

@@ -84,6 +84,11 @@ pub struct MoeConfig {
     /// Biases on the routed experts' projections (gpt-oss). Default: false.
     #[config(default = false)]
     pub expert_bias: bool,
+    /// Each routed expert reads its token times the routing weight and its output is
+    /// summed as it is (Llama 4), instead of weighting the output: the experts are not
+    /// linear, so the two differ. Not with `expert_bias`. Default: false.
+    #[config(default = false)]
+    pub weighted_inputs: bool,
     /// Gemma-4's arrangement, with norms of this kind: the layer is also given the
     /// block's residual stream ([`Moe::forward_beside`]); the router reads that stream,
     /// the routed experts read it through a norm of their own
@@ -127,6 +132,15 @@ impl MoeConfig {
         }
         if let Some(factor) = self.capacity_factor {
             ConfigError::check_positive_real(MODULE, "capacity_factor", factor)?;
+        }
+        if self.weighted_inputs && self.expert_bias {
+            // Rows that only pad an expert's batch read zeros, which a biased expert
+            // would not map to zero.
+            return Err(ConfigError::Invalid {
+                module: MODULE,
+                field: "weighted_inputs",
+                reason: "is not supported with expert_bias: set one of the two".into(),
+            });
         }
         if let Some(norm) = &self.stream_norms {
             norm.validate()?;
@@ -181,6 +195,7 @@ impl MoeConfig {
             post_feedforward_layernorm_2: stream_norm()?,
             capacity_factor: self.capacity_factor,
             dispatch: self.dispatch,
+            weighted_inputs: self.weighted_inputs,
         })
     }
 }
@@ -210,6 +225,8 @@ pub struct Moe {
     capacity_factor: Option<f64>,
     #[module(skip)]
     dispatch: ExpertDispatch,
+    #[module(skip)]
+    weighted_inputs: bool,
 }
 
 /// What a [`Moe`] layer returns: its output and, for training, the routing losses and
@@ -273,9 +290,13 @@ impl Moe {
             .capacity_factor
             .map(|factor| (factor * (tokens * top_k) as f64 / n_experts as f64).ceil() as usize);
         let plan = DispatchPlan::new(&indices, top_k, n_experts, capacity);
-        let routed = self
-            .experts
-            .dispatch(flat, routing.weights.clone(), &plan, self.dispatch);
+        let routed = self.experts.dispatch(
+            flat,
+            routing.weights.clone(),
+            &plan,
+            self.dispatch,
+            self.weighted_inputs,
+        );
         let output = self.combine(x, routed.reshape([batch, seq, d_model]));
         let probabilities = self.gate.balance_probabilities(routing.scores.clone());
         MoeOutput {
@@ -316,7 +337,11 @@ impl Moe {
         let mut output = Tensor::<2>::zeros([tokens, d_model], &flat.device()).cast(x.dtype());
         for e in 0..n_experts {
             let weight = dense_weights.clone().narrow(1, e, 1).cast(x.dtype()); // [tokens, 1]
-            output = output + self.experts.forward_expert(e, flat.clone()) * weight;
+            output = output
+                + match self.weighted_inputs {
+                    true => self.experts.forward_expert(e, flat.clone() * weight),
+                    false => self.experts.forward_expert(e, flat.clone()) * weight,
+                };
         }
         self.combine(x, output.reshape([batch, seq, d_model]))
     }

@@ -9,16 +9,16 @@
 //! logits `softcap(scale·q·kᵀ)` with `softcap(s) = c·tanh(s/c)`; the mask rule of
 //! `MaskRule` (queries aligned bottom-right with the keys: row `i` sits at absolute
 //! position `i + seq_k − seq_q`; `causal` hides later keys; a window `w` hides keys
-//! `w` or more positions back and, without `causal`, `w` or more ahead) plus key
-//! padding; GQA (query head `h` reads key/value head `h / (heads / kv_heads)`); a
+//! `w` or more positions back and, without `causal`, `w` or more ahead; chunks of `c`
+//! hide keys outside the query's chunk) plus key padding; GQA (query head `h` reads key/value head `h / (heads / kv_heads)`); a
 //! learned sink per query head that joins each row's normalization and takes no
 //! value (folded into the log-sum-exp). A row that sees no key returns zeros and
 //! `LSE = masked_row_lse` (or `LSE = sink` with a sink), and gets zero gradients.
 //!
 //! # Work split
 //! - Forward: one task per (batch, head, block of [`BR`] query rows). The task
-//!   streams the key blocks ([`BC`] keys) its rows can see (causal and window skip
-//!   whole blocks), computes the score tile, applies soft-cap and mask, runs the online
+//!   streams the key blocks ([`BC`] keys) its rows can see (causal, window and chunks
+//!   skip whole blocks), computes the score tile, applies soft-cap and mask, runs the online
 //!   softmax (running max and sum per row) and accumulates `P·V`.
 //! - Backward: `D = rowsum(dO ∘ O)` first, then either
 //!   - two passes (FA2): pass 1, one task per (batch, kv head, key block),
@@ -92,10 +92,8 @@ pub(crate) struct CpuAttention {
     pub softcap: Option<f32>,
     /// ALiBi's bias `slope_h · (j − p)`, added to the (capped) logits.
     pub alibi: Option<Alibi>,
-    /// Each query sees only keys at or before its position.
-    pub causal: bool,
-    /// Sliding window size (at least 1).
-    pub window: Option<usize>,
+    /// Which keys each query sees by position (causal, window, chunks).
+    pub mask: MaskRule,
     /// Log-sum-exp of a row that sees no key and has no sink (`MASKED_ROW_LSE`).
     pub masked_row_lse: f32,
 }
@@ -302,7 +300,7 @@ impl<'a> Ctx<'a> {
     #[inline(always)]
     fn visible(&self, b: usize, row: usize) -> (usize, usize) {
         let p = &self.p;
-        let keys = MaskRule::new(p.causal, p.window).visible_keys(row, p.seq_q, p.seq_k);
+        let keys = p.mask.visible_keys(row, p.seq_q, p.seq_k);
         let (lo, hi) = (keys.start, keys.end);
         let (first, end) = self.key_bounds[b];
         if first >= end {
@@ -1680,6 +1678,7 @@ mod tests {
         d_v: usize,
         causal: bool,
         window: Option<usize>,
+        chunk: Option<usize>,
         softcap: Option<f32>,
         /// Multiplies the usual `1/√d_qk` (larger scores exercise the soft-cap).
         scale_factor: f32,
@@ -1698,6 +1697,7 @@ mod tests {
         d_v: 8,
         causal: false,
         window: None,
+        chunk: None,
         softcap: None,
         scale_factor: 1.0,
         padding: Padding::None,
@@ -1718,8 +1718,7 @@ mod tests {
                 scale: self.scale_factor / (self.d_qk as f32).sqrt(),
                 softcap: self.softcap,
                 alibi: self.alibi,
-                causal: self.causal,
-                window: self.window,
+                mask: MaskRule::new(self.causal, self.window).with_chunk(self.chunk),
                 masked_row_lse: MASKED,
             }
         }
@@ -1765,12 +1764,16 @@ mod tests {
     fn hidden(p: &CpuAttention, row: usize, key: usize) -> bool {
         let position = row as i64 + p.seq_k as i64 - p.seq_q as i64;
         let key = key as i64;
-        let causal_hides = p.causal && key > position;
-        let window_hides = p.window.is_some_and(|w| {
+        let mask = p.mask;
+        let causal_hides = mask.causal && key > position;
+        let window_hides = mask.window.is_some_and(|w| {
             let w = w as i64;
-            position - key >= w || (!p.causal && key - position >= w)
+            position - key >= w || (!mask.causal && key - position >= w)
         });
-        causal_hides || window_hides
+        let chunk_hides = mask
+            .chunk
+            .is_some_and(|c| key.div_euclid(c as i64) != position.div_euclid(c as i64));
+        causal_hides || window_hides || chunk_hides
     }
 
     /// The f64 reference of one case.
@@ -2058,6 +2061,44 @@ mod tests {
                 padding: Padding::Random,
                 ..c
             },
+            // Chunks (Llama 4's local layers): causal within chunks of 24 that cut the
+            // blocks of 64, with padding and GQA; fewer queries than keys, as a cached
+            // prefill; block-diagonal without causal, with a window too.
+            Case {
+                batch: 2,
+                heads: 4,
+                kv_heads: 2,
+                seq_q: 130,
+                seq_k: 130,
+                d_qk: 32,
+                d_v: 32,
+                causal: true,
+                chunk: Some(24),
+                padding: Padding::Random,
+                ..c
+            },
+            Case {
+                heads: 2,
+                kv_heads: 1,
+                seq_q: 70,
+                seq_k: 200,
+                d_qk: 16,
+                d_v: 24,
+                causal: true,
+                chunk: Some(64),
+                ..c
+            },
+            Case {
+                heads: 2,
+                kv_heads: 2,
+                seq_q: 100,
+                seq_k: 100,
+                d_qk: 16,
+                d_v: 16,
+                window: Some(10),
+                chunk: Some(30),
+                ..c
+            },
             // Soft-cap, with large scores.
             Case {
                 heads: 2,
@@ -2333,6 +2374,7 @@ mod tests {
                 padding: [Padding::None, Padding::Random, Padding::WithEmptyEntry][pick(3)],
                 sinks: pick(3) == 0,
                 alibi: (pick(3) == 0).then(Alibi::new),
+                chunk: (pick(3) == 0).then(|| 1 + pick(80)),
             };
             let error = check(&case, seed);
             worst = worst.max(error);

@@ -246,8 +246,7 @@ mod flex {
             scale: options.scale as f32,
             softcap: options.softcap.map(|cap| cap as f32),
             alibi: options.alibi,
-            causal: problem.mask.causal,
-            window: problem.mask.window,
+            mask: problem.mask,
             masked_row_lse: MASKED_ROW_LSE,
         }
     }

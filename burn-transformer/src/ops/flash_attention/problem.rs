@@ -348,6 +348,10 @@ impl Problem {
             options.mask.window != Some(0),
             "attention: a sliding window must be at least 1"
         );
+        assert!(
+            options.mask.chunk != Some(0),
+            "attention: a chunk must be at least 1 position"
+        );
         if let Some(padding) = key_padding {
             assert_eq!(
                 padding.dims(),

@@ -24,6 +24,8 @@ pub(crate) struct Case {
     pub d_v: usize,
     pub causal: bool,
     pub window: Option<usize>,
+    /// Chunks of positions (Llama 4's local attention).
+    pub chunk: Option<usize>,
     /// Key lengths per batch entry (right padding).
     pub lengths: Option<Vec<usize>>,
     pub softcap: Option<f64>,
@@ -57,6 +59,7 @@ impl Case {
             d_v: dims.1,
             causal: false,
             window: None,
+            chunk: None,
             lengths: None,
             softcap: None,
             scale: None,
@@ -79,7 +82,7 @@ impl Case {
         let options = ScoreOptions::new(
             self.scale.unwrap_or(1.0 / (self.d_qk as f64).sqrt()),
             self.softcap,
-            MaskRule::new(self.causal, self.window),
+            MaskRule::new(self.causal, self.window).with_chunk(self.chunk),
         )
         .with_key_mask(self.lengths.is_some())
         .with_alibi(self.alibi)
@@ -105,7 +108,7 @@ impl Case {
             seq_k: self.seq_k,
             d_qk: self.d_qk,
             d_v: self.d_v,
-            mask: MaskRule::new(self.causal, self.window),
+            mask: MaskRule::new(self.causal, self.window).with_chunk(self.chunk),
             has_key_mask: self.lengths.is_some(),
             has_alibi: self.alibi.is_some(),
         }
@@ -461,7 +464,8 @@ type MaskCase = (usize, usize, bool, Option<usize>, bool, Option<f64>);
 
 /// The f32 parity grid: at least 100 configurations covering MHA/GQA/MQA, causal or
 /// not, windows, padding (with fully padded entries), soft-capping, attention sinks
-/// (a quarter of the cases, with and without windows), seq lengths 1, 17, 64, 129
+/// (a quarter of the cases, with and without windows), chunks (a third of the causal
+/// cases, and a long one), seq lengths 1, 17, 64, 129
 /// and 1000 with seq_q ≠ seq_k, head dims 32, 64, 80, 128 and 192/128.
 pub(super) fn parity_grid() -> Vec<Case> {
     let dims = [(32, 32), (64, 64), (80, 80), (128, 128), (192, 128)];
@@ -500,6 +504,11 @@ pub(super) fn parity_grid() -> Vec<Case> {
                 }
                 // Sinks are a runtime flag of the kernels: no new compiled kernel.
                 case.sinks = (d + 2 * h + m) % 4 == 1;
+                // So are chunks: every third causal case cuts its positions into
+                // chunks that do not divide the blocks.
+                if causal && (d + h + m) % 3 == 1 {
+                    case.chunk = Some(seq_k / 3 + 2);
+                }
                 cases.push(case);
             }
         }
@@ -511,6 +520,10 @@ pub(super) fn parity_grid() -> Vec<Case> {
     let mut long = Case::new(2, 2, 1000, 999, (128, 128));
     long.window = Some(100);
     long.sinks = true;
+    cases.push(long);
+    let mut long = Case::new(2, 1, 1000, 1000, (64, 64));
+    long.causal = true;
+    long.chunk = Some(300);
     cases.push(long);
     let mut long = Case::new(1, 1, 129, 1000, (192, 128));
     long.lengths = Some(vec![700]);
@@ -556,7 +569,7 @@ pub(super) fn alibi_cases() -> Vec<Case> {
 /// `count` random configurations drawn from `seed`, beyond the grid's: head dims of
 /// every size the kernels take (multiples of 8 up to 256, `d_qk ≠ d_v`), lengths 1–300
 /// (a few up to 700, and one case in six decoding: 1–16 rows against 500–1500 keys),
-/// batches of 1–3, any GQA grouping, and each mask option (causal, window, padding with
+/// batches of 1–3, any GQA grouping, and each mask option (causal, window, chunks, padding with
 /// fully padded entries, soft-capping, scale, sinks, ALiBi) drawn apart.
 pub(super) fn random_cases(seed: u64, count: usize) -> Vec<Case> {
     use rand::{Rng, SeedableRng};
@@ -608,6 +621,9 @@ pub(super) fn random_cases(seed: u64, count: usize) -> Vec<Case> {
             case.sinks = rng.random_bool(0.3);
             if rng.random_bool(0.2) {
                 case.alibi = Some(Alibi::new().with_max_bias(rng.random_range(2.0..10.0)));
+            }
+            if rng.random_bool(0.2) {
+                case.chunk = Some(rng.random_range(1..=seq_k.max(2)));
             }
             case
         })

@@ -38,6 +38,7 @@ pub(super) struct ShapeClass {
     seq_k: usize,
     causal: bool,
     windowed: bool,
+    chunked: bool,
 }
 
 impl ShapeClass {
@@ -52,6 +53,7 @@ impl ShapeClass {
             problem.seq_k,
             problem.mask.causal,
             problem.mask.window.is_some(),
+            problem.mask.chunk.is_some(),
         )
     }
 }

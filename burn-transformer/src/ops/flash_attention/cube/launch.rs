@@ -72,11 +72,18 @@ fn sizes(problem: &Problem, options: &ScoreOptions) -> SizesLaunch {
             .window
             .unwrap_or(0)
             .min(problem.seq_q.max(problem.seq_k)) as u32,
+        // Likewise a chunk: positions stay below the longer sequence.
+        problem
+            .mask
+            .chunk
+            .unwrap_or(1)
+            .min(problem.seq_q.max(problem.seq_k).max(1)) as u32,
         options.scale as f32,
         options.softcap.unwrap_or(1.0) as f32,
         (1.0 / options.softcap.unwrap_or(1.0)) as f32,
         problem.mask.causal as u32,
         problem.mask.window.is_some() as u32,
+        problem.mask.chunk.is_some() as u32,
         problem.has_key_mask as u32,
         options.softcap.is_some() as u32,
         options.has_sinks as u32,

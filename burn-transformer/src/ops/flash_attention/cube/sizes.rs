@@ -3,7 +3,7 @@
 //! ALiBi's bias, and the score a hidden entry takes.
 //!
 //! Masking is the device transcription of [`MaskRule`](crate::ops::mask::MaskRule)
-//! (bottom-right aligned causal, window, key padding); the parity grid tests the two
+//! (bottom-right aligned causal, window, chunks, key padding); the parity grid tests the two
 //! against each other. Hidden scores use [`HIDDEN_SCORE`], a large negative *finite*
 //! value: WGSL has no infinity literal.
 
@@ -30,6 +30,8 @@ pub struct Sizes {
     pub group: u32,
     /// Sliding window size (unused without a window).
     pub window: u32,
+    /// Chunk size (unused without chunks).
+    pub chunk: u32,
     /// Multiplies `q·kᵀ`.
     pub scale: f32,
     /// Soft-cap `c` (unused without a softcap).
@@ -41,6 +43,8 @@ pub struct Sizes {
     pub causal: u32,
     /// 1 with a sliding window.
     pub windowed: u32,
+    /// 1 with chunks.
+    pub chunked: u32,
     /// 1 when a key padding mask is read.
     pub key_mask: u32,
     /// 1 with logit soft-capping.
@@ -67,10 +71,10 @@ pub struct ScoreTerms {
     pub alibi: bool,
 }
 
-/// The keys that absolute query position `pos` sees by the causal and window
+/// The keys that absolute query position `pos` sees by the causal, window and chunk
 /// structure, `[first, end)` within `0 .. seq_k` (padding is checked apart): a key `j`
 /// is seen when `j <= pos` (causal), `pos - j < window` and, without causal,
-/// `j - pos < window`. Both ends grow with `pos`.
+/// `j - pos < window`, and `⌊j / chunk⌋ = ⌊pos / chunk⌋`. Both ends grow with `pos`.
 #[cube]
 pub(super) fn visible_keys(pos: i32, sizes: &Sizes) -> (i32, i32) {
     let window = i32::cast_from(sizes.window);
@@ -85,7 +89,24 @@ pub(super) fn visible_keys(pos: i32, sizes: &Sizes) -> (i32, i32) {
             end = i32::min(end, pos + window);
         }
     }
+    if sizes.chunked != 0 {
+        if pos < 0 {
+            // A position before the keys is in a chunk of its own.
+            end = i32::min(end, 0);
+        } else {
+            let start = chunk_start(pos, sizes);
+            first = i32::max(first, start);
+            end = i32::min(end, start + i32::cast_from(sizes.chunk));
+        }
+    }
     (first, end)
+}
+
+/// The first position of the chunk holding position `pos >= 0`.
+#[cube]
+fn chunk_start(pos: i32, sizes: &Sizes) -> i32 {
+    let chunk = i32::cast_from(sizes.chunk);
+    pos / chunk * chunk
 }
 
 /// The absolute query positions that see key `key` by the same structure,
@@ -105,11 +126,16 @@ pub(super) fn seeing_positions(key: i32, sizes: &Sizes) -> (i32, i32) {
             first = i32::max(first, key - window + 1);
         }
     }
+    if sizes.chunked != 0 {
+        let start = chunk_start(key, sizes);
+        first = i32::max(first, start);
+        end = i32::min(end, start + i32::cast_from(sizes.chunk));
+    }
     (first, end)
 }
 
 /// Whether key `key` (below `seq_k`) is visible from absolute query position `pos` by
-/// the causal and window structure (padding is checked apart): inside `pos`'s range of
+/// the causal, window and chunk structure (padding is checked apart): inside `pos`'s range of
 /// [`visible_keys`], which is the same for each of a row's keys, so that in unrolled
 /// loops over a row's scores the compiler works it out once a row.
 #[cube]
@@ -121,10 +147,10 @@ pub(super) fn structurally_visible(pos: i32, key: i32, sizes: &Sizes) -> bool {
 /// Whether each of the `keys` keys from `key_first` is visible from each of the
 /// `rows` absolute query positions from `pos_first` with no per-score work: no padding
 /// mask is read, no soft-cap applies, every key lies below `key_end` (real keys of the
-/// launch's range), and the causal and window structure hides none of them. Such a
+/// launch's range), and the causal, window and chunk structure hides none of them. Such a
 /// block's scores need only the scale (FlashAttention-2 masks only the blocks on a
-/// mask's edge). Each structural bound is monotone in `key − pos`, so the two corners
-/// of the block decide it. A kernel compiled with ALiBi (`terms`) has no open block:
+/// mask's edge). Both ends of [`visible_keys`] grow with the position, so the two
+/// corners of the block decide it. A kernel compiled with ALiBi (`terms`) has no open block:
 /// the bias is work on every score.
 #[cube]
 pub(super) fn block_open(
