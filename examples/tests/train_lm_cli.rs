@@ -515,6 +515,46 @@ fn per_layer_inputs_and_shared_keys_and_values_learn() {
     assert!(!exported.exists(), "a refused export writes nothing");
 }
 
+/// Chunked attention (Llama 4's) trains and generates through its caches past a chunk
+/// boundary; a chunk of 0 is refused before anything is written.
+#[test]
+fn chunked_attention_learns() {
+    let dir = TempDir::with_prefix("chunked").unwrap();
+    let text = corpus(dir.path());
+    let out = dir.path().join("run");
+    let run = |chunk: &str| {
+        let mut args = vec![
+            "--data",
+            text.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--attention-chunk",
+            chunk,
+            "--steps",
+            "40",
+            "--eval-interval",
+            "20",
+            "--lr",
+            "1e-2",
+        ];
+        args.extend_from_slice(TINY);
+        common::run(TRAIN_LM, &args)
+    };
+    let refused = run("0");
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("attention_chunk"), "{stderr}");
+    assert!(!out.exists(), "a refused run writes nothing");
+
+    let stdout = assert_success(&run("3"));
+    assert!(stdout.contains("attention in chunks of 3"), "{stdout}");
+    let (_, validation) = losses(&out);
+    let (first, last) = (validation[0].1, validation[validation.len() - 1].1);
+    assert!(last < first, "validation loss {first} -> {last}");
+    let sample = std::fs::read_to_string(out.join("sample.txt")).unwrap();
+    assert!(!sample.trim().is_empty(), "the run generates a sample");
+}
+
 /// Every `--arch` builds a model whose validation loss falls in a few steps; a GPT-2
 /// run exports as transformers' `gpt2`, a Gemma-4 one as its `gemma4_text`.
 #[test]

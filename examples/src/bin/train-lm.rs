@@ -161,6 +161,11 @@ struct Args {
     #[arg(long, default_value_t = 0)]
     #[serde(default)]
     kv_shared_layers: usize,
+    /// Chunked local attention (Llama 4): every layer without a sliding window attends
+    /// only within chunks of this many positions, counted from the first token.
+    #[arg(long)]
+    #[serde(default)]
+    attention_chunk: Option<usize>,
 
     /// Optimizer steps; default: 2000 with --data, 600 on the default corpus.
     #[arg(long)]
@@ -227,7 +232,7 @@ struct Args {
     /// any family the crate loads) instead of training a new model. Its tokenizer.json
     /// is the tokenizer unless --tokenizer is given; the model flags (--arch, --layers,
     /// --heads, --kv-heads, --d-model, --d-ff, --mtp-depth, --per-layer-inputs,
-    /// --kv-shared-layers) do not apply.
+    /// --kv-shared-layers, --attention-chunk) do not apply.
     #[arg(long)]
     #[serde(default)]
     init_from: Option<PathBuf>,
@@ -291,6 +296,21 @@ fn default_mtp_weight() -> f64 {
 }
 
 /// `model` with the block design of `--arch` (see [`Args::arch`]).
+/// `model` with chunked attention of `chunk` positions on every layer that has no
+/// sliding window.
+fn with_attention_chunk(model: CausalLmConfig, chunk: Option<usize>) -> CausalLmConfig {
+    let Some(chunk) = chunk else {
+        return model;
+    };
+    let chunked: Vec<bool> = (0..model.n_layers)
+        .map(|layer| model.window_of(layer).is_none())
+        .collect();
+    let every_layer = chunked.iter().all(|&chunked| chunked);
+    model
+        .with_attention_chunk(Some(chunk))
+        .with_chunked_layers((!every_layer).then_some(chunked))
+}
+
 fn with_arch(model: CausalLmConfig, arch: &str, context: usize) -> CausalLmConfig {
     let eps = model.norm_eps;
     match arch {
@@ -450,6 +470,7 @@ fn check_flags(args: &Args, matches: &clap::ArgMatches) -> Result<(), String> {
             "mtp_depth",
             "per_layer_inputs",
             "kv_shared_layers",
+            "attention_chunk",
         ];
         if let Some(flag) = model_flags
             .iter()
@@ -674,6 +695,7 @@ fn configs(args: &Args, vocab_size: usize) -> (CausalLmConfig, LmTrainingConfig)
         .with_mtp_loss_weight(args.mtp_weight)
         .with_per_layer_input_width(args.per_layer_inputs)
         .with_kv_shared_layers(args.kv_shared_layers);
+    let model = with_attention_chunk(model, args.attention_chunk);
     let training = LmTrainingConfig::new()
         .with_batch_size(args.batch_size)
         .with_grad_accumulation(args.grad_accum)
@@ -940,9 +962,12 @@ fn run(args: Args, matches: &clap::ArgMatches) -> Result<(), String> {
         0 => String::new(),
         layers => format!(", the last {layers} reusing keys and values"),
     };
+    let chunks = model.attention_chunk.map_or_else(String::new, |chunk| {
+        format!(", attention in chunks of {chunk}")
+    });
     println!(
         "split: {} training and {} validation tokens; model ({}): {} layers{kv_shared}, \
-         width {}, {} heads ({} kv), feed-forward {}{per_layer_inputs}; device: {}",
+         width {}, {} heads ({} kv){chunks}, feed-forward {}{per_layer_inputs}; device: {}",
         split.train.len(),
         split.validation.len(),
         family,
