@@ -148,6 +148,8 @@ pub struct FragmentConfig {
     /// Whether the kernel adds ALiBi's bias to its scores (calls with ALiBi; see
     /// [`alibi_bias`]), for the same reason as [`Self::softcap`].
     pub alibi: bool,
+    /// Whether the mask has chunks ([`ScoreTerms::chunk`]).
+    pub chunked: bool,
 }
 
 impl FragmentConfig {
@@ -156,6 +158,7 @@ impl FragmentConfig {
         ScoreTerms {
             cap: self.softcap,
             alibi: self.alibi,
+            chunk: self.chunked,
         }
     }
 
@@ -510,7 +513,7 @@ pub fn fragment_forward<F: Float>(
     let terms = comptime!(config.terms());
     let slope = alibi_slope(head, &sizes, terms);
     let first_row = CUBE_POS_X as usize * block_q;
-    let (kv_start, kv_end) = split_key_range(first_row, block_q, split_keys, &sizes);
+    let (kv_start, kv_end) = split_key_range(first_row, block_q, split_keys, &sizes, terms);
     // Rows of one split's output: every row of every head.
     let split_row = CUBE_POS_Z as usize * CUBE_COUNT_Y as usize * seq_q;
     let plane_row = first_row + plane * plane_rows;
@@ -652,7 +655,7 @@ pub fn fragment_forward<F: Float>(
                             let key = start + t as i32;
                             let visible = kept[t] != 0
                                 && key < kv_end
-                                && structurally_visible(pos, key, &sizes);
+                                && structurally_visible(pos, key, &sizes, terms);
                             let score = masked_score(
                                 pair.extract(e) * sizes.scale,
                                 alibi_bias(slope, pos, key, terms),
@@ -836,7 +839,7 @@ pub fn fragment_backward_q<F: Float>(
     let terms = comptime!(config.terms());
     let slope = alibi_slope(head, &sizes, terms);
     let first_row = CUBE_POS_X as usize * block_q;
-    let (kv_start, kv_end) = key_range(first_row, block_q, &sizes);
+    let (kv_start, kv_end) = key_range(first_row, block_q, &sizes, terms);
     let plane_row = first_row + plane * TILE_M;
     let plane_pos = i32::cast_from(plane_row) + shift;
 
@@ -1020,7 +1023,7 @@ pub fn fragment_backward_q<F: Float>(
                         let pos = plane_pos + r as i32;
                         let key = start + t as i32;
                         let visible =
-                            kept[kept_at + t] != 0 && structurally_visible(pos, key, &sizes);
+                            kept[kept_at + t] != 0 && structurally_visible(pos, key, &sizes, terms);
                         let (_, ds) = probability_and_gradient(
                             score.extract(e) * sizes.scale,
                             alibi_bias(slope, pos, key, terms),
@@ -1133,7 +1136,7 @@ pub fn fragment_backward_kv<F: Float, N: Size>(
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
     let terms = comptime!(config.terms());
     let first_key = CUBE_POS_X as usize * block_k;
-    let (row_start, row_end) = row_range(first_key, block_k, &sizes);
+    let (row_start, row_end) = row_range(first_key, block_k, &sizes, terms);
     // The plane's keys: rows `plane_key ..` of the staged tiles.
     let plane_key = plane * TILE_M;
     let plane_first_key = i32::cast_from(first_key + plane_key);
@@ -1337,7 +1340,7 @@ pub fn fragment_backward_kv<F: Float, N: Size>(
                             // The positions that see the row's key, a range (the same
                             // for each of its scores, which the compiler works out once).
                             let key = plane_first_key + r as i32;
-                            let (first_pos, end_pos) = seeing_positions(key, &sizes);
+                            let (first_pos, end_pos) = seeing_positions(key, &sizes, terms);
                             let pos = start + t as i32 + shift;
                             let visible = t < rows_left
                                 && kept[plane_key + r] != 0

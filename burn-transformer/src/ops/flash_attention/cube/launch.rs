@@ -55,6 +55,7 @@ pub(super) fn config(problem: &Problem, tiling: &Tiling, tile: &KernelTile) -> A
         lanes: tile.lanes,
         lane_sum: tiling.lane_sum,
         alibi: problem.has_alibi,
+        chunked: problem.mask.chunk.is_some(),
     }
 }
 
@@ -83,7 +84,6 @@ fn sizes(problem: &Problem, options: &ScoreOptions) -> SizesLaunch {
         (1.0 / options.softcap.unwrap_or(1.0)) as f32,
         problem.mask.causal as u32,
         problem.mask.window.is_some() as u32,
-        problem.mask.chunk.is_some() as u32,
         problem.has_key_mask as u32,
         options.softcap.is_some() as u32,
         options.has_sinks as u32,
@@ -102,12 +102,13 @@ fn alibi_step(heads: usize, options: &ScoreOptions) -> f64 {
     })
 }
 
-/// A planned fragment kernel as one call compiles it: with the soft-cap's and ALiBi's
-/// code only where the call has them.
+/// A planned fragment kernel as one call compiles it: with the soft-cap's, ALiBi's and
+/// the chunks' code only where the call has them.
 fn for_call(config: FragmentConfig, options: &ScoreOptions) -> FragmentConfig {
     FragmentConfig {
         softcap: options.softcap.is_some(),
         alibi: options.alibi.is_some(),
+        chunked: options.mask.chunk.is_some(),
         ..config
     }
 }

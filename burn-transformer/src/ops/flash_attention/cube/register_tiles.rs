@@ -62,6 +62,8 @@ pub struct AttentionConfig {
     pub lane_sum: LaneSum,
     /// Whether the scores take ALiBi's bias.
     pub alibi: bool,
+    /// Whether the mask has chunks ([`ScoreTerms::chunk`]).
+    pub chunked: bool,
 }
 
 impl AttentionConfig {
@@ -71,6 +73,7 @@ impl AttentionConfig {
         ScoreTerms {
             cap: true,
             alibi: self.alibi,
+            chunk: self.chunked,
         }
     }
 }
@@ -171,7 +174,7 @@ pub fn flash_forward<F: Float, N: Size>(
     let slope = alibi_slope(head, &sizes, terms);
 
     let first_row = tile * tile_rows + unit / lanes * rows;
-    let (kv_start, kv_end) = key_range(tile * tile_rows, tile_rows, &sizes);
+    let (kv_start, kv_end) = key_range(tile * tile_rows, tile_rows, &sizes, terms);
 
     // This unit's query rows, pre-multiplied by the scale. Rows past the end
     // compute on the last row and are not written.
@@ -245,7 +248,7 @@ pub fn flash_forward<F: Float, N: Size>(
             #[unroll]
             for t in 0..block {
                 let key = start + t as i32;
-                let visible = kept[t] && structurally_visible(positions[r], key, &sizes);
+                let visible = kept[t] && structurally_visible(positions[r], key, &sizes, terms);
                 let bias = alibi_bias(slope, positions[r], key, terms);
                 let score = masked_score(scores[r * block + t], bias, visible, &sizes, terms);
                 scores[r * block + t] = score;
@@ -353,7 +356,7 @@ pub fn flash_backward_kv<F: Float, N: Size>(
     let terms = comptime!(config.terms());
 
     let first_key = tile * tile_keys + unit / lanes * rows;
-    let (row_start, row_end) = row_range(tile * tile_keys, tile_keys, &sizes);
+    let (row_start, row_end) = row_range(tile * tile_keys, tile_keys, &sizes, terms);
 
     // This unit's keys and values; padded keys and keys past the end get no
     // gradient.
@@ -449,8 +452,9 @@ pub fn flash_backward_kv<F: Float, N: Size>(
                     let capped = cap_score(scores[r * block + t], &sizes, terms);
                     let bias = alibi_bias(slope, pos, key_pos[r], terms);
                     let score = biased_score(capped, bias, terms);
-                    let visible =
-                        row_ok[t] && kept[r] && structurally_visible(pos, key_pos[r], &sizes);
+                    let visible = row_ok[t]
+                        && kept[r]
+                        && structurally_visible(pos, key_pos[r], &sizes, terms);
                     scores[r * block + t] = select(visible, f32::exp(score - row_lse[t]), 0.0f32);
                     dps[r * block + t] = cap_derivative(capped, &sizes, terms);
                 }
@@ -558,7 +562,7 @@ pub fn flash_backward_q<F: Float, N: Size>(
     let slope = alibi_slope(head, &sizes, terms);
 
     let first_row = tile * tile_rows + unit / lanes * rows;
-    let (kv_start, kv_end) = key_range(tile * tile_rows, tile_rows, &sizes);
+    let (kv_start, kv_end) = key_range(tile * tile_rows, tile_rows, &sizes, terms);
 
     let scale = Vector::<f32, N>::new(sizes.scale);
     let mut q_rows = Array::<Vector<f32, N>>::new(rows * qk_held);
@@ -644,7 +648,7 @@ pub fn flash_backward_q<F: Float, N: Size>(
             #[unroll]
             for r in 0..rows {
                 let key = start + t as i32;
-                let visible = kept[t] && structurally_visible(positions[r], key, &sizes);
+                let visible = kept[t] && structurally_visible(positions[r], key, &sizes, terms);
                 let (_, ds) = probability_and_gradient(
                     scores[r * block + t],
                     alibi_bias(slope, positions[r], key, terms),

@@ -30,7 +30,7 @@ pub struct Sizes {
     pub group: u32,
     /// Sliding window size (unused without a window).
     pub window: u32,
-    /// Chunk size (unused without chunks).
+    /// Chunk size (read by kernels compiled with [`ScoreTerms::chunk`]).
     pub chunk: u32,
     /// Multiplies `q·kᵀ`.
     pub scale: f32,
@@ -43,8 +43,6 @@ pub struct Sizes {
     pub causal: u32,
     /// 1 with a sliding window.
     pub windowed: u32,
-    /// 1 with chunks.
-    pub chunked: u32,
     /// 1 when a key padding mask is read.
     pub key_mask: u32,
     /// 1 with logit soft-capping.
@@ -60,15 +58,20 @@ pub struct Sizes {
     pub alibi_padded_heads: u32,
 }
 
-/// What a kernel compiles into its scores beyond `q·k·scale` and the masks; each
-/// distinct value compiles a kernel of its own, so that a call without a term runs
-/// code without it.
+/// What a kernel compiles into its scores beyond `q·k·scale` and the causal, window
+/// and padding masks; each distinct value compiles a kernel of its own, so that a call
+/// without a term runs code without it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct ScoreTerms {
     /// The soft-cap's code, applied where `sizes.softcap` asks for it.
     pub cap: bool,
     /// ALiBi's bias on every score ([`alibi_bias`]).
     pub alibi: bool,
+    /// The chunks' bounds in the mask ([`visible_keys`]): a division per position,
+    /// whose code raised the registers of most kernels (ptxas, sm_90: the fragment
+    /// kernels' dQ from 96 to 126 at head dim 64), so calls without chunks run kernels
+    /// compiled without it.
+    pub chunk: bool,
 }
 
 /// The keys that absolute query position `pos` sees by the causal, window and chunk
@@ -76,7 +79,7 @@ pub struct ScoreTerms {
 /// is seen when `j <= pos` (causal), `pos - j < window` and, without causal,
 /// `j - pos < window`, and `⌊j / chunk⌋ = ⌊pos / chunk⌋`. Both ends grow with `pos`.
 #[cube]
-pub(super) fn visible_keys(pos: i32, sizes: &Sizes) -> (i32, i32) {
+pub(super) fn visible_keys(pos: i32, sizes: &Sizes, #[comptime] terms: ScoreTerms) -> (i32, i32) {
     let window = i32::cast_from(sizes.window);
     let mut first = 0i32;
     let mut end = i32::cast_from(sizes.seq_k);
@@ -89,7 +92,7 @@ pub(super) fn visible_keys(pos: i32, sizes: &Sizes) -> (i32, i32) {
             end = i32::min(end, pos + window);
         }
     }
-    if sizes.chunked != 0 {
+    if comptime!(terms.chunk) {
         if pos < 0 {
             // A position before the keys is in a chunk of its own.
             end = i32::min(end, 0);
@@ -113,7 +116,11 @@ fn chunk_start(pos: i32, sizes: &Sizes) -> i32 {
 /// `[first, end)` within the rows' positions (`seq_k - seq_q .. seq_k`): the rule of
 /// [`visible_keys`] read the other way. Both ends grow with `key`.
 #[cube]
-pub(super) fn seeing_positions(key: i32, sizes: &Sizes) -> (i32, i32) {
+pub(super) fn seeing_positions(
+    key: i32,
+    sizes: &Sizes,
+    #[comptime] terms: ScoreTerms,
+) -> (i32, i32) {
     let window = i32::cast_from(sizes.window);
     let mut first = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
     let mut end = i32::cast_from(sizes.seq_k);
@@ -126,7 +133,7 @@ pub(super) fn seeing_positions(key: i32, sizes: &Sizes) -> (i32, i32) {
             first = i32::max(first, key - window + 1);
         }
     }
-    if sizes.chunked != 0 {
+    if comptime!(terms.chunk) {
         let start = chunk_start(key, sizes);
         first = i32::max(first, start);
         end = i32::min(end, start + i32::cast_from(sizes.chunk));
@@ -139,8 +146,13 @@ pub(super) fn seeing_positions(key: i32, sizes: &Sizes) -> (i32, i32) {
 /// [`visible_keys`], which is the same for each of a row's keys, so that in unrolled
 /// loops over a row's scores the compiler works it out once a row.
 #[cube]
-pub(super) fn structurally_visible(pos: i32, key: i32, sizes: &Sizes) -> bool {
-    let (first, end) = visible_keys(pos, sizes);
+pub(super) fn structurally_visible(
+    pos: i32,
+    key: i32,
+    sizes: &Sizes,
+    #[comptime] terms: ScoreTerms,
+) -> bool {
+    let (first, end) = visible_keys(pos, sizes, terms);
     key >= first && key < end
 }
 
@@ -169,8 +181,8 @@ pub(super) fn block_open(
         open = sizes.key_mask == 0
             && sizes.softcap == 0
             && key_last < key_end
-            && structurally_visible(pos_first, key_last, sizes)
-            && structurally_visible(pos_last, key_first, sizes);
+            && structurally_visible(pos_first, key_last, sizes, terms)
+            && structurally_visible(pos_last, key_first, sizes, terms);
     }
     open
 }
@@ -295,28 +307,38 @@ pub(super) fn query_heads_of(kv_head: usize, sizes: &Sizes) -> (usize, usize) {
 /// Range `[start, end)` of keys that any of the `rows` query rows from `row_first`
 /// (cut at `seq_q`) may see; empty when `end <= start`.
 #[cube]
-pub(super) fn key_range(row_first: usize, rows: usize, sizes: &Sizes) -> (i32, i32) {
+pub(super) fn key_range(
+    row_first: usize,
+    rows: usize,
+    sizes: &Sizes,
+    #[comptime] terms: ScoreTerms,
+) -> (i32, i32) {
     let mut row_last = row_first + rows - 1;
     if row_last >= sizes.seq_q as usize {
         row_last = sizes.seq_q as usize - 1;
     }
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
-    let (start, _) = visible_keys(i32::cast_from(row_first) + shift, sizes);
-    let (_, end) = visible_keys(i32::cast_from(row_last) + shift, sizes);
+    let (start, _) = visible_keys(i32::cast_from(row_first) + shift, sizes, terms);
+    let (_, end) = visible_keys(i32::cast_from(row_last) + shift, sizes, terms);
     (start, end)
 }
 
 /// Range `[start, end)` of query rows that may see any of the `keys` keys from
 /// `key_first` (cut at `seq_k`); empty when `end <= start`.
 #[cube]
-pub(super) fn row_range(key_first: usize, keys: usize, sizes: &Sizes) -> (i32, i32) {
+pub(super) fn row_range(
+    key_first: usize,
+    keys: usize,
+    sizes: &Sizes,
+    #[comptime] terms: ScoreTerms,
+) -> (i32, i32) {
     let mut key_last = key_first + keys - 1;
     if key_last >= sizes.seq_k as usize {
         key_last = sizes.seq_k as usize - 1;
     }
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
-    let (start, _) = seeing_positions(i32::cast_from(key_first), sizes);
-    let (_, end) = seeing_positions(i32::cast_from(key_last), sizes);
+    let (start, _) = seeing_positions(i32::cast_from(key_first), sizes, terms);
+    let (_, end) = seeing_positions(i32::cast_from(key_last), sizes, terms);
     (start - shift, end - shift)
 }
 

@@ -54,6 +54,8 @@ pub struct StagedConfig {
     pub staging: usize,
     /// Whether the scores take ALiBi's bias.
     pub alibi: bool,
+    /// Whether the mask has chunks ([`ScoreTerms::chunk`]).
+    pub chunked: bool,
 }
 
 impl StagedConfig {
@@ -63,6 +65,7 @@ impl StagedConfig {
         ScoreTerms {
             cap: true,
             alibi: self.alibi,
+            chunk: self.chunked,
         }
     }
 
@@ -467,8 +470,9 @@ pub(super) fn split_key_range(
     rows: usize,
     split_keys: u32,
     sizes: &Sizes,
+    #[comptime] terms: ScoreTerms,
 ) -> (i32, i32) {
-    let (mut start, mut end) = key_range(first_row, rows, sizes);
+    let (mut start, mut end) = key_range(first_row, rows, sizes, terms);
     let split_first = i32::cast_from(CUBE_POS_Z as usize * split_keys as usize);
     let split_end = split_first + i32::cast_from(split_keys);
     if split_first > start {
@@ -518,7 +522,7 @@ pub fn staged_forward<F: Float>(
     let terms = comptime!(config.terms());
     let slope = alibi_slope(head, &sizes, terms);
     let first_row = CUBE_POS_X as usize * bq;
-    let (kv_start, kv_end) = split_key_range(first_row, bq, split_keys, &sizes);
+    let (kv_start, kv_end) = split_key_range(first_row, bq, split_keys, &sizes, terms);
     // Rows of one split's output: every row of every head.
     let split_row = CUBE_POS_Z as usize * CUBE_COUNT_Y as usize * seq_q;
 
@@ -590,8 +594,9 @@ pub fn staged_forward<F: Float>(
                 for t in 0..bk {
                     // Keys past `kv_end` belong to the next split (or are hidden anyway).
                     let key = start + t as i32;
-                    let visible =
-                        kept[t] != 0 && key < kv_end && structurally_visible(pos, key, &sizes);
+                    let visible = kept[t] != 0
+                        && key < kv_end
+                        && structurally_visible(pos, key, &sizes, terms);
                     let bias = alibi_bias(slope, pos, key, terms);
                     let score = masked_score(
                         scores[r * bk + t] * sizes.scale,
@@ -798,7 +803,7 @@ pub fn staged_backward_q<F: Float>(
     let terms = comptime!(config.terms());
     let slope = alibi_slope(head, &sizes, terms);
     let first_row = CUBE_POS_X as usize * bq;
-    let (kv_start, kv_end) = key_range(first_row, bq, &sizes);
+    let (kv_start, kv_end) = key_range(first_row, bq, &sizes, terms);
 
     let mut q_tile = shared_tile::<F>(bq * d_qk);
     let mut do_tile = shared_tile::<F>(bq * d_v);
@@ -885,7 +890,7 @@ pub fn staged_backward_q<F: Float>(
                 let j = e - t * bk;
                 let pos = i32::cast_from(first_row + t) + shift;
                 let key = start + j as i32;
-                let visible = kept[j] != 0 && structurally_visible(pos, key, &sizes);
+                let visible = kept[j] != 0 && structurally_visible(pos, key, &sizes, terms);
                 let (_, ds_value) = probability_and_gradient(
                     scores[e] * sizes.scale,
                     alibi_bias(slope, pos, key, terms),
@@ -966,7 +971,7 @@ pub fn staged_backward_kv<F: Float>(
     let shift = i32::cast_from(sizes.seq_k) - i32::cast_from(sizes.seq_q);
     let terms = comptime!(config.terms());
     let first_key = CUBE_POS_X as usize * bk;
-    let (row_start, row_end) = row_range(first_key, bk, &sizes);
+    let (row_start, row_end) = row_range(first_key, bk, &sizes, terms);
 
     let mut k_tile = shared_tile::<F>(bk * d_qk);
     let mut v_tile = shared_tile::<F>(bk * d_v);
@@ -1059,8 +1064,9 @@ pub fn staged_backward_kv<F: Float>(
                     let j = e - t * bk;
                     let pos = start + t as i32 + shift;
                     let key = i32::cast_from(first_key + j);
-                    let visible =
-                        row_ok[t] != 0 && kept[j] != 0 && structurally_visible(pos, key, &sizes);
+                    let visible = row_ok[t] != 0
+                        && kept[j] != 0
+                        && structurally_visible(pos, key, &sizes, terms);
                     let (p, ds_value) = probability_and_gradient(
                         scores[e] * sizes.scale,
                         alibi_bias(slope, pos, key, terms),

@@ -492,6 +492,7 @@ pub(crate) fn plan_staged(
                 // smaller-tile f32 kernels (it caps them at 64 registers).
                 staging: 1,
                 alibi: problem.has_alibi,
+                chunked: problem.mask.chunk.is_some(),
             })
             .find(|config| bytes(config) <= shared)
     };
@@ -786,6 +787,7 @@ pub(crate) fn plan_fragments(
         // Set per call at launch (`launch::for_call`).
         softcap: false,
         alibi: false,
+        chunked: false,
     };
     // The first of `blocks` (rows a tile streams) with `planes` planes whose tiles fit,
     // no longer than the streamed sequence (a decode step's keys, say) needs.

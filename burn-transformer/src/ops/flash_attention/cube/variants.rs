@@ -450,7 +450,6 @@ fn sizes() -> SizesCompilationArg {
         cap_inverse: (),
         causal: (),
         windowed: (),
-        chunked: (),
         key_mask: (),
         softcap: (),
         sinks: (),
