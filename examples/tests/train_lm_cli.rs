@@ -493,11 +493,7 @@ fn per_layer_inputs_and_shared_keys_and_values_learn() {
             && stdout.contains("per-layer inputs 8"),
         "{stdout}"
     );
-    let (_, validation) = losses(&out);
-    let (first, last) = (validation[0].1, validation[validation.len() - 1].1);
-    assert!(last < first, "validation loss {first} -> {last}");
-    let sample = std::fs::read_to_string(out.join("sample.txt")).unwrap();
-    assert!(!sample.trim().is_empty(), "the run generates a sample");
+    assert_learned_and_sampled(&out);
     // transformers has no LLaMA-style class with per-layer inputs: refused by name.
     let exported = dir.path().join("hf");
     let flags = [
@@ -513,6 +509,16 @@ fn per_layer_inputs_and_shared_keys_and_values_learn() {
         "{stderr}"
     );
     assert!(!exported.exists(), "a refused export writes nothing");
+}
+
+/// The run in `out` ended with a lower validation loss than it began with, and wrote
+/// a sample.
+fn assert_learned_and_sampled(out: &Path) {
+    let (_, validation) = losses(out);
+    let (first, last) = (validation[0].1, validation[validation.len() - 1].1);
+    assert!(last < first, "validation loss {first} -> {last}");
+    let sample = std::fs::read_to_string(out.join("sample.txt")).unwrap();
+    assert!(!sample.trim().is_empty(), "the run generates a sample");
 }
 
 /// Chunked attention (Llama 4's) trains and generates through its caches past a chunk
@@ -548,11 +554,7 @@ fn chunked_attention_learns() {
 
     let stdout = assert_success(&run("3"));
     assert!(stdout.contains("attention in chunks of 3"), "{stdout}");
-    let (_, validation) = losses(&out);
-    let (first, last) = (validation[0].1, validation[validation.len() - 1].1);
-    assert!(last < first, "validation loss {first} -> {last}");
-    let sample = std::fs::read_to_string(out.join("sample.txt")).unwrap();
-    assert!(!sample.trim().is_empty(), "the run generates a sample");
+    assert_learned_and_sampled(&out);
 }
 
 /// Every `--arch` builds a model whose validation loss falls in a few steps; a GPT-2

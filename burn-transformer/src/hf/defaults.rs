@@ -875,42 +875,31 @@ fn default_no_rope_layers(config: &Map<String, Value>) -> Option<Value> {
 /// layer full, Gemma-3 every `sliding_window_pattern`-th (default 6), Cohere-2 too
 /// (default 4), EXAONE-4 too (default 4; a pattern of letters, `"LLLG"`, names each layer of the period, and no
 /// window makes every layer full); SmolLM3 slides on its layers without RoPE when
-/// `use_sliding_window` and a window are set.
+/// `use_sliding_window` and a window are set; Llama 4 attends within chunks on its
+/// layers with RoPE when `attention_chunk_size` is set.
 fn default_layer_types(family: ModelType, config: &Map<String, Value>) -> Option<Value> {
-    if family == ModelType::Smollm3 {
-        let slides = config.get("use_sliding_window") == Some(&Value::Bool(true))
-            && config
-                .get("sliding_window")
-                .is_some_and(|window| !window.is_null());
+    if matches!(family, ModelType::Smollm3 | ModelType::Llama4Text) {
+        let set = |key: &str| config.get(key).is_some_and(|value| !value.is_null());
+        // SmolLM3 slides on its layers without RoPE when it has a window; Llama 4
+        // attends within chunks on its layers with RoPE when it has a chunk size.
+        let (kind, on_rope_layers) = match family {
+            ModelType::Smollm3 => {
+                let slides = config.get("use_sliding_window") == Some(&Value::Bool(true))
+                    && set("sliding_window");
+                (slides.then_some("sliding_attention"), false)
+            }
+            _ => (
+                set("attention_chunk_size").then_some("chunked_attention"),
+                true,
+            ),
+        };
         let no_rope_layers = config.get("no_rope_layers")?.as_array()?;
         return Some(
             no_rope_layers
                 .iter()
-                .map(|uses_rope| {
-                    if slides && uses_rope.as_u64() == Some(0) {
-                        "sliding_attention"
-                    } else {
-                        "full_attention"
-                    }
-                })
-                .collect(),
-        );
-    }
-    // Llama 4 attends within chunks on its layers with RoPE, when it has a chunk size.
-    if family == ModelType::Llama4Text {
-        let chunked = config
-            .get("attention_chunk_size")
-            .is_some_and(|chunk| !chunk.is_null());
-        let no_rope_layers = config.get("no_rope_layers")?.as_array()?;
-        return Some(
-            no_rope_layers
-                .iter()
-                .map(|uses_rope| {
-                    if chunked && uses_rope.as_u64() != Some(0) {
-                        "chunked_attention"
-                    } else {
-                        "full_attention"
-                    }
+                .map(|uses_rope| match kind {
+                    Some(kind) if (uses_rope.as_u64() != Some(0)) == on_rope_layers => kind,
+                    _ => "full_attention",
                 })
                 .collect(),
         );
