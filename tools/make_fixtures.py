@@ -922,6 +922,44 @@ def block_pre_ln() -> Fixture:
     return Fixture(tensors, config.to_dict())
 
 
+@fixture("gated_delta_net")
+def gated_delta_net() -> Fixture:
+    """Qwen3.5's Gated DeltaNet (2 key heads serving 4 value heads, conv kernel 3), 70 positions."""
+    from transformers import Qwen3_5TextConfig
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
+
+    name = "gated_delta_net"
+    generator = seeded(name)
+    config = Qwen3_5TextConfig(
+        hidden_size=24,
+        num_hidden_layers=1,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=6,
+        linear_conv_kernel_dim=3,
+        rms_norm_eps=1e-6,
+        hidden_act="silu",
+    )
+    layer = Qwen3_5GatedDeltaNet(config, layer_idx=0).eval()
+    tensors: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for key, parameter in layer.named_parameters():
+            if key == "norm.weight":
+                parameter.copy_(1.0 + randn(generator, *parameter.shape, scale=0.2))
+            elif key in ("dt_bias", "A_log"):
+                parameter.copy_(randn(generator, *parameter.shape, scale=0.5))
+            else:
+                fan_in = parameter.shape[-1]
+                parameter.copy_(randn(generator, *parameter.shape, scale=fan_in**-0.5))
+            tensors[key] = parameter.clone()
+        # Two chunks of transformers' 64 positions: the state crosses a boundary.
+        x = randn(generator, 2, 70, 24)
+        tensors["x"] = x
+        tensors["y"] = layer(x)
+    return Fixture(tensors, config.to_dict())
+
+
 # --------------------------------------------------------------------------------------
 # Multi-head latent attention (DeepSeek-V3) and mixture-of-experts (DeepSeek-V3, Mixtral)
 # --------------------------------------------------------------------------------------

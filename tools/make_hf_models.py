@@ -699,6 +699,71 @@ def mistral4_vision():
     )
 
 
+# The hybrid layers of Qwen3-Next and Qwen3.5: layers 0-2 Gated DeltaNet (2 query/key
+# heads serving 4 value heads, a convolution of 4 taps), layer 3 gated attention (a
+# sigmoid gate beside the queries in q_proj) with QK-norm and RoPE on a quarter of each
+# 16-wide head; every RMSNorm but the DeltaNet's scales by 1 + weight.
+HYBRID_LAYERS = dict(
+    {k: v for k, v in COMMON.items() if k != "num_hidden_layers"},
+    num_hidden_layers=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=8,
+    linear_value_head_dim=8,
+    linear_conv_kernel_dim=4,
+    tie_word_embeddings=False,
+)
+HYBRID_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
+
+
+def qwen3_5_text():
+    # Qwen3.5's text model: HYBRID_LAYERS, the rotary embedding written as the published
+    # files write it (multimodal sections, interleaved).
+    return transformers.Qwen3_5TextConfig(
+        **HYBRID_LAYERS,
+        rope_parameters={**HYBRID_ROPE, "mrope_section": [1, 1, 0], "mrope_interleaved": True},
+    )
+
+
+def qwen3_next():
+    # Qwen3-Next: HYBRID_LAYERS with the DeltaNet's projections stored fused key head by
+    # key head (`in_proj_qkvz`: each head's q, k, v and z rows; `in_proj_ba`), and
+    # Qwen2-MoE's experts: 4 of width 16, top-2 renormalized, beside a shared expert of
+    # width 24 behind a sigmoid gate; layer 1 dense (mlp_only_layers).
+    return transformers.Qwen3NextConfig(
+        **HYBRID_LAYERS,
+        rope_parameters=HYBRID_ROPE,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=24,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[1],
+        router_aux_loss_coef=0.01,
+    )
+
+
+def qwen3_5_vision():
+    # Qwen3.5's checkpoint as every Qwen3.5 model ships (Qwen3_5ForConditionalGeneration):
+    # `qwen3_5_text`'s text model under `model.language_model.` beside a tiny vision
+    # tower (`model.visual.`). The vision tokens sit at the top of the vocabulary.
+    vision = transformers.models.qwen3_5.configuration_qwen3_5.Qwen3_5VisionConfig(
+        depth=1, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=8,
+        out_hidden_size=32, num_position_embeddings=16,
+    )
+    return transformers.Qwen3_5Config(
+        text_config=qwen3_5_text().to_dict(),
+        vision_config=vision.to_dict(),
+        image_token_id=95,
+        video_token_id=94,
+        vision_start_token_id=93,
+        vision_end_token_id=92,
+    )
+
+
 def sparse_text_config(out: Path) -> None:
     """Keeps only the keys of `config.json`'s text_config that differ from
     Gemma3TextConfig's defaults (and its model_type), as transformers 4 saved them."""
@@ -1543,6 +1608,9 @@ MODELS = {
     "qwen3_moe": (qwen3_moe, {}),
     "llama4_text": (llama4_text, {}),
     "llama4_vision": (llama4_vision, {}),
+    "qwen3_5_text": (qwen3_5_text, {}),
+    "qwen3_next": (qwen3_next, {"max_shard_size": "150KB"}),
+    "qwen3_5_vision": (qwen3_5_vision, {"max_shard_size": "150KB"}),
     "glm4_moe": (glm4_moe, {}),
     "glm4_moe_mtp": (glm4_moe, {"mtp": True, "max_shard_size": "150KB"}),
     "glm4_moe_lite": (glm4_moe_lite, {}),
@@ -1948,7 +2016,10 @@ def build(name: str) -> None:
             [config.get_text_config().vocab_size]
             + [
                 getattr(config, key)
-                for key in ("boi_token_index", "image_token_index", "audio_token_id")
+                for key in (
+                    "boi_token_index", "image_token_index", "audio_token_id",
+                    "vision_end_token_id",
+                )
                 if hasattr(config, key)
             ]
         )
@@ -2139,10 +2210,12 @@ LORA_TOLERANCE = 1e-5
 def auto_class(config):
     """The auto class that builds `config`'s model with its language-model head:
     `AutoModelForCausalLM`, or for a multimodal model it does not map (Mistral-3) or
-    maps to its text model (Llama 4) `AutoModelForImageTextToText`."""
+    maps to its text model (Llama 4, Qwen3.5) `AutoModelForImageTextToText`."""
     causal = transformers.AutoModelForCausalLM
-    # `AutoModelForCausalLM` maps Llama 4's multimodal config to its text-only class.
-    if type(config) in causal._model_mapping and not isinstance(config, transformers.Llama4Config):
+    # `AutoModelForCausalLM` maps Llama 4's and Qwen3.5's multimodal configs to their
+    # text-only classes.
+    text_only = (transformers.Llama4Config, transformers.Qwen3_5Config)
+    if type(config) in causal._model_mapping and not isinstance(config, text_only):
         return causal
     return transformers.AutoModelForImageTextToText
 

@@ -558,12 +558,15 @@ fn chunked_attention_learns() {
 }
 
 /// Every `--arch` builds a model whose validation loss falls in a few steps; a GPT-2
-/// run exports as transformers' `gpt2`, a Gemma-4 one as its `gemma4_text`.
+/// run exports as transformers' `gpt2`, a Gemma-4 one as its `gemma4_text`, a Qwen3.5
+/// one as its `qwen3_5_text`.
 #[test]
 fn every_arch_learns() {
     let dir = TempDir::with_prefix("arch").unwrap();
     let text = corpus(dir.path());
-    for arch in ["qwen3", "olmo2", "gemma", "gemma4", "gpt-oss", "gpt2"] {
+    for arch in [
+        "qwen3", "olmo2", "gemma", "gemma4", "qwen3_5", "gpt-oss", "gpt2",
+    ] {
         let out = dir.path().join(arch);
         let mut args = vec![
             "--data",
@@ -582,6 +585,12 @@ fn every_arch_learns() {
             "1e-2",
         ];
         args.extend_from_slice(TINY);
+        // Qwen3.5's design makes the last layer attention: with a second layer, the
+        // first is a linear one.
+        if arch == "qwen3_5" {
+            let layers = args.iter().position(|&flag| flag == "--layers").unwrap();
+            args[layers + 1] = "2";
+        }
         let stdout = assert_success(&common::run(TRAIN_LM, &args));
         assert!(stdout.contains(&format!("model ({arch})")), "{stdout}");
         let (_, validation) = losses(&out);
@@ -610,6 +619,8 @@ fn every_arch_learns() {
         config["sliding_window"], 2,
         "a quarter of the context of TINY: {config}"
     );
+    let config = export("qwen3_5");
+    assert_eq!(config["model_type"], "qwen3_5_text", "{config}");
 }
 
 /// `--mtp-depth 1` trains a multi-token-prediction module: its validation loss falls

@@ -3,6 +3,7 @@
 mod cache;
 mod core;
 mod latent;
+mod linear;
 mod multi_head;
 mod qk_norm;
 mod query_temperature;
@@ -18,6 +19,7 @@ pub use self::latent::{
     AbsorbedWeights, CacheFootprint, LatentAttention, LatentAttentionConfig, LatentKvCache,
     LatentPath,
 };
+pub use self::linear::{GatedDeltaNet, GatedDeltaNetConfig, RecurrentCache, ShortConv};
 pub use self::multi_head::{MultiHeadAttention, MultiHeadAttentionConfig};
 pub use self::qk_norm::{QkNorm, QkNormConfig, QkNormKind, QkNormPlacement};
 pub use self::query_temperature::QueryTemperatureConfig;

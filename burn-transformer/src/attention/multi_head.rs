@@ -9,6 +9,7 @@
 use burn::config::Config;
 use burn::module::{Initializer, Module, Param};
 use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
+use burn::tensor::activation::sigmoid;
 use burn::tensor::{Bool, Device, Tensor};
 
 use super::cache::{CrossKvCache, KvCache};
@@ -45,6 +46,12 @@ pub struct MultiHeadAttentionConfig {
     /// Bias on the output projection. Default: false.
     #[config(default = false)]
     pub o_bias: bool,
+    /// Gates each head's output by a sigmoid before `o_proj` (gated attention,
+    /// Qiu et al., 2025; Qwen3-Next, Qwen3.5): `q_proj` projects the gate beside the
+    /// queries, its output twice as wide, each head's query then its gate. Default:
+    /// false.
+    #[config(default = false)]
+    pub output_gate: bool,
     /// Dropout on the attention probabilities during training. Default: 0.
     #[config(default = 0.0)]
     pub dropout: f64,
@@ -116,7 +123,8 @@ pub struct MultiHeadAttentionConfig {
 /// Field names match Hugging Face checkpoints (`q_proj`, `k_proj`, `v_proj`, `o_proj`).
 #[derive(Module, Debug)]
 pub struct MultiHeadAttention {
-    /// `[d_model] -> [n_heads * head_dim]`
+    /// `[d_model] -> [n_heads * head_dim]` (`[n_heads * 2 * head_dim]` with an output
+    /// gate: per head, the query then the gate)
     pub q_proj: Linear,
     /// `[d_kv_input] -> [n_kv_heads * head_dim]`; `None` in a layer that reuses an
     /// earlier layer's keys and values ([`KvSharing::Reuse`]).
@@ -167,6 +175,8 @@ pub struct MultiHeadAttention {
     qkv_clip: Option<f64>,
     #[module(skip)]
     kv_sharing: Option<KvSharing>,
+    #[module(skip)]
+    output_gate: bool,
 }
 
 impl MultiHeadAttentionConfig {
@@ -290,7 +300,11 @@ impl MultiHeadAttentionConfig {
         let projects_kv = !self.reuses_kv();
         let kv_linear = || linear(d_kv_input, n_kv_heads * head_dim, self.qkv_bias);
         Ok(MultiHeadAttention {
-            q_proj: linear(self.d_model, self.n_heads * head_dim, self.qkv_bias),
+            q_proj: linear(
+                self.d_model,
+                self.n_heads * head_dim * if self.output_gate { 2 } else { 1 },
+                self.qkv_bias,
+            ),
             k_proj: projects_kv.then(kv_linear),
             v_proj: (projects_kv && !self.values_from_keys).then(kv_linear),
             o_proj: linear(self.n_heads * head_dim, self.d_model, self.o_bias),
@@ -329,6 +343,7 @@ impl MultiHeadAttentionConfig {
             query_temperature: self.query_temperature.clone(),
             qkv_clip: self.qkv_clip,
             kv_sharing: self.kv_sharing,
+            output_gate: self.output_gate,
         })
     }
 }
@@ -452,10 +467,10 @@ impl MultiHeadAttention {
         memory: Tensor<3>,
         memory_padding: Option<Tensor<2, Bool>>,
     ) -> Tensor<3> {
-        let q = self.project_queries_unrotated(x);
+        let (q, gate) = self.project_queries_unrotated(x);
         let (k, v) = self.project_keys_values(memory, None);
         let output = attention(q, k, v, &self.options(false, memory_padding));
-        self.merge_heads(output)
+        self.merge_heads(output, gate)
     }
 
     /// Cross-attention that projects `memory` once into `cache` and reuses it in
@@ -470,7 +485,7 @@ impl MultiHeadAttention {
         memory_padding: Option<Tensor<2, Bool>>,
         cache: &mut CrossKvCache,
     ) -> Tensor<3> {
-        let q = self.project_queries_unrotated(x);
+        let (q, gate) = self.project_queries_unrotated(x);
         let (k, v) = match &cache.entries {
             Some(entries) => entries.clone(),
             None => {
@@ -480,7 +495,7 @@ impl MultiHeadAttention {
             }
         };
         let output = attention(q, k, v, &self.options(false, memory_padding));
-        self.merge_heads(output)
+        self.merge_heads(output, gate)
     }
 
     /// [`forward`](Self::forward) that also returns the attention probabilities, for
@@ -572,14 +587,17 @@ impl MultiHeadAttention {
             padding,
             query_offset,
         } = attended;
-        let q = self.project_queries(x, query_offset);
+        let (q, gate) = self.project_queries(x, query_offset);
         let options = self.options(self.causal, padding);
         if keep_weights {
             let (output, weights) =
-                self.attend_with_weights(q, keys, values, &options.with_dropout(0.0));
+                self.attend_with_weights(q, gate, keys, values, &options.with_dropout(0.0));
             (output, Some(weights))
         } else {
-            (self.merge_heads(attention(q, keys, values, &options)), None)
+            (
+                self.merge_heads(attention(q, keys, values, &options), gate),
+                None,
+            )
         }
     }
 
@@ -598,22 +616,23 @@ impl MultiHeadAttention {
         memory: Tensor<3>,
         memory_padding: Option<Tensor<2, Bool>>,
     ) -> (Tensor<3>, Tensor<4>) {
-        let q = self.project_queries_unrotated(x);
+        let (q, gate) = self.project_queries_unrotated(x);
         let (k, v) = self.project_keys_values(memory, None);
         let options = self.options(false, memory_padding).with_dropout(0.0);
-        self.attend_with_weights(q, k, v, &options)
+        self.attend_with_weights(q, gate, k, v, &options)
     }
 
     /// The output and the probabilities of one reference-path call.
     fn attend_with_weights(
         &self,
         q: Tensor<4>,
+        gate: Option<Tensor<3>>,
         k: Tensor<4>,
         v: Tensor<4>,
         options: &AttentionOptions,
     ) -> (Tensor<3>, Tensor<4>) {
         let (output, weights) = attention_with_weights(q, k, v, options);
-        (self.merge_heads(output), weights)
+        (self.merge_heads(output, gate), weights)
     }
 
     /// The options of one call of the attention core.
@@ -639,32 +658,48 @@ impl MultiHeadAttention {
     }
 
     /// `[batch, seq, d_model] -> [batch, n_heads, seq, head_dim]`, rotated from `offset`
-    /// (and scaled by the query temperature).
-    fn project_queries(&self, x: Tensor<3>, offset: usize) -> Tensor<4> {
-        let q = self.split_normed(
-            linear_rows(&self.q_proj, x),
-            self.n_heads,
-            self.q_norm.as_ref(),
-        );
+    /// (and scaled by the query temperature); and the output gate `[batch, seq, n_heads
+    /// * head_dim]`, if the module has one.
+    fn project_queries(&self, x: Tensor<3>, offset: usize) -> (Tensor<4>, Option<Tensor<3>>) {
+        let (q, gate) = self.queries_and_gate(x);
+        let q = self.split_normed(q, self.n_heads, self.q_norm.as_ref());
         let q = match &self.rope {
             Some(rope) => rope.forward(q, offset),
             None => q,
         };
         let q = self.normed_after_rope(q, self.q_norm.as_ref());
-        match &self.query_temperature {
+        let q = match &self.query_temperature {
             Some(temperature) => temperature.scale(q, offset),
             None => q,
-        }
+        };
+        (q, gate)
     }
 
-    /// Queries without RoPE (cross-attention), QK-normed.
-    fn project_queries_unrotated(&self, x: Tensor<3>) -> Tensor<4> {
-        let q = self.split_normed(
-            linear_rows(&self.q_proj, x),
-            self.n_heads,
-            self.q_norm.as_ref(),
-        );
-        self.normed_after_rope(q, self.q_norm.as_ref())
+    /// Queries without RoPE (cross-attention), QK-normed; and the output gate.
+    fn project_queries_unrotated(&self, x: Tensor<3>) -> (Tensor<4>, Option<Tensor<3>>) {
+        let (q, gate) = self.queries_and_gate(x);
+        let q = self.split_normed(q, self.n_heads, self.q_norm.as_ref());
+        (self.normed_after_rope(q, self.q_norm.as_ref()), gate)
+    }
+
+    /// `q_proj`'s output: the queries `[batch, seq, n_heads * head_dim]`, and the
+    /// output gate of the same shape when the module has one (stored per head after
+    /// the head's query).
+    fn queries_and_gate(&self, x: Tensor<3>) -> (Tensor<3>, Option<Tensor<3>>) {
+        let projected = linear_rows(&self.q_proj, x);
+        if !self.output_gate {
+            return (projected, None);
+        }
+        let [batch, seq, _] = projected.dims();
+        let (heads, width) = (self.n_heads, self.head_dim);
+        let per_head = projected.reshape([batch, seq, heads, 2 * width]);
+        let part = |start| {
+            per_head
+                .clone()
+                .narrow(3, start, width)
+                .reshape([batch, seq, heads * width])
+        };
+        (part(0), Some(part(width)))
     }
 
     /// `x` through QK-norm `norm` when its placement is after RoPE; `x` otherwise.
@@ -735,10 +770,15 @@ impl MultiHeadAttention {
         (self.normed_after_rope(k, self.k_norm.as_ref()), v)
     }
 
-    /// `[batch, n_heads, seq, head_dim] -> [batch, seq, d_model]`.
-    fn merge_heads(&self, x: Tensor<4>) -> Tensor<3> {
+    /// `[batch, n_heads, seq, head_dim] -> [batch, seq, d_model]`, gated by the sigmoid
+    /// of `gate` (`[batch, seq, n_heads * head_dim]`) before `o_proj` when given.
+    fn merge_heads(&self, x: Tensor<4>, gate: Option<Tensor<3>>) -> Tensor<3> {
         let [batch, n_heads, seq, head_dim] = x.dims();
         let x = x.swap_dims(1, 2).reshape([batch, seq, n_heads * head_dim]); // [batch, seq, n_heads * head_dim]
+        let x = match gate {
+            Some(gate) => x * sigmoid(gate),
+            None => x,
+        };
         linear_rows(&self.o_proj, x)
     }
 }
@@ -877,7 +917,7 @@ mod tests {
                 );
                 let v = split_heads(attention.v_proj.as_ref().unwrap().forward(x.clone()), 2, 12);
                 let options = AttentionOptions::new().with_causal(true);
-                let expected = attention.merge_heads(reference_attention(q, k, v, &options));
+                let expected = attention.merge_heads(reference_attention(q, k, v, &options), None);
                 let name = format!("{placement:?}");
                 assert_close(
                     attention.forward(x.clone(), None),
@@ -945,7 +985,7 @@ mod tests {
             let k = rope.forward(heads_first(projected.clone(), 2, &k_weight), 0);
             let v = heads_first(projected, 2, &ones);
             let options = AttentionOptions::new().with_causal(true);
-            let expected = attention.merge_heads(reference_attention(q, k, v, &options));
+            let expected = attention.merge_heads(reference_attention(q, k, v, &options), None);
             assert_close(
                 attention.forward(x.clone(), None),
                 expected.clone(),
@@ -1062,8 +1102,9 @@ mod tests {
             publisher.forward_sharing(x.clone(), None, &mut shared);
             let full = reader.forward_sharing(y.clone(), None, &mut shared);
             let (k, v) = publisher.project_keys_values(x.clone(), Some(0));
-            let q = reader.project_queries(y.clone(), 0);
-            let expected = reader.merge_heads(attention(q, k, v, &reader.options(true, None)));
+            let (q, gate) = reader.project_queries(y.clone(), 0);
+            let expected =
+                reader.merge_heads(attention(q, k, v, &reader.options(true, None)), gate);
             assert_close(full.clone(), expected, 1e-5, "reused keys and values");
 
             // Prefill 4 positions, then one by one: each step publishes anew.

@@ -1,14 +1,15 @@
 //! A choice of self-attention, for blocks and models configured at run time: grouped
-//! multi-head attention (MHA/GQA/MQA) or multi-head latent attention (MLA), with the
-//! decoding cache that matches each.
+//! multi-head attention (MHA/GQA/MQA), multi-head latent attention (MLA) or a linear
+//! attention (Gated DeltaNet), with the decoding cache or state that matches each.
 
 use burn::config::Config;
 use burn::module::Module;
 use burn::tensor::{Bool, Device, Int, Tensor};
 
 use super::{
-    AttentionImpl, KvCache, LatentAttention, LatentAttentionConfig, LatentKvCache,
-    MultiHeadAttention, MultiHeadAttentionConfig, SharedKv,
+    AttentionImpl, GatedDeltaNet, GatedDeltaNetConfig, KvCache, LatentAttention,
+    LatentAttentionConfig, LatentKvCache, MultiHeadAttention, MultiHeadAttentionConfig,
+    RecurrentCache, SharedKv,
 };
 use crate::error::ConfigError;
 
@@ -19,6 +20,9 @@ pub enum SelfAttentionConfig {
     MultiHead(MultiHeadAttentionConfig),
     /// Multi-head latent attention with a compressed KV cache (DeepSeek-V2/V3).
     Latent(LatentAttentionConfig),
+    /// Gated DeltaNet, a linear attention with a fixed-size state (Qwen3-Next's and
+    /// Qwen3.5's `linear_attention` layers).
+    GatedDeltaNet(GatedDeltaNetConfig),
 }
 
 impl SelfAttentionConfig {
@@ -27,6 +31,7 @@ impl SelfAttentionConfig {
         match self {
             Self::MultiHead(config) => config.d_model,
             Self::Latent(config) => config.d_model,
+            Self::GatedDeltaNet(config) => config.d_model,
         }
     }
 
@@ -38,6 +43,7 @@ impl SelfAttentionConfig {
         match self {
             Self::MultiHead(config) => config.validate(),
             Self::Latent(config) => config.validate(),
+            Self::GatedDeltaNet(config) => config.validate(),
         }
     }
 
@@ -49,6 +55,7 @@ impl SelfAttentionConfig {
         Ok(match self {
             Self::MultiHead(config) => SelfAttention::MultiHead(config.try_init(device)?),
             Self::Latent(config) => SelfAttention::Latent(config.try_init(device)?),
+            Self::GatedDeltaNet(config) => SelfAttention::GatedDeltaNet(config.try_init(device)?),
         })
     }
 }
@@ -57,7 +64,8 @@ impl SelfAttentionConfig {
 ///
 /// Burn names an enum module's parameters with the variant
 /// (`self_attn.MultiHead.q_proj.weight`); Hugging Face keys have no such level, and
-/// the checkpoint loader skips it.
+/// the checkpoint loader skips it. (Hugging Face names a linear attention
+/// `linear_attn`; the loaders of its families rename it.)
 // One per block, built once: boxing the larger variant would buy nothing.
 #[allow(clippy::large_enum_variant)]
 #[derive(Module, Debug)]
@@ -66,6 +74,8 @@ pub enum SelfAttention {
     MultiHead(MultiHeadAttention),
     /// Multi-head latent attention.
     Latent(LatentAttention),
+    /// Gated DeltaNet.
+    GatedDeltaNet(GatedDeltaNet),
 }
 
 /// The decoding state of a [`SelfAttention`], of the matching kind.
@@ -77,6 +87,8 @@ pub enum SelfAttentionCache {
     Kv(KvCache),
     /// The latent and the shared rotary key of every position.
     Latent(LatentKvCache),
+    /// A linear attention's fixed-size state.
+    Recurrent(RecurrentCache),
 }
 
 impl SelfAttentionCache {
@@ -85,6 +97,7 @@ impl SelfAttentionCache {
         match self {
             Self::Kv(cache) => cache.position(),
             Self::Latent(cache) => cache.position(),
+            Self::Recurrent(cache) => cache.position(),
         }
     }
 
@@ -93,6 +106,7 @@ impl SelfAttentionCache {
         match self {
             Self::Kv(cache) => cache.bytes(),
             Self::Latent(cache) => cache.bytes(),
+            Self::Recurrent(cache) => cache.bytes(),
         }
     }
 
@@ -104,6 +118,7 @@ impl SelfAttentionCache {
         match self {
             Self::Kv(cache) => cache.select_batch(indices),
             Self::Latent(cache) => cache.select_batch(indices),
+            Self::Recurrent(cache) => cache.select_batch(indices),
         }
     }
 }
@@ -125,7 +140,7 @@ impl SelfAttention {
 
     /// [`forward`](Self::forward) that shares keys and values with the other layers of
     /// a pass through `shared` (grouped attention, [`KvSharing`](super::KvSharing);
-    /// latent attention shares none).
+    /// latent and linear attention share none).
     ///
     /// # Shapes
     /// As [`forward`](Self::forward).
@@ -141,6 +156,7 @@ impl SelfAttention {
         match self {
             Self::MultiHead(attention) => attention.forward_sharing(x, key_padding, shared),
             Self::Latent(attention) => attention.forward(x, key_padding),
+            Self::GatedDeltaNet(attention) => attention.forward(x, key_padding),
         }
     }
 
@@ -186,12 +202,17 @@ impl SelfAttention {
             (Self::Latent(attention), SelfAttentionCache::Latent(cache)) => {
                 attention.forward_cached(x, cache, key_padding)
             }
+            (Self::GatedDeltaNet(attention), SelfAttentionCache::Recurrent(cache)) => {
+                attention.forward_cached(x, cache, key_padding)
+            }
             _ => panic!("self-attention was given a cache of another attention kind"),
         }
     }
 
     /// [`forward`](Self::forward) that also returns the attention probabilities
-    /// `[batch, n_heads, seq, seq]` (reference path, no dropout), for inspection.
+    /// `[batch, n_heads, seq, seq]` (reference path, no dropout), for inspection; a
+    /// linear attention returns its mixing weights
+    /// ([`GatedDeltaNet::forward_with_weights`]), one row per value head.
     ///
     /// # Shapes
     /// - as [`forward`](Self::forward), plus the weights `[batch, n_heads, seq, seq]`
@@ -225,16 +246,19 @@ impl SelfAttention {
                 attention.forward_with_weights_sharing(x, key_padding, shared)
             }
             Self::Latent(attention) => attention.forward_with_weights(x, key_padding),
+            Self::GatedDeltaNet(attention) => attention.forward_with_weights(x, key_padding),
         }
     }
 
-    /// An empty cache of the matching kind (rolling for a sliding window).
+    /// An empty cache of the matching kind (rolling for a sliding window, a
+    /// fixed-size state for a linear attention).
     pub fn new_cache(&self) -> SelfAttentionCache {
         match self {
             Self::MultiHead(attention) => {
                 SelfAttentionCache::Kv(KvCache::with_window(attention.window()))
             }
             Self::Latent(_) => SelfAttentionCache::Latent(LatentKvCache::new()),
+            Self::GatedDeltaNet(_) => SelfAttentionCache::Recurrent(RecurrentCache::new()),
         }
     }
 
@@ -245,6 +269,8 @@ impl SelfAttention {
                 Self::MultiHead(attention.with_implementation(implementation))
             }
             Self::Latent(attention) => Self::Latent(attention.with_implementation(implementation)),
+            // A linear attention calls no attention core.
+            Self::GatedDeltaNet(attention) => Self::GatedDeltaNet(attention),
         }
     }
 }

@@ -27,7 +27,7 @@ use super::model_type::text_model_family;
 use super::own_names::OwnNames;
 use super::{
     apertus, biogpt, bloom, codegen, falcon, gpt_neo, gpt_neox, gpt2, gptj, mpt, opt, persimmon,
-    stablelm,
+    qwen3_next, stablelm,
 };
 use crate::block::BlockKind;
 use crate::model::CausalLm;
@@ -322,11 +322,44 @@ pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
             head_dim: config.model.head_width(),
             layout,
         }),
+        grouped: grouped_projections(config),
         own_names: own_names(config),
         xielu_buffers: config.model_type == "apertus",
-        unloaded_mtp_modules: matches!(config.model_type.as_str(), "ernie4_5_moe" | "exaone_moe"),
+        unloaded_mtp_modules: matches!(
+            config.model_type.as_str(),
+            "ernie4_5_moe" | "exaone_moe" | "qwen3_5_text" | "qwen3_5" | "qwen3_next"
+        ),
         first_kv_shared_layer: config.model.first_kv_shared_layer(),
     }
+}
+
+/// The fused projections of `config`'s family stored group by group
+/// ([`FusedLayout::Parts`]), by the fused key's suffix: Qwen3-Next's linear attention,
+/// key head by key head.
+fn grouped_projections(config: &HfConfig) -> Vec<(&'static str, FusedHeads)> {
+    let Some(linear) = config
+        .model
+        .linear_attention
+        .as_ref()
+        .filter(|_| config.model_type == "qwen3_next")
+    else {
+        return Vec::new();
+    };
+    let groups = linear.n_key_heads;
+    let per_group = linear.n_value_heads / groups.max(1);
+    let values = per_group * linear.value_head_dim;
+    let [(qkvz, _), (ba, _)] = [FUSED_PROJECTIONS[3], FUSED_PROJECTIONS[4]];
+    let grouped = |shares| FusedHeads {
+        heads: groups,
+        kv_heads: groups,
+        head_dim: 0,
+        layout: FusedLayout::Parts { shares },
+    };
+    let keys = linear.key_head_dim;
+    vec![
+        (qkvz, grouped([keys, keys, values, values])),
+        (ba, grouped([per_group, per_group, 0, 0])),
+    ]
 }
 
 /// The order of the rows of the fused q/k/v projection of `model_type`'s checkpoints
@@ -363,6 +396,8 @@ fn family_renames(config: &HfConfig) -> &'static [(&'static str, &'static str)] 
         // gpt-oss names its router `router`, ours (like every other family) `gate`.
         "gpt_oss" => &[(".mlp.router.", ".mlp.gate.")],
         "llama4_text" | "llama4" => &LLAMA4_NAMES,
+        "qwen3_5_text" | "qwen3_5" => &qwen3_next::LINEAR_ATTENTION_NAMES,
+        "qwen3_next" => &QWEN3_NEXT_NAMES,
         "starcoder2" => &STARCODER2_MLP,
         // GPT-2's, GPT-J's and GPT-NeoX's names are translated whole ([`own_names`]).
         "gpt2" | "gpt_bigcode" | "gpt_neo" | "gptj" | "codegen" | "gpt_neox" | "persimmon"
@@ -438,6 +473,14 @@ const GEMMA4_MOE_NAMES: [(&str, &str); 16] = joined(
             ".mlp.post_feedforward_layernorm_2.",
         ),
     ],
+);
+
+/// Qwen3-Next's names: its linear attention's ([`qwen3_next::LINEAR_ATTENTION_NAMES`];
+/// its fused projections are cut into Qwen3.5's first) and Qwen2-MoE's one shared expert
+/// (`shared_expert`, ours `shared_experts`).
+const QWEN3_NEXT_NAMES: [(&str, &str); 10] = joined(
+    qwen3_next::LINEAR_ATTENTION_NAMES,
+    [(".mlp.shared_expert.", ".mlp.shared_experts.")],
 );
 
 /// Two rename tables as one, `first`'s entries first.
@@ -600,7 +643,7 @@ pub(crate) fn fused_layer_parts(name: &str) -> Option<Vec<&'static str>> {
 
 /// The projections that some families' checkpoints store fused: the fused key's suffix
 /// and its blocks' suffixes, in row order.
-const FUSED_PROJECTIONS: [(&str, &[&str]); 3] = [
+const FUSED_PROJECTIONS: [(&str, &[&str]); 5] = [
     (
         "self_attn.qkv_proj.weight",
         &[
@@ -617,6 +660,20 @@ const FUSED_PROJECTIONS: [(&str, &[&str]); 3] = [
         "shared_mlp.input_linear.weight",
         &["shared_mlp.gate_proj.weight", "shared_mlp.up_proj.weight"],
     ),
+    (
+        "linear_attn.in_proj_qkvz.weight",
+        &[
+            "linear_attn.in_proj_qkv.weight",
+            "linear_attn.in_proj_z.weight",
+        ],
+    ),
+    (
+        "linear_attn.in_proj_ba.weight",
+        &[
+            "linear_attn.in_proj_b.weight",
+            "linear_attn.in_proj_a.weight",
+        ],
+    ),
 ];
 
 /// A fused checkpoint tensor's key suffix, and its blocks' suffixes with their row
@@ -625,12 +682,13 @@ type FusedProjection = (&'static str, Vec<(&'static str, usize)>);
 
 /// The projections `config`'s family stores fused, with the rows of each block:
 /// Phi-3's q/k/v and gate/up, the q/k/v of the families named their own way
-/// ([`own_qkv_tables`]), GLM's and GLM-4's gate/up, GraniteMoE-Shared's shared gate/up.
+/// ([`own_qkv_tables`]), GLM's and GLM-4's gate/up, GraniteMoE-Shared's shared gate/up,
+/// Qwen3-Next's linear attention's q/k/v/z and b/a.
 fn fused_projections(config: &HfConfig) -> Vec<FusedProjection> {
     let model = &config.model;
     let head = model.head_width();
     let (q, kv, d_ff) = (model.n_heads * head, model.kv_heads() * head, model.d_ff);
-    let [qkv, gate_up, shared_input] = FUSED_PROJECTIONS;
+    let [qkv, gate_up, shared_input, qkvz, ba] = FUSED_PROJECTIONS;
     let with_rows = |(fused, blocks): (&'static str, &'static [&'static str]), rows: &[usize]| {
         (
             fused,
@@ -649,6 +707,17 @@ fn fused_projections(config: &HfConfig) -> Vec<FusedProjection> {
             with_rows(gate_up, &[d_ff, d_ff]),
         ],
         "glm" | "glm4" => vec![with_rows(gate_up, &[d_ff, d_ff])],
+        "qwen3_next" => match &model.linear_attention {
+            Some(linear) => {
+                let (keys, values) = (linear.key_width(), linear.value_width());
+                let heads = linear.n_value_heads;
+                vec![
+                    with_rows(qkvz, &[2 * keys + values, values]),
+                    with_rows(ba, &[heads, heads]),
+                ]
+            }
+            None => Vec::new(),
+        },
         "granitemoeshared" => {
             let shared = model.moe.as_ref().and_then(|moe| moe.shared_d_ff);
             shared.map_or_else(Vec::new, |width| {
@@ -677,10 +746,11 @@ fn own_qkv_tables(model_type: &str) -> Option<&'static [(&'static str, [&'static
 /// The key a multimodal checkpoint's `key` would have in its text model's own
 /// checkpoint (`language_model.model.layers.0.…` → `model.layers.0.…`); `None` for the
 /// keys of the other modalities' towers and projections (Gemma-4's `embed_vision`,
-/// `audio_tower`, `embed_audio`; Llama 4's `vision_model`).
+/// `audio_tower`, `embed_audio`; Llama 4's `vision_model`; Qwen3.5's `visual`).
 fn text_model_key(key: &str) -> Option<String> {
-    const OTHER_MODALITIES: [&str; 6] = [
+    const OTHER_MODALITIES: [&str; 7] = [
         "vision_tower.",
+        "visual.",
         "vision_model.",
         "multi_modal_projector.",
         "embed_vision.",
@@ -720,6 +790,9 @@ struct CausalLmKeys {
     /// their own: GPT-NeoX's, Falcon's and BLOOM's group by group, CodeGen's in blocks
     /// ([`KeyMap::fused_heads`]).
     fused_heads: Option<FusedHeads>,
+    /// The fused projections stored group by group, by suffix ([`grouped_projections`]),
+    /// before [`Self::fused_heads`].
+    grouped: Vec<(&'static str, FusedHeads)>,
     /// The names of a family whose every key is its own (GPT-2, GPT-NeoX), read as
     /// LLaMA's before the renames.
     own_names: Option<&'static OwnNames>,
@@ -728,7 +801,7 @@ struct CausalLmKeys {
     xielu_buffers: bool,
     /// The checkpoints hold multi-token-prediction modules that transformers does not
     /// load, named `mtp…` (ERNIE-4.5-MoE's `model.mtp_block.0.…`,
-    /// `model.mtp_emb_norm.0.…`; EXAONE-MoE's `mtp.…`).
+    /// `model.mtp_emb_norm.0.…`; EXAONE-MoE's and Qwen3.5's `mtp.…`).
     unloaded_mtp_modules: bool,
     /// The decoder layers from this one on reuse earlier layers' keys and values
     /// (`n_layers` when none do): key/value projections and norms stored for them are
@@ -779,6 +852,13 @@ impl KeyMap for CausalLmKeys {
     }
 
     fn fused_heads(&self, key: &str) -> Option<FusedHeads> {
+        if let Some((_, grouped)) = self
+            .grouped
+            .iter()
+            .find(|(fused, _)| key.ends_with(&format!(".{fused}")))
+        {
+            return Some(*grouped);
+        }
         let fused = self
             .fused
             .iter()

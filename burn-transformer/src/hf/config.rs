@@ -22,6 +22,7 @@ use super::latent::LatentKeys;
 use super::llama4::Llama4Keys;
 use super::model_type::{ModelType, text_model_family};
 use super::moe::MoeKeys;
+use super::qwen3_next::HybridKeys;
 use super::rope::RopeKeys;
 use crate::attention::{QkNormConfig, QkNormKind, QkNormPlacement, QueryTemperatureConfig};
 use crate::block::BlockKind;
@@ -770,7 +771,7 @@ impl ModelKeys {
         )
         .with_sliding_rope(sliding_rope)
         .with_nope_layers(self.nope_layers(family, n_layers)?)
-        .with_norm_unit_offset(gemma || family == ModelType::Nemotron)
+        .with_norm_unit_offset(family.norms_offset_by_one())
         .with_embed_scale(match family {
             _ if gemma || family == ModelType::Gemma4Text => Some((d_model as f64).sqrt()),
             ModelType::MiniCpm3 => self.scale_emb,
@@ -931,6 +932,9 @@ impl ModelKeys {
         }
         if family == ModelType::Llama4Text {
             read_keys::<Llama4Keys>(config, None)?.apply(&mut model, unread)?;
+        }
+        if family.is_hybrid_linear() {
+            read_keys::<HybridKeys>(config, None)?.apply(&mut model)?;
         }
         if family.is_latent() {
             let (mut latent, rope) = LatentKeys::read(config)?;
@@ -1174,7 +1178,7 @@ impl ModelKeys {
             QkNormConfig::new()
                 .with_placement(placement)
                 .with_eps(self.norm_eps(family))
-                .with_unit_offset(family.is_gemma())
+                .with_unit_offset(family.norms_offset_by_one())
         };
         let layer = || {
             QkNormConfig::new()
@@ -1185,6 +1189,8 @@ impl ModelKeys {
         Some(match family {
             ModelType::Qwen3
             | ModelType::Qwen3Moe
+            | ModelType::Qwen35Text
+            | ModelType::Qwen3Next
             | ModelType::Dots1
             | ModelType::Gemma3Text
             | ModelType::Gemma4Text
@@ -1392,6 +1398,8 @@ impl ModelKeys {
             | ModelType::Ernie45
             | ModelType::Ernie45Moe
             | ModelType::Llama4Text
+            | ModelType::Qwen3Next
+            | ModelType::Qwen35Text
             | ModelType::Cohere => None,
             _ => self.sliding_window,
         };

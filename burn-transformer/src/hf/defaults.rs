@@ -620,6 +620,23 @@ fn class_defaults(family: ModelType) -> Value {
             "attn_temperature_tuning": true, "floor_scale": 8192, "attn_scale": 0.1,
             "rope_theta": 500_000.0
         }),
+        ModelType::Qwen3Next => json!({
+            "num_key_value_heads": 2, "head_dim": 256, "rms_norm_eps": 1e-6,
+            "partial_rotary_factor": 0.25, "linear_conv_kernel_dim": 4,
+            "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+            "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+            "full_attention_interval": 4, "decoder_sparse_step": 1,
+            "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+            "num_experts_per_tok": 10, "num_experts": 512, "norm_topk_prob": true,
+            "router_aux_loss_coef": 0.001, "mlp_only_layers": []
+        }),
+        ModelType::Qwen35Text => json!({
+            "num_key_value_heads": 4, "head_dim": 256, "rms_norm_eps": 1e-6,
+            "partial_rotary_factor": 0.25, "linear_conv_kernel_dim": 4,
+            "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+            "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+            "full_attention_interval": 4
+        }),
         ModelType::Mistral4 => json!({
             "num_key_value_heads": 32, "n_shared_experts": 1, "n_routed_experts": 128,
             "routed_scaling_factor": 1.0, "kv_lora_rank": 256, "q_lora_rank": 1024,
@@ -726,6 +743,8 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::DeepseekV3 => [129280, 7168, 18432, 61, 128, 4096],
         ModelType::Mistral4 => [131072, 4096, 12288, 36, 32, 1_048_576],
         ModelType::Llama4Text => [202048, 5120, 8192, 48, 40, 131072],
+        ModelType::Qwen35Text => [248320, 4096, 12288, 32, 16, 32768],
+        ModelType::Qwen3Next => [151936, 2048, 5632, 48, 16, 32768],
     };
     let [vocab, hidden, intermediate, layers, heads, positions] = sizes;
     let mut values = json!({
@@ -798,6 +817,8 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         | ModelType::Qwen2Moe
         | ModelType::Qwen3
         | ModelType::Qwen3Moe
+        | ModelType::Qwen35Text
+        | ModelType::Qwen3Next
         | ModelType::Glm4Moe
         | ModelType::Dots1
         | ModelType::GptOss => (None, None, None),
@@ -870,7 +891,9 @@ fn default_no_rope_layers(config: &Map<String, Value>) -> Option<Value> {
     )
 }
 
-/// The layer types a class derives from the layer count when the file names none:
+/// The layer types a class derives from the layer count when the file names none
+/// (Qwen3-Next and Qwen3.5: linear attention but on every `full_attention_interval`-th
+/// layer):
 /// Gemma-2 and gpt-oss alternate sliding and full layers, OLMo-3 makes every fourth
 /// layer full, Gemma-3 every `sliding_window_pattern`-th (default 6), Cohere-2 too
 /// (default 4), EXAONE-4 too (default 4; a pattern of letters, `"LLLG"`, names each layer of the period, and no
@@ -922,6 +945,23 @@ fn default_layer_types(family: ModelType, config: &Map<String, Value>) -> Option
                 .map(|layer| match pattern[layer % pattern.len()] {
                     'L' => "sliding_attention",
                     _ => "full_attention",
+                })
+                .collect(),
+        );
+    }
+    // Qwen3-Next and Qwen3.5: every `full_attention_interval`-th layer attends in full,
+    // the others are linear attention.
+    if family.is_hybrid_linear() {
+        let layers = config.get("num_hidden_layers")?.as_u64()?;
+        let every = config
+            .get("full_attention_interval")?
+            .as_u64()
+            .filter(|&every| every > 0)?;
+        return Some(
+            (0..layers)
+                .map(|layer| match (layer + 1) % every {
+                    0 => "full_attention",
+                    _ => "linear_attention",
                 })
                 .collect(),
         );

@@ -31,6 +31,7 @@ use super::config::{HfConfig, text_model_config};
 use super::error::HfError;
 use super::gemma4;
 use super::gpt2;
+use super::qwen3_next;
 use super::stablelm;
 use super::tensors::{HostTensor, encode, host_parameters, write_safetensors};
 use crate::attention::{QkNormKind, QkNormPlacement};
@@ -349,8 +350,8 @@ fn checkpoint_tensors(
     Ok(tensors)
 }
 
-/// The first option of `config` that neither LLaMA's families nor Gemma-4 have (the
-/// families a model built here with RoPE exports as), named for a refusal.
+/// The first option of `config` that neither LLaMA's families nor Gemma-4 nor Qwen3.5
+/// have (the families a model built here with RoPE exports as), named for a refusal.
 fn option_no_exported_family_has(config: &CausalLmConfig) -> Option<&'static str> {
     [
         (config.latent.is_some(), "latent attention (MLA)"),
@@ -502,6 +503,8 @@ fn gpt2_config_json(config: &CausalLmConfig) -> Result<Value, HfError> {
             refuse("rows reserved before position 0 in its table of positions")
         }
         _ if config.moe.is_some() => refuse("mixture of experts"),
+        _ if config.linear_attention.is_some() => refuse("linear attention"),
+        _ if config.attention_output_gate => refuse("gate on the attention's output"),
         _ if config.embed_norm => refuse("norm of the embeddings"),
         _ if config.block_kind != BlockKind::PreNorm => refuse("block kind but Pre-LN"),
         _ if !(config.layer_norm && config.layer_norm_bias && config.norm_scale)
@@ -651,7 +654,8 @@ fn to_x_w_experts(part: &str, tensor: HostTensor, interleaved: bool) -> HostTens
 /// blocks of shifted LayerNorms, biases everywhere, an ungated feed-forward, one
 /// key/value head per head) or, with any of Gemma-4's options (a norm of the values,
 /// global layers of their own heads, per-layer embeddings, layers reusing keys and
-/// values), `gemma4_text` (`train-lm --arch gemma4`).
+/// values), `gemma4_text` (`train-lm --arch gemma4`), or, with linear attention layers or
+/// a gate on the attention's output, `qwen3_5_text` (`train-lm --arch qwen3_5`).
 ///
 /// # Errors
 /// [`HfError::Unsupported`] naming the first option no such family has (latent
@@ -674,6 +678,21 @@ pub fn hf_config_json(config: &CausalLmConfig) -> Result<Value, HfError> {
     };
     let rope = &config.rope;
     let head_dim = config.head_width();
+    if config.linear_attention.is_some() || config.attention_output_gate {
+        let option = option_no_exported_family_has(config)
+            .or_else(|| gemma4_option(config))
+            .map_or_else(|| qwen3_next::config_json(config), Err);
+        return option
+            .map(|json| with_sizes(json, config))
+            .map_err(|option| HfError::Unsupported {
+                what: "config.json".into(),
+                reason: format!(
+                    "the model has linear attention layers or a gate on the attention's \
+                     output, so it exports as Qwen3.5 (qwen3_5_text), which does not have \
+                     {option}"
+                ),
+            });
+    }
     if let Some(gemma4_option) = gemma4_option(config) {
         let json = match option_no_exported_family_has(config) {
             Some(option) => Err(option),

@@ -38,7 +38,7 @@ fn checkpoint_shapes(dir: &Path) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-const FAMILIES: [&str; 88] = [
+const FAMILIES: [&str; 90] = [
     "llama",
     "llama_sharded",
     "mistral",
@@ -77,6 +77,8 @@ const FAMILIES: [&str; 88] = [
     "qwen2_moe",
     "qwen3_moe",
     "llama4_text",
+    "qwen3_5_text",
+    "qwen3_next",
     "glm4_moe",
     "glm4_moe_mtp",
     "glm4_moe_lite",
@@ -233,6 +235,8 @@ mod built_here {
                 "gpt2",
             ),
             (gemma4_config(2), "gemma4_text"),
+            // Qwen3.5's hybrid: a linear attention layer, then gated attention.
+            (scratch_config().with_qwen3_5_design(), "qwen3_5_text"),
             // Gemma-4 E2B's additions: per-layer inputs, the last layer reusing the
             // keys and values of the global layer before it, twice as wide.
             (
@@ -262,6 +266,13 @@ mod built_here {
             );
             assert_eq!(error, 0.0, "{family}");
         }
+        let gated = scratch_config().with_attention_output_gate(true);
+        let error = hf_config_json(&gated).unwrap_err().to_string();
+        assert!(
+            error.contains("exports as Qwen3.5")
+                && error.contains("norms other than RMSNorms scaling by 1 + weight"),
+            "{error}"
+        );
         let gemma = scratch_config().with_block_kind(BlockKind::Sandwich);
         let error = hf_config_json(&gemma).unwrap_err().to_string();
         assert!(error.contains("a block kind other than Pre-LN"), "{error}");

@@ -1,9 +1,10 @@
 //! Fused q/k/v projections stored in an order of their own: group by group (for each
 //! key/value head, the rows of the query heads that share it, then its key rows, then
 //! its value rows: Falcon's `query_key_value`; GPT-NeoX's, with one query head per
-//! group, is head by head: q₀ k₀ v₀ q₁ k₁ v₁ …), or in CodeGen's blocks. Ours are the
-//! three projections one after the other (all query rows, then key, then value rows),
-//! so loading and saving permute the rows.
+//! group, is head by head: q₀ k₀ v₀ q₁ k₁ v₁ …), or in CodeGen's blocks; and other
+//! fused projections stored group by group (Qwen3-Next's linear attention). Ours are
+//! the parts one after the other (all query rows, then key, then value rows), so
+//! loading and saving permute the rows.
 
 /// The head counts of a fused q/k/v projection stored group by group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +31,15 @@ pub enum FusedLayout {
         /// Blocks of rows.
         blocks: usize,
     },
+    /// Each of `heads` groups holds its rows of every part in turn, `shares[p]` rows of
+    /// part `p` (unused shares 0), where ours are the parts one after the other:
+    /// Qwen3-Next's linear attention stores its queries, keys, values and output gate
+    /// (`in_proj_qkvz`), and its `b` and `a` (`in_proj_ba`), key head by key head. Here
+    /// `heads` counts the groups; `kv_heads` and `head_dim` are unused.
+    Parts {
+        /// Rows of each part in one group.
+        shares: [usize; 4],
+    },
 }
 
 impl FusedHeads {
@@ -43,6 +53,20 @@ impl FusedHeads {
             head_dim,
             layout,
         } = *self;
+        if let FusedLayout::Parts { shares } = layout {
+            let groups = heads.max(1);
+            let group_rows: usize = shares.iter().sum();
+            let mut rest = row;
+            for (part, &share) in shares.iter().enumerate() {
+                if rest < share * groups {
+                    let before: usize = shares[..part].iter().sum();
+                    return (rest / share) * group_rows + before + rest % share;
+                }
+                rest -= share * groups;
+            }
+            // Past every part: no row of a tensor of these sizes.
+            return row;
+        }
         if let FusedLayout::Blocks { blocks } = layout {
             // Each of q, k and v is `width` rows, cut into `blocks` shares.
             let width = heads * head_dim;
@@ -121,5 +145,16 @@ mod tests {
         let k: Vec<usize> = (8..12).chain(20..24).collect();
         let v: Vec<usize> = (4..8).chain(16..20).collect();
         assert_eq!(rows(codegen, 24), [q, k, v].concat());
+        // Qwen3-Next: 2 groups of one row of the first two parts and two of the third:
+        // a b c c | a b c c.
+        let parts = FusedHeads {
+            heads: 2,
+            kv_heads: 2,
+            head_dim: 0,
+            layout: FusedLayout::Parts {
+                shares: [1, 1, 2, 0],
+            },
+        };
+        assert_eq!(rows(parts, 8), [0, 4, 1, 5, 2, 3, 6, 7]);
     }
 }

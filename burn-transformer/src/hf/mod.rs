@@ -45,6 +45,7 @@ mod opt;
 mod own_names;
 mod peft;
 mod persimmon;
+mod qwen3_next;
 mod rope;
 mod stablelm;
 mod tensors;

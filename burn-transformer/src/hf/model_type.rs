@@ -60,6 +60,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "flex_olmo",
     "qwen2_moe",
     "qwen3_moe",
+    "qwen3_next",
     "glm4_moe",
     "glm4_moe_lite",
     "dots1",
@@ -75,10 +76,12 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "deepseek_v3",
     "mistral4",
     "llama4_text",
+    "qwen3_5_text",
     "gemma3",
     "gemma4",
     "mistral3",
     "llama4",
+    "qwen3_5",
 ];
 
 /// The family of the text model of a multimodal `model_type` (when its `text_config`
@@ -86,14 +89,15 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
 /// checkpoint stores it under `language_model.` beside a vision tower: Gemma-3's
 /// `Gemma3ForConditionalGeneration` (the 4B, 12B and 27B checkpoints), Gemma-4's
 /// `Gemma4ForConditionalGeneration`, Mistral-3's `Mistral3ForConditionalGeneration`
-/// (Mistral-Small-3.1 and 3.2) and Llama 4's `Llama4ForConditionalGeneration` (Scout,
-/// Maverick).
+/// (Mistral-Small-3.1 and 3.2), Llama 4's `Llama4ForConditionalGeneration` (Scout,
+/// Maverick) and Qwen3.5's `Qwen3_5ForConditionalGeneration` (every Qwen3.5 checkpoint).
 pub(crate) fn text_model_family(model_type: &str) -> Option<ModelType> {
     match model_type {
         "gemma3" => Some(ModelType::Gemma3Text),
         "gemma4" => Some(ModelType::Gemma4Text),
         "mistral3" => Some(ModelType::Mistral),
         "llama4" => Some(ModelType::Llama4Text),
+        "qwen3_5" => Some(ModelType::Qwen35Text),
         _ => None,
     }
 }
@@ -299,6 +303,9 @@ pub(crate) enum ModelType {
     /// Qwen3-MoE: Qwen3's attention, softmax top-k routing without shared experts,
     /// sparse layers by `decoder_sparse_step` and `mlp_only_layers`.
     Qwen3Moe,
+    /// Qwen3-Next: Qwen3.5's hybrid layers (its DeltaNet's projections stored fused,
+    /// key head by key head) with Qwen2-MoE's experts and gated shared expert.
+    Qwen3Next,
     /// GLM-4.5 and GLM-4.6: GQA with q/k/v biases, the rotary embedding over half of
     /// each head, optional QK-norm per head; dense first layers, then DeepSeek-V3's
     /// experts (sigmoid, bias-corrected, grouped routing, a shared expert) and its
@@ -352,10 +359,14 @@ pub(crate) enum ModelType {
     /// interleaved dense and sparse layers, one expert per token (sigmoid score on its
     /// input) beside a shared one; the rotary embedding on neighbouring pairs.
     Llama4Text,
+    /// Qwen3.5's text model: Qwen3-Next's hybrid of Gated DeltaNet layers (three in
+    /// four) and gated attention layers with QK-norm and partial RoPE, every RMSNorm
+    /// scaling by `1 + weight`; a dense feed-forward.
+    Qwen35Text,
 }
 
 impl ModelType {
-    const ALL: [Self; 72] = [
+    const ALL: [Self; 74] = [
         Self::Llama,
         Self::InternLm3,
         Self::Mistral,
@@ -413,6 +424,7 @@ impl ModelType {
         Self::FlexOlmo,
         Self::Qwen2Moe,
         Self::Qwen3Moe,
+        Self::Qwen3Next,
         Self::Glm4Moe,
         Self::Glm4MoeLite,
         Self::Dots1,
@@ -428,6 +440,7 @@ impl ModelType {
         Self::DeepseekV3,
         Self::Mistral4,
         Self::Llama4Text,
+        Self::Qwen35Text,
     ];
 
     /// The `model_type` value.
@@ -490,6 +503,7 @@ impl ModelType {
             Self::FlexOlmo => "flex_olmo",
             Self::Qwen2Moe => "qwen2_moe",
             Self::Qwen3Moe => "qwen3_moe",
+            Self::Qwen3Next => "qwen3_next",
             Self::Glm4Moe => "glm4_moe",
             Self::Glm4MoeLite => "glm4_moe_lite",
             Self::Dots1 => "dots1",
@@ -505,6 +519,7 @@ impl ModelType {
             Self::DeepseekV3 => "deepseek_v3",
             Self::Mistral4 => "mistral4",
             Self::Llama4Text => "llama4_text",
+            Self::Qwen35Text => "qwen3_5_text",
         }
     }
 
@@ -523,6 +538,7 @@ impl ModelType {
                 | Self::FlexOlmo
                 | Self::Qwen2Moe
                 | Self::Qwen3Moe
+                | Self::Qwen3Next
                 | Self::Glm4Moe
                 | Self::Glm4MoeLite
                 | Self::Dots1
@@ -546,6 +562,19 @@ impl ModelType {
             self,
             Self::Gemma | Self::Gemma2 | Self::Gemma3Text | Self::VaultGemma
         )
+    }
+
+    /// Whether the family's RMSNorms scale by `1 + weight` (weights stored around 0):
+    /// Gemma's (but Gemma-4's), Nemotron's LayerNorms, Qwen3.5's (but the DeltaNet's own
+    /// output norm).
+    pub(crate) fn norms_offset_by_one(self) -> bool {
+        self.is_gemma() || matches!(self, Self::Nemotron | Self::Qwen3Next | Self::Qwen35Text)
+    }
+
+    /// Whether the family's layers are a hybrid of linear attention (Gated DeltaNet) and
+    /// gated attention layers (Qwen3-Next, Qwen3.5).
+    pub(crate) fn is_hybrid_linear(self) -> bool {
+        matches!(self, Self::Qwen3Next | Self::Qwen35Text)
     }
 
     /// Whether the family is Gemma-2's or a later Gemma's (`hidden_activation`, final
@@ -685,7 +714,7 @@ mod tests {
     #[test]
     fn supported_model_types_are_the_families_read() {
         let mut names: Vec<&str> = ModelType::ALL.iter().map(|family| family.name()).collect();
-        names.extend(["gemma3", "gemma4", "mistral3", "llama4"]);
+        names.extend(["gemma3", "gemma4", "mistral3", "llama4", "qwen3_5"]);
         assert_eq!(names, SUPPORTED_MODEL_TYPES);
         assert_eq!(text_model_family("gemma3"), Some(ModelType::Gemma3Text));
         for family in ModelType::ALL {

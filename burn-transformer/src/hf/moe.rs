@@ -324,7 +324,7 @@ impl MoeKeys {
                 "one shared expert of `shared_intermediate_size` (none when 0)",
             );
             (unscaled(unread), shared)
-        } else if family == Some(ModelType::Qwen2Moe) {
+        } else if matches!(family, Some(ModelType::Qwen2Moe | ModelType::Qwen3Next)) {
             shared_d_ff = Some(required(
                 self.shared_expert_intermediate_size,
                 "shared_expert_intermediate_size",
@@ -367,7 +367,10 @@ impl MoeKeys {
         Ok(MoeConfig::new(router, d_ff)
             .with_n_shared_experts(n_shared_experts)
             .with_shared_d_ff(shared_d_ff)
-            .with_shared_expert_gate(family == Some(ModelType::Qwen2Moe))
+            .with_shared_expert_gate(matches!(
+                family,
+                Some(ModelType::Qwen2Moe | ModelType::Qwen3Next)
+            ))
             .with_shared_expert_bias(
                 family == Some(ModelType::Ernie45Moe) && self.use_bias.unwrap_or(false),
             )

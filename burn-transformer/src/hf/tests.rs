@@ -472,10 +472,10 @@ fn mistral3_multimodal_checkpoint_loads_its_text_model_and_matches_transformers(
     exports_as_its_text_model("mistral3_vision", &model, "mistral");
 
     let mut other = config_json(&model_dir("mistral3_vision"));
-    other["text_config"]["model_type"] = "qwen3_next".into();
+    other["text_config"]["model_type"] = "jamba".into();
     let error = HfConfig::from_value(&other, "config.json").unwrap_err();
     assert!(
-        matches!(&error, HfError::UnsupportedModelType { model_type, .. } if model_type == "qwen3_next"),
+        matches!(&error, HfError::UnsupportedModelType { model_type, .. } if model_type == "jamba"),
         "{error}"
     );
 }
@@ -568,6 +568,76 @@ fn llama4_multimodal_checkpoint_loads_its_text_model_and_matches_transformers() 
     assert_eq!(config.model_type, "llama4");
     assert_eq!(config.model.attention_chunk, Some(4));
     exports_as_its_text_model("llama4_vision", &model, "llama4_text");
+}
+
+/// Which layers of `model` are linear attention ones.
+fn linear_layers(model: &crate::model::CausalLmConfig) -> Vec<bool> {
+    (0..model.n_layers)
+        .map(|layer| model.is_linear_attention_layer(layer))
+        .collect()
+}
+
+/// Qwen3.5's text model: three Gated DeltaNet layers (key heads serving two value
+/// heads each, a short convolution) and a gated attention layer with QK-norm and RoPE
+/// on a quarter of each head, every norm but the DeltaNet's scaling by 1 + weight; its
+/// file's multimodal rotary sections read as the plain rotary embedding for text.
+#[test]
+fn qwen3_5_with_gated_delta_net_and_gated_attention_matches_transformers() {
+    matches_transformers("qwen3_5_text");
+    let config = HfConfig::from_file(model_dir("qwen3_5_text").join(CONFIG_FILE)).unwrap();
+    assert!(config.unread_keys.is_empty(), "{:?}", config.unread_keys);
+    let model = &config.model;
+    assert_eq!(linear_layers(model), [true, true, true, false]);
+    assert!(model.attention_output_gate && model.norm_unit_offset);
+    assert_eq!(model.rope.rotary_dim(), 4);
+
+    // Without `layer_types`, every `full_attention_interval`-th layer attends in full.
+    let mut derived = config_json(&model_dir("qwen3_5_text"));
+    derived.as_object_mut().unwrap().remove("layer_types");
+    derived["full_attention_interval"] = 2.into();
+    let derived = HfConfig::from_value(&derived, "config.json").unwrap();
+    assert_eq!(linear_layers(&derived.model), [true, false, true, false]);
+    assert_field_refused(
+        "qwen3_5_text",
+        "layer_types",
+        serde_json::json!([
+            "linear_attention",
+            "sliding_attention",
+            "linear_attention",
+            "full_attention"
+        ]),
+        "expected linear_attention or full_attention",
+    );
+    assert_field_refused("qwen3_5_text", "hidden_act", "gelu".into(), "SiLU");
+}
+
+/// Qwen3-Next: Qwen3.5's hybrid layers with the DeltaNet's projections stored fused key
+/// head by key head (cut into ours on loading, fused back on saving), and Qwen2-MoE's
+/// experts beside a gated shared expert, a dense layer among the sparse ones.
+#[test]
+fn qwen3_next_with_fused_linear_attention_and_a_gated_shared_expert_matches_transformers() {
+    matches_transformers("qwen3_next");
+    let config = HfConfig::from_file(model_dir("qwen3_next").join(CONFIG_FILE)).unwrap();
+    assert!(config.unread_keys.is_empty(), "{:?}", config.unread_keys);
+    let model = &config.model;
+    assert_eq!(linear_layers(model), [true, true, true, false]);
+    let sparse: Vec<bool> = (0..4).map(|layer| model.moe_layers.is_moe(layer)).collect();
+    assert_eq!(sparse, [true, false, true, true]);
+    assert!(model.moe.as_ref().is_some_and(|moe| moe.shared_expert_gate));
+}
+
+/// Qwen3.5's checkpoint as every Qwen3.5 model ships
+/// (`Qwen3_5ForConditionalGeneration`): the text model under `model.language_model.`
+/// beside a vision tower (`model.visual.`), which is not loaded, in two shards. The
+/// text model matches transformers on text and exports as `qwen3_5_text`.
+#[test]
+fn qwen3_5_multimodal_checkpoint_loads_its_text_model_and_matches_transformers() {
+    matches_transformers("qwen3_5_vision");
+    let device = Device::flex();
+    let (model, config) = load_causal_lm(model_dir("qwen3_5_vision"), &device).unwrap();
+    assert_eq!(config.model_type, "qwen3_5");
+    assert!(config.model.linear_attention.is_some());
+    exports_as_its_text_model("qwen3_5_vision", &model, "qwen3_5_text");
 }
 
 #[test]
@@ -1919,6 +1989,8 @@ fn cached_decoding_equals_the_full_forward() {
         "gpt_oss",
         "deepseek_v3",
         "llama4_text",
+        "qwen3_5_text",
+        "qwen3_next",
     ] {
         let reference = reference(name);
         let prompts = rows(&reference.data("tokens"));
@@ -1930,7 +2002,7 @@ fn cached_decoding_equals_the_full_forward() {
             .collect();
         let total = sequences[0].len();
         for device in model_test_devices() {
-            let (model, _) = load_causal_lm(model_dir(name), &device).unwrap();
+            let (model, hf) = load_causal_lm(model_dir(name), &device).unwrap();
             let tokens = int_tensor(&sequences, &device);
             let full = model.forward(tokens.clone(), None);
             let mut cache = model.new_cache();
@@ -1945,10 +2017,18 @@ fn cached_decoding_equals_the_full_forward() {
             }
             pieces.push(model.forward_cached(tokens.narrow(1, total - 3, 3), &mut cache, None));
             assert_eq!(cache.position(), total);
+            // The hybrid fixtures are ill-conditioned in f32: transformers' own cached
+            // and full logits differ by 1.7e-5 (qwen3_5_text) and 5.7e-5 (qwen3_next),
+            // as much as each differs from its f64 logits; their linear attention sums
+            // in the order of the calls' positions (its chunks), so ours do too.
+            let tolerance = match hf.model.linear_attention {
+                Some(_) => 1e-5 * full.clone().abs().max().into_scalar::<f32>(),
+                None => 1e-5,
+            };
             assert_close(
                 Tensor::cat(pieces, 1),
                 full,
-                1e-5,
+                tolerance,
                 &format!("{name} cached"),
             );
         }
@@ -1959,7 +2039,7 @@ fn cached_decoding_equals_the_full_forward() {
 /// greedy tokens each gives alone.
 #[test]
 fn batched_left_padded_prompts_equal_one_by_one() {
-    for name in ["mistral", "qwen2", "bloom"] {
+    for name in ["mistral", "qwen2", "bloom", "qwen3_5_text"] {
         let reference = reference(name);
         let full = rows(&reference.data("tokens"));
         let prompts = vec![
@@ -2134,6 +2214,20 @@ fn gradient_norms(
                 (".mlp.", ".feed_forward."),
             ],
             "qwen2_moe" => &[(".mlp.shared_experts.", ".mlp.shared_expert.")],
+            // Qwen3-Next's linear attention holds its projections fused (ours are its
+            // parts, whose squared norms add up).
+            "qwen3_next" => &[
+                (".self_attn.in_proj_qkv.", ".linear_attn.in_proj_qkvz."),
+                (".self_attn.in_proj_z.", ".linear_attn.in_proj_qkvz."),
+                (".self_attn.in_proj_b.", ".linear_attn.in_proj_ba."),
+                (".self_attn.in_proj_a.", ".linear_attn.in_proj_ba."),
+                (".self_attn.conv1d.", ".linear_attn.conv1d."),
+                (".self_attn.dt_bias", ".linear_attn.dt_bias"),
+                (".self_attn.a_log", ".linear_attn.A_log"),
+                (".self_attn.norm.", ".linear_attn.norm."),
+                (".self_attn.out_proj.", ".linear_attn.out_proj."),
+                (".mlp.shared_experts.", ".mlp.shared_expert."),
+            ],
             "hunyuan_v1_dense" | "hunyuan_v1_moe" => &[
                 (".self_attn.q_norm.", ".self_attn.query_layernorm."),
                 (".self_attn.k_norm.", ".self_attn.key_layernorm."),
@@ -2191,6 +2285,16 @@ fn gradient_norms(
                 (".up_proj.", ".gate_up_proj."),
             ],
             "gemma3" | "gemma4" | "mistral3" => &[("model.", "model.language_model.")],
+            // Qwen3.5's linear attention is `linear_attn` (its text model, in the
+            // multimodal class, moves under `model.language_model.` below).
+            "qwen3_5_text" | "qwen3_5" => &[
+                (".self_attn.in_proj_", ".linear_attn.in_proj_"),
+                (".self_attn.conv1d.", ".linear_attn.conv1d."),
+                (".self_attn.dt_bias", ".linear_attn.dt_bias"),
+                (".self_attn.a_log", ".linear_attn.A_log"),
+                (".self_attn.norm.", ".linear_attn.norm."),
+                (".self_attn.out_proj.", ".linear_attn.out_proj."),
+            ],
 
             // Gemma-4's router, experts and their norms sit beside its dense
             // feed-forward (our shared experts) in the layer; its per-layer embeddings
@@ -2248,6 +2352,7 @@ fn gradient_norms(
         // Llama 4's multimodal class holds its text model whole, head included.
         let name = match model_type {
             "llama4" => format!("language_model.{name}"),
+            "qwen3_5" => name.replacen("model.", "model.language_model.", 1),
             _ => name,
         };
         *squares.entry(name).or_insert(0.0) += norm * norm;

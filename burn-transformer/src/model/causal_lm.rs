@@ -28,8 +28,8 @@ use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
 use burn::tensor::{Bool, Device, Int, Tensor};
 
 use crate::attention::{
-    AttentionImpl, KvSharing, LatentAttentionConfig, MultiHeadAttentionConfig, QkNormConfig,
-    QueryTemperatureConfig, SelfAttention, SelfAttentionConfig,
+    AttentionImpl, GatedDeltaNetConfig, KvSharing, LatentAttentionConfig, MultiHeadAttentionConfig,
+    QkNormConfig, QueryTemperatureConfig, SelfAttention, SelfAttentionConfig,
 };
 use crate::block::{
     BlockCache, BlockKind, PerLayerInputConfig, RoutingLosses, StackCache, TransformerBlock,
@@ -271,6 +271,21 @@ pub struct CausalLmConfig {
     /// `tie_word_embeddings`. Default: false.
     #[config(default = false)]
     pub lm_head_bias: bool,
+    /// A sigmoid gate on every grouped attention's output, projected by `q_proj`
+    /// beside the queries (Qwen3-Next, Qwen3.5;
+    /// [`MultiHeadAttentionConfig::output_gate`]). Not available with `latent`.
+    /// Default: false.
+    #[config(default = false)]
+    pub attention_output_gate: bool,
+    /// A linear attention in place of the grouped attention on the layers
+    /// `linear_attention_layers` names (Qwen3-Next's and Qwen3.5's Gated DeltaNet, three
+    /// layers in four); its `d_model` must be the model's. Not available with `latent`.
+    /// Default: none.
+    #[config(default = "None")]
+    pub linear_attention: Option<GatedDeltaNetConfig>,
+    /// The layers of `linear_attention`. Default: every layer.
+    #[config(default = "None")]
+    pub linear_attention_layers: Option<Vec<bool>>,
     /// Multi-head latent attention in every layer instead of grouped attention
     /// (DeepSeek-V2/V3). Its `d_model` and `n_heads` must be the model's; `rope`,
     /// `head_dim` and `n_kv_heads` above are then unused. Default: none.
@@ -364,6 +379,11 @@ impl CausalLmConfig {
             .filter(|_| listed_or_all(&self.chunked_layers, layer))
     }
 
+    /// Whether layer `layer` is a linear attention one ([`Self::linear_attention`]).
+    pub fn is_linear_attention_layer(&self, layer: usize) -> bool {
+        self.linear_attention.is_some() && listed_or_all(&self.linear_attention_layers, layer)
+    }
+
     /// Whether layer `layer` attends without a position encoding ([`Self::nope_layers`]).
     pub fn is_nope_layer(&self, layer: usize) -> bool {
         self.nope_layers
@@ -422,6 +442,7 @@ impl CausalLmConfig {
             .with_value_norm_eps(self.value_norm.then_some(self.norm_eps))
             .with_qkv_bias(self.qkv_bias)
             .with_o_bias(self.o_bias)
+            .with_output_gate(self.attention_output_gate)
             .with_causal(true)
             .with_window(self.window_of(layer))
             .with_chunk(self.chunk_of(layer))
@@ -441,9 +462,19 @@ impl CausalLmConfig {
             .with_initializer(self.initializer.clone())
     }
 
-    /// The self-attention of layer `layer`: latent when `latent` is set, else grouped
-    /// (without its RoPE, which the model shares between layers).
+    /// The self-attention of layer `layer`: linear where `linear_attention_layers` says
+    /// so, latent when `latent` is set, else grouped (without its RoPE, which the model
+    /// shares between layers).
     pub fn self_attention_config(&self, layer: usize) -> SelfAttentionConfig {
+        if let Some(linear) = self
+            .linear_attention
+            .as_ref()
+            .filter(|_| self.is_linear_attention_layer(layer))
+        {
+            return SelfAttentionConfig::GatedDeltaNet(
+                linear.clone().with_initializer(self.initializer.clone()),
+            );
+        }
         match &self.latent {
             Some(latent) => SelfAttentionConfig::Latent(
                 latent
@@ -661,6 +692,7 @@ impl CausalLmConfig {
             ("chunked_layers", &self.chunked_layers),
             ("qk_norm_layers", &self.qk_norm_layers),
             ("query_temperature_layers", &self.query_temperature_layers),
+            ("linear_attention_layers", &self.linear_attention_layers),
         ] {
             if let Some(layers) = layers
                 && layers.len() != self.n_layers
@@ -735,13 +767,14 @@ impl CausalLmConfig {
             });
         }
         self.validate_per_layer_inputs()?;
+        self.validate_linear_attention()?;
         self.validate_kv_sharing()?;
         ConfigError::check_non_negative(MODULE, "norm_eps", self.norm_eps)
     }
 
     /// Chunked attention is grouped, on layers without a window; the per-layer lists
-    /// of the chunks, QK-norm and query temperature come with what they choose layers
-    /// for.
+    /// of the chunks, QK-norm, query temperature and linear attention come with what
+    /// they choose layers for.
     fn validate_chunks(&self) -> Result<(), ConfigError> {
         let invalid = |field, reason: String| {
             Err(ConfigError::Invalid {
@@ -768,6 +801,12 @@ impl CausalLmConfig {
                 self.query_temperature_layers.is_some(),
                 self.query_temperature.is_some(),
                 "query_temperature",
+            ),
+            (
+                "linear_attention_layers",
+                self.linear_attention_layers.is_some(),
+                self.linear_attention.is_some(),
+                "linear_attention",
             ),
         ] {
             if list && !chosen {
@@ -801,6 +840,49 @@ impl CausalLmConfig {
             ),
             None => Ok(()),
         }
+    }
+
+    /// A linear attention is valid, of the model's width, beside grouped attention only
+    /// (as is the output gate), and never asked to share keys and values.
+    fn validate_linear_attention(&self) -> Result<(), ConfigError> {
+        let invalid = |field, reason: &str| {
+            Err(ConfigError::Invalid {
+                module: MODULE,
+                field,
+                reason: reason.into(),
+            })
+        };
+        if self.latent.is_some() {
+            if self.attention_output_gate {
+                return invalid(
+                    "attention_output_gate",
+                    "applies to grouped attention; latent attention has no gate: leave it \
+                     false",
+                );
+            }
+            if self.linear_attention.is_some() {
+                return invalid(
+                    "linear_attention",
+                    "replaces grouped attention on some layers; latent attention takes \
+                     every layer: leave one of them unset",
+                );
+            }
+        }
+        let Some(linear) = &self.linear_attention else {
+            return Ok(());
+        };
+        linear.validate()?;
+        if linear.d_model != self.d_model {
+            return Err(self.mismatch("linear_attention.d_model", linear.d_model));
+        }
+        if self.kv_shared_layers > 0 {
+            return invalid(
+                "kv_shared_layers",
+                "shares grouped attention's keys and values between layers; a model with \
+                 linear attention layers shares none: leave it 0",
+            );
+        }
+        Ok(())
     }
 
     /// Per-layer embeddings have a positive width and a table covering the vocabulary.
@@ -1703,7 +1785,7 @@ pub(crate) mod tests {
                     attention.n_kv_heads(),
                     attention.v_proj.is_some(),
                 ),
-                SelfAttention::Latent(_) => unreachable!("grouped attention"),
+                _ => unreachable!("grouped attention"),
             })
             .collect();
         assert_eq!(shapes, [(8, 1, false), (4, 2, true)]);

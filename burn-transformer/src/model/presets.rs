@@ -5,7 +5,7 @@
 
 use super::causal_lm::CausalLmConfig;
 use super::encoder_decoder::TransformerConfig;
-use crate::attention::{LatentAttentionConfig, QkNormConfig, QkNormPlacement};
+use crate::attention::{GatedDeltaNetConfig, LatentAttentionConfig, QkNormConfig, QkNormPlacement};
 use crate::block::BlockKind;
 use crate::ffn::Activation;
 use crate::ffn::moe::{ExpertGlu, RouterConfig, RouterScoring};
@@ -113,6 +113,33 @@ impl CausalLmConfig {
         .with_global_head_dim(Some(2 * head_dim))
         .with_global_kv_heads(Some(global_kv_heads))
         .with_global_values_from_keys(true)
+    }
+
+    /// This configuration with Qwen3.5's design, its sizes kept (`train-lm --arch
+    /// qwen3_5`; exports as `qwen3_5_text`): every fourth layer and the last are grouped
+    /// attention with a sigmoid gate on the output, QK-norm per head and RoPE on a
+    /// quarter of each head; the others a Gated DeltaNet of half as many query/key heads
+    /// as attention heads, each serving two value heads, every head of the attention's
+    /// width, with a convolution of 4 taps; RMSNorms scaling by 1 + weight.
+    pub fn with_qwen3_5_design(self) -> Self {
+        let (layers, head_dim, eps) = (self.n_layers, self.head_width(), self.norm_eps);
+        let key_heads = (self.n_heads / 2).max(1);
+        let linear =
+            GatedDeltaNetConfig::new(self.d_model, key_heads, 2 * key_heads, head_dim, head_dim)
+                .with_norm_eps(eps);
+        let rope = self.rope.clone().with_partial_rotary_factor(0.25);
+        Self { rope, ..self }
+            .with_linear_attention(Some(linear))
+            .with_linear_attention_layers(Some(
+                (0..layers)
+                    .map(|layer| (layer + 1) % 4 != 0 && layer + 1 != layers)
+                    .collect(),
+            ))
+            .with_attention_output_gate(true)
+            .with_norm_unit_offset(true)
+            .with_qk_norm(Some(
+                QkNormConfig::new().with_eps(eps).with_unit_offset(true),
+            ))
     }
 
     /// `openai-community/gpt2` (GPT-2 small): 12 layers, width 768, 12 heads, 1024

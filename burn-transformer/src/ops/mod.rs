@@ -3,6 +3,7 @@
 //!
 //! - [`mask`]: the masking rule of attention, stated once.
 //! - [`alibi`]: ALiBi's linear bias on attention logits by distance.
+//! - [`delta_rule`]: the gated delta rule of linear attention, chunk by chunk.
 //! - [`flash_attention`]: the fused attention op (CubeCL kernels, a portable version,
 //!   the autodiff backward) and the reference attention it is tested against.
 //! - [`gated_silu`]: SwiGLU's `silu(gate) · up`, fused into one pass on flex.
@@ -15,6 +16,7 @@
 
 pub mod alibi;
 pub(crate) mod autodiff;
+pub mod delta_rule;
 pub mod flash_attention;
 pub mod gated_silu;
 pub mod linear;

@@ -104,7 +104,10 @@ struct Args {
     /// layers in six with the last layer global; the global layers' heads twice as wide
     /// with half the key/value heads, their values from the keys' projection, rotated
     /// by a proportional RoPE on a quarter of their pairs; exports as transformers'
-    /// gemma4_text), gpt-oss
+    /// gemma4_text), qwen3_5 (Qwen3.5's hybrid: every fourth layer and the last gated
+    /// attention with QK-norm and RoPE on a quarter of each head, the others Gated
+    /// DeltaNet linear attention; RMSNorms scaling by 1 + weight; exports as
+    /// transformers' qwen3_5_text), gpt-oss
     /// (attention sinks and biases, gemma's windows, 4 experts per layer, top-2, with
     /// router and expert biases and the clamped SwiGLU) or gpt2 (nanoGPT's model:
     /// --context learned positions instead of RoPE, LayerNorms with a shift, biases,
@@ -113,7 +116,7 @@ struct Args {
     #[arg(
         long,
         default_value = "llama",
-        value_parser = ["llama", "qwen3", "olmo2", "gemma", "gemma4", "gpt-oss", "gpt2"]
+        value_parser = ["llama", "qwen3", "olmo2", "gemma", "gemma4", "qwen3_5", "gpt-oss", "gpt2"]
     )]
     #[serde(default = "default_arch")]
     arch: String,
@@ -339,6 +342,7 @@ fn with_arch(model: CausalLmConfig, arch: &str, context: usize) -> CausalLmConfi
                 .with_sliding_layers(Some((0..layers).map(|layer| layer % 2 == 0).collect()))
         }
         "gemma4" => model.with_gemma4_design((context / 4).max(1)),
+        "qwen3_5" => model.with_qwen3_5_design(),
         "gpt2" => model.with_gpt2_design(context),
         "gpt-oss" => {
             let layers = model.n_layers;
