@@ -17,7 +17,7 @@ use super::activation::deserialize_activation;
 use super::defaults::with_family_defaults;
 use super::error::HfError;
 use super::gemma4::Gemma4Keys;
-use super::keys::{KeyError, TokenIds, UnreadKeys, read_json, read_keys, required};
+use super::keys::{KeyError, TokenIds, UnreadKeys, layers_of_kind, read_json, read_keys, required};
 use super::latent::LatentKeys;
 use super::llama4::Llama4Keys;
 use super::model_type::{ModelType, text_model_family};
@@ -1428,29 +1428,7 @@ impl ModelKeys {
             return Ok((Some(window), None));
         }
         let layers = match &self.layer_types {
-            Some(types) => {
-                if types.len() != n_layers {
-                    return Err(KeyError::new(
-                        "layer_types",
-                        format!("has {} entries for {n_layers} layers", types.len()),
-                    ));
-                }
-                let flags = types
-                    .iter()
-                    .map(|kind| match kind.as_str() {
-                        "sliding_attention" => Ok(true),
-                        "full_attention" => Ok(false),
-                        _ => Err(KeyError::new(
-                            "layer_types",
-                            format!(
-                                "expected \"full_attention\" or \"sliding_attention\", got \
-                                 \"{kind}\""
-                            ),
-                        )),
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                Some(flags)
-            }
+            Some(types) => Some(layers_of_kind(types, n_layers, "sliding_attention")?),
             None if matches!(
                 family,
                 ModelType::Qwen2 | ModelType::Qwen3 | ModelType::Dots1

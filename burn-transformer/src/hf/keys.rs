@@ -89,6 +89,37 @@ pub(crate) fn required<T>(value: Option<T>, key: &str, expected: &str) -> Result
     value.ok_or_else(|| KeyError::new(key, format!("missing ({expected} is required)")))
 }
 
+/// `layer_types` of a family whose layers are of two kinds, `full_attention` and `kind`
+/// (`sliding_attention`, `chunked_attention`, `linear_attention`): for each layer, whether
+/// it is of `kind`.
+///
+/// # Errors
+/// A list of another length than `n_layers`, or a third kind, named with the two expected.
+pub(crate) fn layers_of_kind(
+    types: &[String],
+    n_layers: usize,
+    kind: &str,
+) -> Result<Vec<bool>, KeyError> {
+    let key = "layer_types";
+    if types.len() != n_layers {
+        return Err(KeyError::new(
+            key,
+            format!("has {} entries for {n_layers} layers", types.len()),
+        ));
+    }
+    types
+        .iter()
+        .map(|layer| match layer.as_str() {
+            "full_attention" => Ok(false),
+            layer if layer == kind => Ok(true),
+            other => Err(KeyError::new(
+                key,
+                format!("expected \"{kind}\" or \"full_attention\", got \"{other}\""),
+            )),
+        })
+        .collect()
+}
+
 /// The keys of a `config.json` that the family's transformers implementation does not
 /// read (or reads and never uses) where the file gives them a value other than the one
 /// that implementation computes with. The model follows transformers, the reference

@@ -17,7 +17,7 @@
 
 use serde::Deserialize;
 
-use super::keys::{KeyError, UnreadKeys};
+use super::keys::{KeyError, UnreadKeys, layers_of_kind};
 use crate::attention::{QkNormConfig, QkNormPlacement, QueryTemperatureConfig};
 use crate::ffn::moe::{RouterConfig, RouterScoring};
 use crate::ffn::{MoeConfig, MoeLayerPlan};
@@ -110,30 +110,13 @@ impl Llama4Keys {
     /// `chunked_attention` (the defaults make them the layers with RoPE when the file
     /// has a chunk size); `None` when every layer does.
     fn chunked_layers(&self, n_layers: usize) -> Result<Option<Vec<bool>>, KeyError> {
-        let key = "layer_types";
         let Some(types) = &self.layer_types else {
             return Ok(None);
         };
-        if types.len() != n_layers {
-            return Err(KeyError::new(
-                key,
-                format!("has {} entries for {n_layers} layers", types.len()),
-            ));
-        }
-        let chunked = types
-            .iter()
-            .map(|kind| match kind.as_str() {
-                "chunked_attention" => Ok(true),
-                "full_attention" => Ok(false),
-                other => Err(KeyError::new(
-                    key,
-                    format!("expected chunked_attention or full_attention, got {other}"),
-                )),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let chunked = layers_of_kind(types, n_layers, "chunked_attention")?;
         if chunked.contains(&true) && self.attention_chunk_size.is_none() {
             return Err(KeyError::new(
-                key,
+                "layer_types",
                 "names chunked_attention layers, but attention_chunk_size is null: give the \
                  chunk size, or make every layer full_attention",
             ));

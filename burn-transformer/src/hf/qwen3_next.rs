@@ -27,7 +27,7 @@
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::keys::KeyError;
+use super::keys::{KeyError, layers_of_kind};
 use crate::attention::{GatedDeltaNetConfig, QkNormKind, QkNormPlacement};
 use crate::block::BlockKind;
 use crate::ffn::Activation;
@@ -103,28 +103,11 @@ impl HybridKeys {
 
     /// Which layers are linear attention ones, from `layer_types`.
     fn linear_layers(&self, n_layers: usize) -> Result<Vec<bool>, KeyError> {
-        let key = "layer_types";
         let types = self
             .layer_types
             .as_ref()
-            .ok_or_else(|| KeyError::new(key, "is required: one kind per layer"))?;
-        if types.len() != n_layers {
-            return Err(KeyError::new(
-                key,
-                format!("has {} entries for {n_layers} layers", types.len()),
-            ));
-        }
-        types
-            .iter()
-            .map(|kind| match kind.as_str() {
-                "linear_attention" => Ok(true),
-                "full_attention" => Ok(false),
-                other => Err(KeyError::new(
-                    key,
-                    format!("expected linear_attention or full_attention, got {other}"),
-                )),
-            })
-            .collect()
+            .ok_or_else(|| KeyError::new("layer_types", "is required: one kind per layer"))?;
+        layers_of_kind(types, n_layers, "linear_attention")
     }
 }
 

@@ -540,7 +540,7 @@ fn llama4_with_chunked_layers_and_input_weighted_experts_matches_transformers() 
             "full_attention",
             "full_attention"
         ]),
-        "expected chunked_attention or full_attention",
+        "expected \"chunked_attention\" or \"full_attention\", got \"sliding_attention\"",
     );
     assert_field_refused(
         "llama4_text",
@@ -606,7 +606,7 @@ fn qwen3_5_with_gated_delta_net_and_gated_attention_matches_transformers() {
             "linear_attention",
             "full_attention"
         ]),
-        "expected linear_attention or full_attention",
+        "expected \"linear_attention\" or \"full_attention\", got \"sliding_attention\"",
     );
     assert_field_refused("qwen3_5_text", "hidden_act", "gelu".into(), "SiLU");
 }
