@@ -764,6 +764,34 @@ def qwen3_5_vision():
     )
 
 
+def qwen3_5_moe():
+    # Qwen3.5-MoE's checkpoint as every one ships (Qwen3_5MoeForConditionalGeneration):
+    # HYBRID_LAYERS with Qwen3-Next's experts on every layer (4 of width 16, top-2, always
+    # renormalized, stored expert by expert) beside a shared expert of width 24 behind a
+    # sigmoid gate, under `model.language_model.` beside a tiny vision tower.
+    text = transformers.Qwen3_5MoeTextConfig(
+        **HYBRID_LAYERS,
+        rope_parameters={**HYBRID_ROPE, "mrope_section": [1, 1, 0], "mrope_interleaved": True},
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=24,
+        router_aux_loss_coef=0.01,
+    )
+    vision = transformers.models.qwen3_5_moe.configuration_qwen3_5_moe.Qwen3_5MoeVisionConfig(
+        depth=1, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=8,
+        out_hidden_size=32, num_position_embeddings=16,
+    )
+    return transformers.Qwen3_5MoeConfig(
+        text_config=text.to_dict(),
+        vision_config=vision.to_dict(),
+        image_token_id=95,
+        video_token_id=94,
+        vision_start_token_id=93,
+        vision_end_token_id=92,
+    )
+
+
 def sparse_text_config(out: Path) -> None:
     """Keeps only the keys of `config.json`'s text_config that differ from
     Gemma3TextConfig's defaults (and its model_type), as transformers 4 saved them."""
@@ -1611,6 +1639,7 @@ MODELS = {
     "qwen3_5_text": (qwen3_5_text, {}),
     "qwen3_next": (qwen3_next, {"max_shard_size": "150KB"}),
     "qwen3_5_vision": (qwen3_5_vision, {"max_shard_size": "150KB"}),
+    "qwen3_5_moe": (qwen3_5_moe, {"max_shard_size": "150KB"}),
     "glm4_moe": (glm4_moe, {}),
     "glm4_moe_mtp": (glm4_moe, {"mtp": True, "max_shard_size": "150KB"}),
     "glm4_moe_lite": (glm4_moe_lite, {}),
@@ -2214,7 +2243,7 @@ def auto_class(config):
     causal = transformers.AutoModelForCausalLM
     # `AutoModelForCausalLM` maps Llama 4's and Qwen3.5's multimodal configs to their
     # text-only classes.
-    text_only = (transformers.Llama4Config, transformers.Qwen3_5Config)
+    text_only = (transformers.Llama4Config, transformers.Qwen3_5Config, transformers.Qwen3_5MoeConfig)
     if type(config) in causal._model_mapping and not isinstance(config, text_only):
         return causal
     return transformers.AutoModelForImageTextToText

@@ -146,6 +146,7 @@ fn matches_transformers_for_every_family_on_flex() {
         "llama4_text",
         "qwen3_5_text",
         "qwen3_next",
+        "qwen3_5_moe",
         "glm4_moe",
         "glm4_moe_lite",
         "dots1",

@@ -327,7 +327,13 @@ pub fn causal_lm_key_map(config: &HfConfig) -> impl KeyMap + use<> {
         xielu_buffers: config.model_type == "apertus",
         unloaded_mtp_modules: matches!(
             config.model_type.as_str(),
-            "ernie4_5_moe" | "exaone_moe" | "qwen3_5_text" | "qwen3_5" | "qwen3_next"
+            "ernie4_5_moe"
+                | "exaone_moe"
+                | "qwen3_5_text"
+                | "qwen3_5"
+                | "qwen3_next"
+                | "qwen3_5_moe_text"
+                | "qwen3_5_moe"
         ),
         first_kv_shared_layer: config.model.first_kv_shared_layer(),
     }
@@ -397,7 +403,7 @@ fn family_renames(config: &HfConfig) -> &'static [(&'static str, &'static str)] 
         "gpt_oss" => &[(".mlp.router.", ".mlp.gate.")],
         "llama4_text" | "llama4" => &LLAMA4_NAMES,
         "qwen3_5_text" | "qwen3_5" => &qwen3_next::LINEAR_ATTENTION_NAMES,
-        "qwen3_next" => &QWEN3_NEXT_NAMES,
+        "qwen3_next" | "qwen3_5_moe_text" | "qwen3_5_moe" => &QWEN3_NEXT_NAMES,
         "starcoder2" => &STARCODER2_MLP,
         // GPT-2's, GPT-J's and GPT-NeoX's names are translated whole ([`own_names`]).
         "gpt2" | "gpt_bigcode" | "gpt_neo" | "gptj" | "codegen" | "gpt_neox" | "persimmon"
@@ -475,9 +481,10 @@ const GEMMA4_MOE_NAMES: [(&str, &str); 16] = joined(
     ],
 );
 
-/// Qwen3-Next's names: its linear attention's ([`qwen3_next::LINEAR_ATTENTION_NAMES`];
-/// its fused projections are cut into Qwen3.5's first) and Qwen2-MoE's one shared expert
-/// (`shared_expert`, ours `shared_experts`).
+/// Qwen3-Next's and Qwen3.5-MoE's names: their linear attention's
+/// ([`qwen3_next::LINEAR_ATTENTION_NAMES`]; Qwen3-Next's fused projections are cut into
+/// Qwen3.5's first) and Qwen2-MoE's one shared expert (`shared_expert`, ours
+/// `shared_experts`).
 const QWEN3_NEXT_NAMES: [(&str, &str); 10] = joined(
     qwen3_next::LINEAR_ATTENTION_NAMES,
     [(".mlp.shared_expert.", ".mlp.shared_experts.")],

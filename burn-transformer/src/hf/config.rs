@@ -1190,6 +1190,7 @@ impl ModelKeys {
             ModelType::Qwen3
             | ModelType::Qwen3Moe
             | ModelType::Qwen35Text
+            | ModelType::Qwen35Moe
             | ModelType::Qwen3Next
             | ModelType::Dots1
             | ModelType::Gemma3Text
@@ -1400,6 +1401,7 @@ impl ModelKeys {
             | ModelType::Llama4Text
             | ModelType::Qwen3Next
             | ModelType::Qwen35Text
+            | ModelType::Qwen35Moe
             | ModelType::Cohere => None,
             _ => self.sliding_window,
         };

@@ -637,6 +637,17 @@ fn class_defaults(family: ModelType) -> Value {
             "linear_num_key_heads": 16, "linear_num_value_heads": 32,
             "full_attention_interval": 4
         }),
+        // Every layer is sparse: the dense width (a key its class does not have) is
+        // never used.
+        ModelType::Qwen35Moe => json!({
+            "num_key_value_heads": 2, "head_dim": 256, "rms_norm_eps": 1e-6,
+            "partial_rotary_factor": 0.25, "linear_conv_kernel_dim": 4,
+            "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+            "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+            "full_attention_interval": 4, "intermediate_size": 512,
+            "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+            "num_experts_per_tok": 8, "num_experts": 256, "router_aux_loss_coef": 0.001
+        }),
         ModelType::Mistral4 => json!({
             "num_key_value_heads": 32, "n_shared_experts": 1, "n_routed_experts": 128,
             "routed_scaling_factor": 1.0, "kv_lora_rank": 256, "q_lora_rank": 1024,
@@ -745,6 +756,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         ModelType::Llama4Text => [202048, 5120, 8192, 48, 40, 131072],
         ModelType::Qwen35Text => [248320, 4096, 12288, 32, 16, 32768],
         ModelType::Qwen3Next => [151936, 2048, 5632, 48, 16, 32768],
+        ModelType::Qwen35Moe => [248320, 2048, 512, 40, 16, 32768],
     };
     let [vocab, hidden, intermediate, layers, heads, positions] = sizes;
     let mut values = json!({
@@ -818,6 +830,7 @@ fn sizes_and_tokens(family: ModelType) -> Value {
         | ModelType::Qwen3
         | ModelType::Qwen3Moe
         | ModelType::Qwen35Text
+        | ModelType::Qwen35Moe
         | ModelType::Qwen3Next
         | ModelType::Glm4Moe
         | ModelType::Dots1
@@ -892,7 +905,7 @@ fn default_no_rope_layers(config: &Map<String, Value>) -> Option<Value> {
 }
 
 /// The layer types a class derives from the layer count when the file names none
-/// (Qwen3-Next and Qwen3.5: linear attention but on every `full_attention_interval`-th
+/// (Qwen3-Next and Qwen3.5(-MoE): linear attention but on every `full_attention_interval`-th
 /// layer):
 /// Gemma-2 and gpt-oss alternate sliding and full layers, OLMo-3 makes every fourth
 /// layer full, Gemma-3 every `sliding_window_pattern`-th (default 6), Cohere-2 too
@@ -949,7 +962,7 @@ fn default_layer_types(family: ModelType, config: &Map<String, Value>) -> Option
                 .collect(),
         );
     }
-    // Qwen3-Next and Qwen3.5: every `full_attention_interval`-th layer attends in full,
+    // Qwen3-Next and Qwen3.5(-MoE): every `full_attention_interval`-th layer attends in full,
     // the others are linear attention.
     if family.is_hybrid_linear() {
         let layers = config.get("num_hidden_layers")?.as_u64()?;

@@ -77,11 +77,13 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "mistral4",
     "llama4_text",
     "qwen3_5_text",
+    "qwen3_5_moe_text",
     "gemma3",
     "gemma4",
     "mistral3",
     "llama4",
     "qwen3_5",
+    "qwen3_5_moe",
 ];
 
 /// The family of the text model of a multimodal `model_type` (when its `text_config`
@@ -90,7 +92,8 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
 /// `Gemma3ForConditionalGeneration` (the 4B, 12B and 27B checkpoints), Gemma-4's
 /// `Gemma4ForConditionalGeneration`, Mistral-3's `Mistral3ForConditionalGeneration`
 /// (Mistral-Small-3.1 and 3.2), Llama 4's `Llama4ForConditionalGeneration` (Scout,
-/// Maverick) and Qwen3.5's `Qwen3_5ForConditionalGeneration` (every Qwen3.5 checkpoint).
+/// Maverick) and Qwen3.5's `Qwen3_5ForConditionalGeneration` and
+/// `Qwen3_5MoeForConditionalGeneration` (every Qwen3.5 checkpoint).
 pub(crate) fn text_model_family(model_type: &str) -> Option<ModelType> {
     match model_type {
         "gemma3" => Some(ModelType::Gemma3Text),
@@ -98,6 +101,7 @@ pub(crate) fn text_model_family(model_type: &str) -> Option<ModelType> {
         "mistral3" => Some(ModelType::Mistral),
         "llama4" => Some(ModelType::Llama4Text),
         "qwen3_5" => Some(ModelType::Qwen35Text),
+        "qwen3_5_moe" => Some(ModelType::Qwen35Moe),
         _ => None,
     }
 }
@@ -363,10 +367,13 @@ pub(crate) enum ModelType {
     /// four) and gated attention layers with QK-norm and partial RoPE, every RMSNorm
     /// scaling by `1 + weight`; a dense feed-forward.
     Qwen35Text,
+    /// Qwen3.5-MoE's text model: Qwen3.5's hybrid layers with Qwen3-Next's experts and
+    /// gated shared expert on every layer, the top-k weights always renormalized.
+    Qwen35Moe,
 }
 
 impl ModelType {
-    const ALL: [Self; 74] = [
+    const ALL: [Self; 75] = [
         Self::Llama,
         Self::InternLm3,
         Self::Mistral,
@@ -441,6 +448,7 @@ impl ModelType {
         Self::Mistral4,
         Self::Llama4Text,
         Self::Qwen35Text,
+        Self::Qwen35Moe,
     ];
 
     /// The `model_type` value.
@@ -520,6 +528,7 @@ impl ModelType {
             Self::Mistral4 => "mistral4",
             Self::Llama4Text => "llama4_text",
             Self::Qwen35Text => "qwen3_5_text",
+            Self::Qwen35Moe => "qwen3_5_moe_text",
         }
     }
 
@@ -539,6 +548,7 @@ impl ModelType {
                 | Self::Qwen2Moe
                 | Self::Qwen3Moe
                 | Self::Qwen3Next
+                | Self::Qwen35Moe
                 | Self::Glm4Moe
                 | Self::Glm4MoeLite
                 | Self::Dots1
@@ -568,13 +578,19 @@ impl ModelType {
     /// Gemma's (but Gemma-4's), Nemotron's LayerNorms, Qwen3.5's (but the DeltaNet's own
     /// output norm).
     pub(crate) fn norms_offset_by_one(self) -> bool {
-        self.is_gemma() || matches!(self, Self::Nemotron | Self::Qwen3Next | Self::Qwen35Text)
+        self.is_gemma() || self == Self::Nemotron || self.is_hybrid_linear()
     }
 
     /// Whether the family's layers are a hybrid of linear attention (Gated DeltaNet) and
-    /// gated attention layers (Qwen3-Next, Qwen3.5).
+    /// gated attention layers (Qwen3-Next, Qwen3.5, Qwen3.5-MoE).
     pub(crate) fn is_hybrid_linear(self) -> bool {
-        matches!(self, Self::Qwen3Next | Self::Qwen35Text)
+        matches!(self, Self::Qwen3Next | Self::Qwen35Text | Self::Qwen35Moe)
+    }
+
+    /// Whether the family's experts sit beside one shared expert behind a per-token
+    /// sigmoid gate (Qwen2-MoE's, which Qwen3-Next and Qwen3.5-MoE keep).
+    pub(crate) fn has_gated_shared_expert(self) -> bool {
+        matches!(self, Self::Qwen2Moe | Self::Qwen3Next | Self::Qwen35Moe)
     }
 
     /// Whether the family is Gemma-2's or a later Gemma's (`hidden_activation`, final
@@ -714,7 +730,14 @@ mod tests {
     #[test]
     fn supported_model_types_are_the_families_read() {
         let mut names: Vec<&str> = ModelType::ALL.iter().map(|family| family.name()).collect();
-        names.extend(["gemma3", "gemma4", "mistral3", "llama4", "qwen3_5"]);
+        names.extend([
+            "gemma3",
+            "gemma4",
+            "mistral3",
+            "llama4",
+            "qwen3_5",
+            "qwen3_5_moe",
+        ]);
         assert_eq!(names, SUPPORTED_MODEL_TYPES);
         assert_eq!(text_model_family("gemma3"), Some(ModelType::Gemma3Text));
         for family in ModelType::ALL {

@@ -33,13 +33,13 @@ use crate::ffn::{Activation, MoeConfig, MoeLayerPlan, SwiGluConfig};
 /// - the correction bias: DeepSeek-V3 and those families (with groups), MiniMax-M2 and
 ///   ERNIE-4.5-MoE (without);
 /// - renormalized top-k weights always for Mixtral, gpt-oss, MiniMax-M2, ERNIE-4.5-MoE,
-///   Hunyuan-MoE and GraniteMoE(-Shared), never for DeepSeek-V2;
+///   Hunyuan-MoE, GraniteMoE(-Shared) and Qwen3.5-MoE, never for DeepSeek-V2;
 /// - expert groups and a routed scaling factor only for DeepSeek-V2/V3 and the families
 ///   that route as V3 (DeepSeek-V2's groups only under `topk_method:
 ///   "group_limited_greedy"`);
 /// - shared experts: DeepSeek's `n_shared_experts` (EXAONE-MoE's
-///   `num_shared_experts`); Qwen2-MoE's one of `shared_expert_intermediate_size` behind
-///   a sigmoid gate; GraniteMoE-Shared's one of `shared_intermediate_size`;
+///   `num_shared_experts`); Qwen2-MoE's (Qwen3-Next's, Qwen3.5-MoE's) one of
+///   `shared_expert_intermediate_size` behind a sigmoid gate; GraniteMoE-Shared's one of `shared_intermediate_size`;
 ///   Hunyuan-MoE's one as wide as the routed ones;
 ///   ERNIE-4.5-MoE's `moe_num_shared_experts` as wide as the routed ones, with biases
 ///   under `use_bias`.
@@ -59,7 +59,7 @@ pub fn moe_config(config: &Value, path: impl AsRef<Path>) -> Result<MoeConfig, H
 /// (defaults 0 and 1: every layer, as Mixtral), Qwen-MoE's `decoder_sparse_step` and
 /// `mlp_only_layers`, GLM-4.7-Flash's and EXAONE-MoE's `mlp_layer_types`, ERNIE-4.5-MoE's
 /// `moe_layer_start_index`, `moe_layer_end_index` and `moe_layer_interval`; Solar-Open
-/// is sparse on every layer.
+/// and Qwen3.5-MoE are sparse on every layer.
 ///
 /// # Errors
 /// [`HfError::Field`] naming a value that is not a non-negative integer, or a zero
@@ -219,7 +219,8 @@ impl MoeKeys {
                 | ModelType::GraniteMoe
                 | ModelType::GraniteMoeShared
                 | ModelType::HunyuanV1Moe
-                | ModelType::Ernie45Moe,
+                | ModelType::Ernie45Moe
+                | ModelType::Qwen35Moe,
             ) => unread.fixed(
                 "norm_topk_prob",
                 self.norm_topk_prob,
@@ -235,6 +236,23 @@ impl MoeKeys {
             Some(family) if family.routes_as_deepseek_v3() => self.norm_topk_prob.unwrap_or(true),
             _ => self.norm_topk_prob.unwrap_or(false),
         };
+        if family == Some(ModelType::Qwen35Moe) {
+            // Its class has no dense layers (`moe_layer_plan`), nor the keys that would
+            // make some.
+            let every_layer = "experts on every layer";
+            unread.fixed(
+                "decoder_sparse_step",
+                self.decoder_sparse_step,
+                1,
+                every_layer,
+            );
+            unread.fixed(
+                "mlp_only_layers",
+                self.mlp_only_layers.clone(),
+                Vec::new(),
+                every_layer,
+            );
+        }
         let n_experts = self
             .n_routed_experts
             .or(self.num_local_experts)
@@ -324,7 +342,7 @@ impl MoeKeys {
                 "one shared expert of `shared_intermediate_size` (none when 0)",
             );
             (unscaled(unread), shared)
-        } else if matches!(family, Some(ModelType::Qwen2Moe | ModelType::Qwen3Next)) {
+        } else if family.is_some_and(ModelType::has_gated_shared_expert) {
             shared_d_ff = Some(required(
                 self.shared_expert_intermediate_size,
                 "shared_expert_intermediate_size",
@@ -367,10 +385,7 @@ impl MoeKeys {
         Ok(MoeConfig::new(router, d_ff)
             .with_n_shared_experts(n_shared_experts)
             .with_shared_d_ff(shared_d_ff)
-            .with_shared_expert_gate(matches!(
-                family,
-                Some(ModelType::Qwen2Moe | ModelType::Qwen3Next)
-            ))
+            .with_shared_expert_gate(family.is_some_and(ModelType::has_gated_shared_expert))
             .with_shared_expert_bias(
                 family == Some(ModelType::Ernie45Moe) && self.use_bias.unwrap_or(false),
             )
@@ -482,8 +497,9 @@ impl MoeKeys {
         if family == Some(ModelType::Ernie45Moe) {
             return self.ernie_layer_plan();
         }
-        // Solar-Open's class has no dense layers (nor `first_k_dense_replace`).
-        if family == Some(ModelType::SolarOpen) {
+        // Solar-Open's and Qwen3.5-MoE's classes have no dense layers (nor the keys
+        // that would make some).
+        if matches!(family, Some(ModelType::SolarOpen | ModelType::Qwen35Moe)) {
             return Ok(MoeLayerPlan::all_sparse());
         }
         let plan = MoeLayerPlan::new()

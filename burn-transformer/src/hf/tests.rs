@@ -640,6 +640,44 @@ fn qwen3_5_multimodal_checkpoint_loads_its_text_model_and_matches_transformers()
     exports_as_its_text_model("qwen3_5_vision", &model, "qwen3_5_text");
 }
 
+/// Qwen3.5-MoE's checkpoint as every one ships (`Qwen3_5MoeForConditionalGeneration`):
+/// Qwen3.5's hybrid layers with Qwen3-Next's experts (stored expert by expert) and gated
+/// shared expert on every layer, the text model under `model.language_model.` beside a
+/// vision tower, in three shards. It matches transformers on text and exports as
+/// `qwen3_5_moe_text`; the keys its class has not (`norm_topk_prob`, the dense layers)
+/// are noted, not followed.
+#[test]
+fn qwen3_5_moe_multimodal_checkpoint_with_experts_on_hybrid_layers_matches_transformers() {
+    matches_transformers("qwen3_5_moe");
+    let device = Device::flex();
+    let (model, config) = load_causal_lm(model_dir("qwen3_5_moe"), &device).unwrap();
+    assert_eq!(config.model_type, "qwen3_5_moe");
+    assert!(config.unread_keys.is_empty(), "{:?}", config.unread_keys);
+    let text = &config.model;
+    assert_eq!(linear_layers(text), [true, true, true, false]);
+    assert!((0..4).all(|layer| text.moe_layers.is_moe(layer)));
+    let moe = text.moe.as_ref().expect("experts");
+    assert!(moe.shared_expert_gate && moe.router.norm_topk_prob);
+    exports_as_its_text_model("qwen3_5_moe", &model, "qwen3_5_moe_text");
+
+    // transformers renormalizes the top-k weights and makes every layer sparse whatever
+    // the file says: so does the model, and the note names the keys.
+    let mut json = config_json(&model_dir("qwen3_5_moe"));
+    let text_config = json["text_config"].as_object_mut().unwrap();
+    text_config.insert("norm_topk_prob".into(), false.into());
+    text_config.insert("mlp_only_layers".into(), serde_json::json!([1]));
+    let noted = HfConfig::from_value(&json, Path::new("config.json")).unwrap();
+    assert!(noted.model.moe.as_ref().unwrap().router.norm_topk_prob);
+    assert!((0..4).all(|layer| noted.model.moe_layers.is_moe(layer)));
+    for key in ["norm_topk_prob", "mlp_only_layers"] {
+        assert!(
+            noted.unread_keys.iter().any(|note| note.contains(key)),
+            "{key}: {:?}",
+            noted.unread_keys
+        );
+    }
+}
+
 #[test]
 fn qwen3_moe_with_dense_layers_between_sparse_ones_matches_transformers() {
     matches_transformers("qwen3_moe");
@@ -1991,6 +2029,7 @@ fn cached_decoding_equals_the_full_forward() {
         "llama4_text",
         "qwen3_5_text",
         "qwen3_next",
+        "qwen3_5_moe",
     ] {
         let reference = reference(name);
         let prompts = rows(&reference.data("tokens"));
@@ -2295,6 +2334,15 @@ fn gradient_norms(
                 (".self_attn.norm.", ".linear_attn.norm."),
                 (".self_attn.out_proj.", ".linear_attn.out_proj."),
             ],
+            "qwen3_5_moe" => &[
+                (".self_attn.in_proj_", ".linear_attn.in_proj_"),
+                (".self_attn.conv1d.", ".linear_attn.conv1d."),
+                (".self_attn.dt_bias", ".linear_attn.dt_bias"),
+                (".self_attn.a_log", ".linear_attn.A_log"),
+                (".self_attn.norm.", ".linear_attn.norm."),
+                (".self_attn.out_proj.", ".linear_attn.out_proj."),
+                (".mlp.shared_experts.", ".mlp.shared_expert."),
+            ],
 
             // Gemma-4's router, experts and their norms sit beside its dense
             // feed-forward (our shared experts) in the layer; its per-layer embeddings
@@ -2352,7 +2400,7 @@ fn gradient_norms(
         // Llama 4's multimodal class holds its text model whole, head included.
         let name = match model_type {
             "llama4" => format!("language_model.{name}"),
-            "qwen3_5" => name.replacen("model.", "model.language_model.", 1),
+            "qwen3_5" | "qwen3_5_moe" => name.replacen("model.", "model.language_model.", 1),
             _ => name,
         };
         *squares.entry(name).or_insert(0.0) += norm * norm;
