@@ -2839,12 +2839,20 @@ fn loading_in_f16_converts_every_parameter() {
 }
 
 /// Every family decodes in half precision through its caches (DeepSeek's absorbed
-/// latent weights keep the model's float type), and a float type the device has no
-/// arithmetic for is refused before anything loads.
+/// latent weights keep the model's float type; the hybrid models' linear attention runs
+/// its rule and keeps its state in f32), and a float type the device has no arithmetic
+/// for is refused before anything loads.
 #[test]
 fn half_precision_models_decode_and_unsupported_types_are_refused() {
     let options = LoadOptions::default().with_dtype(burn::tensor::DType::F16);
-    for name in ["deepseek_v2", "gpt_oss"] {
+    // The hybrid fixtures are ill-conditioned: transformers' own f16 logits differ from
+    // its f32 ones by 0.25 (`qwen3_5_text`) and 0.07 (`qwen3_5_moe`).
+    for (name, bound) in [
+        ("deepseek_v2", 0.1),
+        ("gpt_oss", 0.1),
+        ("qwen3_5_text", 0.3),
+        ("qwen3_5_moe", 0.3),
+    ] {
         let device = Device::flex();
         let (model, _, _) = load_causal_lm_with(model_dir(name), &device, &options).unwrap();
         let reference = reference(name);
@@ -2854,7 +2862,7 @@ fn half_precision_models_decode_and_unsupported_types_are_refused() {
             logits.cast(burn::tensor::DType::F32),
             reference.tensor("logits", &device),
         );
-        assert!(diff < 0.1, "{name}: f16 logits differ by {diff}");
+        assert!(diff < bound, "{name}: f16 logits differ by {diff}");
         let outputs = generate(&model, &prompts, &GenerationConfig::greedy(3), |_| {}).unwrap();
         assert!(
             outputs.iter().all(|output| output.tokens.len() == 3),

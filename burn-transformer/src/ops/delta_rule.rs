@@ -126,7 +126,9 @@ fn chunk(
 /// - output: as `strict`
 fn unit_lower_inverse(strict: Tensor<4>) -> Tensor<4> {
     let len = strict.dims()[2];
-    let identity: Tensor<4> = Tensor::<2>::eye(len, &strict.device()).unsqueeze();
+    let identity: Tensor<4> = Tensor::<2>::eye(len, &strict.device())
+        .cast(strict.dtype())
+        .unsqueeze();
     let mut inverse = identity + strict.clone();
     let mut power = strict;
     // `inverse` holds the powers below `span`.

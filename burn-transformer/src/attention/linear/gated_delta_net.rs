@@ -11,7 +11,9 @@
 //!
 //! Decoding carries a fixed-size state ([`RecurrentCache`]): the convolution's last
 //! inputs and the rule's matrices. Padded positions (left padding of a batch) are
-//! zeroed at the input, so they add nothing to the state, as transformers does.
+//! zeroed at the input, so they add nothing to the state, as transformers does. In a
+//! half-precision model the rule and its state run in f32 (from the normalization of
+//! the queries and keys to the rule's output), as transformers runs them.
 //!
 //! Field names follow transformers' `Qwen3_5GatedDeltaNet` (`in_proj_qkv`, `in_proj_z`,
 //! `in_proj_b`, `in_proj_a`, `conv1d`, `dt_bias`, `norm`, `out_proj`; `A_log` is our
@@ -22,7 +24,7 @@ use burn::config::Config;
 use burn::module::{Initializer, Module, Param};
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::activation::{sigmoid, silu, softplus};
-use burn::tensor::{Bool, Device, Tensor};
+use burn::tensor::{Bool, DType, Device, Tensor};
 
 use super::recurrent_cache::RecurrentCache;
 use super::short_conv::ShortConv;
@@ -175,7 +177,7 @@ pub struct GatedDeltaNet {
 
 /// The delta rule's inputs for some positions, and what the layer needs around it.
 struct RuleInputs {
-    /// `[batch, value_heads, seq, d_k]`, normalized and scaled.
+    /// `[batch, value_heads, seq, d_k]`, normalized and scaled; f32, as the four below.
     queries: Tensor<4>,
     /// `[batch, value_heads, seq, d_k]`, normalized.
     keys: Tensor<4>,
@@ -185,7 +187,7 @@ struct RuleInputs {
     log_decay: Tensor<3>,
     /// `[batch, value_heads, seq]`
     beta: Tensor<3>,
-    /// The gate `z`, `[batch, seq, value_heads, d_v]`.
+    /// The gate `z`, `[batch, seq, value_heads, d_v]`, in the model's float type.
     gate: Tensor<4>,
     /// The convolution's history after these positions.
     conv_history: Tensor<3>,
@@ -260,7 +262,7 @@ impl GatedDeltaNet {
             one_hot,
             inputs.log_decay.clone(),
             inputs.beta.clone(),
-            Tensor::zeros([batch, heads, d_k, seq], &device),
+            Tensor::zeros([batch, heads, d_k, seq], (&device, DType::F32)),
         );
         let state = self.zero_state(&inputs);
         (self.output(inputs, state).0, weights)
@@ -276,13 +278,18 @@ impl GatedDeltaNet {
         let [batch, seq, _] = x.dims();
         // Padded positions enter as zeros: no key, no value, no correction.
         let x = match key_padding {
-            Some(padding) => x * padding.bool_not().float().unsqueeze_dim::<3>(2),
+            Some(padding) => {
+                let kept = padding.bool_not().float().cast(x.dtype());
+                x * kept.unsqueeze_dim::<3>(2)
+            }
             None => x,
         };
         let (mixed, conv_history) = self
             .conv1d
             .forward(linear_rows(&self.in_proj_qkv, x.clone()), conv_history);
-        let mixed = silu(mixed); // [batch, seq, 2 · key_width + value_width]
+        // The rule runs in f32 whatever the model's float type (as transformers runs
+        // it): its state sums every earlier position, beyond half precision's digits.
+        let mixed = silu(mixed).cast(DType::F32); // [batch, seq, 2 · key_width + value_width]
         let key_width = self.n_key_heads * self.key_head_dim;
         let value_width = self.n_value_heads * self.value_head_dim;
         let heads = |t: Tensor<3>, n: usize, width: usize| {
@@ -310,14 +317,17 @@ impl GatedDeltaNet {
             self.n_value_heads,
             self.value_head_dim,
         );
-        let rates = self.a_log.val().exp().unsqueeze::<3>(); // [1, 1, value_heads]
+        let rates = self.a_log.val().cast(DType::F32).exp().unsqueeze::<3>(); // [1, 1, value_heads]
         let log_decay = (softplus(
-            linear_rows(&self.in_proj_a, x.clone()) + self.dt_bias.val().unsqueeze::<3>(),
+            linear_rows(&self.in_proj_a, x.clone()).cast(DType::F32)
+                + self.dt_bias.val().cast(DType::F32).unsqueeze::<3>(),
             1.0,
         ) * rates)
             .neg()
             .swap_dims(1, 2); // [batch, value_heads, seq]
-        let beta = sigmoid(linear_rows(&self.in_proj_b, x.clone())).swap_dims(1, 2);
+        let beta = sigmoid(linear_rows(&self.in_proj_b, x.clone()))
+            .cast(DType::F32)
+            .swap_dims(1, 2);
         let gate = linear_rows(&self.in_proj_z, x).reshape([
             batch,
             seq,
@@ -348,13 +358,14 @@ impl GatedDeltaNet {
             ..
         } = inputs;
         let (read, state) = gated_delta_rule(queries, keys, values, log_decay, beta, state);
+        let read = read.cast(gate.dtype());
         let [batch, heads, seq, d_v] = read.dims();
         let read = self.norm.forward(read.swap_dims(1, 2)) * silu(gate); // [batch, seq, heads, d_v]
         let output = linear_rows(&self.out_proj, read.reshape([batch, seq, heads * d_v]));
         (output, state)
     }
 
-    /// The state before any position, `[batch, value_heads, d_k, d_v]`.
+    /// The state before any position, `[batch, value_heads, d_k, d_v]`, in f32.
     fn zero_state(&self, inputs: &RuleInputs) -> Tensor<4> {
         let batch = inputs.queries.dims()[0];
         Tensor::zeros(
@@ -364,7 +375,7 @@ impl GatedDeltaNet {
                 self.key_head_dim,
                 self.value_head_dim,
             ],
-            &inputs.queries.device(),
+            (&inputs.queries.device(), DType::F32),
         )
     }
 }

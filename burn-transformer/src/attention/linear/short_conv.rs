@@ -46,8 +46,9 @@ impl ShortConv {
     pub fn forward(&self, x: Tensor<3>, history: Option<Tensor<3>>) -> (Tensor<3>, Tensor<3>) {
         let [batch, seq, channels] = x.dims();
         let kernel = self.kernel();
-        let history =
-            history.unwrap_or_else(|| Tensor::zeros([batch, kernel - 1, channels], &x.device()));
+        let history = history.unwrap_or_else(|| {
+            Tensor::zeros([batch, kernel - 1, channels], (&x.device(), x.dtype()))
+        });
         let extended = Tensor::cat(vec![history, x], 1); // [batch, K − 1 + seq, channels]
         let weight = self.weight.val().reshape([channels, kernel]);
         let output = (0..kernel)
