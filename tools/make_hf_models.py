@@ -2201,6 +2201,18 @@ LORA_ADAPTERS = {
         dict(r=2, lora_alpha=4, target_modules=["v_proj", "out_proj", "fc2"]),
         0.01,
     ),
+    # Qwen3.5's hybrid layers: the Gated DeltaNet's projections (`linear_attn.in_proj_qkv`,
+    # `in_proj_z`, `in_proj_b`, `out_proj`) beside the gated attention's (`q_proj`, twice
+    # as wide for its gate) and the feed-forward's.
+    "qwen3_5_lora": (
+        "qwen3_5_text",
+        dict(
+            r=2,
+            lora_alpha=4,
+            target_modules=["in_proj_qkv", "in_proj_z", "in_proj_b", "out_proj", "q_proj", "down_proj"],
+        ),
+        0.01,
+    ),
     # An ungated feed-forward's `up_proj` / `down_proj` (our `fc1` / `fc2`).
     "nemotron_lora": (
         "nemotron",
@@ -2234,6 +2246,13 @@ LORA_ADAPTERS = {
 # Largest accepted difference between the PEFT model's logits and those of the merged
 # model, or of the base model with the file's adapter applied by hand.
 LORA_TOLERANCE = 1e-5
+# The hybrid models' f32 logits move by more under any reordering of their sums (the
+# `qwen3_5_text` fixture's f32 logits differ from its f64 ones by 2.4e-5).
+HYBRID_LORA_TOLERANCE = 5e-5
+
+
+def lora_tolerance(name: str) -> float:
+    return HYBRID_LORA_TOLERANCE if name == "qwen3_5_lora" else LORA_TOLERANCE
 
 
 def auto_class(config):
@@ -2328,7 +2347,7 @@ def apply_adapter_by_hand(model, folder: Path) -> list[str]:
 def check_lora_files(name: str, base: Path, out: Path) -> None:
     """Recomputes the reference from the saved files: PEFT's own loader must reproduce
     `logits` exactly, and the adapter applied by hand (`apply_adapter_by_hand`) within
-    LORA_TOLERANCE; the base model alone gives `base_logits` exactly."""
+    `lora_tolerance`; the base model alone gives `base_logits` exactly."""
     from peft import PeftModel
 
     reference = read_safetensors(out / "reference.safetensors")
@@ -2340,7 +2359,7 @@ def check_lora_files(name: str, base: Path, out: Path) -> None:
         assert torch.equal(model(tokens).logits.float(), reference["base_logits"])
         adapted = apply_adapter_by_hand(model, out)
         by_hand = (model(tokens).logits.float() - reference["logits"]).abs().max().item()
-    assert by_hand <= LORA_TOLERANCE, by_hand
+    assert by_hand <= lora_tolerance(name), by_hand
     layer0 = sorted(n.removeprefix("model.layers.0.") for n in adapted if ".layers.0." in n)
     layer1 = sorted(n.removeprefix("model.layers.1.") for n in adapted if ".layers.1." in n)
     print(
@@ -2401,7 +2420,7 @@ def build_lora(name: str) -> None:
             base_logits = peft_model(tokens).logits.float()
     # Not bit for bit: the base reference came from the model before it was saved.
     moved = (base_logits - base_reference["logits"]).abs().max().item()
-    assert moved <= LORA_TOLERANCE, f"{name}: base logits moved by {moved:.1e}"
+    assert moved <= lora_tolerance(name), f"{name}: base logits moved by {moved:.1e}"
     change = (logits - base_logits).abs().max().item()
     assert change > 1e-3, f"{name}: the adapter changes the logits by only {change:.1e}"
 
@@ -2429,7 +2448,7 @@ def build_lora(name: str) -> None:
     with torch.no_grad():
         merged_logits = peft_model.merge_and_unload()(tokens).logits.float()
     merge_error = (merged_logits - logits).abs().max().item()
-    assert merge_error <= LORA_TOLERANCE, f"{name}: merged logits differ by {merge_error:.1e}"
+    assert merge_error <= lora_tolerance(name), f"{name}: merged logits differ by {merge_error:.1e}"
 
     save_file(
         {

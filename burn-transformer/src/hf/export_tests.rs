@@ -577,6 +577,42 @@ fn peft_adapters_of_fused_layers_load_and_saving_them_is_refused() {
     }
 }
 
+/// PEFT's adapters of Qwen3.5's hybrid layers (`tools/make_hf_models.py qwen3_5_lora`):
+/// the Gated DeltaNet's projections (`linear_attn.in_proj_qkv`, `in_proj_z`,
+/// `in_proj_b`, `out_proj` in each of 3 layers) beside the gated attention's `q_proj`
+/// and every layer's `down_proj` give PEFT's logits and round-trip. Qwen3-Next stores
+/// the DeltaNet's projections fused (`in_proj_qkvz`), so saving adapters of them is
+/// refused, naming the fused layer.
+#[test]
+fn peft_adapters_of_linear_attention_layers_round_trip() {
+    let lora = peft_adapters_round_trip("qwen3_5_text", "qwen3_5_lora", 3 * 4 + 1 + 4);
+    assert_eq!(
+        lora.targets,
+        [
+            "down_proj",
+            "in_proj_b",
+            "in_proj_qkv",
+            "in_proj_z",
+            "out_proj",
+            "q_proj"
+        ]
+    );
+
+    let device = Device::flex();
+    let (model, config) = load_causal_lm(model_dir("qwen3_next"), &device).unwrap();
+    let lora = LoraConfig::new(2, 4.0).with_targets(vec!["in_proj_qkv".into()]);
+    let (adapted, summary) = attach_lora(model, &lora).unwrap();
+    assert_eq!(summary.adapted.len(), 3, "{:?}", summary.adapted);
+    let out = TempDir::new().unwrap();
+    let error = save_peft_adapters(&adapted, &lora, &config, "qwen3_next", out.path())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("fused into") && error.contains("in_proj_qkvz"),
+        "{error}"
+    );
+}
+
 /// GPT-2 adapters trained here on the attention's output projection and the
 /// feed-forward's second layer, both `c_proj` in GPT-2's names, are saved as targets
 /// PEFT tells apart (`attn.c_proj`, `mlp.c_proj`) with `fan_in_fan_out` (its `Conv1D`

@@ -7,7 +7,7 @@ use crate::error::ConfigError;
 
 /// The linear layers an adapter can target, by the name of the layer in the model (the
 /// Hugging Face name where a checkpoint exists).
-pub const LORA_TARGETS: [&str; 15] = [
+pub const LORA_TARGETS: [&str; 20] = [
     "q_proj",
     "k_proj",
     "v_proj",
@@ -19,17 +19,23 @@ pub const LORA_TARGETS: [&str; 15] = [
     "q_b_proj",
     "kv_a_proj_with_mqa",
     "kv_b_proj",
+    "in_proj_qkv",
+    "in_proj_z",
+    "in_proj_b",
+    "in_proj_a",
+    "out_proj",
     "fc1",
     "fc2",
     "eh_proj",
     "lm_head",
 ];
 
-/// The default targets: every projection of attention (grouped and latent) and of the
-/// dense feed-forwards, including MoE shared experts. Routed experts are stacked 3-D
-/// tensors, not linear layers, and are never adapted (as PEFT with transformers 5).
+/// The default targets (PEFT's `all-linear`): every projection of attention (grouped,
+/// latent and linear: the Gated DeltaNet's `in_proj_*` and `out_proj`) and of the dense
+/// feed-forwards, including MoE shared experts. Routed experts are stacked 3-D tensors,
+/// not linear layers, and are never adapted (as PEFT with transformers 5).
 pub fn default_lora_targets() -> Vec<String> {
-    LORA_TARGETS[..13]
+    LORA_TARGETS[..18]
         .iter()
         .map(|name| name.to_string())
         .collect()
