@@ -746,21 +746,26 @@ def qwen3_next():
     )
 
 
+# The tiny vision tower of the Qwen3.5 (and Qwen3.5-MoE) checkpoints, and the wrapper's
+# vision tokens, which sit at the top of the vocabulary.
+QWEN3_5_VISION = dict(
+    depth=1, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=8,
+    out_hidden_size=32, num_position_embeddings=16,
+)
+QWEN3_5_VISION_TOKENS = dict(
+    image_token_id=95, video_token_id=94, vision_start_token_id=93, vision_end_token_id=92
+)
+
+
 def qwen3_5_vision():
     # Qwen3.5's checkpoint as every Qwen3.5 model ships (Qwen3_5ForConditionalGeneration):
     # `qwen3_5_text`'s text model under `model.language_model.` beside a tiny vision
-    # tower (`model.visual.`). The vision tokens sit at the top of the vocabulary.
-    vision = transformers.models.qwen3_5.configuration_qwen3_5.Qwen3_5VisionConfig(
-        depth=1, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=8,
-        out_hidden_size=32, num_position_embeddings=16,
-    )
+    # tower (`model.visual.`).
+    vision = transformers.models.qwen3_5.configuration_qwen3_5.Qwen3_5VisionConfig(**QWEN3_5_VISION)
     return transformers.Qwen3_5Config(
         text_config=qwen3_5_text().to_dict(),
         vision_config=vision.to_dict(),
-        image_token_id=95,
-        video_token_id=94,
-        vision_start_token_id=93,
-        vision_end_token_id=92,
+        **QWEN3_5_VISION_TOKENS,
     )
 
 
@@ -768,7 +773,7 @@ def qwen3_5_moe():
     # Qwen3.5-MoE's checkpoint as every one ships (Qwen3_5MoeForConditionalGeneration):
     # HYBRID_LAYERS with Qwen3-Next's experts on every layer (4 of width 16, top-2, always
     # renormalized, stored expert by expert) beside a shared expert of width 24 behind a
-    # sigmoid gate, under `model.language_model.` beside a tiny vision tower.
+    # sigmoid gate, under `model.language_model.` beside `qwen3_5_vision`'s vision tower.
     text = transformers.Qwen3_5MoeTextConfig(
         **HYBRID_LAYERS,
         rope_parameters={**HYBRID_ROPE, "mrope_section": [1, 1, 0], "mrope_interleaved": True},
@@ -779,16 +784,12 @@ def qwen3_5_moe():
         router_aux_loss_coef=0.01,
     )
     vision = transformers.models.qwen3_5_moe.configuration_qwen3_5_moe.Qwen3_5MoeVisionConfig(
-        depth=1, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=8,
-        out_hidden_size=32, num_position_embeddings=16,
+        **QWEN3_5_VISION
     )
     return transformers.Qwen3_5MoeConfig(
         text_config=text.to_dict(),
         vision_config=vision.to_dict(),
-        image_token_id=95,
-        video_token_id=94,
-        vision_start_token_id=93,
-        vision_end_token_id=92,
+        **QWEN3_5_VISION_TOKENS,
     )
 
 
