@@ -197,6 +197,9 @@ mod flex {
         use super::{Geometry, RopeLayout};
         use crate::ops::simd::simd_kernel;
 
+        /// Pairs rotated per block: one AVX-512 register of f32 (two AVX2 ones).
+        const LANES: usize = 16;
+
         simd_kernel! {
             /// Writes output rows `first_row..` (as many as `out` holds) from the
             /// input rows they come from.
@@ -237,7 +240,24 @@ mod flex {
                         RopeLayout::HalfSplit => {
                             let (a, b) = input[..2 * half].split_at(half);
                             let (new_a, new_b) = rotated.split_at_mut(half);
-                            for j in 0..half {
+                            // Blocks of fixed width, computed in local arrays: a loop
+                            // over `half` slots of four slices stayed scalar (LLVM would
+                            // not vectorize it at these short, unknown trip counts).
+                            let blocks = half / LANES * LANES;
+                            for j in (0..blocks).step_by(LANES) {
+                                let block = |values: &[f32]| -> [f32; LANES] {
+                                    values[j..j + LANES].try_into().expect("LANES values")
+                                };
+                                let (a, b, c, s) = (block(a), block(b), block(c), block(s));
+                                let (mut rotated_a, mut rotated_b) = ([0.0; LANES], [0.0; LANES]);
+                                for lane in 0..LANES {
+                                    rotated_a[lane] = a[lane] * c[lane] - sign * b[lane] * s[lane];
+                                    rotated_b[lane] = b[lane] * c[lane] + sign * a[lane] * s[lane];
+                                }
+                                new_a[j..j + LANES].copy_from_slice(&rotated_a);
+                                new_b[j..j + LANES].copy_from_slice(&rotated_b);
+                            }
+                            for j in blocks..half {
                                 new_a[j] = a[j] * c[j] - sign * b[j] * s[j];
                                 new_b[j] = b[j] * c[j] + sign * a[j] * s[j];
                             }
@@ -363,7 +383,10 @@ pub(crate) mod tests {
     fn rotates_pairs_and_back() {
         for device in test_devices() {
             let device = device.autodiff();
-            for (shape, rotary_dim) in [([2, 3, 5, 8], 8), ([3, 4, 700, 20], 8)] {
+            // Pairs per head: 4 (fewer than a block of the kernel), 18 (a block and two).
+            for (shape, rotary_dim) in
+                [([2, 3, 5, 8], 8), ([3, 4, 700, 20], 8), ([2, 2, 5, 40], 36)]
+            {
                 let [batch, heads, seq, head_dim] = shape;
                 let half = rotary_dim / 2;
                 let angles: Vec<f32> = (0..seq * half)
