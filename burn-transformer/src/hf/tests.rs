@@ -350,10 +350,8 @@ fn gemma4_with_global_heads_of_their_own_values_from_keys_and_layer_scalars_matc
 /// names them in memory too, and it exports as a `gemma3_text` checkpoint.
 #[test]
 fn gemma3_multimodal_checkpoint_loads_its_text_model_and_matches_transformers() {
-    matches_transformers("gemma3_vision");
+    let (model, config) = multimodal_text_model("gemma3_vision", "gemma3");
     let device = Device::flex();
-    let (model, config) = load_causal_lm(model_dir("gemma3_vision"), &device).unwrap();
-    assert_eq!(config.model_type, "gemma3");
     let sliding: Vec<bool> = (0..4)
         .map(|layer| config.model.window_of(layer).is_some())
         .collect();
@@ -417,11 +415,17 @@ fn gemma4_with_per_layer_embeddings_and_shared_keys_and_values_matches_transform
 /// loaded. The text model matches transformers on text and exports as `gemma4_text`.
 #[test]
 fn gemma4_multimodal_checkpoint_loads_its_text_model_and_matches_transformers() {
-    matches_transformers("gemma4_vision");
-    let device = Device::flex();
-    let (model, config) = load_causal_lm(model_dir("gemma4_vision"), &device).unwrap();
-    assert_eq!(config.model_type, "gemma4");
+    let (model, _) = multimodal_text_model("gemma4_vision", "gemma4");
     exports_as_its_text_model("gemma4_vision", &model, "gemma4_text");
+}
+
+/// The text model of the multimodal fixture `name` (a `wrapper` checkpoint), after
+/// checking that it matches transformers; loaded on flex.
+fn multimodal_text_model(name: &str, wrapper: &str) -> (CausalLm, HfConfig) {
+    matches_transformers(name);
+    let (model, config) = load_causal_lm(model_dir(name), &Device::flex()).unwrap();
+    assert_eq!(config.model_type, wrapper);
+    (model, config)
 }
 
 /// The model of the multimodal fixture `name`, exported: the folder's `model_type` is
@@ -449,10 +453,7 @@ fn exports_as_its_text_model(name: &str, model: &CausalLm, text_family: &str) {
 /// checkpoint with the same logits.
 #[test]
 fn mistral4_multimodal_checkpoint_loads_its_text_model_and_matches_transformers() {
-    matches_transformers("mistral4_vision");
-    let device = Device::flex();
-    let (model, config) = load_causal_lm(model_dir("mistral4_vision"), &device).unwrap();
-    assert_eq!(config.model_type, "mistral3");
+    let (model, config) = multimodal_text_model("mistral4_vision", "mistral3");
     assert!(config.model.latent.is_some() && config.model.query_temperature.is_some());
     exports_as_its_text_model("mistral4_vision", &model, "mistral4");
 }
@@ -464,10 +465,7 @@ fn mistral4_multimodal_checkpoint_loads_its_text_model_and_matches_transformers(
 /// a `mistral` checkpoint; a `text_config` of a family we do not read is named.
 #[test]
 fn mistral3_multimodal_checkpoint_loads_its_text_model_and_matches_transformers() {
-    matches_transformers("mistral3_vision");
-    let device = Device::flex();
-    let (model, config) = load_causal_lm(model_dir("mistral3_vision"), &device).unwrap();
-    assert_eq!(config.model_type, "mistral3");
+    let (model, config) = multimodal_text_model("mistral3_vision", "mistral3");
     assert!(config.model.tie_word_embeddings && config.model.sliding_window.is_none());
     exports_as_its_text_model("mistral3_vision", &model, "mistral");
 
@@ -562,10 +560,7 @@ fn llama4_with_chunked_layers_and_input_weighted_experts_matches_transformers() 
 /// and exports as `llama4_text`.
 #[test]
 fn llama4_multimodal_checkpoint_loads_its_text_model_and_matches_transformers() {
-    matches_transformers("llama4_vision");
-    let device = Device::flex();
-    let (model, config) = load_causal_lm(model_dir("llama4_vision"), &device).unwrap();
-    assert_eq!(config.model_type, "llama4");
+    let (model, config) = multimodal_text_model("llama4_vision", "llama4");
     assert_eq!(config.model.attention_chunk, Some(4));
     exports_as_its_text_model("llama4_vision", &model, "llama4_text");
 }
@@ -632,10 +627,7 @@ fn qwen3_next_with_fused_linear_attention_and_a_gated_shared_expert_matches_tran
 /// text model matches transformers on text and exports as `qwen3_5_text`.
 #[test]
 fn qwen3_5_multimodal_checkpoint_loads_its_text_model_and_matches_transformers() {
-    matches_transformers("qwen3_5_vision");
-    let device = Device::flex();
-    let (model, config) = load_causal_lm(model_dir("qwen3_5_vision"), &device).unwrap();
-    assert_eq!(config.model_type, "qwen3_5");
+    let (model, config) = multimodal_text_model("qwen3_5_vision", "qwen3_5");
     assert!(config.model.linear_attention.is_some());
     exports_as_its_text_model("qwen3_5_vision", &model, "qwen3_5_text");
 }
@@ -648,10 +640,7 @@ fn qwen3_5_multimodal_checkpoint_loads_its_text_model_and_matches_transformers()
 /// are noted, not followed.
 #[test]
 fn qwen3_5_moe_multimodal_checkpoint_with_experts_on_hybrid_layers_matches_transformers() {
-    matches_transformers("qwen3_5_moe");
-    let device = Device::flex();
-    let (model, config) = load_causal_lm(model_dir("qwen3_5_moe"), &device).unwrap();
-    assert_eq!(config.model_type, "qwen3_5_moe");
+    let (model, config) = multimodal_text_model("qwen3_5_moe", "qwen3_5_moe");
     assert!(config.unread_keys.is_empty(), "{:?}", config.unread_keys);
     let text = &config.model;
     assert_eq!(linear_layers(text), [true, true, true, false]);
