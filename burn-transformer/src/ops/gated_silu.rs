@@ -90,10 +90,13 @@ mod flex {
     impl GatedSiluOps for Flex {
         fn gated_silu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
             let (gate, up) = (gate.to_contiguous(), up.to_contiguous());
-            let mut out = vec![0.0f32; gate.layout().num_elements()];
-            for_chunks([values(&gate), values(&up)], [&mut out], |[g, u], [o]| {
-                kernels::forward(g, u, o)
-            });
+            let len = gate.layout().num_elements();
+            // SAFETY: the kernel writes every element of its output chunk.
+            let [out] = unsafe {
+                for_chunks(len, [values(&gate), values(&up)], |[g, u], [o]| {
+                    kernels::forward(g, u, o)
+                })
+            };
             output_like(&gate, out)
         }
 
@@ -107,26 +110,30 @@ mod flex {
                 up.to_contiguous(),
                 grad.to_contiguous(),
             );
-            let n = gate.layout().num_elements();
-            let (mut d_gate, mut d_up) = (vec![0.0f32; n], vec![0.0f32; n]);
-            for_chunks(
-                [values(&gate), values(&up), values(&grad)],
-                [&mut d_gate, &mut d_up],
-                |[g, u, dh], [dg, du]| kernels::backward(g, u, dh, dg, du),
-            );
+            let len = gate.layout().num_elements();
+            // SAFETY: the kernel writes every element of both output chunks.
+            let [d_gate, d_up] = unsafe {
+                for_chunks(
+                    len,
+                    [values(&gate), values(&up), values(&grad)],
+                    |[g, u, dh], [dg, du]| kernels::backward(g, u, dh, dg, du),
+                )
+            };
             (output_like(&gate, d_gate), output_like(&gate, d_up))
         }
     }
 
     /// The loops, compiled once per instruction set and picked at run time.
     mod kernels {
+        use std::mem::MaybeUninit;
+
         use super::sigmoid;
         use crate::ops::simd::simd_kernel;
 
         simd_kernel! {
-            pub(super) fn forward(gate: &[f32], up: &[f32], out: &mut [f32]) {
+            pub(super) fn forward(gate: &[f32], up: &[f32], out: &mut [MaybeUninit<f32>]) {
                 for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
-                    *o = g * sigmoid(g) * u;
+                    o.write(g * sigmoid(g) * u);
                 }
             }
         }
@@ -136,14 +143,14 @@ mod flex {
                 gate: &[f32],
                 up: &[f32],
                 grad: &[f32],
-                d_gate: &mut [f32],
-                d_up: &mut [f32],
+                d_gate: &mut [MaybeUninit<f32>],
+                d_up: &mut [MaybeUninit<f32>],
             ) {
                 let inputs = gate.iter().zip(up).zip(grad);
                 for (((&g, &u), &dh), (dg, du)) in inputs.zip(d_gate.iter_mut().zip(d_up)) {
                     let s = sigmoid(g);
-                    *dg = dh * u * s * (1.0 + g * (1.0 - s));
-                    *du = dh * g * s;
+                    dg.write(dh * u * s * (1.0 + g * (1.0 - s)));
+                    du.write(dh * g * s);
                 }
             }
         }

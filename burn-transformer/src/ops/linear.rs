@@ -8,39 +8,15 @@
 //! product (`y = x·W`, `dx = dy·Wᵀ`, `dW = xᵀ·dy`), which is what a training step's
 //! projections are. The result is the same function.
 //!
-//! On flex (f32) the products are one `gemm` call each that writes into a new
-//! uninitialized buffer: flex's own matmul output is a zeroed buffer copied once more
-//! into an aligned one, which at a training step's shapes costs about a tenth of the
-//! step. Transposed factors are strided views, never copies.
+//! The products are [`super::matmul`]'s: on flex one `gemm` call each, written
+//! straight into its output (flex's own matmul output is a zeroed buffer copied once
+//! more, which at a training step's shapes cost about a tenth of the step), with
+//! transposed factors read as strided views.
 
-use burn::backend::Dispatch;
 use burn::nn::Linear;
 use burn::tensor::Tensor;
 
-use super::simd::runs_fused_on_cpu;
-
-pub(crate) use ops::RowsMatmulOps;
-
-/// The extension trait lives in its own module so that the attribute's generated code
-/// stays apart from the kernels.
-mod ops {
-    use burn::backend::tensor::FloatTensor;
-    use burn::backend::{Backend, backend_extension};
-
-    /// A 2-D matrix product as a backend extension: one `gemm` call on flex, its
-    /// two products backward under autodiff. Other backends are not listed:
-    /// [`super::linear_rows`] and [`super::matmul_rows`] only call it on flex.
-    #[backend_extension(Flex: cfg(feature = "flex"), Autodiff)]
-    pub(crate) trait RowsMatmulOps: Backend {
-        /// `lhs · rhs`; either factor may be a strided view (a transpose).
-        ///
-        /// # Shapes
-        /// - lhs: `[m, k]`, f32
-        /// - rhs: `[k, n]`, f32
-        /// - output: `[m, n]`, contiguous
-        fn rows_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self>;
-    }
-}
+use super::matmul::matmul;
 
 /// Applies `linear` (weight `[d_in, d_out]`, optional bias `[d_out]`) to `x` as one
 /// matrix product over all of its rows.
@@ -50,14 +26,10 @@ mod ops {
 /// - output: `[..., d_out]`
 pub fn linear_rows<const D: usize>(linear: &Linear, x: Tensor<D>) -> Tensor<D> {
     on_rows(x, |x| {
-        if runs_fused(&x, &linear.weight.val()) {
-            let y = rows_matmul(x, linear.weight.val());
-            match &linear.bias {
-                Some(bias) => y + bias.val().unsqueeze_dim(0),
-                None => y,
-            }
-        } else {
-            linear.forward(x)
+        let y = matmul(x, linear.weight.val());
+        match &linear.bias {
+            Some(bias) => y + bias.val().unsqueeze_dim(0),
+            None => y,
         }
     })
 }
@@ -70,13 +42,7 @@ pub fn linear_rows<const D: usize>(linear: &Linear, x: Tensor<D>) -> Tensor<D> {
 /// - weight: `[d_in, d_out]`
 /// - output: `[..., d_out]`
 pub fn matmul_rows<const D: usize>(x: Tensor<D>, weight: Tensor<2>) -> Tensor<D> {
-    on_rows(x, |x| {
-        if runs_fused(&x, &weight) {
-            rows_matmul(x, weight)
-        } else {
-            x.matmul(weight)
-        }
-    })
+    on_rows(x, |x| matmul(x, weight))
 }
 
 /// Runs `product` on `x` with its leading dims folded into the rows, and unfolds
@@ -91,144 +57,6 @@ fn on_rows<const D: usize>(
     let mut out_dims = dims;
     out_dims[D - 1] = y.dims()[1];
     y.reshape(out_dims)
-}
-
-/// Whether the product of `x` and `weight` runs as flex's own `gemm` call.
-fn runs_fused(x: &Tensor<2>, weight: &Tensor<2>) -> bool {
-    runs_fused_on_cpu(&x.device(), x.dtype()) && weight.dtype() == x.dtype()
-}
-
-fn rows_matmul(x: Tensor<2>, weight: Tensor<2>) -> Tensor<2> {
-    Tensor::from_dispatch(Dispatch::rows_matmul(
-        x.into_dispatch(),
-        weight.into_dispatch(),
-    ))
-}
-
-#[cfg(feature = "flex")]
-mod flex {
-    use burn::backend::Flex;
-    use burn::backend::flex::FlexTensor;
-    use burn::backend::tensor::FloatTensor;
-    use burn::tensor::TensorData;
-
-    use super::RowsMatmulOps;
-
-    /// Multiply-adds from which the product is split over the rayon pool (below it
-    /// the hand-off costs more than it saves).
-    const PARALLEL_WORK: usize = 1 << 21;
-
-    impl RowsMatmulOps for Flex {
-        fn rows_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
-            let (m, k) = matrix_dims(&lhs);
-            let (k_rhs, n) = matrix_dims(&rhs);
-            assert_eq!(k, k_rhs, "rows_matmul: [{m}, {k}] · [{k_rhs}, {n}]");
-            let mut out = Vec::<f32>::with_capacity(m * n);
-            if k == 0 {
-                out.resize(m * n, 0.0);
-            } else if m * n > 0 {
-                let (lhs_rows, lhs_cols) = matrix_strides(&lhs);
-                let (rhs_rows, rhs_cols) = matrix_strides(&rhs);
-                let parallelism = if m * n * k >= PARALLEL_WORK {
-                    gemm::Parallelism::Rayon(0)
-                } else {
-                    gemm::Parallelism::None
-                };
-                // SAFETY: the factors' pointers start at their views' first elements
-                // and every offset the strides reach lies in their buffers (flex's
-                // layouts); `out` has room for `m·n` values, all of which the call
-                // writes (`read_dst = false` never reads them), so setting its length
-                // afterwards exposes initialized values only.
-                unsafe {
-                    gemm::gemm(
-                        m,
-                        n,
-                        k,
-                        out.as_mut_ptr(),
-                        1,
-                        n as isize,
-                        false,
-                        first_element(&lhs),
-                        lhs_cols,
-                        lhs_rows,
-                        first_element(&rhs),
-                        rhs_cols,
-                        rhs_rows,
-                        0.0,
-                        1.0,
-                        false,
-                        false,
-                        false,
-                        parallelism,
-                    );
-                    out.set_len(m * n);
-                }
-            }
-            FlexTensor::from_data(TensorData::new(out, [m, n]))
-        }
-    }
-
-    fn matrix_dims(tensor: &FlexTensor) -> (usize, usize) {
-        let shape = tensor.layout().shape();
-        assert_eq!(shape.num_dims(), 2, "rows_matmul takes matrices");
-        (shape[0], shape[1])
-    }
-
-    /// `(row stride, column stride)` in elements.
-    fn matrix_strides(tensor: &FlexTensor) -> (isize, isize) {
-        let strides = tensor.layout().strides();
-        (strides[0], strides[1])
-    }
-
-    fn first_element(tensor: &FlexTensor) -> *const f32 {
-        tensor.storage::<f32>()[tensor.layout().start_offset()..].as_ptr()
-    }
-}
-
-mod autodiff {
-    use burn::backend::Autodiff;
-    use burn::backend::autodiff::checkpoint::base::Checkpointer;
-    use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
-    use burn::backend::autodiff::grads::Gradients;
-    use burn::backend::autodiff::ops::{Backward, Ops};
-    use burn::backend::tensor::FloatTensor;
-
-    use super::RowsMatmulOps;
-    use crate::ops::autodiff::record_binary;
-
-    #[derive(Debug)]
-    struct RowsMatmulBackward;
-
-    impl<B: RowsMatmulOps> Backward<B, 2> for RowsMatmulBackward {
-        /// The factors.
-        type State = (FloatTensor<B>, FloatTensor<B>);
-
-        fn backward(
-            self,
-            ops: Ops<Self::State, 2>,
-            grads: &mut Gradients,
-            _checkpointer: &mut Checkpointer,
-        ) {
-            let grad = grads.consume::<B>(&ops.node);
-            let (lhs, rhs) = ops.state;
-            let [node_lhs, node_rhs] = ops.parents;
-            // d(lhs) = grad · rhsᵀ, d(rhs) = lhsᵀ · grad: transposes are views.
-            if let Some(node) = node_lhs {
-                let d_lhs = B::rows_matmul(grad.clone(), B::float_swap_dims(rhs, 0, 1));
-                grads.register::<B>(node.id, d_lhs);
-            }
-            if let Some(node) = node_rhs {
-                let d_rhs = B::rows_matmul(B::float_swap_dims(lhs, 0, 1), grad);
-                grads.register::<B>(node.id, d_rhs);
-            }
-        }
-    }
-
-    impl<B: RowsMatmulOps, C: CheckpointStrategy> RowsMatmulOps for Autodiff<B, C> {
-        fn rows_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
-            record_binary::<B, C, _>(RowsMatmulBackward, lhs, rhs, B::rows_matmul)
-        }
-    }
 }
 
 #[cfg(test)]

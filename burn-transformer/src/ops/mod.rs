@@ -8,6 +8,7 @@
 //!   the autodiff backward) and the reference attention it is tested against.
 //! - [`gated_silu`]: SwiGLU's `silu(gate) · up`, fused into one pass on flex.
 //! - [`linear`]: Burn's `Linear` applied as one matrix product over all rows.
+//! - [`matmul`]: batched matrix products, written straight into their output on flex.
 //! - [`rms_norm`]: RMSNorm, fused into one pass forward and one backward on flex.
 //! - [`rotary`]: rotary position embedding's rotation, fused likewise.
 //! - [`soft_cap`]: `cap · tanh(x / cap)`, for attention and output logits.
@@ -21,6 +22,7 @@ pub mod flash_attention;
 pub mod gated_silu;
 pub mod linear;
 pub mod mask;
+pub mod matmul;
 pub mod rms_norm;
 pub mod rotary;
 pub(crate) mod simd;

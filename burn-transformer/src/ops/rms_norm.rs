@@ -103,10 +103,13 @@ mod flex {
         ) -> FloatTensor<Self> {
             let x = x.to_contiguous();
             let w = &scale(&weight, unit_offset);
-            let mut out = vec![0.0f32; x.layout().num_elements()];
-            for_rows(w.len(), [values(&x)], [&mut out], |_, [x], [out]| {
-                kernels::forward(x, w, eps as f32, out)
-            });
+            let len = x.layout().num_elements();
+            // SAFETY: the kernel writes every element of its output rows.
+            let [out] = unsafe {
+                for_rows(w.len(), len, [values(&x)], |_, [x], [out]| {
+                    kernels::forward(x, w, eps as f32, out)
+                })
+            };
             flex_like(&x, out)
         }
 
@@ -120,19 +123,17 @@ mod flex {
             let (x, grad) = (x.to_contiguous(), grad.to_contiguous());
             let w = &scale(&weight, unit_offset);
             let d = w.len();
-            let mut d_x = vec![0.0f32; x.layout().num_elements()];
+            let len = x.layout().num_elements();
             // Each task sums the weight gradient over its own rows; the partial sums
             // are added afterwards, so no two tasks write one value.
-            let partials = map_rows(
-                d,
-                [values(&x), values(&grad)],
-                [&mut d_x],
-                |_, [x, g], [d_x]| {
+            // SAFETY: the kernel writes every element of its rows of `d_x`.
+            let ([d_x], partials) = unsafe {
+                map_rows(d, len, [values(&x), values(&grad)], |_, [x, g], [d_x]| {
                     let mut d_w = vec![0.0f32; d];
                     kernels::backward(x, w, g, eps as f32, d_x, &mut d_w);
                     d_w
-                },
-            );
+                })
+            };
             let mut d_w = vec![0.0f32; d];
             for partial in partials {
                 for (total, part) in d_w.iter_mut().zip(partial) {
@@ -157,6 +158,8 @@ mod flex {
 
     /// The loops, compiled once per instruction set and picked at run time.
     mod kernels {
+        use std::mem::MaybeUninit;
+
         use crate::ops::simd::{lanes, simd_kernel};
 
         /// `1 / sqrt(mean(row²) + eps)`.
@@ -167,12 +170,17 @@ mod flex {
 
         simd_kernel! {
             /// Normalizes each row of `x` (rows of `scale.len()` values) into `out`.
-            pub(super) fn forward(x: &[f32], scale: &[f32], eps: f32, out: &mut [f32]) {
+            pub(super) fn forward(
+                x: &[f32],
+                scale: &[f32],
+                eps: f32,
+                out: &mut [MaybeUninit<f32>],
+            ) {
                 let d = scale.len();
                 for (row, out) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
                     let r = inverse_rms(row, eps);
                     for ((o, &x), &w) in out.iter_mut().zip(row).zip(scale) {
-                        *o = x * r * w;
+                        o.write(x * r * w);
                     }
                 }
             }
@@ -186,7 +194,7 @@ mod flex {
                 scale: &[f32],
                 grad: &[f32],
                 eps: f32,
-                d_x: &mut [f32],
+                d_x: &mut [MaybeUninit<f32>],
                 d_w: &mut [f32],
             ) {
                 let d = scale.len();
@@ -198,7 +206,7 @@ mod flex {
                     let projection = r * sum / d as f32;
                     for j in 0..d {
                         let normed = row[j] * r;
-                        d_x[j] = r * (g[j] * scale[j] - normed * projection);
+                        d_x[j].write(r * (g[j] * scale[j] - normed * projection));
                         d_w[j] += g[j] * normed;
                     }
                 }

@@ -177,23 +177,31 @@ mod flex {
             sign,
         };
         let (cos, sin) = (values(&cos), values(&sin));
-        let mut out = vec![0.0f32; a0 * a1 * a2 * head_dim];
-        if !out.is_empty() {
+        let len = a0 * a1 * a2 * head_dim;
+        let out = if len == 0 {
+            Vec::new()
+        } else {
             let seq = [a1, a2][seq_axis - 1];
             assert!(
                 cos.len() == sin.len() && cos.len() % seq == 0 && 2 * cos.len() / seq <= head_dim,
                 "rotary: the cos/sin tables do not match the positions and the head dim"
             );
             let storage = x.storage::<f32>();
-            for_rows(head_dim, [], [&mut out], |first_row, [], [out]| {
-                kernels::rotate_rows(storage, &geometry, first_row, cos, sin, out)
-            });
-        }
+            // SAFETY: the kernel writes every element of its output rows.
+            let [out] = unsafe {
+                for_rows(head_dim, len, [], |first_row, [], [out]| {
+                    kernels::rotate_rows(storage, &geometry, first_row, cos, sin, out)
+                })
+            };
+            out
+        };
         FlexTensor::from_data(TensorData::new(out, [a0, a2, a1, head_dim]))
     }
 
     /// The loop, compiled once per instruction set and picked at run time.
     mod kernels {
+        use std::mem::MaybeUninit;
+
         use super::{Geometry, RopeLayout};
         use crate::ops::simd::simd_kernel;
 
@@ -201,15 +209,15 @@ mod flex {
         const LANES: usize = 16;
 
         simd_kernel! {
-            /// Writes output rows `first_row..` (as many as `out` holds) from the
-            /// input rows they come from.
+            /// Writes output rows `first_row..` (as many as `out` holds, every
+            /// element) from the input rows they come from.
             pub(super) fn rotate_rows(
                 x: &[f32],
                 geometry: &Geometry,
                 first_row: usize,
                 cos: &[f32],
                 sin: &[f32],
-                out: &mut [f32],
+                out: &mut [MaybeUninit<f32>],
             ) {
                 let Geometry { start, strides, sizes, seq_axis, head_dim, layout, sign } =
                     *geometry;
@@ -254,23 +262,23 @@ mod flex {
                                     rotated_a[lane] = a[lane] * c[lane] - sign * b[lane] * s[lane];
                                     rotated_b[lane] = b[lane] * c[lane] + sign * a[lane] * s[lane];
                                 }
-                                new_a[j..j + LANES].copy_from_slice(&rotated_a);
-                                new_b[j..j + LANES].copy_from_slice(&rotated_b);
+                                new_a[j..j + LANES].write_copy_of_slice(&rotated_a);
+                                new_b[j..j + LANES].write_copy_of_slice(&rotated_b);
                             }
                             for j in blocks..half {
-                                new_a[j] = a[j] * c[j] - sign * b[j] * s[j];
-                                new_b[j] = b[j] * c[j] + sign * a[j] * s[j];
+                                new_a[j].write(a[j] * c[j] - sign * b[j] * s[j]);
+                                new_b[j].write(b[j] * c[j] + sign * a[j] * s[j]);
                             }
                         }
                         RopeLayout::Interleaved => {
                             for j in 0..half {
                                 let (even, odd) = (input[2 * j], input[2 * j + 1]);
-                                rotated[2 * j] = even * c[j] - sign * odd * s[j];
-                                rotated[2 * j + 1] = odd * c[j] + sign * even * s[j];
+                                rotated[2 * j].write(even * c[j] - sign * odd * s[j]);
+                                rotated[2 * j + 1].write(odd * c[j] + sign * even * s[j]);
                             }
                         }
                     }
-                    passed.copy_from_slice(&input[2 * half..]);
+                    passed.write_copy_of_slice(&input[2 * half..]);
                 }
             }
         }

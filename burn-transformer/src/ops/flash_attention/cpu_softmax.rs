@@ -91,13 +91,17 @@ pub(crate) fn fused_softmax(
 
 #[cfg(feature = "flex")]
 mod flex {
+    use std::mem::MaybeUninit;
+
     use burn::backend::Flex;
     use burn::backend::flex::FlexTensor;
     use burn::backend::tensor::FloatTensor;
 
     use super::{AttentionSoftmaxOps, ScoreOptions};
     use crate::ops::simd::exp::exp;
-    use crate::ops::simd::{flex_like, flex_values as values, for_rows, lanes, simd_kernel};
+    use crate::ops::simd::{
+        assume_written, flex_like, flex_values as values, for_rows, lanes, simd_kernel,
+    };
 
     fn dims(tensor: &FlexTensor) -> [usize; 4] {
         let shape = tensor.layout().shape();
@@ -115,18 +119,22 @@ mod flex {
             let key_mask = key_mask.to_contiguous();
             let [_, heads, seq_q, seq_k] = dims(&scores);
             let padding = values(&key_mask);
-            let mut out = vec![0.0f32; scores.layout().num_elements()];
+            let len = scores.layout().num_elements();
             let scale = options.scale as f32;
-            for_rows(seq_k, [values(&scores)], [&mut out], |first, [s], [p]| {
-                for (index, (s, p)) in s.chunks(seq_k).zip(p.chunks_mut(seq_k)).enumerate() {
-                    let row = first + index;
-                    let keys = options.mask.visible_keys(row % seq_q, seq_q, seq_k);
-                    let pad = options.has_key_mask.then(|| {
-                        &padding[(row / (heads * seq_q)) * seq_k..][..seq_k][keys.clone()]
-                    });
-                    row_forward(&s[keys.clone()], pad, scale, &mut p[keys]);
-                }
-            });
+            // SAFETY: each row's hidden keys are written zeros, its visible ones by
+            // `row_forward`, which writes all of them.
+            let [out] = unsafe {
+                for_rows(seq_k, len, [values(&scores)], |first, [s], [p]| {
+                    for (index, (s, p)) in s.chunks(seq_k).zip(p.chunks_mut(seq_k)).enumerate() {
+                        let row = first + index;
+                        let keys = options.mask.visible_keys(row % seq_q, seq_q, seq_k);
+                        let pad = options.has_key_mask.then(|| {
+                            &padding[(row / (heads * seq_q)) * seq_k..][..seq_k][keys.clone()]
+                        });
+                        row_forward(&s[keys.clone()], pad, scale, visible(p, keys));
+                    }
+                })
+            };
             flex_like(&scores, out)
         }
 
@@ -138,29 +146,48 @@ mod flex {
             let probabilities = probabilities.to_contiguous();
             let grad = grad.to_contiguous();
             let [_, _, seq_q, seq_k] = dims(&probabilities);
-            let mut out = vec![0.0f32; probabilities.layout().num_elements()];
+            let len = probabilities.layout().num_elements();
             let scale = options.scale as f32;
             let inputs = [values(&probabilities), values(&grad)];
-            for_rows(seq_k, inputs, [&mut out], |first, [p, dp], [ds]| {
-                let rows = p
-                    .chunks(seq_k)
-                    .zip(dp.chunks(seq_k))
-                    .zip(ds.chunks_mut(seq_k));
-                for (index, ((p, dp), ds)) in rows.enumerate() {
-                    // Hidden keys have p = 0, hence a zero gradient: only the visible
-                    // range is read and written.
-                    let keys = options
-                        .mask
-                        .visible_keys((first + index) % seq_q, seq_q, seq_k);
-                    row_backward(&p[keys.clone()], &dp[keys.clone()], scale, &mut ds[keys]);
-                }
-            });
+            // SAFETY: each row's hidden keys are written zeros, its visible ones by
+            // `row_backward`, which writes all of them.
+            let [out] = unsafe {
+                for_rows(seq_k, len, inputs, |first, [p, dp], [ds]| {
+                    let rows = p
+                        .chunks(seq_k)
+                        .zip(dp.chunks(seq_k))
+                        .zip(ds.chunks_mut(seq_k));
+                    for (index, ((p, dp), ds)) in rows.enumerate() {
+                        // Hidden keys have p = 0, hence a zero gradient: only the
+                        // visible range is read.
+                        let keys = options
+                            .mask
+                            .visible_keys((first + index) % seq_q, seq_q, seq_k);
+                        let ds = visible(ds, keys.clone());
+                        row_backward(&p[keys.clone()], &dp[keys], scale, ds);
+                    }
+                })
+            };
             flex_like(&probabilities, out)
         }
     }
 
-    /// One row forward over its visible keys; `pad` marks padded ones (`1`).
-    fn row_forward(scores: &[f32], pad: Option<&[f32]>, scale: f32, out: &mut [f32]) {
+    /// Writes zeros into a row's hidden keys (outside `keys`) and returns its visible
+    /// ones, for the caller to write.
+    fn visible(
+        row: &mut [MaybeUninit<f32>],
+        keys: std::ops::Range<usize>,
+    ) -> &mut [MaybeUninit<f32>] {
+        let (before, rest) = row.split_at_mut(keys.start);
+        let (visible, after) = rest.split_at_mut(keys.len());
+        before.fill(MaybeUninit::new(0.0));
+        after.fill(MaybeUninit::new(0.0));
+        visible
+    }
+
+    /// One row forward over its visible keys (all of which it writes); `pad` marks
+    /// padded ones (`1`).
+    fn row_forward(scores: &[f32], pad: Option<&[f32]>, scale: f32, out: &mut [MaybeUninit<f32>]) {
         match pad {
             None => row_forward_dense(scores, scale, out),
             Some(pad) => row_forward_padded(scores, pad, scale, out),
@@ -168,26 +195,36 @@ mod flex {
     }
 
     simd_kernel! {
-        fn row_forward_dense(scores: &[f32], scale: f32, out: &mut [f32]) {
+        fn row_forward_dense(scores: &[f32], scale: f32, out: &mut [MaybeUninit<f32>]) {
             // The max of the scaled scores: `scale` is positive.
             let max = lanes::max(scores) * scale;
             if max == f32::NEG_INFINITY {
-                // No visible key: the row stays zero.
+                // No visible key: the row is zero.
+                out.fill(MaybeUninit::new(0.0));
                 return;
             }
             for (o, &s) in out.iter_mut().zip(scores) {
-                *o = exp(s * scale - max);
+                o.write(exp(s * scale - max));
             }
-            normalize(out);
+            // SAFETY: the loop wrote every element (`out` and `scores` have one length).
+            normalize(unsafe { assume_written(out) });
         }
     }
 
     simd_kernel! {
-        fn row_forward_padded(scores: &[f32], pad: &[f32], scale: f32, out: &mut [f32]) {
+        fn row_forward_padded(
+            scores: &[f32],
+            pad: &[f32],
+            scale: f32,
+            out: &mut [MaybeUninit<f32>],
+        ) {
             // Padded keys read as -inf for the max and contribute exp(-inf) = 0.
             for ((o, &s), &padded) in out.iter_mut().zip(scores).zip(pad) {
-                *o = if padded != 0.0 { f32::NEG_INFINITY } else { s * scale };
+                o.write(if padded != 0.0 { f32::NEG_INFINITY } else { s * scale });
             }
+            // SAFETY: the loop wrote every element (`out`, `scores` and `pad` have
+            // one length).
+            let out = unsafe { assume_written(out) };
             let max = lanes::max(out);
             if max == f32::NEG_INFINITY {
                 out.fill(0.0);
@@ -210,10 +247,10 @@ mod flex {
     }
 
     simd_kernel! {
-        fn row_backward(p: &[f32], dp: &[f32], scale: f32, ds: &mut [f32]) {
+        fn row_backward(p: &[f32], dp: &[f32], scale: f32, ds: &mut [MaybeUninit<f32>]) {
             let dot = lanes::dot(p, dp);
             for ((d, &p), &dp) in ds.iter_mut().zip(p).zip(dp) {
-                *d = scale * p * (dp - dot);
+                d.write(scale * p * (dp - dot));
             }
         }
     }

@@ -15,6 +15,7 @@ use burn::tensor::{Bool, DType, Distribution, Tensor, TensorData};
 use super::ScoreOptions;
 use super::cpu_softmax::fused_softmax;
 use crate::ops::mask::{MASKED_ROW_LSE, lowest_finite};
+use crate::ops::matmul::matmul;
 
 /// `[batch, heads, seq, x] -> [batch, kv_heads, group·seq, x]`: the query heads of a
 /// group are contiguous, so this is a view of the same memory.
@@ -37,7 +38,7 @@ fn ungrouped(x: Tensor<4>, heads: usize) -> Tensor<4> {
 fn scores(q: Tensor<4>, k: Tensor<4>) -> Tensor<4> {
     let heads = q.dims()[1];
     let kv_heads = k.dims()[1];
-    let scores = grouped(q, kv_heads).matmul(k.swap_dims(2, 3)); // [batch, kv_heads, group*seq_q, seq_k]
+    let scores = matmul(grouped(q, kv_heads), k.swap_dims(2, 3)); // [batch, kv_heads, group*seq_q, seq_k]
     ungrouped(scores, heads)
 }
 
@@ -209,7 +210,7 @@ fn with_sink_column(masked: Tensor<4>, sinks: Tensor<1>) -> Tensor<4> {
 fn weighted_values(probabilities: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
     let heads = probabilities.dims()[1];
     let kv_heads = v.dims()[1];
-    ungrouped(grouped(probabilities, kv_heads).matmul(v), heads)
+    ungrouped(matmul(grouped(probabilities, kv_heads), v), heads)
 }
 
 /// The reference attention and the probabilities it weighted the values with (after
@@ -306,12 +307,13 @@ pub(crate) fn backward_from_lse(
     let probabilities = (masked_logits(biased_logits, key_padding, options) - lse).exp();
 
     let grouped_grad = grouped(grad_output.clone(), kv_heads); // [batch, kv_heads, group*seq_q, d_v]
-    let dv = grouped(probabilities.clone(), kv_heads)
-        .swap_dims(2, 3)
-        .matmul(grouped_grad); // [batch, kv_heads, seq_k, d_v]
+    let dv = matmul(
+        grouped(probabilities.clone(), kv_heads).swap_dims(2, 3),
+        grouped_grad,
+    ); // [batch, kv_heads, seq_k, d_v]
     let d = (grad_output.clone() * output).sum_dim(3); // [batch, heads, seq_q, 1]
     let dp = ungrouped(
-        grouped(grad_output, kv_heads).matmul(v.swap_dims(2, 3)),
+        matmul(grouped(grad_output, kv_heads), v.swap_dims(2, 3)),
         heads,
     ); // [batch, heads, seq_q, seq_k]
     let ds = probabilities * (dp - d);
@@ -324,7 +326,7 @@ pub(crate) fn backward_from_lse(
         None => ds,
     };
     let ds = grouped(ds * options.scale, kv_heads); // [batch, kv_heads, group*seq_q, seq_k]
-    let dq = ungrouped(ds.clone().matmul(k), heads); // [batch, heads, seq_q, d_qk]
-    let dk = ds.swap_dims(2, 3).matmul(grouped(q, kv_heads)); // [batch, kv_heads, seq_k, d_qk]
+    let dq = ungrouped(matmul(ds.clone(), k), heads); // [batch, heads, seq_q, d_qk]
+    let dk = matmul(ds.swap_dims(2, 3), grouped(q, kv_heads)); // [batch, kv_heads, seq_k, d_qk]
     (dq.cast(dtype), dk.cast(dtype), dv.cast(dtype))
 }

@@ -13,6 +13,9 @@
 pub(crate) mod exp;
 pub(crate) mod lanes;
 
+#[cfg(feature = "flex")]
+use std::mem::MaybeUninit;
+
 use burn::tensor::{DType, Device};
 
 /// Whether the fused CPU ops take tensors of `dtype` on `device`: f32 on flex.
@@ -66,73 +69,121 @@ pub(crate) fn flex_like(
     ))
 }
 
-/// Runs `kernel` over matching chunks of the inputs and outputs (all of one length),
-/// in parallel when there are several chunks: [`for_rows`] with rows of one element.
+/// Runs `kernel` over matching chunks of the inputs (each of `len` values) and
+/// returns its `M` outputs of `len` values: [`map_rows`] with rows of one element.
+///
+/// # Safety
+/// As [`map_rows`]: `kernel` writes every element of its output chunks.
 #[cfg(feature = "flex")]
-pub(crate) fn for_chunks<const N: usize, const M: usize>(
+pub(crate) unsafe fn for_chunks<const N: usize, const M: usize>(
+    len: usize,
     inputs: [&[f32]; N],
-    outputs: [&mut [f32]; M],
-    kernel: impl Fn([&[f32]; N], [&mut [f32]; M]) + Sync,
-) {
-    for_rows(1, inputs, outputs, |_, inputs, outputs| {
-        kernel(inputs, outputs)
-    });
+    kernel: impl Fn([&[f32]; N], [&mut [MaybeUninit<f32>]; M]) + Sync,
+) -> [Vec<f32>; M] {
+    // SAFETY: the caller's promise, passed on.
+    let (outputs, _) =
+        unsafe { map_rows(1, len, inputs, |_, inputs, outputs| kernel(inputs, outputs)) };
+    outputs
 }
 
-/// Runs `kernel` on groups of whole rows (`row_len` elements each) of the inputs and
-/// outputs, in parallel when there are several groups; `kernel` gets the index of its
-/// first row. As [`for_chunks`], each task writes only its own rows.
+/// Runs `kernel` on groups of whole rows (`row_len` values each) of the inputs and
+/// returns its `M` outputs of `len` values; `kernel` gets the index of its first
+/// row. As [`map_rows`].
+///
+/// # Safety
+/// As [`map_rows`]: `kernel` writes every element of its output rows.
 #[cfg(feature = "flex")]
-pub(crate) fn for_rows<const N: usize, const M: usize>(
+pub(crate) unsafe fn for_rows<const N: usize, const M: usize>(
     row_len: usize,
+    len: usize,
     inputs: [&[f32]; N],
-    outputs: [&mut [f32]; M],
-    kernel: impl Fn(usize, [&[f32]; N], [&mut [f32]; M]) + Sync,
-) {
-    map_rows(row_len, inputs, outputs, kernel);
+    kernel: impl Fn(usize, [&[f32]; N], [&mut [MaybeUninit<f32>]; M]) + Sync,
+) -> [Vec<f32>; M] {
+    // SAFETY: the caller's promise, passed on.
+    let (outputs, _) = unsafe { map_rows(row_len, len, inputs, kernel) };
+    outputs
 }
 
-/// [`for_rows`] whose tasks each return a value (a partial sum over their rows, say),
-/// in the order of their rows. `inputs` and `outputs` have one length, a multiple of
-/// `row_len`.
+/// Runs `kernel` on groups of whole rows (`row_len` values each) of the inputs (each
+/// of `len` values, a multiple of `row_len`), in parallel when there are several
+/// groups, and returns its `M` outputs of `len` values and what each task returned (a
+/// partial sum over its rows, say), in the order of their rows. Each task writes only
+/// its own rows of the outputs.
+///
+/// The outputs are new buffers that nothing initializes but `kernel`: zeroing them
+/// first would be one more pass over memory per op (about 3% of a small model's
+/// training step on flex).
+///
+/// # Safety
+/// `kernel` must write every element of the output slices it is given (it may read
+/// an element only after writing it). The outputs are read as `f32` values once the
+/// tasks have run.
 #[cfg(feature = "flex")]
-pub(crate) fn map_rows<const N: usize, const M: usize, R: Send>(
+pub(crate) unsafe fn map_rows<const N: usize, const M: usize, R: Send>(
     row_len: usize,
+    len: usize,
     inputs: [&[f32]; N],
-    outputs: [&mut [f32]; M],
-    kernel: impl Fn(usize, [&[f32]; N], [&mut [f32]; M]) -> R + Sync,
-) -> Vec<R> {
+    kernel: impl Fn(usize, [&[f32]; N], [&mut [MaybeUninit<f32>]; M]) -> R + Sync,
+) -> ([Vec<f32>; M], Vec<R>) {
     use rayon::prelude::*;
-    let len = outputs.first().map_or(0, |output| output.len());
-    if row_len == 0 || len <= PARALLEL_CHUNK {
-        return vec![kernel(0, inputs, outputs)];
+    assert!(
+        inputs.iter().all(|input| input.len() == len),
+        "map_rows: every input has {len} values"
+    );
+    let mut buffers: [Vec<f32>; M] = std::array::from_fn(|_| Vec::with_capacity(len));
+    let results = {
+        let outputs = buffers
+            .each_mut()
+            .map(|buffer| &mut buffer.spare_capacity_mut()[..len]);
+        if row_len == 0 || len <= PARALLEL_CHUNK {
+            vec![kernel(0, inputs, outputs)]
+        } else {
+            let rows_per_task = (PARALLEL_CHUNK / row_len).max(1);
+            let task_len = rows_per_task * row_len;
+            let tasks = len.div_ceil(task_len);
+            let mut per_output = outputs.map(|output| output.chunks_mut(task_len));
+            let tasks: Vec<[&mut [MaybeUninit<f32>]; M]> = (0..tasks)
+                .map(|_| {
+                    std::array::from_fn(|output| {
+                        per_output[output]
+                            .next()
+                            .expect("every output has the same number of rows")
+                    })
+                })
+                .collect();
+            tasks
+                .into_par_iter()
+                .enumerate()
+                .map(|(index, chunk)| {
+                    let start = index * task_len;
+                    let range = start..(start + task_len).min(len);
+                    kernel(
+                        index * rows_per_task,
+                        inputs.map(|input| &input[range.clone()]),
+                        chunk,
+                    )
+                })
+                .collect()
+        }
+    };
+    for buffer in &mut buffers {
+        // SAFETY: the tasks cover all `len` values of every output, and the caller
+        // promises that each writes all of its values.
+        unsafe { buffer.set_len(len) };
     }
-    let rows_per_task = (PARALLEL_CHUNK / row_len).max(1);
-    let task_len = rows_per_task * row_len;
-    let tasks = len.div_ceil(task_len);
-    let mut per_output = outputs.map(|output| output.chunks_mut(task_len));
-    let tasks: Vec<[&mut [f32]; M]> = (0..tasks)
-        .map(|_| {
-            std::array::from_fn(|output| {
-                per_output[output]
-                    .next()
-                    .expect("every output has the same number of rows")
-            })
-        })
-        .collect();
-    tasks
-        .into_par_iter()
-        .enumerate()
-        .map(|(index, chunk)| {
-            let start = index * task_len;
-            let range = start..(start + task_len).min(len);
-            kernel(
-                index * rows_per_task,
-                inputs.map(|input| &input[range.clone()]),
-                chunk,
-            )
-        })
-        .collect()
+    (buffers, results)
+}
+
+/// `values` as initialized `f32`s.
+///
+/// # Safety
+/// Every element of `values` has been written.
+#[cfg(feature = "flex")]
+#[inline(always)]
+pub(crate) unsafe fn assume_written(values: &mut [MaybeUninit<f32>]) -> &mut [f32] {
+    // SAFETY: `MaybeUninit<f32>` has the layout of `f32`, and every element is
+    // initialized (the caller's promise).
+    unsafe { &mut *(values as *mut [MaybeUninit<f32>] as *mut [f32]) }
 }
 
 /// The variable that caps the instruction set of the fused CPU kernels.
